@@ -1,0 +1,95 @@
+#include "cli/cli_options.h"
+
+#include <boost/program_options.hpp>
+
+#include <sstream>
+#include <stdexcept>
+
+namespace dflash::cli {
+namespace po = boost::program_options;
+namespace {
+
+const char* const kPluginFlags[] = {"data", "target", "drafter", "loss", "scheduler"};
+
+po::options_description visible_options() {
+  po::options_description options("Options");
+  options.add_options()
+      ("help,h", "print this help")
+      ("version", "print the host's version, ABI and LibTorch build")
+      ("plugin-dir", po::value<std::vector<std::string>>()->composing(),
+       "a directory searched recursively for plugin libraries (*.so); repeatable")
+      ("no-default-plugin-dirs", "do not search <prefix>/lib/dflash-host/plugins and $DFLASH_PLUGIN_PATH")
+      ("config", po::value<std::string>(), "the run's JSON config file")
+      ("set", po::value<std::vector<std::string>>()->composing(),
+       "override a config value: --set loss.temperature=2 (value parsed as JSON, else a string); repeatable")
+      ("data", po::value<std::string>(), "data source plugin (sets data.plugin)")
+      ("target", po::value<std::string>(), "target model plugin (sets target.plugin)")
+      ("drafter", po::value<std::string>(), "drafter plugin (sets drafter.plugin)")
+      ("loss", po::value<std::string>(), "loss plugin (sets loss.plugin)")
+      ("scheduler", po::value<std::string>(), "LR scheduler plugin (sets scheduler.plugin)")
+      ("kind", po::value<std::string>(), "describe: the plugin kind when a name exists in several kinds")
+      ("json", "list: print JSON instead of a table")
+      ("log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error or off");
+  return options;
+}
+
+}  // namespace
+
+std::string usage_text() {
+  std::ostringstream out;
+  out << "Usage: dflash-host [COMMAND] [ARGS] [OPTIONS]\n\n"
+         "Commands:\n"
+         "  train              train a drafter (the default command)\n"
+         "  list               list the plugins found, and the libraries skipped and why\n"
+         "  describe NAME      a plugin's kind, version, ABI, file and config with defaults;\n"
+         "                     `describe host` prints the host's own \"train\" section\n"
+         "  config             validate the config against every chosen plugin and print it\n"
+         "                     with all defaults filled in\n\n"
+      << visible_options() << "\n"
+      << "Example:\n  dflash-host --plugin-dir build/lib/dflash-host/plugins --loss fused_ckpt_kl --config configs/quickstart.json\n";
+  return out.str();
+}
+
+CliOptions parse_command_line(int argc, const char* const argv[]) {
+  po::options_description hidden("hidden");
+  hidden.add_options()("positional", po::value<std::vector<std::string>>(), "");
+  po::options_description all;
+  all.add(visible_options()).add(hidden);
+  po::positional_options_description positional;
+  positional.add("positional", -1);
+
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw std::invalid_argument(std::string(e.what()) + " (see dflash-host --help)");
+  }
+
+  CliOptions options;
+  options.help = vm.count("help") > 0;
+  options.version = vm.count("version") > 0;
+  options.json = vm.count("json") > 0;
+  options.default_plugin_dirs = vm.count("no-default-plugin-dirs") == 0;
+  if (vm.count("plugin-dir")) options.plugin_dirs = vm["plugin-dir"].as<std::vector<std::string>>();
+  if (vm.count("config")) options.config_file = vm["config"].as<std::string>();
+  if (vm.count("set")) options.overrides = vm["set"].as<std::vector<std::string>>();
+  if (vm.count("kind")) options.kind = vm["kind"].as<std::string>();
+  options.log_level = vm["log-level"].as<std::string>();
+  for (const char* flag : kPluginFlags)
+    if (vm.count(flag)) options.plugin_choice[flag] = vm[flag].as<std::string>();
+
+  std::vector<std::string> positionals;
+  if (vm.count("positional")) positionals = vm["positional"].as<std::vector<std::string>>();
+  options.command = positionals.empty() ? "train" : positionals.front();
+  if (!positionals.empty()) options.arguments.assign(positionals.begin() + 1, positionals.end());
+  static const char* const kCommands[] = {"train", "list", "describe", "config"};
+  bool known = false;
+  for (const char* command : kCommands) known = known || options.command == command;
+  if (!known)
+    throw std::invalid_argument("unknown command '" + options.command +
+                                "'; commands are train, list, describe, config (see dflash-host --help)");
+  return options;
+}
+
+}  // namespace dflash::cli

@@ -1,0 +1,31 @@
+// The command line of dflash-host, parsed with Boost.Program_options.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dflash::cli {
+
+struct CliOptions {
+  std::string command;                     // list, describe, config, train
+  std::vector<std::string> arguments;      // positional arguments after the command
+  std::vector<std::string> plugin_dirs;    // --plugin-dir, in order
+  bool default_plugin_dirs = true;         // --no-default-plugin-dirs turns off
+  std::optional<std::string> config_file;  // --config
+  std::vector<std::string> overrides;      // --set key.path=value, in order
+  std::map<std::string, std::string> plugin_choice;  // section -> name from --loss NAME etc.
+  std::optional<std::string> kind;         // --kind (describe)
+  std::string log_level = "info";
+  bool json = false;                       // --json (list)
+  bool help = false;
+  bool version = false;
+};
+
+// Throws std::invalid_argument with a one-line message on bad usage.
+CliOptions parse_command_line(int argc, const char* const argv[]);
+
+std::string usage_text();
+
+}  // namespace dflash::cli

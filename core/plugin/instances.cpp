@@ -1,0 +1,189 @@
+#include "plugin/instances.h"
+
+#include "plugin/plugin_kind.h"
+
+namespace dflash::host {
+namespace {
+
+nlohmann::json parse_plugin_json(const char* text, const PluginRecord& record, const char* call) {
+  try {
+    return nlohmann::json::parse(text ? text : "null");
+  } catch (const nlohmann::json::exception& e) {
+    throw PluginCallError(DFLASH_ERR_INTERNAL, record.label() + ": " + call + " returned invalid JSON: " + e.what());
+  }
+}
+
+const dflash_tensor* handle_or_null(const at::Tensor& tensor, std::vector<TensorHandle>& keep) {
+  if (!tensor.defined()) return nullptr;
+  keep.emplace_back(new_handle(tensor));
+  return keep.back().get();
+}
+
+}  // namespace
+
+PluginInstance::PluginInstance(const PluginRecord& record, const nlohmann::json& config, const InstanceOptions& options)
+    : record_(record) {
+  const std::string config_json = config.dump();
+  dflash_create_args args{};
+  args.struct_size = sizeof(args);
+  args.config_json = config_json.c_str();
+  args.device = options.device.c_str();
+  args.dtype = options.dtype.c_str();
+  args.seed = options.seed;
+  dflash_instance* made = nullptr;
+  dflash_error* error = record_.descriptor->create(host_api(), &args, &made);
+  if (error != nullptr) {
+    ErrorPtr owned(error);
+    throw PluginCallError(error->code, record_.label() + " failed to create (" + error_code_name(error->code) +
+                                           "): " + error->message);
+  }
+  if (made == nullptr)
+    throw PluginCallError(DFLASH_ERR_INTERNAL, record_.label() + " failed to create: create returned no instance and no error");
+  self_ = made;
+}
+
+PluginInstance::~PluginInstance() {
+  if (self_ != nullptr) record_.descriptor->destroy(self_);
+}
+
+void PluginInstance::check(dflash_error* error, const char* call) const {
+  if (error == nullptr) return;
+  ErrorPtr owned(error);
+  throw PluginCallError(error->code, record_.label() + ": " + call + " failed (" + error_code_name(error->code) +
+                                         "): " + error->message);
+}
+
+// --- loss ---
+LossOutput LossInstance::compute(const LossCall& call) const {
+  std::vector<TensorHandle> keep;
+  dflash_loss_inputs in{};
+  in.struct_size = sizeof(in);
+  in.hidden = handle_or_null(call.hidden, keep);
+  in.lm_head_weight = handle_or_null(call.lm_head_weight, keep);
+  in.targets = handle_or_null(call.targets, keep);
+  in.ignore_index = call.ignore_index;
+  in.row_weights = handle_or_null(call.row_weights, keep);
+  in.teacher_kind = call.teacher;
+  in.teacher_hidden = handle_or_null(call.teacher_hidden, keep);
+  in.teacher_topk_ids = handle_or_null(call.teacher_topk_ids, keep);
+  in.teacher_topk_logprobs = handle_or_null(call.teacher_topk_logprobs, keep);
+  dflash_tensor_map metrics;
+  dflash_loss_outputs out{};
+  out.struct_size = sizeof(out);
+  out.metrics = &metrics;
+  check(table<dflash_loss_vtable>().compute(self(), &in, &out), "compute");
+  TensorHandle loss(out.loss);
+  if (!loss || !loss->tensor.defined() || loss->tensor.dim() != 0)
+    throw PluginCallError(DFLASH_ERR_INTERNAL, record().label() + ": compute returned no 0-dim loss tensor");
+  return {loss->tensor, from_map(metrics)};
+}
+
+std::optional<LossMemoryEstimate> LossInstance::estimate_memory(const dflash_loss_shape& shape) const {
+  const auto& vtable = table<dflash_loss_vtable>();
+  if (vtable.estimate_memory == nullptr) return std::nullopt;
+  dflash_memory_estimate out{};
+  out.struct_size = sizeof(out);
+  check(vtable.estimate_memory(self(), &shape, &out), "estimate_memory");
+  return LossMemoryEstimate{out.peak_bytes, out.saved_for_backward_bytes};
+}
+
+// --- scheduler ---
+double SchedulerInstance::lr_at(int64_t step, int64_t total_steps, double base_lr) const {
+  dflash_schedule_point point{sizeof(dflash_schedule_point), step, total_steps, base_lr};
+  double lr = 0;
+  check(table<dflash_scheduler_vtable>().lr_at(self(), &point, &lr), "lr_at");
+  return lr;
+}
+bool SchedulerInstance::has_state() const { return table<dflash_scheduler_vtable>().save_state != nullptr; }
+std::string SchedulerInstance::save_state() const {
+  if (!has_state()) return "null";
+  const char* json = nullptr;
+  check(table<dflash_scheduler_vtable>().save_state(self(), &json), "save_state");
+  return json ? json : "null";
+}
+void SchedulerInstance::load_state(const std::string& state_json) const {
+  if (!has_state()) return;
+  check(table<dflash_scheduler_vtable>().load_state(self(), state_json.c_str()), "load_state");
+}
+
+// --- data source ---
+std::optional<NamedTensors> DataSourceInstance::next_batch() const {
+  dflash_tensor_map batch;
+  int32_t end = 0;
+  check(table<dflash_data_source_vtable>().next_batch(self(), &batch, &end), "next_batch");
+  if (end != 0) return std::nullopt;
+  return from_map(batch);
+}
+std::string DataSourceInstance::save_state() const {
+  const char* json = nullptr;
+  check(table<dflash_data_source_vtable>().save_state(self(), &json), "save_state");
+  if (json == nullptr) throw PluginCallError(DFLASH_ERR_INTERNAL, record().label() + ": save_state returned no JSON");
+  return json;
+}
+void DataSourceInstance::load_state(const std::string& state_json) const {
+  check(table<dflash_data_source_vtable>().load_state(self(), state_json.c_str()), "load_state");
+}
+std::optional<nlohmann::json> DataSourceInstance::describe() const {
+  const auto& vtable = table<dflash_data_source_vtable>();
+  if (vtable.describe == nullptr) return std::nullopt;
+  const char* json = nullptr;
+  check(vtable.describe(self(), &json), "describe");
+  return parse_plugin_json(json, record(), "describe");
+}
+
+// --- target model ---
+nlohmann::json TargetModelInstance::describe() const {
+  const char* json = nullptr;
+  check(table<dflash_target_vtable>().describe(self(), &json), "describe");
+  return parse_plugin_json(json, record(), "describe");
+}
+NamedTensors TargetModelInstance::forward(const NamedTensors& batch, const std::vector<int64_t>& layer_ids,
+                                          bool want_last_hidden, bool want_logits) const {
+  auto batch_map = to_map(batch);
+  dflash_target_request request{};
+  request.struct_size = sizeof(request);
+  request.batch = batch_map.get();
+  request.layer_ids = layer_ids.data();
+  request.layer_count = layer_ids.size();
+  request.want_last_hidden = want_last_hidden;
+  request.want_logits = want_logits;
+  dflash_tensor_map out;
+  check(table<dflash_target_vtable>().forward(self(), &request, &out), "forward");
+  return from_map(out);
+}
+NamedTensors TargetModelInstance::frozen_weights() const {
+  dflash_tensor_map out;
+  check(table<dflash_target_vtable>().frozen_weights(self(), &out), "frozen_weights");
+  return from_map(out);
+}
+
+// --- drafter ---
+NamedTensors DrafterInstance::parameters() const {
+  dflash_tensor_map out;
+  check(table<dflash_drafter_vtable>().parameters(self(), &out), "parameters");
+  return from_map(out);
+}
+void DrafterInstance::bind_target(const nlohmann::json& target, const NamedTensors& frozen_weights) const {
+  auto frozen = to_map(frozen_weights);
+  const std::string json = target.dump();
+  check(table<dflash_drafter_vtable>().bind_target(self(), json.c_str(), frozen.get()), "bind_target");
+}
+NamedTensors DrafterInstance::forward(const NamedTensors& inputs) const {
+  auto in = to_map(inputs);
+  dflash_tensor_map out;
+  check(table<dflash_drafter_vtable>().forward(self(), in.get(), &out), "forward");
+  return from_map(out);
+}
+std::optional<nlohmann::json> DrafterInstance::export_config() const {
+  const auto& vtable = table<dflash_drafter_vtable>();
+  if (vtable.export_config == nullptr) return std::nullopt;
+  const char* json = nullptr;
+  check(vtable.export_config(self(), &json), "export_config");
+  return parse_plugin_json(json, record(), "export_config");
+}
+void DrafterInstance::set_training(bool training) const {
+  const auto& vtable = table<dflash_drafter_vtable>();
+  if (vtable.set_training != nullptr) check(vtable.set_training(self(), training ? 1 : 0), "set_training");
+}
+
+}  // namespace dflash::host

@@ -1,0 +1,123 @@
+// Host-side C++ wrappers over plugin instances: each call goes through the C
+// vtable, and a returned error object becomes a PluginCallError whose message
+// names the plugin, its file and the call.
+#pragma once
+
+#include "plugin/host_api.h"
+#include "plugin/registry.h"
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dflash::host {
+
+class PluginCallError : public std::runtime_error {
+ public:
+  PluginCallError(int32_t code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  int32_t code() const { return code_; }
+
+ private:
+  int32_t code_;
+};
+
+struct InstanceOptions {
+  std::string device = "cpu";
+  std::string dtype = "float32";
+  uint64_t seed = 0;
+};
+
+class PluginInstance {
+ public:
+  // Calls the plugin's create with its (validated) config section.
+  PluginInstance(const PluginRecord& record, const nlohmann::json& config, const InstanceOptions& options);
+  virtual ~PluginInstance();
+  PluginInstance(const PluginInstance&) = delete;
+  PluginInstance& operator=(const PluginInstance&) = delete;
+
+  const PluginRecord& record() const { return record_; }
+
+ protected:
+  template <class Table>
+  const Table& table() const {
+    return *static_cast<const Table*>(record_.descriptor->vtable);
+  }
+  // Throws PluginCallError for a non-NULL error, after freeing it.
+  void check(dflash_error* error, const char* call) const;
+  dflash_instance* self() const { return self_; }
+
+ private:
+  PluginRecord record_;
+  dflash_instance* self_ = nullptr;
+};
+
+// --- loss ---
+struct LossCall {
+  at::Tensor hidden, lm_head_weight, targets;
+  int64_t ignore_index = -100;
+  at::Tensor row_weights;  // undefined = all ones
+  dflash_teacher_kind teacher = DFLASH_TEACHER_NONE;
+  at::Tensor teacher_hidden, teacher_topk_ids, teacher_topk_logprobs;
+};
+struct LossOutput {
+  at::Tensor loss;
+  NamedTensors metrics;
+};
+struct LossMemoryEstimate {
+  uint64_t peak_bytes = 0;
+  uint64_t saved_for_backward_bytes = 0;
+};
+
+class LossInstance : public PluginInstance {
+ public:
+  using PluginInstance::PluginInstance;
+  LossOutput compute(const LossCall& call) const;
+  // nullopt when the plugin does not implement the optional slot.
+  std::optional<LossMemoryEstimate> estimate_memory(const dflash_loss_shape& shape) const;
+};
+
+// --- scheduler ---
+class SchedulerInstance : public PluginInstance {
+ public:
+  using PluginInstance::PluginInstance;
+  double lr_at(int64_t step, int64_t total_steps, double base_lr) const;
+  bool has_state() const;
+  std::string save_state() const;  // "null" when stateless
+  void load_state(const std::string& state_json) const;
+};
+
+// --- data source ---
+class DataSourceInstance : public PluginInstance {
+ public:
+  using PluginInstance::PluginInstance;
+  std::optional<NamedTensors> next_batch() const;  // nullopt at the end of the data
+  std::string save_state() const;
+  void load_state(const std::string& state_json) const;
+  std::optional<nlohmann::json> describe() const;
+};
+
+// --- target model ---
+class TargetModelInstance : public PluginInstance {
+ public:
+  using PluginInstance::PluginInstance;
+  nlohmann::json describe() const;
+  NamedTensors forward(const NamedTensors& batch, const std::vector<int64_t>& layer_ids, bool want_last_hidden,
+                       bool want_logits) const;
+  NamedTensors frozen_weights() const;
+};
+
+// --- drafter ---
+class DrafterInstance : public PluginInstance {
+ public:
+  using PluginInstance::PluginInstance;
+  NamedTensors parameters() const;
+  void bind_target(const nlohmann::json& target, const NamedTensors& frozen_weights) const;
+  NamedTensors forward(const NamedTensors& inputs) const;
+  std::optional<nlohmann::json> export_config() const;
+  void set_training(bool training) const;  // no-op when the optional slot is absent
+};
+
+}  // namespace dflash::host

@@ -1,0 +1,340 @@
+#include "plugin/registry.h"
+
+#include "config/config_schema.h"
+#include "log/log.h"
+#include "plugin/host_api.h"
+#include "plugin/plugin_kind.h"
+
+#include <boost/dll/shared_library.hpp>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace dflash::host {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Libraries are never unloaded: objects, exception types and function
+// pointers from a plugin would dangle. Deliberately leaked.
+std::vector<boost::dll::shared_library>& loaded_libraries() {
+  static auto* libraries = new std::vector<boost::dll::shared_library>();
+  return *libraries;
+}
+
+std::string abi_string(uint32_t major, uint32_t minor) {
+  return std::to_string(major) + "." + std::to_string(minor);
+}
+
+bool has_elf_magic(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  return in.gcount() == 4 && std::memcmp(magic, "\x7f" "ELF", 4) == 0;
+}
+
+// Boost.DLL clears dlerror(); to tell the user why the dynamic loader said
+// no, repeat the dlopen (only on this failure path) and read its message.
+std::string dynamic_loader_reason(const fs::path& file) {
+  dlerror();
+  void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle != nullptr) return "it loaded on a second try";  // keep it: never unload
+  const char* reason = dlerror();
+  return reason ? reason : "unknown reason";
+}
+
+struct SlotRule {
+  const char* name;
+  size_t offset;
+};
+struct VtableRule {
+  size_t minimum_size;  // struct_size of the ABI 1.0 table
+  std::vector<SlotRule> required;
+};
+
+#define DFLASH_SLOT(type, field) SlotRule{#field, offsetof(type, field)}
+const VtableRule& vtable_rule(dflash_kind kind) {
+  static const VtableRule data{DFLASH_SIZE_THROUGH(dflash_data_source_vtable, describe),
+                               {DFLASH_SLOT(dflash_data_source_vtable, next_batch),
+                                DFLASH_SLOT(dflash_data_source_vtable, save_state),
+                                DFLASH_SLOT(dflash_data_source_vtable, load_state)}};
+  static const VtableRule target{DFLASH_SIZE_THROUGH(dflash_target_vtable, frozen_weights),
+                                 {DFLASH_SLOT(dflash_target_vtable, describe), DFLASH_SLOT(dflash_target_vtable, forward),
+                                  DFLASH_SLOT(dflash_target_vtable, frozen_weights)}};
+  static const VtableRule drafter{DFLASH_SIZE_THROUGH(dflash_drafter_vtable, set_training),
+                                  {DFLASH_SLOT(dflash_drafter_vtable, parameters),
+                                   DFLASH_SLOT(dflash_drafter_vtable, bind_target),
+                                   DFLASH_SLOT(dflash_drafter_vtable, forward)}};
+  static const VtableRule loss{DFLASH_SIZE_THROUGH(dflash_loss_vtable, estimate_memory),
+                               {DFLASH_SLOT(dflash_loss_vtable, compute)}};
+  static const VtableRule scheduler{DFLASH_SIZE_THROUGH(dflash_scheduler_vtable, load_state),
+                                    {DFLASH_SLOT(dflash_scheduler_vtable, lr_at)}};
+  switch (kind) {
+    case DFLASH_KIND_DATA_SOURCE: return data;
+    case DFLASH_KIND_TARGET_MODEL: return target;
+    case DFLASH_KIND_DRAFTER: return drafter;
+    case DFLASH_KIND_LOSS: return loss;
+    case DFLASH_KIND_SCHEDULER: return scheduler;
+  }
+  return loss;  // unreachable: kinds are checked before
+}
+#undef DFLASH_SLOT
+
+bool slot_is_null(const void* table, size_t offset) {
+  void (*slot)(void) = nullptr;
+  std::memcpy(&slot, static_cast<const char*>(table) + offset, sizeof(slot));
+  return slot == nullptr;
+}
+
+bool valid_plugin_name(const char* name) {
+  if (name == nullptr || *name == '\0') return false;
+  for (const char* c = name; *c; ++c)
+    if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_')) return false;
+  return true;
+}
+
+bool same_text(const char* a, const char* b) { return a && b && std::strcmp(a, b) == 0; }
+
+// Checks one descriptor; returns an empty string when it is sound.
+std::string check_descriptor(const dflash_plugin_descriptor* d, PluginRecord& record) {
+  if (d == nullptr) return "lists a NULL plugin descriptor; the library is corrupt, rebuild it";
+  const size_t minimum = DFLASH_SIZE_THROUGH(dflash_plugin_descriptor, vtable);
+  if (d->struct_size < minimum)
+    return "plugin descriptor struct_size is " + std::to_string(d->struct_size) + " bytes, smaller than the " +
+           std::to_string(minimum) + " of ABI 1.0; the library was built with a broken SDK, rebuild it with dflash-sdk";
+  const std::string name = valid_plugin_name(d->name) ? d->name : "";
+  const std::string who = name.empty() ? std::string("a plugin") : "plugin '" + name + "'";
+  if (!is_known_kind(d->kind))
+    return who + " declares unknown kind " + std::to_string(d->kind) +
+           " (known: 1 data source, 2 target model, 3 drafter, 4 loss, 5 scheduler); rebuild it with this host's SDK";
+  const auto kind = static_cast<dflash_kind>(d->kind);
+  const std::string kind_who = std::string(kind_display(kind)) + " " + who;
+  if (name.empty())
+    return std::string(kind_display(kind)) + " plugin has an invalid name '" + (d->name ? d->name : "(null)") +
+           "'; names use only a-z, 0-9 and _";
+  if (d->create == nullptr) return kind_who + " leaves required slot 'create' NULL; implement it";
+  if (d->destroy == nullptr) return kind_who + " leaves required slot 'destroy' NULL; implement it";
+  if (d->vtable == nullptr) return kind_who + " has no vtable (NULL); set the descriptor's vtable to its dflash_" +
+                                   kind_section(kind) + " table";
+  const VtableRule& rule = vtable_rule(kind);
+  const size_t table_size = *static_cast<const size_t*>(d->vtable);  // struct_size comes first in every table
+  if (table_size < rule.minimum_size)
+    return kind_who + " vtable struct_size is " + std::to_string(table_size) + " bytes, smaller than the " +
+           std::to_string(rule.minimum_size) + " of ABI 1.0; rebuild it with dflash-sdk";
+  for (const SlotRule& slot : rule.required)
+    if (slot_is_null(d->vtable, slot.offset))
+      return kind_who + " leaves required vtable slot '" + slot.name + "' NULL; implement it";
+  if (kind == DFLASH_KIND_SCHEDULER) {
+    const auto* table = static_cast<const dflash_scheduler_vtable*>(d->vtable);
+    if ((table->save_state == nullptr) != (table->load_state == nullptr))
+      return kind_who + " sets only one of the optional slots 'save_state'/'load_state'; set both or neither";
+  }
+  nlohmann::json schema;
+  try {
+    schema = nlohmann::json::parse(d->config_schema_json ? d->config_schema_json : "");
+    config::check_schema(schema);
+  } catch (const std::exception& e) {
+    return kind_who + " has an invalid config schema: " + e.what() + "; fix its config_schema()";
+  }
+  record.kind = kind;
+  record.name = name;
+  record.version = d->version ? d->version : "";
+  record.description = d->description ? d->description : "";
+  record.schema = std::move(schema);
+  record.descriptor = d;
+  return {};
+}
+
+}  // namespace
+
+std::string PluginRecord::label() const {
+  return std::string(kind_display(kind)) + " plugin '" + name + "' (" + file.string() + ")";
+}
+
+std::string describe_torch_build(const dflash_torch_build* build) {
+  if (build == nullptr) return "none (DLPack only)";
+  std::string cuda = build->cuda_version ? build->cuda_version : "?";
+  return std::string("LibTorch ") + (build->torch_version ? build->torch_version : "?") + " (" +
+         (cuda == "none" ? std::string("CPU") : "CUDA " + cuda) + ", C++11 ABI " + std::to_string(build->cxx11_abi) + ")";
+}
+
+void PluginRegistry::problem(const fs::path& file, const std::string& message) {
+  problems_.push_back({file, file.string() + ": " + message});
+  log::warn("skipped plugin library " + problems_.back().message);
+}
+
+void PluginRegistry::add_directory(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw std::runtime_error("plugin directory '" + dir.string() + "' does not exist or is not a directory; "
+                             "check --plugin-dir (the build puts plugins in <build>/lib/dflash-host/plugins)");
+  const fs::path canonical = fs::weakly_canonical(dir);
+  if (std::find(directories_.begin(), directories_.end(), canonical) != directories_.end()) return;
+  directories_.push_back(canonical);
+  std::vector<fs::path> files;
+  for (auto it = fs::recursive_directory_iterator(canonical, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file(ec) && it->path().extension() == ".so") files.push_back(it->path());
+  }
+  std::sort(files.begin(), files.end());  // deterministic: the same order on every run
+  for (const fs::path& file : files) add_library(file);
+}
+
+void PluginRegistry::add_library(const fs::path& given) {
+  const fs::path file = fs::weakly_canonical(given);
+  if (!has_elf_magic(file)) {
+    problem(file, "not a shared object (no ELF header); remove it from the plugin directory, or rebuild it as a "
+                  "shared library with dflash_add_plugin()");
+    return;
+  }
+  boost::dll::shared_library library;
+  boost::dll::fs::error_code ec;
+  library.load(file, ec, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  if (ec) {
+    problem(file, "the dynamic loader refused it (" + dynamic_loader_reason(file) +
+                      "); check its dependencies with `ldd " + file.string() + "`");
+    return;
+  }
+  loaded_libraries().push_back(library);  // stays loaded for the life of the process
+
+  if (!library.has(DFLASH_ENTRY_SYMBOL)) {
+    for (uint32_t major = 0; major < 100; ++major) {
+      if (major == DFLASH_ABI_MAJOR) continue;
+      const std::string other = DFLASH_ENTRY_SYMBOL_PREFIX + std::to_string(major);
+      if (library.has(other)) {
+        problem(file, "built for plugin ABI " + std::to_string(major) + ".x (exports " + other +
+                          "), but this host speaks ABI " + abi_string(DFLASH_ABI_MAJOR, DFLASH_ABI_MINOR) +
+                          "; rebuild the plugin against dflash-sdk " + std::to_string(DFLASH_ABI_MAJOR) +
+                          ".x or use a host of ABI " + std::to_string(major));
+        return;
+      }
+    }
+    problem(file, std::string("no entry symbol '") + DFLASH_ENTRY_SYMBOL +
+                      "'; not a dflash-host plugin, or the SDK's DFLASH_PLUGINS(...) macro is missing from its sources");
+    return;
+  }
+  auto entry = library.get<const dflash_plugin_library*()>(DFLASH_ENTRY_SYMBOL);
+  const dflash_plugin_library* info = entry();
+  if (info == nullptr) {
+    problem(file, std::string(DFLASH_ENTRY_SYMBOL) + "() returned NULL; the plugin's entry must return its library descriptor");
+    return;
+  }
+  const size_t minimum = DFLASH_SIZE_THROUGH(dflash_plugin_library, plugins);
+  if (info->struct_size < minimum) {
+    problem(file, "library descriptor struct_size is " + std::to_string(info->struct_size) +
+                      " bytes, smaller than the " + std::to_string(minimum) +
+                      " of ABI 1.0; the library was built with a broken SDK, rebuild it with dflash-sdk");
+    return;
+  }
+  if (info->abi_major != DFLASH_ABI_MAJOR) {
+    problem(file, "exports " DFLASH_ENTRY_SYMBOL " but declares ABI " + abi_string(info->abi_major, info->abi_minor) +
+                      ", while this host speaks ABI " + abi_string(DFLASH_ABI_MAJOR, DFLASH_ABI_MINOR) +
+                      "; rebuild the plugin against dflash-sdk " + std::to_string(DFLASH_ABI_MAJOR) + ".x");
+    return;
+  }
+  if (info->abi_minor > DFLASH_ABI_MINOR) {
+    problem(file, "built against plugin ABI " + abi_string(info->abi_major, info->abi_minor) +
+                      ", newer than this host's ABI " + abi_string(DFLASH_ABI_MAJOR, DFLASH_ABI_MINOR) +
+                      "; upgrade dflash-host, or rebuild the plugin against dflash-sdk " +
+                      abi_string(DFLASH_ABI_MAJOR, DFLASH_ABI_MINOR));
+    return;
+  }
+  const dflash_torch_build* theirs = info->torch_build;
+  if (theirs != nullptr) {
+    if (theirs->struct_size < DFLASH_SIZE_THROUGH(dflash_torch_build, cxx11_abi)) {
+      problem(file, "LibTorch build record struct_size is " + std::to_string(theirs->struct_size) +
+                        " bytes, too small for ABI 1.0; rebuild it with dflash-sdk");
+      return;
+    }
+    const dflash_torch_build* ours = host_torch_build();
+    if (!same_text(theirs->torch_version, ours->torch_version) || !same_text(theirs->cuda_version, ours->cuda_version) ||
+        theirs->cxx11_abi != ours->cxx11_abi) {
+      problem(file, "built against " + describe_torch_build(theirs) + ", but this host uses " +
+                        describe_torch_build(ours) +
+                        "; rebuild the plugin against the host's LibTorch (the same CMAKE_PREFIX_PATH for Torch)");
+      return;
+    }
+  }
+  if (info->plugin_count > 0 && info->plugins == nullptr) {
+    problem(file, "declares " + std::to_string(info->plugin_count) + " plugins but a NULL list; rebuild it");
+    return;
+  }
+  if (info->plugin_count == 0) {
+    problem(file, "declares no plugins; list the plugin classes in DFLASH_PLUGINS(...)");
+    return;
+  }
+  for (size_t i = 0; i < info->plugin_count; ++i) {
+    PluginRecord record;
+    record.file = file;
+    record.abi_major = info->abi_major;
+    record.abi_minor = info->abi_minor;
+    record.torch_build = describe_torch_build(theirs);
+    const std::string wrong = check_descriptor(info->plugins[i], record);
+    if (!wrong.empty()) {
+      problem(file, wrong);
+      continue;
+    }
+    add_plugin(std::move(record));
+  }
+}
+
+void PluginRegistry::add_plugin(PluginRecord record) {
+  const auto key = std::make_pair(static_cast<int32_t>(record.kind), record.name);
+  auto dup = duplicates_.find(key);
+  if (dup != duplicates_.end()) {
+    dup->second.push_back(record.file);
+    problem(record.file, "duplicate " + std::string(kind_display(record.kind)) + " plugin '" + record.name +
+                             "', also defined in " + dup->second.front().string() +
+                             "; remove one of the two files (or rename one plugin)");
+    return;
+  }
+  for (auto it = plugins_.begin(); it != plugins_.end(); ++it) {
+    if (it->kind == record.kind && it->name == record.name) {
+      // Neither wins: a silent choice between two implementations would make
+      // runs depend on directory order.
+      duplicates_[key] = {it->file, record.file};
+      problem(record.file, "duplicate " + std::string(kind_display(record.kind)) + " plugin '" + record.name +
+                               "', also defined in " + it->file.string() +
+                               "; remove one of the two files (or rename one plugin)");
+      plugins_.erase(it);
+      return;
+    }
+  }
+  log::debug("loaded " + record.label() + " version " + record.version);
+  plugins_.push_back(std::move(record));
+}
+
+const PluginRecord& PluginRegistry::find(dflash_kind kind, const std::string& name) const {
+  for (const PluginRecord& record : plugins_)
+    if (record.kind == kind && record.name == name) return record;
+  auto dup = duplicates_.find(std::make_pair(static_cast<int32_t>(kind), name));
+  if (dup != duplicates_.end()) {
+    std::string files;
+    for (const auto& file : dup->second) files += (files.empty() ? "" : " and ") + file.string();
+    throw PluginLookupError(std::string(kind_display(kind)) + " plugin '" + name + "' is defined twice, in " + files +
+                            "; remove one of them");
+  }
+  std::string available;
+  for (const PluginRecord& record : plugins_)
+    if (record.kind == kind) available += (available.empty() ? "" : ", ") + record.name + " (" + record.file.filename().string() + ")";
+  std::string dirs;
+  for (const auto& dir : directories_) dirs += (dirs.empty() ? "" : ", ") + dir.string();
+  std::ostringstream message;
+  message << "no " << kind_display(kind) << " plugin named '" << name << "'; available " << kind_display(kind)
+          << " plugins: " << (available.empty() ? "none" : available) << "; searched: " << (dirs.empty() ? "no directories" : dirs)
+          << " (add one with --plugin-dir)";
+  if (!problems_.empty()) message << "; " << problems_.size() << " libraries were skipped, see `dflash-host list`";
+  throw PluginLookupError(message.str());
+}
+
+std::vector<const PluginRecord*> PluginRegistry::find_any_kind(const std::string& name) const {
+  std::vector<const PluginRecord*> found;
+  for (const PluginRecord& record : plugins_)
+    if (record.name == name) found.push_back(&record);
+  return found;
+}
+
+}  // namespace dflash::host

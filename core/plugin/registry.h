@@ -1,0 +1,77 @@
+// Finds plugin libraries, loads them with Boost.DLL, checks them against the
+// ABI, and keeps what passed. A broken library never stops the others: each
+// problem is recorded as one line naming the file and the fix.
+#pragma once
+
+#include <dflash/abi.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dflash::host {
+
+struct PluginRecord {
+  dflash_kind kind;
+  std::string name;
+  std::string version;
+  std::string description;
+  nlohmann::json schema;
+  std::filesystem::path file;
+  uint32_t abi_major = 0;
+  uint32_t abi_minor = 0;
+  std::string torch_build;  // "LibTorch 1.13.0 (CPU, C++11 ABI 1)" or "none (DLPack only)"
+  const dflash_plugin_descriptor* descriptor = nullptr;
+
+  // "loss plugin 'kl' (/path/libkl.so)": how messages name it.
+  std::string label() const;
+};
+
+struct LoadProblem {
+  std::filesystem::path file;
+  std::string message;  // one line: "<file>: <what is wrong>; <what to do>"
+};
+
+// A requested plugin that is missing or ambiguous.
+class PluginLookupError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class PluginRegistry {
+ public:
+  // Scans `dir` recursively for shared objects (*.so). A directory the user
+  // named must exist (throws std::runtime_error otherwise).
+  void add_directory(const std::filesystem::path& dir);
+  // Loads one library; on failure records a LoadProblem and logs it.
+  void add_library(const std::filesystem::path& file);
+
+  const std::vector<PluginRecord>& plugins() const { return plugins_; }
+  const std::vector<LoadProblem>& problems() const { return problems_; }
+  const std::vector<std::filesystem::path>& directories() const { return directories_; }
+
+  // Throws PluginLookupError naming what exists (or both files of a duplicate).
+  const PluginRecord& find(dflash_kind kind, const std::string& name) const;
+  // All plugins of any kind with this name.
+  std::vector<const PluginRecord*> find_any_kind(const std::string& name) const;
+
+ private:
+  void problem(const std::filesystem::path& file, const std::string& message);
+  void add_plugin(PluginRecord record);
+
+  std::vector<PluginRecord> plugins_;
+  std::vector<LoadProblem> problems_;
+  std::vector<std::filesystem::path> directories_;
+  // (kind, name) defined by more than one library: every file that defines it.
+  std::map<std::pair<int32_t, std::string>, std::vector<std::filesystem::path>> duplicates_;
+};
+
+// Describes a LibTorch build for messages.
+std::string describe_torch_build(const dflash_torch_build* build);
+
+}  // namespace dflash::host

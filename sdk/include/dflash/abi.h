@@ -1,0 +1,449 @@
+/*
+ * dflash/abi.h — the stable C ABI between dflash-host and its plugins.
+ *
+ * Pure C (C99). Nothing in this header depends on LibTorch, C++ or the host's
+ * sources; a plugin that only deals in plain data (DLPack) can be written in C.
+ *
+ * Rules of evolution (see docs/abi-changelog.md):
+ *   - DFLASH_ABI_MAJOR changes only on a break; the entry symbol carries it in
+ *     its name (dflash_plugin_entry_v1), so a v2 library is never mistaken for
+ *     a v1 one.
+ *   - DFLASH_ABI_MINOR grows when fields or slots are appended. Fields are only
+ *     ever appended at the end of a struct. Every struct that may grow starts
+ *     with `size_t struct_size`, set by whoever allocates it to sizeof() of the
+ *     struct as that side knows it. A reader never touches a field that lies
+ *     beyond the struct_size it was given (use DFLASH_HAS_FIELD).
+ *   - The host loads libraries whose major equals its own and whose minor is
+ *     not newer than its own.
+ *
+ * Ownership conventions, written beside every pointer below:
+ *   borrowed(X)  the callee may read it until X; it must not free it.
+ *   new          the receiver owns it and must free it with the named function.
+ *   static       lives as long as the library is loaded (the host never
+ *                unloads a plugin library).
+ *
+ * Errors: every fallible call returns `dflash_error*`; NULL means success.
+ * Errors are host-allocated objects created with dflash_host_api.error_new and
+ * handed to the host by returning them; the host frees them. Nothing may
+ * unwind (C++ exceptions) across this boundary.
+ */
+#ifndef DFLASH_ABI_H_
+#define DFLASH_ABI_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DFLASH_ABI_MAJOR 1
+#define DFLASH_ABI_MINOR 0
+
+/* The one exported symbol of a plugin library. Its name carries the major. */
+#define DFLASH_ENTRY_SYMBOL "dflash_plugin_entry_v1"
+/* The loader probes DFLASH_ENTRY_SYMBOL_PREFIX "<n>" to explain a major mismatch. */
+#define DFLASH_ENTRY_SYMBOL_PREFIX "dflash_plugin_entry_v"
+
+#if defined(__GNUC__) || defined(__clang__)
+#define DFLASH_EXPORT __attribute__((visibility("default")))
+#else
+#define DFLASH_EXPORT
+#endif
+
+/* Bytes of `type` up to and including `field`: the struct_size a struct had
+ * in the version that introduced `field`. */
+#define DFLASH_SIZE_THROUGH(type, field) \
+  (offsetof(type, field) + sizeof(((type*)0)->field))
+/* Whether a struct whose struct_size is `ptr->struct_size` contains `field`. */
+#define DFLASH_HAS_FIELD(type, ptr, field) \
+  ((ptr)->struct_size >= DFLASH_SIZE_THROUGH(type, field))
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Kinds                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Stored as int32_t in structs so the size never depends on the compiler. */
+typedef enum dflash_kind {
+  DFLASH_KIND_DATA_SOURCE = 1,
+  DFLASH_KIND_TARGET_MODEL = 2,
+  DFLASH_KIND_DRAFTER = 3,
+  DFLASH_KIND_LOSS = 4,
+  DFLASH_KIND_SCHEDULER = 5
+} dflash_kind;
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef enum dflash_error_code {
+  DFLASH_ERR_INVALID_ARGUMENT = 1, /* a tensor's shape/dtype/device is wrong */
+  DFLASH_ERR_INVALID_CONFIG = 2,   /* a config value the schema could not catch */
+  DFLASH_ERR_NOT_FOUND = 3,        /* a file, tensor or key does not exist */
+  DFLASH_ERR_OUT_OF_MEMORY = 4,
+  DFLASH_ERR_IO = 5,
+  DFLASH_ERR_DATA = 6,             /* malformed input data */
+  DFLASH_ERR_UNIMPLEMENTED = 7,
+  DFLASH_ERR_INTERNAL = 8          /* a bug, or an exception of unknown type */
+} dflash_error_code;
+
+/* Opaque, host-allocated. Created by dflash_host_api.error_new. */
+typedef struct dflash_error dflash_error;
+
+/* ------------------------------------------------------------------------ */
+/* Tensors                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Opaque handle to one of the host's LibTorch tensors. Handles keep the
+ * autograd graph: a loss computed from a drafter's output handle can be
+ * back-propagated by the host. Every handle is host-allocated; the one who
+ * owns a handle frees it with dflash_host_api.tensor_free. */
+typedef struct dflash_tensor dflash_tensor;
+
+/* Opaque, host-allocated map from names to tensor handles. The map owns the
+ * handles put into it. */
+typedef struct dflash_tensor_map dflash_tensor_map;
+
+/* Plain data crosses as DLPack. The three structs below are layout-identical
+ * to DLPack 1.x's DLDevice, DLDataType, DLTensor and DLManagedTensorVersioned
+ * (kDLCPU = 1, kDLCUDA = 2; kDLInt = 0, kDLUInt = 1, kDLFloat = 2,
+ * kDLBfloat = 4, kDLBool = 6); a pointer to one may be cast to the other. */
+typedef struct dflash_dl_device {
+  int32_t device_type;
+  int32_t device_id;
+} dflash_dl_device;
+
+typedef struct dflash_dl_dtype {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+} dflash_dl_dtype;
+
+typedef struct dflash_dl_tensor {
+  void* data;              /* borrowed(deleter call) */
+  dflash_dl_device device;
+  int32_t ndim;
+  dflash_dl_dtype dtype;
+  int64_t* shape;          /* borrowed(deleter call); ndim entries */
+  int64_t* strides;        /* borrowed(deleter call); in elements; NULL = compact row-major */
+  uint64_t byte_offset;
+} dflash_dl_tensor;
+
+#define DFLASH_DL_FLAG_READ_ONLY ((uint64_t)1)
+#define DFLASH_DL_FLAG_IS_COPIED ((uint64_t)2)
+
+typedef struct dflash_dl_managed_tensor {
+  struct {
+    uint32_t major; /* 1 */
+    uint32_t minor;
+  } version;
+  void* manager_ctx; /* owned by the producer, for its deleter */
+  /* Called exactly once by the consumer when it no longer needs the data.
+   * (optional: NULL when nothing needs freeing) */
+  void (*deleter)(struct dflash_dl_managed_tensor* self);
+  uint64_t flags;
+  dflash_dl_tensor dl_tensor;
+} dflash_dl_managed_tensor;
+
+/* ------------------------------------------------------------------------ */
+/* The host's function table, handed to every plugin instance at create      */
+/* ------------------------------------------------------------------------ */
+
+typedef enum dflash_log_level {
+  DFLASH_LOG_TRACE = 0,
+  DFLASH_LOG_DEBUG = 1,
+  DFLASH_LOG_INFO = 2,
+  DFLASH_LOG_WARN = 3,
+  DFLASH_LOG_ERROR = 4
+} dflash_log_level;
+
+/* Which LibTorch a binary was compiled against. Recorded by the SDK in every
+ * library that uses LibTorch's C++ API; the host refuses a library whose build
+ * differs from its own, because LibTorch has no C++ ABI guarantee. */
+typedef struct dflash_torch_build {
+  size_t struct_size;
+  const char* torch_version; /* static; TORCH_VERSION, e.g. "2.11.0" */
+  const char* cuda_version;  /* static; e.g. "13.0", or "none" for a CPU-only LibTorch */
+  int32_t cxx11_abi;         /* _GLIBCXX_USE_CXX11_ABI (0 or 1); -1 if not libstdc++ */
+} dflash_torch_build;
+
+typedef struct dflash_host_api {
+  size_t struct_size;
+  uint32_t abi_major;
+  uint32_t abi_minor;
+  const dflash_torch_build* torch_build; /* static: the host's own LibTorch */
+
+  /* --- errors --- */
+  /* new: message is copied. The result is normally returned to the host,
+   * which then owns it. Never returns NULL. */
+  dflash_error* (*error_new)(int32_t code, const char* message);
+  int32_t (*error_code)(const dflash_error* error);
+  /* borrowed(error_free of that error) */
+  const char* (*error_message)(const dflash_error* error);
+  /* Frees an error the plugin got from the host and does not pass on. */
+  void (*error_free)(dflash_error* error);
+
+  /* --- logging (the host's spdlog sink; prefixed with the plugin's name) --- */
+  void (*log)(int32_t level, const char* plugin_name, const char* message);
+
+  /* --- tensor handles --- */
+  void (*tensor_free)(dflash_tensor* tensor); /* NULL is a no-op */
+  /* new: a second handle to the same tensor (same storage, same grad graph). */
+  dflash_tensor* (*tensor_share)(const dflash_tensor* tensor);
+  /* new handle in *out on success. Takes ownership of `source` whatever the
+   * result: its deleter runs when the tensor is freed, or at once on error.
+   * The tensor aliases the DLPack memory (no copy). */
+  dflash_error* (*tensor_from_dlpack)(dflash_dl_managed_tensor* source,
+                                      dflash_tensor** out);
+  /* new in *out: the caller calls (*out)->deleter(*out) exactly once.
+   * Refused for a tensor that requires grad (DLPack has no autograd). */
+  dflash_error* (*tensor_to_dlpack)(const dflash_tensor* tensor,
+                                    dflash_dl_managed_tensor** out);
+  /* LibTorch bridge, for libraries whose dflash_torch_build matched the
+   * host's (the SDK uses it; C plugins never need it).
+   * borrowed(tensor_free of `tensor`): a `const at::Tensor*`. */
+  const void* (*tensor_torch_ref)(const dflash_tensor* tensor);
+  /* new: a handle holding a new reference to `*(const at::Tensor*)at_tensor`. */
+  dflash_tensor* (*tensor_from_torch)(const void* at_tensor);
+
+  /* --- tensor maps --- */
+  /* Stores `tensor` under `name` (copied), replacing any earlier entry.
+   * Takes ownership of `tensor` whatever the result. */
+  dflash_error* (*map_set)(dflash_tensor_map* map, const char* name,
+                           dflash_tensor* tensor);
+  /* borrowed(the map's destruction or the next map_set of that name);
+   * NULL when absent. */
+  const dflash_tensor* (*map_get)(const dflash_tensor_map* map, const char* name);
+  size_t (*map_size)(const dflash_tensor_map* map);
+  /* borrowed(as map_get). Entries are in insertion order. */
+  const char* (*map_name_at)(const dflash_tensor_map* map, size_t index);
+  const dflash_tensor* (*map_tensor_at)(const dflash_tensor_map* map, size_t index);
+} dflash_host_api;
+
+/* ------------------------------------------------------------------------ */
+/* Instances                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Opaque, plugin-owned: whatever the plugin allocates in create. */
+typedef struct dflash_instance dflash_instance;
+
+typedef struct dflash_create_args {
+  size_t struct_size;
+  /* borrowed(the call): the plugin's own config section as a JSON object,
+   * validated by the host against the plugin's schema, defaults filled in. */
+  const char* config_json;
+  /* borrowed(the call): where the instance's tensors live ("cpu", "cuda:0").
+   * The host decides placement; a plugin never moves tensors elsewhere. */
+  const char* device;
+  /* borrowed(the call): compute dtype ("float32", "bfloat16", "float16"). */
+  const char* dtype;
+  uint64_t seed; /* for every random choice the instance makes */
+} dflash_create_args;
+
+/* ------------------------------------------------------------------------ */
+/* Per-kind function tables. Slots marked (optional) may be NULL; every     */
+/* other slot is required and the loader refuses a library that leaves one  */
+/* NULL. Unless said otherwise, input pointers are borrowed(the call).       */
+/* ------------------------------------------------------------------------ */
+
+/* --- data source -------------------------------------------------------- */
+/* A batch is a tensor map. Names (all on the CPU, row-major):
+ *   "input_ids"    [B, S] int64
+ *   "loss_mask"    [B, S] uint8 or int64, 1 where the token is supervised
+ *   "position_ids" [B, S] int64 (optional) restarting at each packed document
+ *   "document_ids" [B, S] int64 (optional) which packed document a token is in
+ * Plugins may add more; consumers ignore names they do not know. */
+typedef struct dflash_data_source_vtable {
+  size_t struct_size;
+  /* Fills `batch` (host-owned, empty). At the end of the data it leaves the
+   * map empty and sets *end_of_data = 1; otherwise sets it to 0. */
+  dflash_error* (*next_batch)(dflash_instance* self, dflash_tensor_map* batch,
+                              int32_t* end_of_data);
+  /* *out_json: borrowed(the next call on self): the position as JSON. */
+  dflash_error* (*save_state)(dflash_instance* self, const char** out_json);
+  /* Restores a position saved by save_state (possibly by another process). */
+  dflash_error* (*load_state)(dflash_instance* self, const char* state_json);
+  /* (optional) *out_json: borrowed(destroy): facts about the data, e.g.
+   * {"vocab_size": 151936, "sequences": 1200}. */
+  dflash_error* (*describe)(dflash_instance* self, const char** out_json);
+} dflash_data_source_vtable;
+
+/* --- target model ------------------------------------------------------- */
+typedef struct dflash_target_request {
+  size_t struct_size;
+  /* borrowed(the call): a batch as a data source yields it, on the model's device. */
+  const dflash_tensor_map* batch;
+  const int64_t* layer_ids; /* borrowed(the call); layer_count entries */
+  size_t layer_count;
+  int32_t want_last_hidden; /* nonzero: add "last_hidden" (after the final norm) */
+  int32_t want_logits;      /* nonzero: add "logits" [B, S, V] */
+} dflash_target_request;
+
+typedef struct dflash_target_vtable {
+  size_t struct_size;
+  /* *out_json: borrowed(destroy). At least {"num_layers", "hidden_size",
+   * "vocab_size", "default_layer_ids": [...]}; more keys may follow. */
+  dflash_error* (*describe)(dflash_instance* self, const char** out_json);
+  /* Inference only: no autograd graph. Fills `out` with "hidden.<id>"
+   * [B, S, H] for every requested layer id, plus what the flags ask for. */
+  dflash_error* (*forward)(dflash_instance* self, const dflash_target_request* request,
+                           dflash_tensor_map* out);
+  /* Fills `out` with the frozen verifier weights: "embed_tokens" [V, H],
+   * "lm_head" [V, H], "final_norm" [H]. The host copies them explicitly to
+   * each drafter device; the handles must not require grad. */
+  dflash_error* (*frozen_weights)(dflash_instance* self, dflash_tensor_map* out);
+} dflash_target_vtable;
+
+/* --- drafter ------------------------------------------------------------ */
+typedef struct dflash_drafter_vtable {
+  size_t struct_size;
+  /* Fills `out` with the trainable parameters under stable names (the
+   * checkpoint's tensor names). Handles alias the live leaf tensors: the
+   * host's optimizer updates them in place. */
+  dflash_error* (*parameters)(dflash_instance* self, dflash_tensor_map* out);
+  /* Hands the drafter the target's description (JSON, as target describe
+   * returns it) and frozen weights, already on the drafter's device. The
+   * drafter may keep handles (tensor_share) for its lifetime. */
+  dflash_error* (*bind_target)(dflash_instance* self, const char* target_json,
+                               const dflash_tensor_map* frozen_weights);
+  /* Training forward. `inputs`: the batch plus the target's "hidden.<id>"
+   * tensors. Fills `out` with what a loss consumes:
+   *   "hidden"      [N, H] after the final norm (carries the grad graph)
+   *   "targets"     [N] int64, the ignore index (-100) where nothing is supervised
+   *   "row_weights" [N] float
+   *   "slot"        [N] int64, position of the row inside its block
+   * and optionally "teacher_hidden" [N, H]. */
+  dflash_error* (*forward)(dflash_instance* self, const dflash_tensor_map* inputs,
+                           dflash_tensor_map* out);
+  /* (optional) *out_json: borrowed(the next call on self): the fields a
+   * checkpoint's config.json needs (block_size, target_layer_ids, ...). */
+  dflash_error* (*export_config)(dflash_instance* self, const char** out_json);
+  /* (optional) Switches dropout and the like; training is the default. */
+  dflash_error* (*set_training)(dflash_instance* self, int32_t training);
+} dflash_drafter_vtable;
+
+/* --- loss --------------------------------------------------------------- */
+typedef enum dflash_teacher_kind {
+  DFLASH_TEACHER_NONE = 0,   /* hard labels only */
+  DFLASH_TEACHER_HIDDEN = 1, /* teacher hidden states through the same lm_head */
+  DFLASH_TEACHER_TOPK = 2    /* teacher top-K ids and log-probs */
+} dflash_teacher_kind;
+
+typedef struct dflash_loss_inputs {
+  size_t struct_size;
+  const dflash_tensor* hidden;         /* [N, H] student hidden states (grad) */
+  const dflash_tensor* lm_head_weight; /* [V, H], frozen or trainable */
+  const dflash_tensor* targets;        /* [N] int64 */
+  int64_t ignore_index;                /* rows whose target equals it add nothing */
+  const dflash_tensor* row_weights;    /* (optional) [N] float; NULL = all 1 */
+  int32_t teacher_kind;                /* dflash_teacher_kind */
+  const dflash_tensor* teacher_hidden;        /* [N, H] when teacher_kind == HIDDEN */
+  const dflash_tensor* teacher_topk_ids;      /* [N, K] int64 when TOPK */
+  const dflash_tensor* teacher_topk_logprobs; /* [N, K] float when TOPK */
+} dflash_loss_inputs;
+
+typedef struct dflash_loss_outputs {
+  size_t struct_size;
+  /* out, new: a 0-dim tensor whose graph reaches `hidden` (and the weight
+   * when it requires grad). */
+  dflash_tensor* loss;
+  /* borrowed(the call), host-owned, empty on entry: named metrics, each a
+   * 0-dim tensor or an [N] per-row tensor (e.g. "accuracy" per row so the host
+   * can aggregate per block slot). Metrics carry no grad. */
+  dflash_tensor_map* metrics;
+} dflash_loss_outputs;
+
+typedef struct dflash_loss_shape {
+  size_t struct_size;
+  int64_t rows;   /* N */
+  int64_t hidden; /* H */
+  int64_t vocab;  /* V */
+  int64_t topk;   /* K when teacher_kind == TOPK, else 0 */
+  int32_t teacher_kind;
+  int32_t element_bytes;     /* of hidden / weight, e.g. 2 for bf16 */
+  int32_t weight_trainable;  /* nonzero if the lm_head weight takes grad */
+} dflash_loss_shape;
+
+typedef struct dflash_memory_estimate {
+  size_t struct_size;
+  /* Bytes the call adds at its peak, beyond its inputs, in forward + backward. */
+  uint64_t peak_bytes;
+  /* Of those, bytes kept alive between forward and backward. */
+  uint64_t saved_for_backward_bytes;
+} dflash_memory_estimate;
+
+typedef struct dflash_loss_vtable {
+  size_t struct_size;
+  dflash_error* (*compute)(dflash_instance* self, const dflash_loss_inputs* inputs,
+                           dflash_loss_outputs* outputs);
+  /* (optional) How much memory compute + backward will need at `shape`;
+   * `out` is host-allocated with struct_size set. */
+  dflash_error* (*estimate_memory)(dflash_instance* self, const dflash_loss_shape* shape,
+                                   dflash_memory_estimate* out);
+} dflash_loss_vtable;
+
+/* --- LR scheduler ------------------------------------------------------- */
+typedef struct dflash_schedule_point {
+  size_t struct_size;
+  int64_t step;        /* 0-based optimizer step */
+  int64_t total_steps; /* planned optimizer steps of the run */
+  double base_lr;      /* the optimizer's configured peak lr */
+} dflash_schedule_point;
+
+typedef struct dflash_scheduler_vtable {
+  size_t struct_size;
+  /* Pure function of the point (and the config): same input, same lr. */
+  dflash_error* (*lr_at)(dflash_instance* self, const dflash_schedule_point* point,
+                         double* out_lr);
+  /* (optional) For schedulers with state beyond the step (e.g. on plateau).
+   * *out_json: borrowed(the next call on self). */
+  dflash_error* (*save_state)(dflash_instance* self, const char** out_json);
+  /* (optional, required if save_state is set) */
+  dflash_error* (*load_state)(dflash_instance* self, const char* state_json);
+} dflash_scheduler_vtable;
+
+/* ------------------------------------------------------------------------ */
+/* Descriptors and the entry point                                           */
+/* ------------------------------------------------------------------------ */
+
+typedef struct dflash_plugin_descriptor {
+  size_t struct_size;
+  int32_t kind;            /* dflash_kind */
+  const char* name;        /* static; [a-z0-9_]+, unique per kind */
+  const char* version;     /* static; the plugin's own version, e.g. "1.2.0" */
+  const char* description; /* static; one line */
+  /* static: the plugin's configuration as a JSON Schema subset (object with
+   * "properties"; each with "type", "default", "description", and optional
+   * "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum",
+   * "items", "minItems", "maxItems", "properties", "required").
+   * See docs/config.md. */
+  const char* config_schema_json;
+  /* new in *out_instance on success; freed with destroy. `host` is
+   * static (lives as long as the process). */
+  dflash_error* (*create)(const dflash_host_api* host, const dflash_create_args* args,
+                          dflash_instance** out_instance);
+  void (*destroy)(dflash_instance* self); /* NULL is a no-op */
+  /* static: the kind's table (dflash_loss_vtable* for DFLASH_KIND_LOSS, ...). */
+  const void* vtable;
+} dflash_plugin_descriptor;
+
+typedef struct dflash_plugin_library {
+  size_t struct_size;
+  uint32_t abi_major; /* DFLASH_ABI_MAJOR the library was built with */
+  uint32_t abi_minor; /* DFLASH_ABI_MINOR the library was built with */
+  /* static; NULL if the library does not use LibTorch's C++ API (it then
+   * deals in DLPack only and loads into any host). */
+  const dflash_torch_build* torch_build;
+  size_t plugin_count;
+  const dflash_plugin_descriptor* const* plugins; /* static; plugin_count entries */
+} dflash_plugin_library;
+
+/* The entry point. Side-effect free: it returns static data and may be called
+ * any number of times. Exported as DFLASH_ENTRY_SYMBOL. */
+typedef const dflash_plugin_library* (*dflash_plugin_entry_fn)(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DFLASH_ABI_H_ */

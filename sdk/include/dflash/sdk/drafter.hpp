@@ -1,0 +1,91 @@
+// dflash/sdk/drafter.hpp — write a drafter architecture plugin:
+//
+//   class MyDrafter : public dflash::sdk::Drafter {
+//    public:
+//     static constexpr dflash::sdk::PluginInfo info{"my_drafter", "1.0.0", "..."};
+//     static std::string config_schema();
+//     explicit MyDrafter(const dflash::sdk::CreateContext& context);
+//     dflash::sdk::TensorDict parameters();     // live trainable leaves, stable names
+//     void bind_target(const nlohmann::json& target, const dflash::sdk::TensorDict& frozen);
+//     dflash::sdk::TensorDict forward(const dflash::sdk::TensorDict& inputs);
+//     // optional:
+//     nlohmann::json export_config() const;     // fields for the checkpoint's config.json
+//     void set_training(bool training);
+//   };
+//   DFLASH_PLUGINS(MyDrafter)
+#pragma once
+
+#include <dflash/sdk/schema.hpp>
+#include <dflash/sdk/torch.hpp>
+
+namespace dflash::sdk {
+
+class Drafter {
+ public:
+  static constexpr dflash_kind kKind = DFLASH_KIND_DRAFTER;
+};
+
+namespace detail {
+
+template <class T, class = void>
+struct has_export_config : std::false_type {};
+template <class T>
+struct has_export_config<T, std::void_t<decltype(nlohmann::json(std::declval<const T&>().export_config()))>>
+    : std::true_type {};
+template <class T, class = void>
+struct has_set_training : std::false_type {};
+template <class T>
+struct has_set_training<T, std::void_t<decltype(std::declval<T&>().set_training(true))>> : std::true_type {};
+
+template <class T>
+struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
+  static_assert(std::is_same_v<decltype(std::declval<T&>().forward(std::declval<const TensorDict&>())), TensorDict>,
+                "a Drafter plugin needs `TensorDict forward(const TensorDict& inputs)`");
+  static_assert(std::is_same_v<decltype(std::declval<T&>().parameters()), TensorDict>,
+                "a Drafter plugin needs `TensorDict parameters()`");
+
+  static dflash_error* parameters(dflash_instance* self, dflash_tensor_map* out) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate,
+                 [&] { write_map(instance->host, out, instance->impl->parameters()); });
+  }
+  static dflash_error* bind_target(dflash_instance* self, const char* target_json,
+                                   const dflash_tensor_map* frozen) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      instance->impl->bind_target(nlohmann::json::parse(target_json ? target_json : "{}"),
+                                  read_map(instance->host, frozen));
+    });
+  }
+  static dflash_error* forward(dflash_instance* self, const dflash_tensor_map* inputs,
+                               dflash_tensor_map* out) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      write_map(instance->host, out, instance->impl->forward(read_map(instance->host, inputs)));
+    });
+  }
+  static dflash_error* export_config(dflash_instance* self, const char** out_json) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (has_export_config<T>::value)
+        *out_json = keep_until_next_call(instance, nlohmann::json(instance->impl->export_config()).dump());
+    });
+  }
+  static dflash_error* set_training(dflash_instance* self, int32_t training) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (has_set_training<T>::value) instance->impl->set_training(training != 0);
+    });
+  }
+  static const void* vtable() noexcept {
+    static const dflash_drafter_vtable table = {
+        sizeof(dflash_drafter_vtable), &parameters, &bind_target, &forward,
+        has_export_config<T>::value ? &export_config : nullptr,
+        has_set_training<T>::value ? &set_training : nullptr,
+    };
+    return &table;
+  }
+};
+
+}  // namespace detail
+}  // namespace dflash::sdk

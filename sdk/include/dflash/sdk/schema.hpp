@@ -1,0 +1,93 @@
+// dflash/sdk/schema.hpp — builds a plugin's config schema (the JSON Schema
+// subset described in docs/config.md) without writing JSON by hand:
+//
+//   static std::string config_schema() {
+//     return dflash::sdk::Schema()
+//         .number("temperature", 1.0, "softmax temperature", dflash::sdk::Bounds::above(0))
+//         .string("reduction", "mean", "how rows combine", {"mean", "sum"})
+//         .dump();
+//   }
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dflash::sdk {
+
+struct Bounds {
+  std::optional<double> minimum, maximum, exclusive_minimum, exclusive_maximum;
+  static Bounds at_least(double v) { Bounds b; b.minimum = v; return b; }
+  static Bounds above(double v) { Bounds b; b.exclusive_minimum = v; return b; }
+  static Bounds at_most(double v) { Bounds b; b.maximum = v; return b; }
+  static Bounds between(double lo, double hi) { Bounds b; b.minimum = lo; b.maximum = hi; return b; }
+  void write(nlohmann::json& property) const {
+    if (minimum) property["minimum"] = *minimum;
+    if (maximum) property["maximum"] = *maximum;
+    if (exclusive_minimum) property["exclusiveMinimum"] = *exclusive_minimum;
+    if (exclusive_maximum) property["exclusiveMaximum"] = *exclusive_maximum;
+  }
+};
+
+class Schema {
+ public:
+  Schema() : json_{{"type", "object"}, {"properties", nlohmann::json::object()}} {}
+
+  Schema& boolean(const std::string& name, bool fallback, const std::string& description) {
+    return add(name, {{"type", "boolean"}, {"default", fallback}, {"description", description}});
+  }
+  Schema& integer(const std::string& name, int64_t fallback, const std::string& description,
+                  const Bounds& bounds = {}) {
+    nlohmann::json p{{"type", "integer"}, {"default", fallback}, {"description", description}};
+    bounds.write(p);
+    return add(name, std::move(p));
+  }
+  Schema& number(const std::string& name, double fallback, const std::string& description,
+                 const Bounds& bounds = {}) {
+    nlohmann::json p{{"type", "number"}, {"default", fallback}, {"description", description}};
+    bounds.write(p);
+    return add(name, std::move(p));
+  }
+  Schema& string(const std::string& name, const std::string& fallback, const std::string& description,
+                 const std::vector<std::string>& allowed = {}) {
+    nlohmann::json p{{"type", "string"}, {"default", fallback}, {"description", description}};
+    if (!allowed.empty()) p["enum"] = allowed;
+    return add(name, std::move(p));
+  }
+  // A string the user must set (no default), e.g. a checkpoint path.
+  Schema& required_string(const std::string& name, const std::string& description) {
+    add(name, {{"type", "string"}, {"description", description}});
+    json_["required"].push_back(name);
+    return *this;
+  }
+  Schema& integer_array(const std::string& name, const std::vector<int64_t>& fallback,
+                        const std::string& description, const Bounds& item_bounds = {}) {
+    nlohmann::json items{{"type", "integer"}};
+    item_bounds.write(items);
+    return add(name, {{"type", "array"}, {"items", items}, {"default", fallback}, {"description", description}});
+  }
+  Schema& object(const std::string& name, const Schema& nested, const std::string& description) {
+    nlohmann::json p = nested.json_;
+    p["description"] = description;
+    return add(name, std::move(p));
+  }
+  // Any other property, written as JSON by hand.
+  Schema& property(const std::string& name, nlohmann::json definition) {
+    return add(name, std::move(definition));
+  }
+
+  const nlohmann::json& json() const { return json_; }
+  std::string dump() const { return json_.dump(); }
+
+ private:
+  Schema& add(const std::string& name, nlohmann::json definition) {
+    json_["properties"][name] = std::move(definition);
+    return *this;
+  }
+  nlohmann::json json_;
+};
+
+}  // namespace dflash::sdk

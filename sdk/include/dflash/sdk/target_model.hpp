@@ -1,0 +1,74 @@
+// dflash/sdk/target_model.hpp — write a target model plugin (the frozen LLM
+// whose hidden states feed the drafter):
+//
+//   class MyTarget : public dflash::sdk::TargetModel {
+//    public:
+//     static constexpr dflash::sdk::PluginInfo info{"my_target", "1.0.0", "..."};
+//     static std::string config_schema();
+//     explicit MyTarget(const dflash::sdk::CreateContext& context);
+//     nlohmann::json describe() const;  // num_layers, hidden_size, vocab_size, default_layer_ids
+//     dflash::sdk::TensorDict forward(const dflash::sdk::TargetRequest& request);
+//     dflash::sdk::TensorDict frozen_weights();  // embed_tokens, lm_head, final_norm
+//   };
+//   DFLASH_PLUGINS(MyTarget)
+#pragma once
+
+#include <dflash/sdk/schema.hpp>
+#include <dflash/sdk/torch.hpp>
+
+#include <vector>
+
+namespace dflash::sdk {
+
+class TargetModel {
+ public:
+  static constexpr dflash_kind kKind = DFLASH_KIND_TARGET_MODEL;
+};
+
+struct TargetRequest {
+  TensorDict batch;
+  std::vector<int64_t> layer_ids;
+  bool want_last_hidden = false;
+  bool want_logits = false;
+};
+
+namespace detail {
+
+template <class T>
+struct KindTraits<T, DFLASH_KIND_TARGET_MODEL> : TorchKind {
+  static_assert(std::is_same_v<decltype(std::declval<T&>().forward(std::declval<const TargetRequest&>())), TensorDict>,
+                "a TargetModel plugin needs `TensorDict forward(const TargetRequest&)`");
+
+  static dflash_error* describe(dflash_instance* self, const char** out_json) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      instance->long_lived = nlohmann::json(instance->impl->describe()).dump();
+      *out_json = instance->long_lived.c_str();
+    });
+  }
+  static dflash_error* forward(dflash_instance* self, const dflash_target_request* request,
+                               dflash_tensor_map* out) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if (request == nullptr) throw Error(DFLASH_ERR_INVALID_ARGUMENT, "forward called without a request");
+      TargetRequest r;
+      r.batch = read_map(instance->host, request->batch);
+      r.layer_ids.assign(request->layer_ids, request->layer_ids + request->layer_count);
+      r.want_last_hidden = request->want_last_hidden != 0;
+      r.want_logits = request->want_logits != 0;
+      write_map(instance->host, out, instance->impl->forward(r));
+    });
+  }
+  static dflash_error* frozen_weights(dflash_instance* self, dflash_tensor_map* out) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate,
+                 [&] { write_map(instance->host, out, instance->impl->frozen_weights()); });
+  }
+  static const void* vtable() noexcept {
+    static const dflash_target_vtable table = {sizeof(dflash_target_vtable), &describe, &forward, &frozen_weights};
+    return &table;
+  }
+};
+
+}  // namespace detail
+}  // namespace dflash::sdk

@@ -1,0 +1,36 @@
+// dflash/sdk/torch_compat.hpp — every difference between the LibTorch
+// versions dflash-host builds against (Debian's 1.13 CPU build and the 2.x
+// wheels with CUDA) lives here, and only here.
+#pragma once
+
+#include <torch/version.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <ATen/ops/scaled_dot_product_attention.h>
+#else
+#include <ATen/ops/_scaled_dot_product_attention.h>
+#endif
+
+#define DFLASH_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace dflash::compat {
+
+// Fused attention softmax(q·kᵀ/√d + mask)·v. 2.x has the public op (flash /
+// memory-efficient kernels on the GPU); 1.13 only the private one, which
+// returns (output, weights).
+inline at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tensor& key,
+                                               const at::Tensor& value,
+                                               const c10::optional<at::Tensor>& attn_mask, bool is_causal) {
+#if DFLASH_TORCH_AT_LEAST(2, 0)
+  return at::scaled_dot_product_attention(query, key, value, attn_mask, 0.0, is_causal);
+#else
+  return std::get<0>(at::_scaled_dot_product_attention(query, key, value, attn_mask, 0.0,
+                                                       /*need_attn_weights=*/false, is_causal));
+#endif
+}
+
+}  // namespace dflash::compat
