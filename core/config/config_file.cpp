@@ -1,0 +1,282 @@
+#include "config/config_file.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace dflash::config {
+
+using nlohmann::json;
+
+namespace {
+
+using detail::kind_of;
+using detail::preview;
+
+std::string json_quote(const std::string& s) { return json(s).dump(-1, ' ', false, json::error_handler_t::replace); }
+
+const char* const kCheckPath = "check the path given to --config";
+
+// 1-based line and column (in characters, not bytes) of byte `index`.
+std::pair<std::size_t, std::size_t> line_and_column(const std::string& text, std::size_t index) {
+  std::size_t line = 1;
+  std::size_t column = 1;
+  for (std::size_t i = 0; i < index && i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\n') {
+      ++line;
+      column = 1;
+    } else if ((c & 0xC0U) != 0x80U) {  // skip UTF-8 continuation bytes
+      ++column;
+    }
+  }
+  return {line, column};
+}
+
+// nlohmann's message without its "[json.exception...] parse error at ...:" head.
+std::string short_reason(const std::string& what) {
+  const std::size_t head = what.find("parse error");
+  if (head == std::string::npos) return what;
+  const std::size_t colon = what.find(": ", head);
+  if (colon == std::string::npos) return what;
+  return what.substr(colon + 2);
+}
+
+// Tracks where the parser is, to name duplicate keys by their path.
+class DuplicateKeyCheck {
+ public:
+  explicit DuplicateKeyCheck(std::string file) : file_(std::move(file)) {}
+
+  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        frames_.push_back(Frame{false, 0, {}, {}});
+        break;
+      case json::parse_event_t::array_start:
+        frames_.push_back(Frame{true, 0, {}, {}});
+        break;
+      case json::parse_event_t::key: {
+        Frame& frame = frames_.back();
+        frame.key = parsed.get<std::string>();
+        if (!frame.keys.insert(frame.key).second) {
+          const std::string path = current_path();
+          throw ConfigError(path, "config file \"" + file_ + "\": duplicate key " + json_quote(path) +
+                                      "; a key may appear only once in an object");
+        }
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        frames_.pop_back();
+        element_done();
+        break;
+      case json::parse_event_t::value:
+        element_done();
+        break;
+    }
+    return true;
+  }
+
+ private:
+  struct Frame {
+    bool is_array;
+    std::size_t index;           // arrays: elements completed so far
+    std::set<std::string> keys;  // objects: keys seen so far
+    std::string key;             // objects: key of the current member
+  };
+
+  void element_done() {
+    if (!frames_.empty() && frames_.back().is_array) ++frames_.back().index;
+  }
+
+  std::string current_path() const {
+    std::string path;
+    for (const auto& frame : frames_) {
+      if (frame.is_array) {
+        path += "[" + std::to_string(frame.index) + "]";
+      } else {
+        path += (path.empty() ? "" : ".") + frame.key;
+      }
+    }
+    return path;
+  }
+
+  std::string file_;
+  std::vector<Frame> frames_;
+};
+
+// ---------------------------------------------------------------------------
+// --set
+// ---------------------------------------------------------------------------
+
+struct Step {
+  bool is_index = false;
+  std::string name;       // object member
+  std::size_t index = 0;  // array element
+};
+
+std::string a_kind(const json& value) {
+  const std::string kind = kind_of(value);
+  if (value.is_null()) return "null";
+  const bool vowel = kind == "integer" || kind == "array" || kind == "object";
+  return (vowel ? "an " : "a ") + kind + " (" + preview(value, 40) + ")";
+}
+
+std::vector<Step> parse_key(const std::string& key, const std::string& shown) {
+  auto malformed = [&](const std::string& problem) {
+    return ConfigError("", shown + ": " + problem + " in key " + json_quote(key) +
+                               "; expected --set name.name[index]...=value");
+  };
+  std::vector<Step> steps;
+  std::size_t i = 0;
+  while (true) {
+    const std::size_t end = key.find_first_of(".[]", i);
+    const std::string name = key.substr(i, end == std::string::npos ? std::string::npos : end - i);
+    if (name.empty()) throw malformed("empty path segment");
+    Step step;
+    step.name = name;
+    steps.push_back(step);
+    i = end;
+    if (i == std::string::npos) break;
+    if (key[i] == ']') throw malformed("unmatched ']'");
+    while (i < key.size() && key[i] == '[') {
+      const std::size_t close = key.find(']', i);
+      if (close == std::string::npos) throw malformed("unclosed '['");
+      const std::string digits = key.substr(i + 1, close - i - 1);
+      if (digits.empty() || digits.size() > 9 ||
+          digits.find_first_not_of("0123456789") != std::string::npos) {
+        throw malformed("bad array index [" + digits + "] (expected a non-negative integer)");
+      }
+      Step index_step;
+      index_step.is_index = true;
+      index_step.index = static_cast<std::size_t>(std::stoul(digits));
+      steps.push_back(index_step);
+      i = close + 1;
+    }
+    if (i >= key.size()) break;
+    if (key[i] != '.') throw malformed(std::string("unexpected '") + key[i] + "' after ']'");
+    ++i;
+    if (i >= key.size()) throw malformed("empty path segment");
+  }
+  return steps;
+}
+
+}  // namespace
+
+json load_json_file(const std::filesystem::path& file) {
+  namespace fs = std::filesystem;
+  const std::string name = file.string();
+  std::error_code ec;
+  const fs::file_status status = fs::status(file, ec);
+  if (status.type() == fs::file_type::not_found) {
+    throw ConfigError("", "config file \"" + name + "\" does not exist; " + kCheckPath);
+  }
+  if (ec) {
+    throw ConfigError("", "cannot access config file \"" + name + "\": " + ec.message() + "; " + kCheckPath);
+  }
+  if (fs::is_directory(status)) {
+    throw ConfigError("", "config file \"" + name + "\" is a directory, not a file; " + kCheckPath);
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    throw ConfigError("", "cannot read config file \"" + name + "\"" +
+                              (err != 0 ? std::string(": ") + std::strerror(err) : std::string()) + "; " +
+                              kCheckPath);
+  }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) {
+    throw ConfigError("", "cannot read config file \"" + name + "\": read error; " + kCheckPath);
+  }
+
+  json root;
+  try {
+    root = json::parse(text, DuplicateKeyCheck(name), /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const json::parse_error& e) {
+    const std::size_t index = e.byte == 0 ? 0 : e.byte - 1;
+    const auto [line, column] = line_and_column(text, index);
+    std::string message = "config file \"" + name + "\": invalid JSON at line " + std::to_string(line) +
+                          ", column " + std::to_string(column) + ": " + short_reason(e.what());
+    if (index < text.size() && text[index] == '/') message += " (comments are not allowed in JSON)";
+    throw ConfigError("", message);
+  }
+  if (!root.is_object()) {
+    throw ConfigError("", "config file \"" + name + "\": the top level must be a JSON object ({...}), got " +
+                              kind_of(root));
+  }
+  return root;
+}
+
+void apply_override(json& root, const std::string& assignment) {
+  const std::string shown = "--set '" + (assignment.size() > 120 ? assignment.substr(0, 117) + "..." : assignment) + "'";
+  const std::size_t eq = assignment.find('=');
+  if (eq == std::string::npos) {
+    throw ConfigError("", shown + ": missing '='; expected --set key.path=value");
+  }
+  const std::string key = assignment.substr(0, eq);
+  if (key.empty()) throw ConfigError("", shown + ": empty key before '='; expected --set key.path=value");
+  const std::vector<Step> steps = parse_key(key, shown);
+
+  const std::string text = assignment.substr(eq + 1);
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/false);
+  if (value.is_discarded()) value = text;
+
+  if (!root.is_null() && !root.is_object()) {
+    throw ConfigError("", shown + ": the configuration is " + a_kind(root) + ", not an object");
+  }
+  json result = root.is_null() ? json::object() : root;  // root stays unchanged on error
+  json* current = &result;
+  std::string walked;
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    const Step& step = steps[s];
+    const bool last = s + 1 == steps.size();
+    if (!step.is_index) {
+      if (current->is_null()) *current = json::object();
+      if (!current->is_object()) {
+        throw ConfigError(walked, shown + ": cannot set " + json_quote(key) + " because " + json_quote(walked) + " is " +
+                                      a_kind(*current) + ", not an object");
+      }
+      const std::string parent = walked;
+      walked += (walked.empty() ? "" : ".") + step.name;
+      if (last) {
+        (*current)[step.name] = value;
+        break;
+      }
+      if (!current->contains(step.name)) {
+        if (steps[s + 1].is_index) {
+          throw ConfigError(walked, shown + ": " + json_quote(walked) + " does not exist, so element [" +
+                                        std::to_string(steps[s + 1].index) +
+                                        "] cannot be set; set the whole array instead");
+        }
+        (*current)[step.name] = json::object();
+      }
+      current = &(*current)[step.name];
+    } else {
+      const std::string element = walked + "[" + std::to_string(step.index) + "]";
+      if (!current->is_array()) {
+        throw ConfigError(walked, shown + ": cannot set " + json_quote(key) + " because " + json_quote(walked) + " is " +
+                                      a_kind(*current) + ", not an array");
+      }
+      if (step.index >= current->size()) {
+        throw ConfigError(element, shown + ": " + json_quote(walked) + " has " + std::to_string(current->size()) +
+                                       (current->size() == 1 ? " element" : " elements") + ", so " +
+                                       json_quote(element) + " does not exist; set the whole array instead");
+      }
+      walked = element;
+      if (last) {
+        (*current)[step.index] = value;
+        break;
+      }
+      current = &(*current)[step.index];
+    }
+  }
+  root = std::move(result);
+}
+
+}  // namespace dflash::config

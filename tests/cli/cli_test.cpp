@@ -1,0 +1,184 @@
+// dflash-host as a user runs it: the real binary, real plugin directories,
+// real config files. Asserts exit codes and the messages users read.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <sys/wait.h>
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct HostRun {
+  int status;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+HostRun host(const std::string& args) {
+  static int counter = 0;
+  const fs::path err_file = fs::temp_directory_path() / ("dflash_cli_err_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  const std::string command = std::string(DFLASH_HOST_EXE) + " --no-default-plugin-dirs " + args + " 2>" + err_file.string();
+  HostRun run{};
+  FILE* pipe = popen(command.c_str(), "r");
+  std::array<char, 4096> buffer{};
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.out.append(buffer.data(), n);
+  const int raw = pclose(pipe);
+  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  std::ifstream err(err_file);
+  run.err.assign(std::istreambuf_iterator<char>(err), {});
+  fs::remove(err_file);
+  return run;
+}
+
+const std::string kGood = std::string(" --plugin-dir ") + DFLASH_GOOD_PLUGIN_DIR;
+const std::string kBroken = std::string(" --plugin-dir ") + DFLASH_BROKEN_PLUGIN_DIR;
+
+fs::path write_config(const std::string& name, const std::string& text) {
+  const fs::path file = fs::temp_directory_path() / ("dflash_cli_" + std::to_string(::getpid()) + "_" + name);
+  std::ofstream(file) << text;
+  return file;
+}
+
+#define EXPECT_HAS(text, fragment) EXPECT_NE((text).find(fragment), std::string::npos) << (text)
+
+TEST(Cli, HelpListsCommandsAndFlags) {
+  HostRun r = host("--help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* fragment : {"train", "list", "describe NAME", "config", "--plugin-dir", "--set", "--loss",
+                               "--scheduler", "--log-level", "--config"})
+    EXPECT_HAS(r.out, fragment);
+}
+
+TEST(Cli, VersionNamesAbiAndLibTorch) {
+  HostRun r = host("--version");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_HAS(r.out, "plugin ABI 1.0");
+  EXPECT_HAS(r.out, "LibTorch ");
+}
+
+TEST(Cli, ListShowsPluginsAndSkippedLibrariesWithReasons) {
+  HostRun r = host("list" + kGood + kBroken);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_HAS(r.out, "KIND");
+  EXPECT_HAS(r.out, "test_loss");
+  EXPECT_HAS(r.out, "2.3.4");
+  EXPECT_HAS(r.out, "c_data");
+  EXPECT_HAS(r.out, "libtest_plugins.so");
+  EXPECT_HAS(r.out, "skipped");
+  EXPECT_HAS(r.out, "not a shared object");
+  EXPECT_HAS(r.out, "newer than this host's ABI 1.0");
+}
+
+TEST(Cli, ListJsonParses) {
+  HostRun r = host("list --json" + kGood);
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto json = nlohmann::json::parse(r.out);
+  bool found = false;
+  for (const auto& plugin : json.at("plugins"))
+    found = found || (plugin.at("name") == "test_drafter" && plugin.at("kind") == "drafter");
+  EXPECT_TRUE(found) << r.out;
+}
+
+TEST(Cli, DescribePrintsConfigWithDefaults) {
+  HostRun r = host("describe test_data" + kGood);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_HAS(r.out, "data source plugin 'test_data'");
+  EXPECT_HAS(r.out, "batches");
+  EXPECT_HAS(r.out, "tokens per row");
+  EXPECT_HAS(r.out, "\"plugin\": \"test_data\"");
+  HostRun host_section = host("describe host");
+  EXPECT_EQ(host_section.status, 0);
+  EXPECT_HAS(host_section.out, "train.seed");
+}
+
+TEST(Cli, DescribeUnknownNameListsWhatExists) {
+  HostRun r = host("describe nope" + kGood);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_HAS(r.err, "no plugin named 'nope'");
+  EXPECT_HAS(r.err, "loss/test_loss");
+}
+
+TEST(Cli, ConfigResolvesDefaultsAndOverrides) {
+  const fs::path file = write_config("ok.json", R"({"train": {"seed": 3}, "loss": {"plugin": "test_loss"}})");
+  HostRun r = host("config --config " + file.string() + " --set loss.scale=4 --scheduler test_schedule" + kGood);
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json.at("train").at("seed"), 3);
+  EXPECT_EQ(json.at("train").at("device"), "cpu") << "host defaults are filled";
+  EXPECT_EQ(json.at("loss").at("scale"), 4.0);
+  EXPECT_EQ(json.at("scheduler").at("plugin"), "test_schedule");
+  EXPECT_EQ(json.at("scheduler").at("factor"), 0.5) << "plugin defaults are filled";
+}
+
+TEST(Cli, ConfigErrorsNameThePathAndThePlugin) {
+  const fs::path file = write_config("bad.json", R"({"loss": {"plugin": "test_loss", "scael": 2}})");
+  HostRun unknown = host("config --config " + file.string() + kGood);
+  EXPECT_EQ(unknown.status, 2);
+  EXPECT_HAS(unknown.err, "loss.scael");
+  EXPECT_HAS(unknown.err, "scale");
+  EXPECT_HAS(unknown.err, "test_loss");
+
+  HostRun type = host("config --loss test_loss --set loss.scale=\\\"big\\\"" + kGood);
+  EXPECT_EQ(type.status, 2);
+  EXPECT_HAS(type.err, "loss.scale");
+
+  HostRun range = host("config --loss test_loss --set loss.scale=-1" + kGood);
+  EXPECT_EQ(range.status, 2);
+  EXPECT_HAS(range.err, "loss.scale");
+
+  HostRun missing_plugin = host("config --loss fused_ckpt_kl" + kGood);
+  EXPECT_EQ(missing_plugin.status, 2);
+  EXPECT_HAS(missing_plugin.err, "no loss plugin named 'fused_ckpt_kl'");
+  EXPECT_HAS(missing_plugin.err, "test_loss");
+
+  HostRun no_file = host("config --config /nonexistent/run.json" + kGood);
+  EXPECT_EQ(no_file.status, 2);
+  EXPECT_HAS(no_file.err, "/nonexistent/run.json");
+
+  const fs::path syntax = write_config("syntax.json", "{\n  \"train\": {\"seed\": 1,}\n}\n");
+  HostRun parse = host("config --config " + syntax.string() + kGood);
+  EXPECT_EQ(parse.status, 2);
+  EXPECT_HAS(parse.err, syntax.string());
+  EXPECT_HAS(parse.err, "line 2");
+}
+
+TEST(Cli, TrainValidatesCreatesThenSaysNotYetAvailable) {
+  const fs::path file = write_config("train.json", R"({
+    "data": {"plugin": "test_data"}, "target": {"plugin": "test_target"},
+    "drafter": {"plugin": "test_drafter"}, "loss": {"plugin": "test_loss"},
+    "scheduler": {"plugin": "test_schedule"}})");
+  HostRun r = host("--config " + file.string() + kGood);  // train is the default command
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_HAS(r.err, "not yet available");
+
+  HostRun failing = host("train --config " + file.string() + " --loss throwing_loss" + kGood);
+  EXPECT_EQ(failing.status, 1);
+  EXPECT_HAS(failing.err, "loss plugin 'throwing_loss'");
+  EXPECT_HAS(failing.err, "failed to create");
+
+  HostRun incomplete = host("train --loss test_loss --config " + write_config("part.json", "{}").string() + kGood);
+  EXPECT_EQ(incomplete.status, 2);
+  EXPECT_HAS(incomplete.err, "--data NAME");
+}
+
+TEST(Cli, BadUsage) {
+  HostRun command = host("frobnicate");
+  EXPECT_EQ(command.status, 2);
+  EXPECT_HAS(command.err, "unknown command 'frobnicate'");
+  HostRun flag = host("list --no-such-flag");
+  EXPECT_EQ(flag.status, 2);
+  EXPECT_HAS(flag.err, "no-such-flag");
+  HostRun level = host("list --log-level loud");
+  EXPECT_EQ(level.status, 2);
+  EXPECT_HAS(level.err, "--log-level loud");
+}
+
+}  // namespace

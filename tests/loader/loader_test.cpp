@@ -1,0 +1,203 @@
+// Every loader failure mode, each against a real broken shared object built
+// by tests/plugins/broken: the message must name the file and say what to do.
+#include "plugin/instances.h"
+#include "plugin/registry.h"
+
+#include <gtest/gtest.h>
+#include <torch/version.h>
+
+#include <filesystem>
+
+namespace fs = std::filesystem;
+using dflash::host::PluginLookupError;
+using dflash::host::PluginRegistry;
+
+namespace {
+
+fs::path broken(const std::string& name) {
+  return fs::path(DFLASH_BROKEN_PLUGIN_DIR) / name / ("lib" + name + ".so");
+}
+
+// Loads one broken library alone and returns its single problem message.
+std::string problem_of(const std::string& name) {
+  PluginRegistry registry;
+  registry.add_library(broken(name));
+  EXPECT_TRUE(registry.plugins().empty()) << name;
+  EXPECT_EQ(registry.problems().size(), 1u) << name;
+  if (registry.problems().empty()) return "";
+  const std::string& message = registry.problems().front().message;
+  EXPECT_NE(message.find(fs::weakly_canonical(broken(name)).string()), std::string::npos)
+      << "the message must name the file: " << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << "one line: " << message;
+  return message;
+}
+
+#define EXPECT_HAS(text, fragment) EXPECT_NE((text).find(fragment), std::string::npos) << (text)
+
+TEST(Loader, NotASharedObject) {
+  const std::string m = problem_of("not_elf");
+  EXPECT_HAS(m, "not a shared object");
+  EXPECT_HAS(m, "remove it from the plugin directory");
+}
+
+TEST(Loader, NoEntrySymbol) {
+  const std::string m = problem_of("no_entry");
+  EXPECT_HAS(m, "no entry symbol 'dflash_plugin_entry_v1'");
+  EXPECT_HAS(m, "DFLASH_PLUGINS");
+}
+
+TEST(Loader, AbiMajorMismatchNamesBothVersions) {
+  const std::string m = problem_of("abi_major");
+  EXPECT_HAS(m, "built for plugin ABI 2.x");
+  EXPECT_HAS(m, "dflash_plugin_entry_v2");
+  EXPECT_HAS(m, "this host speaks ABI 1.0");
+  EXPECT_HAS(m, "rebuild the plugin against dflash-sdk 1.x");
+}
+
+TEST(Loader, MajorFieldDisagreeingWithSymbol) {
+  const std::string m = problem_of("major_field");
+  EXPECT_HAS(m, "declares ABI 7.0");
+  EXPECT_HAS(m, "this host speaks ABI 1.0");
+}
+
+TEST(Loader, NewerMinorThanHost) {
+  const std::string m = problem_of("newer_minor");
+  EXPECT_HAS(m, "built against plugin ABI 1.5, newer than this host's ABI 1.0");
+  EXPECT_HAS(m, "upgrade dflash-host");
+}
+
+TEST(Loader, StructSizeTooSmall) {
+  const std::string m = problem_of("small_struct");
+  EXPECT_HAS(m, "plugin descriptor struct_size is 8 bytes, smaller than the");
+  EXPECT_HAS(m, "rebuild it");
+}
+
+TEST(Loader, UnknownKind) {
+  const std::string m = problem_of("unknown_kind");
+  EXPECT_HAS(m, "plugin 'unknown_kind' declares unknown kind 42");
+  EXPECT_HAS(m, "known: 1 data source");
+}
+
+TEST(Loader, MissingRequiredVtableSlot) {
+  const std::string m = problem_of("missing_slot");
+  EXPECT_HAS(m, "loss plugin 'missing_slot' leaves required vtable slot 'compute' NULL");
+}
+
+TEST(Loader, LibTorchBuildMismatch) {
+  const std::string m = problem_of("torch_mismatch");
+  EXPECT_HAS(m, "built against LibTorch 0.4.1 (CUDA 9.2, C++11 ABI 0)");
+  EXPECT_HAS(m, "but this host uses LibTorch " TORCH_VERSION);
+  EXPECT_HAS(m, "rebuild the plugin against the host's LibTorch");
+}
+
+TEST(Loader, InvalidConfigSchema) {
+  const std::string m = problem_of("bad_schema");
+  EXPECT_HAS(m, "loss plugin 'bad_schema' has an invalid config schema");
+  EXPECT_HAS(m, "\"x\"");
+}
+
+TEST(Loader, DuplicateNamesBothFilesAndNeitherWins) {
+  PluginRegistry registry;
+  registry.add_library(broken("twin_a"));
+  registry.add_library(broken("twin_b"));
+  ASSERT_EQ(registry.problems().size(), 1u);
+  const std::string& m = registry.problems().front().message;
+  EXPECT_HAS(m, "duplicate loss plugin 'twin'");
+  EXPECT_HAS(m, fs::weakly_canonical(broken("twin_a")).string());
+  EXPECT_HAS(m, fs::weakly_canonical(broken("twin_b")).string());
+  EXPECT_TRUE(registry.plugins().empty());
+  try {
+    registry.find(DFLASH_KIND_LOSS, "twin");
+    FAIL() << "an ambiguous plugin must not be chosen";
+  } catch (const PluginLookupError& e) {
+    EXPECT_HAS(std::string(e.what()), "defined twice");
+    EXPECT_HAS(std::string(e.what()), "libtwin_a.so");
+    EXPECT_HAS(std::string(e.what()), "libtwin_b.so");
+  }
+}
+
+TEST(Loader, CreateReturningAnErrorIsReportedWithThePluginAndFile) {
+  PluginRegistry registry;
+  registry.add_library(broken("create_error"));
+  ASSERT_TRUE(registry.problems().empty());
+  const auto& record = registry.find(DFLASH_KIND_LOSS, "create_error");
+  try {
+    dflash::host::LossInstance instance(record, nlohmann::json::object(), {});
+    FAIL() << "create must fail";
+  } catch (const dflash::host::PluginCallError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.code(), DFLASH_ERR_INVALID_CONFIG);
+    EXPECT_HAS(m, "loss plugin 'create_error'");
+    EXPECT_HAS(m, "libcreate_error.so");
+    EXPECT_HAS(m, "failed to create (invalid config)");
+    EXPECT_HAS(m, "/nonexistent/w.bin");
+  }
+}
+
+TEST(Loader, CreateThrowingIsCaughtByTheSdkAndReported) {
+  PluginRegistry registry;
+  registry.add_directory(DFLASH_GOOD_PLUGIN_DIR);
+  const auto& record = registry.find(DFLASH_KIND_LOSS, "throwing_loss");
+  try {
+    dflash::host::LossInstance instance(record, nlohmann::json::object(), {});
+    FAIL() << "create must fail";
+  } catch (const dflash::host::PluginCallError& e) {
+    EXPECT_EQ(e.code(), DFLASH_ERR_INTERNAL);
+    EXPECT_HAS(std::string(e.what()), "loss plugin 'throwing_loss'");
+    EXPECT_HAS(std::string(e.what()), "cannot open /nonexistent/table.bin");
+  }
+}
+
+TEST(Loader, RequestedPluginNotFoundListsWhatExists) {
+  PluginRegistry registry;
+  registry.add_directory(DFLASH_GOOD_PLUGIN_DIR);
+  try {
+    registry.find(DFLASH_KIND_LOSS, "fused_ckpt_kl");
+    FAIL() << "must not be found";
+  } catch (const PluginLookupError& e) {
+    const std::string m = e.what();
+    EXPECT_HAS(m, "no loss plugin named 'fused_ckpt_kl'");
+    EXPECT_HAS(m, "test_loss (libtest_plugins.so)");
+    EXPECT_HAS(m, "throwing_loss");
+    EXPECT_HAS(m, fs::weakly_canonical(DFLASH_GOOD_PLUGIN_DIR).string());
+    EXPECT_EQ(m.find("c_data"), std::string::npos) << "only plugins of the asked kind are listed";
+  }
+}
+
+TEST(Loader, BrokenLibrariesNeverStopTheOthers) {
+  PluginRegistry registry;
+  registry.add_directory(DFLASH_BROKEN_PLUGIN_DIR);
+  registry.add_directory(DFLASH_GOOD_PLUGIN_DIR);
+  // Every broken library is skipped with its own line ...
+  EXPECT_GE(registry.problems().size(), 10u);
+  // ... and the sound ones all load: create_error loads (it fails later, at create).
+  EXPECT_NO_THROW(registry.find(DFLASH_KIND_LOSS, "create_error"));
+  EXPECT_NO_THROW(registry.find(DFLASH_KIND_LOSS, "test_loss"));
+  EXPECT_NO_THROW(registry.find(DFLASH_KIND_DATA_SOURCE, "c_data"));
+  EXPECT_NO_THROW(registry.find(DFLASH_KIND_DRAFTER, "test_drafter"));
+}
+
+TEST(Loader, MissingPluginDirectoryIsAClearError) {
+  PluginRegistry registry;
+  try {
+    registry.add_directory("/nonexistent/plugins");
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_HAS(std::string(e.what()), "plugin directory '/nonexistent/plugins' does not exist");
+  }
+}
+
+TEST(Loader, RecordsWhatTheListingShows) {
+  PluginRegistry registry;
+  registry.add_directory(DFLASH_GOOD_PLUGIN_DIR);
+  const auto& loss = registry.find(DFLASH_KIND_LOSS, "test_loss");
+  EXPECT_EQ(loss.version, "2.3.4");
+  EXPECT_EQ(loss.abi_major, 1u);
+  EXPECT_EQ(loss.abi_minor, 0u);
+  EXPECT_HAS(loss.torch_build, "LibTorch " TORCH_VERSION);
+  EXPECT_EQ(loss.schema.at("properties").at("scale").at("default").get<double>(), 1.0);
+  const auto& c_data = registry.find(DFLASH_KIND_DATA_SOURCE, "c_data");
+  EXPECT_EQ(c_data.torch_build, "none (DLPack only)");
+}
+
+}  // namespace

@@ -1,0 +1,103 @@
+/* One small C plugin, compiled once per defect (-DDEFECT_<NAME>), so each
+ * loader failure mode has a real shared object to be tested against. Without
+ * a DEFECT_ define it is a valid loss plugin named by PLUGIN_NAME. */
+#include <dflash/abi.h>
+
+#include <string.h>
+
+#ifndef PLUGIN_NAME
+#define PLUGIN_NAME "broken"
+#endif
+
+static dflash_error* compute(dflash_instance* self, const dflash_loss_inputs* in, dflash_loss_outputs* out) {
+  (void)self;
+  (void)in;
+  (void)out;
+  return NULL;
+}
+
+static const dflash_loss_vtable loss_table = {
+    sizeof(dflash_loss_vtable),
+#ifdef DEFECT_MISSING_SLOT
+    NULL, /* compute is required */
+#else
+    compute,
+#endif
+    NULL, /* estimate_memory (optional) */
+};
+
+static int instance_token;
+
+static dflash_error* create(const dflash_host_api* host, const dflash_create_args* args, dflash_instance** out) {
+  (void)args;
+#ifdef DEFECT_CREATE_ERROR
+  (void)out;
+  return host->error_new(DFLASH_ERR_INVALID_CONFIG, "the weights file '/nonexistent/w.bin' does not exist");
+#else
+  (void)host;
+  *out = (dflash_instance*)&instance_token;
+  return NULL;
+#endif
+}
+
+static void destroy(dflash_instance* self) { (void)self; }
+
+static const dflash_plugin_descriptor descriptor = {
+#ifdef DEFECT_SMALL_STRUCT
+    8,
+#else
+    sizeof(dflash_plugin_descriptor),
+#endif
+#ifdef DEFECT_UNKNOWN_KIND
+    42,
+#else
+    DFLASH_KIND_LOSS,
+#endif
+    PLUGIN_NAME,
+    "0.1.0",
+    "a test plugin",
+#ifdef DEFECT_BAD_SCHEMA
+    "{\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"integer\", \"default\": \"seven\"}}}",
+#else
+    "{\"type\": \"object\", \"properties\": {}}",
+#endif
+    create,
+    destroy,
+    &loss_table,
+};
+
+static const dflash_plugin_descriptor* const descriptors[] = {&descriptor};
+
+#ifdef DEFECT_TORCH_MISMATCH
+static const dflash_torch_build other_torch = {sizeof(dflash_torch_build), "0.4.1", "9.2", 0};
+#endif
+
+static const dflash_plugin_library library = {
+    sizeof(dflash_plugin_library),
+#ifdef DEFECT_MAJOR_FIELD
+    7,
+#else
+    DFLASH_ABI_MAJOR,
+#endif
+#ifdef DEFECT_NEWER_MINOR
+    DFLASH_ABI_MINOR + 5,
+#else
+    DFLASH_ABI_MINOR,
+#endif
+#ifdef DEFECT_TORCH_MISMATCH
+    &other_torch,
+#else
+    NULL, /* deals in DLPack only */
+#endif
+    1,
+    descriptors,
+};
+
+#if defined(DEFECT_NO_ENTRY)
+DFLASH_EXPORT int some_other_function(void) { return 1; }
+#elif defined(DEFECT_ABI_MAJOR)
+/* What a library built for a future ABI 2 exports instead. */
+DFLASH_EXPORT const dflash_plugin_library* dflash_plugin_entry_v2(void) { return &library; }
+#else
+DFLASH_EXPORT const dflash_plugin_library* dflash_plugin_entry_v1(void) { return &library; }
+#endif
