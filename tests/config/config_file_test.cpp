@@ -120,8 +120,10 @@ TEST_F(LoadJsonFile, CommentsAreRejected) {
 }
 
 TEST_F(LoadJsonFile, EmptyFile) {
-  EXPECT_CONTAINS(load_error(write("empty.json", "")).what(),
-                  "invalid JSON at line 1, column 1: syntax error while parsing value - unexpected end of input");
+  // The reason after the position is nlohmann's own text, which varies by version.
+  const std::string message = load_error(write("empty.json", "")).what();
+  EXPECT_CONTAINS(message, "empty.json");
+  EXPECT_CONTAINS(message, "invalid JSON at line 1, column 1: ");
 }
 
 TEST_F(LoadJsonFile, TopLevelMustBeAnObject) {

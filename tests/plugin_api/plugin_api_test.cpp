@@ -176,6 +176,30 @@ TEST(Dlpack, RoundTripAndRefusals) {
   EXPECT_EQ(deleted, 1);
 }
 
+// On the GPU machine: CUDA tensors cross as handles (autograd intact) and as
+// DLPack (device preserved, no copy). Skipped where no GPU is present.
+TEST_F(PluginApi, CudaTensorsCrossTheBoundary) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  LossInstance loss(find(DFLASH_KIND_LOSS, "test_loss"), {{"scale", 1.0}}, {"cuda:0", "float32", 0});
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  auto hidden = torch::randn({64, 32}, cuda).requires_grad_(true);
+  auto weight = torch::randn({100, 32}, cuda);
+  auto targets = torch::randint(0, 100, {64}, cuda.dtype(torch::kLong));
+  LossOutput out = loss.compute({hidden, weight, targets});
+  EXPECT_TRUE(out.loss.is_cuda());
+  out.loss.backward();
+  ASSERT_TRUE(hidden.grad().defined());
+  EXPECT_TRUE(hidden.grad().is_cuda());
+  auto h2 = hidden.detach().clone().requires_grad_(true);
+  torch::nll_loss(torch::log_softmax(torch::matmul(h2, weight.t()), -1), targets).backward();
+  EXPECT_TRUE(torch::allclose(hidden.grad(), h2.grad(), 1e-5, 1e-6));
+
+  auto t = torch::arange(10, cuda.dtype(torch::kFloat));
+  at::Tensor back = tensor_from_dlpack(tensor_to_dlpack(t));
+  EXPECT_TRUE(back.is_cuda());
+  EXPECT_EQ(back.data_ptr(), t.data_ptr());
+}
+
 TEST_F(PluginApi, TargetDrafterLossChainTrainsTheDrafter) {
   const auto& target_record = find(DFLASH_KIND_TARGET_MODEL, "test_target");
   const auto& drafter_record = find(DFLASH_KIND_DRAFTER, "test_drafter");

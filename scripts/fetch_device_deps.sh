@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Downloads (does not install) the Debian packages the GPU machine lacks, into
+# .deps/debs/, for scripts/device_build.sh. Run on the CPU machine.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$root/.deps/debs"
+cd "$root/.deps/debs"
+apt-get download libboost-program-options1.74-dev libboost-program-options1.74.0 libboost1.74-dev
+ls -la "$root/.deps/debs"
