@@ -27,11 +27,11 @@ namespace {
 
 // Where plugins are found without flags: next to the installed (or built)
 // host, then $DFLASH_PLUGIN_PATH, then every --plugin-dir.
-PluginRegistry load_plugins(const CliOptions& options) {
-  PluginRegistry registry;
+PluginRegistry load_plugins(const CliOptions& options, bool log_problems = true) {
+  PluginRegistry registry(log_problems);
   if (options.default_plugin_dirs) {
     std::error_code ec;
-    const fs::path beside = boost::dll::program_location().parent_path().parent_path() / "lib" / "dflash-host" / "plugins";
+    const fs::path beside = boost::dll::program_location().parent_path().parent_path() / DFLASH_PLUGIN_RELATIVE_DIR;
     if (fs::is_directory(beside, ec)) registry.add_directory(beside);
     if (const char* env = std::getenv("DFLASH_PLUGIN_PATH")) {
       std::stringstream paths(env);
@@ -62,7 +62,7 @@ config::ResolvedConfig resolve(const CliOptions& options, const PluginRegistry& 
 }
 
 int list_plugins(const CliOptions& options) {
-  PluginRegistry registry = load_plugins(options);
+  PluginRegistry registry = load_plugins(options, /*log_problems=*/false);
   if (options.json) {
     nlohmann::json out{{"plugins", nlohmann::json::array()}, {"skipped", nlohmann::json::array()}};
     for (const PluginRecord& r : registry.plugins())
@@ -103,7 +103,7 @@ int describe_plugin(const CliOptions& options) {
   if (options.arguments.size() != 1)
     throw std::invalid_argument("describe takes one plugin name: dflash-host describe NAME [--kind KIND]");
   const std::string& name = options.arguments.front();
-  if (name == "host") {
+  if (name == "host" && !options.kind) {
     std::cout << "host section \"train\" (dflash-host's own settings)\n\n"
               << config::describe_schema(train::train_schema(), "train") << "\ndefaults:\n"
               << nlohmann::json{{"train", config::defaults_of(train::train_schema())}}.dump(2) << "\n";

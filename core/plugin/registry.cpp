@@ -155,7 +155,7 @@ std::string PluginRecord::label() const {
 }
 
 std::string describe_torch_build(const dflash_torch_build* build) {
-  if (build == nullptr) return "none (DLPack only)";
+  if (build == nullptr) return "no LibTorch (exchanges no LibTorch tensors)";
   std::string cuda = build->cuda_version ? build->cuda_version : "?";
   return std::string("LibTorch ") + (build->torch_version ? build->torch_version : "?") + " (" +
          (cuda == "none" ? std::string("CPU") : "CUDA " + cuda) + ", C++11 ABI " + std::to_string(build->cxx11_abi) + ")";
@@ -163,13 +163,13 @@ std::string describe_torch_build(const dflash_torch_build* build) {
 
 void PluginRegistry::problem(const fs::path& file, const std::string& message) {
   problems_.push_back({file, file.string() + ": " + message});
-  log::warn("skipped plugin library " + problems_.back().message);
+  if (log_problems_) log::warn("skipped plugin library " + problems_.back().message);
 }
 
 void PluginRegistry::add_directory(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    throw std::runtime_error("plugin directory '" + dir.string() + "' does not exist or is not a directory; "
+    throw std::invalid_argument("plugin directory '" + dir.string() + "' does not exist or is not a directory; "
                              "check --plugin-dir (the build puts plugins in <build>/lib/dflash-host/plugins)");
   const fs::path canonical = fs::weakly_canonical(dir);
   if (std::find(directories_.begin(), directories_.end(), canonical) != directories_.end()) return;

@@ -25,7 +25,7 @@ struct PluginRecord {
   std::filesystem::path file;
   uint32_t abi_major = 0;
   uint32_t abi_minor = 0;
-  std::string torch_build;  // "LibTorch 1.13.0 (CPU, C++11 ABI 1)" or "none (DLPack only)"
+  std::string torch_build;  // "LibTorch 1.13.0 (CPU, C++11 ABI 1)", or "no LibTorch (...)"
   const dflash_plugin_descriptor* descriptor = nullptr;
 
   // "loss plugin 'kl' (/path/libkl.so)": how messages name it.
@@ -45,8 +45,12 @@ class PluginLookupError : public std::runtime_error {
 
 class PluginRegistry {
  public:
+  // log_problems: also log each skipped library as a warning (off for
+  // `dflash-host list`, which prints them itself).
+  explicit PluginRegistry(bool log_problems = true) : log_problems_(log_problems) {}
+
   // Scans `dir` recursively for shared objects (*.so). A directory the user
-  // named must exist (throws std::runtime_error otherwise).
+  // named must exist (throws std::invalid_argument otherwise).
   void add_directory(const std::filesystem::path& dir);
   // Loads one library; on failure records a LoadProblem and logs it.
   void add_library(const std::filesystem::path& file);
@@ -64,6 +68,7 @@ class PluginRegistry {
   void problem(const std::filesystem::path& file, const std::string& message);
   void add_plugin(PluginRecord record);
 
+  bool log_problems_;
   std::vector<PluginRecord> plugins_;
   std::vector<LoadProblem> problems_;
   std::vector<std::filesystem::path> directories_;

@@ -27,6 +27,11 @@ function(dflash_use_torch target scope)
     find_package(Torch REQUIRED)
   endif()
   dflash_torch_cuda_version(cuda)
+  if(DFLASH_HOST_TORCH_VERSION AND NOT "${Torch_VERSION}/${cuda}" STREQUAL "${DFLASH_HOST_TORCH_VERSION}/${DFLASH_HOST_TORCH_CUDA_VERSION}")
+    message(FATAL_ERROR "${target}: found LibTorch ${Torch_VERSION} (CUDA: ${cuda}) at ${Torch_DIR}, but the installed "
+      "dflash-host was built with LibTorch ${DFLASH_HOST_TORCH_VERSION} (CUDA: ${DFLASH_HOST_TORCH_CUDA_VERSION}); "
+      "the host would refuse this plugin. Point CMAKE_PREFIX_PATH (or Torch_DIR) at the host's LibTorch.")
+  endif()
   target_link_libraries(${target} ${scope} ${TORCH_LIBRARIES})
   target_compile_definitions(${target} ${scope} DFLASH_TORCH_CUDA_VERSION="${cuda}")
 endfunction()

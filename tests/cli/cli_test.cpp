@@ -169,6 +169,16 @@ TEST(Cli, TrainValidatesCreatesThenSaysNotYetAvailable) {
   EXPECT_HAS(incomplete.err, "--data NAME");
 }
 
+TEST(Cli, ListPrintsEachSkippedLibraryOnce) {
+  HostRun r = host("list" + kBroken);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_HAS(r.out, "no entry symbol");
+  EXPECT_EQ(r.err.find("no entry symbol"), std::string::npos) << "not logged a second time: " << r.err;
+  HostRun missing = host("list --plugin-dir /nonexistent/dir");
+  EXPECT_EQ(missing.status, 2);
+  EXPECT_HAS(missing.err, "plugin directory '/nonexistent/dir' does not exist");
+}
+
 TEST(Cli, BadUsage) {
   HostRun command = host("frobnicate");
   EXPECT_EQ(command.status, 2);

@@ -1,6 +1,7 @@
 // An example loss plugin: cross-entropy with per-row weights and an ignore
-// index, computed on the full [N, V] logits. Small and plain on purpose: it is
-// the template docs/writing-plugins.md walks through.
+// index, computed on the full [N, V] logits. Small and plain on purpose: CI
+// builds it out of tree against the installed SDK (tests/sdk/), and it is a
+// second template beside the one docs/writing-plugins.md walks through.
 #include <dflash/sdk/loss.hpp>
 
 #include <torch/torch.h>

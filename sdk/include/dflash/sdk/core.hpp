@@ -127,6 +127,19 @@ Instance<T>* instance_of(dflash_instance* self) { return reinterpret_cast<Instan
 template <class T, dflash_kind Kind>
 struct KindTraits;
 
+// DFLASH_SDK_DETECT(trait, expression using `std::declval<T&>()`): trait<T>
+// tells whether the expression compiles and, in ::type, what it returns. The
+// kinds use it for optional methods and for readable errors on required ones.
+#define DFLASH_SDK_DETECT(trait, ...)                                         \
+  template <class T, class = void>                                            \
+  struct trait : std::false_type {                                            \
+    using type = void;                                                        \
+  };                                                                          \
+  template <class T>                                                          \
+  struct trait<T, std::void_t<decltype(__VA_ARGS__)>> : std::true_type {      \
+    using type = decltype(__VA_ARGS__);                                       \
+  };
+
 template <class T, class = void>
 struct has_kind : std::false_type {};
 template <class T>

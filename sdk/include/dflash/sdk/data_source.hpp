@@ -29,15 +29,18 @@ class DataSource {
 
 namespace detail {
 
-template <class T, class = void>
-struct has_describe : std::false_type {};
-template <class T>
-struct has_describe<T, std::void_t<decltype(nlohmann::json(std::declval<const T&>().describe()))>> : std::true_type {};
+DFLASH_SDK_DETECT(has_next_batch, std::declval<T&>().next_batch())
+DFLASH_SDK_DETECT(has_describe, nlohmann::json(std::declval<T&>().describe()))
+DFLASH_SDK_DETECT(has_data_save_state, nlohmann::json(std::declval<T&>().save_state()))
+DFLASH_SDK_DETECT(has_data_load_state, std::declval<T&>().load_state(std::declval<const nlohmann::json&>()))
 
 template <class T>
 struct KindTraits<T, DFLASH_KIND_DATA_SOURCE> : TorchKind {
-  static_assert(std::is_same_v<decltype(std::declval<T&>().next_batch()), std::optional<TensorDict>>,
+  static_assert(std::is_same_v<typename has_next_batch<T>::type, std::optional<TensorDict>>,
                 "a DataSource plugin needs `std::optional<TensorDict> next_batch()`");
+  static_assert(has_data_save_state<T>::value && has_data_load_state<T>::value,
+                "a DataSource plugin needs `nlohmann::json save_state()` and `void load_state(const nlohmann::json&)`: "
+                "resuming a run must restore the data position");
 
   static dflash_error* next_batch(dflash_instance* self, dflash_tensor_map* batch, int32_t* end_of_data) noexcept {
     auto* instance = instance_of<T>(self);

@@ -27,22 +27,21 @@ class Drafter {
 
 namespace detail {
 
-template <class T, class = void>
-struct has_export_config : std::false_type {};
-template <class T>
-struct has_export_config<T, std::void_t<decltype(nlohmann::json(std::declval<const T&>().export_config()))>>
-    : std::true_type {};
-template <class T, class = void>
-struct has_set_training : std::false_type {};
-template <class T>
-struct has_set_training<T, std::void_t<decltype(std::declval<T&>().set_training(true))>> : std::true_type {};
+DFLASH_SDK_DETECT(has_drafter_forward, std::declval<T&>().forward(std::declval<const TensorDict&>()))
+DFLASH_SDK_DETECT(has_parameters, std::declval<T&>().parameters())
+DFLASH_SDK_DETECT(has_bind_target, std::declval<T&>().bind_target(std::declval<const nlohmann::json&>(),
+                                                                  std::declval<const TensorDict&>()))
+DFLASH_SDK_DETECT(has_export_config, nlohmann::json(std::declval<T&>().export_config()))
+DFLASH_SDK_DETECT(has_set_training, std::declval<T&>().set_training(true))
 
 template <class T>
 struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
-  static_assert(std::is_same_v<decltype(std::declval<T&>().forward(std::declval<const TensorDict&>())), TensorDict>,
+  static_assert(std::is_same_v<typename has_drafter_forward<T>::type, TensorDict>,
                 "a Drafter plugin needs `TensorDict forward(const TensorDict& inputs)`");
-  static_assert(std::is_same_v<decltype(std::declval<T&>().parameters()), TensorDict>,
+  static_assert(std::is_same_v<typename has_parameters<T>::type, TensorDict>,
                 "a Drafter plugin needs `TensorDict parameters()`");
+  static_assert(has_bind_target<T>::value,
+                "a Drafter plugin needs `void bind_target(const nlohmann::json& target, const TensorDict& frozen)`");
 
   static dflash_error* parameters(dflash_instance* self, dflash_tensor_map* out) noexcept {
     auto* instance = instance_of<T>(self);

@@ -55,16 +55,16 @@ struct MemoryEstimate {
 
 namespace detail {
 
-template <class T, class = void>
-struct has_estimate_memory : std::false_type {};
-template <class T>
-struct has_estimate_memory<T, std::void_t<decltype(std::declval<T&>().estimate_memory(std::declval<const LossShape&>()))>>
-    : std::true_type {};
+DFLASH_SDK_DETECT(has_compute, std::declval<T&>().compute(std::declval<const LossInputs&>()))
+DFLASH_SDK_DETECT(has_estimate_memory, std::declval<T&>().estimate_memory(std::declval<const LossShape&>()))
 
 template <class T>
 struct KindTraits<T, DFLASH_KIND_LOSS> : TorchKind {
-  static_assert(std::is_same_v<decltype(std::declval<T&>().compute(std::declval<const LossInputs&>())), LossResult>,
+  static_assert(std::is_same_v<typename has_compute<T>::type, LossResult>,
                 "a Loss plugin needs `LossResult compute(const LossInputs&)`");
+  static_assert(!has_estimate_memory<T>::value ||
+                    std::is_same_v<typename has_estimate_memory<T>::type, MemoryEstimate>,
+                "estimate_memory must return dflash::sdk::MemoryEstimate");
 
   static dflash_error* compute(dflash_instance* self, const dflash_loss_inputs* in,
                                dflash_loss_outputs* out) noexcept {

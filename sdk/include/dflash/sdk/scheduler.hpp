@@ -27,17 +27,19 @@ class Scheduler {
 
 namespace detail {
 
-template <class T, class = void>
-struct has_scheduler_state : std::false_type {};
+DFLASH_SDK_DETECT(has_lr_at, std::declval<T&>().lr_at(int64_t{}, int64_t{}, double{}))
+DFLASH_SDK_DETECT(has_save_state, std::declval<T&>().save_state())
+DFLASH_SDK_DETECT(has_load_state, std::declval<T&>().load_state(std::declval<const nlohmann::json&>()))
 template <class T>
-struct has_scheduler_state<T, std::void_t<decltype(std::declval<const T&>().save_state()),
-                                          decltype(std::declval<T&>().load_state(std::declval<const nlohmann::json&>()))>>
-    : std::true_type {};
+struct has_scheduler_state : std::bool_constant<has_save_state<T>::value && has_load_state<T>::value> {};
 
 template <class T>
 struct KindTraits<T, DFLASH_KIND_SCHEDULER> {
-  static_assert(std::is_convertible_v<decltype(std::declval<T&>().lr_at(int64_t{}, int64_t{}, double{})), double>,
+  static_assert(has_lr_at<T>::value && std::is_convertible_v<typename has_lr_at<T>::type, double>,
                 "a Scheduler plugin needs `double lr_at(int64_t step, int64_t total_steps, double base_lr)`");
+  static_assert(has_save_state<T>::value == has_load_state<T>::value,
+                "a Scheduler with state needs both `nlohmann::json save_state()` and "
+                "`void load_state(const nlohmann::json&)`, or neither");
   static const dflash_torch_build* torch_build() noexcept { return nullptr; }
   static constexpr ExceptionTranslator translate = nullptr;
 
@@ -62,6 +64,7 @@ struct KindTraits<T, DFLASH_KIND_SCHEDULER> {
   static dflash_error* load_state(dflash_instance* self, const char* state_json) noexcept {
     auto* instance = instance_of<T>(self);
     return guard(instance->host, T::info.name, translate, [&] {
+      if (state_json == nullptr) throw Error(DFLASH_ERR_INVALID_ARGUMENT, "load_state called with NULL state");
       if constexpr (has_scheduler_state<T>::value) instance->impl->load_state(nlohmann::json::parse(state_json));
     });
   }

@@ -24,11 +24,13 @@ struct Bounds {
   static Bounds above(double v) { Bounds b; b.exclusive_minimum = v; return b; }
   static Bounds at_most(double v) { Bounds b; b.maximum = v; return b; }
   static Bounds between(double lo, double hi) { Bounds b; b.minimum = lo; b.maximum = hi; return b; }
-  void write(nlohmann::json& property) const {
-    if (minimum) property["minimum"] = *minimum;
-    if (maximum) property["maximum"] = *maximum;
-    if (exclusive_minimum) property["exclusiveMinimum"] = *exclusive_minimum;
-    if (exclusive_maximum) property["exclusiveMaximum"] = *exclusive_maximum;
+  // Bounds of an integer property are written as integers (3, not 3.0).
+  void write(nlohmann::json& property, bool integer) const {
+    auto value = [integer](double v) { return integer ? nlohmann::json(static_cast<int64_t>(v)) : nlohmann::json(v); };
+    if (minimum) property["minimum"] = value(*minimum);
+    if (maximum) property["maximum"] = value(*maximum);
+    if (exclusive_minimum) property["exclusiveMinimum"] = value(*exclusive_minimum);
+    if (exclusive_maximum) property["exclusiveMaximum"] = value(*exclusive_maximum);
   }
 };
 
@@ -42,13 +44,13 @@ class Schema {
   Schema& integer(const std::string& name, int64_t fallback, const std::string& description,
                   const Bounds& bounds = {}) {
     nlohmann::json p{{"type", "integer"}, {"default", fallback}, {"description", description}};
-    bounds.write(p);
+    bounds.write(p, true);
     return add(name, std::move(p));
   }
   Schema& number(const std::string& name, double fallback, const std::string& description,
                  const Bounds& bounds = {}) {
     nlohmann::json p{{"type", "number"}, {"default", fallback}, {"description", description}};
-    bounds.write(p);
+    bounds.write(p, false);
     return add(name, std::move(p));
   }
   Schema& string(const std::string& name, const std::string& fallback, const std::string& description,
@@ -66,7 +68,7 @@ class Schema {
   Schema& integer_array(const std::string& name, const std::vector<int64_t>& fallback,
                         const std::string& description, const Bounds& item_bounds = {}) {
     nlohmann::json items{{"type", "integer"}};
-    item_bounds.write(items);
+    item_bounds.write(items, true);
     return add(name, {{"type", "array"}, {"items", items}, {"default", fallback}, {"description", description}});
   }
   Schema& object(const std::string& name, const Schema& nested, const std::string& description) {

@@ -34,10 +34,18 @@ struct TargetRequest {
 
 namespace detail {
 
+DFLASH_SDK_DETECT(has_target_forward, std::declval<T&>().forward(std::declval<const TargetRequest&>()))
+DFLASH_SDK_DETECT(has_target_describe, nlohmann::json(std::declval<T&>().describe()))
+DFLASH_SDK_DETECT(has_frozen_weights, std::declval<T&>().frozen_weights())
+
 template <class T>
 struct KindTraits<T, DFLASH_KIND_TARGET_MODEL> : TorchKind {
-  static_assert(std::is_same_v<decltype(std::declval<T&>().forward(std::declval<const TargetRequest&>())), TensorDict>,
+  static_assert(std::is_same_v<typename has_target_forward<T>::type, TensorDict>,
                 "a TargetModel plugin needs `TensorDict forward(const TargetRequest&)`");
+  static_assert(has_target_describe<T>::value,
+                "a TargetModel plugin needs `nlohmann::json describe()` (num_layers, hidden_size, vocab_size, ...)");
+  static_assert(std::is_same_v<typename has_frozen_weights<T>::type, TensorDict>,
+                "a TargetModel plugin needs `TensorDict frozen_weights()` (embed_tokens, lm_head, final_norm)");
 
   static dflash_error* describe(dflash_instance* self, const char** out_json) noexcept {
     auto* instance = instance_of<T>(self);
