@@ -46,6 +46,8 @@ std::string usage_text() {
          "  config             validate the config against every chosen plugin and print it\n"
          "                     with all defaults filled in\n\n"
       << visible_options() << "\n"
+      << "Exit status: 0 success, 1 a failure while running, 2 bad usage or configuration,\n"
+         "3 a feature this build does not have yet.\n\n"
       << "Example:\n  dflash-host --plugin-dir build/lib/dflash-host/plugins --loss fused_ckpt_kl --config configs/quickstart.json\n";
   return out.str();
 }

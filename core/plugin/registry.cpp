@@ -185,6 +185,9 @@ void PluginRegistry::add_directory(const fs::path& dir) {
 
 void PluginRegistry::add_library(const fs::path& given) {
   const fs::path file = fs::weakly_canonical(given);
+  // Overlapping search paths (a folder and its parent, a default folder also
+  // given with --plugin-dir) reach the same file twice: one library, one load.
+  if (!seen_files_.insert(file).second) return;
   if (!has_elf_magic(file)) {
     problem(file, "not a shared object (no ELF header); remove it from the plugin directory, or rebuild it as a "
                   "shared library with dflash_add_plugin()");
@@ -217,7 +220,14 @@ void PluginRegistry::add_library(const fs::path& given) {
     return;
   }
   auto entry = library.get<const dflash_plugin_library*()>(DFLASH_ENTRY_SYMBOL);
-  const dflash_plugin_library* info = entry();
+  const dflash_plugin_library* info = nullptr;
+  try {
+    info = entry();  // must not throw; a library not built with the SDK might
+  } catch (...) {
+    problem(file, std::string(DFLASH_ENTRY_SYMBOL) + "() threw a C++ exception; the entry must be side-effect free "
+                      "and return static data (use the SDK's DFLASH_PLUGINS macro)");
+    return;
+  }
   if (info == nullptr) {
     problem(file, std::string(DFLASH_ENTRY_SYMBOL) + "() returned NULL; the plugin's entry must return its library descriptor");
     return;

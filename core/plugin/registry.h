@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -69,6 +70,7 @@ class PluginRegistry {
   void add_plugin(PluginRecord record);
 
   bool log_problems_;
+  std::set<std::filesystem::path> seen_files_;
   std::vector<PluginRecord> plugins_;
   std::vector<LoadProblem> problems_;
   std::vector<std::filesystem::path> directories_;

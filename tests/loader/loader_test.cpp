@@ -177,6 +177,16 @@ TEST(Loader, BrokenLibrariesNeverStopTheOthers) {
   EXPECT_NO_THROW(registry.find(DFLASH_KIND_DRAFTER, "test_drafter"));
 }
 
+TEST(Loader, OverlappingSearchPathsLoadEachLibraryOnce) {
+  PluginRegistry registry;
+  registry.add_directory(DFLASH_GOOD_PLUGIN_DIR);
+  registry.add_directory(fs::path(DFLASH_GOOD_PLUGIN_DIR) / "..");  // the parent holds the same files
+  registry.add_library(fs::path(DFLASH_GOOD_PLUGIN_DIR) / "libtest_plugins.so");
+  EXPECT_NO_THROW(registry.find(DFLASH_KIND_LOSS, "test_loss")) << "not mistaken for a duplicate";
+  for (const auto& problem : registry.problems())
+    EXPECT_EQ(problem.message.find("test_plugins.so: duplicate"), std::string::npos) << problem.message;
+}
+
 TEST(Loader, MissingPluginDirectoryIsAClearError) {
   PluginRegistry registry;
   try {
