@@ -1,5 +1,7 @@
 // dflash-host as a user runs it: the real binary, real plugin directories,
 // real config files. Asserts exit codes and the messages users read.
+#include "support/expect.h"
+
 #include <gtest/gtest.h>
 
 #include <array>
@@ -47,34 +49,33 @@ fs::path write_config(const std::string& name, const std::string& text) {
   return file;
 }
 
-#define EXPECT_HAS(text, fragment) EXPECT_NE((text).find(fragment), std::string::npos) << (text)
 
 TEST(Cli, HelpListsCommandsAndFlags) {
   HostRun r = host("--help");
   EXPECT_EQ(r.status, 0);
   for (const char* fragment : {"train", "list", "describe NAME", "config", "--plugin-dir", "--set", "--loss",
                                "--scheduler", "--log-level", "--config"})
-    EXPECT_HAS(r.out, fragment);
+    EXPECT_CONTAINS(r.out, fragment);
 }
 
 TEST(Cli, VersionNamesAbiAndLibTorch) {
   HostRun r = host("--version");
   EXPECT_EQ(r.status, 0);
-  EXPECT_HAS(r.out, "plugin ABI 1.0");
-  EXPECT_HAS(r.out, "LibTorch ");
+  EXPECT_CONTAINS(r.out, "plugin ABI 1.0");
+  EXPECT_CONTAINS(r.out, "LibTorch ");
 }
 
 TEST(Cli, ListShowsPluginsAndSkippedLibrariesWithReasons) {
   HostRun r = host("list" + kGood + kBroken);
   EXPECT_EQ(r.status, 0) << r.err;
-  EXPECT_HAS(r.out, "KIND");
-  EXPECT_HAS(r.out, "test_loss");
-  EXPECT_HAS(r.out, "2.3.4");
-  EXPECT_HAS(r.out, "c_data");
-  EXPECT_HAS(r.out, "libtest_plugins.so");
-  EXPECT_HAS(r.out, "skipped");
-  EXPECT_HAS(r.out, "not a shared object");
-  EXPECT_HAS(r.out, "newer than this host's ABI 1.0");
+  EXPECT_CONTAINS(r.out, "KIND");
+  EXPECT_CONTAINS(r.out, "test_loss");
+  EXPECT_CONTAINS(r.out, "2.3.4");
+  EXPECT_CONTAINS(r.out, "c_data");
+  EXPECT_CONTAINS(r.out, "libtest_plugins.so");
+  EXPECT_CONTAINS(r.out, "skipped");
+  EXPECT_CONTAINS(r.out, "not a shared object");
+  EXPECT_CONTAINS(r.out, "newer than this host's ABI 1.0");
 }
 
 TEST(Cli, ListJsonParses) {
@@ -90,20 +91,20 @@ TEST(Cli, ListJsonParses) {
 TEST(Cli, DescribePrintsConfigWithDefaults) {
   HostRun r = host("describe test_data" + kGood);
   EXPECT_EQ(r.status, 0) << r.err;
-  EXPECT_HAS(r.out, "data source plugin 'test_data'");
-  EXPECT_HAS(r.out, "batches");
-  EXPECT_HAS(r.out, "tokens per row");
-  EXPECT_HAS(r.out, "\"plugin\": \"test_data\"");
+  EXPECT_CONTAINS(r.out, "data source plugin 'test_data'");
+  EXPECT_CONTAINS(r.out, "batches");
+  EXPECT_CONTAINS(r.out, "tokens per row");
+  EXPECT_CONTAINS(r.out, "\"plugin\": \"test_data\"");
   HostRun host_section = host("describe host");
   EXPECT_EQ(host_section.status, 0);
-  EXPECT_HAS(host_section.out, "train.seed");
+  EXPECT_CONTAINS(host_section.out, "train.seed");
 }
 
 TEST(Cli, DescribeUnknownNameListsWhatExists) {
   HostRun r = host("describe nope" + kGood);
   EXPECT_EQ(r.status, 2);
-  EXPECT_HAS(r.err, "no plugin named 'nope'");
-  EXPECT_HAS(r.err, "loss/test_loss");
+  EXPECT_CONTAINS(r.err, "no plugin named 'nope'");
+  EXPECT_CONTAINS(r.err, "loss/test_loss");
 }
 
 TEST(Cli, ConfigResolvesDefaultsAndOverrides) {
@@ -122,32 +123,32 @@ TEST(Cli, ConfigErrorsNameThePathAndThePlugin) {
   const fs::path file = write_config("bad.json", R"({"loss": {"plugin": "test_loss", "scael": 2}})");
   HostRun unknown = host("config --config " + file.string() + kGood);
   EXPECT_EQ(unknown.status, 2);
-  EXPECT_HAS(unknown.err, "loss.scael");
-  EXPECT_HAS(unknown.err, "scale");
-  EXPECT_HAS(unknown.err, "test_loss");
+  EXPECT_CONTAINS(unknown.err, "loss.scael");
+  EXPECT_CONTAINS(unknown.err, "scale");
+  EXPECT_CONTAINS(unknown.err, "test_loss");
 
   HostRun type = host("config --loss test_loss --set loss.scale=\\\"big\\\"" + kGood);
   EXPECT_EQ(type.status, 2);
-  EXPECT_HAS(type.err, "loss.scale");
+  EXPECT_CONTAINS(type.err, "loss.scale");
 
   HostRun range = host("config --loss test_loss --set loss.scale=-1" + kGood);
   EXPECT_EQ(range.status, 2);
-  EXPECT_HAS(range.err, "loss.scale");
+  EXPECT_CONTAINS(range.err, "loss.scale");
 
   HostRun missing_plugin = host("config --loss fused_ckpt_kl" + kGood);
   EXPECT_EQ(missing_plugin.status, 2);
-  EXPECT_HAS(missing_plugin.err, "no loss plugin named 'fused_ckpt_kl'");
-  EXPECT_HAS(missing_plugin.err, "test_loss");
+  EXPECT_CONTAINS(missing_plugin.err, "no loss plugin named 'fused_ckpt_kl'");
+  EXPECT_CONTAINS(missing_plugin.err, "test_loss");
 
   HostRun no_file = host("config --config /nonexistent/run.json" + kGood);
   EXPECT_EQ(no_file.status, 2);
-  EXPECT_HAS(no_file.err, "/nonexistent/run.json");
+  EXPECT_CONTAINS(no_file.err, "/nonexistent/run.json");
 
   const fs::path syntax = write_config("syntax.json", "{\n  \"train\": {\"seed\": 1,}\n}\n");
   HostRun parse = host("config --config " + syntax.string() + kGood);
   EXPECT_EQ(parse.status, 2);
-  EXPECT_HAS(parse.err, syntax.string());
-  EXPECT_HAS(parse.err, "line 2");
+  EXPECT_CONTAINS(parse.err, syntax.string());
+  EXPECT_CONTAINS(parse.err, "line 2");
 }
 
 TEST(Cli, TrainValidatesCreatesThenSaysNotYetAvailable) {
@@ -157,38 +158,38 @@ TEST(Cli, TrainValidatesCreatesThenSaysNotYetAvailable) {
     "scheduler": {"plugin": "test_schedule"}})");
   HostRun r = host("--config " + file.string() + kGood);  // train is the default command
   EXPECT_EQ(r.status, 3) << r.err;
-  EXPECT_HAS(r.err, "not yet available");
+  EXPECT_CONTAINS(r.err, "not yet available");
 
   HostRun failing = host("train --config " + file.string() + " --loss throwing_loss" + kGood);
   EXPECT_EQ(failing.status, 1);
-  EXPECT_HAS(failing.err, "loss plugin 'throwing_loss'");
-  EXPECT_HAS(failing.err, "failed to create");
+  EXPECT_CONTAINS(failing.err, "loss plugin 'throwing_loss'");
+  EXPECT_CONTAINS(failing.err, "failed to create");
 
   HostRun incomplete = host("train --loss test_loss --config " + write_config("part.json", "{}").string() + kGood);
   EXPECT_EQ(incomplete.status, 2);
-  EXPECT_HAS(incomplete.err, "--data NAME");
+  EXPECT_CONTAINS(incomplete.err, "--data NAME");
 }
 
 TEST(Cli, ListPrintsEachSkippedLibraryOnce) {
   HostRun r = host("list" + kBroken);
   EXPECT_EQ(r.status, 0);
-  EXPECT_HAS(r.out, "no entry symbol");
+  EXPECT_CONTAINS(r.out, "no entry symbol");
   EXPECT_EQ(r.err.find("no entry symbol"), std::string::npos) << "not logged a second time: " << r.err;
   HostRun missing = host("list --plugin-dir /nonexistent/dir");
   EXPECT_EQ(missing.status, 2);
-  EXPECT_HAS(missing.err, "plugin directory '/nonexistent/dir' does not exist");
+  EXPECT_CONTAINS(missing.err, "plugin directory '/nonexistent/dir' does not exist");
 }
 
 TEST(Cli, BadUsage) {
   HostRun command = host("frobnicate");
   EXPECT_EQ(command.status, 2);
-  EXPECT_HAS(command.err, "unknown command 'frobnicate'");
+  EXPECT_CONTAINS(command.err, "unknown command 'frobnicate'");
   HostRun flag = host("list --no-such-flag");
   EXPECT_EQ(flag.status, 2);
-  EXPECT_HAS(flag.err, "no-such-flag");
+  EXPECT_CONTAINS(flag.err, "no-such-flag");
   HostRun level = host("list --log-level loud");
   EXPECT_EQ(level.status, 2);
-  EXPECT_HAS(level.err, "--log-level loud");
+  EXPECT_CONTAINS(level.err, "--log-level loud");
 }
 
 }  // namespace

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "config_error.h"
+#include "support/expect.h"
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -17,22 +20,9 @@ using dflash::config::ConfigError;
 using dflash::config::load_json_file;
 using nlohmann::json;
 
-#define EXPECT_CONTAINS(haystack, needle)                                                     \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos)                            \
-      << "expected to find: " << (needle) << "\n                in: " << (haystack)
 
 const fs::path kData = DFLASH_CONFIG_TEST_DATA;
 
-template <typename F>
-ConfigError config_error(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a ConfigError";
-  return ConfigError("<none>", "<no error thrown>");
-}
 
 class LoadJsonFile : public ::testing::Test {
  protected:

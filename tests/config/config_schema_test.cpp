@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "config_error.h"
+#include "support/expect.h"
+
 #include <string>
 #include <vector>
 
@@ -14,12 +17,6 @@ using dflash::config::describe_schema;
 using dflash::config::validate_and_fill;
 using nlohmann::json;
 
-#define EXPECT_CONTAINS(haystack, needle)                                                     \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos)                            \
-      << "expected to find: " << (needle) << "\n                in: " << (haystack)
-#define EXPECT_NOT_CONTAINS(haystack, needle)                                                 \
-  EXPECT_EQ(std::string(haystack).find(needle), std::string::npos)                            \
-      << "expected not to find: " << (needle) << "\n                    in: " << (haystack)
 
 const char* const kOwner = "plugin loss 'kl' from /x/libkl.so";
 
@@ -42,16 +39,6 @@ json example_schema() {
   })");
 }
 
-template <typename F>
-ConfigError config_error(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a ConfigError";
-  return ConfigError("<none>", "<no error thrown>");
-}
 
 ConfigError fill_error(const json& value, const std::string& prefix = "loss") {
   return config_error([&] { (void)validate_and_fill(example_schema(), value, prefix, kOwner); });

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "config_error.h"
+#include "support/expect.h"
+
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -18,9 +21,6 @@ using dflash::config::ResolvedConfig;
 using dflash::config::SchemaLookup;
 using nlohmann::json;
 
-#define EXPECT_CONTAINS(haystack, needle)                                                     \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos)                            \
-      << "expected to find: " << (needle) << "\n                in: " << (haystack)
 
 struct NoSuchPlugin : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -67,16 +67,6 @@ class FakeRegistry {
   std::vector<std::pair<std::string, std::string>> calls;
 };
 
-template <typename F>
-ConfigError config_error(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a ConfigError";
-  return ConfigError("<none>", "<no error thrown>");
-}
 
 ConfigError resolve_error(const json& raw, const std::vector<std::string>& required = {}) {
   FakeRegistry registry;

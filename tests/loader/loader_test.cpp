@@ -3,6 +3,8 @@
 #include "plugin/instances.h"
 #include "plugin/registry.h"
 
+#include "support/expect.h"
+
 #include <gtest/gtest.h>
 #include <torch/version.h>
 
@@ -32,68 +34,67 @@ std::string problem_of(const std::string& name) {
   return message;
 }
 
-#define EXPECT_HAS(text, fragment) EXPECT_NE((text).find(fragment), std::string::npos) << (text)
 
 TEST(Loader, NotASharedObject) {
   const std::string m = problem_of("not_elf");
-  EXPECT_HAS(m, "not a shared object");
-  EXPECT_HAS(m, "remove it from the plugin directory");
+  EXPECT_CONTAINS(m, "not a shared object");
+  EXPECT_CONTAINS(m, "remove it from the plugin directory");
 }
 
 TEST(Loader, NoEntrySymbol) {
   const std::string m = problem_of("no_entry");
-  EXPECT_HAS(m, "no entry symbol 'dflash_plugin_entry_v1'");
-  EXPECT_HAS(m, "DFLASH_PLUGINS");
+  EXPECT_CONTAINS(m, "no entry symbol 'dflash_plugin_entry_v1'");
+  EXPECT_CONTAINS(m, "DFLASH_PLUGINS");
 }
 
 TEST(Loader, AbiMajorMismatchNamesBothVersions) {
   const std::string m = problem_of("abi_major");
-  EXPECT_HAS(m, "built for plugin ABI 2.x");
-  EXPECT_HAS(m, "dflash_plugin_entry_v2");
-  EXPECT_HAS(m, "this host speaks ABI 1.0");
-  EXPECT_HAS(m, "rebuild the plugin against dflash-sdk 1.x");
+  EXPECT_CONTAINS(m, "built for plugin ABI 2.x");
+  EXPECT_CONTAINS(m, "dflash_plugin_entry_v2");
+  EXPECT_CONTAINS(m, "this host speaks ABI 1.0");
+  EXPECT_CONTAINS(m, "rebuild the plugin against dflash-sdk 1.x");
 }
 
 TEST(Loader, MajorFieldDisagreeingWithSymbol) {
   const std::string m = problem_of("major_field");
-  EXPECT_HAS(m, "declares ABI 7.0");
-  EXPECT_HAS(m, "this host speaks ABI 1.0");
+  EXPECT_CONTAINS(m, "declares ABI 7.0");
+  EXPECT_CONTAINS(m, "this host speaks ABI 1.0");
 }
 
 TEST(Loader, NewerMinorThanHost) {
   const std::string m = problem_of("newer_minor");
-  EXPECT_HAS(m, "built against plugin ABI 1.5, newer than this host's ABI 1.0");
-  EXPECT_HAS(m, "upgrade dflash-host");
+  EXPECT_CONTAINS(m, "built against plugin ABI 1.5, newer than this host's ABI 1.0");
+  EXPECT_CONTAINS(m, "upgrade dflash-host");
 }
 
 TEST(Loader, StructSizeTooSmall) {
   const std::string m = problem_of("small_struct");
-  EXPECT_HAS(m, "plugin descriptor struct_size is 8 bytes, smaller than the");
-  EXPECT_HAS(m, "rebuild it");
+  EXPECT_CONTAINS(m, "plugin descriptor struct_size is 8 bytes, smaller than the");
+  EXPECT_CONTAINS(m, "rebuild it");
 }
 
 TEST(Loader, UnknownKind) {
   const std::string m = problem_of("unknown_kind");
-  EXPECT_HAS(m, "plugin 'unknown_kind' declares unknown kind 42");
-  EXPECT_HAS(m, "known: 1 data source");
+  EXPECT_CONTAINS(m, "plugin 'unknown_kind' declares unknown kind 42");
+  EXPECT_CONTAINS(m, "known: 1 data source");
 }
 
 TEST(Loader, MissingRequiredVtableSlot) {
   const std::string m = problem_of("missing_slot");
-  EXPECT_HAS(m, "loss plugin 'missing_slot' leaves required vtable slot 'compute' NULL");
+  EXPECT_CONTAINS(m, "loss plugin 'missing_slot' leaves required vtable slot 'compute' NULL");
 }
 
 TEST(Loader, LibTorchBuildMismatch) {
   const std::string m = problem_of("torch_mismatch");
-  EXPECT_HAS(m, "built against LibTorch 0.4.1 (CUDA 9.2, C++11 ABI 0)");
-  EXPECT_HAS(m, "but this host uses LibTorch " TORCH_VERSION);
-  EXPECT_HAS(m, "rebuild the plugin against the host's LibTorch");
+  EXPECT_CONTAINS(m, "built against LibTorch 0.4.1 (CUDA 9.2, C++11 ABI 0)");
+  EXPECT_CONTAINS(m, "but this host uses LibTorch " TORCH_VERSION);
+  EXPECT_CONTAINS(m, "rebuild the plugin against the host's LibTorch");
 }
 
 TEST(Loader, InvalidConfigSchema) {
   const std::string m = problem_of("bad_schema");
-  EXPECT_HAS(m, "loss plugin 'bad_schema' has an invalid config schema");
-  EXPECT_HAS(m, "\"x\"");
+  EXPECT_CONTAINS(m, "loss plugin 'bad_schema' has an invalid config schema");
+  EXPECT_CONTAINS(m, "\"x\"");
 }
 
 TEST(Loader, DuplicateNamesBothFilesAndNeitherWins) {
@@ -102,17 +103,17 @@ TEST(Loader, DuplicateNamesBothFilesAndNeitherWins) {
   registry.add_library(broken("twin_b"));
   ASSERT_EQ(registry.problems().size(), 1u);
   const std::string& m = registry.problems().front().message;
-  EXPECT_HAS(m, "duplicate loss plugin 'twin'");
-  EXPECT_HAS(m, fs::weakly_canonical(broken("twin_a")).string());
-  EXPECT_HAS(m, fs::weakly_canonical(broken("twin_b")).string());
+  EXPECT_CONTAINS(m, "duplicate loss plugin 'twin'");
+  EXPECT_CONTAINS(m, fs::weakly_canonical(broken("twin_a")).string());
+  EXPECT_CONTAINS(m, fs::weakly_canonical(broken("twin_b")).string());
   EXPECT_TRUE(registry.plugins().empty());
   try {
     registry.find(DFLASH_KIND_LOSS, "twin");
     FAIL() << "an ambiguous plugin must not be chosen";
   } catch (const PluginLookupError& e) {
-    EXPECT_HAS(std::string(e.what()), "defined twice");
-    EXPECT_HAS(std::string(e.what()), "libtwin_a.so");
-    EXPECT_HAS(std::string(e.what()), "libtwin_b.so");
+    EXPECT_CONTAINS(std::string(e.what()), "defined twice");
+    EXPECT_CONTAINS(std::string(e.what()), "libtwin_a.so");
+    EXPECT_CONTAINS(std::string(e.what()), "libtwin_b.so");
   }
 }
 
@@ -127,10 +128,10 @@ TEST(Loader, CreateReturningAnErrorIsReportedWithThePluginAndFile) {
   } catch (const dflash::host::PluginCallError& e) {
     const std::string m = e.what();
     EXPECT_EQ(e.code(), DFLASH_ERR_INVALID_CONFIG);
-    EXPECT_HAS(m, "loss plugin 'create_error'");
-    EXPECT_HAS(m, "libcreate_error.so");
-    EXPECT_HAS(m, "failed to create (invalid config)");
-    EXPECT_HAS(m, "/nonexistent/w.bin");
+    EXPECT_CONTAINS(m, "loss plugin 'create_error'");
+    EXPECT_CONTAINS(m, "libcreate_error.so");
+    EXPECT_CONTAINS(m, "failed to create (invalid config)");
+    EXPECT_CONTAINS(m, "/nonexistent/w.bin");
   }
 }
 
@@ -143,8 +144,8 @@ TEST(Loader, CreateThrowingIsCaughtByTheSdkAndReported) {
     FAIL() << "create must fail";
   } catch (const dflash::host::PluginCallError& e) {
     EXPECT_EQ(e.code(), DFLASH_ERR_INTERNAL);
-    EXPECT_HAS(std::string(e.what()), "loss plugin 'throwing_loss'");
-    EXPECT_HAS(std::string(e.what()), "cannot open /nonexistent/table.bin");
+    EXPECT_CONTAINS(std::string(e.what()), "loss plugin 'throwing_loss'");
+    EXPECT_CONTAINS(std::string(e.what()), "cannot open /nonexistent/table.bin");
   }
 }
 
@@ -156,10 +157,10 @@ TEST(Loader, RequestedPluginNotFoundListsWhatExists) {
     FAIL() << "must not be found";
   } catch (const PluginLookupError& e) {
     const std::string m = e.what();
-    EXPECT_HAS(m, "no loss plugin named 'fused_ckpt_kl'");
-    EXPECT_HAS(m, "test_loss (libtest_plugins.so)");
-    EXPECT_HAS(m, "throwing_loss");
-    EXPECT_HAS(m, fs::weakly_canonical(DFLASH_GOOD_PLUGIN_DIR).string());
+    EXPECT_CONTAINS(m, "no loss plugin named 'fused_ckpt_kl'");
+    EXPECT_CONTAINS(m, "test_loss (libtest_plugins.so)");
+    EXPECT_CONTAINS(m, "throwing_loss");
+    EXPECT_CONTAINS(m, fs::weakly_canonical(DFLASH_GOOD_PLUGIN_DIR).string());
     EXPECT_EQ(m.find("c_data"), std::string::npos) << "only plugins of the asked kind are listed";
   }
 }
@@ -193,7 +194,7 @@ TEST(Loader, MissingPluginDirectoryIsAClearError) {
     registry.add_directory("/nonexistent/plugins");
     FAIL();
   } catch (const std::invalid_argument& e) {
-    EXPECT_HAS(std::string(e.what()), "plugin directory '/nonexistent/plugins' does not exist");
+    EXPECT_CONTAINS(std::string(e.what()), "plugin directory '/nonexistent/plugins' does not exist");
   }
 }
 
@@ -204,10 +205,10 @@ TEST(Loader, RecordsWhatTheListingShows) {
   EXPECT_EQ(loss.version, "2.3.4");
   EXPECT_EQ(loss.abi_major, 1u);
   EXPECT_EQ(loss.abi_minor, 0u);
-  EXPECT_HAS(loss.torch_build, "LibTorch " TORCH_VERSION);
+  EXPECT_CONTAINS(loss.torch_build, "LibTorch " TORCH_VERSION);
   EXPECT_EQ(loss.schema.at("properties").at("scale").at("default").get<double>(), 1.0);
   const auto& c_data = registry.find(DFLASH_KIND_DATA_SOURCE, "c_data");
-  EXPECT_HAS(c_data.torch_build, "no LibTorch");
+  EXPECT_CONTAINS(c_data.torch_build, "no LibTorch");
 }
 
 }  // namespace
