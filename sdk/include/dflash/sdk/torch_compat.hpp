@@ -17,6 +17,21 @@
 #define DFLASH_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
+// c10::Allocator: since 2.3 allocate() is non-const and copy_data() must be
+// overridden. A custom allocator (e.g. a counting one in tests) writes
+//   c10::DataPtr allocate(size_t n) DFLASH_COMPAT_ALLOCATE_QUALIFIER override;
+//   DFLASH_COMPAT_ALLOCATOR_COPY_DATA
+#if DFLASH_TORCH_AT_LEAST(2, 3)
+#define DFLASH_COMPAT_ALLOCATE_QUALIFIER
+#define DFLASH_COMPAT_ALLOCATOR_COPY_DATA                                     \
+  void copy_data(void* dest, const void* src, std::size_t count) const override { \
+    default_copy_data(dest, src, count);                                      \
+  }
+#else
+#define DFLASH_COMPAT_ALLOCATE_QUALIFIER const
+#define DFLASH_COMPAT_ALLOCATOR_COPY_DATA
+#endif
+
 namespace dflash::compat {
 
 // Fused attention softmax(q·kᵀ/√d + mask)·v. 2.x has the public op (flash /
