@@ -18,6 +18,12 @@
 
 #include <algorithm>
 
+#ifdef DFLASH_FUSED_CUDA
+#include "fused_kernels.h"
+
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace {
 using namespace dflash;
 using torch::autograd::AutogradContext;
@@ -28,16 +34,105 @@ struct RowOutputs {
   at::Tensor ce, kl, correct;
 };
 
-// [chunk, V] buffers alive at once inside a chunk, in the math dtype:
-// student logits, their gradient, teacher log-probs, student log-probs at T,
-// and temporaries; sizes the automatic chunk.
-constexpr int64_t kWorkspaceRowsOfV = 6;
+// What one chunk produces: per-row CE / KL / top-1 hit, and dℓ/dz [rows, V]
+// in the input dtype when a gradient is wanted.
+struct ChunkResult {
+  at::Tensor ce, kl, correct, grad;
+};
 
-int64_t chunk_rows(const loss::LossSettings& s, int64_t n, int64_t v, int64_t math_bytes) {
+struct ChunkArgs {
+  at::Tensor h, teacher, weight_t, y, c;  // y: [rows] int64 (safe), c: [rows] math dtype
+  double alpha, temperature;
+  bool use_teacher, need_grad;
+  at::ScalarType math;
+};
+
+// The reference path (any device, any float dtype): LibTorch operators.
+ChunkResult aten_chunk(const ChunkArgs& a) {
+  ChunkResult r;
+  const at::Tensor y = a.y.unsqueeze(1), c = a.c.unsqueeze(1);
+  const at::Tensor z = at::matmul(a.h, a.weight_t).to(a.math);  // [rows, V]
+  const at::Tensor lse = z.logsumexp(1, true);
+  r.ce = (lse - z.gather(1, y)).squeeze(1);
+  r.correct = z.argmax(1).eq(a.y);
+  at::Tensor grad;
+  if (a.need_grad && a.alpha < 1.0) {
+    grad = (z - lse).exp_().mul_((1.0 - a.alpha) * c);
+    grad.scatter_add_(1, y, -(1.0 - a.alpha) * c);
+  }
+  if (a.use_teacher) {
+    const double t = a.temperature;
+    const at::Tensor teacher_log_p = at::matmul(a.teacher, a.weight_t).to(a.math).div_(t).log_softmax(1);
+    const at::Tensor student_log_q = (t == 1.0 ? z : z / t).log_softmax(1);
+    const at::Tensor teacher_p = teacher_log_p.exp();
+    r.kl = (teacher_p * (teacher_log_p - student_log_q)).sum(1);
+    if (a.need_grad) {
+      at::Tensor kl_grad = student_log_q.exp().sub_(teacher_p).mul_((a.alpha * t) * c);
+      grad = grad.defined() ? grad.add_(kl_grad) : kl_grad;
+    }
+  }
+  if (a.need_grad) {
+    if (!grad.defined()) grad = at::zeros({a.h.size(0), a.weight_t.size(1)}, a.h.options().dtype(a.math));
+    r.grad = grad.to(a.h.scalar_type());
+  }
+  return r;
+}
+
+#ifdef DFLASH_FUSED_CUDA
+bool cuda_path_applies(const at::Tensor& h) {
+  const auto t = h.scalar_type();
+  return h.is_cuda() && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf);
+}
+
+// The GPU path: the GEMMs through cuBLAS, the softmax arithmetic in two
+// kernel passes that write dℓ/dz over the student logits in place, so a
+// chunk holds only z (and u) in the input dtype.
+ChunkResult cuda_chunk(const ChunkArgs& a) {
+  const auto element = a.h.scalar_type() == at::kBFloat16 ? fused::Element::kBFloat16
+                       : a.h.scalar_type() == at::kHalf    ? fused::Element::kFloat16
+                                                           : fused::Element::kFloat32;
+  const int64_t rows = a.h.size(0), vocab = a.weight_t.size(1);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.h.device().index()).stream();
+  at::Tensor z = at::matmul(a.h, a.weight_t).contiguous();
+  at::Tensor u = a.use_teacher ? at::matmul(a.teacher, a.weight_t).contiguous() : at::Tensor();
+  const auto f32 = a.h.options().dtype(at::kFloat);
+  at::Tensor lse_z = at::empty({rows}, f32), lse_zt = at::empty({rows}, f32), lse_ut = at::empty({rows}, f32);
+  at::Tensor z_target = at::empty({rows}, f32);
+  at::Tensor argmax = at::empty({rows}, a.h.options().dtype(at::kLong));
+  const at::Tensor y = a.y.contiguous();
+  const at::Tensor c = a.c.to(at::kFloat).contiguous();
+  const float inv_t = static_cast<float>(1.0 / a.temperature);
+  fused::row_statistics(element, z.data_ptr(), u.defined() ? u.data_ptr() : nullptr, rows, vocab, y.data_ptr<int64_t>(),
+                        inv_t, lse_z.data_ptr<float>(), lse_zt.data_ptr<float>(), lse_ut.data_ptr<float>(),
+                        z_target.data_ptr<float>(), argmax.data_ptr<int64_t>(), stream);
+  ChunkResult r;
+  r.ce = (lse_z - z_target).to(a.math);
+  r.correct = argmax.eq(a.y);
+  at::Tensor kl = a.use_teacher ? at::empty({rows}, f32) : at::Tensor();
+  if (a.need_grad || a.use_teacher)
+    fused::gradient_and_kl(element, z.data_ptr(), u.defined() ? u.data_ptr() : nullptr, rows, vocab,
+                           y.data_ptr<int64_t>(), c.data_ptr<float>(), static_cast<float>(1.0 - a.alpha),
+                           static_cast<float>(a.alpha * a.temperature), inv_t, lse_z.data_ptr<float>(),
+                           lse_zt.data_ptr<float>(), lse_ut.data_ptr<float>(), kl.defined() ? kl.data_ptr<float>() : nullptr,
+                           a.need_grad, stream);
+  if (kl.defined()) r.kl = kl.to(a.math);
+  if (a.need_grad) r.grad = z;  // now dℓ/dz
+  return r;
+}
+#endif
+
+// [chunk, V] bytes per row of V alive at once: the reference path keeps about
+// six math-dtype buffers; the GPU path keeps z (and u) in the input dtype.
+double workspace_bytes_per_element(bool gpu_path, int32_t element_bytes, bool teacher) {
+  if (gpu_path) return element_bytes * (teacher ? 2.0 : 1.0);
+  return 6.0 * static_cast<double>(loss::math_bytes(element_bytes));
+}
+
+int64_t chunk_rows(const loss::LossSettings& s, int64_t n, int64_t v, double bytes_per_element) {
   int64_t rows = s.chunk_size;
   if (rows <= 0) {
     const double budget = s.chunk_memory_mb * 1024.0 * 1024.0;
-    rows = static_cast<int64_t>(budget / static_cast<double>(v * kWorkspaceRowsOfV * math_bytes));
+    rows = static_cast<int64_t>(budget / (static_cast<double>(v) * bytes_per_element));
     if (rows >= 128) rows -= rows % 128;  // whole tiles for the GEMMs
   }
   return std::clamp<int64_t>(rows, 1, std::max<int64_t>(n, 1));
@@ -53,60 +148,54 @@ class ChunkedBlend : public torch::autograd::Function<ChunkedBlend> {
     const int64_t n = hidden.size(0);
     const bool need_dh = hidden.requires_grad();
     const bool need_dw = weight.requires_grad();
-    const bool need_grad = need_dh || need_dw;
-    const bool ce_term = alpha < 1.0;
-    const bool kl_term = use_teacher && alpha > 0.0;
 
-    at::Tensor dh = need_dh ? at::empty_like(hidden) : at::Tensor();
+    at::Tensor dh = need_dh ? at::empty_like(hidden, at::MemoryFormat::Contiguous) : at::Tensor();
     at::Tensor dw = need_dw ? at::zeros(weight.sizes(), weight.options().dtype(math)) : at::Tensor();
     at::Tensor total = at::zeros({}, hidden.options().dtype(math));
     rows_out->ce = at::empty({n}, hidden.options().dtype(math));
     rows_out->correct = at::empty({n}, hidden.options().dtype(at::kBool));
     if (use_teacher) rows_out->kl = at::empty({n}, hidden.options().dtype(math));
 
-    const at::Tensor weight_t = weight.t();
+    ChunkArgs a;
+    a.weight_t = weight.t();
+    a.alpha = alpha;
+    a.temperature = temperature;
+    a.use_teacher = use_teacher;
+    a.need_grad = need_dh || need_dw;
+    a.math = math;
+#ifdef DFLASH_FUSED_CUDA
+    const bool gpu = cuda_path_applies(hidden);
+#else
+    const bool gpu = false;
+#endif
     for (int64_t start = 0; start < n; start += chunk) {
       const int64_t rows = std::min(chunk, n - start);
-      const at::Tensor h = hidden.narrow(0, start, rows);
-      const at::Tensor y = targets.narrow(0, start, rows).unsqueeze(1);
-      const at::Tensor c = coefficient.narrow(0, start, rows).unsqueeze(1);
-
-      at::Tensor z = at::matmul(h, weight_t).to(math);  // [rows, V]
-      const at::Tensor lse = z.logsumexp(1, true);
-      const at::Tensor ce = (lse - z.gather(1, y)).squeeze(1);
-      rows_out->ce.narrow(0, start, rows).copy_(ce);
-      rows_out->correct.narrow(0, start, rows).copy_(z.argmax(1).eq(y.squeeze(1)));
-      at::Tensor row_loss = ce_term ? (1.0 - alpha) * ce : at::zeros_like(ce);
-
-      at::Tensor grad;  // dℓ/dz for the chunk, [rows, V]
-      if (need_grad && ce_term) {
-        grad = (z - lse).exp_().mul_((1.0 - alpha) * c);
-        grad.scatter_add_(1, y, -(1.0 - alpha) * c);
-      }
+      a.h = hidden.narrow(0, start, rows);
+      a.teacher = use_teacher ? teacher_hidden.narrow(0, start, rows) : at::Tensor();
+      a.y = targets.narrow(0, start, rows);
+      a.c = coefficient.narrow(0, start, rows);
+#ifdef DFLASH_FUSED_CUDA
+      ChunkResult r = gpu ? cuda_chunk(a) : aten_chunk(a);
+#else
+      ChunkResult r = aten_chunk(a);
+#endif
+      rows_out->ce.narrow(0, start, rows).copy_(r.ce);
+      rows_out->correct.narrow(0, start, rows).copy_(r.correct);
+      at::Tensor row_loss = (1.0 - alpha) * r.ce;
       if (use_teacher) {
-        const at::Tensor teacher_log_p =
-            at::matmul(teacher_hidden.narrow(0, start, rows), weight_t).to(math).div_(temperature).log_softmax(1);
-        const at::Tensor student_log_q = (temperature == 1.0 ? z : z / temperature).log_softmax(1);
-        const at::Tensor teacher_p = teacher_log_p.exp();
-        const at::Tensor kl = (teacher_p * (teacher_log_p - student_log_q)).sum(1);
-        rows_out->kl.narrow(0, start, rows).copy_(kl);
-        if (kl_term) {
-          row_loss = row_loss + (alpha * temperature * temperature) * kl;
-          if (need_grad) {
-            at::Tensor kl_grad = student_log_q.exp().sub_(teacher_p).mul_((alpha * temperature) * c);
-            grad = grad.defined() ? grad.add_(kl_grad) : kl_grad;
-          }
-        }
+        rows_out->kl.narrow(0, start, rows).copy_(r.kl);
+        row_loss = row_loss + (alpha * temperature * temperature) * r.kl;
       }
-      z = at::Tensor();  // the chunk's logits die here
-      total.add_((c.squeeze(1) * row_loss).sum());
-      if (need_grad) {
-        if (!grad.defined()) grad = at::zeros({rows, weight.size(0)}, hidden.options().dtype(math));
-        const at::Tensor grad_in = grad.to(hidden.scalar_type());
-        if (need_dh) dh.narrow(0, start, rows).copy_(at::matmul(grad_in, weight));
-        if (need_dw) dw.addmm_(grad.t(), h.to(math));
+      total.add_((a.c * row_loss).sum());
+      if (r.grad.defined()) {
+        if (need_dh) {
+          at::Tensor dh_rows = dh.narrow(0, start, rows);
+          at::mm_out(dh_rows, r.grad, weight);
+        }
+        if (need_dw) dw.addmm_(r.grad.t().to(math), a.h.to(math));
       }
     }
+    (void)gpu;
     ctx->saved_data["dh"] = dh;
     ctx->saved_data["dw"] = dw;
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
@@ -141,7 +230,8 @@ class FusedCheckpointedKl : public sdk::Loss {
         .number("chunk_memory_mb", 512, "workspace budget of one chunk when chunk_size is 0", Bounds::above(0))
         .dump();
   }
-  explicit FusedCheckpointedKl(const sdk::CreateContext& context) : s_(loss::read_settings(context.config())) {}
+  explicit FusedCheckpointedKl(const sdk::CreateContext& context)
+      : s_(loss::read_settings(context.config())), on_gpu_(context.device().rfind("cuda", 0) == 0) {}
 
   sdk::LossResult compute(const sdk::LossInputs& in) {
     const bool distill = s_.kl_weight > 0;
@@ -149,7 +239,14 @@ class FusedCheckpointedKl : public sdk::Loss {
     const auto math = loss::math_dtype(in.hidden.scalar_type());
     const loss::RowCoefficients rows = loss::row_coefficients(in, s_.mean);
     const int64_t n = in.hidden.size(0), v = in.lm_head_weight.size(0);
-    const int64_t chunk = chunk_rows(s_, n, v, math == at::kDouble ? 8 : 4);
+#ifdef DFLASH_FUSED_CUDA
+    const bool gpu = cuda_path_applies(in.hidden);
+#else
+    const bool gpu = false;
+#endif
+    const int32_t element_bytes = static_cast<int32_t>(in.hidden.element_size());
+    const int64_t chunk = chunk_rows(s_, n, v, workspace_bytes_per_element(gpu, element_bytes, distill));
+    (void)math;
     const at::Tensor teacher = distill ? in.teacher_hidden : at::empty({0}, in.hidden.options());
     RowOutputs row_outputs;
     sdk::LossResult result;
@@ -164,8 +261,15 @@ class FusedCheckpointedKl : public sdk::Loss {
   // lm_head trains), which is all that is kept for backward.
   sdk::MemoryEstimate estimate_memory(const sdk::LossShape& s) const {
     const int64_t elem = loss::math_bytes(s.element_bytes);
-    const auto chunk = static_cast<uint64_t>(chunk_rows(s_, s.rows, s.vocab, elem));
-    const uint64_t workspace = chunk * static_cast<uint64_t>(s.vocab * kWorkspaceRowsOfV * elem);
+#ifdef DFLASH_FUSED_CUDA
+    const bool gpu = on_gpu_ && s.element_bytes <= 4;
+#else
+    const bool gpu = false;
+#endif
+    const bool teacher = s.teacher == sdk::Teacher::kHidden && s_.kl_weight > 0;
+    const double per_element = workspace_bytes_per_element(gpu, s.element_bytes, teacher);
+    const auto chunk = static_cast<uint64_t>(chunk_rows(s_, s.rows, s.vocab, per_element));
+    const auto workspace = static_cast<uint64_t>(static_cast<double>(chunk) * static_cast<double>(s.vocab) * per_element);
     uint64_t saved = static_cast<uint64_t>(s.rows * s.hidden * s.element_bytes);
     if (s.weight_trainable) saved += static_cast<uint64_t>(s.vocab * s.hidden * elem);
     return {workspace + saved, saved};
@@ -173,6 +277,7 @@ class FusedCheckpointedKl : public sdk::Loss {
 
  private:
   loss::LossSettings s_;
+  bool on_gpu_;
 };
 
 }  // namespace

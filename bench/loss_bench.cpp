@@ -1,0 +1,218 @@
+// Times every loss plugin, forward + backward, at the DFlash drafter shape on
+// one GPU, beside a plain GEMM [N,H]×[H,V] measured in the same run (the
+// floor), and reports time, ratio to the floor, useful TFLOP/s and extra peak
+// memory. A program, not a test: see docs/performance.md for the figures.
+//
+//   loss_bench --plugin-dir build-gpu/lib/dflash-host/plugins [--rows 32768 --hidden 5120 --vocab 248320]
+//              [--repeats 5 --warmup 2 --topk 64 --json out.jsonl]
+#include "plugin/instances.h"
+#include "plugin/registry.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+using namespace dflash::host;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string plugin_dir;
+  int64_t rows = 32768, hidden = 5120, vocab = 248320, topk = 64;
+  int repeats = 5, warmup = 2;
+  std::string json;
+  std::vector<std::string> only;  // --only NAME (repeatable): arms to run
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--plugin-dir") a.plugin_dir = next();
+    else if (flag == "--rows") a.rows = std::stoll(next());
+    else if (flag == "--hidden") a.hidden = std::stoll(next());
+    else if (flag == "--vocab") a.vocab = std::stoll(next());
+    else if (flag == "--topk") a.topk = std::stoll(next());
+    else if (flag == "--repeats") a.repeats = std::stoi(next());
+    else if (flag == "--warmup") a.warmup = std::stoi(next());
+    else if (flag == "--json") a.json = next();
+    else if (flag == "--only") a.only.push_back(next());
+    else throw std::invalid_argument("unknown flag " + flag);
+  }
+  if (a.plugin_dir.empty()) throw std::invalid_argument("--plugin-dir DIR is required");
+  return a;
+}
+
+int64_t allocated_now() {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current;
+}
+int64_t allocated_peak() {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].peak;
+}
+
+struct Measurement {
+  double median_ms = 0;
+  int64_t extra_peak = 0;
+  std::string failure;
+};
+
+// Median wall time of `fn` (synchronised) and its peak allocation above the
+// memory in use before it.
+template <class Fn>
+Measurement measure(const Args& args, Fn&& fn) {
+  Measurement m;
+  try {
+    for (int i = 0; i < args.warmup; ++i) fn();
+    torch::cuda::synchronize();
+    std::vector<double> times;
+    int64_t peak = 0;
+    for (int i = 0; i < args.repeats; ++i) {
+      const int64_t before = allocated_now();
+      c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+      const auto start = Clock::now();
+      fn();
+      torch::cuda::synchronize();
+      times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+      peak = std::max(peak, allocated_peak() - before);
+    }
+    std::sort(times.begin(), times.end());
+    m.median_ms = times[times.size() / 2];
+    m.extra_peak = peak;
+  } catch (const std::exception& e) {
+    m.failure = e.what();
+    const auto cut = m.failure.find('\n');
+    if (cut != std::string::npos) m.failure.resize(cut);
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  }
+  return m;
+}
+
+struct Arm {
+  std::string label;
+  std::string plugin;
+  nlohmann::json config;
+  dflash_teacher_kind teacher;
+  int gemms;  // useful GEMMs of the math: 2 for CE (logits, dX), 3 with the teacher
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  try {
+    args = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "loss_bench: " << e.what() << "\n";
+    return 2;
+  }
+  if (!torch::cuda::is_available()) {
+    std::cerr << "loss_bench: no CUDA device\n";
+    return 2;
+  }
+  PluginRegistry registry;
+  registry.add_directory(args.plugin_dir);
+
+  const auto device = torch::Device(torch::kCUDA, 0);
+  const auto bf16 = torch::TensorOptions().device(device).dtype(torch::kBFloat16);
+  torch::manual_seed(0);
+  const int64_t n = args.rows, h = args.hidden, v = args.vocab;
+  auto weight = (torch::randn({v, h}, bf16) * (1.0 / std::sqrt(static_cast<double>(h)))).contiguous();
+  auto hidden = torch::randn({n, h}, bf16).requires_grad_(true);
+  auto teacher_hidden = (hidden.detach() + 0.5 * torch::randn({n, h}, bf16)).contiguous();
+  auto targets = torch::randint(0, v, {n}, torch::TensorOptions().device(device).dtype(torch::kLong));
+  targets.masked_fill_(torch::rand({n}, torch::TensorOptions().device(device)).lt(0.1), -100);
+  auto row_weights = torch::rand({n}, torch::TensorOptions().device(device));
+  torch::Tensor topk_ids, topk_logprobs;
+  {
+    // The teacher's top-K, made chunk by chunk (the full [N, V] would not fit beside everything else).
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> ids, lps;
+    for (int64_t s = 0; s < n; s += 2048) {
+      auto logp = torch::log_softmax(torch::matmul(teacher_hidden.narrow(0, s, std::min<int64_t>(2048, n - s)), weight.t()).to(torch::kFloat), 1);
+      auto top = logp.topk(args.topk, 1);
+      lps.push_back(std::get<0>(top));
+      ids.push_back(std::get<1>(top));
+    }
+    topk_ids = torch::cat(ids);
+    topk_logprobs = torch::cat(lps);
+  }
+
+  const double gemm_flop = 2.0 * static_cast<double>(n) * static_cast<double>(h) * static_cast<double>(v);
+  // The floor: one plain GEMM, same shapes, same run.
+  const Measurement gemm = measure(args, [&] {
+    torch::NoGradGuard no_grad;
+    auto logits = torch::matmul(hidden, weight.t());
+  });
+
+  const std::vector<Arm> arms = {
+      {"ce", "ce", {{"reduction", "mean"}}, DFLASH_TEACHER_NONE, 2},
+      {"kl (blend 0.5)", "kl", {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}}, DFLASH_TEACHER_HIDDEN, 3},
+      {"topk_kl (K=" + std::to_string(args.topk) + ", blend 0.5)", "topk_kl",
+       {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}, {"topk", 0}}, DFLASH_TEACHER_TOPK, 2},
+      {"fused_ckpt_kl CE only", "fused_ckpt_kl",
+       {{"kl_weight", 0.0}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", 0}, {"chunk_memory_mb", 512}},
+       DFLASH_TEACHER_NONE, 2},
+      {"fused_ckpt_kl CE+KL (blend 0.5)", "fused_ckpt_kl",
+       {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", 0}, {"chunk_memory_mb", 512}},
+       DFLASH_TEACHER_HIDDEN, 3},
+  };
+
+  std::ofstream json;
+  if (!args.json.empty()) json.open(args.json);
+  auto record = [&](const std::string& label, const Measurement& m, int gemms) {
+    const double floor_ms = gemm.median_ms * gemms;
+    std::cout << std::left << std::setw(36) << label;
+    if (!m.failure.empty()) {
+      std::cout << "failed: " << m.failure.substr(0, 100) << "\n";
+    } else {
+      std::cout << std::right << std::fixed << std::setprecision(1) << std::setw(9) << m.median_ms << " ms"
+                << std::setw(8) << std::setprecision(3) << m.median_ms / floor_ms << " x" << gemms << "GEMM"
+                << std::setw(9) << std::setprecision(0) << gemm_flop * gemms / (m.median_ms * 1e9) << " TFLOP/s"
+                << std::setw(10) << std::setprecision(2) << m.extra_peak / double(1 << 30) << " GiB\n";
+    }
+    if (json.is_open())
+      json << nlohmann::json{{"arm", label}, {"median_ms", m.median_ms}, {"gemms", gemms},
+                             {"ratio_to_floor", m.failure.empty() ? m.median_ms / floor_ms : 0.0},
+                             {"useful_tflops", m.failure.empty() ? gemm_flop * gemms / (m.median_ms * 1e9) : 0.0},
+                             {"extra_peak_gib", m.extra_peak / double(1 << 30)}, {"failure", m.failure},
+                             {"rows", n}, {"hidden", h}, {"vocab", v}}
+                  .dump()
+           << "\n";
+  };
+
+  std::cout << "loss_bench: N=" << n << " H=" << h << " V=" << v << " bf16, frozen lm_head, "
+            << torch::cuda::device_count() << " GPU(s); median of " << args.repeats << " after " << args.warmup
+            << " warm-ups\n";
+  std::cout << std::left << std::setw(36) << "arm" << std::right << std::setw(12) << "time" << std::setw(15)
+            << "ratio/floor" << std::setw(17) << "useful" << std::setw(14) << "extra peak\n";
+  record("GEMM [N,H]x[H,V] (floor)", gemm, 1);
+  for (const Arm& arm : arms) {
+    if (!args.only.empty() && std::find(args.only.begin(), args.only.end(), arm.plugin) == args.only.end()) continue;
+    LossInstance loss(registry.find(DFLASH_KIND_LOSS, arm.plugin), arm.config, {"cuda:0", "bfloat16", 0});
+    LossCall call{hidden, weight, targets, -100, row_weights, arm.teacher};
+    if (arm.teacher == DFLASH_TEACHER_HIDDEN) call.teacher_hidden = teacher_hidden;
+    if (arm.teacher == DFLASH_TEACHER_TOPK) {
+      call.teacher_topk_ids = topk_ids;
+      call.teacher_topk_logprobs = topk_logprobs;
+    }
+    const Measurement m = measure(args, [&] {
+      hidden.mutable_grad() = torch::Tensor();
+      LossOutput out = loss.compute(call);
+      out.loss.backward();
+    });
+    record(arm.label, m, arm.gemms);
+  }
+  return 0;
+}

@@ -1,0 +1,292 @@
+#include "fused_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+#include <stdexcept>
+#include <string>
+
+namespace dflash::fused {
+namespace {
+
+constexpr int kThreads = 512;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+
+template <class T, int kVec>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
+// Running (max, Σ exp(x − max)) of an online softmax.
+struct Lse {
+  float m = -FLT_MAX;
+  float s = 0.f;
+  __device__ void add(float x) {
+    if (x > m) {
+      s = s * __expf(m - x) + 1.f;
+      m = x;
+    } else {
+      s += __expf(x - m);
+    }
+  }
+  __device__ void merge(float om, float os) {
+    if (os == 0.f) return;
+    if (s == 0.f) {
+      m = om;
+      s = os;
+      return;
+    }
+    const float nm = fmaxf(m, om);
+    s = s * __expf(m - nm) + os * __expf(om - nm);
+    m = nm;
+  }
+  __device__ float value() const { return m + logf(s); }
+};
+
+__device__ __forceinline__ void warp_merge(Lse& l) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float om = __shfl_xor_sync(0xffffffff, l.m, offset);
+    const float os = __shfl_xor_sync(0xffffffff, l.s, offset);
+    l.merge(om, os);
+  }
+}
+
+__device__ __forceinline__ void warp_argmax(float& value, int64_t& index) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float ov = __shfl_xor_sync(0xffffffff, value, offset);
+    const int64_t oi = __shfl_xor_sync(0xffffffff, index, offset);
+    if (ov > value || (ov == value && oi < index)) {
+      value = ov;
+      index = oi;
+    }
+  }
+}
+
+// Block-wide merge of an Lse through shared memory; result valid in thread 0.
+__device__ Lse block_merge(Lse l, float* sm, float* ss) {
+  warp_merge(l);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    sm[warp] = l.m;
+    ss[warp] = l.s;
+  }
+  __syncthreads();
+  Lse out;
+  if (warp == 0) {
+    if (lane < blockDim.x / 32) {
+      out.m = sm[lane];
+      out.s = ss[lane];
+    }
+    warp_merge(out);
+  }
+  __syncthreads();
+  return out;
+}
+
+template <class T, int kVec>
+__global__ void row_statistics_kernel(const T* __restrict__ z, const T* __restrict__ u, int64_t vocab,
+                                      const int64_t* __restrict__ targets, float inv_t, float* lse_z, float* lse_zt,
+                                      float* lse_ut, float* z_target, int64_t* argmax) {
+  const int64_t row = blockIdx.x;
+  const T* zr = z + row * vocab;
+  const T* ur = u ? u + row * vocab : nullptr;
+  Lse lz, lu;
+  float best = -FLT_MAX;
+  int64_t best_index = 0;
+  for (int64_t base = static_cast<int64_t>(threadIdx.x) * kVec; base < vocab; base += static_cast<int64_t>(blockDim.x) * kVec) {
+    const Pack<T, kVec> zp = *reinterpret_cast<const Pack<T, kVec>*>(zr + base);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float x = to_float(zp.v[k]);
+      lz.add(x);
+      if (x > best) {
+        best = x;
+        best_index = base + k;
+      }
+    }
+    if (ur) {
+      const Pack<T, kVec> up = *reinterpret_cast<const Pack<T, kVec>*>(ur + base);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) lu.add(to_float(up.v[k]) * inv_t);
+    }
+  }
+  __shared__ float sm[32], ss[32], sv[32];
+  __shared__ int64_t si[32];
+  const Lse rz = block_merge(lz, sm, ss);
+  const Lse ru = ur ? block_merge(lu, sm, ss) : Lse();
+  warp_argmax(best, best_index);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    sv[warp] = best;
+    si[warp] = best_index;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    float v = lane < blockDim.x / 32 ? sv[lane] : -FLT_MAX;
+    int64_t i = lane < blockDim.x / 32 ? si[lane] : 0;
+    warp_argmax(v, i);
+    if (lane == 0) {
+      argmax[row] = i;
+      lse_z[row] = rz.value();
+      if (ur) lse_ut[row] = ru.value();
+      const int64_t t = targets[row];
+      z_target[row] = to_float(zr[t]);
+    }
+  }
+  // lse(z/T): with the row max m known, Σ exp((x − m)/T) in one more read of
+  // the row (only when T ≠ 1; otherwise it equals lse(z)).
+  if (inv_t != 1.f) {
+    __shared__ float row_max;
+    if (threadIdx.x == 0) row_max = rz.m;
+    __syncthreads();
+    const float m = row_max;
+    float sum = 0.f;
+    for (int64_t base = static_cast<int64_t>(threadIdx.x) * kVec; base < vocab; base += static_cast<int64_t>(blockDim.x) * kVec) {
+      const Pack<T, kVec> zp = *reinterpret_cast<const Pack<T, kVec>*>(zr + base);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) sum += __expf((to_float(zp.v[k]) - m) * inv_t);
+    }
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+    if (lane == 0) ss[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.f;
+      for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += ss[w];
+      lse_zt[row] = m * inv_t + logf(total);
+    }
+  } else if (threadIdx.x == 0) {
+    lse_zt[row] = rz.value();
+  }
+}
+
+template <class T, int kVec>
+__global__ void gradient_and_kl_kernel(T* __restrict__ z, const T* __restrict__ u, int64_t vocab,
+                                       const int64_t* __restrict__ targets, const float* __restrict__ coefficient,
+                                       float ce_scale, float kl_scale, float inv_t, const float* __restrict__ lse_z,
+                                       const float* __restrict__ lse_zt, const float* __restrict__ lse_ut,
+                                       float* kl_rows, bool write_grad) {
+  const int64_t row = blockIdx.x;
+  T* zr = z + row * vocab;
+  const T* ur = u ? u + row * vocab : nullptr;
+  const float c = coefficient[row];
+  const float a_ce = c * ce_scale, a_kl = c * kl_scale;
+  const float lz = lse_z[row], lzt = lse_zt[row];
+  const float lut = ur ? lse_ut[row] : 0.f;
+  const int64_t target = targets[row];
+  float kl = 0.f;
+  for (int64_t base = static_cast<int64_t>(threadIdx.x) * kVec; base < vocab; base += static_cast<int64_t>(blockDim.x) * kVec) {
+    Pack<T, kVec> zp = *reinterpret_cast<const Pack<T, kVec>*>(zr + base);
+    Pack<T, kVec> up;
+    if (ur) up = *reinterpret_cast<const Pack<T, kVec>*>(ur + base);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float x = to_float(zp.v[k]);
+      float g = 0.f;
+      if (a_ce != 0.f) g = a_ce * (__expf(x - lz) - (base + k == target ? 1.f : 0.f));
+      if (ur) {
+        const float log_q = x * inv_t - lzt;
+        const float log_p = to_float(up.v[k]) * inv_t - lut;
+        const float p = __expf(log_p);
+        kl += p * (log_p - log_q);
+        g += a_kl * (__expf(log_q) - p);
+      }
+      zp.v[k] = from_float<T>(g);
+    }
+    if (write_grad) *reinterpret_cast<Pack<T, kVec>*>(zr + base) = zp;
+  }
+  if (kl_rows) {
+    __shared__ float partial[32];
+    for (int offset = 16; offset > 0; offset /= 2) kl += __shfl_xor_sync(0xffffffff, kl, offset);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) partial[warp] = kl;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.f;
+      for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += partial[w];
+      kl_rows[row] = total;
+    }
+  }
+}
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+template <class T>
+void dispatch_stats(const void* z, const void* u, int64_t rows, int64_t vocab, const int64_t* targets, float inv_t,
+                    float* lz, float* lzt, float* lut, float* zy, int64_t* am, cudaStream_t stream) {
+  constexpr int kWide = 16 / sizeof(T);
+  if (vocab % kWide == 0)
+    row_statistics_kernel<T, kWide><<<rows, kThreads, 0, stream>>>(static_cast<const T*>(z), static_cast<const T*>(u),
+                                                                  vocab, targets, inv_t, lz, lzt, lut, zy, am);
+  else
+    row_statistics_kernel<T, 1><<<rows, kThreads, 0, stream>>>(static_cast<const T*>(z), static_cast<const T*>(u),
+                                                              vocab, targets, inv_t, lz, lzt, lut, zy, am);
+  check(cudaGetLastError(), "fused_ckpt_kl row_statistics");
+}
+
+template <class T>
+void dispatch_grad(void* z, const void* u, int64_t rows, int64_t vocab, const int64_t* targets, const float* c,
+                   float ce_scale, float kl_scale, float inv_t, const float* lz, const float* lzt, const float* lut,
+                   float* kl, bool write_grad, cudaStream_t stream) {
+  constexpr int kWide = 16 / sizeof(T);
+  if (vocab % kWide == 0)
+    gradient_and_kl_kernel<T, kWide><<<rows, kThreads, 0, stream>>>(static_cast<T*>(z), static_cast<const T*>(u), vocab,
+                                                                   targets, c, ce_scale, kl_scale, inv_t, lz, lzt, lut,
+                                                                   kl, write_grad);
+  else
+    gradient_and_kl_kernel<T, 1><<<rows, kThreads, 0, stream>>>(static_cast<T*>(z), static_cast<const T*>(u), vocab,
+                                                               targets, c, ce_scale, kl_scale, inv_t, lz, lzt, lut, kl,
+                                                               write_grad);
+  check(cudaGetLastError(), "fused_ckpt_kl gradient_and_kl");
+}
+
+}  // namespace
+
+void row_statistics(Element element, const void* z, const void* u, int64_t rows, int64_t vocab, const int64_t* targets,
+                    float inv_temperature, float* lse_z, float* lse_zt, float* lse_ut, float* z_target,
+                    int64_t* argmax, cudaStream_t stream) {
+  if (rows == 0) return;
+  switch (element) {
+    case Element::kFloat32:
+      return dispatch_stats<float>(z, u, rows, vocab, targets, inv_temperature, lse_z, lse_zt, lse_ut, z_target, argmax, stream);
+    case Element::kBFloat16:
+      return dispatch_stats<__nv_bfloat16>(z, u, rows, vocab, targets, inv_temperature, lse_z, lse_zt, lse_ut, z_target,
+                                           argmax, stream);
+    case Element::kFloat16:
+      return dispatch_stats<__half>(z, u, rows, vocab, targets, inv_temperature, lse_z, lse_zt, lse_ut, z_target, argmax,
+                                    stream);
+  }
+}
+
+void gradient_and_kl(Element element, void* z, const void* u, int64_t rows, int64_t vocab, const int64_t* targets,
+                     const float* coefficient, float ce_scale, float kl_scale, float inv_temperature,
+                     const float* lse_z, const float* lse_zt, const float* lse_ut, float* kl_rows, bool write_grad,
+                     cudaStream_t stream) {
+  if (rows == 0) return;
+  switch (element) {
+    case Element::kFloat32:
+      return dispatch_grad<float>(z, u, rows, vocab, targets, coefficient, ce_scale, kl_scale, inv_temperature, lse_z,
+                                  lse_zt, lse_ut, kl_rows, write_grad, stream);
+    case Element::kBFloat16:
+      return dispatch_grad<__nv_bfloat16>(z, u, rows, vocab, targets, coefficient, ce_scale, kl_scale, inv_temperature,
+                                          lse_z, lse_zt, lse_ut, kl_rows, write_grad, stream);
+    case Element::kFloat16:
+      return dispatch_grad<__half>(z, u, rows, vocab, targets, coefficient, ce_scale, kl_scale, inv_temperature, lse_z,
+                                   lse_zt, lse_ut, kl_rows, write_grad, stream);
+  }
+}
+
+}  // namespace dflash::fused
