@@ -31,7 +31,7 @@ class KlDivergence : public sdk::Loss {
     if (distill) {
       at::Tensor teacher_log_p;
       {
-        const at::NoGradGuard frozen_teacher;
+        const c10::NoGradGuard frozen_teacher;
         teacher_log_p = (at::matmul(in.teacher_hidden, in.lm_head_weight.t()).to(math) / s_.temperature).log_softmax(1);
       }
       const at::Tensor student_log_q = (logits / s_.temperature).log_softmax(1);

@@ -56,7 +56,7 @@ class TopKKl : public sdk::Loss {
       // Teacher buckets (no grad): top-K log-probs and the rest, tempered.
       at::Tensor teacher_buckets;
       {
-        const at::NoGradGuard frozen_teacher;
+        const c10::NoGradGuard frozen_teacher;
         // With K = V nothing lies outside the top K: 1 − Σ is rounding, not mass.
         const at::Tensor rest = ids.size(1) == logits.size(1)
                                     ? at::zeros_like(teacher_lp.narrow(1, 0, 1))

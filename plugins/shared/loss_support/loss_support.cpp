@@ -148,7 +148,7 @@ RowCoefficients row_coefficients(const sdk::LossInputs& in, bool mean) {
 
 void add_metrics(sdk::LossResult& result, const at::Tensor& ce_rows, const at::Tensor& kl_rows,
                  const at::Tensor& correct_rows, const RowCoefficients& rows, const sdk::LossInputs& in) {
-  const at::NoGradGuard no_grad;
+  const c10::NoGradGuard no_grad;
   const at::Tensor valid = rows.valid.to(ce_rows.scalar_type());
   at::Tensor weight = valid;
   if (in.row_weights.defined()) weight = weight * in.row_weights.to(ce_rows.scalar_type());

@@ -16,6 +16,7 @@
 #include <dflash/sdk/loss.hpp>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <string>
 
