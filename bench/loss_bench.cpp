@@ -162,10 +162,10 @@ int main(int argc, char** argv) {
       {"topk_kl (K=" + std::to_string(args.topk) + ", blend 0.5)", "topk_kl",
        {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}, {"topk", 0}}, DFLASH_TEACHER_TOPK, 2},
       {"fused_ckpt_kl CE only", "fused_ckpt_kl",
-       {{"kl_weight", 0.0}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", 0}, {"chunk_memory_mb", 512}},
+       {{"kl_weight", 0.0}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", 0}, {"chunk_memory_mb", 1024}},
        DFLASH_TEACHER_NONE, 2},
       {"fused_ckpt_kl CE+KL (blend 0.5)", "fused_ckpt_kl",
-       {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", 0}, {"chunk_memory_mb", 512}},
+       {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", 0}, {"chunk_memory_mb", 1024}},
        DFLASH_TEACHER_HIDDEN, 3},
   };
 
@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
     const double floor_ms = gemm.median_ms * gemms;
     std::cout << std::left << std::setw(36) << label;
     if (!m.failure.empty()) {
-      std::cout << "failed: " << m.failure.substr(0, 100) << "\n";
+      std::cout << "failed: " << m.failure.substr(0, 240) << "\n";
     } else {
       std::cout << std::right << std::fixed << std::setprecision(1) << std::setw(9) << m.median_ms << " ms"
                 << std::setw(8) << std::setprecision(3) << m.median_ms / floor_ms << " x" << gemms << "GEMM"
@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
   };
 
   std::cout << "loss_bench: N=" << n << " H=" << h << " V=" << v << " bf16, frozen lm_head, "
-            << torch::cuda::device_count() << " GPU(s); median of " << args.repeats << " after " << args.warmup
+            << static_cast<int>(torch::cuda::device_count()) << " GPU(s); median of " << args.repeats << " after " << args.warmup
             << " warm-ups\n";
   std::cout << std::left << std::setw(36) << "arm" << std::right << std::setw(12) << "time" << std::setw(15)
             << "ratio/floor" << std::setw(17) << "useful" << std::setw(14) << "extra peak\n";

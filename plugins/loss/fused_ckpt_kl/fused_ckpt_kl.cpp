@@ -128,11 +128,16 @@ double workspace_bytes_per_element(bool gpu_path, int32_t element_bytes, bool te
   return 6.0 * static_cast<double>(loss::math_bytes(element_bytes));
 }
 
+// An automatic chunk never exceeds this many rows: the GEMMs of a chunk are
+// already near their peak at M = 1024 (measured on an H200, docs/performance.md),
+// while memory keeps growing with the chunk.
+constexpr int64_t kAutoChunkRowsCap = 1024;
+
 int64_t chunk_rows(const loss::LossSettings& s, int64_t n, int64_t v, double bytes_per_element) {
   int64_t rows = s.chunk_size;
   if (rows <= 0) {
     const double budget = s.chunk_memory_mb * 1024.0 * 1024.0;
-    rows = static_cast<int64_t>(budget / (static_cast<double>(v) * bytes_per_element));
+    rows = std::min(kAutoChunkRowsCap, static_cast<int64_t>(budget / (static_cast<double>(v) * bytes_per_element)));
     if (rows >= 128) rows -= rows % 128;  // whole tiles for the GEMMs
   }
   return std::clamp<int64_t>(rows, 1, std::max<int64_t>(n, 1));
@@ -227,7 +232,8 @@ class FusedCheckpointedKl : public sdk::Loss {
     loss::add_reduction(schema);
     return schema
         .integer("chunk_size", 0, "rows per chunk; 0 = as many as chunk_memory_mb allows", Bounds::at_least(0))
-        .number("chunk_memory_mb", 512, "workspace budget of one chunk when chunk_size is 0", Bounds::above(0))
+        .number("chunk_memory_mb", 1024, "workspace budget of one chunk when chunk_size is 0 (at most 1024 rows)",
+                Bounds::above(0))
         .dump();
   }
   explicit FusedCheckpointedKl(const sdk::CreateContext& context)

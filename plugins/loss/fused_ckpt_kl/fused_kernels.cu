@@ -193,14 +193,15 @@ __global__ void gradient_and_kl_kernel(T* __restrict__ z, const T* __restrict__ 
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       const float x = to_float(zp.v[k]);
-      float g = 0.f;
-      if (a_ce != 0.f) g = a_ce * (__expf(x - lz) - (base + k == target ? 1.f : 0.f));
+      const float softmax_z = __expf(x - lz);
+      float g = a_ce * (softmax_z - (base + k == target ? 1.f : 0.f));
       if (ur) {
         const float log_q = x * inv_t - lzt;
         const float log_p = to_float(up.v[k]) * inv_t - lut;
         const float p = __expf(log_p);
         kl += p * (log_p - log_q);
-        g += a_kl * (__expf(log_q) - p);
+        // At T = 1, softmax(z/T) is softmax(z): one exponential saved.
+        g += a_kl * ((inv_t == 1.f ? softmax_z : __expf(log_q)) - p);
       }
       zp.v[k] = from_float<T>(g);
     }
