@@ -198,6 +198,22 @@ int main(int argc, char** argv) {
   std::cout << std::left << std::setw(36) << "arm" << std::right << std::setw(12) << "time" << std::setw(15)
             << "ratio/floor" << std::setw(17) << "useful" << std::setw(14) << "extra peak\n";
   record("GEMM [N,H]x[H,V] (floor)", gemm, 1);
+  // Diagnostics: the fused loss's GEMMs alone, in its 1024-row chunks, with no
+  // softmax arithmetic; the gap to the fused arms is what the kernels cost.
+  for (int gemms : {2, 3}) {
+    auto dh = torch::empty({n, h}, bf16);
+    const Measurement chunked = measure(args, [&] {
+      torch::NoGradGuard no_grad;
+      for (int64_t s = 0; s < n; s += 1024) {
+        const int64_t rows = std::min<int64_t>(1024, n - s);
+        auto z = torch::matmul(hidden.narrow(0, s, rows), weight.t());
+        if (gemms == 3) auto u = torch::matmul(teacher_hidden.narrow(0, s, rows), weight.t());
+        auto out = dh.narrow(0, s, rows);
+        torch::mm_out(out, z, weight);
+      }
+    });
+    record(std::to_string(gemms) + " GEMMs in 1024-row chunks only", chunked, gemms);
+  }
   for (const Arm& arm : arms) {
     if (!args.only.empty() && std::find(args.only.begin(), args.only.end(), arm.plugin) == args.only.end()) continue;
     LossInstance loss(registry.find(DFLASH_KIND_LOSS, arm.plugin), arm.config, {"cuda:0", "bfloat16", 0});
