@@ -18,15 +18,9 @@ class CrossEntropy : public sdk::Loss {
 
   sdk::LossResult compute(const sdk::LossInputs& in) {
     loss::validate_inputs(in, loss::TeacherNeed::kNone);
-    const auto math = loss::math_dtype(in.hidden.scalar_type());
     const loss::RowCoefficients rows = loss::row_coefficients(in, settings_.mean);
-    const at::Tensor logits = at::matmul(in.hidden, in.lm_head_weight.t()).to(math);
-    const at::Tensor ce_rows =
-        logits.logsumexp(1) - logits.gather(1, rows.safe_targets.unsqueeze(1)).squeeze(1);
-    sdk::LossResult result;
-    result.loss = (rows.coefficient * ce_rows).sum();
-    loss::add_metrics(result, ce_rows, at::Tensor(), logits.detach().argmax(1).eq(in.targets), rows, in);
-    return result;
+    const loss::FullLogits student = loss::full_logits(in, rows);
+    return loss::finish_full(in, rows, student, student.ce_rows, at::Tensor());
   }
 
   // fp32 logits, their log-softmax for backward and the gradient.

@@ -34,10 +34,9 @@ class TopKKl : public sdk::Loss {
     loss::validate_inputs(in, distill ? loss::TeacherNeed::kTopK : loss::TeacherNeed::kNone);
     const auto math = loss::math_dtype(in.hidden.scalar_type());
     const loss::RowCoefficients rows = loss::row_coefficients(in, s_.mean);
-    const at::Tensor logits = at::matmul(in.hidden, in.lm_head_weight.t()).to(math);
-    const at::Tensor ce_rows =
-        logits.logsumexp(1) - logits.gather(1, rows.safe_targets.unsqueeze(1)).squeeze(1);
-    at::Tensor row_loss = (1.0 - s_.kl_weight) * ce_rows;
+    const loss::FullLogits student = loss::full_logits(in, rows);
+    const at::Tensor& logits = student.logits;
+    at::Tensor row_loss = (1.0 - s_.kl_weight) * student.ce_rows;
     at::Tensor kl_rows;
     if (distill) {
       at::Tensor ids = in.teacher_topk_ids;
@@ -80,10 +79,7 @@ class TopKKl : public sdk::Loss {
       kl_rows = (t * (safe_teacher - student_buckets)).sum(1);
       row_loss = row_loss + (s_.kl_weight * s_.temperature * s_.temperature) * kl_rows;
     }
-    sdk::LossResult result;
-    result.loss = (rows.coefficient * row_loss).sum();
-    loss::add_metrics(result, ce_rows, kl_rows, logits.detach().argmax(1).eq(in.targets), rows, in);
-    return result;
+    return loss::finish_full(in, rows, student, row_loss, kl_rows);
   }
 
   sdk::MemoryEstimate estimate_memory(const sdk::LossShape& s) const {

@@ -146,6 +146,21 @@ RowCoefficients row_coefficients(const sdk::LossInputs& in, bool mean) {
   return rows;
 }
 
+FullLogits full_logits(const sdk::LossInputs& in, const RowCoefficients& rows) {
+  FullLogits out;
+  out.logits = at::matmul(in.hidden, in.lm_head_weight.t()).to(math_dtype(in.hidden.scalar_type()));
+  out.ce_rows = out.logits.logsumexp(1) - out.logits.gather(1, rows.safe_targets.unsqueeze(1)).squeeze(1);
+  return out;
+}
+
+sdk::LossResult finish_full(const sdk::LossInputs& in, const RowCoefficients& rows, const FullLogits& student,
+                            const at::Tensor& row_loss, const at::Tensor& kl_rows) {
+  sdk::LossResult result;
+  result.loss = (rows.coefficient * row_loss).sum();
+  add_metrics(result, student.ce_rows, kl_rows, student.logits.detach().argmax(1).eq(in.targets), rows, in);
+  return result;
+}
+
 void add_metrics(sdk::LossResult& result, const at::Tensor& ce_rows, const at::Tensor& kl_rows,
                  const at::Tensor& correct_rows, const RowCoefficients& rows, const sdk::LossInputs& in) {
   const c10::NoGradGuard no_grad;

@@ -54,6 +54,18 @@ struct RowCoefficients {
 };
 RowCoefficients row_coefficients(const sdk::LossInputs& in, bool mean);
 
+// The student's full logits z = h·Wᵀ in the math dtype and the per-row
+// CE = lse(z) − z[y] (the reference plugins' common first step).
+struct FullLogits {
+  at::Tensor logits;   // [N, V]
+  at::Tensor ce_rows;  // [N]
+};
+FullLogits full_logits(const sdk::LossInputs& in, const RowCoefficients& rows);
+
+// The loss Σ c·ℓ and the metrics of a reference plugin that holds full logits.
+sdk::LossResult finish_full(const sdk::LossInputs& in, const RowCoefficients& rows, const FullLogits& student,
+                            const at::Tensor& row_loss, const at::Tensor& kl_rows);
+
 // Metrics every loss reports: per-row "ce", "kl" (when a teacher is used) and
 // "accuracy" ([N], 0 on ignored rows), and the weighted means
 // "weighted_ce" / "weighted_kl" (0-dim; Σ w·x / Σ w over valid rows).
