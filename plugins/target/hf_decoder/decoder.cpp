@@ -1,0 +1,227 @@
+#include "decoder.h"
+
+#include <dflash/sdk/safetensors_torch.hpp>
+#include <dflash/sdk/torch_compat.hpp>
+
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <limits>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <stdexcept>
+
+namespace dflash::target {
+namespace fs = std::filesystem;
+namespace st = sdk::safetensors;
+
+namespace {
+
+// Every tensor of the checkpoint, by name, with the file it came from.
+class Checkpoint {
+ public:
+  explicit Checkpoint(const fs::path& dir) {
+    const fs::path single = dir / "model.safetensors";
+    const fs::path index = dir / "model.safetensors.index.json";
+    if (fs::exists(index)) {
+      std::ifstream in(index);
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(in);
+      } catch (const nlohmann::json::exception& e) {
+        throw std::runtime_error(index.string() + ": not valid JSON (" + e.what() + ")");
+      }
+      if (!j.contains("weight_map") || !j["weight_map"].is_object())
+        throw std::runtime_error(index.string() + ": weight_map: missing");
+      std::map<std::string, std::shared_ptr<st::File>> shards;
+      for (auto& [name, shard] : j["weight_map"].items()) {
+        const std::string file = shard.get<std::string>();
+        if (file.find('/') != std::string::npos || file == ".." )
+          throw std::runtime_error(index.string() + ": weight_map." + name + ": shard '" + file + "' must be a file name in the model directory");
+        if (!shards.count(file)) shards[file] = st::File::open(dir / file);
+        if (!shards[file]->find(name))
+          throw std::runtime_error((dir / file).string() + ": tensor '" + name + "' is listed in " + index.filename().string() +
+                                   " but missing from the shard");
+        where_[name] = shards[file];
+      }
+    } else if (fs::exists(single)) {
+      auto file = st::File::open(single);
+      for (const auto& t : file->tensors()) where_[t.name] = file;
+    } else {
+      throw std::runtime_error(dir.string() + ": no model.safetensors or model.safetensors.index.json");
+    }
+  }
+
+  bool has(const std::string& name) const { return where_.count(name) > 0; }
+
+  // The tensor, converted to dtype/device, checked against the expected shape.
+  at::Tensor get(const std::string& name, std::vector<int64_t> shape, c10::ScalarType dtype, c10::Device device) const {
+    auto it = where_.find(name);
+    if (it == where_.end())
+      throw std::runtime_error("checkpoint: tensor '" + name + "' is missing (" + std::to_string(where_.size()) + " tensors present)");
+    at::Tensor t = st::load_tensor(it->second, name);
+    if (t.sizes().vec() != shape) {
+      std::string expected, got;
+      for (auto d : shape) expected += (expected.empty() ? "" : ", ") + std::to_string(d);
+      for (auto d : t.sizes()) got += (got.empty() ? "" : ", ") + std::to_string(d);
+      throw std::runtime_error(it->second->path().string() + ": tensor '" + name + "' has shape [" + got +
+                               "], config.json implies [" + expected + "]");
+    }
+    if (!at::isFloatingType(t.scalar_type()))
+      throw std::runtime_error(it->second->path().string() + ": tensor '" + name + "' is not floating point");
+    return t.to(device, dtype).contiguous();
+  }
+
+ private:
+  std::map<std::string, std::shared_ptr<st::File>> where_;
+};
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // As Hugging Face does: normalise in fp32 (fp64 for fp64), cast back, then scale.
+  const at::Tensor f = x.to(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+  const at::Tensor normed = f * at::rsqrt(f.pow(2).mean(-1, true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+at::Tensor rope_inverse_frequencies(const DecoderConfig& c) {
+  at::Tensor inv = 1.0 / at::pow(c.rope_theta, at::arange(0, c.head_dim, 2, at::kDouble) / static_cast<double>(c.head_dim));
+  if (c.rope_scaling.type == "llama3") {
+    const auto& r = c.rope_scaling;
+    const double old_context = static_cast<double>(r.original_max_position_embeddings);
+    const double low_wavelen = old_context / r.low_freq_factor, high_wavelen = old_context / r.high_freq_factor;
+    const at::Tensor wavelen = 2 * M_PI / inv;
+    at::Tensor scaled = at::where(wavelen > low_wavelen, inv / r.factor, inv);
+    const at::Tensor smooth = (old_context / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+    const at::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
+    const at::Tensor medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+    inv = at::where(medium, smoothed, scaled);
+  }
+  return inv;  // fp64: angles are formed in fp64 and rounded once, to the activations' dtype
+}
+
+}  // namespace
+
+Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device)
+    : config_(read_decoder_config(dir / "config.json")) {
+  const Checkpoint ckpt(dir);
+  const DecoderConfig& c = config_;
+  const int64_t h = c.hidden_size, hd = c.head_dim, q_out = c.num_heads * hd, kv_out = c.num_kv_heads * hd;
+  embed_ = ckpt.get("model.embed_tokens.weight", {c.vocab_size, h}, dtype, device);
+  final_norm_ = ckpt.get("model.norm.weight", {h}, dtype, device);
+  if (ckpt.has("lm_head.weight")) lm_head_ = ckpt.get("lm_head.weight", {c.vocab_size, h}, dtype, device);
+  else if (c.tie_word_embeddings) lm_head_ = embed_;
+  else throw std::runtime_error(dir.string() + ": lm_head.weight is missing and tie_word_embeddings is false");
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    LayerWeights w;
+    w.input_norm = ckpt.get(p + "input_layernorm.weight", {h}, dtype, device);
+    w.post_attention_norm = ckpt.get(p + "post_attention_layernorm.weight", {h}, dtype, device);
+    w.q = ckpt.get(p + "self_attn.q_proj.weight", {q_out, h}, dtype, device);
+    w.k = ckpt.get(p + "self_attn.k_proj.weight", {kv_out, h}, dtype, device);
+    w.v = ckpt.get(p + "self_attn.v_proj.weight", {kv_out, h}, dtype, device);
+    w.o = ckpt.get(p + "self_attn.o_proj.weight", {h, q_out}, dtype, device);
+    if (ckpt.has(p + "self_attn.q_proj.bias")) {
+      w.q_bias = ckpt.get(p + "self_attn.q_proj.bias", {q_out}, dtype, device);
+      w.k_bias = ckpt.get(p + "self_attn.k_proj.bias", {kv_out}, dtype, device);
+      w.v_bias = ckpt.get(p + "self_attn.v_proj.bias", {kv_out}, dtype, device);
+    }
+    if (c.qk_norm) {
+      w.q_norm = ckpt.get(p + "self_attn.q_norm.weight", {hd}, dtype, device);
+      w.k_norm = ckpt.get(p + "self_attn.k_norm.weight", {hd}, dtype, device);
+    }
+    w.gate = ckpt.get(p + "mlp.gate_proj.weight", {c.intermediate_size, h}, dtype, device);
+    w.up = ckpt.get(p + "mlp.up_proj.weight", {c.intermediate_size, h}, dtype, device);
+    w.down = ckpt.get(p + "mlp.down_proj.weight", {h, c.intermediate_size}, dtype, device);
+    layers_.push_back(std::move(w));
+  }
+  inv_freq_ = rope_inverse_frequencies(c).to(device);
+}
+
+DecoderOutputs Decoder::forward(const at::Tensor& input_ids_in, const at::Tensor& position_ids_in,
+                                const at::Tensor& document_ids_in, const std::vector<int64_t>& layer_ids,
+                                bool want_last_hidden, bool want_logits) const {
+  const c10::NoGradGuard no_grad;
+  const DecoderConfig& c = config_;
+  const auto device = embed_.device();
+  if (input_ids_in.dim() != 2) throw std::invalid_argument("input_ids must be [B, S]");
+  const at::Tensor ids = input_ids_in.to(device, at::kLong);
+  if (ids.numel() > 0 && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= c.vocab_size))
+    throw std::invalid_argument("input_ids has ids outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  for (int64_t id : layer_ids)
+    if (id < 0 || id >= c.num_layers)
+      throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
+  const int64_t b = ids.size(0), s = ids.size(1);
+
+  // Documents and positions of a packed batch.
+  at::Tensor positions, documents;
+  if (document_ids_in.defined()) documents = document_ids_in.to(device, at::kLong);
+  if (position_ids_in.defined()) positions = position_ids_in.to(device, at::kLong);
+  if (!documents.defined() && positions.defined()) documents = positions.eq(0).to(at::kLong).cumsum(1);
+  if (!positions.defined()) {
+    if (documents.defined()) {
+      // Position within the document: index minus the index of its first token.
+      const at::Tensor index = at::arange(s, ids.options()).expand({b, s});
+      const at::Tensor starts = at::cat({at::ones({b, 1}, ids.options()), documents.narrow(1, 1, s - 1).ne(documents.narrow(1, 0, s - 1)).to(at::kLong)}, 1);
+      const at::Tensor start_index = std::get<0>(at::cummax(at::where(starts.to(at::kBool), index, at::zeros_like(index)), 1));
+      positions = index - start_index;
+    } else {
+      positions = at::arange(s, ids.options()).expand({b, s});
+    }
+  }
+  const bool one_document_per_row = !documents.defined() || documents.eq(documents.narrow(1, 0, 1)).all().item<bool>();
+  c10::optional<at::Tensor> mask;
+  if (!one_document_per_row) {
+    const at::Tensor same = documents.unsqueeze(2).eq(documents.unsqueeze(1));  // [B, S, S]
+    const at::Tensor causal = at::ones({s, s}, ids.options().dtype(at::kBool)).tril();
+    // Additive (0 / −inf) rather than boolean: both LibTorch versions accept it.
+    const at::Tensor allowed = same.logical_and(causal).unsqueeze(1);  // [B, 1, S, S]
+    mask = at::zeros(allowed.sizes(), embed_.options()).masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  }
+
+  const at::Tensor freqs = positions.to(at::kDouble).unsqueeze(-1) * inv_freq_;  // [B, S, hd/2]
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  const at::Tensor cos = emb.cos().to(embed_.scalar_type()).unsqueeze(2);  // [B, S, 1, hd]
+  const at::Tensor sin = emb.sin().to(embed_.scalar_type()).unsqueeze(2);
+
+  const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
+  DecoderOutputs out;
+  at::Tensor x = embed_.index_select(0, ids.flatten()).view({b, s, c.hidden_size});
+  const int64_t groups = c.num_heads / c.num_kv_heads;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const LayerWeights& w = layers_[i];
+    const at::Tensor h = rms_norm(x, w.input_norm, c.rms_norm_eps);
+    at::Tensor q = at::linear(h, w.q, w.q_bias).view({b, s, c.num_heads, c.head_dim});
+    at::Tensor k = at::linear(h, w.k, w.k_bias).view({b, s, c.num_kv_heads, c.head_dim});
+    at::Tensor v = at::linear(h, w.v, w.v_bias).view({b, s, c.num_kv_heads, c.head_dim});
+    if (c.qk_norm) {
+      q = rms_norm(q, w.q_norm, c.rms_norm_eps);
+      k = rms_norm(k, w.k_norm, c.rms_norm_eps);
+    }
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    q = q.transpose(1, 2);  // [B, heads, S, hd]
+    k = k.transpose(1, 2);
+    v = v.transpose(1, 2);
+    if (groups > 1) {
+      k = k.repeat_interleave(groups, 1);
+      v = v.repeat_interleave(groups, 1);
+    }
+    const at::Tensor attention = compat::scaled_dot_product_attention(q, k, v, mask, /*is_causal=*/!mask.has_value());
+    x = x + at::linear(attention.transpose(1, 2).reshape({b, s, c.num_heads * c.head_dim}), w.o);
+    const at::Tensor m = rms_norm(x, w.post_attention_norm, c.rms_norm_eps);
+    x = x + at::linear(at::silu(at::linear(m, w.gate)) * at::linear(m, w.up), w.down);
+    if (wanted.count(i)) out.layers[i] = x;
+  }
+  if (want_last_hidden || want_logits) out.last_hidden = rms_norm(x, final_norm_, c.rms_norm_eps);
+  if (want_logits) out.logits = at::linear(out.last_hidden, lm_head_);
+  if (!want_last_hidden) out.last_hidden = at::Tensor();
+  return out;
+}
+
+}  // namespace dflash::target

@@ -1,0 +1,53 @@
+// A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) for inference: loads a
+// Hugging Face model directory and runs packed batches, returning the hidden
+// states of chosen layers. No autograd graph is kept.
+#pragma once
+
+#include "decoder_config.h"
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dflash::target {
+
+struct LayerWeights {
+  at::Tensor input_norm, post_attention_norm;
+  at::Tensor q, k, v, o, q_bias, k_bias, v_bias;  // biases undefined when absent
+  at::Tensor q_norm, k_norm;                      // Qwen3 only
+  at::Tensor gate, up, down;
+};
+
+struct DecoderOutputs {
+  std::map<int64_t, at::Tensor> layers;  // output of decoder layer i (0-based), [B, S, H]
+  at::Tensor last_hidden;                // after the final norm
+  at::Tensor logits;
+};
+
+class Decoder {
+ public:
+  // Reads config.json and model.safetensors (or the shards listed in
+  // model.safetensors.index.json). Throws naming the file and tensor.
+  Decoder(const std::filesystem::path& model_dir, c10::ScalarType dtype, c10::Device device);
+
+  const DecoderConfig& config() const { return config_; }
+  const at::Tensor& embed_tokens() const { return embed_; }
+  const at::Tensor& lm_head() const { return lm_head_; }
+  const at::Tensor& final_norm() const { return final_norm_; }
+
+  // input_ids [B, S]; position_ids [B, S] (restarting per packed document)
+  // and document_ids [B, S] are optional: without document_ids, a position id
+  // of 0 starts a new document; without either, each row is one document.
+  DecoderOutputs forward(const at::Tensor& input_ids, const at::Tensor& position_ids, const at::Tensor& document_ids,
+                         const std::vector<int64_t>& layer_ids, bool want_last_hidden, bool want_logits) const;
+
+ private:
+  DecoderConfig config_;
+  at::Tensor embed_, lm_head_, final_norm_, inv_freq_;
+  std::vector<LayerWeights> layers_;
+};
+
+}  // namespace dflash::target

@@ -1,0 +1,89 @@
+#include "decoder_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <stdexcept>
+
+namespace dflash::target {
+namespace {
+
+[[noreturn]] void fail(const std::filesystem::path& file, const std::string& key, const std::string& problem) {
+  throw std::runtime_error(file.string() + ": " + key + ": " + problem);
+}
+
+int64_t positive_int(const nlohmann::json& j, const std::filesystem::path& file, const char* key) {
+  if (!j.contains(key)) fail(file, key, "missing");
+  if (!j[key].is_number_integer() || j[key].get<int64_t>() <= 0) fail(file, key, "must be a positive integer, got " + j[key].dump());
+  return j[key].get<int64_t>();
+}
+
+double positive_number(const nlohmann::json& j, const std::filesystem::path& file, const char* key, double fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number() || j[key].get<double>() <= 0) fail(file, key, "must be a positive number, got " + j[key].dump());
+  return j[key].get<double>();
+}
+
+}  // namespace
+
+DecoderConfig read_decoder_config(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw std::runtime_error(file.string() + ": cannot open; a Hugging Face model directory needs a config.json");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(file.string() + ": not valid JSON (" + e.what() + ")");
+  }
+  DecoderConfig c;
+  if (!j.contains("model_type") || !j["model_type"].is_string()) fail(file, "model_type", "missing");
+  c.model_type = j["model_type"].get<std::string>();
+  if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "qwen3" && c.model_type != "mistral")
+    fail(file, "model_type", "'" + c.model_type + "' is not supported (llama, mistral, qwen2, qwen3)");
+  c.qk_norm = c.model_type == "qwen3";
+  c.hidden_size = positive_int(j, file, "hidden_size");
+  c.intermediate_size = positive_int(j, file, "intermediate_size");
+  c.num_layers = positive_int(j, file, "num_hidden_layers");
+  c.num_heads = positive_int(j, file, "num_attention_heads");
+  c.num_kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                       ? positive_int(j, file, "num_key_value_heads")
+                       : c.num_heads;
+  if (c.num_heads % c.num_kv_heads != 0)
+    fail(file, "num_key_value_heads", std::to_string(c.num_kv_heads) + " does not divide num_attention_heads " +
+                                          std::to_string(c.num_heads));
+  c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? positive_int(j, file, "head_dim")
+                                                                   : c.hidden_size / c.num_heads;
+  if (c.head_dim % 2 != 0) fail(file, "head_dim", "must be even for rotary embeddings");
+  c.vocab_size = positive_int(j, file, "vocab_size");
+  c.rms_norm_eps = positive_number(j, file, "rms_norm_eps", 1e-6);
+  c.rope_theta = positive_number(j, file, "rope_theta", 10000.0);
+  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) c.torch_dtype = j["torch_dtype"].get<std::string>();
+  else if (j.contains("dtype") && j["dtype"].is_string()) c.torch_dtype = j["dtype"].get<std::string>();
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const auto& r = j["rope_scaling"];
+    if (!r.is_object()) fail(file, "rope_scaling", "must be an object or null");
+    c.rope_scaling.type = r.value("rope_type", r.value("type", std::string("default")));
+    if (c.rope_scaling.type == "llama3") {
+      c.rope_scaling.factor = positive_number(r, file, "factor", 1.0);
+      c.rope_scaling.low_freq_factor = positive_number(r, file, "low_freq_factor", 1.0);
+      c.rope_scaling.high_freq_factor = positive_number(r, file, "high_freq_factor", 4.0);
+      if (!r.contains("original_max_position_embeddings"))
+        fail(file, "rope_scaling.original_max_position_embeddings", "missing (required by llama3 scaling)");
+      c.rope_scaling.original_max_position_embeddings = r["original_max_position_embeddings"].get<int64_t>();
+    } else if (c.rope_scaling.type != "default") {
+      fail(file, "rope_scaling.rope_type", "'" + c.rope_scaling.type + "' is not supported (default, llama3)");
+    }
+  }
+  return c;
+}
+
+std::vector<int64_t> default_feature_layers(int64_t num_layers, int64_t count) {
+  std::vector<int64_t> ids;
+  const int64_t first = 1, last = std::max<int64_t>(1, num_layers - 3);
+  if (count <= 1) return {first};
+  for (int64_t i = 0; i < count; ++i)
+    ids.push_back(first + static_cast<int64_t>(std::llround(static_cast<double>(i) * (last - first) / (count - 1))));
+  return ids;
+}
+
+}  // namespace dflash::target

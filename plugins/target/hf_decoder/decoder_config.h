@@ -1,0 +1,37 @@
+// The parts of a Hugging Face config.json that a Llama-family decoder needs
+// (Llama, Qwen2, Qwen3, Mistral), read with errors that name the file and key.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace dflash::target {
+
+struct RopeScaling {
+  std::string type = "default";  // "default" or "llama3"
+  double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct DecoderConfig {
+  std::string model_type;
+  int64_t hidden_size = 0, intermediate_size = 0, num_layers = 0;
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0, vocab_size = 0;
+  double rms_norm_eps = 1e-6, rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool qk_norm = false;  // Qwen3: RMSNorm over each head's q and k
+  std::string torch_dtype = "float32";
+};
+
+// Throws std::runtime_error "<file>: <key>: <problem>" for anything missing,
+// mistyped or unsupported.
+DecoderConfig read_decoder_config(const std::filesystem::path& config_json);
+
+// n layer ids evenly spaced from 1 to L − 3 (the DFlash recipe's choice).
+std::vector<int64_t> default_feature_layers(int64_t num_layers, int64_t count);
+
+}  // namespace dflash::target

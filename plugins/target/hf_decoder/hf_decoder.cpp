@@ -1,0 +1,88 @@
+// target/hf_decoder: a frozen Llama-family target (Llama, Mistral, Qwen2,
+// Qwen3) loaded from a Hugging Face model directory. Its forward returns the
+// hidden states the drafter reads; its embedding, final norm and lm_head are
+// handed to the host, which places a copy on each drafter device.
+//
+// "hidden.<i>" is the output of decoder layer i (0-based) — Hugging Face's
+// hidden_states[i + 1].
+#include "decoder.h"
+
+#include <dflash/sdk/target_model.hpp>
+
+#include <memory>
+
+namespace {
+using namespace dflash;
+
+class HfDecoderTarget : public sdk::TargetModel {
+ public:
+  static constexpr sdk::PluginInfo info{"hf_decoder", "1.0.0",
+                                        "Llama / Mistral / Qwen2 / Qwen3 decoder from a Hugging Face directory (frozen)"};
+  static std::string config_schema() {
+    using sdk::Bounds;
+    return sdk::Schema()
+        .required_string("path", "the Hugging Face model directory (config.json + model.safetensors or shards)")
+        .string("dtype", "auto", "weights and activations: auto = the host's compute dtype",
+                {"auto", "float32", "bfloat16", "float16"})
+        .integer("feature_layers", 5,
+                 "how many layers default_layer_ids lists: evenly spaced from 1 to L − 3 (the drafter's layer count)",
+                 Bounds::at_least(1))
+        .dump();
+  }
+
+  explicit HfDecoderTarget(const sdk::CreateContext& context) {
+    const std::string dtype = context.config().at("dtype").get<std::string>();
+    const auto scalar = sdk::parse_dtype(dtype == "auto" ? context.dtype() : dtype);
+    try {
+      decoder_ = std::make_unique<target::Decoder>(context.config().at("path").get<std::string>(), scalar,
+                                                   sdk::parse_device(context.device()));
+    } catch (const sdk::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw sdk::Error(DFLASH_ERR_NOT_FOUND, e.what());
+    }
+    feature_layers_ = context.config().at("feature_layers").get<int64_t>();
+  }
+
+  nlohmann::json describe() const {
+    const auto& c = decoder_->config();
+    return {{"num_layers", c.num_layers},
+            {"hidden_size", c.hidden_size},
+            {"vocab_size", c.vocab_size},
+            {"num_attention_heads", c.num_heads},
+            {"num_key_value_heads", c.num_kv_heads},
+            {"head_dim", c.head_dim},
+            {"model_type", c.model_type},
+            {"default_layer_ids", target::default_feature_layers(c.num_layers, feature_layers_)}};
+  }
+
+  sdk::TensorDict forward(const sdk::TargetRequest& request) {
+    target::DecoderOutputs out;
+    try {
+      out = decoder_->forward(request.batch.at("input_ids"), request.batch.get("position_ids"),
+                              request.batch.get("document_ids"), request.layer_ids, request.want_last_hidden,
+                              request.want_logits);
+    } catch (const std::invalid_argument& e) {
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, e.what());
+    }
+    sdk::TensorDict result;
+    for (int64_t id : request.layer_ids) result.set("hidden." + std::to_string(id), out.layers.at(id));
+    if (request.want_last_hidden) result.set("last_hidden", out.last_hidden);
+    if (request.want_logits) result.set("logits", out.logits);
+    return result;
+  }
+
+  sdk::TensorDict frozen_weights() {
+    return {{"embed_tokens", decoder_->embed_tokens()},
+            {"lm_head", decoder_->lm_head()},
+            {"final_norm", decoder_->final_norm()}};
+  }
+
+ private:
+  std::unique_ptr<target::Decoder> decoder_;
+  int64_t feature_layers_ = 5;
+};
+
+}  // namespace
+
+DFLASH_PLUGINS(HfDecoderTarget)

@@ -1,0 +1,339 @@
+// target/hf_decoder on tiny checkpoints written here (config.json +
+// safetensors, random weights), against a naive implementation written
+// independently in this file: per-head attention with explicit scores, rotary
+// embeddings on (i, i + d/2) pairs, documents separated by an explicit mask.
+// Parity with Hugging Face transformers itself: tests/target/hf_parity_test.cpp.
+#include "plugin/instances.h"
+#include "plugin/registry.h"
+#include "support/expect.h"
+
+#include <dflash/sdk/safetensors_torch.hpp>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+using namespace dflash::host;
+
+namespace {
+
+struct TinySpec {
+  std::string model_type = "qwen3";
+  int64_t hidden = 24, inter = 40, layers = 4, heads = 4, kv_heads = 2, head_dim = 8, vocab = 50;
+  bool tied = false, bias = false, llama3_scaling = false;
+};
+
+using Weights = std::vector<std::pair<std::string, torch::Tensor>>;
+
+Weights make_weights(const TinySpec& t) {
+  torch::manual_seed(11);
+  Weights w;
+  auto add = [&](const std::string& n, std::vector<int64_t> shape, double scale) {
+    w.emplace_back(n, torch::randn(shape) * scale);
+  };
+  add("model.embed_tokens.weight", {t.vocab, t.hidden}, 1.0);
+  add("model.norm.weight", {t.hidden}, 0.2);
+  w.back().second += 1.0;
+  if (!t.tied) add("lm_head.weight", {t.vocab, t.hidden}, 0.3);
+  for (int64_t i = 0; i < t.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const double s = 1.0 / std::sqrt(static_cast<double>(t.hidden));
+    add(p + "input_layernorm.weight", {t.hidden}, 0.1);
+    w.back().second += 1.0;
+    add(p + "post_attention_layernorm.weight", {t.hidden}, 0.1);
+    w.back().second += 1.0;
+    add(p + "self_attn.q_proj.weight", {t.heads * t.head_dim, t.hidden}, s);
+    add(p + "self_attn.k_proj.weight", {t.kv_heads * t.head_dim, t.hidden}, s);
+    add(p + "self_attn.v_proj.weight", {t.kv_heads * t.head_dim, t.hidden}, s);
+    add(p + "self_attn.o_proj.weight", {t.hidden, t.heads * t.head_dim}, s);
+    if (t.bias) {
+      add(p + "self_attn.q_proj.bias", {t.heads * t.head_dim}, 0.1);
+      add(p + "self_attn.k_proj.bias", {t.kv_heads * t.head_dim}, 0.1);
+      add(p + "self_attn.v_proj.bias", {t.kv_heads * t.head_dim}, 0.1);
+    }
+    if (t.model_type == "qwen3") {
+      add(p + "self_attn.q_norm.weight", {t.head_dim}, 0.1);
+      w.back().second += 1.0;
+      add(p + "self_attn.k_norm.weight", {t.head_dim}, 0.1);
+      w.back().second += 1.0;
+    }
+    add(p + "mlp.gate_proj.weight", {t.inter, t.hidden}, s);
+    add(p + "mlp.up_proj.weight", {t.inter, t.hidden}, s);
+    add(p + "mlp.down_proj.weight", {t.hidden, t.inter}, 1.0 / std::sqrt(static_cast<double>(t.inter)));
+  }
+  return w;
+}
+
+nlohmann::json config_json(const TinySpec& t) {
+  nlohmann::json c = {{"model_type", t.model_type}, {"hidden_size", t.hidden}, {"intermediate_size", t.inter},
+                      {"num_hidden_layers", t.layers}, {"num_attention_heads", t.heads},
+                      {"num_key_value_heads", t.kv_heads}, {"head_dim", t.head_dim}, {"vocab_size", t.vocab},
+                      {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0}, {"tie_word_embeddings", t.tied},
+                      {"torch_dtype", "float32"}};
+  if (t.llama3_scaling)
+    c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16}};
+  return c;
+}
+
+fs::path write_model(const fs::path& dir, const TinySpec& t, const Weights& w, int shards = 1) {
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << config_json(t).dump(2);
+  namespace st = dflash::sdk::safetensors;
+  if (shards == 1) {
+    st::save_tensors(dir / "model.safetensors", w, {{"format", "pt"}});
+  } else {
+    nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+    for (int s = 0; s < shards; ++s) {
+      Weights part;
+      for (size_t i = s; i < w.size(); i += shards) part.push_back(w[i]);
+      const std::string name = "model-0000" + std::to_string(s + 1) + "-of-0000" + std::to_string(shards) + ".safetensors";
+      st::save_tensors(dir / name, part);
+      for (const auto& [n, tensor] : part) index["weight_map"][n] = name;
+    }
+    std::ofstream(dir / "model.safetensors.index.json") << index.dump(2);
+  }
+  return dir;
+}
+
+// ---- the naive reference -----------------------------------------------------
+torch::Tensor naive_rms(const torch::Tensor& x, const torch::Tensor& w) {
+  return w * (x / torch::sqrt(x.pow(2).mean(-1, true) + 1e-6));
+}
+
+torch::Tensor naive_inv_freq(const TinySpec& t) {
+  std::vector<double> inv;
+  for (int64_t i = 0; i < t.head_dim / 2; ++i) {
+    double f = std::pow(10000.0, -2.0 * i / t.head_dim);
+    if (t.llama3_scaling) {
+      const double wavelen = 2 * M_PI / f, low = 16.0 / 1.0, high = 16.0 / 4.0;
+      if (wavelen > low) f = f / 8.0;
+      else if (wavelen >= high) {
+        const double smooth = (16.0 / wavelen - 1.0) / (4.0 - 1.0);
+        f = (1 - smooth) * f / 8.0 + smooth * f;
+      }
+    }
+    inv.push_back(f);
+  }
+  return torch::tensor(inv, torch::kDouble);
+}
+
+// Rotates each (j, j + d/2) pair of x [S, d] by angle position·freq_j.
+torch::Tensor naive_rope(const torch::Tensor& x, const torch::Tensor& positions, const torch::Tensor& inv) {
+  const int64_t half = x.size(-1) / 2;
+  auto out = x.clone();
+  for (int64_t j = 0; j < half; ++j) {
+    auto angle = positions.to(torch::kDouble) * inv[j];
+    auto a = x.select(-1, j), b = x.select(-1, j + half);
+    out.select(-1, j).copy_(a * angle.cos() - b * angle.sin());
+    out.select(-1, j + half).copy_(b * angle.cos() + a * angle.sin());
+  }
+  return out;
+}
+
+// Hidden states after each layer for one sequence ids [S] with positions [S] and documents [S].
+std::vector<torch::Tensor> naive_forward(const TinySpec& t, const Weights& weights, const torch::Tensor& ids,
+                                         const torch::Tensor& positions, const torch::Tensor& documents) {
+  std::map<std::string, torch::Tensor> w;
+  for (const auto& [n, tensor] : weights) w[n] = tensor.to(torch::kDouble);
+  const int64_t s = ids.size(0);
+  const auto inv = naive_inv_freq(t);
+  auto x = w["model.embed_tokens.weight"].index_select(0, ids);
+  std::vector<torch::Tensor> outs;
+  for (int64_t l = 0; l < t.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    auto h = naive_rms(x, w[p + "input_layernorm.weight"]);
+    auto proj = [&](const std::string& n) {
+      auto y = torch::matmul(h, w[p + n + ".weight"].t());
+      return t.bias ? y + w[p + n + ".bias"] : y;
+    };
+    auto q = proj("self_attn.q_proj"), k = proj("self_attn.k_proj"), v = proj("self_attn.v_proj");
+    std::vector<torch::Tensor> heads;
+    for (int64_t head = 0; head < t.heads; ++head) {
+      const int64_t kv = head / (t.heads / t.kv_heads);
+      auto qh = q.narrow(1, head * t.head_dim, t.head_dim), kh = k.narrow(1, kv * t.head_dim, t.head_dim);
+      auto vh = v.narrow(1, kv * t.head_dim, t.head_dim);
+      if (t.model_type == "qwen3") {
+        qh = naive_rms(qh, w[p + "self_attn.q_norm.weight"]);
+        kh = naive_rms(kh, w[p + "self_attn.k_norm.weight"]);
+      }
+      qh = naive_rope(qh, positions, inv);
+      kh = naive_rope(kh, positions, inv);
+      auto scores = torch::matmul(qh, kh.t()) / std::sqrt(static_cast<double>(t.head_dim));
+      for (int64_t i = 0; i < s; ++i)
+        for (int64_t j = 0; j < s; ++j)
+          if (j > i || documents[i].item<int64_t>() != documents[j].item<int64_t>())
+            scores[i][j] = -std::numeric_limits<double>::infinity();
+      heads.push_back(torch::matmul(torch::softmax(scores, 1), vh));
+    }
+    x = x + torch::matmul(torch::cat(heads, 1), w[p + "self_attn.o_proj.weight"].t());
+    auto m = naive_rms(x, w[p + "post_attention_layernorm.weight"]);
+    auto gate = torch::matmul(m, w[p + "mlp.gate_proj.weight"].t());
+    x = x + torch::matmul(gate * torch::sigmoid(gate) * torch::matmul(m, w[p + "mlp.up_proj.weight"].t()),
+                          w[p + "mlp.down_proj.weight"].t());
+    outs.push_back(x);
+  }
+  outs.push_back(naive_rms(x, w["model.norm.weight"]));
+  return outs;
+}
+
+class HfDecoder : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("dflash_hf_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    registry_ = std::make_unique<PluginRegistry>();
+    registry_->add_directory(DFLASH_INTREE_PLUGIN_DIR);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::unique_ptr<TargetModelInstance> load(const fs::path& model, int64_t feature_layers = 3) {
+    return std::make_unique<TargetModelInstance>(
+        registry_->find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"),
+        nlohmann::json{{"path", model.string()}, {"dtype", "float64"}, {"feature_layers", feature_layers}},
+        InstanceOptions{"cpu", "float64", 0});
+  }
+  fs::path dir_;
+  std::unique_ptr<PluginRegistry> registry_;
+};
+
+torch::Tensor get(const NamedTensors& t, const std::string& name) {
+  for (const auto& [n, tensor] : t)
+    if (n == name) return tensor;
+  ADD_FAILURE() << "missing " << name;
+  return {};
+}
+
+void check_against_naive(TargetModelInstance& target, const TinySpec& t, const Weights& w) {
+  torch::manual_seed(3);
+  const int64_t s = 9;
+  auto ids = torch::randint(0, t.vocab, {2, s}, torch::kLong);
+  // Row 0: one document; row 1: documents of 4 and 5 tokens (positions restart).
+  auto positions = torch::stack({torch::arange(s), torch::cat({torch::arange(4), torch::arange(5)})});
+  std::vector<int64_t> all_layers;
+  for (int64_t l = 0; l < t.layers; ++l) all_layers.push_back(l);
+  NamedTensors out = target.forward({{"input_ids", ids}, {"position_ids", positions}}, all_layers, true, true);
+  for (int64_t row = 0; row < 2; ++row) {
+    const auto documents = row == 0 ? torch::zeros({s}, torch::kLong) : torch::cat({torch::zeros({4}, torch::kLong), torch::ones({5}, torch::kLong)});
+    auto expected = naive_forward(t, w, ids[row], positions[row], documents);
+    for (int64_t l = 0; l < t.layers; ++l) {
+      auto got = get(out, "hidden." + std::to_string(l))[row];
+      EXPECT_TRUE(torch::allclose(got, expected[l], 1e-9, 1e-9)) << "layer " << l << " row " << row << " max diff "
+                                                                  << (got - expected[l]).abs().max().item<double>();
+    }
+    EXPECT_TRUE(torch::allclose(get(out, "last_hidden")[row], expected.back(), 1e-9, 1e-9));
+  }
+  EXPECT_EQ(get(out, "logits").sizes(), (std::vector<int64_t>{2, s, t.vocab}));
+  EXPECT_FALSE(get(out, "hidden.0").requires_grad());
+}
+
+TEST_F(HfDecoder, Qwen3WithQkNormGqaAndHeadDimMatchesTheNaiveModel) {
+  TinySpec t;
+  const Weights w = make_weights(t);
+  auto target = load(write_model(dir_, t, w));
+  check_against_naive(*target, t, w);
+  const auto info = target->describe();
+  EXPECT_EQ(info.at("num_layers"), 4);
+  EXPECT_EQ(info.at("default_layer_ids"), (nlohmann::json{1, 1, 1})) << "L − 3 = 1: all at layer 1";
+}
+
+TEST_F(HfDecoder, LlamaWithLlama3RopeScalingTiedEmbeddingsMatches) {
+  TinySpec t;
+  t.model_type = "llama";
+  t.heads = 3;
+  t.kv_heads = 1;
+  t.tied = true;
+  t.llama3_scaling = true;
+  t.layers = 8;
+  const Weights w = make_weights(t);
+  auto target = load(write_model(dir_, t, w));
+  check_against_naive(*target, t, w);
+  NamedTensors frozen = target->frozen_weights();
+  EXPECT_TRUE(torch::equal(get(frozen, "lm_head"), get(frozen, "embed_tokens"))) << "tied";
+  EXPECT_EQ(target->describe().at("default_layer_ids"), (nlohmann::json{1, 3, 5}));
+}
+
+TEST_F(HfDecoder, Qwen2WithBiasesFromShardsMatches) {
+  TinySpec t;
+  t.model_type = "qwen2";
+  t.bias = true;
+  const Weights w = make_weights(t);
+  auto target = load(write_model(dir_, t, w, /*shards=*/3));
+  check_against_naive(*target, t, w);
+}
+
+TEST_F(HfDecoder, PackedDocumentsEqualSeparateRunsWithDocumentIdsOrPositions) {
+  TinySpec t;
+  const Weights w = make_weights(t);
+  auto target = load(write_model(dir_, t, w));
+  auto a = torch::randint(0, t.vocab, {1, 5}, torch::kLong), b = torch::randint(0, t.vocab, {1, 7}, torch::kLong);
+  auto packed = torch::cat({a, b}, 1);
+  auto alone_a = get(target->forward({{"input_ids", a}}, {2}, false, false), "hidden.2");
+  auto alone_b = get(target->forward({{"input_ids", b}}, {2}, false, false), "hidden.2");
+  auto by_documents = get(target->forward({{"input_ids", packed},
+                                           {"document_ids", torch::cat({torch::zeros({1, 5}), torch::ones({1, 7})}, 1).to(torch::kLong)}},
+                                          {2}, false, false), "hidden.2");
+  auto by_positions = get(target->forward({{"input_ids", packed},
+                                           {"position_ids", torch::cat({torch::arange(5), torch::arange(7)}).unsqueeze(0)}},
+                                          {2}, false, false), "hidden.2");
+  for (const auto& packed_out : {by_documents, by_positions}) {
+    EXPECT_TRUE(torch::allclose(packed_out.narrow(1, 0, 5), alone_a, 1e-10, 1e-10));
+    EXPECT_TRUE(torch::allclose(packed_out.narrow(1, 5, 7), alone_b, 1e-10, 1e-10));
+  }
+}
+
+TEST_F(HfDecoder, BadCheckpointsFailClearly) {
+  TinySpec t;
+  Weights w = make_weights(t);
+  auto expect_create_error = [&](const fs::path& model, const std::string& fragment) {
+    try {
+      load(model);
+      ADD_FAILURE() << "loaded a bad checkpoint: " << fragment;
+    } catch (const PluginCallError& e) {
+      EXPECT_CONTAINS(e.what(), fragment);
+      EXPECT_CONTAINS(e.what(), "target model plugin 'hf_decoder'");
+    }
+  };
+  expect_create_error(dir_ / "nowhere", "config.json: cannot open");
+  // A missing tensor.
+  Weights missing = w;
+  missing.erase(missing.begin() + 5);
+  expect_create_error(write_model(dir_ / "missing", t, missing), "tensor '" + w[5].first + "' is missing");
+  // A misshapen tensor, named with its file.
+  Weights misshapen = w;
+  misshapen[0].second = torch::randn({t.vocab + 1, t.hidden});
+  expect_create_error(write_model(dir_ / "misshapen", t, misshapen),
+                      "model.safetensors: tensor 'model.embed_tokens.weight' has shape [51, 24], config.json implies [50, 24]");
+  // Unsupported architecture and a bad key.
+  write_model(dir_ / "gpt2", t, w);
+  auto config = config_json(t);
+  config["model_type"] = "gpt2";
+  std::ofstream(dir_ / "gpt2" / "config.json") << config.dump();
+  expect_create_error(dir_ / "gpt2", "model_type: 'gpt2' is not supported");
+  config = config_json(t);
+  config["num_key_value_heads"] = 3;
+  write_model(dir_ / "kv", t, w);
+  std::ofstream(dir_ / "kv" / "config.json") << config.dump();
+  expect_create_error(dir_ / "kv", "num_key_value_heads: 3 does not divide num_attention_heads 4");
+  // A truncated safetensors file.
+  write_model(dir_ / "truncated", t, w);
+  fs::resize_file(dir_ / "truncated" / "model.safetensors", fs::file_size(dir_ / "truncated" / "model.safetensors") - 10);
+  expect_create_error(dir_ / "truncated", "the file is truncated");
+}
+
+TEST_F(HfDecoder, BadRequestsFailClearly) {
+  TinySpec t;
+  auto target = load(write_model(dir_, t, make_weights(t)));
+  EXPECT_THROW(target->forward({{"input_ids", torch::full({1, 3}, t.vocab, torch::kLong)}}, {0}, false, false), PluginCallError);
+  try {
+    target->forward({{"input_ids", torch::zeros({1, 3}, torch::kLong)}}, {4}, false, false);
+    FAIL();
+  } catch (const PluginCallError& e) {
+    EXPECT_CONTAINS(e.what(), "layer id 4 is outside [0, 4)");
+  }
+}
+
+}  // namespace
