@@ -59,19 +59,24 @@ DecoderConfig read_decoder_config(const std::filesystem::path& file) {
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
   if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) c.torch_dtype = j["torch_dtype"].get<std::string>();
   else if (j.contains("dtype") && j["dtype"].is_string()) c.torch_dtype = j["dtype"].get<std::string>();
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    const auto& r = j["rope_scaling"];
-    if (!r.is_object()) fail(file, "rope_scaling", "must be an object or null");
+  // transformers < 5 writes rope_theta + rope_scaling; 5.x one rope_parameters
+  // object holding both.
+  const char* rope_key = j.contains("rope_parameters") && !j["rope_parameters"].is_null() ? "rope_parameters" : "rope_scaling";
+  if (std::string(rope_key) == "rope_parameters" && j[rope_key].is_object())
+    c.rope_theta = positive_number(j[rope_key], file, "rope_theta", c.rope_theta);
+  if (j.contains(rope_key) && !j[rope_key].is_null()) {
+    const auto& r = j[rope_key];
+    if (!r.is_object()) fail(file, rope_key, "must be an object or null");
     c.rope_scaling.type = r.value("rope_type", r.value("type", std::string("default")));
     if (c.rope_scaling.type == "llama3") {
       c.rope_scaling.factor = positive_number(r, file, "factor", 1.0);
       c.rope_scaling.low_freq_factor = positive_number(r, file, "low_freq_factor", 1.0);
       c.rope_scaling.high_freq_factor = positive_number(r, file, "high_freq_factor", 4.0);
       if (!r.contains("original_max_position_embeddings"))
-        fail(file, "rope_scaling.original_max_position_embeddings", "missing (required by llama3 scaling)");
+        fail(file, std::string(rope_key) + ".original_max_position_embeddings", "missing (required by llama3 scaling)");
       c.rope_scaling.original_max_position_embeddings = r["original_max_position_embeddings"].get<int64_t>();
     } else if (c.rope_scaling.type != "default") {
-      fail(file, "rope_scaling.rope_type", "'" + c.rope_scaling.type + "' is not supported (default, llama3)");
+      fail(file, std::string(rope_key) + ".rope_type", "'" + c.rope_scaling.type + "' is not supported (default, llama3)");
     }
   }
   return c;
