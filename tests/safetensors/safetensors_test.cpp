@@ -18,8 +18,8 @@ namespace {
 class Safetensors : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("dflash_st_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    static int counter = 0;  // one folder per test of this process
+    dir_ = fs::temp_directory_path() / ("dflash_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }

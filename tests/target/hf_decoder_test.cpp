@@ -184,8 +184,8 @@ std::vector<torch::Tensor> naive_forward(const TinySpec& t, const Weights& weigh
 class HfDecoder : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("dflash_hf_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    static int counter = 0;  // one folder per test of this process
+    dir_ = fs::temp_directory_path() / ("dflash_hf_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     registry_ = std::make_unique<PluginRegistry>();
     registry_->add_directory(DFLASH_INTREE_PLUGIN_DIR);
   }
