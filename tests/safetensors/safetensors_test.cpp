@@ -1,6 +1,7 @@
 // Our safetensors reader and writer: round trips, and every malformed file
 // refused with a message naming the file and the tensor.
 #include "support/expect.h"
+#include "support/temp_dir.h"
 
 #include <dflash/sdk/safetensors_torch.hpp>
 
@@ -9,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 namespace fs = std::filesystem;
 namespace st = dflash::sdk::safetensors;
@@ -18,11 +20,10 @@ namespace {
 class Safetensors : public ::testing::Test {
  protected:
   void SetUp() override {
-    static int counter = 0;  // one folder per test of this process
-    dir_ = fs::temp_directory_path() / ("dflash_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(dir_);
+    temp_ = std::make_unique<dflash::test::TempDir>("dflash_st");
+    dir_ = temp_->path();
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { temp_.reset(); }
 
   // A file from a raw header and data section.
   fs::path raw(const std::string& name, const std::string& header, const std::string& data, int64_t length = -1) {
@@ -42,6 +43,7 @@ class Safetensors : public ::testing::Test {
     ADD_FAILURE() << "expected a FormatError for " << file;
     return "";
   }
+  std::unique_ptr<dflash::test::TempDir> temp_;
   fs::path dir_;
 };
 

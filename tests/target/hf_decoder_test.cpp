@@ -6,6 +6,7 @@
 #include "plugin/instances.h"
 #include "plugin/registry.h"
 #include "support/expect.h"
+#include "support/temp_dir.h"
 
 #include <dflash/sdk/safetensors_torch.hpp>
 
@@ -81,7 +82,7 @@ nlohmann::json config_json(const TinySpec& t) {
 }
 
 fs::path write_model(const fs::path& dir, const TinySpec& t, const Weights& w, int shards = 1) {
-  fs::create_directories(dir);
+  ::mkdir(dir.c_str(), 0755);
   std::ofstream(dir / "config.json") << config_json(t).dump(2);
   namespace st = dflash::sdk::safetensors;
   if (shards == 1) {
@@ -184,18 +185,19 @@ std::vector<torch::Tensor> naive_forward(const TinySpec& t, const Weights& weigh
 class HfDecoder : public ::testing::Test {
  protected:
   void SetUp() override {
-    static int counter = 0;  // one folder per test of this process
-    dir_ = fs::temp_directory_path() / ("dflash_hf_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    temp_ = std::make_unique<dflash::test::TempDir>("dflash_hf");
+    dir_ = temp_->path();
     registry_ = std::make_unique<PluginRegistry>();
     registry_->add_directory(DFLASH_INTREE_PLUGIN_DIR);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { temp_.reset(); }
   std::unique_ptr<TargetModelInstance> load(const fs::path& model, int64_t feature_layers = 3) {
     return std::make_unique<TargetModelInstance>(
         registry_->find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"),
         nlohmann::json{{"path", model.string()}, {"dtype", "float64"}, {"feature_layers", feature_layers}},
         InstanceOptions{"cpu", "float64", 0});
   }
+  std::unique_ptr<dflash::test::TempDir> temp_;
   fs::path dir_;
   std::unique_ptr<PluginRegistry> registry_;
 };
@@ -320,7 +322,12 @@ TEST_F(HfDecoder, BadCheckpointsFailClearly) {
   expect_create_error(dir_ / "kv", "num_key_value_heads: 3 does not divide num_attention_heads 4");
   // A truncated safetensors file.
   write_model(dir_ / "truncated", t, w);
-  fs::resize_file(dir_ / "truncated" / "model.safetensors", fs::file_size(dir_ / "truncated" / "model.safetensors") - 10);
+  {
+    const fs::path file = dir_ / "truncated" / "model.safetensors";
+    struct stat st {};
+    ::stat(file.c_str(), &st);
+    ASSERT_EQ(::truncate(file.c_str(), st.st_size - 10), 0);
+  }
   expect_create_error(dir_ / "truncated", "the file is truncated");
 }
 

@@ -279,7 +279,7 @@ inline void write_file(const std::filesystem::path& path, const std::vector<Tens
         if (errno == EINTR) continue;
         const std::string reason = std::strerror(errno);
         ::close(fd);
-        std::filesystem::remove(temp);
+        ::unlink(temp.c_str());
         throw FormatError(temp.string() + ": write failed (" + reason + ")");
       }
       p += n;
@@ -292,14 +292,16 @@ inline void write_file(const std::filesystem::path& path, const std::vector<Tens
   write_all(header.data(), header.size());
   for (size_t i = 0; i < ordered.size(); ++i) write_all(ordered[i]->data, sizes[i]);
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    std::filesystem::remove(temp);
-    throw FormatError(temp.string() + ": could not be flushed to disk (" + std::strerror(errno) + ")");
+    const std::string reason = std::strerror(errno);
+    ::unlink(temp.c_str());
+    throw FormatError(temp.string() + ": could not be flushed to disk (" + reason + ")");
   }
-  std::error_code ec;
-  std::filesystem::rename(temp, path, ec);
-  if (ec) {
-    std::filesystem::remove(temp);
-    throw FormatError(path.string() + ": could not be replaced (" + ec.message() + ")");
+  // POSIX rename: atomic within one filesystem, and independent of which
+  // library's std::filesystem a process happens to bind.
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    ::unlink(temp.c_str());
+    throw FormatError(path.string() + ": could not be replaced (" + reason + ")");
   }
 }
 
