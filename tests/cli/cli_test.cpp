@@ -180,6 +180,18 @@ TEST(Cli, ListPrintsEachSkippedLibraryOnce) {
   EXPECT_CONTAINS(missing.err, "plugin directory '/nonexistent/dir' does not exist");
 }
 
+// Every shipped config stays valid against the in-tree plugins' schemas.
+TEST(Cli, ShippedConfigsValidate) {
+  size_t seen = 0;
+  for (const auto& entry : fs::directory_iterator(DFLASH_CONFIGS_DIR)) {
+    if (entry.path().extension() != ".json") continue;
+    HostRun r = host("config --config " + entry.path().string() + " --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR);
+    EXPECT_EQ(r.status, 0) << entry.path() << ": " << r.err;
+    ++seen;
+  }
+  EXPECT_GE(seen, 1u);
+}
+
 TEST(Cli, BadUsage) {
   HostRun command = host("frobnicate");
   EXPECT_EQ(command.status, 2);
