@@ -293,12 +293,15 @@ void PluginRegistry::add_library(const fs::path& given) {
 
 void PluginRegistry::add_plugin(PluginRecord record) {
   const auto key = std::make_pair(static_cast<int32_t>(record.kind), record.name);
+  auto report_duplicate = [&](const fs::path& other) {
+    problem(record.file, "duplicate " + std::string(kind_display(record.kind)) + " plugin '" + record.name +
+                             "', also defined in " + other.string() +
+                             "; remove one of the two files (or rename one plugin)");
+  };
   auto dup = duplicates_.find(key);
   if (dup != duplicates_.end()) {
     dup->second.push_back(record.file);
-    problem(record.file, "duplicate " + std::string(kind_display(record.kind)) + " plugin '" + record.name +
-                             "', also defined in " + dup->second.front().string() +
-                             "; remove one of the two files (or rename one plugin)");
+    report_duplicate(dup->second.front());
     return;
   }
   for (auto it = plugins_.begin(); it != plugins_.end(); ++it) {
@@ -306,9 +309,7 @@ void PluginRegistry::add_plugin(PluginRecord record) {
       // Neither wins: a silent choice between two implementations would make
       // runs depend on directory order.
       duplicates_[key] = {it->file, record.file};
-      problem(record.file, "duplicate " + std::string(kind_display(record.kind)) + " plugin '" + record.name +
-                               "', also defined in " + it->file.string() +
-                               "; remove one of the two files (or rename one plugin)");
+      report_duplicate(it->file);
       plugins_.erase(it);
       return;
     }

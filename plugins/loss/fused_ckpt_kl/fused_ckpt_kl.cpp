@@ -78,11 +78,20 @@ ChunkResult aten_chunk(const ChunkArgs& a) {
   return r;
 }
 
+// Whether this build has the CUDA kernels.
 #ifdef DFLASH_FUSED_CUDA
+constexpr bool kCudaKernels = true;
+#else
+constexpr bool kCudaKernels = false;
+#endif
+
+// Whether a chunk of `h` runs the CUDA kernels (else the LibTorch path).
 bool cuda_path_applies(const at::Tensor& h) {
   const auto t = h.scalar_type();
-  return h.is_cuda() && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf);
+  return kCudaKernels && h.is_cuda() && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf);
 }
+
+#ifdef DFLASH_FUSED_CUDA
 
 // The GPU path: the GEMMs through cuBLAS, the softmax arithmetic in two
 // kernel passes that write dℓ/dz over the student logits in place, so a
@@ -120,6 +129,13 @@ ChunkResult cuda_chunk(const ChunkArgs& a) {
   return r;
 }
 #endif
+
+ChunkResult compute_chunk(const ChunkArgs& a) {
+#ifdef DFLASH_FUSED_CUDA
+  if (cuda_path_applies(a.h)) return cuda_chunk(a);
+#endif
+  return aten_chunk(a);
+}
 
 // [chunk, V] bytes per row of V alive at once: the reference path keeps about
 // six math-dtype buffers; the GPU path keeps z (and u) in the input dtype.
@@ -168,22 +184,13 @@ class ChunkedBlend : public torch::autograd::Function<ChunkedBlend> {
     a.use_teacher = use_teacher;
     a.need_grad = need_dh || need_dw;
     a.math = math;
-#ifdef DFLASH_FUSED_CUDA
-    const bool gpu = cuda_path_applies(hidden);
-#else
-    const bool gpu = false;
-#endif
     for (int64_t start = 0; start < n; start += chunk) {
       const int64_t rows = std::min(chunk, n - start);
       a.h = hidden.narrow(0, start, rows);
       a.teacher = use_teacher ? teacher_hidden.narrow(0, start, rows) : at::Tensor();
       a.y = targets.narrow(0, start, rows);
       a.c = coefficient.narrow(0, start, rows);
-#ifdef DFLASH_FUSED_CUDA
-      ChunkResult r = gpu ? cuda_chunk(a) : aten_chunk(a);
-#else
-      ChunkResult r = aten_chunk(a);
-#endif
+      const ChunkResult r = compute_chunk(a);
       rows_out->ce.narrow(0, start, rows).copy_(r.ce);
       rows_out->correct.narrow(0, start, rows).copy_(r.correct);
       at::Tensor row_loss = (1.0 - alpha) * r.ce;
@@ -200,7 +207,6 @@ class ChunkedBlend : public torch::autograd::Function<ChunkedBlend> {
         if (need_dw) dw.addmm_(r.grad.t().to(math), a.h.to(math));
       }
     }
-    (void)gpu;
     ctx->saved_data["dh"] = dh;
     ctx->saved_data["dw"] = dw;
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
@@ -242,17 +248,11 @@ class FusedCheckpointedKl : public sdk::Loss {
   sdk::LossResult compute(const sdk::LossInputs& in) {
     const bool distill = s_.kl_weight > 0;
     loss::validate_inputs(in, distill ? loss::TeacherNeed::kHidden : loss::TeacherNeed::kNone);
-    const auto math = loss::math_dtype(in.hidden.scalar_type());
     const loss::RowCoefficients rows = loss::row_coefficients(in, s_.mean);
     const int64_t n = in.hidden.size(0), v = in.lm_head_weight.size(0);
-#ifdef DFLASH_FUSED_CUDA
     const bool gpu = cuda_path_applies(in.hidden);
-#else
-    const bool gpu = false;
-#endif
     const int32_t element_bytes = static_cast<int32_t>(in.hidden.element_size());
     const int64_t chunk = chunk_rows(s_, n, v, workspace_bytes_per_element(gpu, element_bytes, distill));
-    (void)math;
     const at::Tensor teacher = distill ? in.teacher_hidden : at::empty({0}, in.hidden.options());
     RowOutputs row_outputs;
     sdk::LossResult result;
@@ -267,11 +267,7 @@ class FusedCheckpointedKl : public sdk::Loss {
   // lm_head trains), which is all that is kept for backward.
   sdk::MemoryEstimate estimate_memory(const sdk::LossShape& s) const {
     const int64_t elem = loss::math_bytes(s.element_bytes);
-#ifdef DFLASH_FUSED_CUDA
-    const bool gpu = on_gpu_ && s.element_bytes <= 4;
-#else
-    const bool gpu = false;
-#endif
+    const bool gpu = kCudaKernels && on_gpu_ && s.element_bytes <= 4;
     const bool teacher = s.teacher == sdk::Teacher::kHidden && s_.kl_weight > 0;
     const double per_element = workspace_bytes_per_element(gpu, s.element_bytes, teacher);
     const auto chunk = static_cast<uint64_t>(chunk_rows(s_, s.rows, s.vocab, per_element));
