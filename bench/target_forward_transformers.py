@@ -1,23 +1,52 @@
 #!/usr/bin/env python3
-"""The peer side of the target-forward benchmark (issue 4): times Hugging Face
-transformers' Qwen3 forward (SDPA, bf16, no lm_head, all hidden states) at the
-Qwen3-8B shape on one GPU, and can save the same random weights as a Hugging
-Face directory so dflash-host's hf_decoder is timed on identical weights in the
+"""The peer side of the target-forward benchmark: times Hugging Face
+transformers' Qwen3 forward (SDPA, bf16, no lm_head, all hidden states, as a
+Python trainer calls it) at the Qwen3-8B shape on one GPU, and with --save-dir
+writes the same random weights as a sharded Hugging Face directory, which
+bench/target_bench.cpp then loads, so both sides run identical weights in the
 same session.
 
     python3 bench/target_forward_transformers.py [--batch 8 --seq 4096 --layers 36] [--save-dir DIR]
 
-Prints one JSON line: tokens/s, median ms, peak GiB.
-Status: written 2026-11-30 without GPU time left to run it; its first run and
-the C++ side (bench/target_bench.cpp) are the next step of issue 4.
+Prints one JSON line: median ms, tokens/s, linear-layer TFLOP/s, extra peak GiB.
 """
 import argparse
 import json
+import os
 import statistics
 import time
 
 import torch
 import transformers
+
+
+def save_hf_directory(model, config, directory, layers_per_shard=4):
+    """config.json + model-XXXXX-of-YYYYY.safetensors + the index, as
+    save_pretrained lays them out, without a second copy of the model."""
+    from safetensors.torch import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    config.architectures = ["Qwen3ForCausalLM"]
+    config.to_json_file(os.path.join(directory, "config.json"))
+    state = {"model." + k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    torch.manual_seed(1)
+    state["lm_head.weight"] = torch.randn(config.vocab_size, config.hidden_size, dtype=torch.bfloat16,
+                                          device=state["model.embed_tokens.weight"].device) * 0.02
+    groups = {}
+    for name in state:
+        if name.startswith("model.layers."):
+            key = int(name.split(".")[2]) // layers_per_shard
+        else:
+            key = -1
+        groups.setdefault(key, []).append(name)
+    keys = sorted(groups)
+    weight_map = {}
+    for i, key in enumerate(keys):
+        file = f"model-{i + 1:05d}-of-{len(keys):05d}.safetensors"
+        save_file({n: state[n].cpu() for n in groups[key]}, os.path.join(directory, file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in groups[key]})
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
 
 
 def main():
@@ -36,8 +65,10 @@ def main():
         tie_word_embeddings=False, max_position_embeddings=40960)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
-        model = transformers.Qwen3Model(config).to(torch.bfloat16).eval()
+        model = transformers.Qwen3Model(config).eval()
+    torch.set_default_dtype(torch.float32)
     ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), device="cuda")
 
     def step():
@@ -58,13 +89,14 @@ def main():
         del out
     median = statistics.median(times)
     peak = (torch.cuda.max_memory_allocated() - before) / 2**30
-    print(json.dumps({"impl": "transformers " + transformers.__version__, "median_ms": median,
-                      "tokens_per_s": args.batch * args.seq / (median / 1000), "extra_peak_gib": peak}))
+    h, q, kv, inter = 4096, 32 * 128, 8 * 128, 12288
+    linear_flop = 2.0 * args.batch * args.seq * args.layers * (h * (q + 2 * kv) + q * h + 3 * h * inter)
+    print(json.dumps({"impl": "transformers " + transformers.__version__ + ", torch " + torch.__version__,
+                      "median_ms": median, "tokens_per_s": args.batch * args.seq / (median / 1000),
+                      "linear_tflops": linear_flop / (median / 1000) / 1e12, "extra_peak_gib": peak,
+                      "times_ms": times}), flush=True)
     if args.save_dir:
-        wrapper = transformers.Qwen3ForCausalLM(config)
-        wrapper.model = model
-        wrapper.lm_head.weight.data = torch.randn_like(wrapper.lm_head.weight, dtype=torch.bfloat16, device="cuda") * 0.02
-        wrapper.save_pretrained(args.save_dir, safe_serialization=True)
+        save_hf_directory(model, config, args.save_dir)
 
 
 if __name__ == "__main__":

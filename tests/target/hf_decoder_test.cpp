@@ -331,6 +331,69 @@ TEST_F(HfDecoder, BadCheckpointsFailClearly) {
   expect_create_error(dir_ / "truncated", "the file is truncated");
 }
 
+// The GPU path (our kernels + flash attention over documents) against the
+// fp64 naive model, beside the ATen reference path in the same dtype: the
+// GPU path's error must stay within twice the reference path's (+ a floor for
+// bf16 rounding noise). Shapes cover the vectorised kernels (widths that are
+// multiples of 8), the scalar ones, a head_dim flash attention needs padded
+// (12), q/k norm, biases, GQA and a packed row of two documents.
+TEST_F(HfDecoder, CudaKernelsMatchTheNaiveModelAsCloselyAsTheReferencePath) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  TinySpec wide;  // Qwen3: q/k norm, vectorised widths
+  wide.hidden = 64;
+  wide.inter = 96;
+  wide.head_dim = 16;
+  TinySpec narrow;  // Qwen2: biases, odd widths, head_dim 12, 3 q heads per kv head
+  narrow.model_type = "qwen2";
+  narrow.bias = true;
+  narrow.hidden = 36;
+  narrow.inter = 52;
+  narrow.heads = 6;
+  narrow.kv_heads = 2;
+  narrow.head_dim = 12;
+  int index = 0;
+  for (const TinySpec& t : {wide, narrow}) {
+    SCOPED_TRACE(t.model_type);
+    const Weights w = make_weights(t);
+    const fs::path model = write_model(dir_ / ("gpu" + std::to_string(index++)), t, w);
+    torch::manual_seed(5);
+    const int64_t s = 40;
+    auto ids = torch::randint(0, t.vocab, {2, s}, torch::kLong);
+    auto positions = torch::stack({torch::arange(s), torch::cat({torch::arange(17), torch::arange(s - 17)})});
+    std::vector<int64_t> layers;
+    for (int64_t l = 0; l < t.layers; ++l) layers.push_back(l);
+    std::vector<std::vector<torch::Tensor>> expected;
+    for (int64_t row = 0; row < 2; ++row) {
+      const auto documents = row == 0 ? torch::zeros({s}, torch::kLong)
+                                      : torch::cat({torch::zeros({17}, torch::kLong), torch::ones({s - 17}, torch::kLong)});
+      expected.push_back(naive_forward(t, w, ids[row], positions[row], documents));
+    }
+    auto run = [&](const std::string& kernels) {
+      TargetModelInstance target(registry_->find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"),
+                                 {{"path", model.string()}, {"dtype", "bfloat16"}, {"feature_layers", 3}, {"kernels", kernels}},
+                                 InstanceOptions{"cuda:0", "bfloat16", 0});
+      EXPECT_EQ(target.describe().at("cuda_kernels").get<bool>(), kernels == "auto");
+      return target.forward({{"input_ids", ids}, {"position_ids", positions}}, layers, true, false);
+    };
+    const NamedTensors fast = run("auto"), reference = run("aten");
+    auto error = [&](const NamedTensors& out, const std::string& name, int64_t l) {
+      double worst = 0;
+      for (int64_t row = 0; row < 2; ++row) {
+        const auto truth = expected[row][l];
+        const auto got = get(out, name)[row].to(torch::kCPU, torch::kDouble);
+        worst = std::max(worst, ((got - truth).abs().max() / truth.abs().max()).item<double>());
+      }
+      return worst;
+    };
+    for (int64_t l = 0; l <= t.layers; ++l) {
+      const std::string name = l < t.layers ? "hidden." + std::to_string(l) : "last_hidden";
+      const double e_fast = error(fast, name, l), e_ref = error(reference, name, l);
+      EXPECT_LE(e_fast, 2 * e_ref + 4e-3) << name << ": kernels " << e_fast << ", ATen path " << e_ref;
+      EXPECT_LE(e_fast, 3e-2) << name;
+    }
+  }
+}
+
 TEST_F(HfDecoder, BadRequestsFailClearly) {
   TinySpec t;
   auto target = load(write_model(dir_, t, make_weights(t)));

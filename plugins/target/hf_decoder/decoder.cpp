@@ -1,5 +1,7 @@
 #include "decoder.h"
 
+#include "fast_path.h"
+
 #include <dflash/sdk/safetensors_torch.hpp>
 #include <dflash/sdk/torch_compat.hpp>
 
@@ -107,7 +109,7 @@ at::Tensor rope_inverse_frequencies(const DecoderConfig& c) {
 
 }  // namespace
 
-Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device)
+Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device, bool allow_cuda_kernels)
     : config_(read_decoder_config(dir / "config.json")) {
   const Checkpoint ckpt(dir);
   const DecoderConfig& c = config_;
@@ -122,26 +124,41 @@ Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device)
     LayerWeights w;
     w.input_norm = ckpt.get(p + "input_layernorm.weight", {h}, dtype, device);
     w.post_attention_norm = ckpt.get(p + "post_attention_layernorm.weight", {h}, dtype, device);
-    w.q = ckpt.get(p + "self_attn.q_proj.weight", {q_out, h}, dtype, device);
-    w.k = ckpt.get(p + "self_attn.k_proj.weight", {kv_out, h}, dtype, device);
-    w.v = ckpt.get(p + "self_attn.v_proj.weight", {kv_out, h}, dtype, device);
+    w.qkv = at::cat({ckpt.get(p + "self_attn.q_proj.weight", {q_out, h}, dtype, device),
+                     ckpt.get(p + "self_attn.k_proj.weight", {kv_out, h}, dtype, device),
+                     ckpt.get(p + "self_attn.v_proj.weight", {kv_out, h}, dtype, device)});
     w.o = ckpt.get(p + "self_attn.o_proj.weight", {h, q_out}, dtype, device);
     if (ckpt.has(p + "self_attn.q_proj.bias")) {
-      w.q_bias = ckpt.get(p + "self_attn.q_proj.bias", {q_out}, dtype, device);
-      w.k_bias = ckpt.get(p + "self_attn.k_proj.bias", {kv_out}, dtype, device);
-      w.v_bias = ckpt.get(p + "self_attn.v_proj.bias", {kv_out}, dtype, device);
+      w.qkv_bias = at::cat({ckpt.get(p + "self_attn.q_proj.bias", {q_out}, dtype, device),
+                            ckpt.get(p + "self_attn.k_proj.bias", {kv_out}, dtype, device),
+                            ckpt.get(p + "self_attn.v_proj.bias", {kv_out}, dtype, device)});
     }
     if (c.qk_norm) {
       w.q_norm = ckpt.get(p + "self_attn.q_norm.weight", {hd}, dtype, device);
       w.k_norm = ckpt.get(p + "self_attn.k_norm.weight", {hd}, dtype, device);
     }
-    w.gate = ckpt.get(p + "mlp.gate_proj.weight", {c.intermediate_size, h}, dtype, device);
-    w.up = ckpt.get(p + "mlp.up_proj.weight", {c.intermediate_size, h}, dtype, device);
+    w.gate_up = at::cat({ckpt.get(p + "mlp.gate_proj.weight", {c.intermediate_size, h}, dtype, device),
+                         ckpt.get(p + "mlp.up_proj.weight", {c.intermediate_size, h}, dtype, device)});
     w.down = ckpt.get(p + "mlp.down_proj.weight", {h, c.intermediate_size}, dtype, device);
     layers_.push_back(std::move(w));
   }
   inv_freq_ = rope_inverse_frequencies(c).to(device);
+  cuda_kernels_ = allow_cuda_kernels && fast_path::available() && fast_path::supports(embed_, hd);
 }
+
+namespace {
+
+// x + a·wᵀ as one GEMM with the residual as its C operand. In place, unless x
+// is also a returned hidden state (the caller must keep it).
+at::Tensor add_projection(at::Tensor& x, const at::Tensor& a, const at::Tensor& w, bool& x_is_returned) {
+  if (x_is_returned) {
+    x_is_returned = false;
+    return at::addmm(x, a, w.t());
+  }
+  return x.addmm_(a, w.t());
+}
+
+}  // namespace
 
 DecoderOutputs Decoder::forward(const at::Tensor& input_ids_in, const at::Tensor& position_ids_in,
                                 const at::Tensor& document_ids_in, const std::vector<int64_t>& layer_ids,
@@ -156,69 +173,106 @@ DecoderOutputs Decoder::forward(const at::Tensor& input_ids_in, const at::Tensor
   for (int64_t id : layer_ids)
     if (id < 0 || id >= c.num_layers)
       throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
-  const int64_t b = ids.size(0), s = ids.size(1);
+  const int64_t b = ids.size(0), s = ids.size(1), n = b * s;
+  const int64_t heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
 
   // Documents and positions of a packed batch.
   at::Tensor positions, documents;
   if (document_ids_in.defined()) documents = document_ids_in.to(device, at::kLong);
   if (position_ids_in.defined()) positions = position_ids_in.to(device, at::kLong);
   if (!documents.defined() && positions.defined()) documents = positions.eq(0).to(at::kLong).cumsum(1);
+  at::Tensor starts;  // [B, S] bool: the first token of a document (or of a row)
+  if (documents.defined() && s > 0)
+    starts = at::cat({at::ones({b, 1}, ids.options().dtype(at::kBool)),
+                      documents.narrow(1, 1, s - 1).ne(documents.narrow(1, 0, s - 1))}, 1);
   if (!positions.defined()) {
-    if (documents.defined()) {
+    if (starts.defined()) {
       // Position within the document: index minus the index of its first token.
       const at::Tensor index = at::arange(s, ids.options()).expand({b, s});
-      const at::Tensor starts = at::cat({at::ones({b, 1}, ids.options()), documents.narrow(1, 1, s - 1).ne(documents.narrow(1, 0, s - 1)).to(at::kLong)}, 1);
-      const at::Tensor start_index = std::get<0>(at::cummax(at::where(starts.to(at::kBool), index, at::zeros_like(index)), 1));
+      const at::Tensor start_index = std::get<0>(at::cummax(at::where(starts, index, at::zeros_like(index)), 1));
       positions = index - start_index;
     } else {
       positions = at::arange(s, ids.options()).expand({b, s});
     }
   }
-  const bool one_document_per_row = !documents.defined() || documents.eq(documents.narrow(1, 0, 1)).all().item<bool>();
-  c10::optional<at::Tensor> mask;
-  if (!one_document_per_row) {
-    const at::Tensor same = documents.unsqueeze(2).eq(documents.unsqueeze(1));  // [B, S, S]
-    const at::Tensor causal = at::ones({s, s}, ids.options().dtype(at::kBool)).tril();
-    // Additive (0 / −inf) rather than boolean: both LibTorch versions accept it.
-    const at::Tensor allowed = same.logical_and(causal).unsqueeze(1);  // [B, 1, S, S]
-    mask = at::zeros(allowed.sizes(), embed_.options()).masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
-  }
+  const bool fast = cuda_kernels_ && n > 0;
+  const at::Tensor freqs = positions.reshape({n}).to(at::kDouble).unsqueeze(-1) * inv_freq_;  // [N, hd/2], fp64
 
-  const at::Tensor freqs = positions.to(at::kDouble).unsqueeze(-1) * inv_freq_;  // [B, S, hd/2]
-  const at::Tensor emb = at::cat({freqs, freqs}, -1);
-  const at::Tensor cos = emb.cos().to(embed_.scalar_type()).unsqueeze(2);  // [B, S, 1, hd]
-  const at::Tensor sin = emb.sin().to(embed_.scalar_type()).unsqueeze(2);
+  // What attention needs: for the GPU path, document offsets for flash
+  // attention; for the reference path, cos/sin and (packed rows only) an
+  // additive [B, 1, S, S] mask.
+  at::Tensor cos, sin, cu_seqlens;
+  int64_t max_document = s;
+  c10::optional<at::Tensor> mask;
+  if (fast) {
+    cos = freqs.cos().to(at::kFloat).contiguous();
+    sin = freqs.sin().to(at::kFloat).contiguous();
+    if (starts.defined()) {
+      const at::Tensor first = starts.flatten().nonzero().flatten();
+      cu_seqlens = at::cat({first, at::full({1}, n, first.options())}).to(at::kInt);
+      max_document = (cu_seqlens.narrow(0, 1, first.size(0)) - cu_seqlens.narrow(0, 0, first.size(0))).max().item<int64_t>();
+    } else {
+      cu_seqlens = at::arange(0, n + 1, s, ids.options().dtype(at::kInt));
+    }
+  } else {
+    const at::Tensor emb = at::cat({freqs, freqs}, -1).view({b, s, 1, hd});
+    cos = emb.cos().to(embed_.scalar_type());
+    sin = emb.sin().to(embed_.scalar_type());
+    const bool one_document_per_row = !documents.defined() || documents.eq(documents.narrow(1, 0, 1)).all().item<bool>();
+    if (!one_document_per_row) {
+      const at::Tensor same = documents.unsqueeze(2).eq(documents.unsqueeze(1));  // [B, S, S]
+      const at::Tensor causal = at::ones({s, s}, ids.options().dtype(at::kBool)).tril();
+      // Additive (0 / −inf) rather than boolean: both LibTorch versions accept it.
+      const at::Tensor allowed = same.logical_and(causal).unsqueeze(1);  // [B, 1, S, S]
+      mask = at::zeros(allowed.sizes(), embed_.options()).masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+    }
+  }
+  auto norm = [&](const at::Tensor& x, const at::Tensor& weight) {
+    return fast ? fast_path::rms_norm(x, weight, c.rms_norm_eps) : rms_norm(x, weight, c.rms_norm_eps);
+  };
 
   const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
   DecoderOutputs out;
-  at::Tensor x = embed_.index_select(0, ids.flatten()).view({b, s, c.hidden_size});
-  const int64_t groups = c.num_heads / c.num_kv_heads;
+  at::Tensor x = embed_.index_select(0, ids.flatten());  // [N, H], the residual stream
+  bool x_is_returned = false;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const LayerWeights& w = layers_[i];
-    const at::Tensor h = rms_norm(x, w.input_norm, c.rms_norm_eps);
-    at::Tensor q = at::linear(h, w.q, w.q_bias).view({b, s, c.num_heads, c.head_dim});
-    at::Tensor k = at::linear(h, w.k, w.k_bias).view({b, s, c.num_kv_heads, c.head_dim});
-    at::Tensor v = at::linear(h, w.v, w.v_bias).view({b, s, c.num_kv_heads, c.head_dim});
-    if (c.qk_norm) {
-      q = rms_norm(q, w.q_norm, c.rms_norm_eps);
-      k = rms_norm(k, w.k_norm, c.rms_norm_eps);
+    const at::Tensor qkv = at::linear(norm(x, w.input_norm), w.qkv, w.qkv_bias);  // [N, (heads + 2 kv) hd]
+    at::Tensor attention;                                                           // [N, heads · hd]
+    if (fast) {
+      const auto t = fast_path::qk_norm_rope(qkv, w.q_norm, w.k_norm, cos, sin, heads, kv_heads, hd, c.rms_norm_eps);
+      attention = fast_path::document_causal_attention(t.q, t.k, t.v, cu_seqlens, max_document).view({n, heads * hd});
+    } else {
+      at::Tensor q = qkv.narrow(1, 0, heads * hd).reshape({b, s, heads, hd});
+      at::Tensor k = qkv.narrow(1, heads * hd, kv_heads * hd).reshape({b, s, kv_heads, hd});
+      at::Tensor v = qkv.narrow(1, (heads + kv_heads) * hd, kv_heads * hd).reshape({b, s, kv_heads, hd});
+      if (c.qk_norm) {
+        q = rms_norm(q, w.q_norm, c.rms_norm_eps);
+        k = rms_norm(k, w.k_norm, c.rms_norm_eps);
+      }
+      q = (q * cos + rotate_half(q) * sin).transpose(1, 2);  // [B, heads, S, hd]
+      k = (k * cos + rotate_half(k) * sin).transpose(1, 2);
+      v = v.transpose(1, 2);
+      if (heads > kv_heads) {
+        k = k.repeat_interleave(heads / kv_heads, 1);
+        v = v.repeat_interleave(heads / kv_heads, 1);
+      }
+      attention = compat::scaled_dot_product_attention(q, k, v, mask, /*is_causal=*/!mask.has_value())
+                      .transpose(1, 2)
+                      .reshape({n, heads * hd});
     }
-    q = q * cos + rotate_half(q) * sin;
-    k = k * cos + rotate_half(k) * sin;
-    q = q.transpose(1, 2);  // [B, heads, S, hd]
-    k = k.transpose(1, 2);
-    v = v.transpose(1, 2);
-    if (groups > 1) {
-      k = k.repeat_interleave(groups, 1);
-      v = v.repeat_interleave(groups, 1);
+    x = add_projection(x, attention, w.o, x_is_returned);
+    const at::Tensor gate_up = at::linear(norm(x, w.post_attention_norm), w.gate_up);  // [N, 2 I]
+    const int64_t inter = c.intermediate_size;
+    const at::Tensor activated = fast ? fast_path::swiglu(gate_up)
+                                      : at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
+    x = add_projection(x, activated, w.down, x_is_returned);
+    if (wanted.count(i)) {
+      out.layers[i] = x.view({b, s, c.hidden_size});
+      x_is_returned = true;
     }
-    const at::Tensor attention = compat::scaled_dot_product_attention(q, k, v, mask, /*is_causal=*/!mask.has_value());
-    x = x + at::linear(attention.transpose(1, 2).reshape({b, s, c.num_heads * c.head_dim}), w.o);
-    const at::Tensor m = rms_norm(x, w.post_attention_norm, c.rms_norm_eps);
-    x = x + at::linear(at::silu(at::linear(m, w.gate)) * at::linear(m, w.up), w.down);
-    if (wanted.count(i)) out.layers[i] = x;
   }
-  if (want_last_hidden || want_logits) out.last_hidden = rms_norm(x, final_norm_, c.rms_norm_eps);
+  if (want_last_hidden || want_logits) out.last_hidden = norm(x, final_norm_).view({b, s, c.hidden_size});
   if (want_logits) out.logits = at::linear(out.last_hidden, lm_head_);
   if (!want_last_hidden) out.last_hidden = at::Tensor();
   return out;

@@ -14,11 +14,13 @@
 
 namespace dflash::target {
 
+// Projections that read the same input are stored concatenated, so each is
+// one GEMM: qkv = [q; k; v] by rows, gate_up = [gate; up].
 struct LayerWeights {
   at::Tensor input_norm, post_attention_norm;
-  at::Tensor q, k, v, o, q_bias, k_bias, v_bias;  // biases undefined when absent
-  at::Tensor q_norm, k_norm;                      // Qwen3 only
-  at::Tensor gate, up, down;
+  at::Tensor qkv, qkv_bias, o;  // qkv_bias undefined when the checkpoint has none
+  at::Tensor q_norm, k_norm;    // Qwen3 only
+  at::Tensor gate_up, down;
 };
 
 struct DecoderOutputs {
@@ -31,12 +33,17 @@ class Decoder {
  public:
   // Reads config.json and model.safetensors (or the shards listed in
   // model.safetensors.index.json). Throws naming the file and tensor.
-  Decoder(const std::filesystem::path& model_dir, c10::ScalarType dtype, c10::Device device);
+  // allow_cuda_kernels: use the GPU path (fast_path.h) where it applies —
+  // a CUDA device, bf16/fp16, a build with the kernels; false forces the ATen
+  // reference path everywhere.
+  Decoder(const std::filesystem::path& model_dir, c10::ScalarType dtype, c10::Device device,
+          bool allow_cuda_kernels = true);
 
   const DecoderConfig& config() const { return config_; }
   const at::Tensor& embed_tokens() const { return embed_; }
   const at::Tensor& lm_head() const { return lm_head_; }
   const at::Tensor& final_norm() const { return final_norm_; }
+  bool uses_cuda_kernels() const { return cuda_kernels_; }
 
   // input_ids [B, S]; position_ids [B, S] (restarting per packed document)
   // and document_ids [B, S] are optional: without document_ids, a position id
@@ -48,6 +55,7 @@ class Decoder {
   DecoderConfig config_;
   at::Tensor embed_, lm_head_, final_norm_, inv_freq_;
   std::vector<LayerWeights> layers_;
+  bool cuda_kernels_ = false;
 };
 
 }  // namespace dflash::target

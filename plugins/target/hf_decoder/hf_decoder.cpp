@@ -27,6 +27,10 @@ class HfDecoderTarget : public sdk::TargetModel {
         .integer("feature_layers", 5,
                  "how many layers default_layer_ids lists: evenly spaced from 1 to L − 3 (the drafter's layer count)",
                  Bounds::at_least(1))
+        .string("kernels", "auto",
+                "auto = our CUDA kernels and flash attention on a CUDA device in bf16/fp16 (the ATen path "
+                "elsewhere); aten = the ATen reference path everywhere",
+                {"auto", "aten"})
         .dump();
   }
 
@@ -35,7 +39,8 @@ class HfDecoderTarget : public sdk::TargetModel {
     const auto scalar = sdk::parse_dtype(dtype == "auto" ? context.dtype() : dtype);
     try {
       decoder_ = std::make_unique<target::Decoder>(context.config().at("path").get<std::string>(), scalar,
-                                                   sdk::parse_device(context.device()));
+                                                   sdk::parse_device(context.device()),
+                                                   context.config().value("kernels", std::string("auto")) == "auto");
     } catch (const sdk::Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -53,6 +58,7 @@ class HfDecoderTarget : public sdk::TargetModel {
             {"num_key_value_heads", c.num_kv_heads},
             {"head_dim", c.head_dim},
             {"model_type", c.model_type},
+            {"cuda_kernels", decoder_->uses_cuda_kernels()},
             {"default_layer_ids", target::default_feature_layers(c.num_layers, feature_layers_)}};
   }
 

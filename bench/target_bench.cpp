@@ -1,0 +1,219 @@
+// Times the hf_decoder target's forward (through the plugin ABI, as the
+// trainer calls it) on one GPU, beside floors measured in the same run: the
+// same linear-layer GEMMs alone, flash attention alone, and cuBLAS's best on a
+// large square GEMM. A program, not a test: docs/performance.md has the
+// figures and bench/target_forward_transformers.py times the peer (and writes
+// the random Hugging Face directory this program loads).
+//
+//   target_bench --plugin-dir build-gpu/lib/dflash-host/plugins --model DIR
+//                [--batch 8 --seq 4096 --documents 4 --repeats 5 --warmup 2 --json out.jsonl]
+#include "plugin/instances.h"
+#include "plugin/registry.h"
+
+#include <ATen/ops/_flash_attention_forward.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+using namespace dflash::host;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string plugin_dir, model, json;
+  int64_t batch = 8, seq = 4096, documents = 4;
+  int repeats = 5, warmup = 2;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--plugin-dir") a.plugin_dir = next();
+    else if (flag == "--model") a.model = next();
+    else if (flag == "--batch") a.batch = std::stoll(next());
+    else if (flag == "--seq") a.seq = std::stoll(next());
+    else if (flag == "--documents") a.documents = std::stoll(next());
+    else if (flag == "--repeats") a.repeats = std::stoi(next());
+    else if (flag == "--warmup") a.warmup = std::stoi(next());
+    else if (flag == "--json") a.json = next();
+    else throw std::invalid_argument("unknown flag " + flag);
+  }
+  if (a.plugin_dir.empty() || a.model.empty()) throw std::invalid_argument("--plugin-dir DIR and --model DIR are required");
+  if (a.documents < 1 || a.seq % a.documents != 0) throw std::invalid_argument("--documents must divide --seq");
+  return a;
+}
+
+struct Measurement {
+  double median_ms = 0;
+  double extra_peak_gib = 0;
+  std::string failure;
+};
+
+template <class Fn>
+Measurement measure(const Args& args, Fn&& fn) {
+  Measurement m;
+  auto stats = [] { return c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0]; };
+  try {
+    for (int i = 0; i < args.warmup; ++i) fn();
+    torch::cuda::synchronize();
+    std::vector<double> times;
+    for (int i = 0; i < args.repeats; ++i) {
+      const int64_t before = stats().current;
+      c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+      const auto start = Clock::now();
+      fn();
+      torch::cuda::synchronize();
+      times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+      m.extra_peak_gib = std::max(m.extra_peak_gib, (stats().peak - before) / double(1 << 30));
+    }
+    std::sort(times.begin(), times.end());
+    m.median_ms = times[times.size() / 2];
+  } catch (const std::exception& e) {
+    m.failure = e.what();
+    m.failure = m.failure.substr(0, std::min<size_t>(m.failure.find('\n'), 240));
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  }
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  try {
+    args = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "target_bench: " << e.what() << "\n";
+    return 2;
+  }
+  if (!torch::cuda::is_available()) {
+    std::cerr << "target_bench: no CUDA device\n";
+    return 2;
+  }
+  PluginRegistry registry;
+  registry.add_directory(args.plugin_dir);
+  const auto device = torch::Device(torch::kCUDA, 0);
+  const auto bf16 = torch::TensorOptions().device(device).dtype(torch::kBFloat16);
+  const int64_t b = args.batch, s = args.seq, n = b * s;
+
+  std::ofstream json;
+  if (!args.json.empty()) json.open(args.json);
+  auto emit = [&](const std::string& label, const Measurement& m, double flop, double floor_ms) {
+    std::cout << std::left << std::setw(44) << label;
+    if (!m.failure.empty()) {
+      std::cout << "failed: " << m.failure << "\n";
+    } else {
+      std::cout << std::right << std::fixed << std::setprecision(1) << std::setw(9) << m.median_ms << " ms"
+                << std::setw(11) << std::setprecision(0) << n / (m.median_ms / 1000) << " tok/s" << std::setw(8)
+                << std::setprecision(3) << (floor_ms > 0 ? m.median_ms / floor_ms : 0.0) << " x floor" << std::setw(8)
+                << std::setprecision(0) << flop / (m.median_ms * 1e9) << " TFLOP/s" << std::setw(9) << std::setprecision(2)
+                << m.extra_peak_gib << " GiB\n";
+    }
+    if (json.is_open())
+      json << nlohmann::json{{"arm", label}, {"median_ms", m.median_ms}, {"tokens_per_s", m.failure.empty() ? n / (m.median_ms / 1000) : 0.0},
+                             {"ratio_to_floor", floor_ms > 0 && m.failure.empty() ? m.median_ms / floor_ms : 0.0},
+                             {"tflops", m.failure.empty() ? flop / (m.median_ms * 1e9) : 0.0},
+                             {"extra_peak_gib", m.extra_peak_gib}, {"failure", m.failure}, {"batch", b}, {"seq", s}}
+                  .dump()
+           << "\n";
+  };
+
+  // Two instances share nothing: load, time, release, then the next.
+  auto make_target = [&](const std::string& kernels) {
+    return std::make_unique<TargetModelInstance>(
+        registry.find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"),
+        nlohmann::json{{"path", args.model}, {"dtype", "bfloat16"}, {"feature_layers", 5}, {"kernels", kernels}},
+        InstanceOptions{"cuda:0", "bfloat16", 0});
+  };
+  auto target = make_target("auto");
+  const nlohmann::json info = target->describe();
+  const int64_t layers = info.at("num_layers"), hidden = info.at("hidden_size"), heads = info.at("num_attention_heads");
+  const int64_t kv_heads = info.at("num_key_value_heads"), head_dim = info.at("head_dim");
+  const std::vector<int64_t> layer_ids = info.at("default_layer_ids").get<std::vector<int64_t>>();
+  int64_t inter = 0;
+  {
+    std::ifstream in(args.model + "/config.json");
+    inter = nlohmann::json::parse(in).at("intermediate_size").get<int64_t>();
+  }
+  const int64_t q_out = heads * head_dim, kv_out = kv_heads * head_dim;
+  const double linear_flop = 2.0 * n * layers * (hidden * (q_out + 2 * kv_out) + q_out * hidden + hidden * 2 * inter + inter * hidden);
+  const double attention_flop = 4.0 * b * (s * (s + args.documents) / 2.0 / args.documents) * heads * head_dim * layers;
+  const double attention_flop_one = 4.0 * b * (s * (s + 1) / 2.0) * heads * head_dim * layers;
+
+  std::cout << "target_bench: " << info.at("model_type").get<std::string>() << " " << layers << " layers, H " << hidden
+            << ", " << heads << "/" << kv_heads << " heads x " << head_dim << ", MLP " << inter << ", batch " << b << " x "
+            << s << " bf16, hidden states of layers";
+  for (int64_t id : layer_ids) std::cout << " " << id;
+  std::cout << " + the last; median of " << args.repeats << " after " << args.warmup << " warm-ups\n";
+  std::cout << "linear-layer FLOP per forward: " << linear_flop / 1e12 << " T; attention (causal, one document per row): "
+            << attention_flop_one / 1e12 << " T\n";
+
+  // Floors, same run.
+  torch::manual_seed(0);
+  Measurement square, gemms, flash_one, flash_packed;
+  {
+    torch::NoGradGuard no_grad;
+    auto a = torch::randn({8192, 8192}, bf16), w = torch::randn({8192, 8192}, bf16);
+    square = measure(args, [&] { auto c = torch::mm(a, w); });
+    auto x = torch::randn({n, hidden}, bf16), attn = torch::randn({n, q_out}, bf16), act = torch::randn({n, inter}, bf16);
+    auto w_qkv = torch::randn({q_out + 2 * kv_out, hidden}, bf16) * 0.02, w_o = torch::randn({hidden, q_out}, bf16) * 0.02;
+    auto w_gu = torch::randn({2 * inter, hidden}, bf16) * 0.02, w_down = torch::randn({hidden, inter}, bf16) * 0.02;
+    gemms = measure(args, [&] {
+      for (int64_t l = 0; l < layers; ++l) {
+        auto qkv = torch::mm(x, w_qkv.t());
+        auto o = torch::mm(attn, w_o.t());
+        auto gu = torch::mm(x, w_gu.t());
+        auto down = torch::mm(act, w_down.t());
+      }
+    });
+    auto q = torch::randn({n, heads, head_dim}, bf16), k = torch::randn({n, kv_heads, head_dim}, bf16);
+    auto v = torch::randn({n, kv_heads, head_dim}, bf16);
+    auto flash = [&](int64_t documents) {
+      const int64_t length = s / documents;
+      auto cu = torch::arange(0, n + 1, length, torch::TensorOptions().device(device).dtype(torch::kInt));
+      return measure(args, [&] {
+        for (int64_t l = 0; l < layers; ++l)
+          auto out = at::_flash_attention_forward(q, k, v, cu, cu, length, length, 0.0, true, false);
+      });
+    };
+    flash_one = flash(1);
+    flash_packed = flash(args.documents);
+  }
+  std::cout << std::left << std::setw(44) << "arm" << std::right << std::setw(12) << "time" << std::setw(17) << "throughput"
+            << std::setw(16) << "ratio" << std::setw(16) << "useful" << std::setw(13) << "extra peak\n";
+  emit("cuBLAS 8192^3 GEMM (peak reference)", square, 2.0 * 8192.0 * 8192.0 * 8192.0, 0);
+  emit("linear-layer GEMMs alone (floor part 1)", gemms, linear_flop, 0);
+  emit("flash attention alone, 1 doc/row (part 2)", flash_one, attention_flop_one, 0);
+  emit("flash attention alone, " + std::to_string(args.documents) + " docs/row", flash_packed, attention_flop, 0);
+  const double floor_one = gemms.median_ms + flash_one.median_ms, floor_packed = gemms.median_ms + flash_packed.median_ms;
+
+  auto ids = torch::randint(0, info.at("vocab_size").get<int64_t>(), {b, s}, torch::TensorOptions().dtype(torch::kLong)).to(device);
+  auto packed_positions = torch::arange(s / args.documents, torch::TensorOptions().dtype(torch::kLong))
+                              .repeat({args.documents}).unsqueeze(0).expand({b, s}).contiguous().to(device);
+  auto time_forward = [&](TargetModelInstance& t, bool packed) {
+    NamedTensors batch = {{"input_ids", ids}};
+    if (packed) batch.emplace_back("position_ids", packed_positions);
+    return measure(args, [&] { auto out = t.forward(batch, layer_ids, /*want_last_hidden=*/true, /*want_logits=*/false); });
+  };
+  // Linear FLOP are the useful work the throughput figure reports (as the peer's 424 TFLOP/s does).
+  emit("hf_decoder (kernels), 1 doc/row", time_forward(*target, false), linear_flop, floor_one);
+  emit("hf_decoder (kernels), " + std::to_string(args.documents) + " docs/row", time_forward(*target, true), linear_flop, floor_packed);
+  target.reset();
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  auto reference = make_target("aten");
+  emit("hf_decoder (ATen path), 1 doc/row", time_forward(*reference, false), linear_flop, floor_one);
+  emit("hf_decoder (ATen path), " + std::to_string(args.documents) + " docs/row", time_forward(*reference, true), linear_flop, floor_packed);
+  return 0;
+}
