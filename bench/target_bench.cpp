@@ -7,9 +7,11 @@
 //
 //   target_bench --plugin-dir build-gpu/lib/dflash-host/plugins --model DIR
 //                [--batch 8 --seq 4096 --documents 4 --repeats 5 --warmup 2 --json out.jsonl]
+//                [--blas default|cublas|cublaslt]   (LibTorch's preferred GEMM library, for every arm)
 #include "plugin/instances.h"
 #include "plugin/registry.h"
 
+#include <ATen/Context.h>
 #include <ATen/ops/_flash_attention_forward.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
@@ -20,6 +22,7 @@
 #include <iomanip>
 #include <iostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -27,7 +30,7 @@ using namespace dflash::host;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
-  std::string plugin_dir, model, json;
+  std::string plugin_dir, model, json, blas = "default";
   int64_t batch = 8, seq = 4096, documents = 4;
   int repeats = 5, warmup = 2;
 };
@@ -48,6 +51,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--repeats") a.repeats = std::stoi(next());
     else if (flag == "--warmup") a.warmup = std::stoi(next());
     else if (flag == "--json") a.json = next();
+    else if (flag == "--blas") a.blas = next();
     else throw std::invalid_argument("unknown flag " + flag);
   }
   if (a.plugin_dir.empty() || a.model.empty()) throw std::invalid_argument("--plugin-dir DIR and --model DIR are required");
@@ -102,6 +106,12 @@ int main(int argc, char** argv) {
     std::cerr << "target_bench: no CUDA device\n";
     return 2;
   }
+  if (args.blas == "cublas") at::globalContext().setBlasPreferredBackend(at::BlasBackend::Cublas);
+  else if (args.blas == "cublaslt") at::globalContext().setBlasPreferredBackend(at::BlasBackend::Cublaslt);
+  else if (args.blas != "default") {
+    std::cerr << "target_bench: --blas takes default, cublas or cublaslt\n";
+    return 2;
+  }
   PluginRegistry registry;
   registry.add_directory(args.plugin_dir);
   const auto device = torch::Device(torch::kCUDA, 0);
@@ -131,13 +141,13 @@ int main(int argc, char** argv) {
   };
 
   // Two instances share nothing: load, time, release, then the next.
-  auto make_target = [&](const std::string& kernels) {
+  auto make_target = [&](const std::string& kernels, int streams) {
     return std::make_unique<TargetModelInstance>(
         registry.find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"),
-        nlohmann::json{{"path", args.model}, {"dtype", "bfloat16"}, {"feature_layers", 5}, {"kernels", kernels}},
+        nlohmann::json{{"path", args.model}, {"dtype", "bfloat16"}, {"feature_layers", 5}, {"kernels", kernels}, {"streams", streams}},
         InstanceOptions{"cuda:0", "bfloat16", 0});
   };
-  auto target = make_target("auto");
+  auto target = make_target("auto", 2);
   const nlohmann::json info = target->describe();
   const int64_t layers = info.at("num_layers"), hidden = info.at("hidden_size"), heads = info.at("num_attention_heads");
   const int64_t kv_heads = info.at("num_key_value_heads"), head_dim = info.at("head_dim");
@@ -154,7 +164,7 @@ int main(int argc, char** argv) {
 
   std::cout << "target_bench: " << info.at("model_type").get<std::string>() << " " << layers << " layers, H " << hidden
             << ", " << heads << "/" << kv_heads << " heads x " << head_dim << ", MLP " << inter << ", batch " << b << " x "
-            << s << " bf16, hidden states of layers";
+            << s << " bf16, BLAS " << args.blas << ", hidden states of layers";
   for (int64_t id : layer_ids) std::cout << " " << id;
   std::cout << " + the last; median of " << args.repeats << " after " << args.warmup << " warm-ups\n";
   std::cout << "linear-layer FLOP per forward: " << linear_flop / 1e12 << " T; attention (causal, one document per row): "
@@ -163,6 +173,7 @@ int main(int argc, char** argv) {
   // Floors, same run.
   torch::manual_seed(0);
   Measurement square, gemms, flash_one, flash_packed;
+  std::vector<std::tuple<std::string, Measurement, double>> per_gemm;
   {
     torch::NoGradGuard no_grad;
     auto a = torch::randn({8192, 8192}, bf16), w = torch::randn({8192, 8192}, bf16);
@@ -178,6 +189,19 @@ int main(int argc, char** argv) {
         auto down = torch::mm(act, w_down.t());
       }
     });
+    struct Shape {
+      std::string name;
+      torch::Tensor in, weight;
+    };
+    for (const Shape& shape : std::vector<Shape>{{"qkv", x, w_qkv}, {"o", attn, w_o}, {"gate_up", x, w_gu}, {"down", act, w_down}}) {
+      const Measurement m = measure(args, [&] {
+        for (int64_t l = 0; l < layers; ++l) auto y = torch::mm(shape.in, shape.weight.t());
+      });
+      const double flop = 2.0 * n * shape.weight.size(0) * shape.weight.size(1) * layers;
+      per_gemm.emplace_back("  GEMM " + shape.name + " [" + std::to_string(n) + "," + std::to_string(shape.weight.size(1)) + "]x[" +
+                                std::to_string(shape.weight.size(1)) + "," + std::to_string(shape.weight.size(0)) + "] x" + std::to_string(layers),
+                            m, flop);
+    }
     auto q = torch::randn({n, heads, head_dim}, bf16), k = torch::randn({n, kv_heads, head_dim}, bf16);
     auto v = torch::randn({n, kv_heads, head_dim}, bf16);
     auto flash = [&](int64_t documents) {
@@ -195,6 +219,7 @@ int main(int argc, char** argv) {
             << std::setw(16) << "ratio" << std::setw(16) << "useful" << std::setw(13) << "extra peak\n";
   emit("cuBLAS 8192^3 GEMM (peak reference)", square, 2.0 * 8192.0 * 8192.0 * 8192.0, 0);
   emit("linear-layer GEMMs alone (floor part 1)", gemms, linear_flop, 0);
+  for (const auto& [label, m, flop] : per_gemm) emit(label, m, flop, 0);
   emit("flash attention alone, 1 doc/row (part 2)", flash_one, attention_flop_one, 0);
   emit("flash attention alone, " + std::to_string(args.documents) + " docs/row", flash_packed, attention_flop, 0);
   const double floor_one = gemms.median_ms + flash_one.median_ms, floor_packed = gemms.median_ms + flash_packed.median_ms;
@@ -208,11 +233,17 @@ int main(int argc, char** argv) {
     return measure(args, [&] { auto out = t.forward(batch, layer_ids, /*want_last_hidden=*/true, /*want_logits=*/false); });
   };
   // Linear FLOP are the useful work the throughput figure reports (as the peer's 424 TFLOP/s does).
-  emit("hf_decoder (kernels), 1 doc/row", time_forward(*target, false), linear_flop, floor_one);
-  emit("hf_decoder (kernels), " + std::to_string(args.documents) + " docs/row", time_forward(*target, true), linear_flop, floor_packed);
+  emit("hf_decoder (kernels, 2 streams), 1 doc/row", time_forward(*target, false), linear_flop, floor_one);
+  emit("hf_decoder (kernels, 2 streams), " + std::to_string(args.documents) + " docs/row", time_forward(*target, true), linear_flop, floor_packed);
   target.reset();
   c10::cuda::CUDACachingAllocator::emptyCache();
-  auto reference = make_target("aten");
+  for (int streams : {1, 4}) {
+    auto other = make_target("auto", streams);
+    emit("hf_decoder (kernels, " + std::to_string(streams) + " stream" + (streams > 1 ? "s" : "") + "), 1 doc/row",
+         time_forward(*other, false), linear_flop, floor_one);
+  }
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  auto reference = make_target("aten", 1);
   emit("hf_decoder (ATen path), 1 doc/row", time_forward(*reference, false), linear_flop, floor_one);
   emit("hf_decoder (ATen path), " + std::to_string(args.documents) + " docs/row", time_forward(*reference, true), linear_flop, floor_packed);
   return 0;

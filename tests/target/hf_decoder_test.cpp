@@ -336,7 +336,8 @@ TEST_F(HfDecoder, BadCheckpointsFailClearly) {
 // GPU path's error must stay within twice the reference path's (+ a floor for
 // bf16 rounding noise). Shapes cover the vectorised kernels (widths that are
 // multiples of 8), the scalar ones, a head_dim flash attention needs padded
-// (12), q/k norm, biases, GQA and a packed row of two documents.
+// (12), q/k norm, biases, GQA, packed rows, and 1, 2 or more streams than
+// rows (micro-batches of uneven size).
 TEST_F(HfDecoder, CudaKernelsMatchTheNaiveModelAsCloselyAsTheReferencePath) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   TinySpec wide;  // Qwen3: q/k norm, vectorised widths
@@ -357,39 +358,52 @@ TEST_F(HfDecoder, CudaKernelsMatchTheNaiveModelAsCloselyAsTheReferencePath) {
     const Weights w = make_weights(t);
     const fs::path model = write_model(dir_ / ("gpu" + std::to_string(index++)), t, w);
     torch::manual_seed(5);
+    // Three rows (split 1 + 2 over two streams): one, two and three documents.
     const int64_t s = 40;
-    auto ids = torch::randint(0, t.vocab, {2, s}, torch::kLong);
-    auto positions = torch::stack({torch::arange(s), torch::cat({torch::arange(17), torch::arange(s - 17)})});
+    const std::vector<std::vector<int64_t>> lengths = {{40}, {17, 23}, {5, 30, 5}};
+    auto ids = torch::randint(0, t.vocab, {3, s}, torch::kLong);
+    std::vector<torch::Tensor> position_rows;
+    for (const auto& row : lengths) {
+      std::vector<torch::Tensor> parts;
+      for (int64_t len : row) parts.push_back(torch::arange(len));
+      position_rows.push_back(torch::cat(parts));
+    }
+    auto positions = torch::stack(position_rows);
     std::vector<int64_t> layers;
     for (int64_t l = 0; l < t.layers; ++l) layers.push_back(l);
     std::vector<std::vector<torch::Tensor>> expected;
-    for (int64_t row = 0; row < 2; ++row) {
-      const auto documents = row == 0 ? torch::zeros({s}, torch::kLong)
-                                      : torch::cat({torch::zeros({17}, torch::kLong), torch::ones({s - 17}, torch::kLong)});
-      expected.push_back(naive_forward(t, w, ids[row], positions[row], documents));
+    for (int64_t row = 0; row < 3; ++row) {
+      std::vector<torch::Tensor> parts;
+      for (size_t d = 0; d < lengths[row].size(); ++d) parts.push_back(torch::full({lengths[row][d]}, static_cast<int64_t>(d), torch::kLong));
+      expected.push_back(naive_forward(t, w, ids[row], positions[row], torch::cat(parts)));
     }
-    auto run = [&](const std::string& kernels) {
+    auto run = [&](const std::string& kernels, int streams) {
       TargetModelInstance target(registry_->find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"),
-                                 {{"path", model.string()}, {"dtype", "bfloat16"}, {"feature_layers", 3}, {"kernels", kernels}},
+                                 {{"path", model.string()}, {"dtype", "bfloat16"}, {"feature_layers", 3},
+                                  {"kernels", kernels}, {"streams", streams}},
                                  InstanceOptions{"cuda:0", "bfloat16", 0});
       EXPECT_EQ(target.describe().at("cuda_kernels").get<bool>(), kernels == "auto");
       return target.forward({{"input_ids", ids}, {"position_ids", positions}}, layers, true, false);
     };
-    const NamedTensors fast = run("auto"), reference = run("aten");
+    const NamedTensors reference = run("aten", 1);
     auto error = [&](const NamedTensors& out, const std::string& name, int64_t l) {
       double worst = 0;
-      for (int64_t row = 0; row < 2; ++row) {
+      for (int64_t row = 0; row < 3; ++row) {
         const auto truth = expected[row][l];
         const auto got = get(out, name)[row].to(torch::kCPU, torch::kDouble);
         worst = std::max(worst, ((got - truth).abs().max() / truth.abs().max()).item<double>());
       }
       return worst;
     };
-    for (int64_t l = 0; l <= t.layers; ++l) {
-      const std::string name = l < t.layers ? "hidden." + std::to_string(l) : "last_hidden";
-      const double e_fast = error(fast, name, l), e_ref = error(reference, name, l);
-      EXPECT_LE(e_fast, 2 * e_ref + 4e-3) << name << ": kernels " << e_fast << ", ATen path " << e_ref;
-      EXPECT_LE(e_fast, 3e-2) << name;
+    for (int streams : {1, 2, 8}) {
+      SCOPED_TRACE("streams " + std::to_string(streams));
+      const NamedTensors fast = run("auto", streams);
+      for (int64_t l = 0; l <= t.layers; ++l) {
+        const std::string name = l < t.layers ? "hidden." + std::to_string(l) : "last_hidden";
+        const double e_fast = error(fast, name, l), e_ref = error(reference, name, l);
+        EXPECT_LE(e_fast, 2 * e_ref + 4e-3) << name << ": kernels " << e_fast << ", ATen path " << e_ref;
+        EXPECT_LE(e_fast, 3e-2) << name;
+      }
     }
   }
 }

@@ -109,8 +109,8 @@ at::Tensor rope_inverse_frequencies(const DecoderConfig& c) {
 
 }  // namespace
 
-Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device, bool allow_cuda_kernels)
-    : config_(read_decoder_config(dir / "config.json")) {
+Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device, const DecoderOptions& options)
+    : config_(read_decoder_config(dir / "config.json")), streams_(options.streams) {
   const Checkpoint ckpt(dir);
   const DecoderConfig& c = config_;
   const int64_t h = c.hidden_size, hd = c.head_dim, q_out = c.num_heads * hd, kv_out = c.num_kv_heads * hd;
@@ -143,7 +143,7 @@ Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device,
     layers_.push_back(std::move(w));
   }
   inv_freq_ = rope_inverse_frequencies(c).to(device);
-  cuda_kernels_ = allow_cuda_kernels && fast_path::available() && fast_path::supports(embed_, hd);
+  cuda_kernels_ = options.cuda_kernels && fast_path::available() && fast_path::supports(embed_, hd);
 }
 
 namespace {
@@ -174,107 +174,152 @@ DecoderOutputs Decoder::forward(const at::Tensor& input_ids_in, const at::Tensor
     if (id < 0 || id >= c.num_layers)
       throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
   const int64_t b = ids.size(0), s = ids.size(1), n = b * s;
-  const int64_t heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
 
   // Documents and positions of a packed batch.
+  PackedBatch batch;
+  batch.ids = ids;
   at::Tensor positions, documents;
   if (document_ids_in.defined()) documents = document_ids_in.to(device, at::kLong);
   if (position_ids_in.defined()) positions = position_ids_in.to(device, at::kLong);
   if (!documents.defined() && positions.defined()) documents = positions.eq(0).to(at::kLong).cumsum(1);
-  at::Tensor starts;  // [B, S] bool: the first token of a document (or of a row)
   if (documents.defined() && s > 0)
-    starts = at::cat({at::ones({b, 1}, ids.options().dtype(at::kBool)),
-                      documents.narrow(1, 1, s - 1).ne(documents.narrow(1, 0, s - 1))}, 1);
+    batch.starts = at::cat({at::ones({b, 1}, ids.options().dtype(at::kBool)),
+                            documents.narrow(1, 1, s - 1).ne(documents.narrow(1, 0, s - 1))}, 1);
   if (!positions.defined()) {
-    if (starts.defined()) {
+    if (batch.starts.defined()) {
       // Position within the document: index minus the index of its first token.
       const at::Tensor index = at::arange(s, ids.options()).expand({b, s});
-      const at::Tensor start_index = std::get<0>(at::cummax(at::where(starts, index, at::zeros_like(index)), 1));
+      const at::Tensor start_index = std::get<0>(at::cummax(at::where(batch.starts, index, at::zeros_like(index)), 1));
       positions = index - start_index;
     } else {
       positions = at::arange(s, ids.options()).expand({b, s});
     }
   }
-  const bool fast = cuda_kernels_ && n > 0;
-  const at::Tensor freqs = positions.reshape({n}).to(at::kDouble).unsqueeze(-1) * inv_freq_;  // [N, hd/2], fp64
+  batch.documents = documents;
+  batch.angles = positions.reshape({n}).to(at::kDouble).unsqueeze(-1) * inv_freq_;  // [N, hd/2], fp64
+  const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
+  DecoderOutputs out = cuda_kernels_ && n > 0 ? forward_kernels(batch, wanted, want_last_hidden || want_logits)
+                                              : forward_reference(batch, wanted, want_last_hidden || want_logits);
+  if (want_logits) out.logits = at::linear(out.last_hidden, lm_head_);
+  if (!want_last_hidden) out.last_hidden = at::Tensor();
+  return out;
+}
 
-  // What attention needs: for the GPU path, document offsets for flash
-  // attention; for the reference path, cos/sin and (packed rows only) an
-  // additive [B, 1, S, S] mask.
-  at::Tensor cos, sin, cu_seqlens;
-  int64_t max_document = s;
-  c10::optional<at::Tensor> mask;
-  if (fast) {
-    cos = freqs.cos().to(at::kFloat).contiguous();
-    sin = freqs.sin().to(at::kFloat).contiguous();
-    if (starts.defined()) {
-      const at::Tensor first = starts.flatten().nonzero().flatten();
-      cu_seqlens = at::cat({first, at::full({1}, n, first.options())}).to(at::kInt);
-      max_document = (cu_seqlens.narrow(0, 1, first.size(0)) - cu_seqlens.narrow(0, 0, first.size(0))).max().item<int64_t>();
+// The GPU path: the batch's rows split into micro-batches, each on its own
+// CUDA stream, interleaved layer by layer — one micro-batch's memory-bound
+// kernels and attention overlap another's GEMMs. Documents never cross rows,
+// so the split changes no arithmetic.
+DecoderOutputs Decoder::forward_kernels(const PackedBatch& batch, const std::set<int64_t>& wanted,
+                                        bool want_last_hidden) const {
+  const DecoderConfig& c = config_;
+  const int64_t b = batch.ids.size(0), s = batch.ids.size(1), n = b * s, h = c.hidden_size;
+  const int64_t heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
+  const at::Tensor cos = batch.angles.cos().to(at::kFloat).contiguous();
+  const at::Tensor sin = batch.angles.sin().to(at::kFloat).contiguous();
+
+  struct MicroBatch {
+    int64_t first_token = 0, tokens = 0, max_document = 0;
+    at::Tensor cu_seqlens;  // int32 document offsets within the micro-batch
+  };
+  const int64_t groups = std::max<int64_t>(1, std::min<int64_t>(streams_, b));
+  std::vector<MicroBatch> micro(groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t first_row = g * b / groups, rows = (g + 1) * b / groups - first_row;
+    MicroBatch& m = micro[g];
+    m.first_token = first_row * s;
+    m.tokens = rows * s;
+    if (batch.starts.defined()) {
+      const at::Tensor first = batch.starts.narrow(0, first_row, rows).flatten().nonzero().flatten();
+      m.cu_seqlens = at::cat({first, at::full({1}, m.tokens, first.options())}).to(at::kInt);
+      m.max_document = (m.cu_seqlens.narrow(0, 1, first.size(0)) - m.cu_seqlens.narrow(0, 0, first.size(0))).max().item<int64_t>();
     } else {
-      cu_seqlens = at::arange(0, n + 1, s, ids.options().dtype(at::kInt));
-    }
-  } else {
-    const at::Tensor emb = at::cat({freqs, freqs}, -1).view({b, s, 1, hd});
-    cos = emb.cos().to(embed_.scalar_type());
-    sin = emb.sin().to(embed_.scalar_type());
-    const bool one_document_per_row = !documents.defined() || documents.eq(documents.narrow(1, 0, 1)).all().item<bool>();
-    if (!one_document_per_row) {
-      const at::Tensor same = documents.unsqueeze(2).eq(documents.unsqueeze(1));  // [B, S, S]
-      const at::Tensor causal = at::ones({s, s}, ids.options().dtype(at::kBool)).tril();
-      // Additive (0 / −inf) rather than boolean: both LibTorch versions accept it.
-      const at::Tensor allowed = same.logical_and(causal).unsqueeze(1);  // [B, 1, S, S]
-      mask = at::zeros(allowed.sizes(), embed_.options()).masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+      m.cu_seqlens = at::arange(0, m.tokens + 1, s, batch.ids.options().dtype(at::kInt));
+      m.max_document = s;
     }
   }
-  auto norm = [&](const at::Tensor& x, const at::Tensor& weight) {
-    return fast ? fast_path::rms_norm(x, weight, c.rms_norm_eps) : rms_norm(x, weight, c.rms_norm_eps);
-  };
 
-  const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
+  DecoderOutputs out;
+  // Outputs are allocated here, on the caller's stream, and filled per micro-batch.
+  for (int64_t i : wanted) out.layers[i] = at::empty({b, s, h}, embed_.options());
+  if (want_last_hidden) out.last_hidden = at::empty({b, s, h}, embed_.options());
+  at::Tensor x = embed_.index_select(0, batch.ids.flatten());  // [N, H], the residual stream
+  fast_path::interleave_on_streams(x.device(), groups, c.num_layers + 1, [&](int64_t g, int64_t step) {
+    const MicroBatch& m = micro[g];
+    at::Tensor xg = x.narrow(0, m.first_token, m.tokens);
+    auto slice = [&](const at::Tensor& full) { return full.view({n, h}).narrow(0, m.first_token, m.tokens); };
+    if (step == c.num_layers) {
+      if (want_last_hidden) slice(out.last_hidden).copy_(fast_path::rms_norm(xg, final_norm_, c.rms_norm_eps));
+      return;
+    }
+    const LayerWeights& w = layers_[step];
+    const at::Tensor qkv = at::linear(fast_path::rms_norm(xg, w.input_norm, c.rms_norm_eps), w.qkv, w.qkv_bias);
+    const auto t = fast_path::qk_norm_rope(qkv, w.q_norm, w.k_norm, cos.narrow(0, m.first_token, m.tokens),
+                                           sin.narrow(0, m.first_token, m.tokens), heads, kv_heads, hd, c.rms_norm_eps);
+    const at::Tensor attention =
+        fast_path::document_causal_attention(t.q, t.k, t.v, m.cu_seqlens, m.max_document).view({m.tokens, heads * hd});
+    xg.addmm_(attention, w.o.t());  // the residual add inside the GEMM
+    const at::Tensor gate_up = at::linear(fast_path::rms_norm(xg, w.post_attention_norm, c.rms_norm_eps), w.gate_up);
+    xg.addmm_(fast_path::swiglu(gate_up), w.down.t());
+    if (wanted.count(step)) slice(out.layers[step]).copy_(xg);
+  });
+    return out;
+}
+
+// The reference path (any device and dtype): ATen operations, Hugging Face's
+// arithmetic step by step.
+DecoderOutputs Decoder::forward_reference(const PackedBatch& batch, const std::set<int64_t>& wanted,
+                                          bool want_last_hidden) const {
+  const DecoderConfig& c = config_;
+  const at::Tensor& ids = batch.ids;
+  const int64_t b = ids.size(0), s = ids.size(1), n = b * s;
+  const int64_t heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
+  const at::Tensor emb = at::cat({batch.angles, batch.angles}, -1).view({b, s, 1, hd});
+  const at::Tensor cos = emb.cos().to(embed_.scalar_type());
+  const at::Tensor sin = emb.sin().to(embed_.scalar_type());
+  // Rows of several documents need an additive [B, 1, S, S] mask.
+  c10::optional<at::Tensor> mask;
+  const at::Tensor& documents = batch.documents;
+  if (documents.defined() && !documents.eq(documents.narrow(1, 0, 1)).all().item<bool>()) {
+    const at::Tensor same = documents.unsqueeze(2).eq(documents.unsqueeze(1));  // [B, S, S]
+    const at::Tensor causal = at::ones({s, s}, ids.options().dtype(at::kBool)).tril();
+    // Additive (0 / −inf) rather than boolean: both LibTorch versions accept it.
+    const at::Tensor allowed = same.logical_and(causal).unsqueeze(1);  // [B, 1, S, S]
+    mask = at::zeros(allowed.sizes(), embed_.options()).masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  }
+
   DecoderOutputs out;
   at::Tensor x = embed_.index_select(0, ids.flatten());  // [N, H], the residual stream
   bool x_is_returned = false;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const LayerWeights& w = layers_[i];
-    const at::Tensor qkv = at::linear(norm(x, w.input_norm), w.qkv, w.qkv_bias);  // [N, (heads + 2 kv) hd]
-    at::Tensor attention;                                                           // [N, heads · hd]
-    if (fast) {
-      const auto t = fast_path::qk_norm_rope(qkv, w.q_norm, w.k_norm, cos, sin, heads, kv_heads, hd, c.rms_norm_eps);
-      attention = fast_path::document_causal_attention(t.q, t.k, t.v, cu_seqlens, max_document).view({n, heads * hd});
-    } else {
-      at::Tensor q = qkv.narrow(1, 0, heads * hd).reshape({b, s, heads, hd});
-      at::Tensor k = qkv.narrow(1, heads * hd, kv_heads * hd).reshape({b, s, kv_heads, hd});
-      at::Tensor v = qkv.narrow(1, (heads + kv_heads) * hd, kv_heads * hd).reshape({b, s, kv_heads, hd});
-      if (c.qk_norm) {
-        q = rms_norm(q, w.q_norm, c.rms_norm_eps);
-        k = rms_norm(k, w.k_norm, c.rms_norm_eps);
-      }
-      q = (q * cos + rotate_half(q) * sin).transpose(1, 2);  // [B, heads, S, hd]
-      k = (k * cos + rotate_half(k) * sin).transpose(1, 2);
-      v = v.transpose(1, 2);
-      if (heads > kv_heads) {
-        k = k.repeat_interleave(heads / kv_heads, 1);
-        v = v.repeat_interleave(heads / kv_heads, 1);
-      }
-      attention = compat::scaled_dot_product_attention(q, k, v, mask, /*is_causal=*/!mask.has_value())
-                      .transpose(1, 2)
-                      .reshape({n, heads * hd});
+    const at::Tensor qkv = at::linear(rms_norm(x, w.input_norm, c.rms_norm_eps), w.qkv, w.qkv_bias);  // [N, (heads + 2 kv) hd]
+    at::Tensor q = qkv.narrow(1, 0, heads * hd).reshape({b, s, heads, hd});
+    at::Tensor k = qkv.narrow(1, heads * hd, kv_heads * hd).reshape({b, s, kv_heads, hd});
+    at::Tensor v = qkv.narrow(1, (heads + kv_heads) * hd, kv_heads * hd).reshape({b, s, kv_heads, hd});
+    if (c.qk_norm) {
+      q = rms_norm(q, w.q_norm, c.rms_norm_eps);
+      k = rms_norm(k, w.k_norm, c.rms_norm_eps);
     }
+    q = (q * cos + rotate_half(q) * sin).transpose(1, 2);  // [B, heads, S, hd]
+    k = (k * cos + rotate_half(k) * sin).transpose(1, 2);
+    v = v.transpose(1, 2);
+    if (heads > kv_heads) {
+      k = k.repeat_interleave(heads / kv_heads, 1);
+      v = v.repeat_interleave(heads / kv_heads, 1);
+    }
+    const at::Tensor attention = compat::scaled_dot_product_attention(q, k, v, mask, /*is_causal=*/!mask.has_value())
+                                     .transpose(1, 2)
+                                     .reshape({n, heads * hd});
     x = add_projection(x, attention, w.o, x_is_returned);
-    const at::Tensor gate_up = at::linear(norm(x, w.post_attention_norm), w.gate_up);  // [N, 2 I]
+    const at::Tensor gate_up = at::linear(rms_norm(x, w.post_attention_norm, c.rms_norm_eps), w.gate_up);  // [N, 2 I]
     const int64_t inter = c.intermediate_size;
-    const at::Tensor activated = fast ? fast_path::swiglu(gate_up)
-                                      : at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
-    x = add_projection(x, activated, w.down, x_is_returned);
+    x = add_projection(x, at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter), w.down, x_is_returned);
     if (wanted.count(i)) {
       out.layers[i] = x.view({b, s, c.hidden_size});
       x_is_returned = true;
     }
   }
-  if (want_last_hidden || want_logits) out.last_hidden = norm(x, final_norm_).view({b, s, c.hidden_size});
-  if (want_logits) out.logits = at::linear(out.last_hidden, lm_head_);
-  if (!want_last_hidden) out.last_hidden = at::Tensor();
+  if (want_last_hidden) out.last_hidden = rms_norm(x, final_norm_, c.rms_norm_eps).view({b, s, c.hidden_size});
   return out;
 }
 

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,15 +30,29 @@ struct DecoderOutputs {
   at::Tensor logits;
 };
 
+struct DecoderOptions {
+  // The GPU path (fast_path.h) where it applies — a CUDA device, bf16/fp16, a
+  // build with the kernels; false forces the ATen reference path everywhere.
+  bool cuda_kernels = true;
+  // GPU path: the batch's rows run as this many micro-batches on as many CUDA
+  // streams (at most one per row).
+  int64_t streams = 2;
+};
+
+// The inputs of one forward, resolved once for either path.
+struct PackedBatch {
+  at::Tensor ids;        // [B, S] int64
+  at::Tensor documents;  // [B, S] int64, or undefined (one document per row)
+  at::Tensor starts;     // [B, S] bool: first token of a document; undefined with documents
+  at::Tensor angles;     // [B·S, head_dim/2] fp64 rotary angles
+};
+
 class Decoder {
  public:
   // Reads config.json and model.safetensors (or the shards listed in
   // model.safetensors.index.json). Throws naming the file and tensor.
-  // allow_cuda_kernels: use the GPU path (fast_path.h) where it applies —
-  // a CUDA device, bf16/fp16, a build with the kernels; false forces the ATen
-  // reference path everywhere.
   Decoder(const std::filesystem::path& model_dir, c10::ScalarType dtype, c10::Device device,
-          bool allow_cuda_kernels = true);
+          const DecoderOptions& options = {});
 
   const DecoderConfig& config() const { return config_; }
   const at::Tensor& embed_tokens() const { return embed_; }
@@ -52,7 +67,11 @@ class Decoder {
                          const std::vector<int64_t>& layer_ids, bool want_last_hidden, bool want_logits) const;
 
  private:
+  DecoderOutputs forward_kernels(const PackedBatch& batch, const std::set<int64_t>& wanted, bool want_last_hidden) const;
+  DecoderOutputs forward_reference(const PackedBatch& batch, const std::set<int64_t>& wanted, bool want_last_hidden) const;
+
   DecoderConfig config_;
+  int64_t streams_ = 2;
   at::Tensor embed_, lm_head_, final_norm_, inv_freq_;
   std::vector<LayerWeights> layers_;
   bool cuda_kernels_ = false;

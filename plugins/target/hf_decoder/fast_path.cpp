@@ -6,11 +6,13 @@
 #include "cuda_kernels.h"
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/ops/_flash_attention_forward.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <cmath>
+#include <vector>
 #endif
 
 namespace dflash::target::fast_path {
@@ -82,6 +84,41 @@ at::Tensor document_causal_attention(const at::Tensor& q, const at::Tensor& k, c
   return padded == head_dim ? out : out.narrow(-1, 0, head_dim).contiguous();
 }
 
+void interleave_on_streams(const c10::Device& device, int64_t groups, int64_t steps,
+                           const std::function<void(int64_t, int64_t)>& body) {
+  if (groups <= 1) {
+    for (int64_t step = 0; step < steps; ++step) body(0, step);
+    return;
+  }
+  const c10::cuda::CUDAGuard guard(device);
+  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device.index());
+  at::cuda::CUDAEvent ready;
+  ready.record(caller);
+  std::vector<c10::cuda::CUDAStream> streams;
+  for (int64_t g = 0; g < groups; ++g) {
+    streams.push_back(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index()));
+    ready.block(streams.back());
+  }
+  auto join = [&] {
+    for (const auto& stream : streams) {
+      at::cuda::CUDAEvent done;
+      done.record(stream);
+      done.block(caller);
+    }
+  };
+  try {
+    for (int64_t step = 0; step < steps; ++step)
+      for (int64_t g = 0; g < groups; ++g) {
+        const c10::cuda::CUDAStreamGuard on(streams[g]);
+        body(g, step);
+      }
+  } catch (...) {
+    join();
+    throw;
+  }
+  join();
+}
+
 #else  // no CUDA kernels in this build
 
 namespace {
@@ -98,6 +135,9 @@ HeadTensors qk_norm_rope(const at::Tensor&, const at::Tensor&, const at::Tensor&
 at::Tensor swiglu(const at::Tensor&) { unavailable(); }
 at::Tensor document_causal_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                      int64_t) {
+  unavailable();
+}
+void interleave_on_streams(const c10::Device&, int64_t, int64_t, const std::function<void(int64_t, int64_t)>&) {
   unavailable();
 }
 

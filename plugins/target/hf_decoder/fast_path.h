@@ -6,8 +6,10 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
+#include <functional>
 
 namespace dflash::target::fast_path {
 
@@ -41,5 +43,14 @@ at::Tensor swiglu(const at::Tensor& gate_up);
 // Returns [tokens, heads, head_dim].
 at::Tensor document_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& cu_seqlens, int64_t max_length);
+
+// Calls body(group, step) for every step in [0, steps) and group in
+// [0, groups): each group's calls in order on its own CUDA stream, issued step
+// by step across groups so one group's memory-bound kernels overlap another's
+// GEMMs. Work already queued on the caller's stream comes first, and the
+// caller's stream waits for every group before anything queued after (also
+// when body throws). One group runs on the caller's stream.
+void interleave_on_streams(const c10::Device& device, int64_t groups, int64_t steps,
+                           const std::function<void(int64_t group, int64_t step)>& body);
 
 }  // namespace dflash::target::fast_path

@@ -31,6 +31,10 @@ class HfDecoderTarget : public sdk::TargetModel {
                 "auto = our CUDA kernels and flash attention on a CUDA device in bf16/fp16 (the ATen path "
                 "elsewhere); aten = the ATen reference path everywhere",
                 {"auto", "aten"})
+        .integer("streams", 2,
+                 "GPU path: the batch's rows run as this many micro-batches on as many CUDA streams, so one's "
+                 "memory-bound kernels and attention overlap another's GEMMs (1 = no overlap)",
+                 Bounds::between(1, 8))
         .dump();
   }
 
@@ -39,14 +43,20 @@ class HfDecoderTarget : public sdk::TargetModel {
     const auto scalar = sdk::parse_dtype(dtype == "auto" ? context.dtype() : dtype);
     try {
       decoder_ = std::make_unique<target::Decoder>(context.config().at("path").get<std::string>(), scalar,
-                                                   sdk::parse_device(context.device()),
-                                                   context.config().value("kernels", std::string("auto")) == "auto");
+                                                   sdk::parse_device(context.device()), options(context.config()));
     } catch (const sdk::Error&) {
       throw;
     } catch (const std::exception& e) {
       throw sdk::Error(DFLASH_ERR_NOT_FOUND, e.what());
     }
     feature_layers_ = context.config().at("feature_layers").get<int64_t>();
+  }
+
+  static target::DecoderOptions options(const nlohmann::json& config) {
+    target::DecoderOptions o;
+    o.cuda_kernels = config.value("kernels", std::string("auto")) == "auto";
+    o.streams = config.value("streams", int64_t{2});
+    return o;
   }
 
   nlohmann::json describe() const {
