@@ -32,6 +32,7 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   std::string plugin_dir, model, json, blas = "default";
   int64_t batch = 8, seq = 4096, documents = 4;
+  bool diagnostics = true, reference_arms = true;
   int repeats = 5, warmup = 2;
 };
 
@@ -52,6 +53,8 @@ Args parse(int argc, char** argv) {
     else if (flag == "--warmup") a.warmup = std::stoi(next());
     else if (flag == "--json") a.json = next();
     else if (flag == "--blas") a.blas = next();
+    else if (flag == "--no-diagnostics") a.diagnostics = false;
+    else if (flag == "--no-reference") a.reference_arms = false;
     else throw std::invalid_argument("unknown flag " + flag);
   }
   if (a.plugin_dir.empty() || a.model.empty()) throw std::invalid_argument("--plugin-dir DIR and --model DIR are required");
@@ -173,7 +176,7 @@ int main(int argc, char** argv) {
   // Floors, same run.
   torch::manual_seed(0);
   Measurement square, gemms, flash_one, flash_packed;
-  std::vector<std::tuple<std::string, Measurement, double>> per_gemm;
+  std::vector<std::tuple<std::string, Measurement, double>> per_gemm, diagnostic;
   {
     torch::NoGradGuard no_grad;
     auto a = torch::randn({8192, 8192}, bf16), w = torch::randn({8192, 8192}, bf16);
@@ -214,6 +217,45 @@ int main(int argc, char** argv) {
     };
     flash_one = flash(1);
     flash_packed = flash(args.documents);
+    if (args.diagnostics) {
+      // Other attention kernels LibTorch has, through SDPA with one backend enabled at a time.
+      auto& context = at::globalContext();
+      auto qt = q.view({b, s, heads, head_dim}).transpose(1, 2), kt = k.view({b, s, kv_heads, head_dim}).transpose(1, 2);
+      auto vt = v.view({b, s, kv_heads, head_dim}).transpose(1, 2);
+      auto k_rep = kt.repeat_interleave(heads / kv_heads, 1), v_rep = vt.repeat_interleave(heads / kv_heads, 1);
+      auto only = [&](bool flash_on, bool cudnn_on, bool efficient_on) {
+        context.setSDPUseFlash(flash_on);
+        context.setSDPUseCuDNN(cudnn_on);
+        context.setSDPUseMemEfficient(efficient_on);
+        context.setSDPUseMath(false);
+      };
+      auto sdpa = [&](bool gqa) {
+        return measure(args, [&] {
+          for (int64_t l = 0; l < layers; ++l)
+            auto out = gqa ? at::scaled_dot_product_attention(qt, kt, vt, {}, 0.0, true, std::nullopt, true)
+                           : at::scaled_dot_product_attention(qt, k_rep, v_rep, {}, 0.0, true);
+        });
+      };
+      only(false, true, false);
+      diagnostic.emplace_back("  SDPA cuDNN, GQA, 1 doc/row", sdpa(true), attention_flop_one);
+      diagnostic.emplace_back("  SDPA cuDNN, K/V repeated, 1 doc/row", sdpa(false), attention_flop_one);
+      only(true, false, false);
+      diagnostic.emplace_back("  SDPA flash, GQA, 1 doc/row", sdpa(true), attention_flop_one);
+      only(true, true, true);
+      context.setSDPUseMath(true);
+      // The residual add inside the GEMM (beta = 1), and weights stored [in, out].
+      auto residual = torch::randn({n, hidden}, bf16);
+      diagnostic.emplace_back("  GEMM o with residual (addmm_, beta 1) x" + std::to_string(layers), measure(args, [&] {
+        for (int64_t l = 0; l < layers; ++l) residual.addmm_(attn, w_o.t());
+      }), 2.0 * n * hidden * q_out * layers);
+      auto w_gu_nn = w_gu.t().contiguous();
+      diagnostic.emplace_back("  GEMM gate_up, weight [in,out] x" + std::to_string(layers), measure(args, [&] {
+        for (int64_t l = 0; l < layers; ++l) auto y = torch::mm(x, w_gu_nn);
+      }), 2.0 * n * hidden * 2 * inter * layers);
+      diagnostic.emplace_back("  GEMM 8192^3 sustained (x200)", measure(args, [&] {
+        for (int i = 0; i < 200; ++i) auto c = torch::mm(a, w);
+      }), 200 * 2.0 * 8192.0 * 8192.0 * 8192.0);
+    }
   }
   std::cout << std::left << std::setw(44) << "arm" << std::right << std::setw(12) << "time" << std::setw(17) << "throughput"
             << std::setw(16) << "ratio" << std::setw(16) << "useful" << std::setw(13) << "extra peak\n";
@@ -222,6 +264,7 @@ int main(int argc, char** argv) {
   for (const auto& [label, m, flop] : per_gemm) emit(label, m, flop, 0);
   emit("flash attention alone, 1 doc/row (part 2)", flash_one, attention_flop_one, 0);
   emit("flash attention alone, " + std::to_string(args.documents) + " docs/row", flash_packed, attention_flop, 0);
+  for (const auto& [label, m, flop] : diagnostic) emit(label, m, flop, 0);
   const double floor_one = gemms.median_ms + flash_one.median_ms, floor_packed = gemms.median_ms + flash_packed.median_ms;
 
   auto ids = torch::randint(0, info.at("vocab_size").get<int64_t>(), {b, s}, torch::TensorOptions().dtype(torch::kLong)).to(device);
@@ -237,6 +280,7 @@ int main(int argc, char** argv) {
   emit("hf_decoder (kernels, 2 streams), " + std::to_string(args.documents) + " docs/row", time_forward(*target, true), linear_flop, floor_packed);
   target.reset();
   c10::cuda::CUDACachingAllocator::emptyCache();
+  if (!args.reference_arms) return 0;
   for (int streams : {1, 4}) {
     auto other = make_target("auto", streams);
     emit("hf_decoder (kernels, " + std::to_string(streams) + " stream" + (streams > 1 ? "s" : "") + "), 1 doc/row",
