@@ -13,11 +13,13 @@
 
 #include <ATen/Context.h>
 #include <ATen/ops/_flash_attention_forward.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -144,13 +146,14 @@ int main(int argc, char** argv) {
   };
 
   // Two instances share nothing: load, time, release, then the next.
-  auto make_target = [&](const std::string& kernels, int streams) {
+  auto make_target = [&](const std::string& kernels, int streams, const std::string& attention) {
     return std::make_unique<TargetModelInstance>(
         registry.find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"),
-        nlohmann::json{{"path", args.model}, {"dtype", "bfloat16"}, {"feature_layers", 5}, {"kernels", kernels}, {"streams", streams}},
+        nlohmann::json{{"path", args.model}, {"dtype", "bfloat16"}, {"feature_layers", 5}, {"kernels", kernels},
+                       {"streams", streams}, {"attention", attention}},
         InstanceOptions{"cuda:0", "bfloat16", 0});
   };
-  auto target = make_target("auto", 2);
+  auto target = make_target("auto", 2, "auto");
   const nlohmann::json info = target->describe();
   const int64_t layers = info.at("num_layers"), hidden = info.at("hidden_size"), heads = info.at("num_attention_heads");
   const int64_t kv_heads = info.at("num_key_value_heads"), head_dim = info.at("head_dim");
@@ -175,7 +178,7 @@ int main(int argc, char** argv) {
 
   // Floors, same run.
   torch::manual_seed(0);
-  Measurement square, gemms, flash_one, flash_packed;
+  Measurement square, gemms, flash_one, flash_packed, cudnn_one;
   std::vector<std::tuple<std::string, Measurement, double>> per_gemm, diagnostic;
   {
     torch::NoGradGuard no_grad;
@@ -217,6 +220,15 @@ int main(int argc, char** argv) {
     };
     flash_one = flash(1);
     flash_packed = flash(args.documents);
+    {
+      auto qt = q.view({b, s, heads, head_dim}).transpose(1, 2), kt = k.view({b, s, kv_heads, head_dim}).transpose(1, 2);
+      auto vt = v.view({b, s, kv_heads, head_dim}).transpose(1, 2);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+      cudnn_one = measure(args, [&] {
+        for (int64_t l = 0; l < layers; ++l)
+          auto out = at::_scaled_dot_product_cudnn_attention(qt, kt, vt, {}, false, 0.0, true, false, scale);
+      });
+    }
     if (args.diagnostics) {
       // Other attention kernels LibTorch has, through SDPA with one backend enabled at a time.
       auto& context = at::globalContext();
@@ -262,10 +274,13 @@ int main(int argc, char** argv) {
   emit("cuBLAS 8192^3 GEMM (peak reference)", square, 2.0 * 8192.0 * 8192.0 * 8192.0, 0);
   emit("linear-layer GEMMs alone (floor part 1)", gemms, linear_flop, 0);
   for (const auto& [label, m, flop] : per_gemm) emit(label, m, flop, 0);
-  emit("flash attention alone, 1 doc/row (part 2)", flash_one, attention_flop_one, 0);
+  emit("cuDNN attention alone, 1 doc/row (part 2)", cudnn_one, attention_flop_one, 0);
+  emit("flash attention alone, 1 doc/row", flash_one, attention_flop_one, 0);
   emit("flash attention alone, " + std::to_string(args.documents) + " docs/row", flash_packed, attention_flop, 0);
   for (const auto& [label, m, flop] : diagnostic) emit(label, m, flop, 0);
-  const double floor_one = gemms.median_ms + flash_one.median_ms, floor_packed = gemms.median_ms + flash_packed.median_ms;
+  // Each arm's floor: the GEMMs plus the attention kernel it uses, alone.
+  const double floor_cudnn = gemms.median_ms + cudnn_one.median_ms, floor_one = gemms.median_ms + flash_one.median_ms;
+  const double floor_packed = gemms.median_ms + flash_packed.median_ms;
 
   auto ids = torch::randint(0, info.at("vocab_size").get<int64_t>(), {b, s}, torch::TensorOptions().dtype(torch::kLong)).to(device);
   auto packed_positions = torch::arange(s / args.documents, torch::TensorOptions().dtype(torch::kLong))
@@ -276,18 +291,22 @@ int main(int argc, char** argv) {
     return measure(args, [&] { auto out = t.forward(batch, layer_ids, /*want_last_hidden=*/true, /*want_logits=*/false); });
   };
   // Linear FLOP are the useful work the throughput figure reports (as the peer's 424 TFLOP/s does).
-  emit("hf_decoder (kernels, 2 streams), 1 doc/row", time_forward(*target, false), linear_flop, floor_one);
-  emit("hf_decoder (kernels, 2 streams), " + std::to_string(args.documents) + " docs/row", time_forward(*target, true), linear_flop, floor_packed);
+  if (!target->describe().at("cudnn_attention").get<bool>()) std::cout << "(cuDNN attention unavailable: flash in every arm)\n";
+  emit("hf_decoder (kernels+cuDNN, 2 streams), 1 doc/row", time_forward(*target, false), linear_flop, floor_cudnn);
+  emit("hf_decoder (kernels+flash, 2 streams), " + std::to_string(args.documents) + " docs/row", time_forward(*target, true), linear_flop, floor_packed);
   target.reset();
   c10::cuda::CUDACachingAllocator::emptyCache();
   if (!args.reference_arms) return 0;
-  for (int streams : {1, 4}) {
-    auto other = make_target("auto", streams);
-    emit("hf_decoder (kernels, " + std::to_string(streams) + " stream" + (streams > 1 ? "s" : "") + "), 1 doc/row",
-         time_forward(*other, false), linear_flop, floor_one);
+  {
+    auto other = make_target("auto", 1, "auto");
+    emit("hf_decoder (kernels+cuDNN, 1 stream), 1 doc/row", time_forward(*other, false), linear_flop, floor_cudnn);
+  }
+  {
+    auto other = make_target("auto", 2, "flash");
+    emit("hf_decoder (kernels+flash, 2 streams), 1 doc/row", time_forward(*other, false), linear_flop, floor_one);
   }
   c10::cuda::CUDACachingAllocator::emptyCache();
-  auto reference = make_target("aten", 1);
+  auto reference = make_target("aten", 1, "auto");
   emit("hf_decoder (ATen path), 1 doc/row", time_forward(*reference, false), linear_flop, floor_one);
   emit("hf_decoder (ATen path), " + std::to_string(args.documents) + " docs/row", time_forward(*reference, true), linear_flop, floor_packed);
   return 0;

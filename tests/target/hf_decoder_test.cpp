@@ -377,12 +377,14 @@ TEST_F(HfDecoder, CudaKernelsMatchTheNaiveModelAsCloselyAsTheReferencePath) {
       for (size_t d = 0; d < lengths[row].size(); ++d) parts.push_back(torch::full({lengths[row][d]}, static_cast<int64_t>(d), torch::kLong));
       expected.push_back(naive_forward(t, w, ids[row], positions[row], torch::cat(parts)));
     }
-    auto run = [&](const std::string& kernels, int streams) {
+    auto run = [&](const std::string& kernels, int streams, const std::string& attention = "auto") {
       TargetModelInstance target(registry_->find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"),
                                  {{"path", model.string()}, {"dtype", "bfloat16"}, {"feature_layers", 3},
-                                  {"kernels", kernels}, {"streams", streams}},
+                                  {"kernels", kernels}, {"streams", streams}, {"attention", attention}},
                                  InstanceOptions{"cuda:0", "bfloat16", 0});
       EXPECT_EQ(target.describe().at("cuda_kernels").get<bool>(), kernels == "auto");
+      // cuDNN's attention is expected to work on the GPU machines this runs on (H100/H200).
+      EXPECT_EQ(target.describe().at("cudnn_attention").get<bool>(), kernels == "auto" && attention == "auto");
       return target.forward({{"input_ids", ids}, {"position_ids", positions}}, layers, true, false);
     };
     const NamedTensors reference = run("aten", 1);
@@ -395,9 +397,11 @@ TEST_F(HfDecoder, CudaKernelsMatchTheNaiveModelAsCloselyAsTheReferencePath) {
       }
       return worst;
     };
-    for (int streams : {1, 2, 8}) {
-      SCOPED_TRACE("streams " + std::to_string(streams));
-      const NamedTensors fast = run("auto", streams);
+    // Two streams: row 0 alone (one document: cuDNN) and rows 1–2 (packed: flash);
+    // 8 streams: one row each; 1 stream: all three rows packed (flash).
+    for (const auto& [streams, attention] : std::vector<std::pair<int, std::string>>{{1, "auto"}, {2, "auto"}, {8, "auto"}, {8, "flash"}}) {
+      SCOPED_TRACE("streams " + std::to_string(streams) + ", attention " + attention);
+      const NamedTensors fast = run("auto", streams, attention);
       for (int64_t l = 0; l <= t.layers; ++l) {
         const std::string name = l < t.layers ? "hidden." + std::to_string(l) : "last_hidden";
         const double e_fast = error(fast, name, l), e_ref = error(reference, name, l);

@@ -144,6 +144,8 @@ Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device,
   }
   inv_freq_ = rope_inverse_frequencies(c).to(device);
   cuda_kernels_ = options.cuda_kernels && fast_path::available() && fast_path::supports(embed_, hd);
+  cudnn_attention_ = cuda_kernels_ && options.cudnn_attention &&
+                     fast_path::cudnn_attention_works(embed_, c.num_heads, c.num_kv_heads, hd);
 }
 
 namespace {
@@ -218,7 +220,8 @@ DecoderOutputs Decoder::forward_kernels(const PackedBatch& batch, const std::set
   const at::Tensor sin = batch.angles.sin().to(at::kFloat).contiguous();
 
   struct MicroBatch {
-    int64_t first_token = 0, tokens = 0, max_document = 0;
+    int64_t first_token = 0, tokens = 0, rows = 0, max_document = 0;
+    bool one_document_per_row = true;
     at::Tensor cu_seqlens;  // int32 document offsets within the micro-batch
   };
   const int64_t groups = std::max<int64_t>(1, std::min<int64_t>(streams_, b));
@@ -228,8 +231,10 @@ DecoderOutputs Decoder::forward_kernels(const PackedBatch& batch, const std::set
     MicroBatch& m = micro[g];
     m.first_token = first_row * s;
     m.tokens = rows * s;
+    m.rows = rows;
     if (batch.starts.defined()) {
       const at::Tensor first = batch.starts.narrow(0, first_row, rows).flatten().nonzero().flatten();
+      m.one_document_per_row = first.size(0) == rows;
       m.cu_seqlens = at::cat({first, at::full({1}, m.tokens, first.options())}).to(at::kInt);
       m.max_document = (m.cu_seqlens.narrow(0, 1, first.size(0)) - m.cu_seqlens.narrow(0, 0, first.size(0))).max().item<int64_t>();
     } else {
@@ -256,7 +261,9 @@ DecoderOutputs Decoder::forward_kernels(const PackedBatch& batch, const std::set
     const auto t = fast_path::qk_norm_rope(qkv, w.q_norm, w.k_norm, cos.narrow(0, m.first_token, m.tokens),
                                            sin.narrow(0, m.first_token, m.tokens), heads, kv_heads, hd, c.rms_norm_eps);
     const at::Tensor attention =
-        fast_path::document_causal_attention(t.q, t.k, t.v, m.cu_seqlens, m.max_document).view({m.tokens, heads * hd});
+        cudnn_attention_ && m.one_document_per_row
+            ? fast_path::row_causal_attention_cudnn(t.q, t.k, t.v, m.rows)
+            : fast_path::document_causal_attention(t.q, t.k, t.v, m.cu_seqlens, m.max_document).view({m.tokens, heads * hd});
     xg.addmm_(attention, w.o.t());  // the residual add inside the GEMM
     const at::Tensor gate_up = at::linear(fast_path::rms_norm(xg, w.post_attention_norm, c.rms_norm_eps), w.gate_up);
     xg.addmm_(fast_path::swiglu(gate_up), w.down.t());

@@ -37,6 +37,9 @@ struct DecoderOptions {
   // GPU path: the batch's rows run as this many micro-batches on as many CUDA
   // streams (at most one per row).
   int64_t streams = 2;
+  // GPU path: rows that are each one document use cuDNN's attention where it
+  // works here; packed rows always use flash attention over documents.
+  bool cudnn_attention = true;
 };
 
 // The inputs of one forward, resolved once for either path.
@@ -59,6 +62,7 @@ class Decoder {
   const at::Tensor& lm_head() const { return lm_head_; }
   const at::Tensor& final_norm() const { return final_norm_; }
   bool uses_cuda_kernels() const { return cuda_kernels_; }
+  bool uses_cudnn_attention() const { return cudnn_attention_; }
 
   // input_ids [B, S]; position_ids [B, S] (restarting per packed document)
   // and document_ids [B, S] are optional: without document_ids, a position id
@@ -75,6 +79,7 @@ class Decoder {
   at::Tensor embed_, lm_head_, final_norm_, inv_freq_;
   std::vector<LayerWeights> layers_;
   bool cuda_kernels_ = false;
+  bool cudnn_attention_ = false;
 };
 
 }  // namespace dflash::target

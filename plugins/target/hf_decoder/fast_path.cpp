@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/ops/_flash_attention_forward.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -68,16 +69,49 @@ at::Tensor swiglu(const at::Tensor& gate_up_in) {
   return out;
 }
 
+namespace {
+// Both attention kernels take head dims in multiples of 8; zero columns
+// change no dot product, and the scale stays that of the true head_dim.
+int64_t padded_head_dim(int64_t head_dim) { return (head_dim + 7) / 8 * 8; }
+at::Tensor pad_head_dim(const at::Tensor& t) {
+  const int64_t head_dim = t.size(-1), padded = padded_head_dim(head_dim);
+  return padded == head_dim ? t : at::constant_pad_nd(t, {0, padded - head_dim}, 0);
+}
+}  // namespace
+
+at::Tensor row_causal_attention_cudnn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t rows) {
+  const int64_t tokens = q.size(0), heads = q.size(1), kv_heads = k.size(1), head_dim = q.size(2);
+  const int64_t s = tokens / rows;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  // [rows, heads, S, d] views of the token-major tensors; cuDNN takes the strides.
+  auto as_bhsd = [&](const at::Tensor& t, int64_t h) { return pad_head_dim(t).view({rows, s, h, -1}).transpose(1, 2); };
+  auto result = at::_scaled_dot_product_cudnn_attention(as_bhsd(q, heads), as_bhsd(k, kv_heads), as_bhsd(v, kv_heads),
+                                                        /*attn_bias=*/{}, /*compute_log_sumexp=*/false,
+                                                        /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                        /*return_debug_mask=*/false, scale);
+  at::Tensor out = std::get<0>(result).transpose(1, 2);  // [rows, S, heads, padded]
+  if (out.size(-1) != head_dim) out = out.narrow(-1, 0, head_dim);
+  return out.reshape({tokens, heads * head_dim});
+}
+
+bool cudnn_attention_works(const at::Tensor& like, int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  try {
+    const c10::cuda::CUDAGuard guard(like.device());
+    const auto options = like.options();
+    const at::Tensor q = at::randn({2 * 16, heads, head_dim}, options), k = at::randn({2 * 16, kv_heads, head_dim}, options);
+    const at::Tensor out = row_causal_attention_cudnn(q, k, k, 2);
+    return out.isfinite().all().item<bool>();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 at::Tensor document_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& cu_seqlens, int64_t max_length) {
   const int64_t head_dim = q.size(-1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  // Flash attention takes head dims in multiples of 8; zero columns change
-  // no dot product, and the scale stays that of the true head_dim.
-  const int64_t padded = (head_dim + 7) / 8 * 8;
-  auto pad = [&](const at::Tensor& t) {
-    return padded == head_dim ? t : at::constant_pad_nd(t, {0, padded - head_dim}, 0);
-  };
+  const int64_t padded = padded_head_dim(head_dim);
+  auto pad = pad_head_dim;
   auto result = at::_flash_attention_forward(pad(q), pad(k), pad(v), cu_seqlens, cu_seqlens, max_length, max_length,
                                              /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, scale);
   at::Tensor out = std::get<0>(result);
@@ -140,6 +174,8 @@ at::Tensor document_causal_attention(const at::Tensor&, const at::Tensor&, const
 void interleave_on_streams(const c10::Device&, int64_t, int64_t, const std::function<void(int64_t, int64_t)>&) {
   unavailable();
 }
+at::Tensor row_causal_attention_cudnn(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t) { unavailable(); }
+bool cudnn_attention_works(const at::Tensor&, int64_t, int64_t, int64_t) { return false; }
 
 #endif
 

@@ -44,6 +44,16 @@ at::Tensor swiglu(const at::Tensor& gate_up);
 at::Tensor document_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& cu_seqlens, int64_t max_length);
 
+// Causal attention over rows that are each one document, through cuDNN's
+// fused attention (on Hopper far faster than flash attention 2 here; see
+// docs/performance.md). q [rows·S, heads, head_dim], k/v [rows·S, kv_heads,
+// head_dim]; GQA is native. Returns [rows·S, heads·head_dim].
+at::Tensor row_causal_attention_cudnn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t rows);
+
+// Whether row_causal_attention_cudnn runs on this device and LibTorch (a tiny
+// probe; an unsupported cuDNN throws there, and the caller keeps flash).
+bool cudnn_attention_works(const at::Tensor& like, int64_t heads, int64_t kv_heads, int64_t head_dim);
+
 // Calls body(group, step) for every step in [0, steps) and group in
 // [0, groups): each group's calls in order on its own CUDA stream, issued step
 // by step across groups so one group's memory-bound kernels overlap another's

@@ -35,6 +35,10 @@ class HfDecoderTarget : public sdk::TargetModel {
                  "GPU path: the batch's rows run as this many micro-batches on as many CUDA streams, so one's "
                  "memory-bound kernels and attention overlap another's GEMMs (1 = no overlap)",
                  Bounds::between(1, 8))
+        .string("attention", "auto",
+                "GPU path, rows that are each one document: auto = cuDNN's fused attention where it works on this "
+                "machine, else flash attention; flash = always flash attention (packed rows always use it)",
+                {"auto", "flash"})
         .dump();
   }
 
@@ -56,6 +60,7 @@ class HfDecoderTarget : public sdk::TargetModel {
     target::DecoderOptions o;
     o.cuda_kernels = config.value("kernels", std::string("auto")) == "auto";
     o.streams = config.value("streams", int64_t{2});
+    o.cudnn_attention = config.value("attention", std::string("auto")) == "auto";
     return o;
   }
 
@@ -69,6 +74,7 @@ class HfDecoderTarget : public sdk::TargetModel {
             {"head_dim", c.head_dim},
             {"model_type", c.model_type},
             {"cuda_kernels", decoder_->uses_cuda_kernels()},
+            {"cudnn_attention", decoder_->uses_cudnn_attention()},
             {"default_layer_ids", target::default_feature_layers(c.num_layers, feature_layers_)}};
   }
 
