@@ -7,12 +7,14 @@
 #include "plugin/registry.h"
 #include "support/expect.h"
 #include "support/temp_dir.h"
+#include "train/frozen_weights.h"
 
 #include <dflash/sdk/safetensors_torch.hpp>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -409,6 +411,42 @@ TEST_F(HfDecoder, CudaKernelsMatchTheNaiveModelAsCloselyAsTheReferencePath) {
         EXPECT_LE(e_fast, 3e-2) << name;
       }
     }
+  }
+}
+
+// The host's copy of the frozen tensors for a drafter device: new storage,
+// detached, in the drafter's dtype, tied weights copied once.
+TEST_F(HfDecoder, FrozenWeightsArePlacedAsPrivateCopies) {
+  TinySpec t;
+  t.tied = true;
+  auto target = load(write_model(dir_, t, make_weights(t)));
+  const NamedTensors frozen = target->frozen_weights();
+  const NamedTensors placed = place_frozen_weights(frozen, "hf_decoder", torch::kCPU, torch::kFloat);
+  ASSERT_EQ(placed.size(), 3u);
+  for (const auto& [name, copy] : placed) {
+    SCOPED_TRACE(name);
+    const auto original = get(frozen, name);
+    EXPECT_NE(copy.data_ptr(), original.data_ptr());
+    EXPECT_EQ(copy.scalar_type(), torch::kFloat);
+    EXPECT_FALSE(copy.requires_grad());
+    EXPECT_TRUE(torch::allclose(copy.to(torch::kDouble), original, 1e-6, 1e-6));
+  }
+  EXPECT_EQ(get(placed, "lm_head").data_ptr(), get(placed, "embed_tokens").data_ptr()) << "tied: one copy";
+  get(placed, "final_norm").add_(1.0);
+  EXPECT_TRUE(torch::equal(get(target->frozen_weights(), "final_norm"), get(frozen, "final_norm")))
+      << "the target's tensor must not change with the copy";
+  NamedTensors missing(frozen.begin(), frozen.end());
+  missing.erase(std::remove_if(missing.begin(), missing.end(), [](const auto& p) { return p.first == "final_norm"; }),
+                missing.end());
+  try {
+    place_frozen_weights(missing, "hf_decoder", torch::kCPU, torch::kFloat);
+    ADD_FAILURE() << "accepted a target without final_norm";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "target model plugin 'hf_decoder': frozen_weights returned no 'final_norm'");
+  }
+  if (torch::cuda::is_available()) {
+    const NamedTensors on_gpu = place_frozen_weights(frozen, "hf_decoder", torch::Device(torch::kCUDA, 0), torch::kBFloat16);
+    for (const auto& [name, copy] : on_gpu) EXPECT_TRUE(copy.is_cuda()) << name;
   }
 }
 
