@@ -1,0 +1,271 @@
+// data/jsonl: SpecForge-style pre-tokenised JSON lines,
+//   {"input_ids": [...], "loss_mask": [...]}
+// streamed from a file or a directory of *.jsonl (never held in memory),
+// shuffled per epoch with the run's seed, packed into batches by a token
+// budget, resumable at any batch boundary.
+//
+// A bad line is never used silently: each is classified (not JSON, missing or
+// mistyped field, lengths differ, id outside the vocabulary, no two
+// consecutive supervised tokens), counted, and either skipped with a log line
+// naming file:line (on_bad_line = skip) or stops the run with that message
+// (on_bad_line = stop). describe() reports the counts.
+#include "line_index.h"
+#include "packing.h"
+
+#include <dflash/sdk/data_source.hpp>
+
+#include <map>
+#include <numeric>
+
+namespace {
+using namespace dflash;
+
+uint64_t mix(uint64_t x) {  // SplitMix64: portable, unlike std::*_distribution
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+class JsonLines : public sdk::DataSource {
+ public:
+  static constexpr sdk::PluginInfo info{"jsonl", "1.0.0",
+                                        "pre-tokenised JSON lines {input_ids, loss_mask}: streamed, shuffled, packed"};
+
+  static std::string config_schema() {
+    using sdk::Bounds;
+    return sdk::Schema()
+        .required_string("path", "a .jsonl file, or a directory whose *.jsonl files are read in name order")
+        .integer("vocab_size", 0, "ids must be below this; 0 = the target's vocabulary size", Bounds::at_least(0))
+        .integer("row_length", 4096, "tokens per batch row (longer sequences: see long_sequences)", Bounds::at_least(2))
+        .integer("tokens_per_batch", 16384, "the batch's token budget: rows = tokens_per_batch / row_length",
+                 Bounds::at_least(2))
+        .boolean("shuffle", true, "a new order every epoch, from the run's seed")
+        .integer("epochs", 0, "epochs before the data ends (0 = endless)", Bounds::at_least(0))
+        .string("on_bad_line", "skip", "skip: count it, log file:line, go on; stop: fail with file:line", {"skip", "stop"})
+        .string("long_sequences", "truncate", "a sequence longer than row_length: truncate it or skip it (both counted)",
+                {"truncate", "skip"})
+        .integer("log_bad_lines", 10, "how many skipped lines to log one by one (all are counted)", Bounds::at_least(0))
+        .dump();
+  }
+
+  explicit JsonLines(const sdk::CreateContext& context)
+      : host_(context.host()), seed_(context.seed()) {
+    const auto& c = context.config();
+    path_ = c.at("path").get<std::string>();
+    vocab_ = c.at("vocab_size").get<int64_t>();
+    row_length_ = c.at("row_length").get<int64_t>();
+    rows_ = c.at("tokens_per_batch").get<int64_t>() / row_length_;
+    shuffle_ = c.at("shuffle").get<bool>();
+    epochs_ = c.at("epochs").get<int64_t>();
+    stop_on_bad_ = c.at("on_bad_line").get<std::string>() == "stop";
+    truncate_long_ = c.at("long_sequences").get<std::string>() == "truncate";
+    log_bad_lines_ = c.at("log_bad_lines").get<int64_t>();
+    if (vocab_ < 2)
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT,
+                       "data.jsonl.vocab_size: must be at least 2 (0 asks the host for the target's, which must be known)");
+    if (rows_ < 1)
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "data.jsonl.tokens_per_batch: must be at least row_length (" +
+                                                        std::to_string(row_length_) + ")");
+    try {
+      index_ = std::make_unique<data::LineIndex>(path_);
+    } catch (const std::exception& e) {
+      throw sdk::Error(DFLASH_ERR_NOT_FOUND, std::string("data.jsonl.path: ") + e.what());
+    }
+    if (index_->lines().empty()) throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "data.jsonl.path: " + path_ + " holds no lines");
+    if (index_->lines().size() > UINT32_MAX) throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, path_ + ": more than 2^32 lines");
+    start_epoch();
+  }
+
+  std::optional<sdk::TensorDict> next_batch() {
+    data::BatchPacker packer(rows_, row_length_, /*pad_id=*/0);
+    while (!finished()) {
+      if (!pending_) {
+        pending_ = load(index_->lines()[order_[cursor_]]);
+        if (!pending_->ok) {  // bad or skipped: consumed, nothing packed
+          pending_.reset();
+          advance();
+          continue;
+        }
+      }
+      if (!packer.try_add(pending_->sequence)) break;  // the batch is full; this sequence opens the next
+      if (pending_->truncated) ++counts_["truncated"];
+      pending_.reset();
+      ++counts_["sequences_used"];
+      advance();
+    }
+    if (packer.empty()) return std::nullopt;
+    auto batch = packer.finish();
+    fill_ = packer.fill_ratio();
+    return batch;
+  }
+
+  nlohmann::json save_state() const {
+    // At a batch boundary a pending sequence is exactly the one at cursor_,
+    // re-read on resume; nothing else is in flight.
+    return {{"epoch", epoch_}, {"cursor", cursor_}, {"counts", counts_}, {"lines", index_->lines().size()}};
+  }
+
+  void load_state(const nlohmann::json& state) {
+    const auto lines = state.at("lines").get<uint64_t>();
+    if (lines != index_->lines().size())
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "data.jsonl: the saved position is for " + std::to_string(lines) +
+                                                        " lines but " + path_ + " now has " +
+                                                        std::to_string(index_->lines().size()) +
+                                                        "; resuming on changed data would silently change the run");
+    epoch_ = state.at("epoch").get<int64_t>();
+    cursor_ = state.at("cursor").get<uint64_t>();
+    counts_ = state.at("counts").get<std::map<std::string, int64_t>>();
+    pending_.reset();
+    start_epoch(/*keep_cursor=*/true);
+  }
+
+  nlohmann::json describe() const {
+    nlohmann::json bad = nlohmann::json::object();
+    int64_t bad_total = 0;
+    for (const auto& [reason, n] : counts_)
+      if (reason.rfind("bad: ", 0) == 0) {
+        bad[reason.substr(5)] = n;
+        bad_total += n;
+      }
+    return {{"vocab_size", vocab_},
+            {"files", index_->files().size()},
+            {"sequences", index_->lines().size()},
+            {"blank_lines", index_->blank_lines()},
+            {"epoch", epoch_},
+            {"sequences_used", count("sequences_used")},
+            {"bad_lines", bad_total},
+            {"bad_lines_by_reason", bad},
+            {"truncated", count("truncated")},
+            {"skipped_too_long", count("skipped_too_long")},
+            {"batch_fill", fill_}};
+  }
+
+ private:
+  struct Loaded {
+    bool ok = false;
+    bool truncated = false;  // counted when packed, so a resumed run counts it once
+    data::Sequence sequence;
+  };
+
+  int64_t count(const std::string& key) const {
+    auto it = counts_.find(key);
+    return it == counts_.end() ? 0 : it->second;
+  }
+  bool finished() const { return epochs_ > 0 && epoch_ >= epochs_; }
+
+  void start_epoch(bool keep_cursor = false) {
+    const auto n = static_cast<uint32_t>(index_->lines().size());
+    order_.resize(n);
+    std::iota(order_.begin(), order_.end(), 0u);
+    if (shuffle_) {  // Fisher–Yates with a stream fixed by (seed, epoch)
+      uint64_t state = mix(seed_ ^ mix(static_cast<uint64_t>(epoch_) + 0x6a09e667ULL));
+      for (uint32_t i = n - 1; i > 0; --i) {
+        state = mix(state);
+        std::swap(order_[i], order_[static_cast<uint32_t>(state % (static_cast<uint64_t>(i) + 1))]);
+      }
+    }
+    if (!keep_cursor) cursor_ = 0;
+  }
+
+  void advance() {
+    if (++cursor_ == order_.size()) {
+      ++epoch_;
+      start_epoch();
+    }
+  }
+
+  void bad_line(const data::LineRef& ref, const std::string& reason, const std::string& detail) {
+    const std::string where = index_->files()[ref.file] + ":" + std::to_string(ref.line);
+    if (stop_on_bad_)
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT,
+                       where + ": " + detail + " (data.jsonl.on_bad_line is stop; set it to skip to count and skip such lines)");
+    ++counts_["bad: " + reason];
+    int64_t total = 0;
+    for (const auto& [key, n] : counts_)
+      if (key.rfind("bad: ", 0) == 0) total += n;
+    if (total <= log_bad_lines_)
+      host_->log(DFLASH_LOG_WARN, "jsonl", (where + ": skipped: " + detail).c_str());
+    else if (total == log_bad_lines_ + 1)
+      host_->log(DFLASH_LOG_WARN, "jsonl", "further bad lines are counted without a log line (see describe)");
+  }
+
+  Loaded load(const data::LineRef& ref) {
+    Loaded out;
+    const nlohmann::json j = nlohmann::json::parse(index_->read(ref), nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      bad_line(ref, "not a JSON object", "not a JSON object");
+      return out;
+    }
+    auto ids_it = j.find("input_ids"), mask_it = j.find("loss_mask");
+    if (ids_it == j.end() || !ids_it->is_array()) {
+      bad_line(ref, "no input_ids array", "no \"input_ids\" array");
+      return out;
+    }
+    if (mask_it == j.end() || !mask_it->is_array()) {
+      bad_line(ref, "no loss_mask array", "no \"loss_mask\" array");
+      return out;
+    }
+    if (ids_it->size() != mask_it->size()) {
+      bad_line(ref, "lengths differ", "input_ids has " + std::to_string(ids_it->size()) + " entries, loss_mask " +
+                                          std::to_string(mask_it->size()));
+      return out;
+    }
+    data::Sequence& s = out.sequence;
+    s.ids.reserve(ids_it->size());
+    s.loss_mask.reserve(mask_it->size());
+    for (size_t i = 0; i < ids_it->size(); ++i) {
+      const auto& id = (*ids_it)[i];
+      const auto& m = (*mask_it)[i];
+      if (!id.is_number_integer()) {
+        bad_line(ref, "non-integer id", "input_ids[" + std::to_string(i) + "] is not an integer");
+        return out;
+      }
+      const auto value = id.get<int64_t>();
+      if (value < 0 || value >= vocab_) {
+        bad_line(ref, "id outside the vocabulary", "input_ids[" + std::to_string(i) + "] = " + std::to_string(value) +
+                                                       " is outside the vocabulary [0, " + std::to_string(vocab_) + ")");
+        return out;
+      }
+      if (!(m.is_number_integer() || m.is_boolean()) || (m.is_number_integer() && m.get<int64_t>() != 0 && m.get<int64_t>() != 1)) {
+        bad_line(ref, "loss_mask not 0/1", "loss_mask[" + std::to_string(i) + "] is not 0 or 1");
+        return out;
+      }
+      s.ids.push_back(value);
+      s.loss_mask.push_back(m.is_boolean() ? (m.get<bool>() ? 1 : 0) : static_cast<uint8_t>(m.get<int64_t>()));
+    }
+    if (static_cast<int64_t>(s.ids.size()) > row_length_) {
+      if (!truncate_long_) {
+        ++counts_["skipped_too_long"];
+        return out;
+      }
+      s.ids.resize(static_cast<size_t>(row_length_));
+      s.loss_mask.resize(static_cast<size_t>(row_length_));
+      out.truncated = true;
+    }
+    if (!data::has_supervised_pair(s.loss_mask)) {
+      bad_line(ref, "no two consecutive supervised tokens",
+               "no two consecutive supervised tokens (loss_mask), so no anchor can be drawn from it");
+      return out;
+    }
+    out.ok = true;
+    return out;
+  }
+
+  const dflash_host_api* host_;
+  uint64_t seed_;
+  std::string path_;
+  int64_t vocab_, row_length_, rows_, epochs_, log_bad_lines_;
+  bool shuffle_, stop_on_bad_, truncate_long_;
+  std::unique_ptr<data::LineIndex> index_;
+  std::vector<uint32_t> order_;
+  uint64_t cursor_ = 0;
+  int64_t epoch_ = 0;
+  std::optional<Loaded> pending_;
+  std::map<std::string, int64_t> counts_;
+  double fill_ = 0;
+};
+
+}  // namespace
+
+DFLASH_PLUGINS(JsonLines)
