@@ -1,0 +1,196 @@
+// drafter/dflash: the DFlash block drafter (see docs/drafter.md). Per batch
+// row it samples anchors where the token and the next are supervised, lays
+// out a block of block_size slots after each (slot 0 = the anchor token, the
+// rest = MASK), and predicts token anchor + k at slot k from the blocks and
+// the target's hidden states of target_layer_ids. The target's embedding and
+// lm_head are reused frozen; its final norm seeds the drafter's own.
+#include "block_layout.h"
+#include "dflash_model.h"
+
+#include <dflash/sdk/drafter.hpp>
+
+#include <memory>
+
+namespace {
+using namespace dflash;
+
+std::vector<int64_t> evenly_spaced(int64_t num_layers, int64_t count) {
+  // From layer 1 to L − 3, as the DFlash recipe spaces them.
+  const int64_t first = 1, last = std::max<int64_t>(1, num_layers - 3);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < count; ++i)
+    ids.push_back(count == 1 ? first : first + (last - first) * i / (count - 1));
+  return ids;
+}
+
+class DFlashDrafter : public sdk::Drafter {
+ public:
+  static constexpr sdk::PluginInfo info{"dflash", "1.0.0", "DFlash block drafter: KV-injected target features, block slots"};
+
+  static std::string config_schema() {
+    using sdk::Bounds;
+    return sdk::Schema()
+        .integer("num_layers", 5, "drafter decoder layers", Bounds::between(1, 64))
+        .integer("num_attention_heads", 0, "0 = the target's", Bounds::at_least(0))
+        .integer("num_key_value_heads", 0, "0 = the target's", Bounds::at_least(0))
+        .integer("head_dim", 0, "0 = the target's", Bounds::at_least(0))
+        .integer("intermediate_size", 0, "MLP width; 0 = the target's", Bounds::at_least(0))
+        .integer("block_size", 16, "slots per block: the anchor + block_size − 1 predicted tokens", Bounds::between(2, 256))
+        .integer("max_anchors", 512, "blocks per batch row at most", Bounds::at_least(1))
+        .number("gamma", 0.0, "slot weight exp(−(k − 1)/γ); 0 = the recipe's: 7 for block_size ≥ 16, 4 for ≥ 8, else 2",
+                Bounds::at_least(0))
+        .integer("mask_token_id", -1, "token fed to slots 1…; −1 = the last id of the target's vocabulary",
+                 Bounds::at_least(-1))
+        .integer_array("target_layer_ids", {}, "target layers fed to fc; empty = num_layers ids spaced from 1 to L − 3",
+                       Bounds::at_least(0))
+        .number("init_std", 0.02, "standard deviation of the initial weights", Bounds::above(0))
+        .number("rope_theta", 0.0, "0 = the target's (1e6 when the target does not say)", Bounds::at_least(0))
+        .dump();
+  }
+
+  explicit DFlashDrafter(const sdk::CreateContext& context)
+      : config_(context.config()), seed_(context.seed()), dtype_(sdk::parse_dtype(context.dtype())),
+        device_(sdk::parse_device(context.device())) {
+    block_size_ = config_.at("block_size").get<int64_t>();
+    max_anchors_ = config_.at("max_anchors").get<int64_t>();
+    gamma_ = config_.at("gamma").get<double>();
+    if (gamma_ == 0) gamma_ = block_size_ >= 16 ? 7.0 : block_size_ >= 8 ? 4.0 : 2.0;
+  }
+
+  void bind_target(const nlohmann::json& target, const sdk::TensorDict& frozen) {
+    auto from_target = [&](const char* key) {
+      if (!target.contains(key)) throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, std::string("the target's description lacks '") + key + "'");
+      return target.at(key).get<int64_t>();
+    };
+    auto own_or_target = [&](const char* own, const char* theirs) {
+      const int64_t v = config_.at(own).get<int64_t>();
+      return v > 0 ? v : from_target(theirs);
+    };
+    vocab_ = from_target("vocab_size");
+    const int64_t target_layers = from_target("num_layers");
+    drafter::DrafterShape shape;
+    shape.layers = config_.at("num_layers").get<int64_t>();
+    shape.hidden = from_target("hidden_size");
+    shape.target_hidden = shape.hidden;
+    shape.heads = own_or_target("num_attention_heads", "num_attention_heads");
+    shape.kv_heads = own_or_target("num_key_value_heads", "num_key_value_heads");
+    shape.head_dim = config_.at("head_dim").get<int64_t>() > 0 ? config_.at("head_dim").get<int64_t>()
+                     : target.contains("head_dim") ? target.at("head_dim").get<int64_t>()
+                                                   : shape.hidden / shape.heads;
+    shape.intermediate = config_.at("intermediate_size").get<int64_t>() > 0
+                             ? config_.at("intermediate_size").get<int64_t>()
+                             : (target.contains("intermediate_size") ? target.at("intermediate_size").get<int64_t>() : 4 * shape.hidden);
+    shape.rms_norm_eps = target.value("rms_norm_eps", 1e-6);
+    const double theta = config_.at("rope_theta").get<double>();
+    shape.rope_theta = theta > 0 ? theta : target.value("rope_theta", 1e6);
+    if (shape.heads % shape.kv_heads != 0)
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "drafter.num_key_value_heads " + std::to_string(shape.kv_heads) +
+                                                        " does not divide num_attention_heads " + std::to_string(shape.heads));
+    layer_ids_ = config_.at("target_layer_ids").get<std::vector<int64_t>>();
+    if (layer_ids_.empty()) layer_ids_ = evenly_spaced(target_layers, shape.layers);
+    for (int64_t id : layer_ids_)
+      if (id >= target_layers)
+        throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "drafter.target_layer_ids: " + std::to_string(id) +
+                                                          " is not a layer of the target (it has " + std::to_string(target_layers) + ")");
+    shape.feature_layers = static_cast<int64_t>(layer_ids_.size());
+    mask_token_ = config_.at("mask_token_id").get<int64_t>();
+    if (mask_token_ < 0) mask_token_ = vocab_ - 1;
+    if (mask_token_ >= vocab_)
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "drafter.mask_token_id " + std::to_string(mask_token_) +
+                                                        " is outside the target's vocabulary of " + std::to_string(vocab_));
+    embed_ = frozen.at("embed_tokens");
+    if (embed_.size(1) != shape.hidden)
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "the target's embed_tokens is not [vocab, hidden_size]");
+    model_ = std::make_unique<drafter::DFlashModel>(shape, seed_, config_.at("init_std").get<double>(), dtype_, device_);
+    model_->init_final_norm(frozen.at("final_norm"));
+    weights_ = drafter::slot_weights(block_size_, gamma_);
+  }
+
+  sdk::TensorDict parameters() {
+    sdk::TensorDict out;
+    for (const auto& [name, tensor] : bound().parameters()) out.set(name, tensor);
+    return out;
+  }
+
+  sdk::TensorDict forward(const sdk::TensorDict& inputs) {
+    const drafter::DFlashModel& model = bound();
+    const at::Tensor ids = inputs.at("input_ids");
+    const at::Tensor loss_mask = inputs.at("loss_mask");
+    at::Tensor positions = inputs.get("position_ids");
+    at::Tensor documents = inputs.get("document_ids");
+    const int64_t rows = ids.size(0), length = ids.size(1);
+    if (!positions.defined()) positions = at::arange(length, at::kLong).expand({rows, length});
+    if (!documents.defined()) documents = positions.to(at::kCPU, at::kLong).eq(0).to(at::kLong).cumsum(1);
+    const at::Tensor seed_tensor = inputs.get("sample_seed");
+    const uint64_t seed = seed_tensor.defined() ? static_cast<uint64_t>(seed_tensor.item<int64_t>()) : seed_ + ++calls_;
+
+    const at::Tensor anchors = drafter::sample_anchors(loss_mask, documents, max_anchors_, seed);
+    const drafter::BlockLayout layout =
+        drafter::layout_blocks(ids, positions, documents, loss_mask, anchors, block_size_, mask_token_);
+    const at::Tensor mask = drafter::block_attention_mask(anchors, documents, block_size_);
+
+    std::vector<at::Tensor> features;
+    for (int64_t id : layer_ids_) features.push_back(inputs.at("hidden." + std::to_string(id)).to(device_));
+    const int64_t slots = layout.slot_ids.size(1), hidden = model.shape().hidden;
+    const at::Tensor slot_embeddings = embed_.index_select(0, layout.slot_ids.flatten().to(device_)).view({rows, slots, hidden});
+    const at::Tensor out = model.forward(at::cat(features, -1), positions.to(device_), slot_embeddings,
+                                         layout.slot_positions.to(device_), mask.to(device_));  // [B, Q, H]
+
+    // Rows for the loss: every slot k ≥ 1 of a real block.
+    const at::Tensor slot = at::arange(slots, at::kLong).remainder(block_size_).expand({rows, slots});
+    const at::Tensor keep = layout.block_valid.logical_and(slot.ne(0)).flatten().nonzero().flatten();  // CPU
+    const at::Tensor keep_device = keep.to(device_);
+    sdk::TensorDict result{
+        {"hidden", out.reshape({rows * slots, hidden}).index_select(0, keep_device)},
+        {"targets", layout.targets.flatten().index_select(0, keep).to(device_)},
+        {"row_weights", weights_.index_select(0, slot.flatten().index_select(0, keep)).to(device_)},
+        {"slot", slot.flatten().index_select(0, keep).to(device_)}};
+    const at::Tensor last = inputs.get("last_hidden");
+    if (last.defined()) {
+      const at::Tensor row_of = at::arange(rows, at::kLong).view({rows, 1}).expand({rows, slots}).flatten().index_select(0, keep);
+      const at::Tensor flat_index = (row_of * length + layout.teacher_index.flatten().index_select(0, keep)).to(device_);
+      result.set("teacher_hidden", last.reshape({rows * length, last.size(-1)}).index_select(0, flat_index));
+    }
+    return result;
+  }
+
+  nlohmann::json export_config() const {
+    const auto& s = bound().shape();
+    return {{"architectures", {"DFlashDraftModel"}},
+            {"model_type", "qwen3"},
+            {"num_hidden_layers", s.layers},
+            {"hidden_size", s.hidden},
+            {"num_attention_heads", s.heads},
+            {"num_key_value_heads", s.kv_heads},
+            {"head_dim", s.head_dim},
+            {"intermediate_size", s.intermediate},
+            {"vocab_size", vocab_},
+            {"rms_norm_eps", s.rms_norm_eps},
+            {"rope_theta", s.rope_theta},
+            {"block_size", block_size_},
+            {"target_layer_ids", layer_ids_},
+            {"mask_token_id", mask_token_},
+            {"dflash_config", {{"block_size", block_size_}, {"target_layer_ids", layer_ids_}, {"mask_token_id", mask_token_},
+                               {"gamma", gamma_}, {"max_anchors", max_anchors_}}}};
+  }
+
+ private:
+  const drafter::DFlashModel& bound() const {
+    if (!model_) throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "drafter 'dflash': bind_target must come first (it sizes the layers)");
+    return *model_;
+  }
+
+  nlohmann::json config_;
+  uint64_t seed_, calls_ = 0;
+  c10::ScalarType dtype_;
+  c10::Device device_;
+  int64_t block_size_, max_anchors_, vocab_ = 0, mask_token_ = 0;
+  double gamma_;
+  std::vector<int64_t> layer_ids_;
+  at::Tensor embed_, weights_;
+  std::unique_ptr<drafter::DFlashModel> model_;
+};
+
+}  // namespace
+
+DFLASH_PLUGINS(DFlashDrafter)

@@ -1,0 +1,56 @@
+// The DFlash block drafter's layers: `fc` + RMSNorm over the concatenated
+// target features, injected as extra keys/values into every Qwen3-style layer
+// (q/k RMSNorm, RoPE, GQA, SwiGLU); queries come only from the block slots.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dflash::drafter {
+
+struct DrafterShape {
+  int64_t layers = 1, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
+  int64_t feature_layers = 1;  // target layers concatenated into fc's input
+  int64_t target_hidden = 0;   // the target's hidden size (fc input = feature_layers × target_hidden)
+  double rms_norm_eps = 1e-6, rope_theta = 1e6;
+};
+
+using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
+
+class DFlashModel {
+ public:
+  // Weights ~ N(0, init_std) (norms 1) drawn on the CPU from `seed` in fp32,
+  // then placed on device in dtype: the same seed gives the same drafter on
+  // any device.
+  DFlashModel(const DrafterShape& shape, uint64_t seed, double init_std, c10::ScalarType dtype, c10::Device device);
+
+  const DrafterShape& shape() const { return shape_; }
+  // Live leaves, Hugging Face-style names ("layers.0.self_attn.q_proj.weight", "fc.weight", ...).
+  const NamedParameters& parameters() const { return parameters_; }
+  // The final norm starts as a copy of the target's (the drafter's hidden
+  // states feed the target's lm_head).
+  void init_final_norm(const at::Tensor& target_final_norm);
+
+  // features [B, S, F·Ht]; context_positions [B, S]; slot_embeddings [B, Q, H];
+  // slot_positions [B, Q]; mask [B, Q, S + Q] bool (true = may attend).
+  // Returns the slots' hidden states after the final norm, [B, Q, H].
+  at::Tensor forward(const at::Tensor& features, const at::Tensor& context_positions, const at::Tensor& slot_embeddings,
+                     const at::Tensor& slot_positions, const at::Tensor& mask) const;
+
+ private:
+  struct Layer {
+    at::Tensor input_norm, q, k, v, o, q_norm, k_norm, post_norm, gate, up, down;
+  };
+  at::Tensor& add(const std::string& name, at::Tensor value);
+
+  DrafterShape shape_;
+  NamedParameters parameters_;
+  at::Tensor fc_, hidden_norm_, final_norm_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace dflash::drafter

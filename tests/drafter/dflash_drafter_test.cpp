@@ -1,0 +1,321 @@
+// drafter/dflash: the anchor sampler, the block layout and the attention mask
+// against direct slow references, and a whole drafter step (loss and every
+// parameter's gradient) against a naive per-block implementation in fp64.
+#include "block_layout.h"
+#include "plugin/instances.h"
+#include "plugin/registry.h"
+#include "support/expect.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+namespace {
+using namespace dflash::host;
+namespace dd = dflash::drafter;
+
+torch::Tensor get(const NamedTensors& t, const std::string& name) {
+  for (const auto& [n, tensor] : t)
+    if (n == name) return tensor;
+  ADD_FAILURE() << "missing " << name;
+  return {};
+}
+
+// Row 0: one document, a few unsupervised stretches. Row 1: three documents.
+struct SmallBatch {
+  torch::Tensor ids, loss_mask, positions, documents;
+};
+SmallBatch small_batch(int64_t length, uint64_t seed) {
+  torch::manual_seed(seed);
+  SmallBatch b;
+  b.ids = torch::randint(1, 38, {2, length}, torch::kLong);
+  b.loss_mask = torch::rand({2, length}).gt(0.25).to(torch::kLong);
+  b.loss_mask.index_put_({0, torch::indexing::Slice(0, 3)}, 0);  // a prompt
+  std::vector<int64_t> docs1;
+  for (int64_t i = 0; i < length; ++i) docs1.push_back(i < length / 3 ? 0 : i < 2 * length / 3 ? 1 : 2);
+  b.documents = torch::stack({torch::zeros({length}, torch::kLong), torch::tensor(docs1)});
+  b.positions = torch::zeros({2, length}, torch::kLong);
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t i = 0; i < length; ++i)
+      b.positions[r][i] = (i == 0 || b.documents[r][i].item<int64_t>() != b.documents[r][i - 1].item<int64_t>())
+                              ? 0
+                              : b.positions[r][i - 1].item<int64_t>() + 1;
+  return b;
+}
+
+TEST(DFlashLayout, AnchorSamplerDrawsDistinctSupervisedPairsUniformly) {
+  const SmallBatch b = small_batch(40, 1);
+  for (int64_t r = 0; r < 2; ++r) {
+    std::set<int64_t> slow;  // token and next supervised, same document
+    for (int64_t p = 0; p + 1 < 40; ++p)
+      if (b.loss_mask[r][p].item<int64_t>() && b.loss_mask[r][p + 1].item<int64_t>() &&
+          b.documents[r][p].item<int64_t>() == b.documents[r][p + 1].item<int64_t>())
+        slow.insert(p);
+    const auto fast = dd::anchor_candidates(b.loss_mask[r].contiguous().data_ptr<int64_t>(),
+                                            b.documents[r].contiguous().data_ptr<int64_t>(), 40);
+    EXPECT_EQ(std::set<int64_t>(fast.begin(), fast.end()), slow);
+    EXPECT_EQ(fast.size(), slow.size());
+  }
+  const auto a = dd::sample_anchors(b.loss_mask, b.documents, 5, 11);
+  EXPECT_TRUE(torch::equal(a, dd::sample_anchors(b.loss_mask, b.documents, 5, 11))) << "fixed by the seed";
+  EXPECT_FALSE(torch::equal(a, dd::sample_anchors(b.loss_mask, b.documents, 5, 12)));
+  ASSERT_EQ(a.size(1), 5);
+  // Uniform without replacement: over many seeds every candidate of row 0 is
+  // drawn about max_anchors / candidates of the time.
+  const auto candidates = dd::anchor_candidates(b.loss_mask[0].contiguous().data_ptr<int64_t>(),
+                                                b.documents[0].contiguous().data_ptr<int64_t>(), 40);
+  std::map<int64_t, int> drawn;
+  const int trials = 4000;
+  for (int seed = 0; seed < trials; ++seed) {
+    const auto row = dd::sample_anchors(b.loss_mask, b.documents, 5, seed)[0];
+    std::set<int64_t> distinct;
+    for (int64_t i = 0; i < 5; ++i) {
+      const int64_t p = row[i].item<int64_t>();
+      if (i > 0) EXPECT_LT(row[i - 1].item<int64_t>(), p) << "ascending";
+      distinct.insert(p);
+      ++drawn[p];
+    }
+    EXPECT_EQ(distinct.size(), 5u);
+  }
+  const double expected = trials * 5.0 / static_cast<double>(candidates.size());
+  for (int64_t p : candidates) EXPECT_NEAR(drawn[p], expected, 0.15 * expected) << "candidate " << p;
+  EXPECT_EQ(drawn.size(), candidates.size()) << "only candidates are drawn";
+  // Fewer candidates than max_anchors: all of them, padded with −1 on shorter rows.
+  const auto all = dd::sample_anchors(b.loss_mask, b.documents, 1000, 3);
+  EXPECT_EQ(all.size(1), static_cast<int64_t>(std::max(candidates.size(), dd::anchor_candidates(
+      b.loss_mask[1].contiguous().data_ptr<int64_t>(), b.documents[1].contiguous().data_ptr<int64_t>(), 40).size())));
+}
+
+TEST(DFlashLayout, BlocksAndMaskMatchTheirDefinitions) {
+  const SmallBatch b = small_batch(30, 2);
+  const int64_t bs = 4, mask_id = 39;
+  const auto anchors = dd::sample_anchors(b.loss_mask, b.documents, 4, 5);
+  auto padded = anchors.clone();
+  padded[1][3] = -1;  // a padding block
+  const auto layout = dd::layout_blocks(b.ids, b.positions, b.documents, b.loss_mask, padded, bs, mask_id);
+  const auto mask = dd::block_attention_mask(padded, b.documents, bs);
+  const int64_t count = padded.size(1), s = 30, q = count * bs;
+  ASSERT_EQ(mask.sizes(), (std::vector<int64_t>{2, q, s + q}));
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t blk = 0; blk < count; ++blk) {
+      const int64_t a = padded[r][blk].item<int64_t>();
+      for (int64_t k = 0; k < bs; ++k) {
+        const int64_t slot = blk * bs + k;
+        SCOPED_TRACE("row " + std::to_string(r) + " block " + std::to_string(blk) + " slot " + std::to_string(k));
+        EXPECT_EQ(layout.block_valid[r][slot].item<bool>(), a >= 0);
+        if (a >= 0) {
+          EXPECT_EQ(layout.slot_ids[r][slot].item<int64_t>(), k == 0 ? b.ids[r][a].item<int64_t>() : mask_id);
+          EXPECT_EQ(layout.slot_positions[r][slot].item<int64_t>(), b.positions[r][a].item<int64_t>() + k);
+          const int64_t p = a + k;
+          const bool supervised = k >= 1 && p < s && b.documents[r][p].item<int64_t>() == b.documents[r][a].item<int64_t>() &&
+                                  b.loss_mask[r][p].item<int64_t>() == 1;
+          EXPECT_EQ(layout.targets[r][slot].item<int64_t>(), supervised ? b.ids[r][p].item<int64_t>() : -100);
+          if (supervised) EXPECT_EQ(layout.teacher_index[r][slot].item<int64_t>(), p - 1);
+        }
+        for (int64_t key = 0; key < s + q; ++key) {
+          bool allowed;
+          if (key < s) allowed = a >= 0 && key < a && b.documents[r][key].item<int64_t>() == b.documents[r][a].item<int64_t>();
+          else allowed = (key - s) / bs == blk;  // own block, both directions
+          ASSERT_EQ(mask[r][slot][key].item<bool>(), allowed) << "key " << key;
+        }
+      }
+    }
+  const auto w = dd::slot_weights(5, 4.0);
+  EXPECT_EQ(w[0].item<float>(), 0.0f);
+  EXPECT_FLOAT_EQ(w[1].item<float>(), 1.0f);
+  EXPECT_FLOAT_EQ(w[3].item<float>(), static_cast<float>(std::exp(-2.0 / 4.0)));
+}
+
+// ---- a whole drafter step against a naive implementation ---------------------
+
+torch::Tensor rms(const torch::Tensor& x, const torch::Tensor& w) { return w * x / torch::sqrt(x.pow(2).mean(-1, true) + 1e-6); }
+
+torch::Tensor naive_rope(const torch::Tensor& x, const torch::Tensor& positions, double theta) {  // x [L, d]
+  const int64_t d = x.size(-1), half = d / 2;
+  auto out = x.clone();
+  for (int64_t j = 0; j < half; ++j) {
+    const auto angle = positions.to(torch::kDouble) * std::pow(theta, -2.0 * j / d);
+    const auto a = x.select(-1, j), c = x.select(-1, j + half);
+    out.select(-1, j).copy_(a * angle.cos() - c * angle.sin());
+    out.select(-1, j + half).copy_(c * angle.cos() + a * angle.sin());
+  }
+  return out;
+}
+
+TEST(DFlashDrafter, StepLossAndGradientsMatchANaivePerBlockImplementation) {
+  PluginRegistry registry;
+  registry.add_directory(DFLASH_INTREE_PLUGIN_DIR);
+  const PluginRecord& record = registry.find(DFLASH_KIND_DRAFTER, "dflash");
+  const int64_t bs = 4, h = 16, heads = 4, kv = 2, d = 8, inter = 24, vocab = 40, length = 24;
+  const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
+                                 {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", bs}, {"max_anchors", 3},
+                                 {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", nlohmann::json::array()},
+                                 {"init_std", 0.3}, {"rope_theta", 0.0}};
+  DrafterInstance drafter(record, config, {"cpu", "float64", 9});
+  const nlohmann::json target = {{"num_layers", 6}, {"hidden_size", h}, {"vocab_size", vocab}, {"num_attention_heads", heads},
+                                 {"num_key_value_heads", kv}, {"head_dim", d}, {"intermediate_size", inter},
+                                 {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6}};
+  torch::manual_seed(4);
+  const auto embed = torch::randn({vocab, h}, torch::kDouble), lm_head = torch::randn({vocab, h}, torch::kDouble) * 0.3;
+  const auto final_norm = 1 + 0.1 * torch::randn({h}, torch::kDouble);
+  drafter.bind_target(target, {{"embed_tokens", embed}, {"lm_head", lm_head}, {"final_norm", final_norm}});
+  const nlohmann::json exported = *drafter.export_config();
+  EXPECT_EQ(exported.at("target_layer_ids"), (nlohmann::json{1, 3})) << "2 layers spaced from 1 to L − 3 = 3";
+  EXPECT_EQ(exported.at("mask_token_id"), vocab - 1);
+  EXPECT_EQ(exported.at("block_size"), bs);
+
+  const SmallBatch b = small_batch(length, 6);
+  const auto f1 = torch::randn({2, length, h}, torch::kDouble), f3 = torch::randn({2, length, h}, torch::kDouble);
+  const int64_t seed = 77;
+  const NamedTensors out = drafter.forward({{"input_ids", b.ids}, {"loss_mask", b.loss_mask}, {"position_ids", b.positions},
+                                            {"document_ids", b.documents}, {"hidden.1", f1}, {"hidden.3", f3},
+                                            {"sample_seed", torch::tensor(seed)}});
+  const auto rows_hidden = get(out, "hidden"), targets = get(out, "targets"), weights = get(out, "row_weights");
+  auto loss_of = [&](const torch::Tensor& hidden_rows, const torch::Tensor& tgt, const torch::Tensor& w) {
+    const auto valid = tgt.ne(-100);
+    const auto ce = torch::nn::functional::cross_entropy(torch::matmul(hidden_rows, lm_head.t()), tgt.clamp_min(0),
+                                                         torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    const auto wv = w.to(torch::kDouble) * valid.to(torch::kDouble);
+    return (wv * ce).sum() / wv.sum();
+  };
+  const auto loss = loss_of(rows_hidden, targets, weights);
+  loss.backward();
+  const NamedTensors params = drafter.parameters();
+
+  // The naive model: same weights as fresh leaves.
+  std::map<std::string, torch::Tensor> w;
+  for (const auto& [name, p] : params) w[name] = p.detach().clone().requires_grad_(true);
+  const auto anchors = dd::sample_anchors(b.loss_mask, b.documents, 3, seed);
+  const auto ctx_all = rms(torch::matmul(torch::cat({f1, f3}, -1), w["fc.weight"].t()), w["hidden_norm.weight"]);
+  const double gamma = 2.0;  // block_size 4 → the recipe's γ for small blocks
+  std::vector<torch::Tensor> terms, term_weights;
+  int64_t rows_expected = 0;
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t blk = 0; blk < anchors.size(1); ++blk) {
+      const int64_t a = anchors[r][blk].item<int64_t>();
+      if (a < 0) continue;
+      std::vector<int64_t> slot_ids = {b.ids[r][a].item<int64_t>()};
+      for (int64_t k = 1; k < bs; ++k) slot_ids.push_back(vocab - 1);
+      auto x = embed.index_select(0, torch::tensor(slot_ids));
+      const auto qpos = b.positions[r][a] + torch::arange(bs);
+      std::vector<int64_t> ctx_index;
+      for (int64_t j = 0; j < a; ++j)
+        if (b.documents[r][j].item<int64_t>() == b.documents[r][a].item<int64_t>()) ctx_index.push_back(j);
+      const auto ci = torch::tensor(ctx_index, torch::kLong);
+      const auto ctx = ctx_all[r].index_select(0, ci);
+      const auto cpos = b.positions[r].index_select(0, ci);
+      for (int64_t l = 0; l < 2; ++l) {
+        const std::string p = "layers." + std::to_string(l) + ".";
+        const auto hn = rms(x, w[p + "input_layernorm.weight"]);
+        const auto q = torch::matmul(hn, w[p + "self_attn.q_proj.weight"].t());
+        const auto kc = torch::matmul(ctx, w[p + "self_attn.k_proj.weight"].t()), kb = torch::matmul(hn, w[p + "self_attn.k_proj.weight"].t());
+        const auto vc = torch::matmul(ctx, w[p + "self_attn.v_proj.weight"].t()), vb = torch::matmul(hn, w[p + "self_attn.v_proj.weight"].t());
+        std::vector<torch::Tensor> outs;
+        for (int64_t head = 0; head < heads; ++head) {
+          const int64_t g = head / (heads / kv);
+          auto qh = naive_rope(rms(q.narrow(1, head * d, d), w[p + "self_attn.q_norm.weight"]), qpos, 10000.0);
+          auto kh = torch::cat({naive_rope(rms(kc.narrow(1, g * d, d), w[p + "self_attn.k_norm.weight"]), cpos, 10000.0),
+                                naive_rope(rms(kb.narrow(1, g * d, d), w[p + "self_attn.k_norm.weight"]), qpos, 10000.0)});
+          auto vh = torch::cat({vc.narrow(1, g * d, d), vb.narrow(1, g * d, d)});
+          outs.push_back(torch::matmul(torch::softmax(torch::matmul(qh, kh.t()) / std::sqrt(static_cast<double>(d)), 1), vh));
+        }
+        x = x + torch::matmul(torch::cat(outs, 1), w[p + "self_attn.o_proj.weight"].t());
+        const auto m = rms(x, w[p + "post_attention_layernorm.weight"]);
+        const auto gate = torch::matmul(m, w[p + "mlp.gate_proj.weight"].t());
+        x = x + torch::matmul(gate * torch::sigmoid(gate) * torch::matmul(m, w[p + "mlp.up_proj.weight"].t()),
+                              w[p + "mlp.down_proj.weight"].t());
+      }
+      const auto y = rms(x, w["norm.weight"]);
+      for (int64_t k = 1; k < bs; ++k) {
+        ++rows_expected;
+        const int64_t pos = a + k;
+        if (pos >= length || b.documents[r][pos].item<int64_t>() != b.documents[r][a].item<int64_t>() ||
+            b.loss_mask[r][pos].item<int64_t>() == 0)
+          continue;
+        const auto logp = torch::log_softmax(torch::matmul(y[k], lm_head.t()), 0);
+        // Row weights travel as fp32 (the loss ABI's row_weights are float).
+        const double wk = static_cast<double>(static_cast<float>(std::exp(-(k - 1) / gamma)));
+        terms.push_back(-logp[b.ids[r][pos].item<int64_t>()] * wk);
+        term_weights.push_back(torch::tensor(wk, torch::kDouble));
+      }
+    }
+  ASSERT_FALSE(terms.empty());
+  EXPECT_EQ(rows_hidden.size(0), rows_expected) << "one row per slot k ≥ 1 of every block";
+  const auto naive_loss = torch::stack(terms).sum() / torch::stack(term_weights).sum();
+  naive_loss.backward();
+  EXPECT_NEAR(loss.item<double>(), naive_loss.item<double>(), 1e-10);
+  for (const auto& [name, p] : params) {
+    ASSERT_TRUE(p.grad().defined()) << name << " got no gradient";
+    const double err = (p.grad() - w[name].grad()).abs().max().item<double>();
+    const double scale = w[name].grad().abs().max().item<double>();
+    EXPECT_LE(err, 1e-9 * std::max(1.0, scale)) << name << ": max abs diff " << err << " at scale " << scale;
+  }
+  EXPECT_FALSE(embed.requires_grad()) << "the target's embedding stays frozen";
+
+  // The teacher rows: the target's last hidden state one position before each target token.
+  const auto last = torch::randn({2, length, h}, torch::kDouble);
+  const NamedTensors with_teacher = drafter.forward({{"input_ids", b.ids}, {"loss_mask", b.loss_mask},
+                                                     {"position_ids", b.positions}, {"document_ids", b.documents},
+                                                     {"hidden.1", f1}, {"hidden.3", f3}, {"last_hidden", last},
+                                                     {"sample_seed", torch::tensor(seed)}});
+  const auto teacher = get(with_teacher, "teacher_hidden"), slots = get(with_teacher, "slot"), tg = get(with_teacher, "targets");
+  int64_t row = 0, checked = 0;
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t blk = 0; blk < anchors.size(1); ++blk) {
+      const int64_t a = anchors[r][blk].item<int64_t>();
+      if (a < 0) continue;
+      for (int64_t k = 1; k < bs; ++k, ++row) {
+        EXPECT_EQ(slots[row].item<int64_t>(), k);
+        if (tg[row].item<int64_t>() == -100) continue;
+        EXPECT_TRUE(torch::equal(teacher[row], last[r][a + k - 1]));
+        ++checked;
+      }
+    }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(DFlashDrafter, BadTargetsAndOrderAreRefused) {
+  PluginRegistry registry;
+  registry.add_directory(DFLASH_INTREE_PLUGIN_DIR);
+  const PluginRecord& record = registry.find(DFLASH_KIND_DRAFTER, "dflash");
+  const nlohmann::json base = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0}, {"head_dim", 0},
+                               {"intermediate_size", 0}, {"block_size", 4}, {"max_anchors", 3}, {"gamma", 0.0},
+                               {"mask_token_id", -1}, {"target_layer_ids", nlohmann::json::array()}, {"init_std", 0.02},
+                               {"rope_theta", 0.0}};
+  const nlohmann::json target = {{"num_layers", 6}, {"hidden_size", 16}, {"vocab_size", 40}, {"num_attention_heads", 4},
+                                 {"num_key_value_heads", 2}, {"head_dim", 4}};
+  const NamedTensors frozen = {{"embed_tokens", torch::randn({40, 16})}, {"lm_head", torch::randn({40, 16})},
+                               {"final_norm", torch::ones({16})}};
+  {
+    DrafterInstance unbound(record, base, {"cpu", "float32", 1});
+    try {
+      unbound.parameters();
+      FAIL();
+    } catch (const PluginCallError& e) {
+      EXPECT_CONTAINS(e.what(), "bind_target must come first");
+    }
+  }
+  nlohmann::json far = base;
+  far["target_layer_ids"] = {1, 9};
+  DrafterInstance bad_layers(record, far, {"cpu", "float32", 1});
+  try {
+    bad_layers.bind_target(target, frozen);
+    FAIL();
+  } catch (const PluginCallError& e) {
+    EXPECT_CONTAINS(e.what(), "drafter.target_layer_ids: 9 is not a layer of the target (it has 6)");
+  }
+  nlohmann::json bad_mask = base;
+  bad_mask["mask_token_id"] = 40;
+  DrafterInstance mask(record, bad_mask, {"cpu", "float32", 1});
+  try {
+    mask.bind_target(target, frozen);
+    FAIL();
+  } catch (const PluginCallError& e) {
+    EXPECT_CONTAINS(e.what(), "drafter.mask_token_id 40 is outside the target's vocabulary of 40");
+  }
+}
+
+}  // namespace
