@@ -29,6 +29,8 @@ po::options_description visible_options() {
       ("scheduler", po::value<std::string>(), "LR scheduler plugin (sets scheduler.plugin)")
       ("kind", po::value<std::string>(), "describe: the plugin kind when a name exists in several kinds")
       ("json", "list: print JSON instead of a table")
+      ("stop-after", po::value<int64_t>(), "train: stop after this many steps of this run, with a checkpoint "
+       "(run again to resume from it)")
       ("log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error or off");
   return options;
 }
@@ -47,7 +49,7 @@ std::string usage_text() {
          "                     with all defaults filled in\n\n"
       << visible_options() << "\n"
       << "Exit status: 0 success, 1 a failure while running, 2 bad usage or configuration,\n"
-         "3 a feature this build does not have yet.\n\n"
+         "3 a feature this build does not have yet, 4 training stopped on non-finite losses.\n\n"
       << "Example:\n  dflash-host --plugin-dir build/lib/dflash-host/plugins --loss fused_ckpt_kl --config configs/quickstart.json\n";
   return out.str();
 }
@@ -77,6 +79,10 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   if (vm.count("config")) options.config_file = vm["config"].as<std::string>();
   if (vm.count("set")) options.overrides = vm["set"].as<std::vector<std::string>>();
   if (vm.count("kind")) options.kind = vm["kind"].as<std::string>();
+  if (vm.count("stop-after")) {
+    options.stop_after = vm["stop-after"].as<int64_t>();
+    if (options.stop_after < 1) throw std::invalid_argument("--stop-after takes a number of steps >= 1");
+  }
   options.log_level = vm["log-level"].as<std::string>();
   for (const char* flag : kPluginFlags)
     if (vm.count(flag)) options.plugin_choice[flag] = vm[flag].as<std::string>();

@@ -1,6 +1,7 @@
 // The command line of dflash-host, parsed with Boost.Program_options.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -19,6 +20,7 @@ struct CliOptions {
   std::optional<std::string> kind;         // --kind (describe)
   std::string log_level = "info";
   bool json = false;                       // --json (list)
+  int64_t stop_after = 0;                  // --stop-after N (train)
   bool help = false;
   bool version = false;
 };

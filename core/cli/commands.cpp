@@ -9,6 +9,7 @@
 #include "plugin/plugin_kind.h"
 #include "plugin/registry.h"
 #include "train/train_schema.h"
+#include "train/trainer.h"
 
 #include <boost/dll/runtime_symbol_info.hpp>
 
@@ -154,7 +155,7 @@ int print_config(const CliOptions& options) {
 
 template <class Instance>
 std::unique_ptr<Instance> instantiate(const PluginRegistry& registry, const config::ResolvedConfig& resolved,
-                                      dflash_kind kind) {
+                                      dflash_kind kind, nlohmann::json plugin_config) {
   const std::string section = host::kind_section(kind);
   const PluginRecord& record = registry.find(kind, resolved.root.at(section).at("plugin").get<std::string>());
   host::InstanceOptions options;
@@ -162,7 +163,7 @@ std::unique_ptr<Instance> instantiate(const PluginRegistry& registry, const conf
   options.device = train.at("device").get<std::string>();
   options.dtype = train.at("dtype").get<std::string>();
   options.seed = train.at("seed").get<uint64_t>();
-  return std::make_unique<Instance>(record, config::plugin_config_of(resolved, section), options);
+  return std::make_unique<Instance>(record, plugin_config, options);
 }
 
 int train(const CliOptions& options) {
@@ -173,17 +174,26 @@ int train(const CliOptions& options) {
   std::vector<std::string> sections;
   for (dflash_kind kind : host::kAllKinds) sections.push_back(host::kind_section(kind));
   const config::ResolvedConfig resolved = resolve(options, registry, sections);
-  // Create every plugin now, so a plugin that cannot start says so before
-  // anything long-running begins.
-  auto data = instantiate<host::DataSourceInstance>(registry, resolved, DFLASH_KIND_DATA_SOURCE);
-  auto target = instantiate<host::TargetModelInstance>(registry, resolved, DFLASH_KIND_TARGET_MODEL);
-  auto drafter = instantiate<host::DrafterInstance>(registry, resolved, DFLASH_KIND_DRAFTER);
-  auto loss = instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS);
-  auto scheduler = instantiate<host::SchedulerInstance>(registry, resolved, DFLASH_KIND_SCHEDULER);
-  log::info("configuration is valid and all five plugins were created");
-  std::cerr << "dflash-host: train is not yet available in this build: the training loop arrives with the trainer "
-               "(issue #5). The configuration was validated and every plugin created; `dflash-host config` prints it.\n";
-  return kExitUnavailable;
+  auto section = [&](dflash_kind kind) { return config::plugin_config_of(resolved, host::kind_section(kind)); };
+  // Every plugin is created before anything long-running begins, so one that
+  // cannot start says so at once. The target comes first: a data source's
+  // vocab_size of 0 means the target's.
+  auto target = instantiate<host::TargetModelInstance>(registry, resolved, DFLASH_KIND_TARGET_MODEL, section(DFLASH_KIND_TARGET_MODEL));
+  const nlohmann::json target_info = target->describe();
+  nlohmann::json data_config = section(DFLASH_KIND_DATA_SOURCE);
+  if (data_config.contains("vocab_size") && data_config["vocab_size"].is_number_integer() &&
+      data_config["vocab_size"].get<int64_t>() == 0)
+    data_config["vocab_size"] = target_info.at("vocab_size");
+  auto data = instantiate<host::DataSourceInstance>(registry, resolved, DFLASH_KIND_DATA_SOURCE, data_config);
+  auto drafter = instantiate<host::DrafterInstance>(registry, resolved, DFLASH_KIND_DRAFTER, section(DFLASH_KIND_DRAFTER));
+  auto loss = instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS, section(DFLASH_KIND_LOSS));
+  auto scheduler = instantiate<host::SchedulerInstance>(registry, resolved, DFLASH_KIND_SCHEDULER, section(DFLASH_KIND_SCHEDULER));
+  train::TrainPlugins plugins{*data, *target, *drafter, *loss, *scheduler};
+  train::TrainRun run;
+  run.train = resolved.root.at("train");
+  run.resolved_config = resolved.root;
+  run.stop_after = options.stop_after;
+  return train::run_training(plugins, run);
 }
 
 }  // namespace

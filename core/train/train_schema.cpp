@@ -9,11 +9,33 @@ const nlohmann::json& train_schema() {
   static const nlohmann::json schema =
       sdk::Schema()
           .integer("seed", 0, "seed for every random choice of the run (data order, init, anchors)", Bounds::at_least(0))
-          .string("device", "cpu", "where the drafter trains: cpu, cuda or cuda:N")
-          .string("dtype", "float32", "compute dtype of the drafter", {"float32", "bfloat16", "float16"})
-          .integer("steps", 1000, "optimizer steps to run", Bounds::at_least(1))
+          .string("device", "cpu", "where the target and the drafter run: cpu, cuda or cuda:N")
+          .string("dtype", "float32", "compute dtype of the target and the drafter", {"float32", "bfloat16", "float16"})
+          .integer("steps", 1000, "optimizer steps of the run", Bounds::at_least(1))
           .number("lr", 6e-4, "peak learning rate handed to the scheduler", Bounds::above(0))
-          .string("output_dir", "runs/default", "where checkpoints and metrics are written")
+          .string("output_dir", "runs/default", "where checkpoints and metrics.jsonl are written")
+          .integer("grad_accumulation", 1, "micro-batches per optimizer step", Bounds::at_least(1))
+          .number("grad_clip", 1.0, "clip the global gradient norm to this (0 = no clipping)", Bounds::at_least(0))
+          .number("weight_decay", 0.0, "AdamW's decoupled weight decay", Bounds::at_least(0))
+          .number("adam_beta1", 0.9, "AdamW β1", Bounds::between(0, 1))
+          .number("adam_beta2", 0.999, "AdamW β2", Bounds::between(0, 1))
+          .number("adam_eps", 1e-8, "AdamW ε", Bounds::above(0))
+          .string("precision", "same",
+                  "same: weights, gradients and AdamW states in dtype; fp32_master: fp32 master weights and states",
+                  {"same", "fp32_master"})
+          .string("teacher", "hidden",
+                  "what the loss gets from the target: hidden = its last hidden states (for KL through the lm_head); "
+                  "none = hard labels only",
+                  {"hidden", "none"})
+          .string("on_nonfinite", "skip",
+                  "a NaN/Inf loss or gradient: skip = drop that step's update (counted; stops after max_nonfinite in a "
+                  "row); stop = stop at once, keeping the last good checkpoint",
+                  {"skip", "stop"})
+          .integer("max_nonfinite", 5, "consecutive skipped steps before the run stops", Bounds::at_least(1))
+          .integer("checkpoint_every", 0, "steps between checkpoints (0 = only at the end)", Bounds::at_least(0))
+          .integer("keep_checkpoints", 2, "newest checkpoints kept on disk", Bounds::at_least(1))
+          .string("progress", "auto", "console: a progress bar on a terminal, plain lines otherwise", {"auto", "bar", "lines"})
+          .integer("log_every", 1, "steps between console lines (metrics.jsonl gets every step)", Bounds::at_least(1))
           .json();
   return schema;
 }

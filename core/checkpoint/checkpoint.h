@@ -1,0 +1,34 @@
+// Training checkpoints: <root>/step-<NNNNNNNN>/ holds the drafter as a Hugging
+// Face-style directory (config.json + model.safetensors) and what resuming
+// needs (optimizer.safetensors, trainer_state.json). A checkpoint is written
+// into a hidden temporary directory and renamed into place, then
+// <root>/latest is replaced the same way: a crash at any moment leaves the
+// last good checkpoint whole and `latest` naming it.
+#pragma once
+
+#include "plugin/host_api.h"
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+
+namespace dflash::checkpoint {
+
+struct Checkpoint {
+  std::string dir;
+  host::NamedTensors weights, optimizer;
+  nlohmann::json trainer_state;
+};
+
+// Returns the checkpoint's directory. Keeps the `keep` newest step-* folders.
+std::string save(const std::string& root, int64_t step, const nlohmann::json& drafter_config,
+                 const host::NamedTensors& weights, const host::NamedTensors& optimizer,
+                 const nlohmann::json& trainer_state, int64_t keep);
+
+// The checkpoint `latest` names, or nullopt when root holds none. Throws
+// naming the file when one is present but unreadable.
+std::optional<Checkpoint> load_latest(const std::string& root);
+Checkpoint load(const std::string& dir);
+
+}  // namespace dflash::checkpoint

@@ -1,0 +1,44 @@
+#include "memory/memory_stats.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#if DFLASH_HOST_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace dflash::memory {
+
+MemoryFigures memory_now(const c10::Device& device) {
+  MemoryFigures m;
+#if DFLASH_HOST_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
+    m.current_bytes = stats.allocated_bytes[0].current;
+    m.peak_bytes = stats.allocated_bytes[0].peak;
+    m.source = "cuda_allocator";
+    return m;
+  }
+#endif
+  (void)device;
+  long pages = 0, resident = 0;
+  std::ifstream statm("/proc/self/statm");
+  statm >> pages >> resident;
+  m.current_bytes = static_cast<int64_t>(resident) * ::sysconf(_SC_PAGESIZE);
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  m.peak_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  m.source = "process_rss";
+  return m;
+}
+
+void reset_peak(const c10::Device& device) {
+#if DFLASH_HOST_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : 0);
+#endif
+  (void)device;
+}
+
+}  // namespace dflash::memory

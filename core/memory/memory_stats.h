@@ -1,0 +1,21 @@
+// The allocator's current and peak bytes where the drafter trains: the CUDA
+// caching allocator on a GPU, the process's resident set on the CPU.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string>
+
+namespace dflash::memory {
+
+struct MemoryFigures {
+  int64_t current_bytes = 0;
+  int64_t peak_bytes = 0;  // since the last reset_peak (CUDA) or the process start (CPU)
+  std::string source;      // "cuda_allocator" or "process_rss"
+};
+
+MemoryFigures memory_now(const c10::Device& device);
+void reset_peak(const c10::Device& device);
+
+}  // namespace dflash::memory

@@ -1,0 +1,48 @@
+// AdamW over the drafter's parameters, owned by the host. Two precisions:
+//   same        — states (exp_avg, exp_avg_sq) in the parameters' dtype; the
+//                 update is computed in fp32 per tensor and rounded once.
+//   fp32_master — an fp32 master copy of every weight plus fp32 states; the
+//                 live (e.g. bf16) weights are rounded copies of the masters.
+#pragma once
+
+#include "plugin/host_api.h"
+
+#include <cstdint>
+
+namespace dflash::train {
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool fp32_master = false;
+};
+
+class AdamW {
+ public:
+  // `parameters`: the drafter's live leaves (name → tensor), updated in place.
+  AdamW(host::NamedTensors parameters, const AdamWOptions& options);
+
+  // One update with learning rate lr from the gradients now in .grad();
+  // parameters without a gradient are left alone.
+  void step(double lr);
+  void zero_grad();
+  // Every state tensor under a stable name ("exp_avg.<param>", "exp_avg_sq.<param>",
+  // "master.<param>"), plus "step" as a 0-dim int64 tensor: what a checkpoint stores.
+  host::NamedTensors state() const;
+  // Restores state(); throws naming any tensor that is missing or misshapen.
+  void load_state(const host::NamedTensors& state);
+  int64_t steps_taken() const { return steps_; }
+  const host::NamedTensors& parameters() const { return parameters_; }
+
+ private:
+  host::NamedTensors parameters_;
+  AdamWOptions options_;
+  std::vector<at::Tensor> exp_avg_, exp_avg_sq_, master_;
+  int64_t steps_ = 0;
+};
+
+// sqrt(Σ ||grad||²) over the parameters (fp32 accumulation).
+double global_grad_norm(const host::NamedTensors& parameters);
+// Multiplies every gradient by factor.
+void scale_gradients(const host::NamedTensors& parameters, double factor);
+
+}  // namespace dflash::train

@@ -1,0 +1,36 @@
+// The training loop: data → target → drafter → loss → AdamW, with gradient
+// accumulation and clipping, per-step metrics, a non-finite policy, atomic
+// checkpoints and exact resume. Plugins are reached only through the
+// instance wrappers (the C ABI).
+#pragma once
+
+#include "plugin/instances.h"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace dflash::train {
+
+struct TrainPlugins {
+  host::DataSourceInstance& data;
+  host::TargetModelInstance& target;
+  host::DrafterInstance& drafter;
+  host::LossInstance& loss;
+  host::SchedulerInstance& scheduler;
+};
+
+struct TrainRun {
+  nlohmann::json train;            // the resolved "train" section
+  nlohmann::json resolved_config;  // the whole resolved config, recorded in checkpoints
+  int64_t stop_after = 0;          // stop (with a checkpoint) after this many steps of this run; 0 = run to the end
+};
+
+// Exit code when non-finite losses stopped the run (after the policy allowed no more).
+inline constexpr int kNonFinite = 4;
+
+// Resumes from <output_dir>/checkpoints/latest when present. Returns the
+// process exit code. Throws for errors that leave nothing to save.
+int run_training(TrainPlugins& plugins, const TrainRun& run);
+
+}  // namespace dflash::train
