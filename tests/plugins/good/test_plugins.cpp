@@ -1,5 +1,6 @@
 // One small, real plugin per kind, written with the SDK the way a third
 // party would, so the tests can drive every vtable slot through the host.
+#include <limits>
 #include <dflash/sdk.hpp>
 
 #include <torch/torch.h>
@@ -14,8 +15,15 @@ using dflash::sdk::TensorDict;
 class TestLoss : public dflash::sdk::Loss {
  public:
   static constexpr dflash::sdk::PluginInfo info{"test_loss", "2.3.4", "weighted CE for tests"};
-  static std::string config_schema() { return Schema().number("scale", 1.0, "multiplies the loss", Bounds::above(0)).dump(); }
-  explicit TestLoss(const CreateContext& context) : scale_(context.config().at("scale").get<double>()) {}
+  static std::string config_schema() {
+    return Schema()
+        .number("scale", 1.0, "multiplies the loss", Bounds::above(0))
+        .integer("nan_from_call", 0, "from this call on (1-based) the loss is NaN; 0 = never", Bounds::at_least(0))
+        .dump();
+  }
+  explicit TestLoss(const CreateContext& context)
+      : scale_(context.config().at("scale").get<double>()),
+        nan_from_call_(context.config().value("nan_from_call", int64_t{0})) {}
 
   dflash::sdk::LossResult compute(const dflash::sdk::LossInputs& in) {
     if (in.hidden.dim() != 2 || in.hidden.size(1) != in.lm_head_weight.size(1))
@@ -33,6 +41,7 @@ class TestLoss : public dflash::sdk::Loss {
     }
     dflash::sdk::LossResult result;
     result.loss = scale_ * (nll * w).sum() / w.sum().clamp_min(1e-12);
+    if (nan_from_call_ > 0 && ++calls_ >= nan_from_call_) result.loss = result.loss * std::numeric_limits<double>::quiet_NaN();
     torch::NoGradGuard no_grad;
     result.metrics.set("accuracy", logits.argmax(-1).eq(in.targets).to(torch::kFloat));
     result.metrics.set("rows", torch::tensor(static_cast<double>(in.hidden.size(0))));
@@ -44,6 +53,7 @@ class TestLoss : public dflash::sdk::Loss {
 
  private:
   double scale_;
+  int64_t nan_from_call_ = 0, calls_ = 0;
 };
 
 // --- loss whose construction fails with a plain C++ exception.
