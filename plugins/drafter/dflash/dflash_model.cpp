@@ -3,6 +3,7 @@
 #include <dflash/sdk/torch_compat.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
 
 #include <cmath>
 #include <limits>
