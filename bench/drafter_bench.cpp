@@ -1,0 +1,221 @@
+// Times one drafter training step — forward, loss, backward, clipping, AdamW —
+// at the Qwen3.6-27B drafter shape (5 layers, H 5120, 32/8 heads × 128, MLP
+// 17408, V 248,320), with random inputs, through the plugin ABI exactly as
+// the trainer runs it. Reports the step time, block tokens/s, the peak
+// allocation, and the useful FLOP rate against a GEMM floor measured in the
+// same run. A program, not a test: docs/performance.md has the figures.
+//
+//   drafter_bench --plugin-dir build-gpu/lib/dflash-host/plugins
+//                 [--context 4096 --anchors 512 --block 16] [--precision same|fp32_master]
+//                 [--loss fused_ckpt_kl] [--repeats 5 --warmup 2 --json out.jsonl]
+#include "config/config_schema.h"
+#include "memory/memory_stats.h"
+#include "plugin/instances.h"
+#include "plugin/registry.h"
+#include "train/adamw.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+using namespace dflash;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json;
+  int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
+  int64_t intermediate = 17408, vocab = 248320, target_layers = 64;
+  int repeats = 5, warmup = 2;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--plugin-dir") a.plugin_dir = next();
+    else if (flag == "--loss") a.loss = next();
+    else if (flag == "--precision") a.precision = next();
+    else if (flag == "--json") a.json = next();
+    else if (flag == "--context") a.context = std::stoll(next());
+    else if (flag == "--anchors") a.anchors = std::stoll(next());
+    else if (flag == "--block") a.block = std::stoll(next());
+    else if (flag == "--layers") a.layers = std::stoll(next());
+    else if (flag == "--hidden") a.hidden = std::stoll(next());
+    else if (flag == "--heads") a.heads = std::stoll(next());
+    else if (flag == "--kv-heads") a.kv_heads = std::stoll(next());
+    else if (flag == "--head-dim") a.head_dim = std::stoll(next());
+    else if (flag == "--intermediate") a.intermediate = std::stoll(next());
+    else if (flag == "--vocab") a.vocab = std::stoll(next());
+    else if (flag == "--repeats") a.repeats = std::stoi(next());
+    else if (flag == "--warmup") a.warmup = std::stoi(next());
+    else throw std::invalid_argument("unknown flag " + flag);
+  }
+  if (a.plugin_dir.empty()) throw std::invalid_argument("--plugin-dir DIR is required");
+  if (a.precision != "same" && a.precision != "fp32_master") throw std::invalid_argument("--precision: same or fp32_master");
+  return a;
+}
+
+template <class Fn>
+double median_ms(int warmup, int repeats, Fn&& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  torch::cuda::synchronize();
+  std::vector<double> times;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = Clock::now();
+    fn();
+    torch::cuda::synchronize();
+    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  try {
+    a = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "drafter_bench: " << e.what() << "\n";
+    return 2;
+  }
+  if (!torch::cuda::is_available()) {
+    std::cerr << "drafter_bench: no CUDA device\n";
+    return 2;
+  }
+  const torch::Device device(torch::kCUDA, 0);
+  const auto bf16 = torch::TensorOptions().device(device).dtype(torch::kBFloat16);
+  host::PluginRegistry registry;
+  registry.add_directory(a.plugin_dir);
+  torch::manual_seed(0);
+
+  // The frozen verifier weights, as the host places them on the drafter device.
+  const double std_h = 1.0 / std::sqrt(static_cast<double>(a.hidden));
+  const host::NamedTensors frozen = {{"embed_tokens", torch::randn({a.vocab, a.hidden}, bf16)},
+                                     {"lm_head", torch::randn({a.vocab, a.hidden}, bf16) * std_h},
+                                     {"final_norm", torch::ones({a.hidden}, bf16)}};
+  const nlohmann::json target = {{"num_layers", a.target_layers}, {"hidden_size", a.hidden}, {"vocab_size", a.vocab},
+                                 {"num_attention_heads", a.heads}, {"num_key_value_heads", a.kv_heads},
+                                 {"head_dim", a.head_dim}, {"intermediate_size", a.intermediate},
+                                 {"rope_theta", 1e7}, {"rms_norm_eps", 1e-6}};
+  const nlohmann::json drafter_config = {{"num_layers", a.layers}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
+                                         {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", a.block},
+                                         {"max_anchors", a.anchors}, {"gamma", 0.0}, {"mask_token_id", -1},
+                                         {"target_layer_ids", nlohmann::json::array()}, {"init_std", 0.02},
+                                         {"rope_theta", 0.0}};
+  host::DrafterInstance drafter(registry.find(DFLASH_KIND_DRAFTER, "dflash"), drafter_config, {"cuda:0", "bfloat16", 1});
+  drafter.bind_target(target, frozen);
+  const auto layer_ids = drafter.export_config()->at("target_layer_ids").get<std::vector<int64_t>>();
+  // The loss's defaults, CE only (the peer trains on hard labels).
+  const host::PluginRecord& loss_record = registry.find(DFLASH_KIND_LOSS, a.loss);
+  nlohmann::json loss_config = config::defaults_of(loss_record.schema);
+  if (loss_config.contains("kl_weight")) loss_config["kl_weight"] = 0.0;
+  host::LossInstance loss(loss_record, loss_config, {"cuda:0", "bfloat16", 1});
+  const host::NamedTensors parameters = drafter.parameters();
+  int64_t parameter_count = 0;
+  for (const auto& [name, p] : parameters) parameter_count += p.numel();
+  train::AdamWOptions options;
+  options.fp32_master = a.precision == "fp32_master";
+  train::AdamW optimizer(parameters, options);
+
+  // One context row; every position supervised, so every anchor has a full block.
+  host::NamedTensors inputs = {
+      {"input_ids", torch::randint(0, a.vocab, {1, a.context}, torch::kLong)},
+      {"loss_mask", torch::ones({1, a.context}, torch::kLong)},
+      {"position_ids", torch::arange(a.context, torch::kLong).unsqueeze(0)},
+      {"document_ids", torch::zeros({1, a.context}, torch::kLong)},
+      {"sample_seed", torch::scalar_tensor(5, torch::kLong)}};
+  for (int64_t id : layer_ids) inputs.emplace_back("hidden." + std::to_string(id), torch::randn({1, a.context, a.hidden}, bf16));
+
+  int64_t rows = 0;
+  auto step = [&] {
+    optimizer.zero_grad();
+    const host::NamedTensors out = drafter.forward(inputs);
+    host::LossCall call;
+    for (const auto& [name, t] : out) {
+      if (name == "hidden") call.hidden = t;
+      if (name == "targets") call.targets = t;
+      if (name == "row_weights") call.row_weights = t;
+    }
+    call.lm_head_weight = frozen[1].second;
+    rows = call.hidden.size(0);
+    host::LossOutput result = loss.compute(call);
+    result.loss.backward();
+    const double norm = train::global_grad_norm(parameters);
+    if (norm > 1.0) train::scale_gradients(parameters, 1.0 / (norm + 1e-6));
+    optimizer.step(1e-4);
+  };
+  // Warm-up, then the peak of the timed steps (weights, states and frozen tensors included).
+  const double step_ms = median_ms(a.warmup, a.repeats, [&] {
+    static bool reset = false;
+    if (!reset) {
+      memory::reset_peak(device);
+      reset = true;
+    }
+    step();
+  });
+  const memory::MemoryFigures mem = memory::memory_now(device);
+
+  // Useful FLOP per step: the layers (fwd + bwd: 6 per parameter per block
+  // token), the frozen lm_head (logits + dX: 4·H·V per supervised row), fc and
+  // the context K/V projections over the context, and attention (each block
+  // query sees on average half the context plus its block; fwd + bwd ≈ 3.5 × 4·d per key).
+  const int64_t block_tokens = a.anchors * a.block;
+  const double layer_params = static_cast<double>(a.hidden) * (a.heads * a.head_dim) * 2 +
+                              2.0 * a.hidden * (a.kv_heads * a.head_dim) + 3.0 * a.hidden * a.intermediate;
+  const double flop_layers = 6.0 * layer_params * a.layers * static_cast<double>(block_tokens);
+  const double flop_head = 4.0 * a.hidden * static_cast<double>(a.vocab) * static_cast<double>(rows);
+  const double flop_context = 6.0 * a.context * (static_cast<double>(layer_ids.size()) * a.hidden * a.hidden +
+                                                 a.layers * 2.0 * a.hidden * a.kv_heads * a.head_dim);
+  const double flop_attention = 3.5 * 4.0 * a.head_dim * a.heads * a.layers * static_cast<double>(block_tokens) *
+                                (a.context / 2.0 + a.block);
+  const double flop = flop_layers + flop_head + flop_context + flop_attention;
+
+  // The floor: the step's GEMMs alone at its shapes (bf16, cuBLAS), same run.
+  torch::NoGradGuard no_grad;
+  auto x = torch::randn({block_tokens, a.hidden}, bf16), w_q = torch::randn({a.heads * a.head_dim, a.hidden}, bf16);
+  auto w_mlp = torch::randn({a.intermediate, a.hidden}, bf16), head_x = torch::randn({rows, a.hidden}, bf16);
+  const double gemm_ms = median_ms(a.warmup, a.repeats, [&] {
+    for (int i = 0; i < 3; ++i) auto y = torch::mm(x, w_mlp.t());
+    auto z = torch::mm(head_x.narrow(0, 0, std::min<int64_t>(rows, 4096)), frozen[1].second.t());
+  });
+  const double gemm_flop = 3 * 2.0 * block_tokens * a.hidden * a.intermediate +
+                           2.0 * std::min<int64_t>(rows, 4096) * a.hidden * static_cast<double>(a.vocab);
+  const double gemm_tflops = gemm_flop / (gemm_ms * 1e9);
+  const double tflops = flop / (step_ms * 1e9);
+
+  std::cout << std::fixed << std::setprecision(1);
+  std::cout << "drafter_bench: " << a.layers << " layers, H " << a.hidden << ", " << a.heads << "/" << a.kv_heads << " heads x "
+            << a.head_dim << ", MLP " << a.intermediate << ", V " << a.vocab << "; " << parameter_count / 1e9
+            << " B trainable parameters; context " << a.context << ", " << a.anchors << " anchors x block " << a.block
+            << " = " << block_tokens << " block tokens (" << rows << " loss rows); loss " << a.loss << ", precision "
+            << a.precision << "; median of " << a.repeats << " after " << a.warmup << "\n";
+  std::cout << "step " << step_ms << " ms, " << std::setprecision(0) << block_tokens / (step_ms / 1000) << " block tokens/s, peak "
+            << std::setprecision(2) << mem.peak_bytes / double(1 << 30) << " GiB allocated (weights, states and frozen tensors included)\n";
+  std::cout << std::setprecision(1) << "useful FLOP " << flop / 1e12 << " T per step (layers " << flop_layers / 1e12 << ", lm_head "
+            << flop_head / 1e12 << ", context " << flop_context / 1e12 << ", attention " << flop_attention / 1e12 << ") = "
+            << std::setprecision(0) << tflops << " TFLOP/s; same-run GEMM floor " << gemm_tflops << " TFLOP/s ("
+            << std::setprecision(2) << tflops / gemm_tflops << " of it)\n";
+  if (!a.json.empty())
+    std::ofstream(a.json, std::ios::app) << nlohmann::json{{"step_ms", step_ms}, {"block_tokens_per_s", block_tokens / (step_ms / 1000)},
+                                                           {"peak_gib", mem.peak_bytes / double(1 << 30)}, {"tflops", tflops},
+                                                           {"gemm_floor_tflops", gemm_tflops}, {"precision", a.precision},
+                                                           {"context", a.context}, {"anchors", a.anchors}, {"block", a.block},
+                                                           {"parameters", parameter_count}}
+                                                .dump()
+                                         << "\n";
+  return 0;
+}
