@@ -153,7 +153,7 @@ TEST(DFlashDrafter, StepLossAndGradientsMatchANaivePerBlockImplementation) {
   const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
                                  {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", bs}, {"max_anchors", 3},
                                  {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", nlohmann::json::array()},
-                                 {"init_std", 0.3}, {"rope_theta", 0.0}};
+                                 {"init_std", 0.3}, {"rope_theta", 0.0}, {"activation_checkpointing", false}};
   DrafterInstance drafter(record, config, {"cpu", "float64", 9});
   const nlohmann::json target = {{"num_layers", 6}, {"hidden_size", h}, {"vocab_size", vocab}, {"num_attention_heads", heads},
                                  {"num_key_value_heads", kv}, {"head_dim", d}, {"intermediate_size", inter},
@@ -277,6 +277,50 @@ TEST(DFlashDrafter, StepLossAndGradientsMatchANaivePerBlockImplementation) {
   EXPECT_GT(checked, 0);
 }
 
+// Activation checkpointing recomputes each layer in backward: the same loss
+// and the same gradients as keeping every activation.
+TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
+  PluginRegistry registry;
+  registry.add_directory(DFLASH_INTREE_PLUGIN_DIR);
+  const PluginRecord& record = registry.find(DFLASH_KIND_DRAFTER, "dflash");
+  nlohmann::json config = {{"num_layers", 3}, {"num_attention_heads", 0}, {"num_key_value_heads", 0}, {"head_dim", 0},
+                           {"intermediate_size", 0}, {"block_size", 4}, {"max_anchors", 4}, {"gamma", 0.0},
+                           {"mask_token_id", -1}, {"target_layer_ids", nlohmann::json::array()}, {"init_std", 0.3},
+                           {"rope_theta", 0.0}, {"activation_checkpointing", false}};
+  const nlohmann::json target = {{"num_layers", 6}, {"hidden_size", 16}, {"vocab_size", 40}, {"num_attention_heads", 4},
+                                 {"num_key_value_heads", 2}, {"head_dim", 8}, {"intermediate_size", 24}};
+  torch::manual_seed(8);
+  const NamedTensors frozen = {{"embed_tokens", torch::randn({40, 16}, torch::kDouble)},
+                               {"lm_head", torch::randn({40, 16}, torch::kDouble)},
+                               {"final_norm", torch::ones({16}, torch::kDouble)}};
+  const SmallBatch b = small_batch(20, 9);
+  const NamedTensors inputs = {{"input_ids", b.ids}, {"loss_mask", b.loss_mask}, {"position_ids", b.positions},
+                               {"document_ids", b.documents}, {"hidden.1", torch::randn({2, 20, 16}, torch::kDouble)},
+                               {"hidden.2", torch::randn({2, 20, 16}, torch::kDouble)}, {"hidden.3", torch::randn({2, 20, 16}, torch::kDouble)},
+                               {"sample_seed", torch::tensor(int64_t{4})}};
+  std::vector<NamedTensors> grads;
+  std::vector<double> losses;
+  for (bool checkpointing : {false, true}) {
+    config["activation_checkpointing"] = checkpointing;
+    DrafterInstance drafter(record, config, {"cpu", "float64", 3});
+    drafter.bind_target(target, frozen);
+    const auto hidden = get(drafter.forward(inputs), "hidden");
+    const auto weights = torch::linspace(-1, 1, hidden.numel(), torch::kDouble).view(hidden.sizes());
+    const auto loss = (hidden * weights).sum() + hidden.pow(2).sum();
+    loss.backward();
+    losses.push_back(loss.item<double>());
+    NamedTensors g;
+    for (const auto& [name, p] : drafter.parameters()) {
+      ASSERT_TRUE(p.grad().defined()) << name << (checkpointing ? " (checkpointed)" : "");
+      g.emplace_back(name, p.grad().clone());
+    }
+    grads.push_back(g);
+  }
+  EXPECT_DOUBLE_EQ(losses[0], losses[1]);
+  for (size_t i = 0; i < grads[0].size(); ++i)
+    EXPECT_TRUE(torch::allclose(grads[0][i].second, grads[1][i].second, 1e-12, 1e-12)) << grads[0][i].first;
+}
+
 TEST(DFlashDrafter, BadTargetsAndOrderAreRefused) {
   PluginRegistry registry;
   registry.add_directory(DFLASH_INTREE_PLUGIN_DIR);
@@ -284,7 +328,7 @@ TEST(DFlashDrafter, BadTargetsAndOrderAreRefused) {
   const nlohmann::json base = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0}, {"head_dim", 0},
                                {"intermediate_size", 0}, {"block_size", 4}, {"max_anchors", 3}, {"gamma", 0.0},
                                {"mask_token_id", -1}, {"target_layer_ids", nlohmann::json::array()}, {"init_std", 0.02},
-                               {"rope_theta", 0.0}};
+                               {"rope_theta", 0.0}, {"activation_checkpointing", false}};
   const nlohmann::json target = {{"num_layers", 6}, {"hidden_size", 16}, {"vocab_size", 40}, {"num_attention_heads", 4},
                                  {"num_key_value_heads", 2}, {"head_dim", 4}};
   const NamedTensors frozen = {{"embed_tokens", torch::randn({40, 16})}, {"lm_head", torch::randn({40, 16})},

@@ -45,6 +45,9 @@ class DFlashDrafter : public sdk::Drafter {
                        Bounds::at_least(0))
         .number("init_std", 0.02, "standard deviation of the initial weights", Bounds::above(0))
         .number("rope_theta", 0.0, "0 = the target's (1e6 when the target does not say)", Bounds::at_least(0))
+        .boolean("activation_checkpointing", false,
+                 "keep only each layer's input for backward and recompute the layer there (less memory, one more "
+                 "forward of the layers)")
         .dump();
   }
 
@@ -103,6 +106,7 @@ class DFlashDrafter : public sdk::Drafter {
       throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "the target's embed_tokens is not [vocab, hidden_size]");
     model_ = std::make_unique<drafter::DFlashModel>(shape, seed_, config_.at("init_std").get<double>(), dtype_, device_);
     model_->init_final_norm(frozen.at("final_norm"));
+    model_->set_activation_checkpointing(config_.value("activation_checkpointing", false));
     weights_ = drafter::slot_weights(block_size_, gamma_);
   }
 

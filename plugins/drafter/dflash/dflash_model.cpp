@@ -3,6 +3,8 @@
 #include <dflash/sdk/torch_compat.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <c10/core/GradMode.h>
 
 #include <cmath>
@@ -75,11 +77,97 @@ void DFlashModel::init_final_norm(const at::Tensor& target_final_norm) {
   final_norm_.copy_(target_final_norm.to(final_norm_.device(), final_norm_.scalar_type()));
 }
 
+namespace {
+
+struct LayerSettings {
+  int64_t heads, kv_heads, head_dim;
+  double eps, theta;
+};
+
+// One decoder layer: x [B, Q, H] (the block slots), context [B, S, H] (the
+// injected features), bias [B, 1, Q, S + Q]; w = the layer's 11 weights in
+// the order of DFlashModel::Layer.
+at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& w, const at::Tensor& x,
+                         const at::Tensor& context, const at::Tensor& bias, const at::Tensor& slot_positions,
+                         const at::Tensor& key_positions) {
+  const at::Tensor &input_norm = w[0], &wq = w[1], &wk = w[2], &wv = w[3], &wo = w[4], &q_norm = w[5], &k_norm = w[6];
+  const at::Tensor &post_norm = w[7], &gate = w[8], &up = w[9], &down = w[10];
+  const int64_t b = x.size(0), q_len = x.size(1), ctx_len = context.size(1);
+  const at::Tensor h = rms_norm(x, input_norm, s.eps);
+  at::Tensor q = rms_norm(at::linear(h, wq).view({b, q_len, s.heads, s.head_dim}), q_norm, s.eps);
+  // Keys and values: the context's (injected) and the block slots' own, through the same projections.
+  at::Tensor k = at::cat({at::linear(context, wk), at::linear(h, wk)}, 1).view({b, ctx_len + q_len, s.kv_heads, s.head_dim});
+  at::Tensor v = at::cat({at::linear(context, wv), at::linear(h, wv)}, 1).view({b, ctx_len + q_len, s.kv_heads, s.head_dim});
+  k = rms_norm(k, k_norm, s.eps);
+  q = rope(q, slot_positions, s.theta).transpose(1, 2);  // [B, heads, Q, d]
+  k = rope(k, key_positions, s.theta).transpose(1, 2);   // [B, kv, S + Q, d]
+  v = v.transpose(1, 2);
+  if (s.heads > s.kv_heads) {
+    k = k.repeat_interleave(s.heads / s.kv_heads, 1);
+    v = v.repeat_interleave(s.heads / s.kv_heads, 1);
+  }
+  const at::Tensor attention = compat::scaled_dot_product_attention(q, k, v, bias, /*is_causal=*/false)
+                                   .transpose(1, 2)
+                                   .reshape({b, q_len, s.heads * s.head_dim});
+  const at::Tensor y = x + at::linear(attention, wo);
+  const at::Tensor m = rms_norm(y, post_norm, s.eps);
+  return y + at::linear(at::silu(at::linear(m, gate)) * at::linear(m, up), down);
+}
+
+// A layer whose activations are not kept: forward saves only its inputs, and
+// backward runs the layer again with grad to get the gradients. Costs one more
+// forward of the layer; keeps one layer's activations alive instead of all.
+class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor x, at::Tensor context,
+                                                at::Tensor bias, at::Tensor slot_positions, at::Tensor key_positions,
+                                                at::Tensor w0, at::Tensor w1, at::Tensor w2, at::Tensor w3, at::Tensor w4,
+                                                at::Tensor w5, at::Tensor w6, at::Tensor w7, at::Tensor w8, at::Tensor w9,
+                                                at::Tensor w10, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
+                                                double theta) {
+    ctx->save_for_backward({x, context, bias, slot_positions, key_positions, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10});
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["kv_heads"] = kv_heads;
+    ctx->saved_data["head_dim"] = head_dim;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["theta"] = theta;
+    const LayerSettings s{heads, kv_heads, head_dim, eps, theta};
+    return {layer_forward(s, {w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10}, x, context, bias, slot_positions, key_positions)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_output) {
+    const auto saved = ctx->get_saved_variables();
+    const LayerSettings s{ctx->saved_data["heads"].toInt(), ctx->saved_data["kv_heads"].toInt(),
+                          ctx->saved_data["head_dim"].toInt(), ctx->saved_data["eps"].toDouble(),
+                          ctx->saved_data["theta"].toDouble()};
+    const c10::AutoGradMode enable(true);
+    // Fresh leaves for every differentiable input; the gradients returned
+    // here are what autograd accumulates into the real ones.
+    std::vector<at::Tensor> leaves, weights;
+    auto leaf = [&](const at::Tensor& t) {
+      at::Tensor l = t.detach().requires_grad_(t.is_floating_point());
+      leaves.push_back(l);
+      return l;
+    };
+    const at::Tensor x = leaf(saved[0]), context = leaf(saved[1]);
+    for (size_t i = 5; i < 16; ++i) weights.push_back(leaf(saved[i]));
+    const at::Tensor y = layer_forward(s, weights, x, context, saved[2], saved[3], saved[4]);
+    const auto grads = torch::autograd::grad({y}, leaves, {grad_output[0]}, /*retain_graph=*/false,
+                                             /*create_graph=*/false, /*allow_unused=*/true);
+    torch::autograd::variable_list out = {grads[0], grads[1], at::Tensor(), at::Tensor(), at::Tensor()};
+    for (size_t i = 2; i < grads.size(); ++i) out.push_back(grads[i]);
+    for (int i = 0; i < 5; ++i) out.emplace_back();  // heads, kv_heads, head_dim, eps, theta
+    return out;
+  }
+};
+
+}  // namespace
+
 at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& context_positions,
                                 const at::Tensor& slot_embeddings, const at::Tensor& slot_positions,
                                 const at::Tensor& mask) const {
   const DrafterShape& s = shape_;
-  const int64_t b = slot_embeddings.size(0), q_len = slot_embeddings.size(1), ctx_len = features.size(1);
   const double eps = s.rms_norm_eps;
   // The context, once: fc + RMSNorm over the concatenated target features.
   const at::Tensor context = rms_norm(at::linear(features.to(fc_.scalar_type()), fc_), hidden_norm_, eps);  // [B, S, H]
@@ -88,27 +176,17 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
   const at::Tensor bias = at::zeros(mask.sizes(), slot_embeddings.options())
                               .masked_fill_(mask.logical_not().to(slot_embeddings.device()), -std::numeric_limits<float>::infinity())
                               .unsqueeze(1);  // [B, 1, Q, S + Q]
+  const LayerSettings settings{s.heads, s.kv_heads, s.head_dim, eps, s.rope_theta};
   at::Tensor x = slot_embeddings;
   for (const Layer& l : layers_) {
-    const at::Tensor h = rms_norm(x, l.input_norm, eps);
-    at::Tensor q = rms_norm(at::linear(h, l.q).view({b, q_len, s.heads, s.head_dim}), l.q_norm, eps);
-    // Keys and values: the context's (injected) and the block slots' own, through the same projections.
-    at::Tensor k = at::cat({at::linear(context, l.k), at::linear(h, l.k)}, 1).view({b, ctx_len + q_len, s.kv_heads, s.head_dim});
-    at::Tensor v = at::cat({at::linear(context, l.v), at::linear(h, l.v)}, 1).view({b, ctx_len + q_len, s.kv_heads, s.head_dim});
-    k = rms_norm(k, l.k_norm, eps);
-    q = rope(q, slot_positions, s.rope_theta).transpose(1, 2);  // [B, heads, Q, d]
-    k = rope(k, key_positions, s.rope_theta).transpose(1, 2);   // [B, kv, S + Q, d]
-    v = v.transpose(1, 2);
-    if (s.heads > s.kv_heads) {
-      k = k.repeat_interleave(s.heads / s.kv_heads, 1);
-      v = v.repeat_interleave(s.heads / s.kv_heads, 1);
+    if (activation_checkpointing_ && c10::GradMode::is_enabled()) {
+      x = CheckpointedLayer::apply(x, context, bias, slot_positions, key_positions, l.input_norm, l.q, l.k, l.v, l.o,
+                                   l.q_norm, l.k_norm, l.post_norm, l.gate, l.up, l.down, s.heads, s.kv_heads, s.head_dim,
+                                   eps, s.rope_theta)[0];
+    } else {
+      x = layer_forward(settings, {l.input_norm, l.q, l.k, l.v, l.o, l.q_norm, l.k_norm, l.post_norm, l.gate, l.up, l.down},
+                        x, context, bias, slot_positions, key_positions);
     }
-    const at::Tensor attention = compat::scaled_dot_product_attention(q, k, v, bias, /*is_causal=*/false)
-                                     .transpose(1, 2)
-                                     .reshape({b, q_len, s.heads * s.head_dim});
-    x = x + at::linear(attention, l.o);
-    const at::Tensor m = rms_norm(x, l.post_norm, eps);
-    x = x + at::linear(at::silu(at::linear(m, l.gate)) * at::linear(m, l.up), l.down);
   }
   return rms_norm(x, final_norm_, eps);
 }

@@ -34,6 +34,8 @@ class DFlashModel {
   // The final norm starts as a copy of the target's (the drafter's hidden
   // states feed the target's lm_head).
   void init_final_norm(const at::Tensor& target_final_norm);
+  // Keep only each layer's inputs for backward and run the layer again there.
+  void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
 
   // features [B, S, F·Ht]; context_positions [B, S]; slot_embeddings [B, Q, H];
   // slot_positions [B, Q]; mask [B, Q, S + Q] bool (true = may attend).
@@ -51,6 +53,7 @@ class DFlashModel {
   NamedParameters parameters_;
   at::Tensor fc_, hidden_norm_, final_norm_;
   std::vector<Layer> layers_;
+  bool activation_checkpointing_ = false;
 };
 
 }  // namespace dflash::drafter
