@@ -123,6 +123,35 @@ TEST(DFlashLayout, BlocksAndMaskMatchTheirDefinitions) {
         }
       }
     }
+  // The variable-length plan (what flash attention gets on a GPU) encodes
+  // exactly the same pattern: rebuild the dense mask from it.
+  const auto plan = dd::varlen_plan(padded, b.documents, bs);
+  ASSERT_EQ(plan.cu_queries.size(0), 2 * count + 1);
+  ASSERT_EQ(plan.cu_keys.size(0), 2 * count + 1);
+  auto rebuilt = torch::zeros({2, q, s + q}, torch::kBool);
+  int64_t longest = 0;
+  for (int64_t g = 0; g < 2 * count; ++g) {
+    const int64_t r = g / count, blk = g % count;
+    EXPECT_EQ(plan.cu_queries[g].item<int>(), g * bs);
+    const int64_t from = plan.cu_keys[g].item<int>(), to = plan.cu_keys[g + 1].item<int>();
+    longest = std::max(longest, to - from);
+    for (int64_t i = from; i < to; ++i) {
+      const int64_t key = plan.gather[i].item<int64_t>();
+      int64_t key_row, column;
+      if (key < 2 * s) {
+        key_row = key / s;
+        column = key % s;
+      } else {
+        key_row = (key - 2 * s) / q;
+        column = s + (key - 2 * s) % q;
+      }
+      ASSERT_EQ(key_row, r) << "a key from another row";
+      for (int64_t k = 0; k < bs; ++k) rebuilt[r][blk * bs + k][column] = true;
+    }
+  }
+  EXPECT_EQ(plan.max_keys, longest);
+  EXPECT_TRUE(torch::equal(rebuilt, mask)) << "the varlen plan and the dense mask describe the same attention";
+
   const auto w = dd::slot_weights(5, 4.0);
   EXPECT_EQ(w[0].item<float>(), 0.0f);
   EXPECT_FLOAT_EQ(w[1].item<float>(), 1.0f);
@@ -319,6 +348,48 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
   EXPECT_DOUBLE_EQ(losses[0], losses[1]);
   for (size_t i = 0; i < grads[0].size(); ++i)
     EXPECT_TRUE(torch::allclose(grads[0][i].second, grads[1][i].second, 1e-12, 1e-12)) << grads[0][i].first;
+}
+
+// On a GPU (bf16) the layers attend through flash attention over each block's
+// gathered keys; the dense-mask path must give the same outputs and
+// gradients within bf16 noise.
+TEST(DFlashDrafter, VarlenAttentionOnTheGpuMatchesTheDenseMask) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  PluginRegistry registry;
+  registry.add_directory(DFLASH_INTREE_PLUGIN_DIR);
+  const PluginRecord& record = registry.find(DFLASH_KIND_DRAFTER, "dflash");
+  const nlohmann::json target = {{"num_layers", 8}, {"hidden_size", 64}, {"vocab_size", 50}, {"num_attention_heads", 4},
+                                 {"num_key_value_heads", 2}, {"head_dim", 16}, {"intermediate_size", 96}};
+  torch::manual_seed(12);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const NamedTensors frozen = {{"embed_tokens", torch::randn({50, 64}, cuda)}, {"lm_head", torch::randn({50, 64}, cuda)},
+                               {"final_norm", torch::ones({64}, cuda)}};
+  const SmallBatch b = small_batch(48, 13);
+  NamedTensors inputs = {{"input_ids", b.ids}, {"loss_mask", b.loss_mask}, {"position_ids", b.positions},
+                         {"document_ids", b.documents}, {"sample_seed", torch::tensor(int64_t{6})}};
+  for (int64_t id : {1, 5}) inputs.emplace_back("hidden." + std::to_string(id), torch::randn({2, 48, 64}, cuda));
+  std::vector<torch::Tensor> outputs;
+  std::vector<NamedTensors> grads;
+  for (const char* attention : {"auto", "dense"}) {
+    const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
+                                   {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", 4}, {"max_anchors", 6},
+                                   {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", {1, 5}}, {"init_std", 0.1},
+                                   {"rope_theta", 0.0}, {"activation_checkpointing", true}, {"attention", attention}};
+    DrafterInstance drafter(record, config, {"cuda:0", "bfloat16", 3});
+    drafter.bind_target(target, frozen);
+    const auto hidden = get(drafter.forward(inputs), "hidden");
+    (hidden.to(torch::kFloat).pow(2).sum()).backward();
+    outputs.push_back(hidden.to(torch::kCPU, torch::kFloat));
+    NamedTensors g;
+    for (const auto& [name, p] : drafter.parameters()) g.emplace_back(name, p.grad().to(torch::kCPU, torch::kFloat));
+    grads.push_back(g);
+  }
+  const double scale = outputs[1].abs().max().item<double>();
+  EXPECT_LE((outputs[0] - outputs[1]).abs().max().item<double>(), 3e-2 * scale);
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    const double gscale = grads[1][i].second.abs().max().item<double>();
+    EXPECT_LE((grads[0][i].second - grads[1][i].second).abs().max().item<double>(), 5e-2 * gscale + 1e-6) << grads[0][i].first;
+  }
 }
 
 TEST(DFlashDrafter, BadTargetsAndOrderAreRefused) {

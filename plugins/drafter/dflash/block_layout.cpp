@@ -114,6 +114,38 @@ at::Tensor block_attention_mask(const at::Tensor& anchors_in, const at::Tensor& 
   return at::cat({context, own}, 2);
 }
 
+VarlenPlan varlen_plan(const at::Tensor& anchors_in, const at::Tensor& documents_in, int64_t block_size) {
+  const at::Tensor anchors = cpu_long(anchors_in), documents = cpu_long(documents_in);
+  const int64_t rows = documents.size(0), length = documents.size(1), count = anchors.size(1);
+  const int64_t queries_per_row = count * block_size, context_total = rows * length;
+  auto anc = anchors.accessor<int64_t, 2>();
+  auto doc = documents.accessor<int64_t, 2>();
+  std::vector<int64_t> gather;
+  std::vector<int32_t> cu_keys = {0};
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < count; ++b) {
+      const int64_t a = anc[r][b];
+      int64_t start = a;  // the first position of a's document (context keys are [start, a))
+      if (a >= 0)
+        while (start > 0 && doc[r][start - 1] == doc[r][a]) --start;
+      else
+        start = 0;
+      const int64_t context_keys = a >= 0 ? a - start : 0;
+      for (int64_t j = 0; j < context_keys; ++j) gather.push_back(r * length + start + j);
+      for (int64_t k = 0; k < block_size; ++k) gather.push_back(context_total + r * queries_per_row + b * block_size + k);
+      const int64_t keys = context_keys + block_size;
+      longest = std::max(longest, keys);
+      cu_keys.push_back(static_cast<int32_t>(cu_keys.back() + keys));
+    }
+  VarlenPlan plan;
+  plan.gather = at::tensor(gather, at::kLong);
+  plan.cu_keys = at::tensor(cu_keys, at::kInt);
+  plan.cu_queries = at::arange(0, rows * queries_per_row + 1, block_size, at::kInt);
+  plan.max_keys = longest;
+  return plan;
+}
+
 at::Tensor slot_weights(int64_t block_size, double gamma) {
   at::Tensor k = at::arange(block_size, at::kDouble);
   at::Tensor w = at::exp(-(k - 1) / gamma);

@@ -42,6 +42,20 @@ BlockLayout layout_blocks(const at::Tensor& input_ids, const at::Tensor& positio
 // only themselves (their rows are dropped later). [B, A·Bs, S + A·Bs] bool.
 at::Tensor block_attention_mask(const at::Tensor& anchors, const at::Tensor& documents, int64_t block_size);
 
+// The same attention pattern as block_attention_mask, as variable-length
+// sequences for a flash-attention kernel: block i's queries (its block_size
+// slots) are one sequence, and its keys are exactly the ones it may see —
+// its document's context before the anchor, then its own block — gathered
+// from the flattened keys [context B·S | blocks B·Q]. No masked pair is ever
+// computed, and the plan is built once per batch for every layer.
+struct VarlenPlan {
+  at::Tensor gather;      // [total keys] int64 rows of the flattened keys, block after block
+  at::Tensor cu_queries;  // [blocks + 1] int32 query offsets (block_size apart)
+  at::Tensor cu_keys;     // [blocks + 1] int32 key offsets into `gather`
+  int64_t max_keys = 0;   // the longest key sequence
+};
+VarlenPlan varlen_plan(const at::Tensor& anchors, const at::Tensor& documents, int64_t block_size);
+
 // The slot weights w_k = exp(−(k − 1)/γ) for k ≥ 1, w_0 = 0. [block_size] float.
 at::Tensor slot_weights(int64_t block_size, double gamma);
 

@@ -45,6 +45,10 @@ class DFlashDrafter : public sdk::Drafter {
                        Bounds::at_least(0))
         .number("init_std", 0.02, "standard deviation of the initial weights", Bounds::above(0))
         .number("rope_theta", 0.0, "0 = the target's (1e6 when the target does not say)", Bounds::at_least(0))
+        .string("attention", "auto",
+                "auto: on CUDA in bf16/fp16, flash attention over exactly each block's allowed keys (no masked pair "
+                "computed), elsewhere SDPA with a dense mask; dense: the dense mask everywhere",
+                {"auto", "dense"})
         .boolean("activation_checkpointing", false,
                  "keep only each layer's input for backward and recompute the layer there (less memory, one more "
                  "forward of the layers)")
@@ -107,6 +111,7 @@ class DFlashDrafter : public sdk::Drafter {
     model_ = std::make_unique<drafter::DFlashModel>(shape, seed_, config_.at("init_std").get<double>(), dtype_, device_);
     model_->init_final_norm(frozen.at("final_norm"));
     model_->set_activation_checkpointing(config_.value("activation_checkpointing", false));
+    model_->set_varlen_attention(config_.value("attention", std::string("auto")) == "auto");
     weights_ = drafter::slot_weights(block_size_, gamma_);
   }
 
@@ -131,14 +136,17 @@ class DFlashDrafter : public sdk::Drafter {
     const at::Tensor anchors = drafter::sample_anchors(loss_mask, documents, max_anchors_, seed);
     const drafter::BlockLayout layout =
         drafter::layout_blocks(ids, positions, documents, loss_mask, anchors, block_size_, mask_token_);
-    const at::Tensor mask = drafter::block_attention_mask(anchors, documents, block_size_);
+    drafter::BlockMasks masks;
+    masks.block_size = block_size_;
+    if (model.uses_varlen_attention(embed_)) masks.varlen = drafter::varlen_plan(anchors, documents, block_size_);
+    else masks.dense = drafter::block_attention_mask(anchors, documents, block_size_);
 
     std::vector<at::Tensor> features;
     for (int64_t id : layer_ids_) features.push_back(inputs.at("hidden." + std::to_string(id)).to(device_));
     const int64_t slots = layout.slot_ids.size(1), hidden = model.shape().hidden;
     const at::Tensor slot_embeddings = embed_.index_select(0, layout.slot_ids.flatten().to(device_)).view({rows, slots, hidden});
     const at::Tensor out = model.forward(at::cat(features, -1), positions.to(device_), slot_embeddings,
-                                         layout.slot_positions.to(device_), mask.to(device_));  // [B, Q, H]
+                                         layout.slot_positions.to(device_), masks);  // [B, Q, H]
 
     // Rows for the loss: every slot k ≥ 1 of a real block.
     const at::Tensor slot = at::arange(slots, at::kLong).remainder(block_size_).expand({rows, slots});

@@ -3,6 +3,8 @@
 // (q/k RMSNorm, RoPE, GQA, SwiGLU); queries come only from the block slots.
 #pragma once
 
+#include "block_layout.h"
+
 #include <ATen/ATen.h>
 
 #include <cstdint>
@@ -21,6 +23,13 @@ struct DrafterShape {
 
 using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
 
+// The blocks' attention pattern in both forms the layers can use.
+struct BlockMasks {
+  at::Tensor dense;   // [B, Q, S + Q] bool, true = may attend (block_attention_mask); needed unless varlen is used
+  VarlenPlan varlen;  // the same pattern as variable-length sequences (varlen_plan)
+  int64_t block_size = 0;
+};
+
 class DFlashModel {
  public:
   // Weights ~ N(0, init_std) (norms 1) drawn on the CPU from `seed` in fp32,
@@ -37,11 +46,17 @@ class DFlashModel {
   // Keep only each layer's inputs for backward and run the layer again there.
   void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
 
+  // On CUDA in bf16/fp16 (LibTorch ≥ 2.5) attention runs as flash attention
+  // over exactly the allowed keys of each block; elsewhere, or with
+  // set_varlen_attention(false), as SDPA with the dense mask.
+  void set_varlen_attention(bool on) { varlen_attention_ = on; }
+  bool uses_varlen_attention(const at::Tensor& like) const;
+
   // features [B, S, F·Ht]; context_positions [B, S]; slot_embeddings [B, Q, H];
-  // slot_positions [B, Q]; mask [B, Q, S + Q] bool (true = may attend).
-  // Returns the slots' hidden states after the final norm, [B, Q, H].
+  // slot_positions [B, Q]; masks: the pattern (the dense form only when
+  // !uses_varlen_attention). Returns the slots' hidden states after the final norm, [B, Q, H].
   at::Tensor forward(const at::Tensor& features, const at::Tensor& context_positions, const at::Tensor& slot_embeddings,
-                     const at::Tensor& slot_positions, const at::Tensor& mask) const;
+                     const at::Tensor& slot_positions, const BlockMasks& masks) const;
 
  private:
   struct Layer {
@@ -54,6 +69,7 @@ class DFlashModel {
   at::Tensor fc_, hidden_norm_, final_norm_;
   std::vector<Layer> layers_;
   bool activation_checkpointing_ = false;
+  bool varlen_attention_ = true;
 };
 
 }  // namespace dflash::drafter
