@@ -7,7 +7,8 @@
 //
 //   drafter_bench --plugin-dir build-gpu/lib/dflash-host/plugins
 //                 [--context 4096 --anchors 512 --block 16] [--precision same|fp32_master]
-//                 [--loss fused_ckpt_kl] [--repeats 5 --warmup 2 --json out.jsonl]
+//                 [--loss fused_ckpt_kl] [--attention auto|dense] [--checkpointing]
+//                 [--repeats 5 --warmup 2 --json out.jsonl]
 #include "config/config_schema.h"
 #include "memory/memory_stats.h"
 #include "plugin/instances.h"
@@ -30,7 +31,8 @@ using namespace dflash;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
-  std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json;
+  std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, attention = "auto";
+  bool checkpointing = false;
   int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
   int64_t intermediate = 17408, vocab = 248320, target_layers = 64;
   int repeats = 5, warmup = 2;
@@ -48,6 +50,8 @@ Args parse(int argc, char** argv) {
     else if (flag == "--loss") a.loss = next();
     else if (flag == "--precision") a.precision = next();
     else if (flag == "--json") a.json = next();
+    else if (flag == "--attention") a.attention = next();
+    else if (flag == "--checkpointing") a.checkpointing = true;
     else if (flag == "--context") a.context = std::stoll(next());
     else if (flag == "--anchors") a.anchors = std::stoll(next());
     else if (flag == "--block") a.block = std::stoll(next());
@@ -115,7 +119,8 @@ int main(int argc, char** argv) {
                                          {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", a.block},
                                          {"max_anchors", a.anchors}, {"gamma", 0.0}, {"mask_token_id", -1},
                                          {"target_layer_ids", nlohmann::json::array()}, {"init_std", 0.02},
-                                         {"rope_theta", 0.0}};
+                                         {"rope_theta", 0.0}, {"attention", a.attention},
+                                         {"activation_checkpointing", a.checkpointing}};
   host::DrafterInstance drafter(registry.find(DFLASH_KIND_DRAFTER, "dflash"), drafter_config, {"cuda:0", "bfloat16", 1});
   drafter.bind_target(target, frozen);
   const auto layer_ids = drafter.export_config()->at("target_layer_ids").get<std::vector<int64_t>>();
@@ -202,7 +207,8 @@ int main(int argc, char** argv) {
             << a.head_dim << ", MLP " << a.intermediate << ", V " << a.vocab << "; " << parameter_count / 1e9
             << " B trainable parameters; context " << a.context << ", " << a.anchors << " anchors x block " << a.block
             << " = " << block_tokens << " block tokens (" << rows << " loss rows); loss " << a.loss << ", precision "
-            << a.precision << "; median of " << a.repeats << " after " << a.warmup << "\n";
+            << a.precision << ", attention " << a.attention << (a.checkpointing ? ", activation checkpointing" : "")
+            << "; median of " << a.repeats << " after " << a.warmup << "\n";
   std::cout << "step " << step_ms << " ms, " << std::setprecision(0) << block_tokens / (step_ms / 1000) << " block tokens/s, peak "
             << std::setprecision(2) << mem.peak_bytes / double(1 << 30) << " GiB allocated (weights, states and frozen tensors included)\n";
   std::cout << std::setprecision(1) << "useful FLOP " << flop / 1e12 << " T per step (layers " << flop_layers / 1e12 << ", lm_head "
@@ -214,6 +220,7 @@ int main(int argc, char** argv) {
                                                            {"peak_gib", mem.peak_bytes / double(1 << 30)}, {"tflops", tflops},
                                                            {"gemm_floor_tflops", gemm_tflops}, {"precision", a.precision},
                                                            {"context", a.context}, {"anchors", a.anchors}, {"block", a.block},
+                                                           {"attention", a.attention}, {"checkpointing", a.checkpointing},
                                                            {"parameters", parameter_count}}
                                                 .dump()
                                          << "\n";
