@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
@@ -120,6 +121,10 @@ std::string save(const std::string& root, int64_t step, const nlohmann::json& dr
   }
   write_text(tmp + "/config.json", config.dump(2) + "\n");
   st::save_tensors(tmp + "/model.safetensors", weights, {{"format", "pt"}});
+  // Fault injection for the crash test: DFLASH_FAULT_ABORT_IN_SAVE=N kills the
+  // process in the middle of this process's N-th checkpoint.
+  static int saves = 0;
+  if (const char* n = std::getenv("DFLASH_FAULT_ABORT_IN_SAVE"); n != nullptr && ++saves == std::atoi(n)) std::abort();
   st::save_tensors(tmp + "/optimizer.safetensors", optimizer, {{"format", "pt"}});
   write_text(tmp + "/trainer_state.json", trainer_state.dump(2) + "\n");
   fsync_path(tmp);

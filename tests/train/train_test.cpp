@@ -218,6 +218,41 @@ TEST(TrainEndToEnd, AResumedRunReproducesTheUninterruptedOneExactly) {
   EXPECT_EQ(ma.back().at("slot_accuracy").size(), 3u) << "slots 1…3 of a block of 4";
 }
 
+// A process killed in the middle of writing a checkpoint: the previous one
+// stays whole and `latest`, and the next run resumes from it to the same
+// result as a run never interrupted.
+TEST(TrainEndToEnd, AKillMidCheckpointLeavesTheLastGoodOneToResumeFrom) {
+  test::TempDir temp("dflash_crash");
+  const std::string dir = temp.path().string();
+  const std::string every2 = " --set train.checkpoint_every=2 --set train.keep_checkpoints=5";
+  Result whole = host("--config " + small_config(dir, dir + "/whole", 6) + every2, dir);
+  ASSERT_EQ(whole.status, 0) << whole.err;
+  const std::string crash_dir = dir + "/crash";
+  // The environment variable applies to this one process only.
+  const std::string command = "DFLASH_FAULT_ABORT_IN_SAVE=2 " + std::string(DFLASH_HOST_EXE) +
+                              " --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR + " --config " +
+                              small_config(dir, crash_dir, 6) + every2 + " > /dev/null 2>&1";
+  const int status = std::system(command.c_str());
+  ASSERT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the fault must kill the run";
+  struct stat st {};
+  EXPECT_EQ(::stat((crash_dir + "/checkpoints/.tmp-step-00000004").c_str(), &st), 0) << "the save was cut off midway";
+  std::ifstream latest(crash_dir + "/checkpoints/latest");
+  std::string name;
+  std::getline(latest, name);
+  EXPECT_EQ(name, "step-00000002") << "latest still names the last whole checkpoint";
+  EXPECT_EQ(checkpoint::load(crash_dir + "/checkpoints/step-00000002").trainer_state.at("step"), 2);
+
+  Result resumed = host("--config " + small_config(dir, crash_dir, 6) + every2, dir);
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_CONTAINS(resumed.err, "resumed from");
+  const auto a = metrics_of(dir + "/whole"), b = metrics_of(crash_dir);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(b[i].at("loss").get<double>(), a[i].at("loss").get<double>()) << i;
+  EXPECT_EQ(file_bytes(dir + "/whole/checkpoints/step-00000006/model.safetensors"),
+            file_bytes(crash_dir + "/checkpoints/step-00000006/model.safetensors"));
+  EXPECT_NE(::stat((crash_dir + "/checkpoints/.tmp-step-00000004").c_str(), &st), 0) << "leftovers cleared";
+}
+
 TEST(TrainEndToEnd, TheDrafterLearns) {
   test::TempDir temp("dflash_learn");
   const std::string dir = temp.path().string();
