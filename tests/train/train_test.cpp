@@ -253,6 +253,16 @@ TEST(TrainEndToEnd, AKillMidCheckpointLeavesTheLastGoodOneToResumeFrom) {
   EXPECT_NE(::stat((crash_dir + "/checkpoints/.tmp-step-00000004").c_str(), &st), 0) << "leftovers cleared";
 }
 
+TEST(TrainEndToEnd, AProgressBarWithAnEtaWhenAsked) {
+  test::TempDir temp("dflash_bar");
+  const std::string dir = temp.path().string();
+  Result r = host("--config " + small_config(dir, dir + "/out", 3) + " --set train.progress=bar", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_CONTAINS(r.err, "\r[########################] 3/3");
+  EXPECT_CONTAINS(r.err, "ETA 0s");
+  EXPECT_EQ(r.err.find("step 1/3"), std::string::npos) << "no plain lines in bar mode";
+}
+
 TEST(TrainEndToEnd, TheDrafterLearns) {
   test::TempDir temp("dflash_learn");
   const std::string dir = temp.path().string();
