@@ -56,13 +56,14 @@ inline at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at
 }
 
 // Flash attention over variable-length sequences (differentiable in q, k, v),
-// where LibTorch has it (2.5 and later, CUDA, fp16/bf16): q [total_q, heads,
+// where LibTorch has it (2.5 and later, CUDA, fp16/bf16; head_dim ≤ 256, which
+// the caller checks): q [total_q, heads,
 // d], k/v [total_k, kv_heads, d] (GQA native), cu_* int32 offsets. Not
 // causal. Head dims are zero-padded to a multiple of 8 (no dot product
 // changes; the scale stays 1/√d).
 inline bool varlen_attention_available(const at::Tensor& like) {
 #if DFLASH_TORCH_AT_LEAST(2, 5)
-  return like.is_cuda() && (like.scalar_type() == at::kBFloat16 || like.scalar_type() == at::kHalf) && like.size(-1) <= 256;
+  return like.is_cuda() && (like.scalar_type() == at::kBFloat16 || like.scalar_type() == at::kHalf);
 #else
   (void)like;
   return false;
