@@ -32,7 +32,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Args {
   std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, attention = "auto";
-  bool checkpointing = false;
+  bool checkpointing = false, embedding_on_cpu = false;
   int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
   int64_t intermediate = 17408, vocab = 248320, target_layers = 64;
   int repeats = 5, warmup = 2;
@@ -52,6 +52,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--json") a.json = next();
     else if (flag == "--attention") a.attention = next();
     else if (flag == "--checkpointing") a.checkpointing = true;
+    else if (flag == "--embedding-on-cpu") a.embedding_on_cpu = true;
     else if (flag == "--context") a.context = std::stoll(next());
     else if (flag == "--anchors") a.anchors = std::stoll(next());
     else if (flag == "--block") a.block = std::stoll(next());
@@ -108,9 +109,9 @@ int main(int argc, char** argv) {
 
   // The frozen verifier weights, as the host places them on the drafter device.
   const double std_h = 1.0 / std::sqrt(static_cast<double>(a.hidden));
-  const host::NamedTensors frozen = {{"embed_tokens", torch::randn({a.vocab, a.hidden}, bf16)},
-                                     {"lm_head", torch::randn({a.vocab, a.hidden}, bf16) * std_h},
-                                     {"final_norm", torch::ones({a.hidden}, bf16)}};
+  host::NamedTensors frozen = {{"embed_tokens", torch::randn({a.vocab, a.hidden}, bf16)},
+                               {"lm_head", torch::randn({a.vocab, a.hidden}, bf16) * std_h},
+                               {"final_norm", torch::ones({a.hidden}, bf16)}};
   const nlohmann::json target = {{"num_layers", a.target_layers}, {"hidden_size", a.hidden}, {"vocab_size", a.vocab},
                                  {"num_attention_heads", a.heads}, {"num_key_value_heads", a.kv_heads},
                                  {"head_dim", a.head_dim}, {"intermediate_size", a.intermediate},
@@ -120,9 +121,12 @@ int main(int argc, char** argv) {
                                          {"max_anchors", a.anchors}, {"gamma", 0.0}, {"mask_token_id", -1},
                                          {"target_layer_ids", nlohmann::json::array()}, {"init_std", 0.02},
                                          {"rope_theta", 0.0}, {"attention", a.attention},
-                                         {"activation_checkpointing", a.checkpointing}};
+                                         {"activation_checkpointing", a.checkpointing},
+                                         {"embedding_on_cpu", a.embedding_on_cpu}};
   host::DrafterInstance drafter(registry.find(DFLASH_KIND_DRAFTER, "dflash"), drafter_config, {"cuda:0", "bfloat16", 1});
   drafter.bind_target(target, frozen);
+  const at::Tensor lm_head = frozen[1].second;
+  frozen.clear();  // as the trainer does: the drafter keeps what it needs
   const auto layer_ids = drafter.export_config()->at("target_layer_ids").get<std::vector<int64_t>>();
   // The loss's defaults, CE only (the peer trains on hard labels).
   const host::PluginRecord& loss_record = registry.find(DFLASH_KIND_LOSS, a.loss);
@@ -155,7 +159,7 @@ int main(int argc, char** argv) {
       if (name == "targets") call.targets = t;
       if (name == "row_weights") call.row_weights = t;
     }
-    call.lm_head_weight = frozen[1].second;
+    call.lm_head_weight = lm_head;
     rows = call.hidden.size(0);
     host::LossOutput result = loss.compute(call);
     result.loss.backward();
@@ -195,7 +199,7 @@ int main(int argc, char** argv) {
   auto w_mlp = torch::randn({a.intermediate, a.hidden}, bf16), head_x = torch::randn({rows, a.hidden}, bf16);
   const double gemm_ms = median_ms(a.warmup, a.repeats, [&] {
     for (int i = 0; i < 3; ++i) auto y = torch::mm(x, w_mlp.t());
-    auto z = torch::mm(head_x.narrow(0, 0, std::min<int64_t>(rows, 4096)), frozen[1].second.t());
+    auto z = torch::mm(head_x.narrow(0, 0, std::min<int64_t>(rows, 4096)), lm_head.t());
   });
   const double gemm_flop = 3 * 2.0 * block_tokens * a.hidden * a.intermediate +
                            2.0 * std::min<int64_t>(rows, 4096) * a.hidden * static_cast<double>(a.vocab);
@@ -208,6 +212,7 @@ int main(int argc, char** argv) {
             << " B trainable parameters; context " << a.context << ", " << a.anchors << " anchors x block " << a.block
             << " = " << block_tokens << " block tokens (" << rows << " loss rows); loss " << a.loss << ", precision "
             << a.precision << ", attention " << a.attention << (a.checkpointing ? ", activation checkpointing" : "")
+            << (a.embedding_on_cpu ? ", embedding in host memory" : "")
             << "; median of " << a.repeats << " after " << a.warmup << "\n";
   std::cout << "step " << step_ms << " ms, " << std::setprecision(0) << block_tokens / (step_ms / 1000) << " block tokens/s, peak "
             << std::setprecision(2) << mem.peak_bytes / double(1 << 30) << " GiB allocated (weights, states and frozen tensors included)\n";
@@ -221,6 +226,7 @@ int main(int argc, char** argv) {
                                                            {"gemm_floor_tflops", gemm_tflops}, {"precision", a.precision},
                                                            {"context", a.context}, {"anchors", a.anchors}, {"block", a.block},
                                                            {"attention", a.attention}, {"checkpointing", a.checkpointing},
+                                                           {"embedding_on_cpu", a.embedding_on_cpu},
                                                            {"parameters", parameter_count}}
                                                 .dump()
                                          << "\n";

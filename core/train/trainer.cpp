@@ -84,10 +84,12 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   // Wire the target to the drafter: the drafter gets the target's facts and
   // its own copies of the frozen weights on the drafter device.
   const nlohmann::json target_info = p.target.describe();
-  const host::NamedTensors frozen =
-      host::place_frozen_weights(p.target.frozen_weights(), p.target.record().name, device, dtype);
+  host::NamedTensors frozen = host::place_frozen_weights(p.target.frozen_weights(), p.target.record().name, device, dtype);
   p.drafter.bind_target(target_info, frozen);
+  // The loss needs the lm_head; the drafter keeps what else it needs (and
+  // where: e.g. its embedding in host memory), so the host drops its copies.
   const at::Tensor lm_head = find(frozen, "lm_head");
+  frozen.clear();
   const nlohmann::json drafter_config = p.drafter.export_config().value_or(nlohmann::json::object());
   std::vector<int64_t> layer_ids = drafter_config.contains("target_layer_ids")
                                        ? drafter_config.at("target_layer_ids").get<std::vector<int64_t>>()

@@ -306,8 +306,9 @@ TEST(DFlashDrafter, StepLossAndGradientsMatchANaivePerBlockImplementation) {
   EXPECT_GT(checked, 0);
 }
 
-// Activation checkpointing recomputes each layer in backward: the same loss
-// and the same gradients as keeping every activation.
+// Activation checkpointing recomputes each layer in backward, and the
+// embedding may live in host memory: the same loss and the same gradients as
+// keeping every activation and the embedding on the device.
 TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
   PluginRegistry registry;
   registry.add_directory(DFLASH_INTREE_PLUGIN_DIR);
@@ -329,8 +330,11 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
                                {"sample_seed", torch::tensor(int64_t{4})}};
   std::vector<NamedTensors> grads;
   std::vector<double> losses;
-  for (bool checkpointing : {false, true}) {
+  // Plain; checkpointed; embedding kept in host memory.
+  for (int variant : {0, 1, 2}) {
+    const bool checkpointing = variant == 1;
     config["activation_checkpointing"] = checkpointing;
+    config["embedding_on_cpu"] = variant == 2;
     DrafterInstance drafter(record, config, {"cpu", "float64", 3});
     drafter.bind_target(target, frozen);
     const auto hidden = get(drafter.forward(inputs), "hidden");
@@ -345,9 +349,11 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
     }
     grads.push_back(g);
   }
-  EXPECT_DOUBLE_EQ(losses[0], losses[1]);
-  for (size_t i = 0; i < grads[0].size(); ++i)
-    EXPECT_TRUE(torch::allclose(grads[0][i].second, grads[1][i].second, 1e-12, 1e-12)) << grads[0][i].first;
+  for (int variant : {1, 2}) {
+    EXPECT_DOUBLE_EQ(losses[0], losses[variant]);
+    for (size_t i = 0; i < grads[0].size(); ++i)
+      EXPECT_TRUE(torch::allclose(grads[0][i].second, grads[variant][i].second, 1e-12, 1e-12)) << grads[0][i].first;
+  }
 }
 
 // On a GPU (bf16) the layers attend through flash attention over each block's

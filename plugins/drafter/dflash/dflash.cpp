@@ -49,6 +49,9 @@ class DFlashDrafter : public sdk::Drafter {
                 "auto: on CUDA in bf16/fp16, flash attention over exactly each block's allowed keys (no masked pair "
                 "computed), elsewhere SDPA with a dense mask; dense: the dense mask everywhere",
                 {"auto", "dense"})
+        .boolean("embedding_on_cpu", false,
+                 "keep the frozen embedding in host memory and send only the block slots' rows to the device each "
+                 "step (saves vocab × hidden elements of device memory)")
         .boolean("activation_checkpointing", false,
                  "keep only each layer's input for backward and recompute the layer there (less memory, one more "
                  "forward of the layers)")
@@ -106,6 +109,7 @@ class DFlashDrafter : public sdk::Drafter {
       throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "drafter.mask_token_id " + std::to_string(mask_token_) +
                                                         " is outside the target's vocabulary of " + std::to_string(vocab_));
     embed_ = frozen.at("embed_tokens");
+    if (config_.value("embedding_on_cpu", false)) embed_ = embed_.to(at::kCPU);  // the device copy is the host's to drop
     if (embed_.size(1) != shape.hidden)
       throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "the target's embed_tokens is not [vocab, hidden_size]");
     model_ = std::make_unique<drafter::DFlashModel>(shape, seed_, config_.at("init_std").get<double>(), dtype_, device_);
@@ -138,13 +142,14 @@ class DFlashDrafter : public sdk::Drafter {
         drafter::layout_blocks(ids, positions, documents, loss_mask, anchors, block_size_, mask_token_);
     drafter::BlockMasks masks;
     masks.block_size = block_size_;
-    if (model.uses_varlen_attention(embed_)) masks.varlen = drafter::varlen_plan(anchors, documents, block_size_);
+    if (model.uses_varlen_attention(model.parameters().front().second)) masks.varlen = drafter::varlen_plan(anchors, documents, block_size_);
     else masks.dense = drafter::block_attention_mask(anchors, documents, block_size_);
 
     std::vector<at::Tensor> features;
     for (int64_t id : layer_ids_) features.push_back(inputs.at("hidden." + std::to_string(id)).to(device_));
     const int64_t slots = layout.slot_ids.size(1), hidden = model.shape().hidden;
-    const at::Tensor slot_embeddings = embed_.index_select(0, layout.slot_ids.flatten().to(device_)).view({rows, slots, hidden});
+    const at::Tensor slot_embeddings =
+        embed_.index_select(0, layout.slot_ids.flatten().to(embed_.device())).to(device_).view({rows, slots, hidden});
     const at::Tensor out = model.forward(at::cat(features, -1), positions.to(device_), slot_embeddings,
                                          layout.slot_positions.to(device_), masks);  // [B, Q, H]
 
