@@ -25,8 +25,11 @@ NamedTensors place_frozen_weights(const NamedTensors& from_target, const std::st
           (earlier.data_ptr() == source.data_ptr() && earlier.sizes() == source.sizes() && earlier.strides() == source.strides()))
         copy = placed[i].second;
     }
-    if (!copy.defined())
-      copy = source.detach().to(device, dtype, /*non_blocking=*/false, /*copy=*/true).contiguous().set_requires_grad(false);
+    if (!copy.defined()) {
+      const bool already_there = source.device() == device && source.scalar_type() == dtype;
+      copy = already_there ? source.detach()
+                           : source.detach().to(device, dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    }
     placed.emplace_back(name, copy);
   }
   return placed;

@@ -414,9 +414,10 @@ TEST_F(HfDecoder, CudaKernelsMatchTheNaiveModelAsCloselyAsTheReferencePath) {
   }
 }
 
-// The host's copy of the frozen tensors for a drafter device: new storage,
-// detached, in the drafter's dtype, tied weights copied once.
-TEST_F(HfDecoder, FrozenWeightsArePlacedAsPrivateCopies) {
+// The frozen tensors for a drafter device: a detached copy in the drafter's
+// dtype (tied weights copied once), or the target's own tensor when it
+// already sits there in that dtype.
+TEST_F(HfDecoder, FrozenWeightsArePlacedAsCopiesOrSharedOnTheSameDevice) {
   TinySpec t;
   t.tied = true;
   auto target = load(write_model(dir_, t, make_weights(t)));
@@ -443,6 +444,12 @@ TEST_F(HfDecoder, FrozenWeightsArePlacedAsPrivateCopies) {
     ADD_FAILURE() << "accepted a target without final_norm";
   } catch (const std::invalid_argument& e) {
     EXPECT_CONTAINS(e.what(), "target model plugin 'hf_decoder': frozen_weights returned no 'final_norm'");
+  }
+  // Same device, same dtype: shared, detached, never requiring grad.
+  const NamedTensors shared = place_frozen_weights(frozen, "hf_decoder", torch::kCPU, torch::kDouble);
+  for (const auto& [name, tensor] : shared) {
+    EXPECT_EQ(tensor.data_ptr(), get(frozen, name).data_ptr()) << name;
+    EXPECT_FALSE(tensor.requires_grad()) << name;
   }
   if (torch::cuda::is_available()) {
     const NamedTensors on_gpu = place_frozen_weights(frozen, "hf_decoder", torch::Device(torch::kCUDA, 0), torch::kBFloat16);
