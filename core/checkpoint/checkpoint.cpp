@@ -24,15 +24,6 @@ std::runtime_error io_error(const std::string& path, const std::string& what) {
   return std::runtime_error(path + ": " + what + " (" + std::strerror(errno) + ")");
 }
 
-void make_dirs(const std::string& path) {
-  std::string partial;
-  for (size_t i = 0; i <= path.size(); ++i) {
-    if (i == path.size() || path[i] == '/') {
-      if (!partial.empty() && ::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) throw io_error(partial, "cannot create");
-    }
-    if (i < path.size()) partial += path[i];
-  }
-}
 
 void fsync_path(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
@@ -107,13 +98,23 @@ nlohmann::json read_json(const std::string& path) {
 
 }  // namespace
 
+void make_directories(const std::string& path) {
+  std::string partial;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!partial.empty() && ::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) throw io_error(partial, "cannot create");
+    }
+    if (i < path.size()) partial += path[i];
+  }
+}
+
 std::string save(const std::string& root, int64_t step, const nlohmann::json& drafter_config,
                  const host::NamedTensors& weights, const host::NamedTensors& optimizer,
                  const nlohmann::json& trainer_state, int64_t keep) {
-  make_dirs(root);
+  make_directories(root);
   for (const auto& stale : entries(root, ".tmp-")) remove_tree(root + "/" + stale);  // a crash's leftovers
   const std::string name = step_name(step), tmp = root + "/.tmp-" + name, final_dir = root + "/" + name;
-  make_dirs(tmp);
+  make_directories(tmp);
   nlohmann::json config = drafter_config;
   if (!weights.empty()) {
     const auto type = weights.front().second.scalar_type();

@@ -21,6 +21,9 @@ struct Checkpoint {
   nlohmann::json trainer_state;
 };
 
+// mkdir -p: creates path and its missing parents; throws naming the one that fails.
+void make_directories(const std::string& path);
+
 // Returns the checkpoint's directory. Keeps the `keep` newest step-* folders.
 std::string save(const std::string& root, int64_t step, const nlohmann::json& drafter_config,
                  const host::NamedTensors& weights, const host::NamedTensors& optimizer,

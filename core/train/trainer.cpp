@@ -7,12 +7,12 @@
 #include "train/adamw.h"
 #include "train/frozen_weights.h"
 
+#include <dflash/sdk/splitmix.hpp>
 #include <dflash/sdk/torch.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
-#include <sys/stat.h>
 
 #include <chrono>
 #include <cmath>
@@ -22,12 +22,6 @@
 namespace dflash::train {
 namespace {
 
-uint64_t mix(uint64_t x) {  // SplitMix64
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 at::Tensor find(const host::NamedTensors& tensors, const std::string& name) {
   for (const auto& [n, t] : tensors)
@@ -39,14 +33,6 @@ at::Tensor require(const host::NamedTensors& tensors, const std::string& name, c
   at::Tensor t = find(tensors, name);
   if (!t.defined()) throw std::runtime_error(who + " returned no '" + name + "'");
   return t;
-}
-
-void make_dirs(const std::string& path) {
-  std::string partial;
-  for (size_t i = 0; i <= path.size(); ++i) {
-    if ((i == path.size() || path[i] == '/') && !partial.empty()) ::mkdir(partial.c_str(), 0755);
-    if (i < path.size()) partial += path[i];
-  }
 }
 
 // Per-slot accuracy accumulated over the micro-batches of one step.
@@ -79,7 +65,7 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   const bool want_teacher = t.at("teacher").get<std::string>() == "hidden";
   const std::string output_dir = t.at("output_dir");
   const std::string checkpoint_root = output_dir + "/checkpoints";
-  make_dirs(output_dir);
+  checkpoint::make_directories(output_dir);
 
   // Wire the target to the drafter: the drafter gets the target's facts and
   // its own copies of the frozen weights on the drafter device.
@@ -173,7 +159,7 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
       const host::NamedTensors hidden = p.target.forward(on_device, layer_ids, want_teacher, /*want_logits=*/false);
       host::NamedTensors inputs = *batch;
       for (const auto& entry : hidden) inputs.push_back(entry);
-      const uint64_t sample_seed = mix(seed ^ mix(static_cast<uint64_t>(step) * 4096 + static_cast<uint64_t>(micro)));
+      const uint64_t sample_seed = sdk::splitmix64(seed ^ sdk::splitmix64(static_cast<uint64_t>(step) * 4096 + static_cast<uint64_t>(micro)));
       inputs.emplace_back("sample_seed", at::scalar_tensor(static_cast<int64_t>(sample_seed >> 1), at::kLong));
       const host::NamedTensors drafted = p.drafter.forward(inputs);
       host::LossCall call;

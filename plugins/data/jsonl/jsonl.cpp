@@ -12,6 +12,7 @@
 #include "line_index.h"
 #include "packing.h"
 
+#include <dflash/sdk/splitmix.hpp>
 #include <dflash/sdk/data_source.hpp>
 
 #include <map>
@@ -20,12 +21,6 @@
 namespace {
 using namespace dflash;
 
-uint64_t mix(uint64_t x) {  // SplitMix64: portable, unlike std::*_distribution
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 class JsonLines : public sdk::DataSource {
  public:
@@ -159,9 +154,9 @@ class JsonLines : public sdk::DataSource {
     order_.resize(n);
     std::iota(order_.begin(), order_.end(), 0u);
     if (shuffle_) {  // Fisher–Yates with a stream fixed by (seed, epoch)
-      uint64_t state = mix(seed_ ^ mix(static_cast<uint64_t>(epoch_) + 0x6a09e667ULL));
+      uint64_t state = sdk::splitmix64(seed_ ^ sdk::splitmix64(static_cast<uint64_t>(epoch_) + 0x6a09e667ULL));
       for (uint32_t i = n - 1; i > 0; --i) {
-        state = mix(state);
+        state = sdk::splitmix64(state);
         std::swap(order_[i], order_[static_cast<uint32_t>(state % (static_cast<uint64_t>(i) + 1))]);
       }
     }

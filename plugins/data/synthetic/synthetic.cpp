@@ -7,25 +7,18 @@
 // learn. "uniform": independent uniform tokens — nothing to learn (timing).
 #include "packing.h"
 
+#include <dflash/sdk/splitmix.hpp>
 #include <dflash/sdk/data_source.hpp>
 
 
 namespace {
 using namespace dflash;
 
-// SplitMix64: a fixed, portable mixing function (std::*_distribution are not
-// portable across standard libraries; this is).
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
+// Draws from SplitMix64 (sdk/splitmix.hpp), portable across standard libraries.
 class Random {
  public:
   explicit Random(uint64_t seed) : state_(seed) {}
-  uint64_t next() { return state_ = mix(state_); }
+  uint64_t next() { return state_ = sdk::splitmix64(state_); }
   int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
   double unit() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 
@@ -75,7 +68,7 @@ class SyntheticData : public sdk::DataSource {
     if (max_length_ > row_length_) bad("max_length", std::to_string(max_length_) + " exceeds row_length " + std::to_string(row_length_));
     if (rows_ < 1) bad("tokens_per_batch", "must be at least row_length (" + std::to_string(row_length_) + ")");
     if (markov_) {
-      Random r(mix(seed_ ^ 0x5eedULL));
+      Random r(sdk::splitmix64(seed_ ^ 0x5eedULL));
       successors_.resize(static_cast<size_t>(vocab_ * branching_));
       for (auto& s : successors_) s = r.below(vocab_);
     }
@@ -105,7 +98,7 @@ class SyntheticData : public sdk::DataSource {
 
  private:
   data::Sequence generate(int64_t epoch, int64_t index) const {
-    Random r(mix(mix(seed_) ^ mix(static_cast<uint64_t>(epoch) * 0x100000001b3ULL + static_cast<uint64_t>(index))));
+    Random r(sdk::splitmix64(sdk::splitmix64(seed_) ^ sdk::splitmix64(static_cast<uint64_t>(epoch) * 0x100000001b3ULL + static_cast<uint64_t>(index))));
     const int64_t length = min_length_ + r.below(max_length_ - min_length_ + 1);
     data::Sequence s;
     s.ids.resize(static_cast<size_t>(length));

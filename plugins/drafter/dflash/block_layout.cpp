@@ -1,5 +1,6 @@
 #include "block_layout.h"
 
+#include <dflash/sdk/splitmix.hpp>
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -7,12 +8,6 @@
 namespace dflash::drafter {
 namespace {
 
-uint64_t mix(uint64_t x) {  // SplitMix64
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 at::Tensor cpu_long(const at::Tensor& t) { return t.to(at::kCPU, at::kLong).contiguous(); }
 
@@ -35,9 +30,9 @@ at::Tensor sample_anchors(const at::Tensor& loss_mask_in, const at::Tensor& docu
     std::vector<int64_t> candidates =
         anchor_candidates(loss_mask.data_ptr<int64_t>() + r * length, documents.data_ptr<int64_t>() + r * length, length);
     const auto take = std::min<int64_t>(max_anchors, static_cast<int64_t>(candidates.size()));
-    uint64_t state = mix(seed ^ mix(static_cast<uint64_t>(r) + 1));
+    uint64_t state = sdk::splitmix64(seed ^ sdk::splitmix64(static_cast<uint64_t>(r) + 1));
     for (int64_t i = 0; i < take; ++i) {  // partial Fisher–Yates
-      state = mix(state);
+      state = sdk::splitmix64(state);
       const auto j = i + static_cast<int64_t>(state % static_cast<uint64_t>(candidates.size() - i));
       std::swap(candidates[i], candidates[j]);
     }
