@@ -7,7 +7,8 @@
 //
 //   drafter_bench --plugin-dir build-gpu/lib/dflash-host/plugins
 //                 [--context 4096 --anchors 512 --block 16] [--precision same|fp32_master]
-//                 [--loss fused_ckpt_kl] [--attention auto|dense] [--checkpointing]
+//                 [--loss fused_ckpt_kl] [--attention grouped|dense] [--group-blocks 16]
+//                 [--checkpointing] [--embedding-on-cpu]
 //                 [--repeats 5 --warmup 2 --json out.jsonl]
 #include "config/config_schema.h"
 #include "memory/memory_stats.h"
@@ -31,10 +32,10 @@ using namespace dflash;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
-  std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, attention = "auto";
+  std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, attention = "grouped";
   bool checkpointing = false, embedding_on_cpu = false;
   int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
-  int64_t intermediate = 17408, vocab = 248320, target_layers = 64;
+  int64_t intermediate = 17408, vocab = 248320, target_layers = 64, group_blocks = 16;
   int repeats = 5, warmup = 2;
 };
 
@@ -51,6 +52,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--precision") a.precision = next();
     else if (flag == "--json") a.json = next();
     else if (flag == "--attention") a.attention = next();
+    else if (flag == "--group-blocks") a.group_blocks = std::stoll(next());
     else if (flag == "--checkpointing") a.checkpointing = true;
     else if (flag == "--embedding-on-cpu") a.embedding_on_cpu = true;
     else if (flag == "--context") a.context = std::stoll(next());
@@ -121,6 +123,7 @@ int main(int argc, char** argv) {
                                          {"max_anchors", a.anchors}, {"gamma", 0.0}, {"mask_token_id", -1},
                                          {"target_layer_ids", nlohmann::json::array()}, {"init_std", 0.02},
                                          {"rope_theta", 0.0}, {"attention", a.attention},
+                                         {"attention_group_blocks", a.group_blocks},
                                          {"activation_checkpointing", a.checkpointing},
                                          {"embedding_on_cpu", a.embedding_on_cpu}};
   host::DrafterInstance drafter(registry.find(DFLASH_KIND_DRAFTER, "dflash"), drafter_config, {"cuda:0", "bfloat16", 1});
@@ -150,9 +153,21 @@ int main(int argc, char** argv) {
   for (int64_t id : layer_ids) inputs.emplace_back("hidden." + std::to_string(id), torch::randn({1, a.context, a.hidden}, bf16));
 
   int64_t rows = 0;
+  // With `phases`, the step synchronises between its parts and records each
+  // part's time (one extra step after the timed ones; it slows that step only).
+  std::vector<std::pair<std::string, double>>* phases = nullptr;
+  auto mark = [&](const char* name, Clock::time_point& since) {
+    if (!phases) return;
+    torch::cuda::synchronize();
+    const auto now = Clock::now();
+    phases->emplace_back(name, std::chrono::duration<double, std::milli>(now - since).count());
+    since = now;
+  };
   auto step = [&] {
+    auto since = Clock::now();
     optimizer.zero_grad();
     const host::NamedTensors out = drafter.forward(inputs);
+    mark("forward", since);
     host::LossCall call;
     for (const auto& [name, t] : out) {
       if (name == "hidden") call.hidden = t;
@@ -162,21 +177,30 @@ int main(int argc, char** argv) {
     call.lm_head_weight = lm_head;
     rows = call.hidden.size(0);
     host::LossOutput result = loss.compute(call);
+    mark("loss forward", since);
     result.loss.backward();
+    mark("backward", since);
     const double norm = train::global_grad_norm(parameters);
     if (norm > 1.0) train::scale_gradients(parameters, 1.0 / (norm + 1e-6));
+    mark("clip", since);
     optimizer.step(1e-4);
+    mark("adamw", since);
   };
-  // Warm-up, then the peak of the timed steps (weights, states and frozen tensors included).
-  const double step_ms = median_ms(a.warmup, a.repeats, [&] {
-    static bool reset = false;
-    if (!reset) {
-      memory::reset_peak(device);
-      reset = true;
-    }
-    step();
-  });
+  // Warm-up; then the timed steps' peak, as the peer measures it: the
+  // allocator's peak minus what was allocated before a step (weights,
+  // optimizer states, frozen tensors, inputs; gradients are freed by
+  // zero_grad at each step's start, so they count in the step).
+  for (int i = 0; i < a.warmup; ++i) step();
+  optimizer.zero_grad();
+  torch::cuda::synchronize();
+  const int64_t before_step = memory::memory_now(device).current_bytes;
+  memory::reset_peak(device);
+  const double step_ms = median_ms(0, a.repeats, step);
   const memory::MemoryFigures mem = memory::memory_now(device);
+  std::vector<std::pair<std::string, double>> phase_ms;
+  phases = &phase_ms;
+  step();
+  phases = nullptr;
 
   // Useful FLOP per step: the layers (fwd + bwd: 6 per parameter per block
   // token), the frozen lm_head (logits + dX: 4·H·V per supervised row), fc and
@@ -211,21 +235,29 @@ int main(int argc, char** argv) {
             << a.head_dim << ", MLP " << a.intermediate << ", V " << a.vocab << "; " << parameter_count / 1e9
             << " B trainable parameters; context " << a.context << ", " << a.anchors << " anchors x block " << a.block
             << " = " << block_tokens << " block tokens (" << rows << " loss rows); loss " << a.loss << ", precision "
-            << a.precision << ", attention " << a.attention << (a.checkpointing ? ", activation checkpointing" : "")
+            << a.precision << ", attention " << a.attention
+            << (a.attention == "grouped" ? " (" + std::to_string(a.group_blocks) + " blocks)" : std::string()) << (a.checkpointing ? ", activation checkpointing" : "")
             << (a.embedding_on_cpu ? ", embedding in host memory" : "")
             << "; median of " << a.repeats << " after " << a.warmup << "\n";
   std::cout << "step " << step_ms << " ms, " << std::setprecision(0) << block_tokens / (step_ms / 1000) << " block tokens/s, peak "
-            << std::setprecision(2) << mem.peak_bytes / double(1 << 30) << " GiB allocated (weights, states and frozen tensors included)\n";
+            << std::setprecision(2) << (mem.peak_bytes - before_step) / double(1 << 30) << " GiB above the "
+            << before_step / double(1 << 30) << " GiB allocated before the step (total " << mem.peak_bytes / double(1 << 30)
+            << " GiB)\n";
   std::cout << std::setprecision(1) << "useful FLOP " << flop / 1e12 << " T per step (layers " << flop_layers / 1e12 << ", lm_head "
             << flop_head / 1e12 << ", context " << flop_context / 1e12 << ", attention " << flop_attention / 1e12 << ") = "
             << std::setprecision(0) << tflops << " TFLOP/s; same-run GEMM floor " << gemm_tflops << " TFLOP/s ("
             << std::setprecision(2) << tflops / gemm_tflops << " of it)\n";
+  std::cout << std::setprecision(1) << "phases (one synchronised step):";
+  for (const auto& [name, ms] : phase_ms) std::cout << " " << name << " " << ms << " ms;";
+  std::cout << "\n";
   if (!a.json.empty())
     std::ofstream(a.json, std::ios::app) << nlohmann::json{{"step_ms", step_ms}, {"block_tokens_per_s", block_tokens / (step_ms / 1000)},
-                                                           {"peak_gib", mem.peak_bytes / double(1 << 30)}, {"tflops", tflops},
+                                                           {"step_peak_gib", (mem.peak_bytes - before_step) / double(1 << 30)},
+                                                           {"total_peak_gib", mem.peak_bytes / double(1 << 30)}, {"tflops", tflops},
                                                            {"gemm_floor_tflops", gemm_tflops}, {"precision", a.precision},
                                                            {"context", a.context}, {"anchors", a.anchors}, {"block", a.block},
-                                                           {"attention", a.attention}, {"checkpointing", a.checkpointing},
+                                                           {"attention", a.attention}, {"group_blocks", a.group_blocks},
+                                                           {"checkpointing", a.checkpointing},
                                                            {"embedding_on_cpu", a.embedding_on_cpu},
                                                            {"parameters", parameter_count}}
                                                 .dump()

@@ -14,6 +14,9 @@ namespace dflash::train {
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   bool fp32_master = false;
+  // On CUDA (LibTorch ≥ 2.1): ATen's fused multi-tensor kernel instead of the
+  // per-tensor loop. Same formula; false keeps the loop (tests compare them).
+  bool fused = true;
 };
 
 class AdamW {
@@ -36,7 +39,11 @@ class AdamW {
  private:
   host::NamedTensors parameters_;
   AdamWOptions options_;
+  void fused_step(double lr);
+
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_, master_;
+  at::Tensor step_buffer_;              // fused: the step number per tensor (fp32, on the device)
+  std::vector<at::Tensor> step_views_;  // its elements, one per parameter
   int64_t steps_ = 0;
 };
 

@@ -123,34 +123,38 @@ TEST(DFlashLayout, BlocksAndMaskMatchTheirDefinitions) {
         }
       }
     }
-  // The variable-length plan (what flash attention gets on a GPU) encodes
-  // exactly the same pattern: rebuild the dense mask from it.
-  const auto plan = dd::varlen_plan(padded, b.documents, bs);
-  ASSERT_EQ(plan.cu_queries.size(0), 2 * count + 1);
-  ASSERT_EQ(plan.cu_keys.size(0), 2 * count + 1);
-  auto rebuilt = torch::zeros({2, q, s + q}, torch::kBool);
-  int64_t longest = 0;
-  for (int64_t g = 0; g < 2 * count; ++g) {
-    const int64_t r = g / count, blk = g % count;
-    EXPECT_EQ(plan.cu_queries[g].item<int>(), g * bs);
-    const int64_t from = plan.cu_keys[g].item<int>(), to = plan.cu_keys[g + 1].item<int>();
-    longest = std::max(longest, to - from);
-    for (int64_t i = from; i < to; ++i) {
-      const int64_t key = plan.gather[i].item<int64_t>();
-      int64_t key_row, column;
-      if (key < 2 * s) {
-        key_row = key / s;
-        column = key % s;
-      } else {
-        key_row = (key - 2 * s) / q;
-        column = s + (key - 2 * s) % q;
+  // The grouped form (what the layers use by default) covers exactly the
+  // same pattern: every block in one group, in order; each group's mask is
+  // the dense mask's entries on its rows and columns, and the dense mask
+  // allows nothing on those rows outside the group's columns.
+  for (int64_t group_blocks : {1, 2, 3, 100}) {
+    SCOPED_TRACE("group_blocks " + std::to_string(group_blocks));
+    const auto groups = dd::attention_groups(padded, b.documents, group_blocks);
+    int64_t next_row = 0, next_block = 0;
+    for (const auto& g : groups) {
+      if (g.row != next_row) {
+        EXPECT_EQ(next_block, count) << "a row's blocks all lie in its groups";
+        next_row = g.row;
+        next_block = 0;
       }
-      ASSERT_EQ(key_row, r) << "a key from another row";
-      for (int64_t k = 0; k < bs; ++k) rebuilt[r][blk * bs + k][column] = true;
+      ASSERT_EQ(g.first_block, next_block);
+      ASSERT_LE(g.blocks, group_blocks);
+      ASSERT_GE(g.context_begin, 0);
+      ASSERT_LE(g.context_begin, g.context_end);
+      ASSERT_LE(g.context_end, s);
+      next_block += g.blocks;
+      const auto group_mask = dd::group_attention_mask(g, padded, b.documents, bs);
+      const int64_t rows0 = g.first_block * bs, queries = g.blocks * bs, context = g.context_end - g.context_begin;
+      ASSERT_EQ(group_mask.sizes(), (std::vector<int64_t>{queries, context + queries}));
+      const auto dense_rows = mask[g.row].narrow(0, rows0, queries);
+      EXPECT_TRUE(torch::equal(group_mask.narrow(1, 0, context), dense_rows.narrow(1, g.context_begin, context)));
+      EXPECT_TRUE(torch::equal(group_mask.narrow(1, context, queries), dense_rows.narrow(1, s + rows0, queries)));
+      EXPECT_EQ(dense_rows.sum().item<int64_t>(), group_mask.sum().item<int64_t>()) << "nothing allowed outside the group's keys";
     }
+    EXPECT_EQ(next_row, 1);
+    EXPECT_EQ(next_block, count);
   }
-  EXPECT_EQ(plan.max_keys, longest);
-  EXPECT_TRUE(torch::equal(rebuilt, mask)) << "the varlen plan and the dense mask describe the same attention";
+  EXPECT_THROW(dd::attention_groups(padded, b.documents, 0), std::invalid_argument);
 
   const auto w = dd::slot_weights(5, 4.0);
   EXPECT_EQ(w[0].item<float>(), 0.0f);
@@ -182,7 +186,8 @@ TEST(DFlashDrafter, StepLossAndGradientsMatchANaivePerBlockImplementation) {
   const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
                                  {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", bs}, {"max_anchors", 3},
                                  {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", nlohmann::json::array()},
-                                 {"init_std", 0.3}, {"rope_theta", 0.0}, {"activation_checkpointing", false}};
+                                 {"init_std", 0.3}, {"rope_theta", 0.0}, {"activation_checkpointing", false},
+                                 {"attention", "grouped"}, {"attention_group_blocks", 2}};  // 2 groups per row
   DrafterInstance drafter(record, config, {"cpu", "float64", 9});
   const nlohmann::json target = {{"num_layers", 6}, {"hidden_size", h}, {"vocab_size", vocab}, {"num_attention_heads", heads},
                                  {"num_key_value_heads", kv}, {"head_dim", d}, {"intermediate_size", inter},
@@ -306,9 +311,9 @@ TEST(DFlashDrafter, StepLossAndGradientsMatchANaivePerBlockImplementation) {
   EXPECT_GT(checked, 0);
 }
 
-// Activation checkpointing recomputes each layer in backward, and the
-// embedding may live in host memory: the same loss and the same gradients as
-// keeping every activation and the embedding on the device.
+// Activation checkpointing recomputes each layer in backward, the embedding
+// may live in host memory, and attention may run grouped (any group size) or
+// as one dense call: the same loss and the same gradients every way.
 TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
   PluginRegistry registry;
   registry.add_directory(DFLASH_INTREE_PLUGIN_DIR);
@@ -330,11 +335,14 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
                                {"sample_seed", torch::tensor(int64_t{4})}};
   std::vector<NamedTensors> grads;
   std::vector<double> losses;
-  // Plain; checkpointed; embedding kept in host memory.
-  for (int variant : {0, 1, 2}) {
+  // Plain (grouped attention, default group size); checkpointed (groups of
+  // one block); embedding kept in host memory; dense attention.
+  for (int variant : {0, 1, 2, 3}) {
     const bool checkpointing = variant == 1;
     config["activation_checkpointing"] = checkpointing;
     config["embedding_on_cpu"] = variant == 2;
+    config["attention_group_blocks"] = variant == 1 ? 1 : 16;
+    config["attention"] = variant == 3 ? "dense" : "grouped";
     DrafterInstance drafter(record, config, {"cpu", "float64", 3});
     drafter.bind_target(target, frozen);
     const auto hidden = get(drafter.forward(inputs), "hidden");
@@ -349,17 +357,16 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
     }
     grads.push_back(g);
   }
-  for (int variant : {1, 2}) {
-    EXPECT_DOUBLE_EQ(losses[0], losses[variant]);
+  for (int variant : {1, 2, 3}) {
+    EXPECT_NEAR(losses[0], losses[variant], 1e-12 * std::abs(losses[0]));
     for (size_t i = 0; i < grads[0].size(); ++i)
       EXPECT_TRUE(torch::allclose(grads[0][i].second, grads[variant][i].second, 1e-12, 1e-12)) << grads[0][i].first;
   }
 }
 
-// On a GPU (bf16) the layers attend through flash attention over each block's
-// gathered keys; the dense-mask path must give the same outputs and
-// gradients within bf16 noise.
-TEST(DFlashDrafter, VarlenAttentionOnTheGpuMatchesTheDenseMask) {
+// On a GPU (bf16) grouped attention (the fused kernels, per group) must give
+// the dense path's outputs and gradients within bf16 noise.
+TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   PluginRegistry registry;
   registry.add_directory(DFLASH_INTREE_PLUGIN_DIR);
@@ -376,11 +383,12 @@ TEST(DFlashDrafter, VarlenAttentionOnTheGpuMatchesTheDenseMask) {
   for (int64_t id : {1, 5}) inputs.emplace_back("hidden." + std::to_string(id), torch::randn({2, 48, 64}, cuda));
   std::vector<torch::Tensor> outputs;
   std::vector<NamedTensors> grads;
-  for (const char* attention : {"auto", "dense"}) {
+  for (const char* attention : {"grouped", "dense"}) {
     const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
                                    {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", 4}, {"max_anchors", 6},
                                    {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", {1, 5}}, {"init_std", 0.1},
-                                   {"rope_theta", 0.0}, {"activation_checkpointing", true}, {"attention", attention}};
+                                   {"rope_theta", 0.0}, {"activation_checkpointing", true}, {"attention", attention},
+                                   {"attention_group_blocks", 2}};
     DrafterInstance drafter(record, config, {"cuda:0", "bfloat16", 3});
     drafter.bind_target(target, frozen);
     const auto hidden = get(drafter.forward(inputs), "hidden");

@@ -83,6 +83,68 @@ TEST(AdamW, Bf16StatesStayBf16AndGradientNormIsGlobal) {
   }
 }
 
+// On CUDA the update runs as ATen's fused multi-tensor kernel, and the
+// clipping helpers as multi-tensor ops: the same numbers as the per-tensor
+// loop (tested against the formula above) within one rounding of the stored dtype.
+TEST(AdamW, FusedKernelOnTheGpuMatchesTheLoop) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (bool master : {false, true}) {
+    SCOPED_TRACE(master ? "fp32_master" : "same");
+    torch::manual_seed(3);
+    const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+    std::vector<torch::Tensor> init = {torch::randn({37, 129}, bf16), torch::randn({5}, bf16), torch::randn({300, 7}, bf16)};
+    host::NamedTensors fused_params, loop_params;
+    for (size_t i = 0; i < init.size(); ++i) {
+      fused_params.emplace_back("p" + std::to_string(i), init[i].clone().requires_grad_(true));
+      loop_params.emplace_back("p" + std::to_string(i), init[i].clone().requires_grad_(true));
+    }
+    train::AdamWOptions o;
+    o.weight_decay = 0.05;
+    o.fp32_master = master;
+    train::AdamW fused(fused_params, o);
+    o.fused = false;
+    train::AdamW loop(loop_params, o);
+    for (int t = 0; t < 4; ++t) {
+      for (size_t i = 0; i < init.size(); ++i) {
+        const auto g = torch::randn(init[i].sizes(), bf16);
+        fused_params[i].second.mutable_grad() = g.clone();
+        loop_params[i].second.mutable_grad() = g.clone();
+      }
+      if (t == 1) {  // a parameter without a gradient is left alone by both
+        fused_params[1].second.mutable_grad() = torch::Tensor();
+        loop_params[1].second.mutable_grad() = torch::Tensor();
+      }
+      fused.step(1e-2);
+      loop.step(1e-2);
+    }
+    for (size_t i = 0; i < init.size(); ++i) {
+      const auto a = fused_params[i].second.to(torch::kFloat), b = loop_params[i].second.to(torch::kFloat);
+      // bf16 keeps 8 bits: one rounding apart at most.
+      EXPECT_LE((a - b).abs().max().item<double>(), 2.0 / 256 * b.abs().max().item<double>()) << fused_params[i].first;
+      EXPECT_GT((a - init[i].to(torch::kFloat)).abs().max().item<double>(), 1e-3) << "the weights moved";
+    }
+    const auto fs = fused.state(), ls = loop.state();
+    ASSERT_EQ(fs.size(), ls.size());
+    for (size_t i = 0; i < fs.size(); ++i) {
+      if (fs[i].first == "step") continue;
+      const auto a = fs[i].second.to(torch::kFloat), b = ls[i].second.to(torch::kFloat);
+      const double tol = master ? 1e-5 : 2.0 / 256;
+      EXPECT_LE((a - b).abs().max().item<double>(), tol * b.abs().max().item<double>() + 1e-7) << fs[i].first;
+    }
+    // The multi-tensor norm and scaling against the per-tensor sums on the CPU.
+    for (auto& [name, p] : fused_params) p.mutable_grad() = torch::randn(p.sizes(), bf16);
+    host::NamedTensors on_cpu;
+    for (const auto& [name, p] : fused_params) {
+      auto c = p.detach().to(torch::kCPU).requires_grad_(true);
+      c.mutable_grad() = p.grad().to(torch::kCPU);
+      on_cpu.emplace_back(name, c);
+    }
+    EXPECT_NEAR(train::global_grad_norm(fused_params), train::global_grad_norm(on_cpu), 1e-4 * train::global_grad_norm(on_cpu));
+    train::scale_gradients(fused_params, 0.25);
+    EXPECT_TRUE(torch::equal(fused_params[0].second.grad().to(torch::kCPU), on_cpu[0].second.grad() * 0.25));
+  }
+}
+
 // ---- checkpoints -------------------------------------------------------------
 
 TEST(Checkpoint, AtomicLatestKeepNewestAndACrashLeavesTheLastGoodOne) {

@@ -109,36 +109,46 @@ at::Tensor block_attention_mask(const at::Tensor& anchors_in, const at::Tensor& 
   return at::cat({context, own}, 2);
 }
 
-VarlenPlan varlen_plan(const at::Tensor& anchors_in, const at::Tensor& documents_in, int64_t block_size) {
+std::vector<AttentionGroup> attention_groups(const at::Tensor& anchors_in, const at::Tensor& documents_in, int64_t group_blocks) {
+  if (group_blocks < 1) throw std::invalid_argument("attention_groups: group_blocks must be at least 1");
   const at::Tensor anchors = cpu_long(anchors_in), documents = cpu_long(documents_in);
-  const int64_t rows = documents.size(0), length = documents.size(1), count = anchors.size(1);
-  const int64_t queries_per_row = count * block_size, context_total = rows * length;
+  const int64_t rows = documents.size(0), count = anchors.size(1);
   auto anc = anchors.accessor<int64_t, 2>();
   auto doc = documents.accessor<int64_t, 2>();
-  std::vector<int64_t> gather;
-  std::vector<int32_t> cu_keys = {0};
-  int64_t longest = 0;
+  std::vector<AttentionGroup> groups;
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < count; ++b) {
-      const int64_t a = anc[r][b];
-      int64_t start = a;  // the first position of a's document (context keys are [start, a))
-      if (a >= 0)
+    for (int64_t first = 0; first < count; first += group_blocks) {
+      AttentionGroup g;
+      g.row = r;
+      g.first_block = first;
+      g.blocks = std::min(group_blocks, count - first);
+      int64_t begin = -1, end = 0;
+      for (int64_t b = first; b < first + g.blocks; ++b) {
+        const int64_t a = anc[r][b];
+        if (a < 0) continue;  // padding: sees only its own block
+        int64_t start = a;    // the first position of a's document
         while (start > 0 && doc[r][start - 1] == doc[r][a]) --start;
-      else
-        start = 0;
-      const int64_t context_keys = a >= 0 ? a - start : 0;
-      for (int64_t j = 0; j < context_keys; ++j) gather.push_back(r * length + start + j);
-      for (int64_t k = 0; k < block_size; ++k) gather.push_back(context_total + r * queries_per_row + b * block_size + k);
-      const int64_t keys = context_keys + block_size;
-      longest = std::max(longest, keys);
-      cu_keys.push_back(static_cast<int32_t>(cu_keys.back() + keys));
+        begin = begin < 0 ? start : std::min(begin, start);
+        end = std::max(end, a);
+      }
+      g.context_begin = begin < 0 ? 0 : begin;
+      g.context_end = begin < 0 ? 0 : end;
+      groups.push_back(g);
     }
-  VarlenPlan plan;
-  plan.gather = at::tensor(gather, at::kLong);
-  plan.cu_keys = at::tensor(cu_keys, at::kInt);
-  plan.cu_queries = at::arange(0, rows * queries_per_row + 1, block_size, at::kInt);
-  plan.max_keys = longest;
-  return plan;
+  return groups;
+}
+
+at::Tensor group_attention_mask(const AttentionGroup& g, const at::Tensor& anchors, const at::Tensor& documents,
+                                int64_t block_size) {
+  const int64_t queries = g.queries(block_size), context = g.context_end - g.context_begin;
+  const at::Tensor anchor = anchors.select(0, g.row).narrow(0, g.first_block, g.blocks).repeat_interleave(block_size);
+  const at::Tensor docs = documents.select(0, g.row);
+  const at::Tensor anchor_doc = docs.index_select(0, anchor.clamp_min(0));
+  const at::Tensor key = at::arange(g.context_begin, g.context_end, anchor.options());
+  const at::Tensor sees_context = key.view({1, context}).lt(anchor.view({queries, 1}))
+                                      .logical_and(docs.narrow(0, g.context_begin, context).view({1, context}).eq(anchor_doc.view({queries, 1})));
+  const at::Tensor block = at::arange(queries, anchor.options()).div(block_size, "floor");
+  return at::cat({sees_context, block.view({queries, 1}).eq(block.view({1, queries}))}, 1);
 }
 
 at::Tensor slot_weights(int64_t block_size, double gamma) {

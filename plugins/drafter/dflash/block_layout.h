@@ -42,19 +42,27 @@ BlockLayout layout_blocks(const at::Tensor& input_ids, const at::Tensor& positio
 // only themselves (their rows are dropped later). [B, A·Bs, S + A·Bs] bool.
 at::Tensor block_attention_mask(const at::Tensor& anchors, const at::Tensor& documents, int64_t block_size);
 
-// The same attention pattern as block_attention_mask, as variable-length
-// sequences for a flash-attention kernel: block i's queries (its block_size
-// slots) are one sequence, and its keys are exactly the ones it may see —
-// its document's context before the anchor, then its own block — gathered
-// from the flattened keys [context B·S | blocks B·Q]. No masked pair is ever
-// computed, and the plan is built once per batch for every layer.
-struct VarlenPlan {
-  at::Tensor gather;      // [total keys] int64 rows of the flattened keys, block after block
-  at::Tensor cu_queries;  // [blocks + 1] int32 query offsets (block_size apart)
-  at::Tensor cu_keys;     // [blocks + 1] int32 key offsets into `gather`
-  int64_t max_keys = 0;   // the longest key sequence
+// The same attention pattern, cut so that a kernel taking an additive mask
+// does not compute (nearly) every masked pair: each row's blocks, in anchor
+// order, in groups of `group_blocks`. A group's queries (its blocks' slots)
+// attend to one contiguous context range [context_begin, context_end) — from
+// the start of the earliest anchor's document to the latest anchor — and to
+// the group's own slots, under group_attention_mask. Every key a query may see
+// lies in its group's range, so nothing is lost; the masked pairs still
+// computed are the spread of the group's anchors and its other blocks' slots.
+// Small groups waste less and give the kernel less work per call.
+struct AttentionGroup {
+  int64_t row = 0, first_block = 0, blocks = 0, context_begin = 0, context_end = 0;
+  int64_t queries(int64_t block_size) const { return blocks * block_size; }
+  int64_t keys(int64_t block_size) const { return context_end - context_begin + blocks * block_size; }
 };
-VarlenPlan varlen_plan(const at::Tensor& anchors, const at::Tensor& documents, int64_t block_size);
+// anchors [B, A] as sample_anchors gives them (ascending, −1 after the real ones).
+std::vector<AttentionGroup> attention_groups(const at::Tensor& anchors, const at::Tensor& documents, int64_t group_blocks);
+// The group's part of block_attention_mask: its queries' rows, and the columns
+// of its context range then of its own slots. [queries, keys] bool, computed on
+// the device of `anchors` and `documents`.
+at::Tensor group_attention_mask(const AttentionGroup& group, const at::Tensor& anchors, const at::Tensor& documents,
+                                int64_t block_size);
 
 // The slot weights w_k = exp(−(k − 1)/γ) for k ≥ 1, w_0 = 0. [block_size] float.
 at::Tensor slot_weights(int64_t block_size, double gamma);

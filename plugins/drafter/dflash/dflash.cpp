@@ -45,10 +45,14 @@ class DFlashDrafter : public sdk::Drafter {
                        Bounds::at_least(0))
         .number("init_std", 0.02, "standard deviation of the initial weights", Bounds::above(0))
         .number("rope_theta", 0.0, "0 = the target's (1e6 when the target does not say)", Bounds::at_least(0))
-        .string("attention", "auto",
-                "auto: on CUDA in bf16/fp16, flash attention over exactly each block's allowed keys (no masked pair "
-                "computed), elsewhere SDPA with a dense mask; dense: the dense mask everywhere",
-                {"auto", "dense"})
+        .string("attention", "grouped",
+                "grouped: one attention call per group of attention_group_blocks blocks, over the context up to the "
+                "group's last anchor and the group's own slots (few masked pairs computed); dense: one call per batch "
+                "over every key with the whole mask (the reference)",
+                {"grouped", "dense"})
+        .integer("attention_group_blocks", 16,
+                 "blocks per grouped attention call: fewer compute fewer masked pairs, more give each call more work",
+                 Bounds::at_least(1))
         .boolean("embedding_on_cpu", false,
                  "keep the frozen embedding in host memory and send only the block slots' rows to the device each "
                  "step (saves vocab × hidden elements of device memory)")
@@ -115,7 +119,8 @@ class DFlashDrafter : public sdk::Drafter {
     model_ = std::make_unique<drafter::DFlashModel>(shape, seed_, config_.at("init_std").get<double>(), dtype_, device_);
     model_->init_final_norm(frozen.at("final_norm"));
     model_->set_activation_checkpointing(config_.value("activation_checkpointing", false));
-    model_->set_varlen_attention(config_.value("attention", std::string("auto")) == "auto");
+    group_blocks_ = config_.value("attention", std::string("grouped")) == "grouped"
+                        ? config_.value("attention_group_blocks", int64_t{16}) : 0;
     weights_ = drafter::slot_weights(block_size_, gamma_);
   }
 
@@ -140,10 +145,7 @@ class DFlashDrafter : public sdk::Drafter {
     const at::Tensor anchors = drafter::sample_anchors(loss_mask, documents, max_anchors_, seed);
     const drafter::BlockLayout layout =
         drafter::layout_blocks(ids, positions, documents, loss_mask, anchors, block_size_, mask_token_);
-    drafter::BlockMasks masks;
-    masks.block_size = block_size_;
-    if (model.uses_varlen_attention(model.parameters().front().second)) masks.varlen = drafter::varlen_plan(anchors, documents, block_size_);
-    else masks.dense = drafter::block_attention_mask(anchors, documents, block_size_);
+    const drafter::BlockMasks masks{anchors, documents, block_size_, group_blocks_};
 
     std::vector<at::Tensor> features;
     for (int64_t id : layer_ids_) features.push_back(inputs.at("hidden." + std::to_string(id)).to(device_));
@@ -201,7 +203,7 @@ class DFlashDrafter : public sdk::Drafter {
   uint64_t seed_, calls_ = 0;
   c10::ScalarType dtype_;
   c10::Device device_;
-  int64_t block_size_, max_anchors_, vocab_ = 0, mask_token_ = 0;
+  int64_t block_size_, max_anchors_, vocab_ = 0, mask_token_ = 0, group_blocks_ = 0;
   double gamma_;
   std::vector<int64_t> layer_ids_;
   at::Tensor embed_, weights_;

@@ -24,13 +24,21 @@ at::Tensor rotate_half(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-// x [B, L, heads, d] rotated by positions [B, L].
-at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, double theta) {
-  const int64_t d = x.size(-1);
-  const at::Tensor inv = 1.0 / at::pow(theta, at::arange(0, d, 2, x.options().dtype(at::kDouble)) / static_cast<double>(d));
-  const at::Tensor angles = positions.to(x.device(), at::kDouble).unsqueeze(-1) * inv;  // [B, L, d/2]
-  const at::Tensor emb = at::cat({angles, angles}, -1).unsqueeze(2);                     // [B, L, 1, d]
-  return x * emb.cos().to(x.scalar_type()) + rotate_half(x) * emb.sin().to(x.scalar_type());
+// cos and sin of every position's rotary angles, [B, L, 1, d] in `dtype`:
+// computed once per step in fp64 and shared by all layers.
+struct Rotary {
+  at::Tensor cos, sin;
+};
+Rotary rotary_tables(const at::Tensor& positions, int64_t d, double theta, const at::TensorOptions& options) {
+  const at::Tensor inv = 1.0 / at::pow(theta, at::arange(0, d, 2, options.dtype(at::kDouble)) / static_cast<double>(d));
+  const at::Tensor angles = positions.to(options.device(), at::kDouble).unsqueeze(-1) * inv;  // [B, L, d/2]
+  const at::Tensor emb = at::cat({angles, angles}, -1).unsqueeze(2);                           // [B, L, 1, d]
+  return {emb.cos().to(options.dtype()), emb.sin().to(options.dtype())};
+}
+
+// x [B, L, heads, d] rotated by its positions' tables.
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return x * cos + rotate_half(x) * sin;
 }
 
 }  // namespace
@@ -81,31 +89,39 @@ namespace {
 
 struct LayerSettings {
   int64_t heads, kv_heads, head_dim;
-  double eps, theta;
+  double eps;
 };
+
+// How a layer's queries see its keys [context S | block slots Q]:
+//   dense   — one SDPA call per batch with the additive mask [B, 1, Q, S + Q];
+//   grouped — one SDPA call per attention group (block_layout's
+//             attention_groups) over its context range and its own slots, with
+//             that group's additive mask; the masks lie one after another in
+//             `bias`, and `groups` [G, 6] (CPU int64) holds each group's row,
+//             first query, query count, context begin, context end and offset
+//             into `bias`.
+// Either way no tensor of attention scores is materialised per head: the
+// kernel (memory-efficient or cuDNN attention on CUDA) streams over the keys.
+struct Attention {
+  at::Tensor bias, groups;
+  bool grouped() const { return groups.defined() && groups.numel() > 0; }
+};
+
+// q [heads, n, d]-like views become [1, heads, n, d]; k, v [kv, m, d] are
+// repeated to every query head (the kernels take equal head counts).
+at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& bias, int64_t heads, int64_t kv_heads) {
+  if (heads > kv_heads) {
+    k = k.repeat_interleave(heads / kv_heads, -3);
+    v = v.repeat_interleave(heads / kv_heads, -3);
+  }
+  return compat::scaled_dot_product_attention(q, k, v, bias, /*is_causal=*/false);
+}
 
 // One decoder layer: x [B, Q, H] (the block slots), context [B, S, H] (the
-// injected features), bias [B, 1, Q, S + Q]; w = the layer's 11 weights in
-// the order of DFlashModel::Layer.
-// How a layer's queries see its keys: a dense additive bias [B, 1, Q, S + Q]
-// (any device), or a variable-length plan for flash attention (no masked pair
-// computed; CUDA).
-struct Attention {
-  at::Tensor bias;                       // dense
-  at::Tensor gather, cu_queries, cu_keys;  // varlen
-  int64_t block_size = 0, max_keys = -1;  // max_keys ≥ 0: varlen
-  bool varlen() const { return max_keys >= 0; }
-  // Autograd functions need every tensor argument defined: the unused form's
-  // tensors become empty ones.
-  void fill_unused(const at::TensorOptions& options) {
-    for (at::Tensor* t : {&bias, &gather, &cu_queries, &cu_keys})
-      if (!t->defined()) *t = at::empty({0}, options);
-  }
-};
-
+// injected features); w = the layer's 11 weights in the order of
+// DFlashModel::Layer; rotary tables for the slots (q) and the keys (k).
 at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& w, const at::Tensor& x,
-                         const at::Tensor& context, const Attention& plan, const at::Tensor& slot_positions,
-                         const at::Tensor& key_positions) {
+                         const at::Tensor& context, const Attention& plan, const Rotary& rotary_q, const Rotary& rotary_k) {
   const at::Tensor &input_norm = w[0], &wq = w[1], &wk = w[2], &wv = w[3], &wo = w[4], &q_norm = w[5], &k_norm = w[6];
   const at::Tensor &post_norm = w[7], &gate = w[8], &up = w[9], &down = w[10];
   const int64_t b = x.size(0), q_len = x.size(1), ctx_len = context.size(1);
@@ -115,29 +131,28 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
   at::Tensor k = at::cat({at::linear(context, wk), at::linear(h, wk)}, 1).view({b, ctx_len + q_len, s.kv_heads, s.head_dim});
   at::Tensor v = at::cat({at::linear(context, wv), at::linear(h, wv)}, 1).view({b, ctx_len + q_len, s.kv_heads, s.head_dim});
   k = rms_norm(k, k_norm, s.eps);
-  q = rope(q, slot_positions, s.theta);  // [B, Q, heads, d]
-  k = rope(k, key_positions, s.theta);   // [B, S + Q, kv, d]
+  q = rope(q, rotary_q.cos, rotary_q.sin);  // [B, Q, heads, d]
+  k = rope(k, rotary_k.cos, rotary_k.sin);  // [B, S + Q, kv, d]
   at::Tensor attention;
-  if (plan.varlen()) {
-    // Keys flattened as [context of every row | block slots of every row],
-    // then gathered per block: each block sees exactly its allowed keys.
-    auto flat = [&](const at::Tensor& t) {
-      return at::cat({t.narrow(1, 0, ctx_len).reshape({b * ctx_len, s.kv_heads, s.head_dim}),
-                      t.narrow(1, ctx_len, q_len).reshape({b * q_len, s.kv_heads, s.head_dim})})
-          .index_select(0, plan.gather);
-    };
-    attention = compat::varlen_attention(q.reshape({b * q_len, s.heads, s.head_dim}), flat(k), flat(v), plan.cu_queries,
-                                         plan.cu_keys, plan.block_size, plan.max_keys)
-                    .reshape({b, q_len, s.heads * s.head_dim});
-  } else {
-    q = q.transpose(1, 2);  // [B, heads, Q, d]
-    k = k.transpose(1, 2);  // [B, kv, S + Q, d]
-    v = v.transpose(1, 2);
-    if (s.heads > s.kv_heads) {
-      k = k.repeat_interleave(s.heads / s.kv_heads, 1);
-      v = v.repeat_interleave(s.heads / s.kv_heads, 1);
+  if (plan.grouped()) {
+    const auto g = plan.groups.accessor<int64_t, 2>();
+    std::vector<at::Tensor> parts;
+    parts.reserve(static_cast<size_t>(g.size(0)));
+    for (int64_t i = 0; i < g.size(0); ++i) {
+      const int64_t row = g[i][0], first = g[i][1], queries = g[i][2], begin = g[i][3], end = g[i][4], offset = g[i][5];
+      const int64_t keys = end - begin + queries;
+      auto keys_of = [&](const at::Tensor& t) {  // [keys, kv, d] → [1, kv, keys, d]
+        const at::Tensor r = t.select(0, row);
+        return at::cat({r.narrow(0, begin, end - begin), r.narrow(0, ctx_len + first, queries)}).transpose(0, 1).unsqueeze(0);
+      };
+      const at::Tensor bias = plan.bias.narrow(0, offset, queries * keys).view({1, 1, queries, keys});
+      const at::Tensor out = attend(q.select(0, row).narrow(0, first, queries).transpose(0, 1).unsqueeze(0), keys_of(k),
+                                    keys_of(v), bias, s.heads, s.kv_heads);  // [1, heads, queries, d]
+      parts.push_back(out.squeeze(0).transpose(0, 1).reshape({queries, s.heads * s.head_dim}));
     }
-    attention = compat::scaled_dot_product_attention(q, k, v, plan.bias, /*is_causal=*/false)
+    attention = at::cat(parts).view({b, q_len, s.heads * s.head_dim});
+  } else {
+    attention = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), plan.bias, s.heads, s.kv_heads)
                     .transpose(1, 2)
                     .reshape({b, q_len, s.heads * s.head_dim});
   }
@@ -152,32 +167,26 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
 class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor x, at::Tensor context,
-                                                at::Tensor bias, at::Tensor gather, at::Tensor cu_queries, at::Tensor cu_keys,
-                                                int64_t block_size, int64_t max_keys, at::Tensor slot_positions, at::Tensor key_positions,
-                                                at::Tensor w0, at::Tensor w1, at::Tensor w2, at::Tensor w3, at::Tensor w4,
-                                                at::Tensor w5, at::Tensor w6, at::Tensor w7, at::Tensor w8, at::Tensor w9,
-                                                at::Tensor w10, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
-                                                double theta) {
-    ctx->save_for_backward({x, context, bias, slot_positions, key_positions, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10,
-                            gather, cu_queries, cu_keys});
-    ctx->saved_data["block_size"] = block_size;
-    ctx->saved_data["max_keys"] = max_keys;
+                                                at::Tensor bias, at::Tensor groups, at::Tensor cos_q, at::Tensor sin_q,
+                                                at::Tensor cos_k, at::Tensor sin_k, at::Tensor w0, at::Tensor w1,
+                                                at::Tensor w2, at::Tensor w3, at::Tensor w4, at::Tensor w5, at::Tensor w6,
+                                                at::Tensor w7, at::Tensor w8, at::Tensor w9, at::Tensor w10, int64_t heads,
+                                                int64_t kv_heads, int64_t head_dim, double eps) {
+    ctx->save_for_backward({x, context, bias, groups, cos_q, sin_q, cos_k, sin_k, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["kv_heads"] = kv_heads;
     ctx->saved_data["head_dim"] = head_dim;
     ctx->saved_data["eps"] = eps;
-    ctx->saved_data["theta"] = theta;
-    const LayerSettings s{heads, kv_heads, head_dim, eps, theta};
-    const Attention plan{bias, gather, cu_queries, cu_keys, block_size, max_keys};
-    return {layer_forward(s, {w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10}, x, context, plan, slot_positions, key_positions)};
+    const LayerSettings s{heads, kv_heads, head_dim, eps};
+    return {layer_forward(s, {w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10}, x, context, {bias, groups}, {cos_q, sin_q},
+                          {cos_k, sin_k})};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_output) {
     const auto saved = ctx->get_saved_variables();
     const LayerSettings s{ctx->saved_data["heads"].toInt(), ctx->saved_data["kv_heads"].toInt(),
-                          ctx->saved_data["head_dim"].toInt(), ctx->saved_data["eps"].toDouble(),
-                          ctx->saved_data["theta"].toDouble()};
+                          ctx->saved_data["head_dim"].toInt(), ctx->saved_data["eps"].toDouble()};
     const c10::AutoGradMode enable(true);
     // Fresh leaves for every differentiable input; the gradients returned
     // here are what autograd accumulates into the real ones.
@@ -188,26 +197,55 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
       return l;
     };
     const at::Tensor x = leaf(saved[0]), context = leaf(saved[1]);
-    for (size_t i = 5; i < 16; ++i) weights.push_back(leaf(saved[i]));
-    const Attention plan{saved[2], saved[16], saved[17], saved[18], ctx->saved_data["block_size"].toInt(),
-                         ctx->saved_data["max_keys"].toInt()};
-    const at::Tensor y = layer_forward(s, weights, x, context, plan, saved[3], saved[4]);
+    for (size_t i = 8; i < 19; ++i) weights.push_back(leaf(saved[i]));
+    const at::Tensor y = layer_forward(s, weights, x, context, {saved[2], saved[3]}, {saved[4], saved[5]}, {saved[6], saved[7]});
     const auto grads = torch::autograd::grad({y}, leaves, {grad_output[0]}, /*retain_graph=*/false,
                                              /*create_graph=*/false, /*allow_unused=*/true);
-    // x, context; bias, gather, cu_queries, cu_keys, block_size, max_keys, slot and key positions: none.
+    // x, context; then none for bias, groups and the four rotary tables.
     torch::autograd::variable_list out = {grads[0], grads[1]};
-    for (int i = 0; i < 8; ++i) out.emplace_back();
+    for (int i = 0; i < 6; ++i) out.emplace_back();
     for (size_t i = 2; i < grads.size(); ++i) out.push_back(grads[i]);
-    for (int i = 0; i < 5; ++i) out.emplace_back();  // heads, kv_heads, head_dim, eps, theta
+    for (int i = 0; i < 4; ++i) out.emplace_back();  // heads, kv_heads, head_dim, eps
     return out;
   }
 };
 
-}  // namespace
-
-bool DFlashModel::uses_varlen_attention(const at::Tensor& like) const {
-  return varlen_attention_ && compat::varlen_attention_available(like) && shape_.head_dim <= 256;
+// The additive masks (0 where a query may attend, −inf elsewhere) for the
+// chosen form, built on the device once per step for every layer.
+Attention attention_plan(const BlockMasks& masks, const at::TensorOptions& options) {
+  auto additive = [&](const at::Tensor& allowed) {
+    return at::zeros(allowed.sizes(), options).masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  };
+  Attention plan;
+  const std::vector<AttentionGroup> groups =
+      masks.group_blocks > 0 ? attention_groups(masks.anchors, masks.documents, masks.group_blocks) : std::vector<AttentionGroup>{};
+  if (groups.empty()) {
+    plan.bias = additive(block_attention_mask(masks.anchors, masks.documents, masks.block_size).to(options.device())).unsqueeze(1);
+    plan.groups = at::empty({0, 6}, at::kLong);
+    return plan;
+  }
+  const at::Tensor anchors = masks.anchors.to(options.device(), at::kLong), documents = masks.documents.to(options.device(), at::kLong);
+  plan.groups = at::empty({static_cast<int64_t>(groups.size()), 6}, at::kLong);
+  auto table = plan.groups.accessor<int64_t, 2>();
+  std::vector<at::Tensor> allowed;
+  int64_t offset = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const AttentionGroup& g = groups[i];
+    const auto row = static_cast<int64_t>(i);
+    table[row][0] = g.row;
+    table[row][1] = g.first_block * masks.block_size;
+    table[row][2] = g.queries(masks.block_size);
+    table[row][3] = g.context_begin;
+    table[row][4] = g.context_end;
+    table[row][5] = offset;
+    allowed.push_back(group_attention_mask(g, anchors, documents, masks.block_size).flatten());
+    offset += allowed.back().numel();
+  }
+  plan.bias = additive(at::cat(allowed));
+  return plan;
 }
+
+}  // namespace
 
 at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& context_positions,
                                 const at::Tensor& slot_embeddings, const at::Tensor& slot_positions,
@@ -217,32 +255,20 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
   // The context, once: fc + RMSNorm over the concatenated target features.
   const at::Tensor context = rms_norm(at::linear(features.to(fc_.scalar_type()), fc_), hidden_norm_, eps);  // [B, S, H]
   const at::Tensor key_positions = at::cat({context_positions, slot_positions}, 1);
-  Attention plan;
-  if (uses_varlen_attention(slot_embeddings)) {
-    const auto device = slot_embeddings.device();
-    plan.gather = masks.varlen.gather.to(device);
-    plan.cu_queries = masks.varlen.cu_queries.to(device);
-    plan.cu_keys = masks.varlen.cu_keys.to(device);
-    plan.block_size = masks.block_size;
-    plan.max_keys = masks.varlen.max_keys;
-  } else {
-    // Additive (0 / −inf): accepted by both LibTorch versions' attention.
-    plan.bias = at::zeros(masks.dense.sizes(), slot_embeddings.options())
-                    .masked_fill_(masks.dense.logical_not().to(slot_embeddings.device()), -std::numeric_limits<float>::infinity())
-                    .unsqueeze(1);  // [B, 1, Q, S + Q]
-  }
-  plan.fill_unused(slot_embeddings.options());
-  const LayerSettings settings{s.heads, s.kv_heads, s.head_dim, eps, s.rope_theta};
+  const auto options = slot_embeddings.options();
+  const Attention plan = attention_plan(masks, options);
+  const Rotary rotary_q = rotary_tables(slot_positions, s.head_dim, s.rope_theta, options);
+  const Rotary rotary_k = rotary_tables(key_positions, s.head_dim, s.rope_theta, options);
+  const LayerSettings settings{s.heads, s.kv_heads, s.head_dim, eps};
   at::Tensor x = slot_embeddings;
   for (const Layer& l : layers_) {
     if (activation_checkpointing_ && c10::GradMode::is_enabled()) {
-      x = CheckpointedLayer::apply(x, context, plan.bias, plan.gather, plan.cu_queries, plan.cu_keys, plan.block_size,
-                                   plan.max_keys, slot_positions, key_positions, l.input_norm, l.q, l.k, l.v, l.o,
-                                   l.q_norm, l.k_norm, l.post_norm, l.gate, l.up, l.down, s.heads, s.kv_heads, s.head_dim,
-                                   eps, s.rope_theta)[0];
+      x = CheckpointedLayer::apply(x, context, plan.bias, plan.groups, rotary_q.cos, rotary_q.sin, rotary_k.cos,
+                                   rotary_k.sin, l.input_norm, l.q, l.k, l.v, l.o, l.q_norm, l.k_norm, l.post_norm, l.gate,
+                                   l.up, l.down, s.heads, s.kv_heads, s.head_dim, eps)[0];
     } else {
       x = layer_forward(settings, {l.input_norm, l.q, l.k, l.v, l.o, l.q_norm, l.k_norm, l.post_norm, l.gate, l.up, l.down},
-                        x, context, plan, slot_positions, key_positions);
+                        x, context, plan, rotary_q, rotary_k);
     }
   }
   return rms_norm(x, final_norm_, eps);

@@ -23,11 +23,15 @@ struct DrafterShape {
 
 using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
 
-// The blocks' attention pattern in both forms the layers can use.
+// What the layers need to build the blocks' attention pattern: the anchors
+// and documents (CPU, as block_layout has them) and how to cut the pattern.
 struct BlockMasks {
-  at::Tensor dense;   // [B, Q, S + Q] bool, true = may attend (block_attention_mask); needed unless varlen is used
-  VarlenPlan varlen;  // the same pattern as variable-length sequences (varlen_plan)
+  at::Tensor anchors;    // [B, A] ascending, −1 = padding block
+  at::Tensor documents;  // [B, S]
   int64_t block_size = 0;
+  // > 0: attention in groups of this many blocks (attention_groups); 0: one
+  // call per row with the whole dense mask (block_attention_mask).
+  int64_t group_blocks = 0;
 };
 
 class DFlashModel {
@@ -46,15 +50,8 @@ class DFlashModel {
   // Keep only each layer's inputs for backward and run the layer again there.
   void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
 
-  // On CUDA in bf16/fp16 (LibTorch ≥ 2.5) attention runs as flash attention
-  // over exactly the allowed keys of each block; elsewhere, or with
-  // set_varlen_attention(false), as SDPA with the dense mask.
-  void set_varlen_attention(bool on) { varlen_attention_ = on; }
-  bool uses_varlen_attention(const at::Tensor& like) const;
-
   // features [B, S, F·Ht]; context_positions [B, S]; slot_embeddings [B, Q, H];
-  // slot_positions [B, Q]; masks: the pattern (the dense form only when
-  // !uses_varlen_attention). Returns the slots' hidden states after the final norm, [B, Q, H].
+  // slot_positions [B, Q]; masks: the pattern. Returns the slots' hidden states after the final norm, [B, Q, H].
   at::Tensor forward(const at::Tensor& features, const at::Tensor& context_positions, const at::Tensor& slot_embeddings,
                      const at::Tensor& slot_positions, const BlockMasks& masks) const;
 
@@ -69,7 +66,6 @@ class DFlashModel {
   at::Tensor fc_, hidden_norm_, final_norm_;
   std::vector<Layer> layers_;
   bool activation_checkpointing_ = false;
-  bool varlen_attention_ = true;
 };
 
 }  // namespace dflash::drafter
