@@ -7,7 +7,8 @@
 //
 //   drafter_bench --plugin-dir build-gpu/lib/dflash-host/plugins
 //                 [--context 4096 --anchors 512 --block 16] [--precision same|fp32_master]
-//                 [--loss fused_ckpt_kl] [--attention grouped|dense] [--group-blocks 16]
+//                 [--loss fused_ckpt_kl] [--attention grouped|dense] [--group-blocks 32]
+//                 [--attention-kernel auto|sdpa]
 //                 [--checkpointing] [--embedding-on-cpu]
 //                 [--repeats 5 --warmup 2 --json out.jsonl]
 #include "config/config_schema.h"
@@ -32,10 +33,10 @@ using namespace dflash;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
-  std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, attention = "grouped";
+  std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, attention = "grouped", kernel = "auto";
   bool checkpointing = false, embedding_on_cpu = false;
   int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
-  int64_t intermediate = 17408, vocab = 248320, target_layers = 64, group_blocks = 16;
+  int64_t intermediate = 17408, vocab = 248320, target_layers = 64, group_blocks = 32;
   int repeats = 5, warmup = 2;
 };
 
@@ -53,6 +54,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--json") a.json = next();
     else if (flag == "--attention") a.attention = next();
     else if (flag == "--group-blocks") a.group_blocks = std::stoll(next());
+    else if (flag == "--attention-kernel") a.kernel = next();
     else if (flag == "--checkpointing") a.checkpointing = true;
     else if (flag == "--embedding-on-cpu") a.embedding_on_cpu = true;
     else if (flag == "--context") a.context = std::stoll(next());
@@ -123,7 +125,7 @@ int main(int argc, char** argv) {
                                          {"max_anchors", a.anchors}, {"gamma", 0.0}, {"mask_token_id", -1},
                                          {"target_layer_ids", nlohmann::json::array()}, {"init_std", 0.02},
                                          {"rope_theta", 0.0}, {"attention", a.attention},
-                                         {"attention_group_blocks", a.group_blocks},
+                                         {"attention_group_blocks", a.group_blocks}, {"attention_kernel", a.kernel},
                                          {"activation_checkpointing", a.checkpointing},
                                          {"embedding_on_cpu", a.embedding_on_cpu}};
   host::DrafterInstance drafter(registry.find(DFLASH_KIND_DRAFTER, "dflash"), drafter_config, {"cuda:0", "bfloat16", 1});
@@ -236,7 +238,8 @@ int main(int argc, char** argv) {
             << " B trainable parameters; context " << a.context << ", " << a.anchors << " anchors x block " << a.block
             << " = " << block_tokens << " block tokens (" << rows << " loss rows); loss " << a.loss << ", precision "
             << a.precision << ", attention " << a.attention
-            << (a.attention == "grouped" ? " (" + std::to_string(a.group_blocks) + " blocks)" : std::string()) << (a.checkpointing ? ", activation checkpointing" : "")
+            << (a.attention == "grouped" ? " (" + std::to_string(a.group_blocks) + " blocks)" : std::string()) << ", kernel "
+            << a.kernel << (a.checkpointing ? ", activation checkpointing" : "")
             << (a.embedding_on_cpu ? ", embedding in host memory" : "")
             << "; median of " << a.repeats << " after " << a.warmup << "\n";
   std::cout << "step " << step_ms << " ms, " << std::setprecision(0) << block_tokens / (step_ms / 1000) << " block tokens/s, peak "
@@ -256,7 +259,7 @@ int main(int argc, char** argv) {
                                                            {"total_peak_gib", mem.peak_bytes / double(1 << 30)}, {"tflops", tflops},
                                                            {"gemm_floor_tflops", gemm_tflops}, {"precision", a.precision},
                                                            {"context", a.context}, {"anchors", a.anchors}, {"block", a.block},
-                                                           {"attention", a.attention}, {"group_blocks", a.group_blocks},
+                                                           {"attention", a.attention}, {"group_blocks", a.group_blocks}, {"attention_kernel", a.kernel},
                                                            {"checkpointing", a.checkpointing},
                                                            {"embedding_on_cpu", a.embedding_on_cpu},
                                                            {"parameters", parameter_count}}

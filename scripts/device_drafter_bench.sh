@@ -21,6 +21,7 @@ run --context 3072 --anchors 1024 --block 32
 # Variants at 4096 / 512 × 16.
 run --precision fp32_master
 run --checkpointing
-run --group-blocks 8
-run --group-blocks 32
+run --attention-kernel sdpa
+run --group-blocks 16
+run --group-blocks 64
 run --attention dense

@@ -383,12 +383,14 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
   for (int64_t id : {1, 5}) inputs.emplace_back("hidden." + std::to_string(id), torch::randn({2, 48, 64}, cuda));
   std::vector<torch::Tensor> outputs;
   std::vector<NamedTensors> grads;
-  for (const char* attention : {"grouped", "dense"}) {
+  // grouped through cuDNN (where it runs); grouped through SDPA; dense through SDPA (the reference, last).
+  const std::vector<std::pair<const char*, const char*>> variants = {{"grouped", "auto"}, {"grouped", "sdpa"}, {"dense", "sdpa"}};
+  for (const auto& [attention, kernel] : variants) {
     const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
                                    {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", 4}, {"max_anchors", 6},
                                    {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", {1, 5}}, {"init_std", 0.1},
                                    {"rope_theta", 0.0}, {"activation_checkpointing", true}, {"attention", attention},
-                                   {"attention_group_blocks", 2}};
+                                   {"attention_group_blocks", 2}, {"attention_kernel", kernel}};
     DrafterInstance drafter(record, config, {"cuda:0", "bfloat16", 3});
     drafter.bind_target(target, frozen);
     const auto hidden = get(drafter.forward(inputs), "hidden");
@@ -398,11 +400,15 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
     for (const auto& [name, p] : drafter.parameters()) g.emplace_back(name, p.grad().to(torch::kCPU, torch::kFloat));
     grads.push_back(g);
   }
-  const double scale = outputs[1].abs().max().item<double>();
-  EXPECT_LE((outputs[0] - outputs[1]).abs().max().item<double>(), 3e-2 * scale);
-  for (size_t i = 0; i < grads[0].size(); ++i) {
-    const double gscale = grads[1][i].second.abs().max().item<double>();
-    EXPECT_LE((grads[0][i].second - grads[1][i].second).abs().max().item<double>(), 5e-2 * gscale + 1e-6) << grads[0][i].first;
+  for (size_t variant : {size_t{0}, size_t{1}}) {
+    SCOPED_TRACE(std::string(variants[variant].first) + " via " + variants[variant].second);
+    const double scale = outputs[2].abs().max().item<double>();
+    EXPECT_LE((outputs[variant] - outputs[2]).abs().max().item<double>(), 3e-2 * scale);
+    for (size_t i = 0; i < grads[2].size(); ++i) {
+      const double gscale = grads[2][i].second.abs().max().item<double>();
+      EXPECT_LE((grads[variant][i].second - grads[2][i].second).abs().max().item<double>(), 5e-2 * gscale + 1e-6)
+          << grads[2][i].first;
+    }
   }
 }
 

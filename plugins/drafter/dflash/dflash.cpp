@@ -50,9 +50,13 @@ class DFlashDrafter : public sdk::Drafter {
                 "group's last anchor and the group's own slots (few masked pairs computed); dense: one call per batch "
                 "over every key with the whole mask (the reference)",
                 {"grouped", "dense"})
-        .integer("attention_group_blocks", 16,
+        .integer("attention_group_blocks", 32,
                  "blocks per grouped attention call: fewer compute fewer masked pairs, more give each call more work",
                  Bounds::at_least(1))
+        .string("attention_kernel", "auto",
+                "auto: cuDNN's fused attention on CUDA in bf16/fp16 where it runs and matches SDPA (checked once), "
+                "SDPA elsewhere; sdpa: always SDPA",
+                {"auto", "sdpa"})
         .boolean("embedding_on_cpu", false,
                  "keep the frozen embedding in host memory and send only the block slots' rows to the device each "
                  "step (saves vocab × hidden elements of device memory)")
@@ -119,8 +123,11 @@ class DFlashDrafter : public sdk::Drafter {
     model_ = std::make_unique<drafter::DFlashModel>(shape, seed_, config_.at("init_std").get<double>(), dtype_, device_);
     model_->init_final_norm(frozen.at("final_norm"));
     model_->set_activation_checkpointing(config_.value("activation_checkpointing", false));
+    model_->set_attention_kernel(config_.value("attention_kernel", std::string("auto")) == "sdpa"
+                                     ? drafter::DFlashModel::AttentionKernel::kSdpa
+                                     : drafter::DFlashModel::AttentionKernel::kAuto);
     group_blocks_ = config_.value("attention", std::string("grouped")) == "grouped"
-                        ? config_.value("attention_group_blocks", int64_t{16}) : 0;
+                        ? config_.value("attention_group_blocks", int64_t{32}) : 0;
     weights_ = drafter::slot_weights(block_size_, gamma_);
   }
 

@@ -7,8 +7,16 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <c10/core/GradMode.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
+
+#if DFLASH_TORCH_AT_LEAST(2, 5)
+#include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
+#define DFLASH_DRAFTER_CUDNN_ATTENTION 1
+#else
+#define DFLASH_DRAFTER_CUDNN_ATTENTION 0
+#endif
 
 namespace dflash::drafter {
 namespace {
@@ -104,17 +112,84 @@ struct LayerSettings {
 // kernel (memory-efficient or cuDNN attention on CUDA) streams over the keys.
 struct Attention {
   at::Tensor bias, groups;
+  bool cudnn = false;  // cuDNN's kernel (cudnn_attention_works) instead of SDPA
   bool grouped() const { return groups.defined() && groups.numel() > 0; }
 };
 
-// q [heads, n, d]-like views become [1, heads, n, d]; k, v [kv, m, d] are
-// repeated to every query head (the kernels take equal head counts).
-at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& bias, int64_t heads, int64_t kv_heads) {
+// The attention call. q [N, heads, n, d], k and v [N, kv, m, d], bias
+// additive, broadcast over heads. cuDNN's fused attention (CUDA, LibTorch ≥
+// 2.5) takes the bias and GQA natively and has a faster backward than the
+// memory-efficient kernel; SDPA (any device) gets k and v repeated to every
+// query head, as its kernels take equal head counts.
+at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& bias, int64_t heads, int64_t kv_heads,
+                  bool cudnn) {
+#if DFLASH_DRAFTER_CUDNN_ATTENTION
+  if (cudnn) {
+    const bool grad = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+    return std::get<0>(at::_scaled_dot_product_cudnn_attention(q, k, v, bias, /*compute_log_sumexp=*/grad,
+                                                               /*dropout_p=*/0.0, /*is_causal=*/false,
+                                                               /*return_debug_mask=*/false,
+                                                               1.0 / std::sqrt(static_cast<double>(q.size(-1)))));
+  }
+#else
+  (void)cudnn;
+#endif
   if (heads > kv_heads) {
     k = k.repeat_interleave(heads / kv_heads, -3);
     v = v.repeat_interleave(heads / kv_heads, -3);
   }
   return compat::scaled_dot_product_attention(q, k, v, bias, /*is_causal=*/false);
+}
+
+// An additive mask (0 where allowed, −inf elsewhere) whose rows are padded to
+// a multiple of 16 elements, returned as the unpadded view: the fused kernels
+// want the bias's row stride aligned (SDPA otherwise copies it per call).
+at::Tensor additive_mask(const at::Tensor& allowed, const at::TensorOptions& options) {
+  const int64_t keys = allowed.size(-1), padded = (keys + 15) / 16 * 16;
+  std::vector<int64_t> sizes = allowed.sizes().vec();
+  sizes.back() = padded;
+  at::Tensor bias = at::full(sizes, -std::numeric_limits<float>::infinity(), options);
+  bias.narrow(-1, 0, keys).masked_fill_(allowed.to(options.device()), 0.0);
+  return bias.narrow(-1, 0, keys);
+}
+
+// Whether cuDNN's attention runs here and agrees with SDPA, forward and
+// backward, on a small GQA problem with a ragged mask: asked once per process.
+bool cudnn_attention_works(const at::TensorOptions& options, int64_t heads, int64_t kv_heads, int64_t head_dim) {
+#if DFLASH_DRAFTER_CUDNN_ATTENTION
+  static std::atomic<int> verdict{-1};
+  if (verdict.load() >= 0) return verdict.load() == 1;
+  bool ok = false;
+  try {
+    const c10::AutoGradMode enable(true);
+    at::Tensor q = at::randn({1, heads, 40, head_dim}, options).requires_grad_(true);
+    at::Tensor k = at::randn({1, kv_heads, 70, head_dim}, options).requires_grad_(true);
+    at::Tensor v = at::randn({1, kv_heads, 70, head_dim}, options).requires_grad_(true);
+    const at::Tensor allowed = at::rand({40, 70}, options.dtype(at::kFloat)).lt(0.5).logical_or(
+        at::eye(40, 70, options.dtype(at::kBool)));
+    const at::Tensor bias = additive_mask(allowed, options).view({1, 1, 40, 70});
+    const at::Tensor grad_out = at::randn({1, heads, 40, head_dim}, options);
+    std::vector<at::Tensor> results;
+    for (bool cudnn : {true, false}) {
+      const at::Tensor out = attend(q, k, v, bias, heads, kv_heads, cudnn);
+      const auto grads = torch::autograd::grad({out}, {q, k, v}, {grad_out});
+      results.push_back(out);
+      results.insert(results.end(), grads.begin(), grads.end());
+    }
+    ok = true;
+    for (size_t i = 0; i < 4; ++i) {
+      const at::Tensor a = results[i].to(at::kFloat), b = results[i + 4].to(at::kFloat);
+      ok = ok && (a - b).abs().max().item<double>() <= 3e-2 * b.abs().max().item<double>() + 1e-3;
+    }
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  verdict.store(ok ? 1 : 0);
+  return ok;
+#else
+  (void)options, (void)heads, (void)kv_heads, (void)head_dim;
+  return false;
+#endif
 }
 
 // One decoder layer: x [B, Q, H] (the block slots), context [B, S, H] (the
@@ -145,14 +220,15 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
         const at::Tensor r = t.select(0, row);
         return at::cat({r.narrow(0, begin, end - begin), r.narrow(0, ctx_len + first, queries)}).transpose(0, 1).unsqueeze(0);
       };
-      const at::Tensor bias = plan.bias.narrow(0, offset, queries * keys).view({1, 1, queries, keys});
+      const int64_t stride = (keys + 15) / 16 * 16;  // additive_mask's padded rows
+      const at::Tensor bias = plan.bias.narrow(0, offset, queries * stride).view({1, 1, queries, stride}).narrow(3, 0, keys);
       const at::Tensor out = attend(q.select(0, row).narrow(0, first, queries).transpose(0, 1).unsqueeze(0), keys_of(k),
-                                    keys_of(v), bias, s.heads, s.kv_heads);  // [1, heads, queries, d]
+                                    keys_of(v), bias, s.heads, s.kv_heads, plan.cudnn);  // [1, heads, queries, d]
       parts.push_back(out.squeeze(0).transpose(0, 1).reshape({queries, s.heads * s.head_dim}));
     }
     attention = at::cat(parts).view({b, q_len, s.heads * s.head_dim});
   } else {
-    attention = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), plan.bias, s.heads, s.kv_heads)
+    attention = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), plan.bias, s.heads, s.kv_heads, plan.cudnn)
                     .transpose(1, 2)
                     .reshape({b, q_len, s.heads * s.head_dim});
   }
@@ -171,15 +247,16 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
                                                 at::Tensor cos_k, at::Tensor sin_k, at::Tensor w0, at::Tensor w1,
                                                 at::Tensor w2, at::Tensor w3, at::Tensor w4, at::Tensor w5, at::Tensor w6,
                                                 at::Tensor w7, at::Tensor w8, at::Tensor w9, at::Tensor w10, int64_t heads,
-                                                int64_t kv_heads, int64_t head_dim, double eps) {
+                                                int64_t kv_heads, int64_t head_dim, double eps, bool cudnn) {
     ctx->save_for_backward({x, context, bias, groups, cos_q, sin_q, cos_k, sin_k, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["kv_heads"] = kv_heads;
     ctx->saved_data["head_dim"] = head_dim;
     ctx->saved_data["eps"] = eps;
+    ctx->saved_data["cudnn"] = cudnn;
     const LayerSettings s{heads, kv_heads, head_dim, eps};
-    return {layer_forward(s, {w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10}, x, context, {bias, groups}, {cos_q, sin_q},
-                          {cos_k, sin_k})};
+    return {layer_forward(s, {w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10}, x, context, {bias, groups, cudnn},
+                          {cos_q, sin_q}, {cos_k, sin_k})};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -198,14 +275,15 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     };
     const at::Tensor x = leaf(saved[0]), context = leaf(saved[1]);
     for (size_t i = 8; i < 19; ++i) weights.push_back(leaf(saved[i]));
-    const at::Tensor y = layer_forward(s, weights, x, context, {saved[2], saved[3]}, {saved[4], saved[5]}, {saved[6], saved[7]});
+    const Attention plan{saved[2], saved[3], ctx->saved_data["cudnn"].toBool()};
+    const at::Tensor y = layer_forward(s, weights, x, context, plan, {saved[4], saved[5]}, {saved[6], saved[7]});
     const auto grads = torch::autograd::grad({y}, leaves, {grad_output[0]}, /*retain_graph=*/false,
                                              /*create_graph=*/false, /*allow_unused=*/true);
     // x, context; then none for bias, groups and the four rotary tables.
     torch::autograd::variable_list out = {grads[0], grads[1]};
     for (int i = 0; i < 6; ++i) out.emplace_back();
     for (size_t i = 2; i < grads.size(); ++i) out.push_back(grads[i]);
-    for (int i = 0; i < 4; ++i) out.emplace_back();  // heads, kv_heads, head_dim, eps
+    for (int i = 0; i < 5; ++i) out.emplace_back();  // heads, kv_heads, head_dim, eps, cudnn
     return out;
   }
 };
@@ -213,21 +291,18 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
 // The additive masks (0 where a query may attend, −inf elsewhere) for the
 // chosen form, built on the device once per step for every layer.
 Attention attention_plan(const BlockMasks& masks, const at::TensorOptions& options) {
-  auto additive = [&](const at::Tensor& allowed) {
-    return at::zeros(allowed.sizes(), options).masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
-  };
   Attention plan;
   const std::vector<AttentionGroup> groups =
       masks.group_blocks > 0 ? attention_groups(masks.anchors, masks.documents, masks.group_blocks) : std::vector<AttentionGroup>{};
   if (groups.empty()) {
-    plan.bias = additive(block_attention_mask(masks.anchors, masks.documents, masks.block_size).to(options.device())).unsqueeze(1);
+    plan.bias = additive_mask(block_attention_mask(masks.anchors, masks.documents, masks.block_size), options).unsqueeze(1);
     plan.groups = at::empty({0, 6}, at::kLong);
     return plan;
   }
   const at::Tensor anchors = masks.anchors.to(options.device(), at::kLong), documents = masks.documents.to(options.device(), at::kLong);
   plan.groups = at::empty({static_cast<int64_t>(groups.size()), 6}, at::kLong);
   auto table = plan.groups.accessor<int64_t, 2>();
-  std::vector<at::Tensor> allowed;
+  std::vector<at::Tensor> padded_masks;
   int64_t offset = 0;
   for (size_t i = 0; i < groups.size(); ++i) {
     const AttentionGroup& g = groups[i];
@@ -238,10 +313,11 @@ Attention attention_plan(const BlockMasks& masks, const at::TensorOptions& optio
     table[row][3] = g.context_begin;
     table[row][4] = g.context_end;
     table[row][5] = offset;
-    allowed.push_back(group_attention_mask(g, anchors, documents, masks.block_size).flatten());
-    offset += allowed.back().numel();
+    const at::Tensor bias = additive_mask(group_attention_mask(g, anchors, documents, masks.block_size), options);
+    padded_masks.push_back(bias.as_strided({bias.size(0) * bias.stride(0)}, {1}));  // with its padding columns
+    offset += padded_masks.back().numel();
   }
-  plan.bias = additive(at::cat(allowed));
+  plan.bias = at::cat(padded_masks);
   return plan;
 }
 
@@ -256,7 +332,10 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
   const at::Tensor context = rms_norm(at::linear(features.to(fc_.scalar_type()), fc_), hidden_norm_, eps);  // [B, S, H]
   const at::Tensor key_positions = at::cat({context_positions, slot_positions}, 1);
   const auto options = slot_embeddings.options();
-  const Attention plan = attention_plan(masks, options);
+  Attention plan = attention_plan(masks, options);
+  plan.cudnn = attention_kernel_ == AttentionKernel::kAuto && options.device().is_cuda() &&
+               (options.dtype() == at::kBFloat16 || options.dtype() == at::kHalf) &&
+               cudnn_attention_works(options, s.heads, s.kv_heads, s.head_dim);
   const Rotary rotary_q = rotary_tables(slot_positions, s.head_dim, s.rope_theta, options);
   const Rotary rotary_k = rotary_tables(key_positions, s.head_dim, s.rope_theta, options);
   const LayerSettings settings{s.heads, s.kv_heads, s.head_dim, eps};
@@ -265,7 +344,7 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
     if (activation_checkpointing_ && c10::GradMode::is_enabled()) {
       x = CheckpointedLayer::apply(x, context, plan.bias, plan.groups, rotary_q.cos, rotary_q.sin, rotary_k.cos,
                                    rotary_k.sin, l.input_norm, l.q, l.k, l.v, l.o, l.q_norm, l.k_norm, l.post_norm, l.gate,
-                                   l.up, l.down, s.heads, s.kv_heads, s.head_dim, eps)[0];
+                                   l.up, l.down, s.heads, s.kv_heads, s.head_dim, eps, plan.cudnn)[0];
     } else {
       x = layer_forward(settings, {l.input_norm, l.q, l.k, l.v, l.o, l.q_norm, l.k_norm, l.post_norm, l.gate, l.up, l.down},
                         x, context, plan, rotary_q, rotary_k);

@@ -49,6 +49,10 @@ class DFlashModel {
   void init_final_norm(const at::Tensor& target_final_norm);
   // Keep only each layer's inputs for backward and run the layer again there.
   void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
+  // kAuto: cuDNN's fused attention where it runs and agrees with SDPA (CUDA,
+  // bf16/fp16, LibTorch ≥ 2.5; checked once per process), SDPA elsewhere.
+  enum class AttentionKernel { kAuto, kSdpa };
+  void set_attention_kernel(AttentionKernel kernel) { attention_kernel_ = kernel; }
 
   // features [B, S, F·Ht]; context_positions [B, S]; slot_embeddings [B, Q, H];
   // slot_positions [B, Q]; masks: the pattern. Returns the slots' hidden states after the final norm, [B, Q, H].
@@ -66,6 +70,7 @@ class DFlashModel {
   at::Tensor fc_, hidden_norm_, final_norm_;
   std::vector<Layer> layers_;
   bool activation_checkpointing_ = false;
+  AttentionKernel attention_kernel_ = AttentionKernel::kAuto;
 };
 
 }  // namespace dflash::drafter
