@@ -7,7 +7,7 @@
 //
 //   drafter_bench --plugin-dir build-gpu/lib/dflash-host/plugins
 //                 [--context 4096 --anchors 512 --block 16] [--precision same|fp32_master]
-//                 [--loss fused_ckpt_kl] [--attention grouped|dense] [--group-blocks 32]
+//                 [--loss fused_ckpt_kl] [--attention grouped|dense] [--group-blocks 64]
 //                 [--attention-kernel auto|sdpa]
 //                 [--checkpointing] [--embedding-on-cpu]
 //                 [--repeats 5 --warmup 2 --json out.jsonl]
@@ -36,7 +36,7 @@ struct Args {
   std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, attention = "grouped", kernel = "auto";
   bool checkpointing = false, embedding_on_cpu = false;
   int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
-  int64_t intermediate = 17408, vocab = 248320, target_layers = 64, group_blocks = 32;
+  int64_t intermediate = 17408, vocab = 248320, target_layers = 64, group_blocks = 64;
   int repeats = 5, warmup = 2;
 };
 

@@ -50,7 +50,7 @@ class DFlashDrafter : public sdk::Drafter {
                 "group's last anchor and the group's own slots (few masked pairs computed); dense: one call per batch "
                 "over every key with the whole mask (the reference)",
                 {"grouped", "dense"})
-        .integer("attention_group_blocks", 32,
+        .integer("attention_group_blocks", 64,
                  "blocks per grouped attention call: fewer compute fewer masked pairs, more give each call more work",
                  Bounds::at_least(1))
         .string("attention_kernel", "auto",
@@ -127,7 +127,7 @@ class DFlashDrafter : public sdk::Drafter {
                                      ? drafter::DFlashModel::AttentionKernel::kSdpa
                                      : drafter::DFlashModel::AttentionKernel::kAuto);
     group_blocks_ = config_.value("attention", std::string("grouped")) == "grouped"
-                        ? config_.value("attention_group_blocks", int64_t{32}) : 0;
+                        ? config_.value("attention_group_blocks", int64_t{64}) : 0;
     weights_ = drafter::slot_weights(block_size_, gamma_);
   }
 
