@@ -148,6 +148,26 @@ Checkpoint load(const std::string& dir) {
   return c;
 }
 
+DrafterDirectory load_drafter(const std::string& path) {
+  auto exists = [](const std::string& p) { return std::ifstream(p).good(); };
+  std::string dir = path;
+  for (const std::string root : {path + "/checkpoints", path}) {
+    if (exists(dir + "/model.safetensors")) break;
+    std::ifstream latest(root + "/latest");
+    if (!latest) continue;
+    std::string name;
+    std::getline(latest, name);
+    if (name.empty() || name.find('/') != std::string::npos)
+      throw std::runtime_error(root + "/latest: does not name a checkpoint folder (holds '" + name + "')");
+    dir = root + "/" + name;
+    break;
+  }
+  if (!exists(dir + "/model.safetensors") || !exists(dir + "/config.json"))
+    throw std::runtime_error(path + ": not a drafter directory (config.json + model.safetensors), a checkpoint root with "
+                                    "`latest`, or a run directory with checkpoints/latest");
+  return {dir, read_json(dir + "/config.json"), read_all(dir + "/model.safetensors")};
+}
+
 std::optional<Checkpoint> load_latest(const std::string& root) {
   std::ifstream latest(root + "/latest");
   if (!latest) return std::nullopt;

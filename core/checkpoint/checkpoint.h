@@ -34,4 +34,15 @@ std::string save(const std::string& root, int64_t step, const nlohmann::json& dr
 std::optional<Checkpoint> load_latest(const std::string& root);
 Checkpoint load(const std::string& dir);
 
+// A drafter as a Hugging Face-style directory: its config.json and the
+// tensors of model.safetensors. `path` may be that directory, a checkpoint
+// root holding `latest`, or a run's output_dir (its checkpoints/latest).
+// Throws naming the path and what is missing.
+struct DrafterDirectory {
+  std::string dir;
+  nlohmann::json config;
+  host::NamedTensors weights;
+};
+DrafterDirectory load_drafter(const std::string& path);
+
 }  // namespace dflash::checkpoint

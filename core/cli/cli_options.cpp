@@ -31,6 +31,17 @@ po::options_description visible_options() {
       ("json", "list: print JSON instead of a table")
       ("stop-after", po::value<int64_t>(), "train: stop after this many steps of this run, with a checkpoint "
        "(run again to resume from it)")
+      ("prompts", po::value<std::string>(), "eval: held-out prompts, JSON lines with \"prompt_ids\", \"input_ids\" "
+       "(the first --prompt-tokens) or \"text\" (byte-level targets)")
+      ("drafter-checkpoint", po::value<std::string>(), "eval: the trained drafter: a checkpoint folder, a checkpoint "
+       "root with `latest`, or a run's output_dir (default: the drafter as configured, e.g. prompt_lookup)")
+      ("max-new-tokens", po::value<int64_t>(), "eval: tokens generated per prompt at most (default 128)")
+      ("max-length", po::value<int64_t>(), "eval: prompt + generated tokens at most (default: the target's "
+       "max_position_embeddings)")
+      ("prompt-tokens", po::value<int64_t>(), "eval: how many tokens of an \"input_ids\" line form the prompt (default 64)")
+      ("max-prompts", po::value<int64_t>(), "eval: use only the first N prompts")
+      ("report", po::value<std::string>(), "eval: write the full report (per prompt too) to this JSON file")
+      ("no-baseline", "eval: skip decoding with the target alone (no lossless check, no speed-up)")
       ("log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error or off");
   return options;
 }
@@ -46,7 +57,10 @@ std::string usage_text() {
          "  describe NAME      a plugin's kind, version, ABI, file and config with defaults;\n"
          "                     `describe host` prints the host's own \"train\" section\n"
          "  config             validate the config against every chosen plugin and print it\n"
-         "                     with all defaults filled in\n\n"
+         "                     with all defaults filled in\n"
+         "  eval               speculative decoding of --prompts with the config's target and\n"
+         "                     drafter (--drafter-checkpoint): acceptance length, speed-up, and\n"
+         "                     a token-for-token check against the target's greedy decoding\n\n"
       << visible_options() << "\n"
       << "Exit status: 0 success, 1 a failure while running, 2 bad usage or configuration,\n"
          "3 a feature this build does not have yet, 4 training stopped on non-finite losses.\n\n"
@@ -83,6 +97,20 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
     options.stop_after = vm["stop-after"].as<int64_t>();
     if (options.stop_after < 1) throw std::invalid_argument("--stop-after takes a number of steps >= 1");
   }
+  if (vm.count("prompts")) options.prompts = vm["prompts"].as<std::string>();
+  if (vm.count("drafter-checkpoint")) options.drafter_checkpoint = vm["drafter-checkpoint"].as<std::string>();
+  if (vm.count("report")) options.report = vm["report"].as<std::string>();
+  options.baseline = vm.count("no-baseline") == 0;
+  auto positive = [&](const char* flag, int64_t& into, int64_t minimum) {
+    if (!vm.count(flag)) return;
+    into = vm[flag].as<int64_t>();
+    if (into < minimum)
+      throw std::invalid_argument(std::string("--") + flag + " takes a number >= " + std::to_string(minimum));
+  };
+  positive("max-new-tokens", options.max_new_tokens, 1);
+  positive("max-length", options.max_length, 2);
+  positive("prompt-tokens", options.prompt_tokens, 1);
+  positive("max-prompts", options.max_prompts, 1);
   options.log_level = vm["log-level"].as<std::string>();
   for (const char* flag : kPluginFlags)
     if (vm.count(flag)) options.plugin_choice[flag] = vm[flag].as<std::string>();
@@ -91,12 +119,12 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   if (vm.count("positional")) positionals = vm["positional"].as<std::vector<std::string>>();
   options.command = positionals.empty() ? "train" : positionals.front();
   if (!positionals.empty()) options.arguments.assign(positionals.begin() + 1, positionals.end());
-  static const char* const kCommands[] = {"train", "list", "describe", "config"};
+  static const char* const kCommands[] = {"train", "list", "describe", "config", "eval"};
   bool known = false;
   for (const char* command : kCommands) known = known || options.command == command;
   if (!known)
     throw std::invalid_argument("unknown command '" + options.command +
-                                "'; commands are train, list, describe, config (see dflash-host --help)");
+                                "'; commands are train, list, describe, config, eval (see dflash-host --help)");
   return options;
 }
 

@@ -10,7 +10,7 @@
 namespace dflash::cli {
 
 struct CliOptions {
-  std::string command;                     // list, describe, config, train
+  std::string command;                     // list, describe, config, train, eval
   std::vector<std::string> arguments;      // positional arguments after the command
   std::vector<std::string> plugin_dirs;    // --plugin-dir, in order
   bool default_plugin_dirs = true;         // --no-default-plugin-dirs turns off
@@ -21,6 +21,12 @@ struct CliOptions {
   std::string log_level = "info";
   bool json = false;                       // --json (list)
   int64_t stop_after = 0;                  // --stop-after N (train)
+  // eval
+  std::optional<std::string> prompts;             // --prompts FILE (JSON lines)
+  std::optional<std::string> drafter_checkpoint;  // --drafter-checkpoint DIR
+  std::optional<std::string> report;              // --report FILE (JSON)
+  int64_t max_new_tokens = 128, max_length = 0, prompt_tokens = 64, max_prompts = 0;
+  bool baseline = true;                           // --no-baseline turns off
   bool help = false;
   bool version = false;
 };

@@ -8,12 +8,17 @@
 #include "plugin/instances.h"
 #include "plugin/plugin_kind.h"
 #include "plugin/registry.h"
+#include "eval/evaluation.h"
+#include "train/frozen_weights.h"
+
+#include <dflash/sdk/torch.hpp>
 #include "train/train_schema.h"
 #include "train/trainer.h"
 
 #include <boost/dll/runtime_symbol_info.hpp>
 
 #include <cstdlib>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -196,9 +201,45 @@ int train(const CliOptions& options) {
   return train::run_training(plugins, run);
 }
 
+int evaluate(const CliOptions& options) {
+  if (!options.config_file) throw std::invalid_argument("eval needs a config with target and drafter sections: --config FILE.json");
+  if (!options.prompts) throw std::invalid_argument("eval needs held-out prompts: --prompts FILE.jsonl");
+  PluginRegistry registry = load_plugins(options);
+  const config::ResolvedConfig resolved = resolve(options, registry, {"target", "drafter"});
+  auto target = instantiate<host::TargetModelInstance>(registry, resolved, DFLASH_KIND_TARGET_MODEL,
+                                                       config::plugin_config_of(resolved, "target"));
+  const nlohmann::json target_info = target->describe();
+  auto drafter = instantiate<host::DrafterInstance>(registry, resolved, DFLASH_KIND_DRAFTER,
+                                                    config::plugin_config_of(resolved, "drafter"));
+  const nlohmann::json& train = resolved.root.at("train");
+  drafter->bind_target(target_info, host::place_frozen_weights(target->frozen_weights(), target->record().name,
+                                                               c10::Device(train.at("device").get<std::string>()),
+                                                               dflash::sdk::parse_dtype(train.at("dtype").get<std::string>())));
+  drafter->set_training(false);
+  eval::EvalSettings settings;
+  settings.prompts_file = *options.prompts;
+  settings.drafter_checkpoint = options.drafter_checkpoint.value_or("");
+  settings.max_new_tokens = options.max_new_tokens;
+  settings.max_length = options.max_length;
+  settings.prompt_tokens = options.prompt_tokens;
+  settings.max_prompts = options.max_prompts;
+  settings.baseline = options.baseline;
+  if (!settings.drafter_checkpoint.empty()) eval::load_drafter_checkpoint(settings.drafter_checkpoint, *drafter, target_info);
+  const std::vector<eval::Prompt> prompts = eval::read_prompts(settings, target_info);
+  const nlohmann::json report = eval::evaluate(*target, *drafter, prompts, settings, target_info);
+  std::cout << eval::format_report(report);
+  if (options.report) {
+    std::ofstream out(*options.report);
+    if (!(out << report.dump(2) << "\n")) throw std::runtime_error(*options.report + ": cannot write the report");
+    std::cout << "\nreport: " << *options.report << "\n";
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int run_command(const CliOptions& options) {
+  if (options.command == "eval") return evaluate(options);
   if (options.command == "list") return list_plugins(options);
   if (options.command == "describe") return describe_plugin(options);
   if (options.command == "config") return print_config(options);

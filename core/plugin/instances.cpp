@@ -157,7 +157,74 @@ NamedTensors TargetModelInstance::frozen_weights() const {
   return from_map(out);
 }
 
+bool TargetModelInstance::can_decode() const {
+  const auto& vtable = table<dflash_target_vtable>();
+  return DFLASH_HAS_FIELD(dflash_target_vtable, &vtable, decode_end) && vtable.decode_begin != nullptr;
+}
+namespace {
+void require(bool supported, const PluginRecord& record, const char* what) {
+  if (!supported)
+    throw PluginCallError(DFLASH_ERR_UNIMPLEMENTED, record.label() + " does not implement " + what +
+                                                      " (ABI 1.1's optional slots); use a plugin that does");
+}
+}  // namespace
+int64_t TargetModelInstance::decode_begin(int64_t max_length) const {
+  require(can_decode(), record(), "incremental decoding");
+  int64_t session = -1;
+  check(table<dflash_target_vtable>().decode_begin(self(), max_length, &session), "decode_begin");
+  return session;
+}
+NamedTensors TargetModelInstance::decode_extend(int64_t session, const at::Tensor& tokens,
+                                                const std::vector<int64_t>& layer_ids, bool want_logits) const {
+  require(can_decode(), record(), "incremental decoding");
+  const TensorHandle token_handle(new_handle(tokens));
+  dflash_target_decode_request request{};
+  request.struct_size = sizeof(request);
+  request.tokens = token_handle.get();
+  request.layer_ids = layer_ids.data();
+  request.layer_count = layer_ids.size();
+  request.want_logits = want_logits;
+  dflash_tensor_map out;
+  check(table<dflash_target_vtable>().decode_extend(self(), session, &request, &out), "decode_extend");
+  return from_map(out);
+}
+void TargetModelInstance::decode_truncate(int64_t session, int64_t length) const {
+  require(can_decode(), record(), "incremental decoding");
+  check(table<dflash_target_vtable>().decode_truncate(self(), session, length), "decode_truncate");
+}
+void TargetModelInstance::decode_end(int64_t session) const noexcept {
+  if (can_decode()) table<dflash_target_vtable>().decode_end(self(), session);
+}
+
 // --- drafter ---
+bool DrafterInstance::can_draft() const {
+  const auto& vtable = table<dflash_drafter_vtable>();
+  return DFLASH_HAS_FIELD(dflash_drafter_vtable, &vtable, draft_end) && vtable.draft_begin != nullptr;
+}
+int64_t DrafterInstance::draft_begin() const {
+  require(can_draft(), record(), "speculative drafting");
+  int64_t session = -1;
+  check(table<dflash_drafter_vtable>().draft_begin(self(), &session), "draft_begin");
+  return session;
+}
+void DrafterInstance::draft_extend(int64_t session, const NamedTensors& inputs) const {
+  require(can_draft(), record(), "speculative drafting");
+  auto in = to_map(inputs);
+  check(table<dflash_drafter_vtable>().draft_extend(self(), session, in.get()), "draft_extend");
+}
+at::Tensor DrafterInstance::draft_propose(int64_t session, const NamedTensors& inputs, int64_t count) const {
+  require(can_draft(), record(), "speculative drafting");
+  auto in = to_map(inputs);
+  dflash_tensor_map out;
+  check(table<dflash_drafter_vtable>().draft_propose(self(), session, in.get(), count, &out), "draft_propose");
+  for (const auto& [name, tensor] : from_map(out))
+    if (name == "tokens") return tensor;
+  throw PluginCallError(DFLASH_ERR_INTERNAL, record().label() + ": draft_propose returned no 'tokens'");
+}
+void DrafterInstance::draft_end(int64_t session) const noexcept {
+  if (can_draft()) table<dflash_drafter_vtable>().draft_end(self(), session);
+}
+
 NamedTensors DrafterInstance::parameters() const {
   dflash_tensor_map out;
   check(table<dflash_drafter_vtable>().parameters(self(), &out), "parameters");

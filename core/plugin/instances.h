@@ -107,6 +107,13 @@ class TargetModelInstance : public PluginInstance {
   NamedTensors forward(const NamedTensors& batch, const std::vector<int64_t>& layer_ids, bool want_last_hidden,
                        bool want_logits) const;
   NamedTensors frozen_weights() const;
+  // Incremental decoding (ABI 1.1, optional): false when the plugin lacks it.
+  bool can_decode() const;
+  int64_t decode_begin(int64_t max_length) const;
+  NamedTensors decode_extend(int64_t session, const at::Tensor& tokens, const std::vector<int64_t>& layer_ids,
+                             bool want_logits) const;
+  void decode_truncate(int64_t session, int64_t length) const;
+  void decode_end(int64_t session) const noexcept;
 };
 
 // --- drafter ---
@@ -118,6 +125,12 @@ class DrafterInstance : public PluginInstance {
   NamedTensors forward(const NamedTensors& inputs) const;
   std::optional<nlohmann::json> export_config() const;
   void set_training(bool training) const;  // no-op when the optional slot is absent
+  // Speculative decoding (ABI 1.1, optional): false when the plugin lacks it.
+  bool can_draft() const;
+  int64_t draft_begin() const;
+  void draft_extend(int64_t session, const NamedTensors& inputs) const;
+  at::Tensor draft_propose(int64_t session, const NamedTensors& inputs, int64_t count) const;
+  void draft_end(int64_t session) const noexcept;
 };
 
 }  // namespace dflash::host

@@ -127,6 +127,31 @@ std::string check_descriptor(const dflash_plugin_descriptor* d, PluginRecord& re
   for (const SlotRule& slot : rule.required)
     if (slot_is_null(d->vtable, slot.offset))
       return kind_who + " leaves required vtable slot '" + slot.name + "' NULL; implement it";
+  // Optional groups (ABI 1.1): where the table reaches them, all or none.
+  auto group = [&](const char* what, std::initializer_list<SlotRule> slots, size_t through) -> std::string {
+    if (table_size < through) return "";
+    std::vector<std::string> null_slots, filled;
+    for (const SlotRule& slot : slots) (slot_is_null(d->vtable, slot.offset) ? null_slots : filled).push_back(slot.name);
+    if (filled.empty() || null_slots.empty()) return "";
+    std::string list;
+    for (const auto& n : null_slots) list += (list.empty() ? "'" : ", '") + n + "'";
+    return kind_who + " implements part of the optional " + what + " group: " + list +
+           " NULL; set all of its slots or none";
+  };
+  if (kind == DFLASH_KIND_TARGET_MODEL) {
+    const std::string problem = group("decoding",
+                                      {SlotRule{"decode_begin", offsetof(dflash_target_vtable, decode_begin)}, SlotRule{"decode_extend", offsetof(dflash_target_vtable, decode_extend)},
+                                       SlotRule{"decode_truncate", offsetof(dflash_target_vtable, decode_truncate)}, SlotRule{"decode_end", offsetof(dflash_target_vtable, decode_end)}},
+                                      DFLASH_SIZE_THROUGH(dflash_target_vtable, decode_end));
+    if (!problem.empty()) return problem;
+  }
+  if (kind == DFLASH_KIND_DRAFTER) {
+    const std::string problem = group("drafting",
+                                      {SlotRule{"draft_begin", offsetof(dflash_drafter_vtable, draft_begin)}, SlotRule{"draft_extend", offsetof(dflash_drafter_vtable, draft_extend)},
+                                       SlotRule{"draft_propose", offsetof(dflash_drafter_vtable, draft_propose)}, SlotRule{"draft_end", offsetof(dflash_drafter_vtable, draft_end)}},
+                                      DFLASH_SIZE_THROUGH(dflash_drafter_vtable, draft_end));
+    if (!problem.empty()) return problem;
+  }
   if (kind == DFLASH_KIND_SCHEDULER) {
     const auto* table = static_cast<const dflash_scheduler_vtable*>(d->vtable);
     if ((table->save_state == nullptr) != (table->load_state == nullptr))

@@ -9,6 +9,8 @@
 
 #include <dflash/sdk/drafter.hpp>
 
+#include <algorithm>
+#include <map>
 #include <memory>
 
 namespace {
@@ -116,6 +118,7 @@ class DFlashDrafter : public sdk::Drafter {
     if (mask_token_ >= vocab_)
       throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "drafter.mask_token_id " + std::to_string(mask_token_) +
                                                         " is outside the target's vocabulary of " + std::to_string(vocab_));
+    lm_head_ = frozen.at("lm_head");  // drafting turns the slots' hidden states into tokens
     embed_ = frozen.at("embed_tokens");
     if (config_.value("embedding_on_cpu", false)) embed_ = embed_.to(at::kCPU);  // the device copy is the host's to drop
     if (embed_.size(1) != shape.hidden)
@@ -180,6 +183,46 @@ class DFlashDrafter : public sdk::Drafter {
     return result;
   }
 
+  // Speculative drafting: one context per session. The context holds the
+  // accepted positions' target features (their keys and values in every
+  // layer, computed once); a proposal runs one block — the newest token at
+  // slot 0, MASK after it — and reads the slots' greedy tokens.
+  int64_t draft_begin() {
+    bound();
+    drafts_.emplace(next_draft_, drafter::DraftContext{});
+    return next_draft_++;
+  }
+  void draft_extend(int64_t session, const sdk::TensorDict& inputs) {
+    drafter::DraftContext& context = draft_context(session);
+    const int64_t n = inputs.at("input_ids").numel();
+    std::vector<at::Tensor> features;
+    for (int64_t id : layer_ids_) {
+      const at::Tensor h = inputs.get("hidden." + std::to_string(id));
+      if (!h.defined())
+        throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "draft_extend: the target's hidden." + std::to_string(id) +
+                                                          " is missing (this drafter reads target_layer_ids)");
+      if (h.dim() != 2 || h.size(0) != n)
+        throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "draft_extend: hidden." + std::to_string(id) + " must be [" +
+                                                          std::to_string(n) + ", hidden_size], one row per input id");
+      features.push_back(h);
+    }
+    if (n > 0) bound().extend_context(context, at::cat(features, -1));
+  }
+  at::Tensor draft_propose(int64_t session, const sdk::TensorDict& inputs, int64_t count) {
+    const drafter::DraftContext& context = draft_context(session);
+    const c10::NoGradGuard no_grad;
+    const at::Tensor last = inputs.at("last_token").reshape({-1}).to(at::kCPU, at::kLong);
+    if (last.numel() != 1) throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "draft_propose: last_token must hold one id");
+    const int64_t take = std::max<int64_t>(0, std::min(count, block_size_ - 1));
+    if (take == 0) return at::empty({0}, at::kLong);
+    at::Tensor slot_ids = at::full({block_size_}, mask_token_, at::kLong);
+    slot_ids[0] = last[0];
+    const at::Tensor hidden = bound().draft(context, embed_.index_select(0, slot_ids.to(embed_.device())).to(device_));
+    const at::Tensor logits = at::linear(hidden.narrow(0, 1, take), lm_head_.to(hidden.device(), hidden.scalar_type()));
+    return logits.argmax(-1).to(at::kCPU, at::kLong);
+  }
+  void draft_end(int64_t session) { drafts_.erase(session); }
+
   nlohmann::json export_config() const {
     const auto& s = bound().shape();
     return {{"architectures", {"DFlashDraftModel"}},
@@ -201,6 +244,12 @@ class DFlashDrafter : public sdk::Drafter {
   }
 
  private:
+  drafter::DraftContext& draft_context(int64_t session) {
+    auto it = drafts_.find(session);
+    if (it == drafts_.end())
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "no drafting session " + std::to_string(session) + " (ended, or never begun)");
+    return it->second;
+  }
   const drafter::DFlashModel& bound() const {
     if (!model_) throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "drafter 'dflash': bind_target must come first (it sizes the layers)");
     return *model_;
@@ -213,7 +262,9 @@ class DFlashDrafter : public sdk::Drafter {
   int64_t block_size_, max_anchors_, vocab_ = 0, mask_token_ = 0, group_blocks_ = 0;
   double gamma_;
   std::vector<int64_t> layer_ids_;
-  at::Tensor embed_, weights_;
+  at::Tensor embed_, lm_head_, weights_;
+  std::map<int64_t, drafter::DraftContext> drafts_;
+  int64_t next_draft_ = 1;
   std::unique_ptr<drafter::DFlashModel> model_;
 };
 

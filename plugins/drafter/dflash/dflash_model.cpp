@@ -126,7 +126,8 @@ at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Ten
 #if DFLASH_DRAFTER_CUDNN_ATTENTION
   if (cudnn) {
     const bool grad = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-    return std::get<0>(at::_scaled_dot_product_cudnn_attention(q, k, v, bias, /*compute_log_sumexp=*/grad,
+    return std::get<0>(at::_scaled_dot_product_cudnn_attention(q, k, v, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt,
+                                                               /*compute_log_sumexp=*/grad,
                                                                /*dropout_p=*/0.0, /*is_causal=*/false,
                                                                /*return_debug_mask=*/false,
                                                                1.0 / std::sqrt(static_cast<double>(q.size(-1)))));
@@ -138,7 +139,8 @@ at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Ten
     k = k.repeat_interleave(heads / kv_heads, -3);
     v = v.repeat_interleave(heads / kv_heads, -3);
   }
-  return compat::scaled_dot_product_attention(q, k, v, bias, /*is_causal=*/false);
+  return compat::scaled_dot_product_attention(q, k, v, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt,
+                                              /*is_causal=*/false);
 }
 
 // An additive mask (0 where allowed, −inf elsewhere) whose rows are padded to
@@ -351,6 +353,55 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
     }
   }
   return rms_norm(x, final_norm_, eps);
+}
+
+void DFlashModel::extend_context(DraftContext& ctx, const at::Tensor& features) const {
+  const c10::NoGradGuard no_grad;
+  const DrafterShape& s = shape_;
+  const int64_t n = features.size(0);
+  const auto options = fc_.options();
+  const at::Tensor context = rms_norm(at::linear(features.to(fc_.device(), fc_.scalar_type()), fc_), hidden_norm_, s.rms_norm_eps);
+  const at::Tensor positions = at::arange(ctx.length, ctx.length + n, options.dtype(at::kLong)).unsqueeze(0);
+  const Rotary rotary = rotary_tables(positions, s.head_dim, s.rope_theta, options);
+  if (ctx.keys.empty()) ctx.keys.resize(layers_.size()), ctx.values.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    const at::Tensor k = rope(rms_norm(at::linear(context, l.k).view({1, n, s.kv_heads, s.head_dim}), l.k_norm, s.rms_norm_eps),
+                              rotary.cos, rotary.sin)[0];
+    const at::Tensor v = at::linear(context, l.v).view({n, s.kv_heads, s.head_dim});
+    ctx.keys[i] = ctx.keys[i].defined() ? at::cat({ctx.keys[i], k}) : k;
+    ctx.values[i] = ctx.values[i].defined() ? at::cat({ctx.values[i], v}) : v;
+  }
+  ctx.length += n;
+}
+
+at::Tensor DFlashModel::draft(const DraftContext& ctx, const at::Tensor& slot_embeddings) const {
+  const c10::NoGradGuard no_grad;
+  const DrafterShape& s = shape_;
+  const double eps = s.rms_norm_eps;
+  const int64_t slots = slot_embeddings.size(0);
+  const auto options = fc_.options();
+  const Rotary rotary = rotary_tables(at::arange(ctx.length, ctx.length + slots, options.dtype(at::kLong)).unsqueeze(0),
+                                      s.head_dim, s.rope_theta, options);
+  at::Tensor x = slot_embeddings.to(fc_.device(), fc_.scalar_type()).unsqueeze(0);  // [1, Bs, H]
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    const at::Tensor h = rms_norm(x, l.input_norm, eps);
+    const at::Tensor q = rope(rms_norm(at::linear(h, l.q).view({1, slots, s.heads, s.head_dim}), l.q_norm, eps), rotary.cos, rotary.sin);
+    const at::Tensor k = rope(rms_norm(at::linear(h, l.k).view({1, slots, s.kv_heads, s.head_dim}), l.k_norm, eps), rotary.cos, rotary.sin);
+    const at::Tensor v = at::linear(h, l.v).view({1, slots, s.kv_heads, s.head_dim});
+    // Keys: the accepted context (cached), then the block's own slots.
+    const at::Tensor keys = ctx.length > 0 ? at::cat({ctx.keys[i], k[0]}) : k[0];
+    const at::Tensor values = ctx.length > 0 ? at::cat({ctx.values[i], v[0]}) : v[0];
+    const at::Tensor attention = attend(q.transpose(1, 2), keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0),
+                                        at::Tensor(), s.heads, s.kv_heads, /*cudnn=*/false)
+                                     .transpose(1, 2)
+                                     .reshape({1, slots, s.heads * s.head_dim});
+    const at::Tensor y = x + at::linear(attention, l.o);
+    const at::Tensor m = rms_norm(y, l.post_norm, eps);
+    x = y + at::linear(at::silu(at::linear(m, l.gate)) * at::linear(m, l.up), l.down);
+  }
+  return rms_norm(x, final_norm_, eps)[0];
 }
 
 }  // namespace dflash::drafter

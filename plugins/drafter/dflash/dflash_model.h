@@ -34,6 +34,14 @@ struct BlockMasks {
   int64_t group_blocks = 0;
 };
 
+// One sequence's context for speculative drafting: every layer's keys and
+// values of the accepted positions (after k-norm and RoPE), computed once when
+// the positions are accepted and reused by every later proposal.
+struct DraftContext {
+  std::vector<at::Tensor> keys, values;  // per layer [length, kv_heads, head_dim]
+  int64_t length = 0;
+};
+
 class DFlashModel {
  public:
   // Weights ~ N(0, init_std) (norms 1) drawn on the CPU from `seed` in fp32,
@@ -58,6 +66,14 @@ class DFlashModel {
   // slot_positions [B, Q]; masks: the pattern. Returns the slots' hidden states after the final norm, [B, Q, H].
   at::Tensor forward(const at::Tensor& features, const at::Tensor& context_positions, const at::Tensor& slot_embeddings,
                      const at::Tensor& slot_positions, const BlockMasks& masks) const;
+
+  // Drafting (no autograd). extend_context appends n accepted positions —
+  // features [n, F·Ht] at positions [length, length + n) — to the context;
+  // draft runs one block of slot_embeddings [Bs, H] at positions
+  // [length, length + Bs) against the whole context (one document, so no
+  // mask) and returns its hidden states after the final norm, [Bs, H].
+  void extend_context(DraftContext& context, const at::Tensor& features) const;
+  at::Tensor draft(const DraftContext& context, const at::Tensor& slot_embeddings) const;
 
  private:
   struct Layer {

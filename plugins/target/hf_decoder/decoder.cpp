@@ -272,6 +272,85 @@ DecoderOutputs Decoder::forward_kernels(const PackedBatch& batch, const std::set
     return out;
 }
 
+DecodeCache Decoder::new_cache(int64_t capacity) const {
+  if (capacity < 1) throw std::invalid_argument("a decoding session needs room for at least one token");
+  const DecoderConfig& c = config_;
+  DecodeCache cache;
+  cache.capacity = capacity;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    cache.keys.push_back(at::empty({capacity, c.num_kv_heads, c.head_dim}, embed_.options()));
+    cache.values.push_back(at::empty({capacity, c.num_kv_heads, c.head_dim}, embed_.options()));
+  }
+  return cache;
+}
+
+DecoderOutputs Decoder::extend(DecodeCache& cache, const at::Tensor& tokens, const std::vector<int64_t>& layer_ids,
+                               bool want_logits) const {
+  const c10::NoGradGuard no_grad;
+  const DecoderConfig& c = config_;
+  const auto device = embed_.device();
+  const int64_t n = tokens.numel(), start = cache.length, total = start + n;
+  if (n < 1) throw std::invalid_argument("decode_extend: no tokens");
+  if (total > cache.capacity)
+    throw std::invalid_argument("decode_extend: " + std::to_string(n) + " more tokens would make " + std::to_string(total) +
+                                ", beyond the session's max_length " + std::to_string(cache.capacity));
+  const at::Tensor ids = tokens.reshape({n}).to(device, at::kLong);
+  if (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= c.vocab_size)
+    throw std::invalid_argument("decode_extend: token ids outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  for (int64_t id : layer_ids)
+    if (id < 0 || id >= c.num_layers)
+      throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
+  const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
+  const int64_t heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
+  const at::Tensor angles = at::arange(start, total, ids.options().dtype(at::kDouble)).unsqueeze(-1) * inv_freq_;
+  const at::Tensor emb = at::cat({angles, angles}, -1).view({n, 1, hd});
+  const at::Tensor cos = emb.cos().to(embed_.scalar_type()), sin = emb.sin().to(embed_.scalar_type());
+  // New token i sees keys [0, start + i]: a mask only when several arrive at once.
+  c10::optional<at::Tensor> mask;
+  if (n > 1) {
+    const at::Tensor allowed = at::arange(total, ids.options()).view({1, total}).le(at::arange(start, total, ids.options()).view({n, 1}));
+    mask = at::zeros({1, 1, n, total}, embed_.options()).masked_fill_(allowed.logical_not().view({1, 1, n, total}),
+                                                                     -std::numeric_limits<float>::infinity());
+  }
+  DecoderOutputs out;
+  at::Tensor x = embed_.index_select(0, ids);  // [n, H]
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const LayerWeights& w = layers_[i];
+    const at::Tensor qkv = at::linear(rms_norm(x, w.input_norm, c.rms_norm_eps), w.qkv, w.qkv_bias);
+    at::Tensor q = qkv.narrow(1, 0, heads * hd).reshape({n, heads, hd});
+    at::Tensor k = qkv.narrow(1, heads * hd, kv_heads * hd).reshape({n, kv_heads, hd});
+    const at::Tensor v = qkv.narrow(1, (heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
+    if (c.qk_norm) {
+      q = rms_norm(q, w.q_norm, c.rms_norm_eps);
+      k = rms_norm(k, w.k_norm, c.rms_norm_eps);
+    }
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    cache.keys[i].narrow(0, start, n).copy_(k);
+    cache.values[i].narrow(0, start, n).copy_(v);
+    at::Tensor keys = cache.keys[i].narrow(0, 0, total).transpose(0, 1);  // [kv, total, hd]
+    at::Tensor values = cache.values[i].narrow(0, 0, total).transpose(0, 1);
+    if (heads > kv_heads) {
+      keys = keys.repeat_interleave(heads / kv_heads, 0);
+      values = values.repeat_interleave(heads / kv_heads, 0);
+    }
+    const at::Tensor attention =
+        compat::scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), mask,
+                                             /*is_causal=*/false)
+            .squeeze(0)
+            .transpose(0, 1)
+            .reshape({n, heads * hd});
+    x = at::addmm(x, attention, w.o.t());
+    const at::Tensor gate_up = at::linear(rms_norm(x, w.post_attention_norm, c.rms_norm_eps), w.gate_up);
+    const int64_t inter = c.intermediate_size;
+    x = at::addmm(x, at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter), w.down.t());
+    if (wanted.count(i)) out.layers[i] = x;
+  }
+  if (want_logits) out.logits = at::linear(rms_norm(x, final_norm_, c.rms_norm_eps), lm_head_);
+  cache.length = total;  // only now: a call that threw above changed nothing
+  return out;
+}
+
 // The reference path (any device and dtype): ATen operations, Hugging Face's
 // arithmetic step by step.
 DecoderOutputs Decoder::forward_reference(const PackedBatch& batch, const std::set<int64_t>& wanted,

@@ -50,6 +50,14 @@ struct PackedBatch {
   at::Tensor angles;     // [B·S, head_dim/2] fp64 rotary angles
 };
 
+// One sequence's keys and values, for incremental decoding: per layer
+// [capacity, kv_heads, head_dim], after q/k norm and RoPE; rows [0, length)
+// are valid.
+struct DecodeCache {
+  std::vector<at::Tensor> keys, values;
+  int64_t length = 0, capacity = 0;
+};
+
 class Decoder {
  public:
   // Reads config.json and model.safetensors (or the shards listed in
@@ -69,6 +77,15 @@ class Decoder {
   // of 0 starts a new document; without either, each row is one document.
   DecoderOutputs forward(const at::Tensor& input_ids, const at::Tensor& position_ids, const at::Tensor& document_ids,
                          const std::vector<int64_t>& layer_ids, bool want_last_hidden, bool want_logits) const;
+
+  // Incremental decoding (the ATen path on any device): an empty cache for up
+  // to `capacity` tokens; then `extend` appends tokens [n] at positions
+  // [length, length + n), each attending causally to the cache and the new
+  // tokens before it, and returns the layers' outputs [n, H] and, if asked,
+  // logits [n, V]. A call that would pass the capacity throws and changes nothing.
+  DecodeCache new_cache(int64_t capacity) const;
+  DecoderOutputs extend(DecodeCache& cache, const at::Tensor& tokens, const std::vector<int64_t>& layer_ids,
+                        bool want_logits) const;
 
  private:
   DecoderOutputs forward_kernels(const PackedBatch& batch, const std::set<int64_t>& wanted, bool want_last_hidden) const;

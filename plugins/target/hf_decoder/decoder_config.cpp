@@ -57,6 +57,22 @@ DecoderConfig read_decoder_config(const std::filesystem::path& file) {
   c.rms_norm_eps = positive_number(j, file, "rms_norm_eps", 1e-6);
   c.rope_theta = positive_number(j, file, "rope_theta", 10000.0);
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  // eos_token_id: an id, a list of ids, or null/absent.
+  if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
+    const auto& e = j["eos_token_id"];
+    auto id = [&](const nlohmann::json& v) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.vocab_size)
+        fail(file, "eos_token_id", "must be token ids in [0, vocab_size), got " + e.dump());
+      return v.get<int64_t>();
+    };
+    if (e.is_array())
+      for (const auto& v : e) c.eos_token_ids.push_back(id(v));
+    else
+      c.eos_token_ids.push_back(id(e));
+  }
+  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int64_t>();
+  if (j.contains("max_position_embeddings") && !j["max_position_embeddings"].is_null())
+    c.max_position_embeddings = positive_int(j, file, "max_position_embeddings");
   if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) c.torch_dtype = j["torch_dtype"].get<std::string>();
   else if (j.contains("dtype") && j["dtype"].is_string()) c.torch_dtype = j["dtype"].get<std::string>();
   // transformers < 5 writes rope_theta + rope_scaling; 5.x one rope_parameters

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace dflash::target {
 
@@ -25,6 +26,11 @@ struct DecoderConfig {
   bool tie_word_embeddings = false;
   bool qk_norm = false;  // Qwen3: RMSNorm over each head's q and k
   std::string torch_dtype = "float32";
+  // Decoding: where generation stops, and how long a sequence may get
+  // (0 = config.json does not say).
+  std::vector<int64_t> eos_token_ids;
+  int64_t bos_token_id = -1;
+  int64_t max_position_embeddings = 0;
 };
 
 // Throws std::runtime_error "<file>: <key>: <problem>" for anything missing,

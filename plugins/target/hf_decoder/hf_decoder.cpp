@@ -9,6 +9,8 @@
 
 #include <dflash/sdk/target_model.hpp>
 
+#include <fstream>
+#include <map>
 #include <memory>
 
 namespace {
@@ -54,6 +56,15 @@ class HfDecoderTarget : public sdk::TargetModel {
       throw sdk::Error(DFLASH_ERR_NOT_FOUND, e.what());
     }
     feature_layers_ = context.config().at("feature_layers").get<int64_t>();
+    // A byte-level tokenizer (ids 0–255 are UTF-8 bytes) is simple enough to
+    // describe, so text prompts can be encoded by the host; other tokenizers
+    // (BPE, SentencePiece) are not read.
+    std::ifstream tokenizer(context.config().at("path").get<std::string>() + "/tokenizer.json");
+    if (tokenizer) {
+      const nlohmann::json t = nlohmann::json::parse(tokenizer, nullptr, /*allow_exceptions=*/false);
+      if (t.is_object() && t.value("type", std::string()) == "bytes")
+        tokenizer_ = {{"type", "bytes"}, {"bos_token_id", t.value("bos_token_id", int64_t{-1})}};
+    }
   }
 
   static target::DecoderOptions options(const nlohmann::json& config) {
@@ -78,8 +89,47 @@ class HfDecoderTarget : public sdk::TargetModel {
             {"model_type", c.model_type},
             {"cuda_kernels", decoder_->uses_cuda_kernels()},
             {"cudnn_attention", decoder_->uses_cudnn_attention()},
-            {"default_layer_ids", target::default_feature_layers(c.num_layers, feature_layers_)}};
+            {"default_layer_ids", target::default_feature_layers(c.num_layers, feature_layers_)},
+            {"eos_token_ids", c.eos_token_ids},
+            {"bos_token_id", c.bos_token_id},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"tokenizer", tokenizer_}};
   }
+
+  // Incremental decoding: one KV cache per session.
+  int64_t decode_begin(int64_t max_length) {
+    const int64_t limit = decoder_->config().max_position_embeddings;
+    if (limit > 0 && max_length > limit)
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "decode_begin: max_length " + std::to_string(max_length) +
+                                                        " exceeds the model's max_position_embeddings " + std::to_string(limit) +
+                                                        " (config.json)");
+    try {
+      sessions_.emplace(next_session_, decoder_->new_cache(max_length));
+    } catch (const std::invalid_argument& e) {
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, e.what());
+    }
+    return next_session_++;
+  }
+  sdk::TensorDict decode_extend(int64_t session, const sdk::DecodeRequest& request) {
+    target::DecoderOutputs out;
+    try {
+      out = decoder_->extend(cache(session), request.tokens, request.layer_ids, request.want_logits);
+    } catch (const std::invalid_argument& e) {
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, e.what());
+    }
+    sdk::TensorDict result;
+    for (int64_t id : request.layer_ids) result.set("hidden." + std::to_string(id), out.layers.at(id));
+    if (request.want_logits) result.set("logits", out.logits);
+    return result;
+  }
+  void decode_truncate(int64_t session, int64_t length) {
+    target::DecodeCache& c = cache(session);
+    if (length < 0 || length > c.length)
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "decode_truncate: length " + std::to_string(length) +
+                                                        " is outside [0, " + std::to_string(c.length) + "]");
+    c.length = length;
+  }
+  void decode_end(int64_t session) { sessions_.erase(session); }
 
   sdk::TensorDict forward(const sdk::TargetRequest& request) {
     target::DecoderOutputs out;
@@ -104,8 +154,18 @@ class HfDecoderTarget : public sdk::TargetModel {
   }
 
  private:
+  target::DecodeCache& cache(int64_t session) {
+    auto it = sessions_.find(session);
+    if (it == sessions_.end())
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "no decoding session " + std::to_string(session) + " (ended, or never begun)");
+    return it->second;
+  }
+
   std::unique_ptr<target::Decoder> decoder_;
   int64_t feature_layers_ = 5;
+  nlohmann::json tokenizer_;  // null unless the directory has a byte-level tokenizer.json
+  std::map<int64_t, target::DecodeCache> sessions_;
+  int64_t next_session_ = 1;
 };
 
 }  // namespace

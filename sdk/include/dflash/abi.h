@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define DFLASH_ABI_MAJOR 1
-#define DFLASH_ABI_MINOR 0
+#define DFLASH_ABI_MINOR 1
 
 /* The one exported symbol of a plugin library. Its name carries the major. */
 #define DFLASH_ENTRY_SYMBOL "dflash_plugin_entry_v1"
@@ -269,6 +269,16 @@ typedef struct dflash_data_source_vtable {
 } dflash_data_source_vtable;
 
 /* --- target model ------------------------------------------------------- */
+/* One step of incremental decoding (ABI 1.1): tokens appended to a decoding
+ * session, and what the caller wants back for them. */
+typedef struct dflash_target_decode_request {
+  size_t struct_size;
+  const dflash_tensor* tokens; /* borrowed(the call): [n] int64, n ≥ 1 */
+  const int64_t* layer_ids;    /* borrowed(the call); layer_count entries */
+  size_t layer_count;
+  int32_t want_logits;         /* nonzero: add "logits" [n, V] */
+} dflash_target_decode_request;
+
 typedef struct dflash_target_request {
   size_t struct_size;
   /* borrowed(the call): a batch as a data source yields it, on the model's device. */
@@ -292,6 +302,21 @@ typedef struct dflash_target_vtable {
    * "lm_head" [V, H], "final_norm" [H]. The host copies them explicitly to
    * each drafter device; the handles must not require grad. */
   dflash_error* (*frozen_weights)(dflash_instance* self, dflash_tensor_map* out);
+
+  /* ABI 1.1 — incremental decoding, (optional) as a group: all four or none.
+   * A session is one sequence and its KV cache, named by a plugin-chosen id.
+   * Opens an empty session that holds up to max_length tokens. */
+  dflash_error* (*decode_begin)(dflash_instance* self, int64_t max_length, int64_t* out_session);
+  /* Appends request->tokens at positions [length, length + n), each attending
+   * causally to everything before it, and fills `out` with "hidden.<id>"
+   * [n, H] for every requested layer and "logits" [n, V] if asked. Fails,
+   * leaving the session as it was, when it would exceed max_length. */
+  dflash_error* (*decode_extend)(dflash_instance* self, int64_t session,
+                                 const dflash_target_decode_request* request, dflash_tensor_map* out);
+  /* Keeps the first `length` tokens (drops rejected draft tokens). */
+  dflash_error* (*decode_truncate)(dflash_instance* self, int64_t session, int64_t length);
+  /* Frees the session; unknown ids are ignored. */
+  void (*decode_end)(dflash_instance* self, int64_t session);
 } dflash_target_vtable;
 
 /* --- drafter ------------------------------------------------------------ */
@@ -320,6 +345,22 @@ typedef struct dflash_drafter_vtable {
   dflash_error* (*export_config)(dflash_instance* self, const char** out_json);
   /* (optional) Switches dropout and the like; training is the default. */
   dflash_error* (*set_training)(dflash_instance* self, int32_t training);
+
+  /* ABI 1.1 — speculative decoding, (optional) as a group: all four or none.
+   * A drafting session follows one sequence's accepted tokens. */
+  dflash_error* (*draft_begin)(dflash_instance* self, int64_t* out_session);
+  /* Appends accepted tokens to the session's context: `inputs` holds
+   * "input_ids" [n] int64 and, for every id in the drafter's
+   * target_layer_ids (export_config), the target's "hidden.<id>" [n, H] at
+   * those tokens' positions. */
+  dflash_error* (*draft_extend)(dflash_instance* self, int64_t session, const dflash_tensor_map* inputs);
+  /* Proposes up to `count` tokens to follow the context and `inputs`'
+   * "last_token" [1] int64 (the newest token, whose target features are not
+   * known yet). Fills `out` with "tokens" [m] int64, 0 ≤ m ≤ count. */
+  dflash_error* (*draft_propose)(dflash_instance* self, int64_t session, const dflash_tensor_map* inputs,
+                                 int64_t count, dflash_tensor_map* out);
+  /* Frees the session; unknown ids are ignored. */
+  void (*draft_end)(dflash_instance* self, int64_t session);
 } dflash_drafter_vtable;
 
 /* --- loss --------------------------------------------------------------- */

@@ -11,6 +11,11 @@
 //     // optional:
 //     nlohmann::json export_config() const;     // fields for the checkpoint's config.json
 //     void set_training(bool training);
+//     // optional, all four or none (speculative decoding, for `dflash-host eval`):
+//     int64_t draft_begin();                                        // a new session's id
+//     void draft_extend(int64_t session, const dflash::sdk::TensorDict& inputs);  // input_ids [n], hidden.<id> [n, H]
+//     at::Tensor draft_propose(int64_t session, const dflash::sdk::TensorDict& inputs, int64_t count);  // [m ≤ count] int64
+//     void draft_end(int64_t session);
 //   };
 //   DFLASH_PLUGINS(MyDrafter)
 #pragma once
@@ -33,6 +38,11 @@ DFLASH_SDK_DETECT(has_bind_target, std::declval<T&>().bind_target(std::declval<c
                                                                   std::declval<const TensorDict&>()))
 DFLASH_SDK_DETECT(has_export_config, nlohmann::json(std::declval<T&>().export_config()))
 DFLASH_SDK_DETECT(has_set_training, std::declval<T&>().set_training(true))
+DFLASH_SDK_DETECT(has_draft_begin, std::declval<T&>().draft_begin())
+DFLASH_SDK_DETECT(has_draft_extend, std::declval<T&>().draft_extend(int64_t{}, std::declval<const TensorDict&>()))
+DFLASH_SDK_DETECT(has_draft_propose,
+                  std::declval<T&>().draft_propose(int64_t{}, std::declval<const TensorDict&>(), int64_t{}))
+DFLASH_SDK_DETECT(has_draft_end, std::declval<T&>().draft_end(int64_t{}))
 
 template <class T>
 struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
@@ -76,11 +86,54 @@ struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
       if constexpr (has_set_training<T>::value) instance->impl->set_training(training != 0);
     });
   }
+  static constexpr bool kDrafts = has_draft_begin<T>::value;
+  static_assert(kDrafts == has_draft_extend<T>::value && kDrafts == has_draft_propose<T>::value &&
+                    kDrafts == has_draft_end<T>::value,
+                "a Drafter plugin that drafts needs all four of `int64_t draft_begin()`, "
+                "`void draft_extend(int64_t session, const TensorDict&)`, "
+                "`at::Tensor draft_propose(int64_t session, const TensorDict&, int64_t count)` and "
+                "`void draft_end(int64_t session)`");
+
+  static dflash_error* draft_begin(dflash_instance* self, int64_t* out_session) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (kDrafts) *out_session = instance->impl->draft_begin();
+    });
+  }
+  static dflash_error* draft_extend(dflash_instance* self, int64_t session, const dflash_tensor_map* inputs) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (kDrafts) instance->impl->draft_extend(session, read_map(instance->host, inputs));
+    });
+  }
+  static dflash_error* draft_propose(dflash_instance* self, int64_t session, const dflash_tensor_map* inputs,
+                                     int64_t count, dflash_tensor_map* out) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (kDrafts) {
+        TensorDict result;
+        result.set("tokens", instance->impl->draft_propose(session, read_map(instance->host, inputs), count));
+        write_map(instance->host, out, result);
+      }
+    });
+  }
+  static void draft_end(dflash_instance* self, int64_t session) noexcept {
+    auto* instance = instance_of<T>(self);
+    if constexpr (kDrafts) {
+      try {
+        instance->impl->draft_end(session);
+      } catch (...) {  // freeing never fails across the ABI
+      }
+    }
+  }
+
   static const void* vtable() noexcept {
     static const dflash_drafter_vtable table = {
         sizeof(dflash_drafter_vtable), &parameters, &bind_target, &forward,
         has_export_config<T>::value ? &export_config : nullptr,
         has_set_training<T>::value ? &set_training : nullptr,
+        kDrafts ? &draft_begin : nullptr, kDrafts ? &draft_extend : nullptr,
+        kDrafts ? &draft_propose : nullptr, kDrafts ? &draft_end : nullptr,
     };
     return &table;
   }

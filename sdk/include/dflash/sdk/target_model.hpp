@@ -9,6 +9,11 @@
 //     nlohmann::json describe() const;  // num_layers, hidden_size, vocab_size, default_layer_ids
 //     dflash::sdk::TensorDict forward(const dflash::sdk::TargetRequest& request);
 //     dflash::sdk::TensorDict frozen_weights();  // embed_tokens, lm_head, final_norm
+//     // optional, all four or none (incremental decoding, for `dflash-host eval`):
+//     int64_t decode_begin(int64_t max_length);                       // a new session's id
+//     dflash::sdk::TensorDict decode_extend(int64_t session, const dflash::sdk::DecodeRequest& request);
+//     void decode_truncate(int64_t session, int64_t length);
+//     void decode_end(int64_t session);
 //   };
 //   DFLASH_PLUGINS(MyTarget)
 #pragma once
@@ -32,8 +37,20 @@ struct TargetRequest {
   bool want_logits = false;
 };
 
+// One decoding step: tokens [n] int64 appended to a session; "hidden.<id>"
+// [n, H] for each layer id and, if asked, "logits" [n, V] come back.
+struct DecodeRequest {
+  at::Tensor tokens;
+  std::vector<int64_t> layer_ids;
+  bool want_logits = false;
+};
+
 namespace detail {
 
+DFLASH_SDK_DETECT(has_decode_begin, std::declval<T&>().decode_begin(int64_t{}))
+DFLASH_SDK_DETECT(has_decode_extend, std::declval<T&>().decode_extend(int64_t{}, std::declval<const DecodeRequest&>()))
+DFLASH_SDK_DETECT(has_decode_truncate, std::declval<T&>().decode_truncate(int64_t{}, int64_t{}))
+DFLASH_SDK_DETECT(has_decode_end, std::declval<T&>().decode_end(int64_t{}))
 DFLASH_SDK_DETECT(has_target_forward, std::declval<T&>().forward(std::declval<const TargetRequest&>()))
 DFLASH_SDK_DETECT(has_target_describe, nlohmann::json(std::declval<T&>().describe()))
 DFLASH_SDK_DETECT(has_frozen_weights, std::declval<T&>().frozen_weights())
@@ -72,8 +89,54 @@ struct KindTraits<T, DFLASH_KIND_TARGET_MODEL> : TorchKind {
     return guard(instance->host, T::info.name, translate,
                  [&] { write_map(instance->host, out, instance->impl->frozen_weights()); });
   }
+  static constexpr bool kDecodes = has_decode_begin<T>::value;
+  static_assert(kDecodes == has_decode_extend<T>::value && kDecodes == has_decode_truncate<T>::value &&
+                    kDecodes == has_decode_end<T>::value,
+                "a TargetModel plugin that decodes needs all four of `int64_t decode_begin(int64_t max_length)`, "
+                "`TensorDict decode_extend(int64_t session, const DecodeRequest&)`, "
+                "`void decode_truncate(int64_t session, int64_t length)` and `void decode_end(int64_t session)`");
+
+  static dflash_error* decode_begin(dflash_instance* self, int64_t max_length, int64_t* out_session) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (kDecodes) *out_session = instance->impl->decode_begin(max_length);
+    });
+  }
+  static dflash_error* decode_extend(dflash_instance* self, int64_t session, const dflash_target_decode_request* request,
+                                     dflash_tensor_map* out) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (kDecodes) {
+        if (request == nullptr || request->tokens == nullptr)
+          throw Error(DFLASH_ERR_INVALID_ARGUMENT, "decode_extend called without tokens");
+        DecodeRequest r;
+        r.tokens = borrow_tensor(instance->host, request->tokens);
+        r.layer_ids.assign(request->layer_ids, request->layer_ids + request->layer_count);
+        r.want_logits = request->want_logits != 0;
+        write_map(instance->host, out, instance->impl->decode_extend(session, r));
+      }
+    });
+  }
+  static dflash_error* decode_truncate(dflash_instance* self, int64_t session, int64_t length) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (kDecodes) instance->impl->decode_truncate(session, length);
+    });
+  }
+  static void decode_end(dflash_instance* self, int64_t session) noexcept {
+    auto* instance = instance_of<T>(self);
+    if constexpr (kDecodes) {
+      try {
+        instance->impl->decode_end(session);
+      } catch (...) {  // freeing never fails across the ABI
+      }
+    }
+  }
+
   static const void* vtable() noexcept {
-    static const dflash_target_vtable table = {sizeof(dflash_target_vtable), &describe, &forward, &frozen_weights};
+    static const dflash_target_vtable table = {sizeof(dflash_target_vtable), &describe, &forward, &frozen_weights,
+                                               kDecodes ? &decode_begin : nullptr, kDecodes ? &decode_extend : nullptr,
+                                               kDecodes ? &decode_truncate : nullptr, kDecodes ? &decode_end : nullptr};
     return &table;
   }
 };

@@ -1,0 +1,240 @@
+#include "eval/evaluation.h"
+
+#include "checkpoint/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+namespace dflash::eval {
+namespace {
+
+std::string where(const std::string& file, int64_t line) { return file + ":" + std::to_string(line); }
+
+std::vector<int64_t> id_list(const nlohmann::json& value, const std::string& at, const char* key, int64_t vocab) {
+  if (!value.is_array()) throw std::invalid_argument(at + ": \"" + key + "\" must be a list of token ids");
+  std::vector<int64_t> ids;
+  for (const auto& v : value) {
+    if (!v.is_number_integer()) throw std::invalid_argument(at + ": \"" + key + "\" holds a non-integer: " + v.dump());
+    const int64_t id = v.get<int64_t>();
+    if (id < 0 || (vocab > 0 && id >= vocab))
+      throw std::invalid_argument(at + ": \"" + key + "\" holds id " + std::to_string(id) + ", outside the target's vocabulary [0, " +
+                                  std::to_string(vocab) + ")");
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+}  // namespace
+
+std::vector<Prompt> read_prompts(const EvalSettings& s, const nlohmann::json& target_info) {
+  std::ifstream in(s.prompts_file);
+  if (!in) throw std::invalid_argument(s.prompts_file + ": cannot open the prompts file");
+  const int64_t vocab = target_info.value("vocab_size", int64_t{0});
+  std::vector<Prompt> prompts;
+  std::string text;
+  for (int64_t line = 1; std::getline(in, text); ++line) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string at = where(s.prompts_file, line);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw std::invalid_argument(at + ": not a JSON object (" + std::string(e.what()) + ")");
+    }
+    if (!j.is_object()) throw std::invalid_argument(at + ": not a JSON object");
+    Prompt p;
+    p.line = line;
+    if (j.contains("prompt_ids")) {
+      p.ids = id_list(j["prompt_ids"], at, "prompt_ids", vocab);
+    } else if (j.contains("input_ids")) {
+      p.ids = id_list(j["input_ids"], at, "input_ids", vocab);
+      if (static_cast<int64_t>(p.ids.size()) > s.prompt_tokens) p.ids.resize(static_cast<size_t>(s.prompt_tokens));
+    } else if (j.contains("text")) {
+      if (!j["text"].is_string()) throw std::invalid_argument(at + ": \"text\" must be a string");
+      const nlohmann::json tokenizer = target_info.value("tokenizer", nlohmann::json());
+      if (!tokenizer.is_object() || tokenizer.value("type", std::string()) != "bytes")
+        throw std::invalid_argument(at + ": a text prompt needs a tokenizer, and the target describes none the host can "
+                                         "apply (only byte-level ones, \"type\": \"bytes\"); give \"prompt_ids\" instead");
+      const int64_t bos = tokenizer.value("bos_token_id", int64_t{-1});
+      if (bos >= 0) p.ids.push_back(bos);
+      for (unsigned char c : j["text"].get<std::string>()) p.ids.push_back(c);
+    } else {
+      throw std::invalid_argument(at + ": needs \"prompt_ids\", \"input_ids\" or \"text\"");
+    }
+    if (p.ids.empty()) throw std::invalid_argument(at + ": the prompt is empty; give at least one token");
+    prompts.push_back(std::move(p));
+    if (s.max_prompts > 0 && static_cast<int64_t>(prompts.size()) >= s.max_prompts) break;
+  }
+  if (prompts.empty()) throw std::invalid_argument(s.prompts_file + ": holds no prompts");
+  return prompts;
+}
+
+void load_drafter_checkpoint(const std::string& path, const host::DrafterInstance& drafter, const nlohmann::json& target_info) {
+  const checkpoint::DrafterDirectory saved = checkpoint::load_drafter(path);
+  const std::string config_file = saved.dir + "/config.json";
+  const nlohmann::json own = drafter.export_config().value_or(nlohmann::json::object());
+  auto mismatch = [&](const char* key, const nlohmann::json& theirs, const nlohmann::json& ours, const std::string& whose) {
+    return std::invalid_argument(config_file + ": " + key + " is " + theirs.dump() + " but " + whose + " has " + ours.dump() +
+                                 "; evaluate the drafter with the target and drafter settings it was trained with");
+  };
+  for (const char* key : {"vocab_size", "hidden_size"})
+    if (saved.config.contains(key) && target_info.contains(key) && saved.config[key] != target_info[key])
+      throw mismatch(key, saved.config[key], target_info[key], "the target");
+  for (const char* key : {"block_size", "target_layer_ids", "mask_token_id", "num_hidden_layers", "num_attention_heads",
+                          "num_key_value_heads", "head_dim", "intermediate_size"})
+    if (saved.config.contains(key) && own.contains(key) && saved.config[key] != own[key])
+      throw mismatch(key, saved.config[key], own[key], "the configured drafter (set it in the config's drafter section)");
+  if (saved.config.contains("target_layer_ids") && target_info.contains("num_layers"))
+    for (const auto& id : saved.config["target_layer_ids"])
+      if (id.get<int64_t>() >= target_info["num_layers"].get<int64_t>())
+        throw std::invalid_argument(config_file + ": target_layer_ids holds " + id.dump() + ", but the target has only " +
+                                    target_info["num_layers"].dump() + " layers");
+  const c10::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> weights(saved.weights.begin(), saved.weights.end());
+  for (const auto& [name, tensor] : drafter.parameters()) {
+    auto it = weights.find(name);
+    if (it == weights.end())
+      throw std::invalid_argument(saved.dir + "/model.safetensors: tensor '" + name + "' is missing for this drafter");
+    if (it->second.sizes() != tensor.sizes())
+      throw std::invalid_argument(saved.dir + "/model.safetensors: tensor '" + name + "' has shape " +
+                                  c10::str(it->second.sizes()) + ", the drafter's is " + c10::str(tensor.sizes()));
+    tensor.copy_(it->second);
+  }
+}
+
+nlohmann::json evaluate(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,
+                        const std::vector<Prompt>& prompts, const EvalSettings& s, const nlohmann::json& target_info) {
+  if (!target.can_decode())
+    throw std::invalid_argument(target.record().label() + " cannot decode incrementally (no decode_* slots); eval needs a target that can");
+  if (!drafter.can_draft())
+    throw std::invalid_argument(drafter.record().label() + " cannot propose tokens (no draft_* slots); eval needs a drafter that can");
+  const nlohmann::json drafter_info = drafter.export_config().value_or(nlohmann::json::object());
+  const int64_t block_size = drafter_info.value("block_size", int64_t{0});
+  if (block_size < 2)
+    throw std::invalid_argument(drafter.record().label() + ": its export_config gives no block_size ≥ 2");
+  const std::vector<int64_t> layer_ids = drafter_info.value("target_layer_ids", std::vector<int64_t>{});
+  DecodeLimits limits;
+  limits.max_new_tokens = s.max_new_tokens;
+  limits.max_length = s.max_length > 0 ? s.max_length : target_info.value("max_position_embeddings", int64_t{0});
+  limits.eos_token_ids = target_info.value("eos_token_ids", std::vector<int64_t>{});
+
+  nlohmann::json per_prompt = nlohmann::json::array();
+  std::map<int64_t, int64_t> histogram;  // tokens per verification step → steps
+  std::vector<int64_t> offered(static_cast<size_t>(block_size), 0), taken(static_cast<size_t>(block_size), 0);
+  int64_t steps = 0, step_tokens = 0, spec_tokens = 0, greedy_tokens = 0, identical = 0;
+  double spec_seconds = 0, greedy_seconds = 0;
+  for (const Prompt& p : prompts) {
+    const std::string at = where(s.prompts_file, p.line);
+    Generation spec;
+    try {
+      spec = speculative_decode(target, drafter, p.ids, limits, block_size, layer_ids);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(at + ": " + e.what());
+    }
+    nlohmann::json row = {{"line", p.line},
+                          {"prompt_tokens", p.ids.size()},
+                          {"generated", spec.tokens.size()},
+                          {"stop_reason", spec.stop_reason},
+                          {"target_passes", spec.target_passes},
+                          {"seconds", spec.seconds}};
+    int64_t prompt_step_tokens = 0;
+    for (size_t i = 0; i < spec.step_tokens.size(); ++i) {
+      ++histogram[spec.step_tokens[i]];
+      prompt_step_tokens += spec.step_tokens[i];
+      for (int64_t k = 0; k < spec.step_proposed[i]; ++k) {
+        ++offered[static_cast<size_t>(k + 1)];
+        if (k < spec.step_accepted[i]) ++taken[static_cast<size_t>(k + 1)];
+      }
+    }
+    steps += static_cast<int64_t>(spec.step_tokens.size());
+    step_tokens += prompt_step_tokens;
+    row["tau"] = spec.step_tokens.empty() ? 0.0 : double(prompt_step_tokens) / double(spec.step_tokens.size());
+    spec_tokens += static_cast<int64_t>(spec.tokens.size());
+    spec_seconds += spec.seconds;
+    if (s.baseline) {
+      const Generation greedy = greedy_decode(target, p.ids, limits);
+      const bool same = greedy.tokens == spec.tokens;
+      identical += same;
+      row["identical_to_greedy"] = same;
+      row["greedy_seconds"] = greedy.seconds;
+      greedy_tokens += static_cast<int64_t>(greedy.tokens.size());
+      greedy_seconds += greedy.seconds;
+      if (!same) row["greedy_tokens"] = greedy.tokens;
+    }
+    row["tokens"] = spec.tokens;
+    per_prompt.push_back(row);
+  }
+  nlohmann::json by_position = nlohmann::json::array();
+  for (int64_t k = 1; k < block_size; ++k)
+    by_position.push_back(offered[k] > 0 ? nlohmann::json(double(taken[k]) / double(offered[k])) : nlohmann::json(nullptr));
+  nlohmann::json hist = nlohmann::json::object();
+  for (const auto& [tokens, count] : histogram) hist[std::to_string(tokens)] = count;
+  nlohmann::json report = {
+      {"target", target.record().name},
+      {"drafter", drafter.record().name},
+      {"drafter_checkpoint", s.drafter_checkpoint},
+      {"block_size", block_size},
+      {"prompts", prompts.size()},
+      {"max_new_tokens", limits.max_new_tokens},
+      {"max_length", limits.max_length},
+      {"verification_steps", steps},
+      {"tau_mean", steps > 0 ? double(step_tokens) / double(steps) : 0.0},
+      {"tau_histogram", hist},
+      {"acceptance_by_position", by_position},
+      {"speculative_tokens_per_s", spec_seconds > 0 ? double(spec_tokens) / spec_seconds : 0.0},
+      {"per_prompt", per_prompt}};
+  if (s.baseline) {
+    report["greedy_tokens_per_s"] = greedy_seconds > 0 ? double(greedy_tokens) / greedy_seconds : 0.0;
+    report["speedup"] = spec_seconds > 0 && greedy_seconds > 0
+                            ? (double(spec_tokens) / spec_seconds) / (double(greedy_tokens) / greedy_seconds)
+                            : 0.0;
+    report["identical_prompts"] = identical;
+    report["lossless"] = identical == static_cast<int64_t>(prompts.size());
+  }
+  return report;
+}
+
+std::string format_report(const nlohmann::json& r) {
+  std::ostringstream out;
+  out << std::fixed;
+  out << "speculative decoding: target " << r.at("target").get<std::string>() << ", drafter "
+      << r.at("drafter").get<std::string>();
+  const std::string checkpoint = r.value("drafter_checkpoint", std::string());
+  if (!checkpoint.empty()) out << " (" << checkpoint << ")";
+  out << ", block size " << r.at("block_size") << ", " << r.at("prompts") << " prompts, up to "
+      << r.at("max_new_tokens") << " new tokens each\n\n";
+  out << "  mean acceptance length τ   " << std::setprecision(3) << r.at("tau_mean").get<double>()
+      << "  (tokens per target pass, over " << r.at("verification_steps") << " verification steps)\n";
+  out << "  τ histogram                ";
+  for (const auto& [tokens, count] : r.at("tau_histogram").items()) out << tokens << ":" << count << " ";
+  out << "\n  acceptance by position     ";
+  for (const auto& a : r.at("acceptance_by_position"))
+    out << (a.is_null() ? std::string("  -  ") : [&] { std::ostringstream o; o << std::fixed << std::setprecision(2) << a.get<double>(); return o.str(); }()) << " ";
+  out << "\n  speculative tokens/s       " << std::setprecision(1) << r.at("speculative_tokens_per_s").get<double>() << "\n";
+  if (r.contains("greedy_tokens_per_s")) {
+    out << "  target-only tokens/s       " << r.at("greedy_tokens_per_s").get<double>() << "\n";
+    out << "  speed-up                   " << std::setprecision(2) << r.at("speedup").get<double>() << "×\n";
+    out << "  lossless                   " << (r.at("lossless").get<bool>() ? "yes" : "NO") << " (" << r.at("identical_prompts")
+        << " of " << r.at("prompts") << " outputs identical to the target's greedy decoding)\n";
+  }
+  out << "\n  line  prompt  generated  passes     τ  stop\n";
+  for (const auto& row : r.at("per_prompt")) {
+    char buffer[160];
+    std::snprintf(buffer, sizeof buffer, "  %4lld  %6lld  %9lld  %6lld  %5.2f  %s%s\n", row.at("line").get<long long>(),
+                  row.at("prompt_tokens").get<long long>(), row.at("generated").get<long long>(),
+                  row.at("target_passes").get<long long>(), row.at("tau").get<double>(),
+                  row.at("stop_reason").get<std::string>().c_str(),
+                  row.value("identical_to_greedy", true) ? "" : "  (differs from greedy!)");
+    out << buffer;
+  }
+  return out.str();
+}
+
+}  // namespace dflash::eval

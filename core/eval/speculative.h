@@ -1,0 +1,43 @@
+// Greedy decoding with a target alone, and lossless speculative decoding with
+// a drafter: the drafter proposes up to block_size − 1 tokens after the newest
+// one, one target pass verifies them, the longest prefix equal to the
+// target's own greedy choices is kept, plus the target's next token (the
+// bonus). Both use the target's KV cache (decode_* slots) and the drafter's
+// cached context (draft_* slots); nothing is recomputed from scratch.
+#pragma once
+
+#include "plugin/instances.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dflash::eval {
+
+struct DecodeLimits {
+  int64_t max_new_tokens = 128;  // tokens generated per prompt at most
+  int64_t max_length = 0;        // prompt + generated at most (the KV cache's size)
+  std::vector<int64_t> eos_token_ids;  // generation stops after emitting one of these
+};
+
+struct Generation {
+  std::vector<int64_t> tokens;      // generated tokens (an end-of-sequence token included)
+  std::string stop_reason;          // "eos", "max_new_tokens" or "max_length"
+  int64_t target_passes = 0;        // decode_extend calls, the prefill included
+  // Speculative only: per verification step, the tokens it added (accepted
+  // proposals + the bonus), and how many proposals it was offered.
+  std::vector<int64_t> step_tokens, step_proposed, step_accepted;
+  double seconds = 0;               // wall time, prefill included
+};
+
+// The target's own greedy continuation of `prompt` [P] (int64).
+Generation greedy_decode(const host::TargetModelInstance& target, const std::vector<int64_t>& prompt,
+                         const DecodeLimits& limits);
+
+// The same tokens, produced `block_size − 1` proposals at a time. layer_ids:
+// the target layers the drafter reads (its export_config's target_layer_ids).
+Generation speculative_decode(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,
+                              const std::vector<int64_t>& prompt, const DecodeLimits& limits, int64_t block_size,
+                              const std::vector<int64_t>& layer_ids);
+
+}  // namespace dflash::eval
