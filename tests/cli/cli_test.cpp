@@ -3,6 +3,7 @@
 #include "support/expect.h"
 #include "support/temp_dir.h"
 
+#include <dflash/abi.h>
 #include <gtest/gtest.h>
 
 #include <array>
@@ -62,7 +63,7 @@ TEST(Cli, HelpListsCommandsAndFlags) {
 TEST(Cli, VersionNamesAbiAndLibTorch) {
   HostRun r = host("--version");
   EXPECT_EQ(r.status, 0);
-  EXPECT_CONTAINS(r.out, "plugin ABI 1.0");
+  EXPECT_CONTAINS(r.out, "plugin ABI 1." + std::to_string(DFLASH_ABI_MINOR));
   EXPECT_CONTAINS(r.out, "LibTorch ");
 }
 
@@ -76,7 +77,7 @@ TEST(Cli, ListShowsPluginsAndSkippedLibrariesWithReasons) {
   EXPECT_CONTAINS(r.out, "libtest_plugins.so");
   EXPECT_CONTAINS(r.out, "skipped");
   EXPECT_CONTAINS(r.out, "not a shared object");
-  EXPECT_CONTAINS(r.out, "newer than this host's ABI 1.0");
+  EXPECT_CONTAINS(r.out, "newer than this host's ABI 1." + std::to_string(DFLASH_ABI_MINOR));
 }
 
 TEST(Cli, ListJsonParses) {

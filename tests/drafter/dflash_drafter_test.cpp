@@ -2,6 +2,7 @@
 // against direct slow references, and a whole drafter step (loss and every
 // parameter's gradient) against a naive per-block implementation in fp64.
 #include "block_layout.h"
+#include "dflash_model.h"
 #include "plugin/instances.h"
 #include "plugin/registry.h"
 #include "support/expect.h"
@@ -409,6 +410,40 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
       EXPECT_LE((grads[variant][i].second - grads[2][i].second).abs().max().item<double>(), 5e-2 * gscale + 1e-6)
           << grads[2][i].first;
     }
+  }
+}
+
+// Drafting computes each accepted position's keys and values once and runs
+// one block against them: the same hidden states as the training forward
+// shows the block at that anchor, with the context arriving in pieces.
+TEST(DFlashDrafter, DraftingWithACachedContextMatchesTheTrainingForward) {
+  dd::DrafterShape shape;
+  shape.layers = 2;
+  shape.hidden = 16;
+  shape.heads = 4;
+  shape.kv_heads = 2;
+  shape.head_dim = 8;
+  shape.intermediate = 24;
+  shape.feature_layers = 2;
+  shape.target_hidden = 16;
+  shape.rope_theta = 10000.0;
+  const dd::DFlashModel model(shape, 5, 0.3, torch::kDouble, torch::kCPU);
+  const int64_t s = 20, bs = 4;
+  torch::manual_seed(21);
+  const auto features = torch::randn({1, s, 32}, torch::kDouble);
+  const auto anchors = torch::tensor({{3, 9, 15}}, torch::kLong);
+  const auto slots = torch::randn({1, 3 * bs, 16}, torch::kDouble);
+  const auto slot_positions = (anchors.repeat_interleave(bs, 1) + torch::arange(bs, torch::kLong).repeat({3}).unsqueeze(0));
+  const dd::BlockMasks masks{anchors, torch::zeros({1, s}, torch::kLong), bs, 64};
+  const auto trained = model.forward(features, torch::arange(s, torch::kLong).unsqueeze(0), slots, slot_positions, masks)[0];
+  for (int64_t block = 0; block < 3; ++block) {
+    const int64_t a = anchors[0][block].item<int64_t>();
+    dd::DraftContext context;
+    model.extend_context(context, features[0].narrow(0, 0, a / 2));
+    model.extend_context(context, features[0].narrow(0, a / 2, a - a / 2));
+    EXPECT_EQ(context.length, a);
+    const auto drafted = model.draft(context, slots[0].narrow(0, block * bs, bs));
+    EXPECT_TRUE(torch::allclose(drafted, trained.narrow(0, block * bs, bs), 1e-10, 1e-10)) << "block at anchor " << a;
   }
 }
 

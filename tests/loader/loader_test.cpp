@@ -16,6 +16,8 @@ using dflash::host::PluginRegistry;
 
 namespace {
 
+const std::string kHostAbi = std::to_string(DFLASH_ABI_MAJOR) + "." + std::to_string(DFLASH_ABI_MINOR);
+
 fs::path broken(const std::string& name) {
   return fs::path(DFLASH_BROKEN_PLUGIN_DIR) / name / ("lib" + name + ".so");
 }
@@ -51,19 +53,20 @@ TEST(Loader, AbiMajorMismatchNamesBothVersions) {
   const std::string m = problem_of("abi_major");
   EXPECT_CONTAINS(m, "built for plugin ABI 2.x");
   EXPECT_CONTAINS(m, "dflash_plugin_entry_v2");
-  EXPECT_CONTAINS(m, "this host speaks ABI 1.0");
+  EXPECT_CONTAINS(m, "this host speaks ABI " + kHostAbi);
   EXPECT_CONTAINS(m, "rebuild the plugin against dflash-sdk 1.x");
 }
 
 TEST(Loader, MajorFieldDisagreeingWithSymbol) {
   const std::string m = problem_of("major_field");
-  EXPECT_CONTAINS(m, "declares ABI 7.0");
-  EXPECT_CONTAINS(m, "this host speaks ABI 1.0");
+  EXPECT_CONTAINS(m, "declares ABI 7." + std::to_string(DFLASH_ABI_MINOR));
+  EXPECT_CONTAINS(m, "this host speaks ABI " + kHostAbi);
 }
 
 TEST(Loader, NewerMinorThanHost) {
   const std::string m = problem_of("newer_minor");
-  EXPECT_CONTAINS(m, "built against plugin ABI 1.5, newer than this host's ABI 1.0");
+  EXPECT_CONTAINS(m, "built against plugin ABI 1." + std::to_string(DFLASH_ABI_MINOR + 5) + ", newer than this host's ABI " +
+                        kHostAbi);
   EXPECT_CONTAINS(m, "upgrade dflash-host");
 }
 
@@ -89,6 +92,13 @@ TEST(Loader, LibTorchBuildMismatch) {
   EXPECT_CONTAINS(m, "built against LibTorch 0.4.1 (CUDA 9.2, C++11 ABI 0)");
   EXPECT_CONTAINS(m, "but this host uses LibTorch " TORCH_VERSION);
   EXPECT_CONTAINS(m, "rebuild the plugin against the host's LibTorch");
+}
+
+TEST(Loader, PartOfAnOptionalGroup) {
+  const std::string m = problem_of("partial_decode");
+  EXPECT_CONTAINS(m, "target model plugin 'partial_decode' implements part of the optional decoding group");
+  EXPECT_CONTAINS(m, "'decode_extend', 'decode_truncate', 'decode_end' NULL");
+  EXPECT_CONTAINS(m, "set all of its slots or none");
 }
 
 TEST(Loader, InvalidConfigSchema) {
@@ -204,7 +214,7 @@ TEST(Loader, RecordsWhatTheListingShows) {
   const auto& loss = registry.find(DFLASH_KIND_LOSS, "test_loss");
   EXPECT_EQ(loss.version, "2.3.4");
   EXPECT_EQ(loss.abi_major, 1u);
-  EXPECT_EQ(loss.abi_minor, 0u);
+  EXPECT_EQ(loss.abi_minor, static_cast<uint32_t>(DFLASH_ABI_MINOR));
   EXPECT_CONTAINS(loss.torch_build, "LibTorch " TORCH_VERSION);
   EXPECT_EQ(loss.schema.at("properties").at("scale").at("default").get<double>(), 1.0);
   const auto& c_data = registry.find(DFLASH_KIND_DATA_SOURCE, "c_data");

@@ -26,6 +26,31 @@ static const dflash_loss_vtable loss_table = {
     NULL, /* estimate_memory (optional) */
 };
 
+#ifdef DEFECT_PARTIAL_DECODE
+/* A target model that fills only one slot of the optional decoding group. */
+static dflash_error* t_describe(dflash_instance* self, const char** out_json) {
+  (void)self;
+  *out_json = "{}";
+  return NULL;
+}
+static dflash_error* t_forward(dflash_instance* self, const dflash_target_request* r, dflash_tensor_map* out) {
+  (void)self, (void)r, (void)out;
+  return NULL;
+}
+static dflash_error* t_frozen(dflash_instance* self, dflash_tensor_map* out) {
+  (void)self, (void)out;
+  return NULL;
+}
+static dflash_error* t_decode_begin(dflash_instance* self, int64_t max_length, int64_t* out_session) {
+  (void)self, (void)max_length;
+  *out_session = 1;
+  return NULL;
+}
+static const dflash_target_vtable target_table = {
+    sizeof(dflash_target_vtable), t_describe, t_forward, t_frozen, t_decode_begin, NULL, NULL, NULL,
+};
+#endif
+
 static int instance_token;
 
 static dflash_error* create(const dflash_host_api* host, const dflash_create_args* args, dflash_instance** out) {
@@ -50,6 +75,8 @@ static const dflash_plugin_descriptor descriptor = {
 #endif
 #ifdef DEFECT_UNKNOWN_KIND
     42,
+#elif defined(DEFECT_PARTIAL_DECODE)
+    DFLASH_KIND_TARGET_MODEL,
 #else
     DFLASH_KIND_LOSS,
 #endif
@@ -63,7 +90,11 @@ static const dflash_plugin_descriptor descriptor = {
 #endif
     create,
     destroy,
+#ifdef DEFECT_PARTIAL_DECODE
+    &target_table,
+#else
     &loss_table,
+#endif
 };
 
 static const dflash_plugin_descriptor* const descriptors[] = {&descriptor};

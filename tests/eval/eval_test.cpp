@@ -1,0 +1,297 @@
+// Decoding: the target's KV cache against its full forward, the DFlash
+// drafter's cached drafting against its training forward, the prompt-lookup
+// baseline's proposals, and speculative decoding against the target's own
+// greedy decoding (lossless) on the shipped quickstart target, with every
+// way a generation can end; plus the errors eval gives for bad inputs.
+#include "eval/evaluation.h"
+#include "plugin/registry.h"
+#include "support/expect.h"
+#include "support/temp_dir.h"
+#include "train/frozen_weights.h"
+
+#include <dflash/sdk/safetensors_torch.hpp>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+namespace {
+using namespace dflash;
+using host::DrafterInstance;
+using host::NamedTensors;
+using host::PluginRegistry;
+using host::TargetModelInstance;
+
+const std::string kTarget = DFLASH_CONFIGS_DIR "/quickstart/target";
+const std::string kHeldout = DFLASH_CONFIGS_DIR "/quickstart/data/heldout.jsonl";
+
+PluginRegistry& registry() {
+  static PluginRegistry r = [] {
+    PluginRegistry reg;
+    reg.add_directory(DFLASH_INTREE_PLUGIN_DIR);
+    return reg;
+  }();
+  return r;
+}
+
+std::unique_ptr<TargetModelInstance> quickstart_target() {
+  const auto& record = registry().find(DFLASH_KIND_TARGET_MODEL, "hf_decoder");
+  nlohmann::json config = {{"path", kTarget}, {"dtype", "auto"}, {"feature_layers", 2}, {"kernels", "auto"},
+                           {"streams", 2}, {"attention", "auto"}};
+  return std::make_unique<TargetModelInstance>(record, config, host::InstanceOptions{"cpu", "float32", 0});
+}
+
+std::unique_ptr<DrafterInstance> drafter(const std::string& name, nlohmann::json config, const TargetModelInstance& target) {
+  const auto& record = registry().find(DFLASH_KIND_DRAFTER, name);
+  auto d = std::make_unique<DrafterInstance>(record, config, host::InstanceOptions{"cpu", "float32", 7});
+  d->bind_target(target.describe(), host::place_frozen_weights(target.frozen_weights(), "hf_decoder", torch::kCPU, torch::kFloat));
+  return d;
+}
+
+nlohmann::json dflash_config(int64_t block_size) {
+  return {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0}, {"head_dim", 0},
+          {"intermediate_size", 0}, {"block_size", block_size}, {"max_anchors", 48}, {"gamma", 0.0},
+          {"mask_token_id", 259}, {"target_layer_ids", nlohmann::json::array()}, {"init_std", 0.02},
+          {"rope_theta", 0.0}, {"attention", "grouped"}, {"attention_group_blocks", 64}, {"attention_kernel", "auto"},
+          {"embedding_on_cpu", false}, {"activation_checkpointing", false}};
+}
+
+const at::Tensor& get(const NamedTensors& out, const std::string& name) {
+  for (const auto& [key, t] : out)
+    if (key == name) return t;
+  throw std::runtime_error("no " + name);
+}
+
+std::vector<std::vector<int64_t>> heldout_prompts(size_t count, const std::vector<int64_t>& lengths) {
+  eval::EvalSettings s;
+  s.prompts_file = kHeldout;
+  s.prompt_tokens = 200;
+  s.max_prompts = static_cast<int64_t>(count);
+  std::vector<std::vector<int64_t>> out;
+  const auto prompts = eval::read_prompts(s, nlohmann::json{{"vocab_size", 260}});
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto ids = prompts[i].ids;
+    ids.resize(static_cast<size_t>(lengths[i % lengths.size()]));
+    out.push_back(ids);
+  }
+  return out;
+}
+
+TEST(TargetDecoding, KvCacheMatchesTheFullForward) {
+  auto target = quickstart_target();
+  ASSERT_TRUE(target->can_decode());
+  const auto info = target->describe();
+  EXPECT_EQ(info.at("eos_token_ids"), (nlohmann::json{257}));
+  EXPECT_EQ(info.at("tokenizer").at("type"), "bytes");
+  const auto ids = torch::tensor(heldout_prompts(1, {40})[0], torch::kLong);
+  const auto full = target->forward({{"input_ids", ids.unsqueeze(0)}}, {1, 3}, false, true);
+  const auto full_logits = get(full, "logits")[0], full_hidden = get(full, "hidden.3")[0];
+  const double scale = full_logits.abs().max().item<double>();
+
+  const int64_t session = target->decode_begin(40);
+  // Prefill 25, then 1, then a chunk of 6, then 8 at once.
+  std::vector<at::Tensor> logits, hidden;
+  for (auto [from, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 25}, {25, 1}, {26, 6}, {32, 8}}) {
+    const auto out = target->decode_extend(session, ids.narrow(0, from, n), {3}, true);
+    logits.push_back(get(out, "logits"));
+    hidden.push_back(get(out, "hidden.3"));
+  }
+  EXPECT_LE((torch::cat(logits) - full_logits).abs().max().item<double>(), 1e-4 * scale);
+  EXPECT_LE((torch::cat(hidden) - full_hidden).abs().max().item<double>(), 1e-4 * full_hidden.abs().max().item<double>());
+  // Beyond max_length: refused, and the session is unchanged.
+  try {
+    target->decode_extend(session, ids.narrow(0, 0, 1), {}, true);
+    FAIL() << "extend past max_length must fail";
+  } catch (const std::exception& e) {
+    EXPECT_CONTAINS(e.what(), "beyond the session's max_length 40");
+  }
+  // Truncate to 30 and feed positions 30.. again: the same logits.
+  target->decode_truncate(session, 30);
+  const auto again = get(target->decode_extend(session, ids.narrow(0, 30, 10), {}, true), "logits");
+  EXPECT_LE((again - full_logits.narrow(0, 30, 10)).abs().max().item<double>(), 1e-4 * scale);
+  EXPECT_THROW(target->decode_truncate(session, 41), std::exception);
+  target->decode_end(session);
+  EXPECT_THROW(target->decode_extend(session, ids.narrow(0, 0, 1), {}, true), std::exception) << "an ended session is gone";
+}
+
+nlohmann::json prompt_lookup_config(int64_t block_size) {
+  return {{"block_size", block_size}, {"max_ngram", 3}, {"min_ngram", 1}};
+}
+
+TEST(PromptLookup, ProposesWhatFollowedTheLatestEarlierMatch) {
+  auto target = quickstart_target();
+  auto d = drafter("prompt_lookup", prompt_lookup_config(5), *target);
+  ASSERT_TRUE(d->can_draft());
+  const int64_t session = d->draft_begin();
+  d->draft_extend(session, {{"input_ids", torch::tensor({1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 1, 2}, torch::kLong)}});
+  // Context + last token = … 1 2 3: the latest earlier "1 2 3" is followed by 5 6 1 2.
+  EXPECT_TRUE(torch::equal(d->draft_propose(session, {{"last_token", torch::tensor({3}, torch::kLong)}}, 10),
+                           torch::tensor({5, 6, 1, 2}, torch::kLong)))
+      << "block_size 5 caps it at 4";
+  EXPECT_TRUE(torch::equal(d->draft_propose(session, {{"last_token", torch::tensor({3}, torch::kLong)}}, 2),
+                           torch::tensor({5, 6}, torch::kLong)));
+  // No earlier occurrence of the last token: nothing proposed.
+  EXPECT_EQ(d->draft_propose(session, {{"last_token", torch::tensor({77}, torch::kLong)}}, 4).numel(), 0);
+  d->draft_end(session);
+  EXPECT_THROW(d->draft_propose(session, {{"last_token", torch::tensor({3}, torch::kLong)}}, 4), std::exception);
+}
+
+// The lossless guarantee: speculative decoding emits exactly the target's
+// greedy tokens, whatever the drafter proposes, for every block size and
+// however the generation ends.
+TEST(SpeculativeDecoding, EmitsExactlyTheTargetsGreedyTokens) {
+  auto target = quickstart_target();
+  const auto prompts = heldout_prompts(3, {64, 17, 101});
+  eval::DecodeLimits limits;
+  limits.max_new_tokens = 40;
+  limits.eos_token_ids = {257};
+  std::vector<eval::Generation> greedy;
+  for (const auto& p : prompts) greedy.push_back(eval::greedy_decode(*target, p, limits));
+  for (const auto& g : greedy) {
+    EXPECT_EQ(g.tokens.size(), 40u);
+    EXPECT_EQ(g.stop_reason, "max_new_tokens");
+    EXPECT_EQ(g.target_passes, 40);
+  }
+  int64_t accepted_total = 0;
+  for (const std::string name : {"dflash", "prompt_lookup"})
+    for (int64_t block_size : {2, 4, 8, 16}) {
+      SCOPED_TRACE(name + ", block size " + std::to_string(block_size));
+      auto d = drafter(name, name == "dflash" ? dflash_config(block_size) : prompt_lookup_config(block_size), *target);
+      const auto layers = d->export_config()->at("target_layer_ids").get<std::vector<int64_t>>();
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const auto spec = eval::speculative_decode(*target, *d, prompts[i], limits, block_size, layers);
+        EXPECT_EQ(spec.tokens, greedy[i].tokens) << "prompt " << i;
+        EXPECT_EQ(spec.stop_reason, "max_new_tokens");
+        EXPECT_EQ(spec.target_passes, 1 + static_cast<int64_t>(spec.step_tokens.size()));
+        for (size_t k = 0; k < spec.step_tokens.size(); ++k) {
+          EXPECT_LE(spec.step_proposed[k], block_size - 1);
+          EXPECT_LE(spec.step_accepted[k], spec.step_proposed[k]);
+          accepted_total += spec.step_accepted[k];
+        }
+      }
+    }
+  EXPECT_GT(accepted_total, 20) << "the drafters' proposals were accepted at times, so acceptance paths ran";
+
+  // Ends: an end-of-sequence token (here: a token the greedy output holds,
+  // declared as one), and the maximum length.
+  const auto& g = greedy[0].tokens;
+  size_t first = 5;
+  while (std::find(g.begin(), g.begin() + static_cast<long>(first), g[first]) != g.begin() + static_cast<long>(first)) ++first;
+  eval::DecodeLimits eos = limits;
+  eos.eos_token_ids = {g[first]};
+  eval::DecodeLimits length = limits;
+  length.max_length = static_cast<int64_t>(prompts[0].size()) + 9;
+  for (const std::string name : {"dflash", "prompt_lookup"}) {
+    auto d = drafter(name, name == "dflash" ? dflash_config(8) : prompt_lookup_config(8), *target);
+    const auto layers = d->export_config()->at("target_layer_ids").get<std::vector<int64_t>>();
+    const auto a = eval::greedy_decode(*target, prompts[0], eos), b = eval::speculative_decode(*target, *d, prompts[0], eos, 8, layers);
+    EXPECT_EQ(a.tokens, std::vector<int64_t>(g.begin(), g.begin() + static_cast<long>(first) + 1)) << name;
+    EXPECT_EQ(b.tokens, a.tokens) << name;
+    EXPECT_EQ(a.stop_reason, "eos");
+    EXPECT_EQ(b.stop_reason, "eos");
+    const auto c = eval::greedy_decode(*target, prompts[0], length), e = eval::speculative_decode(*target, *d, prompts[0], length, 8, layers);
+    EXPECT_EQ(c.tokens.size(), 9u);
+    EXPECT_EQ(e.tokens, c.tokens) << name;
+    EXPECT_EQ(c.stop_reason, "max_length");
+    EXPECT_EQ(e.stop_reason, "max_length");
+  }
+}
+
+TEST(Eval, BadInputsGetClearErrors) {
+  auto target = quickstart_target();
+  const auto info = target->describe();
+  auto lookup = drafter("prompt_lookup", prompt_lookup_config(4), *target);
+  eval::DecodeLimits limits;
+  limits.max_length = 32;
+  try {
+    eval::greedy_decode(*target, {}, limits);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "the prompt is empty");
+  }
+  try {
+    eval::speculative_decode(*target, *lookup, std::vector<int64_t>(40, 65), limits, 4, {});
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "the prompt has 40 tokens, not fewer than max_length 32");
+  }
+  test::TempDir temp("dflash_eval");
+  const std::string dir = temp.path().string();
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  eval::EvalSettings s;
+  auto prompts_error = [&](const std::string& text) {
+    s.prompts_file = write("p.jsonl", text);
+    try {
+      eval::read_prompts(s, info);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_CONTAINS(prompts_error("{\"prompt_ids\": [1, 2]}\n{\"prompt_ids\": []}\n"), "p.jsonl:2: the prompt is empty");
+  EXPECT_CONTAINS(prompts_error("{\"prompt_ids\": [1, 999]}\n"), "p.jsonl:1: \"prompt_ids\" holds id 999, outside the target's vocabulary [0, 260)");
+  EXPECT_CONTAINS(prompts_error("not json\n"), "p.jsonl:1: not a JSON object");
+  EXPECT_CONTAINS(prompts_error("{\"ids\": [1]}\n"), "p.jsonl:1: needs \"prompt_ids\", \"input_ids\" or \"text\"");
+  EXPECT_CONTAINS(prompts_error("\n\n"), "holds no prompts");
+  // Text through the target's byte-level tokenizer: BOS, then the bytes.
+  s.prompts_file = write("t.jsonl", "{\"text\": \"hi\"}\n");
+  EXPECT_EQ(eval::read_prompts(s, info).at(0).ids, (std::vector<int64_t>{256, 'h', 'i'}));
+  nlohmann::json no_tokenizer = info;
+  no_tokenizer["tokenizer"] = nullptr;
+  try {
+    eval::read_prompts(s, no_tokenizer);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "t.jsonl:1: a text prompt needs a tokenizer");
+  }
+
+  // Drafter checkpoints that do not fit the target or the drafter.
+  auto dflash = drafter("dflash", dflash_config(8), *target);
+  nlohmann::json config = *dflash->export_config();
+  auto checkpoint_error = [&](const nlohmann::json& cfg, const NamedTensors& weights) {
+    const std::string ckpt = dir + "/ckpt";
+    std::filesystem::create_directories(ckpt);
+    std::ofstream(ckpt + "/config.json") << cfg.dump();
+    sdk::safetensors::save_tensors(ckpt + "/model.safetensors", weights);
+    try {
+      eval::load_drafter_checkpoint(ckpt, *dflash, info);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const NamedTensors weights = dflash->parameters();
+  EXPECT_EQ(checkpoint_error(config, weights), "no error");
+  nlohmann::json bad = config;
+  bad["vocab_size"] = 32000;
+  EXPECT_CONTAINS(checkpoint_error(bad, weights), "config.json: vocab_size is 32000 but the target has 260");
+  bad = config;
+  bad["hidden_size"] = 64;
+  EXPECT_CONTAINS(checkpoint_error(bad, weights), "config.json: hidden_size is 64 but the target has 192");
+  bad = config;
+  bad["target_layer_ids"] = {1, 9};
+  EXPECT_CONTAINS(checkpoint_error(bad, weights), "config.json: target_layer_ids is [1,9] but the configured drafter");
+  bad = config;
+  bad["block_size"] = 16;
+  EXPECT_CONTAINS(checkpoint_error(bad, weights), "block_size is 16 but the configured drafter (set it in the config's drafter section) has 8");
+  NamedTensors wrong = weights;
+  wrong[0].second = torch::zeros({3, 3});
+  EXPECT_CONTAINS(checkpoint_error(config, wrong), "model.safetensors: tensor '" + weights[0].first + "' has shape [3, 3]");
+  EXPECT_CONTAINS([&] {
+    try {
+      eval::load_drafter_checkpoint(dir + "/nowhere", *dflash, info);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }(), "not a drafter directory");
+}
+
+}  // namespace
