@@ -77,7 +77,12 @@ std::vector<Prompt> read_prompts(const EvalSettings& s, const nlohmann::json& ta
 }
 
 void load_drafter_checkpoint(const std::string& path, const host::DrafterInstance& drafter, const nlohmann::json& target_info) {
-  const checkpoint::DrafterDirectory saved = checkpoint::load_drafter(path);
+  checkpoint::DrafterDirectory saved;
+  try {
+    saved = checkpoint::load_drafter(path);
+  } catch (const std::runtime_error& e) {  // a bad path or file is bad input here
+    throw std::invalid_argument(e.what());
+  }
   const std::string config_file = saved.dir + "/config.json";
   const nlohmann::json own = drafter.export_config().value_or(nlohmann::json::object());
   auto mismatch = [&](const char* key, const nlohmann::json& theirs, const nlohmann::json& ours, const std::string& whose) {

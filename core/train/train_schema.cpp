@@ -36,6 +36,14 @@ const nlohmann::json& train_schema() {
           .integer("keep_checkpoints", 2, "newest checkpoints kept on disk", Bounds::at_least(1))
           .string("progress", "auto", "console: a progress bar on a terminal, plain lines otherwise", {"auto", "bar", "lines"})
           .integer("log_every", 1, "steps between console lines (metrics.jsonl gets every step)", Bounds::at_least(1))
+          .integer("eval_every", 0,
+                   "steps between speculative-decoding evaluations on eval_prompts (0 = none); the mean acceptance "
+                   "length goes to metrics.jsonl as eval_tau",
+                   Bounds::at_least(0))
+          .string("eval_prompts", "", "held-out prompts for eval_every: JSON lines as `dflash-host eval --prompts` reads")
+          .integer("eval_max_prompts", 8, "prompts used per evaluation", Bounds::at_least(1))
+          .integer("eval_max_new_tokens", 64, "tokens generated per prompt per evaluation", Bounds::at_least(1))
+          .integer("eval_prompt_tokens", 64, "tokens of an input_ids line used as its prompt", Bounds::at_least(1))
           .json();
   return schema;
 }

@@ -5,6 +5,7 @@
 #include "memory/memory_stats.h"
 #include "metrics/progress.h"
 #include "train/adamw.h"
+#include "eval/evaluation.h"
 #include "train/frozen_weights.h"
 
 #include <dflash/sdk/splitmix.hpp>
@@ -15,6 +16,8 @@
 
 
 #include <chrono>
+#include <iomanip>
+#include <sstream>
 #include <cmath>
 #include <map>
 #include <stdexcept>
@@ -117,6 +120,27 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   if (first_step >= total_steps) {
     log::info("the run already reached train.steps = " + std::to_string(total_steps) + "; nothing to do");
     return 0;
+  }
+
+  // Periodic speculative decoding on held-out prompts (the drafter as it is
+  // at that step; nothing it does changes the training).
+  const int64_t eval_every = t.at("eval_every");
+  eval::EvalSettings eval_settings;
+  std::vector<eval::Prompt> eval_prompts;
+  if (eval_every > 0) {
+    eval_settings.prompts_file = t.at("eval_prompts").get<std::string>();
+    if (eval_settings.prompts_file.empty())
+      throw std::invalid_argument("train.eval_every is " + std::to_string(eval_every) +
+                                  " but train.eval_prompts names no prompts file; set it or set eval_every to 0");
+    if (!p.target.can_decode() || !p.drafter.can_draft())
+      throw std::invalid_argument("train.eval_every needs a target that decodes and a drafter that drafts (ABI 1.1); " +
+                                  (p.target.can_decode() ? p.drafter.record().label() : p.target.record().label()) +
+                                  " does not; set eval_every to 0");
+    eval_settings.max_prompts = t.at("eval_max_prompts");
+    eval_settings.max_new_tokens = t.at("eval_max_new_tokens");
+    eval_settings.prompt_tokens = t.at("eval_prompt_tokens");
+    eval_settings.baseline = false;
+    eval_prompts = eval::read_prompts(eval_settings, target_info);
   }
 
   metrics::MetricsFile metrics_file(output_dir + "/metrics.jsonl", first_step);
@@ -222,8 +246,22 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
                    {"memory_current_bytes", mem.current_bytes},
                    {"memory_peak_bytes", mem.peak_bytes},
                    {"memory_source", mem.source}});
+    const bool evaluate_now = eval_every > 0 && finite && (step + 1) % eval_every == 0;
+    if (evaluate_now) {
+      p.drafter.set_training(false);
+      const nlohmann::json report = eval::evaluate(p.target, p.drafter, eval_prompts, eval_settings, target_info);
+      p.drafter.set_training(true);
+      record["eval_tau"] = report.at("tau_mean");
+      record["eval_acceptance_by_position"] = report.at("acceptance_by_position");
+    }
     metrics_file.write(record);
     progress.update(record);
+    if (evaluate_now) {
+      std::ostringstream line;
+      line << "step " << step + 1 << ": speculative decoding on " << eval_prompts.size() << " held-out prompts, τ = "
+           << std::fixed << std::setprecision(3) << record.at("eval_tau").get<double>();
+      progress.message(line.str());
+    }
     if (!finite) {
       const std::string what = "step " + std::to_string(step) + ": non-finite loss or gradient";
       if (stop_on_nonfinite || consecutive_nonfinite >= max_nonfinite) {

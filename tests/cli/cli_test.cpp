@@ -155,6 +155,41 @@ TEST(Cli, ConfigErrorsNameThePathAndThePlugin) {
 
 // Any five plugins that honour the ABI train together: here the test
 // plugins (a linear drafter over a fixed target), not the in-tree ones.
+TEST(Cli, EvalDecodesLosslesslyAndWritesItsReport) {
+  const std::string configs = DFLASH_CONFIGS_DIR;
+  const fs::path config = write_config("eval.json", R"({"train": {"device": "cpu", "dtype": "float32"},
+    "target": {"plugin": "hf_decoder", "path": ")" + configs + R"(/quickstart/target"},
+    "drafter": {"plugin": "prompt_lookup", "block_size": 6}})");
+  const fs::path report = fs::temp_directory_path() / ("dflash_cli_report_" + std::to_string(::getpid()) + ".json");
+  const std::string base = "eval --plugin-dir " + std::string(DFLASH_INTREE_PLUGIN_DIR) + " --config " + config.string();
+  HostRun r = host(base + " --prompts " + configs + "/quickstart/data/heldout.jsonl --max-prompts 3 --max-new-tokens 24 --report " +
+                   report.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_CONTAINS(r.out, "drafter prompt_lookup, block size 6, 3 prompts, up to 24 new tokens each");
+  EXPECT_CONTAINS(r.out, "mean acceptance length τ");
+  EXPECT_CONTAINS(r.out, "lossless                   yes (3 of 3 outputs identical");
+  std::ifstream in(report);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("prompts"), 3);
+  EXPECT_TRUE(j.at("lossless").get<bool>());
+  EXPECT_GE(j.at("tau_mean").get<double>(), 1.0);
+  EXPECT_EQ(j.at("acceptance_by_position").size(), 5u);
+  ASSERT_EQ(j.at("per_prompt").size(), 3u);
+  for (const auto& row : j.at("per_prompt")) {
+    EXPECT_EQ(row.at("generated"), 24);
+    EXPECT_EQ(row.at("tokens").size(), 24u);
+    EXPECT_TRUE(row.at("identical_to_greedy").get<bool>());
+  }
+  fs::remove(report);
+
+  r = host(base);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_CONTAINS(r.err, "eval needs held-out prompts: --prompts FILE.jsonl");
+  r = host(base + " --prompts " + configs + "/quickstart/data/heldout.jsonl --drafter-checkpoint /nonexistent/run");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_CONTAINS(r.err, "/nonexistent/run: not a drafter directory");
+}
+
 TEST(Cli, TrainRunsAnyFivePluginsThroughTheAbi) {
   dflash::test::TempDir out("dflash_cli_train");
   const fs::path file = write_config("train.json", R"({
