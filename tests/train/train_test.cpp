@@ -315,6 +315,34 @@ TEST(TrainEndToEnd, AKillMidCheckpointLeavesTheLastGoodOneToResumeFrom) {
   EXPECT_NE(::stat((crash_dir + "/checkpoints/.tmp-step-00000004").c_str(), &st), 0) << "leftovers cleared";
 }
 
+// train.eval_every decodes held-out prompts speculatively with the drafter
+// as it is, logs the real acceptance length, and changes nothing in training.
+TEST(TrainEndToEnd, PeriodicEvaluationLogsRealAcceptanceAndChangesNothing) {
+  test::TempDir temp("dflash_train_eval");
+  const std::string dir = temp.path().string();
+  std::ofstream(dir + "/prompts.jsonl") << "{\"prompt_ids\": [3, 9, 4, 1, 7, 7, 2]}\n{\"prompt_ids\": [5, 5, 5]}\n";
+  Result plain = host("--config " + small_config(dir, dir + "/plain", 6), dir);
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  const std::string eval = " --set train.eval_every=3 --set train.eval_prompts=" + dir + "/prompts.jsonl --set train.eval_max_new_tokens=12";
+  Result with_eval = host("--config " + small_config(dir, dir + "/eval", 6) + eval, dir);
+  ASSERT_EQ(with_eval.status, 0) << with_eval.err;
+  EXPECT_CONTAINS(with_eval.err, "step 3: speculative decoding on 2 held-out prompts, τ = ");
+  const auto a = metrics_of(dir + "/plain"), b = metrics_of(dir + "/eval");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(b[i].at("loss").get<double>(), a[i].at("loss").get<double>()) << "step " << i;
+    EXPECT_EQ(b[i].contains("eval_tau"), i == 2 || i == 5) << "step " << i;
+  }
+  EXPECT_GE(b[2].at("eval_tau").get<double>(), 1.0);
+  EXPECT_EQ(b[5].at("eval_acceptance_by_position").size(), 3u) << "positions 1…3 of a block of 4";
+  EXPECT_EQ(file_bytes(dir + "/plain/checkpoints/step-00000006/model.safetensors"),
+            file_bytes(dir + "/eval/checkpoints/step-00000006/model.safetensors"));
+  Result no_prompts = host("--config " + small_config(dir, dir + "/bad", 2) + " --set train.eval_every=3", dir);
+  EXPECT_EQ(no_prompts.status, 2);
+  EXPECT_CONTAINS(no_prompts.err, "train.eval_every is 3 but train.eval_prompts names no prompts file");
+}
+
 TEST(TrainEndToEnd, AProgressBarWithAnEtaWhenAsked) {
   test::TempDir temp("dflash_bar");
   const std::string dir = temp.path().string();
