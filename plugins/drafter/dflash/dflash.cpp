@@ -9,6 +9,8 @@
 
 #include <dflash/sdk/drafter.hpp>
 
+#include <c10/core/GradMode.h>
+
 #include <algorithm>
 #include <map>
 #include <memory>
