@@ -25,7 +25,9 @@ po::options_description visible_options() {
       ("data", po::value<std::string>(), "data source plugin (sets data.plugin)")
       ("target", po::value<std::string>(), "target model plugin (sets target.plugin)")
       ("drafter", po::value<std::string>(), "drafter plugin (sets drafter.plugin)")
-      ("loss", po::value<std::string>(), "loss plugin (sets loss.plugin)")
+      ("loss", po::value<std::vector<std::string>>()->composing(),
+       "loss plugin (sets loss.plugin); ab: repeat it, one arm each, as NAME or NAME:key=value,key=value "
+       "(keys of the loss section, or full paths such as train.lr)")
       ("scheduler", po::value<std::string>(), "LR scheduler plugin (sets scheduler.plugin)")
       ("kind", po::value<std::string>(), "describe: the plugin kind when a name exists in several kinds")
       ("json", "list: print JSON instead of a table")
@@ -42,6 +44,9 @@ po::options_description visible_options() {
       ("max-prompts", po::value<int64_t>(), "eval: use only the first N prompts")
       ("report", po::value<std::string>(), "eval: write the full report (per prompt too) to this JSON file")
       ("no-baseline", "eval: skip decoding with the target alone (no lossless check, no speed-up)")
+      ("seeds", po::value<int64_t>(), "ab: seeds per arm (0, 1, …; default 1)")
+      ("steps", po::value<int64_t>(), "ab: training steps per arm (default: the config's train.steps)")
+      ("out", po::value<std::string>(), "ab: the report folder (default: <train.output_dir>/ab)")
       ("log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error or off");
   return options;
 }
@@ -60,7 +65,9 @@ std::string usage_text() {
          "                     with all defaults filled in\n"
          "  eval               speculative decoding of --prompts with the config's target and\n"
          "                     drafter (--drafter-checkpoint): acceptance length, speed-up, and\n"
-         "                     a token-for-token check against the target's greedy decoding\n\n"
+         "                     a token-for-token check against the target's greedy decoding\n"
+         "  ab                 train one arm per --loss (same data, seed and initial drafter),\n"
+         "                     check step-0 gradients between arms, and write a report folder\n\n"
       << visible_options() << "\n"
       << "Exit status: 0 success, 1 a failure while running, 2 bad usage or configuration,\n"
          "3 a feature this build does not have yet, 4 training stopped on non-finite losses.\n\n"
@@ -111,20 +118,37 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   positive("max-length", options.max_length, 2);
   positive("prompt-tokens", options.prompt_tokens, 1);
   positive("max-prompts", options.max_prompts, 1);
+  positive("seeds", options.seeds, 1);
+  positive("steps", options.steps, 1);
   options.log_level = vm["log-level"].as<std::string>();
-  for (const char* flag : kPluginFlags)
-    if (vm.count(flag)) options.plugin_choice[flag] = vm[flag].as<std::string>();
+  for (const char* flag : kPluginFlags) {
+    if (!vm.count(flag)) continue;
+    if (std::string(flag) == "loss") {
+      options.loss_arms = vm[flag].as<std::vector<std::string>>();
+      options.plugin_choice[flag] = options.loss_arms.front().substr(0, options.loss_arms.front().find(':'));
+    } else {
+      options.plugin_choice[flag] = vm[flag].as<std::string>();
+    }
+  }
+  if (vm.count("out")) options.out_dir = vm["out"].as<std::string>();
+
 
   std::vector<std::string> positionals;
   if (vm.count("positional")) positionals = vm["positional"].as<std::vector<std::string>>();
   options.command = positionals.empty() ? "train" : positionals.front();
   if (!positionals.empty()) options.arguments.assign(positionals.begin() + 1, positionals.end());
-  static const char* const kCommands[] = {"train", "list", "describe", "config", "eval"};
+  static const char* const kCommands[] = {"train", "list", "describe", "config", "eval", "ab"};
   bool known = false;
   for (const char* command : kCommands) known = known || options.command == command;
   if (!known)
     throw std::invalid_argument("unknown command '" + options.command +
-                                "'; commands are train, list, describe, config, eval (see dflash-host --help)");
+                                "'; commands are train, list, describe, config, eval, ab (see dflash-host --help)");
+  if (options.loss_arms.size() > 1 && options.command != "ab")
+    throw std::invalid_argument("--loss is given " + std::to_string(options.loss_arms.size()) +
+                                " times; only `ab` compares several losses (one arm each)");
+  if (options.command != "ab" && !options.loss_arms.empty() && options.loss_arms.front().find(':') != std::string::npos)
+    throw std::invalid_argument("--loss NAME:settings is for `ab` arms; with " + options.command +
+                                " use --loss NAME and --set loss.key=value");
   return options;
 }
 

@@ -10,7 +10,7 @@
 namespace dflash::cli {
 
 struct CliOptions {
-  std::string command;                     // list, describe, config, train, eval
+  std::string command;                     // list, describe, config, train, eval, ab
   std::vector<std::string> arguments;      // positional arguments after the command
   std::vector<std::string> plugin_dirs;    // --plugin-dir, in order
   bool default_plugin_dirs = true;         // --no-default-plugin-dirs turns off
@@ -27,6 +27,11 @@ struct CliOptions {
   std::optional<std::string> report;              // --report FILE (JSON)
   int64_t max_new_tokens = 128, max_length = 0, prompt_tokens = 64, max_prompts = 0;
   bool baseline = true;                           // --no-baseline turns off
+  // ab
+  std::vector<std::string> loss_arms;             // every --loss, in order (ab: one arm each)
+  int64_t seeds = 1;                              // --seeds N
+  int64_t steps = 0;                              // --steps N (0: the config's train.steps)
+  std::optional<std::string> out_dir;             // --out DIR
   bool help = false;
   bool version = false;
 };

@@ -49,11 +49,21 @@ PluginRegistry load_plugins(const CliOptions& options, bool log_problems = true)
   return registry;
 }
 
-// The config as the user wrote it: file, then --set, then --loss NAME & co.
+// The config as the user wrote it: the file; then --loss NAME & co., which
+// drop the file's settings of a section whose plugin they replace (those
+// settings belong to the other plugin); then --set.
 nlohmann::json raw_config(const CliOptions& options) {
   nlohmann::json raw = options.config_file ? config::load_json_file(*options.config_file) : nlohmann::json::object();
+  for (const auto& [section, name] : options.plugin_choice) {
+    if (raw.contains(section) && raw[section].is_object() && raw[section].contains("plugin") &&
+        raw[section]["plugin"] != name) {
+      log::info("--" + section + " " + name + " replaces the config's " + section + " plugin " + raw[section]["plugin"].dump() +
+                "; that plugin's settings in the file are not used");
+      raw[section] = nlohmann::json::object();
+    }
+    config::apply_override(raw, section + ".plugin=\"" + name + "\"");
+  }
   for (const std::string& assignment : options.overrides) config::apply_override(raw, assignment);
-  for (const auto& [section, name] : options.plugin_choice) config::apply_override(raw, section + ".plugin=\"" + name + "\"");
   return raw;
 }
 
@@ -171,11 +181,12 @@ std::unique_ptr<Instance> instantiate(const PluginRegistry& registry, const conf
   return std::make_unique<Instance>(record, plugin_config, options);
 }
 
-int train(const CliOptions& options) {
+}  // namespace
+
+std::unique_ptr<TrainSet> make_train_set(const CliOptions& options, const PluginRegistry& registry) {
   if (!options.config_file && options.plugin_choice.size() < host::kAllKinds.size())
     throw std::invalid_argument("train needs a config: --config FILE.json (see configs/), or every plugin "
                                 "chosen with --data, --target, --drafter, --loss and --scheduler");
-  PluginRegistry registry = load_plugins(options);
   std::vector<std::string> sections;
   for (dflash_kind kind : host::kAllKinds) sections.push_back(host::kind_section(kind));
   const config::ResolvedConfig resolved = resolve(options, registry, sections);
@@ -193,12 +204,25 @@ int train(const CliOptions& options) {
   auto drafter = instantiate<host::DrafterInstance>(registry, resolved, DFLASH_KIND_DRAFTER, section(DFLASH_KIND_DRAFTER));
   auto loss = instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS, section(DFLASH_KIND_LOSS));
   auto scheduler = instantiate<host::SchedulerInstance>(registry, resolved, DFLASH_KIND_SCHEDULER, section(DFLASH_KIND_SCHEDULER));
-  train::TrainPlugins plugins{*data, *target, *drafter, *loss, *scheduler};
-  train::TrainRun run;
-  run.train = resolved.root.at("train");
-  run.resolved_config = resolved.root;
-  run.stop_after = options.stop_after;
-  return train::run_training(plugins, run);
+  auto set = std::make_unique<TrainSet>();
+  set->data = std::move(data);
+  set->target = std::move(target);
+  set->drafter = std::move(drafter);
+  set->loss = std::move(loss);
+  set->scheduler = std::move(scheduler);
+  set->run.train = resolved.root.at("train");
+  set->run.resolved_config = resolved.root;
+  set->run.stop_after = options.stop_after;
+  return set;
+}
+
+namespace {
+
+int train(const CliOptions& options) {
+  const PluginRegistry registry = load_plugins(options);
+  auto set = make_train_set(options, registry);
+  train::TrainPlugins plugins = set->plugins();
+  return train::run_training(plugins, set->run);
 }
 
 int evaluate(const CliOptions& options) {
@@ -238,7 +262,11 @@ int evaluate(const CliOptions& options) {
 
 }  // namespace
 
+PluginRegistry find_plugins(const CliOptions& options) { return load_plugins(options); }
+nlohmann::json user_config(const CliOptions& options) { return raw_config(options); }
+
 int run_command(const CliOptions& options) {
+  if (options.command == "ab") return run_ab(options);
   if (options.command == "eval") return evaluate(options);
   if (options.command == "list") return list_plugins(options);
   if (options.command == "describe") return describe_plugin(options);

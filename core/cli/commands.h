@@ -4,6 +4,10 @@
 #pragma once
 
 #include "cli/cli_options.h"
+#include "plugin/registry.h"
+#include "train/trainer.h"
+
+#include <memory>
 
 namespace dflash::cli {
 
@@ -13,5 +17,24 @@ inline constexpr int kExitUsage = 2;
 inline constexpr int kExitUnavailable = 3;
 
 int run_command(const CliOptions& options);
+
+// The plugins of one training run, created from the command line's config
+// (file, --loss & co., --set) and owned together.
+struct TrainSet {
+  std::unique_ptr<host::DataSourceInstance> data;
+  std::unique_ptr<host::TargetModelInstance> target;
+  std::unique_ptr<host::DrafterInstance> drafter;
+  std::unique_ptr<host::LossInstance> loss;
+  std::unique_ptr<host::SchedulerInstance> scheduler;
+  train::TrainRun run;
+  train::TrainPlugins plugins() { return {*data, *target, *drafter, *loss, *scheduler}; }
+};
+host::PluginRegistry find_plugins(const CliOptions& options);
+// The config as written (file, plugin flags, --set), before validation.
+nlohmann::json user_config(const CliOptions& options);
+std::unique_ptr<TrainSet> make_train_set(const CliOptions& options, const host::PluginRegistry& registry);
+
+// `dflash-host ab` (cli/ab_command.cpp).
+int run_ab(const CliOptions& options);
 
 }  // namespace dflash::cli

@@ -20,6 +20,7 @@
 #include <sstream>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 namespace dflash::train {
@@ -56,7 +57,80 @@ struct SlotTally {
   }
 };
 
+// The target wired to the drafter: the drafter gets the target's facts and
+// its own copies of the frozen weights on the drafter device; the loss needs
+// the lm_head; the drafter keeps what else it needs (and where: e.g. its
+// embedding in host memory), so the host drops its other copies.
+struct Wiring {
+  nlohmann::json target_info, drafter_config;
+  at::Tensor lm_head;
+  std::vector<int64_t> layer_ids;
+  int64_t block_size = 1;
+};
+Wiring wire(TrainPlugins& p, const c10::Device& device, c10::ScalarType dtype) {
+  Wiring w;
+  w.target_info = p.target.describe();
+  host::NamedTensors frozen = host::place_frozen_weights(p.target.frozen_weights(), p.target.record().name, device, dtype);
+  p.drafter.bind_target(w.target_info, frozen);
+  w.lm_head = find(frozen, "lm_head");
+  frozen.clear();
+  w.drafter_config = p.drafter.export_config().value_or(nlohmann::json::object());
+  w.layer_ids = w.drafter_config.contains("target_layer_ids")
+                    ? w.drafter_config.at("target_layer_ids").get<std::vector<int64_t>>()
+                    : w.target_info.at("default_layer_ids").get<std::vector<int64_t>>();
+  w.block_size = w.drafter_config.value("block_size", int64_t{1});
+  return w;
+}
+
+// One micro-batch through target → drafter → loss (the loss not yet
+// backpropagated). The anchors' seed is fixed by (run seed, step, micro), so
+// resume and A/B arms see the same blocks.
+struct MicroBatch {
+  host::NamedTensors drafted;
+  host::LossCall call;
+  host::LossOutput out;
+};
+MicroBatch micro_batch(TrainPlugins& p, const Wiring& w, const host::NamedTensors& batch, const c10::Device& device,
+                       bool want_teacher, uint64_t seed, int64_t step, int64_t micro) {
+  host::NamedTensors on_device;
+  for (const auto& [name, tensor] : batch) on_device.emplace_back(name, tensor.to(device));
+  const host::NamedTensors hidden = p.target.forward(on_device, w.layer_ids, want_teacher, /*want_logits=*/false);
+  host::NamedTensors inputs = batch;
+  for (const auto& entry : hidden) inputs.push_back(entry);
+  const uint64_t sample_seed = sdk::splitmix64(seed ^ sdk::splitmix64(static_cast<uint64_t>(step) * 4096 + static_cast<uint64_t>(micro)));
+  inputs.emplace_back("sample_seed", at::scalar_tensor(static_cast<int64_t>(sample_seed >> 1), at::kLong));
+  MicroBatch mb;
+  mb.drafted = p.drafter.forward(inputs);
+  mb.call.hidden = require(mb.drafted, "hidden", "the drafter");
+  mb.call.lm_head_weight = w.lm_head;
+  mb.call.targets = require(mb.drafted, "targets", "the drafter");
+  mb.call.row_weights = find(mb.drafted, "row_weights");
+  if (want_teacher && find(mb.drafted, "teacher_hidden").defined()) {
+    mb.call.teacher = DFLASH_TEACHER_HIDDEN;
+    mb.call.teacher_hidden = find(mb.drafted, "teacher_hidden");
+  }
+  mb.out = p.loss.compute(mb.call);
+  return mb;
+}
+
 }  // namespace
+
+host::NamedTensors first_step_gradients(TrainPlugins& p, const TrainRun& run) {
+  const nlohmann::json& t = run.train;
+  const c10::Device device(t.at("device").get<std::string>());
+  const Wiring w = wire(p, device, dflash::sdk::parse_dtype(t.at("dtype").get<std::string>()));
+  std::optional<host::NamedTensors> batch = p.data.next_batch();
+  if (!batch) throw std::runtime_error(p.data.record().label() + " yielded no batch");
+  const host::NamedTensors parameters = p.drafter.parameters();
+  for (const auto& [name, tensor] : parameters)
+    if (tensor.grad().defined()) tensor.mutable_grad() = at::Tensor();
+  const MicroBatch mb = micro_batch(p, w, *batch, device, t.at("teacher").get<std::string>() == "hidden", t.at("seed"), 0, 0);
+  mb.out.loss.backward();
+  host::NamedTensors grads;
+  for (const auto& [name, tensor] : parameters)
+    grads.emplace_back(name, tensor.grad().defined() ? tensor.grad().detach().clone() : at::zeros_like(tensor));
+  return grads;
+}
 
 int run_training(TrainPlugins& p, const TrainRun& run) {
   const nlohmann::json& t = run.train;
@@ -70,20 +144,12 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   const std::string checkpoint_root = output_dir + "/checkpoints";
   checkpoint::make_directories(output_dir);
 
-  // Wire the target to the drafter: the drafter gets the target's facts and
-  // its own copies of the frozen weights on the drafter device.
-  const nlohmann::json target_info = p.target.describe();
-  host::NamedTensors frozen = host::place_frozen_weights(p.target.frozen_weights(), p.target.record().name, device, dtype);
-  p.drafter.bind_target(target_info, frozen);
-  // The loss needs the lm_head; the drafter keeps what else it needs (and
-  // where: e.g. its embedding in host memory), so the host drops its copies.
-  const at::Tensor lm_head = find(frozen, "lm_head");
-  frozen.clear();
-  const nlohmann::json drafter_config = p.drafter.export_config().value_or(nlohmann::json::object());
-  std::vector<int64_t> layer_ids = drafter_config.contains("target_layer_ids")
-                                       ? drafter_config.at("target_layer_ids").get<std::vector<int64_t>>()
-                                       : target_info.at("default_layer_ids").get<std::vector<int64_t>>();
-  const int64_t block_size = drafter_config.value("block_size", int64_t{1});
+  const Wiring wiring = wire(p, device, dtype);
+  const nlohmann::json& target_info = wiring.target_info;
+  const nlohmann::json& drafter_config = wiring.drafter_config;
+  const at::Tensor& lm_head = wiring.lm_head;
+  const std::vector<int64_t>& layer_ids = wiring.layer_ids;
+  const int64_t block_size = wiring.block_size;
   const host::NamedTensors parameters = p.drafter.parameters();
   int64_t parameter_count = 0;
   for (const auto& [name, tensor] : parameters) parameter_count += tensor.numel();
@@ -178,24 +244,10 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
         data_ended = true;
         break;
       }
-      host::NamedTensors on_device;
-      for (const auto& [name, tensor] : *batch) on_device.emplace_back(name, tensor.to(device));
-      const host::NamedTensors hidden = p.target.forward(on_device, layer_ids, want_teacher, /*want_logits=*/false);
-      host::NamedTensors inputs = *batch;
-      for (const auto& entry : hidden) inputs.push_back(entry);
-      const uint64_t sample_seed = sdk::splitmix64(seed ^ sdk::splitmix64(static_cast<uint64_t>(step) * 4096 + static_cast<uint64_t>(micro)));
-      inputs.emplace_back("sample_seed", at::scalar_tensor(static_cast<int64_t>(sample_seed >> 1), at::kLong));
-      const host::NamedTensors drafted = p.drafter.forward(inputs);
-      host::LossCall call;
-      call.hidden = require(drafted, "hidden", "the drafter");
-      call.lm_head_weight = lm_head;
-      call.targets = require(drafted, "targets", "the drafter");
-      call.row_weights = find(drafted, "row_weights");
-      if (want_teacher && find(drafted, "teacher_hidden").defined()) {
-        call.teacher = DFLASH_TEACHER_HIDDEN;
-        call.teacher_hidden = find(drafted, "teacher_hidden");
-      }
-      host::LossOutput out = p.loss.compute(call);
+      const MicroBatch mb = micro_batch(p, wiring, *batch, device, want_teacher, seed, step, micro);
+      const host::LossCall& call = mb.call;
+      const host::NamedTensors& drafted = mb.drafted;
+      const host::LossOutput& out = mb.out;
       const double value = out.loss.item<double>();
       if (!std::isfinite(value)) finite = false;
       (out.loss / static_cast<double>(accumulation)).backward();

@@ -33,4 +33,9 @@ inline constexpr int kNonFinite = 4;
 // process exit code. Throws for errors that leave nothing to save.
 int run_training(TrainPlugins& plugins, const TrainRun& run);
 
+// The drafter's parameter gradients from the run's first micro-batch at step
+// 0 (the anchors of step 0, micro-batch 0), backpropagated once; nothing is
+// updated or written. A/B comparisons check arms against each other with it.
+host::NamedTensors first_step_gradients(TrainPlugins& plugins, const TrainRun& run);
+
 }  // namespace dflash::train

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 namespace {
@@ -341,6 +342,91 @@ TEST(TrainEndToEnd, PeriodicEvaluationLogsRealAcceptanceAndChangesNothing) {
   Result no_prompts = host("--config " + small_config(dir, dir + "/bad", 2) + " --set train.eval_every=3", dir);
   EXPECT_EQ(no_prompts.status, 2);
   EXPECT_CONTAINS(no_prompts.err, "train.eval_every is 3 but train.eval_prompts names no prompts file");
+}
+
+// `ab`: arms that differ in nothing train to bitwise the same curves and
+// step-0 gradients; a different loss differs; an arm whose loss cannot even
+// be created is reported failed with its reason while the others complete;
+// the report files parse and name every arm.
+TEST(AbComparison, IdenticalArmsMatchADifferentLossDiffersAFailedArmIsReported) {
+  test::TempDir temp("dflash_ab");
+  const std::string dir = temp.path().string();
+  const std::string config = small_config(dir, dir + "/out", 4);
+  Result r = host("ab --config " + config + " --loss fused_ckpt_kl --loss fused_ckpt_kl --loss ce --loss throwing_loss --seeds 2 --out " +
+                      dir + "/ab",
+                  dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::ifstream in(dir + "/ab/results.json");
+  const auto results = nlohmann::json::parse(in);
+  std::vector<std::string> names;
+  for (const auto& a : results.at("arms")) names.push_back(a.at("name"));
+  EXPECT_EQ(names, (std::vector<std::string>{"fused_ckpt_kl", "fused_ckpt_kl#2", "ce", "throwing_loss"}));
+  std::map<std::pair<std::string, int64_t>, nlohmann::json> runs;
+  for (const auto& run : results.at("runs")) runs[{run.at("arm"), run.at("seed")}] = run;
+  ASSERT_EQ(runs.size(), 8u);
+  for (int64_t seed : {3, 4}) {  // the config's seed 3, then 4
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const auto& a = runs.at({"fused_ckpt_kl", seed}).at("metrics");
+    const auto& b = runs.at({"fused_ckpt_kl#2", seed}).at("metrics");
+    const auto& c = runs.at({"ce", seed}).at("metrics");
+    ASSERT_EQ(a.size(), 4u);
+    ASSERT_EQ(b.size(), 4u);
+    ASSERT_EQ(c.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(a[i].at("loss").get<double>(), b[i].at("loss").get<double>()) << "identical arms, bitwise, step " << i;
+      EXPECT_EQ(a[i].at("grad_norm").get<double>(), b[i].at("grad_norm").get<double>()) << i;
+      EXPECT_EQ(a[i].at("slot_accuracy"), b[i].at("slot_accuracy")) << i;
+    }
+    EXPECT_NE(a[0].at("loss").get<double>(), c[0].at("loss").get<double>()) << "CE alone is another objective";
+    EXPECT_NE(a[3].at("grad_norm").get<double>(), c[3].at("grad_norm").get<double>());
+    EXPECT_TRUE(runs.at({"throwing_loss", seed}).at("failed").get<bool>());
+    EXPECT_CONTAINS(runs.at({"throwing_loss", seed}).at("failure").get<std::string>(), "cannot open /nonexistent/table.bin");
+  }
+  EXPECT_NE(runs.at({"fused_ckpt_kl", 3}).at("metrics")[3].at("loss").get<double>(),
+            runs.at({"fused_ckpt_kl", 4}).at("metrics")[3].at("loss").get<double>())
+      << "seeds differ";
+  // Step 0: identical arms agree exactly, CE alone does not.
+  bool saw_equal = false, saw_different = false;
+  for (const auto& check : results.at("step0_gradients")) {
+    if (check.at("a") == "fused_ckpt_kl" && check.at("b") == "fused_ckpt_kl#2") {
+      EXPECT_TRUE(check.at("equal").get<bool>());
+      EXPECT_EQ(check.at("max_relative_difference").get<double>(), 0.0);
+      saw_equal = true;
+    }
+    if (check.at("a") == "fused_ckpt_kl" && check.at("b") == "ce") {
+      EXPECT_FALSE(check.at("equal").get<bool>());
+      saw_different = true;
+    }
+  }
+  EXPECT_TRUE(saw_equal && saw_different);
+  const auto& failed = results.at("arms")[3];
+  EXPECT_EQ(failed.at("status"), "failed");
+  EXPECT_EQ(failed.at("failed").size(), 2u);
+  bool within_noise = false;
+  for (const auto& v : results.at("verdicts"))
+    if (v.at("arm") == "fused_ckpt_kl#2" && v.at("verdict") == "within noise") within_noise = true;
+  EXPECT_TRUE(within_noise) << results.at("verdicts").dump();
+  // curves.csv: a header, then one row per arm, seed and step of the runs that trained.
+  std::ifstream csv(dir + "/ab/curves.csv");
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line.rfind("arm,seed,step,loss,acc1", 0), 0u);
+  std::map<std::string, int> rows;
+  while (std::getline(csv, line)) ++rows[line.substr(1, line.find('"', 1) - 1)];
+  EXPECT_EQ(rows, (std::map<std::string, int>{{"ce", 8}, {"fused_ckpt_kl", 8}, {"fused_ckpt_kl#2", 8}}));
+  const std::string html = file_bytes(dir + "/ab/report.html");
+  for (const std::string& name : names) EXPECT_CONTAINS(html, name);
+  EXPECT_CONTAINS(html, "<svg");
+  EXPECT_EQ(html.find("http://"), html.find("http://www.w3.org/2000/svg")) << "no fetches: the only URL is the SVG namespace";
+  EXPECT_CONTAINS(r.err + file_bytes(dir + "/stderr.txt"), "throwing_loss");
+
+  // The report folder is never overwritten.
+  Result again = host("ab --config " + config + " --loss ce --loss ce --out " + dir + "/ab", dir);
+  EXPECT_EQ(again.status, 2);
+  EXPECT_CONTAINS(again.err, "exists and is not empty");
+  Result one = host("ab --config " + config + " --loss ce --out " + dir + "/ab2", dir);
+  EXPECT_EQ(one.status, 2);
+  EXPECT_CONTAINS(one.err, "give --loss at least twice");
 }
 
 TEST(TrainEndToEnd, AProgressBarWithAnEtaWhenAsked) {
