@@ -141,9 +141,12 @@ std::string svg_chart(const std::string& title, const std::vector<std::string>& 
   for (const std::string& arm : arms) {
     auto it = series.find(arm);
     if (it == series.end()) continue;
+    // Each later arm is drawn thinner, so arms with the same curve (an A/A
+    // check) stay visible as a line inside a line.
+    const double width = std::max(1.0, 4.5 - 1.2 * static_cast<double>(color));
     const char* stroke = kColors[color++ % (sizeof kColors / sizeof *kColors)];
     svg << "<polyline class=\"series\" data-arm=\"" << escape_html(arm) << "\" fill=\"none\" stroke=\"" << stroke
-        << "\" stroke-width=\"1.5\" points=\"";
+        << "\" stroke-width=\"" << width << "\" points=\"";
     for (const auto& [step, values] : it->second) svg << sx(double(step)) << "," << sy(mean_of(values)) << " ";
     svg << "\"/>\n";
     if (it->second.size() == 1)

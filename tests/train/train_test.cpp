@@ -429,6 +429,23 @@ TEST(AbComparison, IdenticalArmsMatchADifferentLossDiffersAFailedArmIsReported) 
   EXPECT_CONTAINS(one.err, "give --loss at least twice");
 }
 
+// The report's charts render: headless Chromium screenshots report.html and
+// every arm's line colour must be on it (scripts/check_report_render.py).
+TEST(AbComparison, TheReportRendersInHeadlessChromium) {
+  if (std::system("command -v chromium > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "Debian's chromium is not installed (.ci/run installs it)";
+  test::TempDir temp("dflash_ab_render");
+  const std::string dir = temp.path().string();
+  Result r = host("ab --config " + small_config(dir, dir + "/out", 3) + " --loss fused_ckpt_kl --loss fused_ckpt_kl --loss ce --out " +
+                      dir + "/ab",
+                  dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string check = "python3 " DFLASH_SOURCE_DIR "/scripts/check_report_render.py " + dir + "/ab/report.html 3 --screenshot " +
+                            dir + "/shot.png > " + dir + "/render.txt 2>&1";
+  const int status = std::system(check.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << file_bytes(dir + "/render.txt");
+}
+
 TEST(TrainEndToEnd, AProgressBarWithAnEtaWhenAsked) {
   test::TempDir temp("dflash_bar");
   const std::string dir = temp.path().string();
