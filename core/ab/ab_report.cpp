@@ -251,7 +251,13 @@ void write_report(const std::string& dir, const nlohmann::json& summary, const s
   }
   {
     auto out = open("curves.csv");
-    out << "arm,seed,step,loss,acc1,acceptance_length_sim,eval_tau,lr,grad_norm,tokens_per_s,step_seconds,memory_peak_bytes\n";
+    // Per-slot accuracy: one column per block slot 1 … K−1.
+    size_t slots = 1;
+    for (const ArmRun& r : runs)
+      for (const auto& m : r.metrics) slots = std::max(slots, m.value("slot_accuracy", nlohmann::json::array()).size());
+    out << "arm,seed,step,loss";
+    for (size_t k = 1; k <= slots; ++k) out << ",acc" << k;
+    out << ",acceptance_length_sim,eval_tau,lr,grad_norm,tokens_per_s,step_seconds,memory_peak_bytes\n";
     out << std::setprecision(10);
     for (const ArmRun& r : runs)
       for (const auto& m : r.metrics) {
@@ -259,8 +265,9 @@ void write_report(const std::string& dir, const nlohmann::json& summary, const s
           return m.contains(key) && m[key].is_number() ? number(m[key].get<double>(), 8) : std::string();
         };
         const auto& acc = m.value("slot_accuracy", nlohmann::json::array());
-        out << '"' << r.arm << "\"," << r.seed << "," << m.value("step", int64_t{0}) << "," << field("loss") << ","
-            << (acc.empty() ? std::string() : number(acc[0].get<double>(), 8)) << "," << field("acceptance_length_sim") << ","
+        out << '"' << r.arm << "\"," << r.seed << "," << m.value("step", int64_t{0}) << "," << field("loss");
+        for (size_t k = 0; k < slots; ++k) out << "," << (k < acc.size() ? number(acc[k].get<double>(), 8) : std::string());
+        out << "," << field("acceptance_length_sim") << ","
             << field("eval_tau") << "," << field("lr") << "," << field("grad_norm") << "," << field("tokens_per_s") << ","
             << field("step_seconds") << "," << field("memory_peak_bytes") << "\n";
       }

@@ -410,7 +410,7 @@ TEST(AbComparison, IdenticalArmsMatchADifferentLossDiffersAFailedArmIsReported) 
   std::ifstream csv(dir + "/ab/curves.csv");
   std::string line;
   std::getline(csv, line);
-  EXPECT_EQ(line.rfind("arm,seed,step,loss,acc1", 0), 0u);
+  EXPECT_EQ(line.rfind("arm,seed,step,loss,acc1,acc2,acc3,acceptance_length_sim", 0), 0u) << line;
   std::map<std::string, int> rows;
   while (std::getline(csv, line)) ++rows[line.substr(1, line.find('"', 1) - 1)];
   EXPECT_EQ(rows, (std::map<std::string, int>{{"ce", 8}, {"fused_ckpt_kl", 8}, {"fused_ckpt_kl#2", 8}}));
