@@ -17,6 +17,8 @@
 #include "plugin/registry.h"
 #include "train/adamw.h"
 
+#include "bench_support.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -76,20 +78,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-template <class Fn>
-double median_ms(int warmup, int repeats, Fn&& fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  torch::cuda::synchronize();
-  std::vector<double> times;
-  for (int i = 0; i < repeats; ++i) {
-    const auto start = Clock::now();
-    fn();
-    torch::cuda::synchronize();
-    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
 
 }  // namespace
 
@@ -197,7 +185,7 @@ int main(int argc, char** argv) {
   torch::cuda::synchronize();
   const int64_t before_step = memory::memory_now(device).current_bytes;
   memory::reset_peak(device);
-  const double step_ms = median_ms(0, a.repeats, step);
+  const double step_ms = bench::median_ms(0, a.repeats, step);
   const memory::MemoryFigures mem = memory::memory_now(device);
   std::vector<std::pair<std::string, double>> phase_ms;
   phases = &phase_ms;
@@ -223,7 +211,7 @@ int main(int argc, char** argv) {
   torch::NoGradGuard no_grad;
   auto x = torch::randn({block_tokens, a.hidden}, bf16), w_q = torch::randn({a.heads * a.head_dim, a.hidden}, bf16);
   auto w_mlp = torch::randn({a.intermediate, a.hidden}, bf16), head_x = torch::randn({rows, a.hidden}, bf16);
-  const double gemm_ms = median_ms(a.warmup, a.repeats, [&] {
+  const double gemm_ms = bench::median_ms(a.warmup, a.repeats, [&] {
     for (int i = 0; i < 3; ++i) auto y = torch::mm(x, w_mlp.t());
     auto z = torch::mm(head_x.narrow(0, 0, std::min<int64_t>(rows, 4096)), lm_head.t());
   });

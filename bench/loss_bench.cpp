@@ -8,11 +8,12 @@
 #include "plugin/instances.h"
 #include "plugin/registry.h"
 
+#include "bench_support.h"
+
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
@@ -22,7 +23,8 @@
 
 namespace {
 using namespace dflash::host;
-using Clock = std::chrono::steady_clock;
+using dflash::bench::Measurement;
+using dflash::bench::measure;
 
 struct Args {
   std::string plugin_dir;
@@ -55,49 +57,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-int64_t allocated_now() {
-  return c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current;
-}
-int64_t allocated_peak() {
-  return c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].peak;
-}
-
-struct Measurement {
-  double median_ms = 0;
-  int64_t extra_peak = 0;
-  std::string failure;
-};
-
-// Median wall time of `fn` (synchronised) and its peak allocation above the
-// memory in use before it.
-template <class Fn>
-Measurement measure(const Args& args, Fn&& fn) {
-  Measurement m;
-  try {
-    for (int i = 0; i < args.warmup; ++i) fn();
-    torch::cuda::synchronize();
-    std::vector<double> times;
-    int64_t peak = 0;
-    for (int i = 0; i < args.repeats; ++i) {
-      const int64_t before = allocated_now();
-      c10::cuda::CUDACachingAllocator::resetPeakStats(0);
-      const auto start = Clock::now();
-      fn();
-      torch::cuda::synchronize();
-      times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-      peak = std::max(peak, allocated_peak() - before);
-    }
-    std::sort(times.begin(), times.end());
-    m.median_ms = times[times.size() / 2];
-    m.extra_peak = peak;
-  } catch (const std::exception& e) {
-    m.failure = e.what();
-    const auto cut = m.failure.find('\n');
-    if (cut != std::string::npos) m.failure.resize(cut);
-    c10::cuda::CUDACachingAllocator::emptyCache();
-  }
-  return m;
-}
 
 struct Arm {
   std::string label;
@@ -151,7 +110,7 @@ int main(int argc, char** argv) {
 
   const double gemm_flop = 2.0 * static_cast<double>(n) * static_cast<double>(h) * static_cast<double>(v);
   // The floor: one plain GEMM, same shapes, same run.
-  const Measurement gemm = measure(args, [&] {
+  const Measurement gemm = measure(args.warmup, args.repeats, [&] {
     torch::NoGradGuard no_grad;
     auto logits = torch::matmul(hidden, weight.t());
   });
@@ -180,13 +139,13 @@ int main(int argc, char** argv) {
       std::cout << std::right << std::fixed << std::setprecision(1) << std::setw(9) << m.median_ms << " ms"
                 << std::setw(8) << std::setprecision(3) << m.median_ms / floor_ms << " x" << gemms << "GEMM"
                 << std::setw(9) << std::setprecision(0) << gemm_flop * gemms / (m.median_ms * 1e9) << " TFLOP/s"
-                << std::setw(10) << std::setprecision(2) << m.extra_peak / double(1 << 30) << " GiB\n";
+                << std::setw(10) << std::setprecision(2) << m.extra_peak_gib() << " GiB\n";
     }
     if (json.is_open())
       json << nlohmann::json{{"arm", label}, {"median_ms", m.median_ms}, {"gemms", gemms},
                              {"ratio_to_floor", m.failure.empty() ? m.median_ms / floor_ms : 0.0},
                              {"useful_tflops", m.failure.empty() ? gemm_flop * gemms / (m.median_ms * 1e9) : 0.0},
-                             {"extra_peak_gib", m.extra_peak / double(1 << 30)}, {"failure", m.failure},
+                             {"extra_peak_gib", m.extra_peak_gib()}, {"failure", m.failure},
                              {"rows", n}, {"hidden", h}, {"vocab", v}}
                   .dump()
            << "\n";
@@ -202,7 +161,7 @@ int main(int argc, char** argv) {
   // softmax arithmetic; the gap to the fused arms is what the kernels cost.
   for (int gemms : {2, 3}) {
     auto dh = torch::empty({n, h}, bf16);
-    const Measurement chunked = measure(args, [&] {
+    const Measurement chunked = measure(args.warmup, args.repeats, [&] {
       torch::NoGradGuard no_grad;
       for (int64_t s = 0; s < n; s += 1024) {
         const int64_t rows = std::min<int64_t>(1024, n - s);
@@ -223,7 +182,7 @@ int main(int argc, char** argv) {
       call.teacher_topk_ids = topk_ids;
       call.teacher_topk_logprobs = topk_logprobs;
     }
-    const Measurement m = measure(args, [&] {
+    const Measurement m = measure(args.warmup, args.repeats, [&] {
       hidden.mutable_grad() = torch::Tensor();
       LossOutput out = loss.compute(call);
       out.loss.backward();

@@ -11,6 +11,8 @@
 #include "plugin/instances.h"
 #include "plugin/registry.h"
 
+#include "bench_support.h"
+
 #include <ATen/Context.h>
 #include <ATen/ops/_flash_attention_forward.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
@@ -18,7 +20,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <iomanip>
@@ -29,7 +30,8 @@
 
 namespace {
 using namespace dflash::host;
-using Clock = std::chrono::steady_clock;
+using dflash::bench::Measurement;
+using dflash::bench::measure;
 
 struct Args {
   std::string plugin_dir, model, json, blas = "default";
@@ -64,38 +66,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-struct Measurement {
-  double median_ms = 0;
-  double extra_peak_gib = 0;
-  std::string failure;
-};
-
-template <class Fn>
-Measurement measure(const Args& args, Fn&& fn) {
-  Measurement m;
-  auto stats = [] { return c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0]; };
-  try {
-    for (int i = 0; i < args.warmup; ++i) fn();
-    torch::cuda::synchronize();
-    std::vector<double> times;
-    for (int i = 0; i < args.repeats; ++i) {
-      const int64_t before = stats().current;
-      c10::cuda::CUDACachingAllocator::resetPeakStats(0);
-      const auto start = Clock::now();
-      fn();
-      torch::cuda::synchronize();
-      times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-      m.extra_peak_gib = std::max(m.extra_peak_gib, (stats().peak - before) / double(1 << 30));
-    }
-    std::sort(times.begin(), times.end());
-    m.median_ms = times[times.size() / 2];
-  } catch (const std::exception& e) {
-    m.failure = e.what();
-    m.failure = m.failure.substr(0, std::min<size_t>(m.failure.find('\n'), 240));
-    c10::cuda::CUDACachingAllocator::emptyCache();
-  }
-  return m;
-}
 
 }  // namespace
 
@@ -128,19 +98,19 @@ int main(int argc, char** argv) {
   auto emit = [&](const std::string& label, const Measurement& m, double flop, double floor_ms) {
     std::cout << std::left << std::setw(44) << label;
     if (!m.failure.empty()) {
-      std::cout << "failed: " << m.failure << "\n";
+      std::cout << "failed: " << m.failure.substr(0, 240) << "\n";
     } else {
       std::cout << std::right << std::fixed << std::setprecision(1) << std::setw(9) << m.median_ms << " ms"
                 << std::setw(11) << std::setprecision(0) << n / (m.median_ms / 1000) << " tok/s" << std::setw(8)
                 << std::setprecision(3) << (floor_ms > 0 ? m.median_ms / floor_ms : 0.0) << " x floor" << std::setw(8)
                 << std::setprecision(0) << flop / (m.median_ms * 1e9) << " TFLOP/s" << std::setw(9) << std::setprecision(2)
-                << m.extra_peak_gib << " GiB\n";
+                << m.extra_peak_gib() << " GiB\n";
     }
     if (json.is_open())
       json << nlohmann::json{{"arm", label}, {"median_ms", m.median_ms}, {"tokens_per_s", m.failure.empty() ? n / (m.median_ms / 1000) : 0.0},
                              {"ratio_to_floor", floor_ms > 0 && m.failure.empty() ? m.median_ms / floor_ms : 0.0},
                              {"tflops", m.failure.empty() ? flop / (m.median_ms * 1e9) : 0.0},
-                             {"extra_peak_gib", m.extra_peak_gib}, {"failure", m.failure}, {"batch", b}, {"seq", s}}
+                             {"extra_peak_gib", m.extra_peak_gib()}, {"failure", m.failure.substr(0, 240)}, {"batch", b}, {"seq", s}}
                   .dump()
            << "\n";
   };
@@ -183,11 +153,11 @@ int main(int argc, char** argv) {
   {
     torch::NoGradGuard no_grad;
     auto a = torch::randn({8192, 8192}, bf16), w = torch::randn({8192, 8192}, bf16);
-    square = measure(args, [&] { auto c = torch::mm(a, w); });
+    square = measure(args.warmup, args.repeats, [&] { auto c = torch::mm(a, w); });
     auto x = torch::randn({n, hidden}, bf16), attn = torch::randn({n, q_out}, bf16), act = torch::randn({n, inter}, bf16);
     auto w_qkv = torch::randn({q_out + 2 * kv_out, hidden}, bf16) * 0.02, w_o = torch::randn({hidden, q_out}, bf16) * 0.02;
     auto w_gu = torch::randn({2 * inter, hidden}, bf16) * 0.02, w_down = torch::randn({hidden, inter}, bf16) * 0.02;
-    gemms = measure(args, [&] {
+    gemms = measure(args.warmup, args.repeats, [&] {
       for (int64_t l = 0; l < layers; ++l) {
         auto qkv = torch::mm(x, w_qkv.t());
         auto o = torch::mm(attn, w_o.t());
@@ -200,7 +170,7 @@ int main(int argc, char** argv) {
       torch::Tensor in, weight;
     };
     for (const Shape& shape : std::vector<Shape>{{"qkv", x, w_qkv}, {"o", attn, w_o}, {"gate_up", x, w_gu}, {"down", act, w_down}}) {
-      const Measurement m = measure(args, [&] {
+      const Measurement m = measure(args.warmup, args.repeats, [&] {
         for (int64_t l = 0; l < layers; ++l) auto y = torch::mm(shape.in, shape.weight.t());
       });
       const double flop = 2.0 * n * shape.weight.size(0) * shape.weight.size(1) * layers;
@@ -213,7 +183,7 @@ int main(int argc, char** argv) {
     auto flash = [&](int64_t documents) {
       const int64_t length = s / documents;
       auto cu = torch::arange(0, n + 1, length, torch::TensorOptions().device(device).dtype(torch::kInt));
-      return measure(args, [&] {
+      return measure(args.warmup, args.repeats, [&] {
         for (int64_t l = 0; l < layers; ++l)
           auto out = at::_flash_attention_forward(q, k, v, cu, cu, length, length, 0.0, true, false);
       });
@@ -224,7 +194,7 @@ int main(int argc, char** argv) {
       auto qt = q.view({b, s, heads, head_dim}).transpose(1, 2), kt = k.view({b, s, kv_heads, head_dim}).transpose(1, 2);
       auto vt = v.view({b, s, kv_heads, head_dim}).transpose(1, 2);
       const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-      cudnn_one = measure(args, [&] {
+      cudnn_one = measure(args.warmup, args.repeats, [&] {
         for (int64_t l = 0; l < layers; ++l)
           auto out = at::_scaled_dot_product_cudnn_attention(qt, kt, vt, {}, false, 0.0, true, false, scale);
       });
@@ -242,7 +212,7 @@ int main(int argc, char** argv) {
         context.setSDPUseMath(false);
       };
       auto sdpa = [&](bool gqa) {
-        return measure(args, [&] {
+        return measure(args.warmup, args.repeats, [&] {
           for (int64_t l = 0; l < layers; ++l)
             auto out = gqa ? at::scaled_dot_product_attention(qt, kt, vt, {}, 0.0, true, std::nullopt, true)
                            : at::scaled_dot_product_attention(qt, k_rep, v_rep, {}, 0.0, true);
@@ -257,14 +227,14 @@ int main(int argc, char** argv) {
       context.setSDPUseMath(true);
       // The residual add inside the GEMM (beta = 1), and weights stored [in, out].
       auto residual = torch::randn({n, hidden}, bf16);
-      diagnostic.emplace_back("  GEMM o with residual (addmm_, beta 1) x" + std::to_string(layers), measure(args, [&] {
+      diagnostic.emplace_back("  GEMM o with residual (addmm_, beta 1) x" + std::to_string(layers), measure(args.warmup, args.repeats, [&] {
         for (int64_t l = 0; l < layers; ++l) residual.addmm_(attn, w_o.t());
       }), 2.0 * n * hidden * q_out * layers);
       auto w_gu_nn = w_gu.t().contiguous();
-      diagnostic.emplace_back("  GEMM gate_up, weight [in,out] x" + std::to_string(layers), measure(args, [&] {
+      diagnostic.emplace_back("  GEMM gate_up, weight [in,out] x" + std::to_string(layers), measure(args.warmup, args.repeats, [&] {
         for (int64_t l = 0; l < layers; ++l) auto y = torch::mm(x, w_gu_nn);
       }), 2.0 * n * hidden * 2 * inter * layers);
-      diagnostic.emplace_back("  GEMM 8192^3 sustained (x200)", measure(args, [&] {
+      diagnostic.emplace_back("  GEMM 8192^3 sustained (x200)", measure(args.warmup, args.repeats, [&] {
         for (int i = 0; i < 200; ++i) auto c = torch::mm(a, w);
       }), 200 * 2.0 * 8192.0 * 8192.0 * 8192.0);
     }
@@ -288,7 +258,7 @@ int main(int argc, char** argv) {
   auto time_forward = [&](TargetModelInstance& t, bool packed) {
     NamedTensors batch = {{"input_ids", ids}};
     if (packed) batch.emplace_back("position_ids", packed_positions);
-    return measure(args, [&] { auto out = t.forward(batch, layer_ids, /*want_last_hidden=*/true, /*want_logits=*/false); });
+    return measure(args.warmup, args.repeats, [&] { auto out = t.forward(batch, layer_ids, /*want_last_hidden=*/true, /*want_logits=*/false); });
   };
   // Linear FLOP are the useful work the throughput figure reports (as the peer's 424 TFLOP/s does).
   if (!target->describe().at("cudnn_attention").get<bool>()) std::cout << "(cuDNN attention unavailable: flash in every arm)\n";
