@@ -18,10 +18,9 @@ at::Tensor ids_tensor(const std::vector<int64_t>& ids) {
   return out;
 }
 
-const at::Tensor& output(const host::NamedTensors& out, const std::string& name, const host::PluginRecord& record) {
-  for (const auto& [key, tensor] : out)
-    if (key == name) return tensor;
-  throw std::runtime_error(record.label() + ": decode_extend returned no '" + name + "'");
+// What decode_extend returned under `name`; its absence is the target's bug.
+at::Tensor output(const host::NamedTensors& out, const std::string& name, const host::PluginRecord& record) {
+  return host::require_tensor(out, name, record.label() + ": decode_extend");
 }
 
 // The target's greedy choice after each of the rows of logits [n, V].
@@ -114,7 +113,7 @@ Generation speculative_decode(const host::TargetModelInstance& target, const hos
 
   host::NamedTensors out = target.decode_extend(session, ids_tensor(prompt), layer_ids, true);
   ++g.target_passes;
-  const at::Tensor& prefill_logits = output(out, "logits", target.record());
+  const at::Tensor prefill_logits = output(out, "logits", target.record());
   int64_t next = greedy_choices(prefill_logits.narrow(0, prefill_logits.size(0) - 1, 1)).front();
   extend_drafter(out, prompt);
   if (emit(g, {next}, prompt.size(), limits)) {

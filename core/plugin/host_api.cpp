@@ -225,6 +225,18 @@ NamedTensors from_map(const dflash_tensor_map& map) {
   return out;
 }
 
+at::Tensor find_tensor(const NamedTensors& tensors, const std::string& name) {
+  for (const auto& [key, tensor] : tensors)
+    if (key == name) return tensor;
+  return at::Tensor();
+}
+
+at::Tensor require_tensor(const NamedTensors& tensors, const std::string& name, const std::string& who) {
+  at::Tensor t = find_tensor(tensors, name);
+  if (!t.defined()) throw std::runtime_error(who + " returned no '" + name + "'");
+  return t;
+}
+
 at::Tensor tensor_from_dlpack(dflash_dl_managed_tensor* source) {
   if (source == nullptr) throw std::invalid_argument("tensor_from_dlpack: source is NULL");
   // Whatever happens below, the producer's deleter runs exactly once.

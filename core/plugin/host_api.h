@@ -51,6 +51,10 @@ using TensorHandle = std::unique_ptr<dflash_tensor, TensorHandleDeleter>;
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 std::unique_ptr<dflash_tensor_map> to_map(const NamedTensors& tensors);
 NamedTensors from_map(const dflash_tensor_map& map);
+// The tensor named `name`, or an undefined tensor when there is none.
+at::Tensor find_tensor(const NamedTensors& tensors, const std::string& name);
+// The same, or std::runtime_error "<who> returned no '<name>'".
+at::Tensor require_tensor(const NamedTensors& tensors, const std::string& name, const std::string& who);
 
 // DLPack <-> at::Tensor (also reachable through the table).
 at::Tensor tensor_from_dlpack(dflash_dl_managed_tensor* source);  // takes ownership; throws

@@ -217,9 +217,9 @@ at::Tensor DrafterInstance::draft_propose(int64_t session, const NamedTensors& i
   auto in = to_map(inputs);
   dflash_tensor_map out;
   check(table<dflash_drafter_vtable>().draft_propose(self(), session, in.get(), count, &out), "draft_propose");
-  for (const auto& [name, tensor] : from_map(out))
-    if (name == "tokens") return tensor;
-  throw PluginCallError(DFLASH_ERR_INTERNAL, record().label() + ": draft_propose returned no 'tokens'");
+  const at::Tensor tokens = find_tensor(from_map(out), "tokens");
+  if (!tokens.defined()) throw PluginCallError(DFLASH_ERR_INTERNAL, record().label() + ": draft_propose returned no 'tokens'");
+  return tokens;
 }
 void DrafterInstance::draft_end(int64_t session) const noexcept {
   if (can_draft()) table<dflash_drafter_vtable>().draft_end(self(), session);

@@ -27,17 +27,8 @@ namespace dflash::train {
 namespace {
 
 
-at::Tensor find(const host::NamedTensors& tensors, const std::string& name) {
-  for (const auto& [n, t] : tensors)
-    if (n == name) return t;
-  return at::Tensor();
-}
-
-at::Tensor require(const host::NamedTensors& tensors, const std::string& name, const std::string& who) {
-  at::Tensor t = find(tensors, name);
-  if (!t.defined()) throw std::runtime_error(who + " returned no '" + name + "'");
-  return t;
-}
+using host::find_tensor;
+using host::require_tensor;
 
 // Per-slot accuracy accumulated over the micro-batches of one step.
 struct SlotTally {
@@ -72,7 +63,7 @@ Wiring wire(TrainPlugins& p, const c10::Device& device, c10::ScalarType dtype) {
   w.target_info = p.target.describe();
   host::NamedTensors frozen = host::place_frozen_weights(p.target.frozen_weights(), p.target.record().name, device, dtype);
   p.drafter.bind_target(w.target_info, frozen);
-  w.lm_head = find(frozen, "lm_head");
+  w.lm_head = find_tensor(frozen, "lm_head");
   frozen.clear();
   w.drafter_config = p.drafter.export_config().value_or(nlohmann::json::object());
   w.layer_ids = w.drafter_config.contains("target_layer_ids")
@@ -101,13 +92,13 @@ MicroBatch micro_batch(TrainPlugins& p, const Wiring& w, const host::NamedTensor
   inputs.emplace_back("sample_seed", at::scalar_tensor(static_cast<int64_t>(sample_seed >> 1), at::kLong));
   MicroBatch mb;
   mb.drafted = p.drafter.forward(inputs);
-  mb.call.hidden = require(mb.drafted, "hidden", "the drafter");
+  mb.call.hidden = require_tensor(mb.drafted, "hidden", "the drafter");
   mb.call.lm_head_weight = w.lm_head;
-  mb.call.targets = require(mb.drafted, "targets", "the drafter");
-  mb.call.row_weights = find(mb.drafted, "row_weights");
-  if (want_teacher && find(mb.drafted, "teacher_hidden").defined()) {
+  mb.call.targets = require_tensor(mb.drafted, "targets", "the drafter");
+  mb.call.row_weights = find_tensor(mb.drafted, "row_weights");
+  if (want_teacher && find_tensor(mb.drafted, "teacher_hidden").defined()) {
     mb.call.teacher = DFLASH_TEACHER_HIDDEN;
-    mb.call.teacher_hidden = find(mb.drafted, "teacher_hidden");
+    mb.call.teacher_hidden = find_tensor(mb.drafted, "teacher_hidden");
   }
   mb.out = p.loss.compute(mb.call);
   return mb;
@@ -252,9 +243,9 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
       if (!std::isfinite(value)) finite = false;
       (out.loss / static_cast<double>(accumulation)).backward();
       loss_sum += value;
-      target_tokens += require(*batch, "input_ids", "the data source").numel();
+      target_tokens += require_tensor(*batch, "input_ids", "the data source").numel();
       block_rows += call.hidden.size(0);
-      const at::Tensor accuracy = find(out.metrics, "accuracy"), slot = find(drafted, "slot");
+      const at::Tensor accuracy = find_tensor(out.metrics, "accuracy"), slot = find_tensor(drafted, "slot");
       if (accuracy.defined() && slot.defined() && accuracy.numel() == slot.numel())
         tally.add(slot, accuracy, call.targets.ne(-100), block_size);
     }
