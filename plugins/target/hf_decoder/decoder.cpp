@@ -160,6 +160,35 @@ at::Tensor add_projection(at::Tensor& x, const at::Tensor& a, const at::Tensor& 
   return x.addmm_(a, w.t());
 }
 
+// One layer's queries, keys and values on the ATen path: input RMSNorm, the
+// fused qkv GEMM, Qwen3's q/k norm, RoPE. x [N, H]; cos, sin [N, 1, hd].
+// q [N, heads, hd]; k, v [N, kv_heads, hd].
+struct QKV {
+  at::Tensor q, k, v;
+};
+QKV project_qkv(const DecoderConfig& c, const LayerWeights& w, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t n = x.size(0), heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
+  const at::Tensor qkv = at::linear(rms_norm(x, w.input_norm, c.rms_norm_eps), w.qkv, w.qkv_bias);  // [N, (heads + 2 kv) hd]
+  at::Tensor q = qkv.narrow(1, 0, heads * hd).reshape({n, heads, hd});
+  at::Tensor k = qkv.narrow(1, heads * hd, kv_heads * hd).reshape({n, kv_heads, hd});
+  const at::Tensor v = qkv.narrow(1, (heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
+  if (c.qk_norm) {
+    q = rms_norm(q, w.q_norm, c.rms_norm_eps);
+    k = rms_norm(k, w.k_norm, c.rms_norm_eps);
+  }
+  return {q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v};
+}
+
+// The rest of the layer after attention [N, heads·hd]: the o projection and
+// the SwiGLU MLP, each added to the residual stream x (add_projection).
+at::Tensor finish_layer(const DecoderConfig& c, const LayerWeights& w, at::Tensor x, const at::Tensor& attention,
+                        bool& x_is_returned) {
+  x = add_projection(x, attention, w.o, x_is_returned);
+  const at::Tensor gate_up = at::linear(rms_norm(x, w.post_attention_norm, c.rms_norm_eps), w.gate_up);  // [N, 2 I]
+  const int64_t inter = c.intermediate_size;
+  return add_projection(x, at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter), w.down, x_is_returned);
+}
+
 }  // namespace
 
 DecoderOutputs Decoder::forward(const at::Tensor& input_ids_in, const at::Tensor& position_ids_in,
@@ -314,20 +343,12 @@ DecoderOutputs Decoder::extend(DecodeCache& cache, const at::Tensor& tokens, con
   }
   DecoderOutputs out;
   at::Tensor x = embed_.index_select(0, ids);  // [n, H]
+  bool x_is_returned = false;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const LayerWeights& w = layers_[i];
-    const at::Tensor qkv = at::linear(rms_norm(x, w.input_norm, c.rms_norm_eps), w.qkv, w.qkv_bias);
-    at::Tensor q = qkv.narrow(1, 0, heads * hd).reshape({n, heads, hd});
-    at::Tensor k = qkv.narrow(1, heads * hd, kv_heads * hd).reshape({n, kv_heads, hd});
-    const at::Tensor v = qkv.narrow(1, (heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
-    if (c.qk_norm) {
-      q = rms_norm(q, w.q_norm, c.rms_norm_eps);
-      k = rms_norm(k, w.k_norm, c.rms_norm_eps);
-    }
-    q = q * cos + rotate_half(q) * sin;
-    k = k * cos + rotate_half(k) * sin;
-    cache.keys[i].narrow(0, start, n).copy_(k);
-    cache.values[i].narrow(0, start, n).copy_(v);
+    const QKV t = project_qkv(c, w, x, cos, sin);
+    cache.keys[i].narrow(0, start, n).copy_(t.k);
+    cache.values[i].narrow(0, start, n).copy_(t.v);
     at::Tensor keys = cache.keys[i].narrow(0, 0, total).transpose(0, 1);  // [kv, total, hd]
     at::Tensor values = cache.values[i].narrow(0, 0, total).transpose(0, 1);
     if (heads > kv_heads) {
@@ -335,16 +356,16 @@ DecoderOutputs Decoder::extend(DecodeCache& cache, const at::Tensor& tokens, con
       values = values.repeat_interleave(heads / kv_heads, 0);
     }
     const at::Tensor attention =
-        compat::scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), mask,
+        compat::scaled_dot_product_attention(t.q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), mask,
                                              /*is_causal=*/false)
             .squeeze(0)
             .transpose(0, 1)
             .reshape({n, heads * hd});
-    x = at::addmm(x, attention, w.o.t());
-    const at::Tensor gate_up = at::linear(rms_norm(x, w.post_attention_norm, c.rms_norm_eps), w.gate_up);
-    const int64_t inter = c.intermediate_size;
-    x = at::addmm(x, at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter), w.down.t());
-    if (wanted.count(i)) out.layers[i] = x;
+    x = finish_layer(c, w, x, attention, x_is_returned);
+    if (wanted.count(i)) {
+      out.layers[i] = x;
+      x_is_returned = true;
+    }
   }
   if (want_logits) out.logits = at::linear(rms_norm(x, final_norm_, c.rms_norm_eps), lm_head_);
   cache.length = total;  // only now: a call that threw above changed nothing
@@ -359,7 +380,7 @@ DecoderOutputs Decoder::forward_reference(const PackedBatch& batch, const std::s
   const at::Tensor& ids = batch.ids;
   const int64_t b = ids.size(0), s = ids.size(1), n = b * s;
   const int64_t heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
-  const at::Tensor emb = at::cat({batch.angles, batch.angles}, -1).view({b, s, 1, hd});
+  const at::Tensor emb = at::cat({batch.angles, batch.angles}, -1).view({n, 1, hd});
   const at::Tensor cos = emb.cos().to(embed_.scalar_type());
   const at::Tensor sin = emb.sin().to(embed_.scalar_type());
   // Rows of several documents need an additive [B, 1, S, S] mask.
@@ -378,17 +399,10 @@ DecoderOutputs Decoder::forward_reference(const PackedBatch& batch, const std::s
   bool x_is_returned = false;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const LayerWeights& w = layers_[i];
-    const at::Tensor qkv = at::linear(rms_norm(x, w.input_norm, c.rms_norm_eps), w.qkv, w.qkv_bias);  // [N, (heads + 2 kv) hd]
-    at::Tensor q = qkv.narrow(1, 0, heads * hd).reshape({b, s, heads, hd});
-    at::Tensor k = qkv.narrow(1, heads * hd, kv_heads * hd).reshape({b, s, kv_heads, hd});
-    at::Tensor v = qkv.narrow(1, (heads + kv_heads) * hd, kv_heads * hd).reshape({b, s, kv_heads, hd});
-    if (c.qk_norm) {
-      q = rms_norm(q, w.q_norm, c.rms_norm_eps);
-      k = rms_norm(k, w.k_norm, c.rms_norm_eps);
-    }
-    q = (q * cos + rotate_half(q) * sin).transpose(1, 2);  // [B, heads, S, hd]
-    k = (k * cos + rotate_half(k) * sin).transpose(1, 2);
-    v = v.transpose(1, 2);
+    const QKV t = project_qkv(c, w, x, cos, sin);
+    const at::Tensor q = t.q.reshape({b, s, heads, hd}).transpose(1, 2);  // [B, heads, S, hd]
+    at::Tensor k = t.k.reshape({b, s, kv_heads, hd}).transpose(1, 2);
+    at::Tensor v = t.v.reshape({b, s, kv_heads, hd}).transpose(1, 2);
     if (heads > kv_heads) {
       k = k.repeat_interleave(heads / kv_heads, 1);
       v = v.repeat_interleave(heads / kv_heads, 1);
@@ -396,10 +410,7 @@ DecoderOutputs Decoder::forward_reference(const PackedBatch& batch, const std::s
     const at::Tensor attention = compat::scaled_dot_product_attention(q, k, v, mask, /*is_causal=*/!mask.has_value())
                                      .transpose(1, 2)
                                      .reshape({n, heads * hd});
-    x = add_projection(x, attention, w.o, x_is_returned);
-    const at::Tensor gate_up = at::linear(rms_norm(x, w.post_attention_norm, c.rms_norm_eps), w.gate_up);  // [N, 2 I]
-    const int64_t inter = c.intermediate_size;
-    x = add_projection(x, at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter), w.down, x_is_returned);
+    x = finish_layer(c, w, x, attention, x_is_returned);
     if (wanted.count(i)) {
       out.layers[i] = x.view({b, s, c.hidden_size});
       x_is_returned = true;
