@@ -30,7 +30,10 @@ po::options_description visible_options() {
        "(keys of the loss section, or full paths such as train.lr)")
       ("scheduler", po::value<std::string>(), "LR scheduler plugin (sets scheduler.plugin)")
       ("kind", po::value<std::string>(), "describe: the plugin kind when a name exists in several kinds")
-      ("json", "list: print JSON instead of a table")
+      ("json", "list, plan: print JSON instead of a table")
+      ("gpu-memory", po::value<std::string>(), "plan, train: the device's memory to plan against (e.g. 96GiB, 80GB) "
+       "instead of what the driver reports free now")
+      ("skip-memory-check", "train: start even when the memory plan says the run will not fit")
       ("stop-after", po::value<int64_t>(), "train: stop after this many steps of this run, with a checkpoint "
        "(run again to resume from it)")
       ("prompts", po::value<std::string>(), "eval: held-out prompts, JSON lines with \"prompt_ids\", \"input_ids\" "
@@ -63,6 +66,10 @@ std::string usage_text() {
          "                     `describe host` prints the host's own \"train\" section\n"
          "  config             validate the config against every chosen plugin and print it\n"
          "                     with all defaults filled in\n"
+         "  plan               predict the run's device memory by category before anything is\n"
+         "                     allocated, compare it with the device, and when it does not fit\n"
+         "                     propose the largest token budget / anchor count / chunk size\n"
+         "                     that does (train runs the same check first)\n"
          "  eval               speculative decoding of --prompts with the config's target and\n"
          "                     drafter (--drafter-checkpoint): acceptance length, speed-up, and\n"
          "                     a token-for-token check against the target's greedy decoding\n"
@@ -70,7 +77,9 @@ std::string usage_text() {
          "                     check step-0 gradients between arms, and write a report folder\n\n"
       << visible_options() << "\n"
       << "Exit status: 0 success, 1 a failure while running, 2 bad usage or configuration,\n"
-         "3 a feature this build does not have yet, 4 training stopped on non-finite losses.\n\n"
+         "3 a feature this build does not have yet, 4 training stopped on non-finite losses,\n"
+         "5 out of device memory (an emergency checkpoint and a report were written),\n"
+         "6 the memory plan says the run does not fit (train without --skip-memory-check).\n\n"
       << "Example:\n  dflash-host --plugin-dir build/lib/dflash-host/plugins --loss fused_ckpt_kl --config configs/quickstart.json\n";
   return out.str();
 }
@@ -95,6 +104,8 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   options.help = vm.count("help") > 0;
   options.version = vm.count("version") > 0;
   options.json = vm.count("json") > 0;
+  if (vm.count("gpu-memory")) options.device_memory = vm["gpu-memory"].as<std::string>();
+  options.skip_memory_check = vm.count("skip-memory-check") > 0;
   options.default_plugin_dirs = vm.count("no-default-plugin-dirs") == 0;
   if (vm.count("plugin-dir")) options.plugin_dirs = vm["plugin-dir"].as<std::vector<std::string>>();
   if (vm.count("config")) options.config_file = vm["config"].as<std::string>();
@@ -137,12 +148,12 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   if (vm.count("positional")) positionals = vm["positional"].as<std::vector<std::string>>();
   options.command = positionals.empty() ? "train" : positionals.front();
   if (!positionals.empty()) options.arguments.assign(positionals.begin() + 1, positionals.end());
-  static const char* const kCommands[] = {"train", "list", "describe", "config", "eval", "ab"};
+  static const char* const kCommands[] = {"train", "list", "describe", "config", "plan", "eval", "ab"};
   bool known = false;
   for (const char* command : kCommands) known = known || options.command == command;
   if (!known)
     throw std::invalid_argument("unknown command '" + options.command +
-                                "'; commands are train, list, describe, config, eval, ab (see dflash-host --help)");
+                                "'; commands are train, list, describe, config, plan, eval, ab (see dflash-host --help)");
   if (options.loss_arms.size() > 1 && options.command != "ab")
     throw std::invalid_argument("--loss is given " + std::to_string(options.loss_arms.size()) +
                                 " times; only `ab` compares several losses (one arm each)");

@@ -10,7 +10,7 @@
 namespace dflash::cli {
 
 struct CliOptions {
-  std::string command;                     // list, describe, config, train, eval, ab
+  std::string command;                     // list, describe, config, plan, train, eval, ab
   std::vector<std::string> arguments;      // positional arguments after the command
   std::vector<std::string> plugin_dirs;    // --plugin-dir, in order
   bool default_plugin_dirs = true;         // --no-default-plugin-dirs turns off
@@ -19,7 +19,10 @@ struct CliOptions {
   std::map<std::string, std::string> plugin_choice;  // section -> name from --loss NAME etc.
   std::optional<std::string> kind;         // --kind (describe)
   std::string log_level = "info";
-  bool json = false;                       // --json (list)
+  bool json = false;                       // --json (list, plan)
+  // plan, train: the device's capacity (--gpu-memory), and --skip-memory-check
+  std::optional<std::string> device_memory;
+  bool skip_memory_check = false;
   int64_t stop_after = 0;                  // --stop-after N (train)
   // eval
   std::optional<std::string> prompts;             // --prompts FILE (JSON lines)

@@ -9,6 +9,7 @@
 #include "plugin/plugin_kind.h"
 #include "plugin/registry.h"
 #include "eval/evaluation.h"
+#include "memory/memory_plan.h"
 #include "train/frozen_weights.h"
 
 #include <dflash/sdk/torch.hpp>
@@ -183,13 +184,33 @@ std::unique_ptr<Instance> instantiate(const PluginRegistry& registry, const conf
 
 }  // namespace
 
-std::unique_ptr<TrainSet> make_train_set(const CliOptions& options, const PluginRegistry& registry) {
-  if (!options.config_file && options.plugin_choice.size() < host::kAllKinds.size())
-    throw std::invalid_argument("train needs a config: --config FILE.json (see configs/), or every plugin "
-                                "chosen with --data, --target, --drafter, --loss and --scheduler");
+namespace {
+
+std::vector<std::string> all_sections() {
   std::vector<std::string> sections;
   for (dflash_kind kind : host::kAllKinds) sections.push_back(host::kind_section(kind));
-  const config::ResolvedConfig resolved = resolve(options, registry, sections);
+  return sections;
+}
+
+void require_run_config(const CliOptions& options) {
+  if (!options.config_file && options.plugin_choice.size() < host::kAllKinds.size())
+    throw std::invalid_argument(options.command + " needs a config: --config FILE.json (see configs/), or every plugin "
+                                "chosen with --data, --target, --drafter, --loss and --scheduler");
+}
+
+memory::Capacity capacity_for(const CliOptions& options, const std::string& device) {
+  if (!options.device_memory) return memory::device_capacity(device);
+  memory::Capacity c;
+  c.total_bytes = c.free_bytes = memory::parse_size(*options.device_memory);
+  c.source = "--gpu-memory";
+  return c;
+}
+
+}  // namespace
+
+std::unique_ptr<TrainSet> make_train_set(const CliOptions& options, const PluginRegistry& registry) {
+  require_run_config(options);
+  const config::ResolvedConfig resolved = resolve(options, registry, all_sections());
   auto section = [&](dflash_kind kind) { return config::plugin_config_of(resolved, host::kind_section(kind)); };
   // Every plugin is created before anything long-running begins, so one that
   // cannot start says so at once. The target comes first: a data source's
@@ -218,9 +239,49 @@ std::unique_ptr<TrainSet> make_train_set(const CliOptions& options, const Plugin
 
 namespace {
 
-int train(const CliOptions& options) {
+// `dflash-host plan`: the memory plan, the device, and what fits.
+int plan(const CliOptions& options) {
+  require_run_config(options);
   const PluginRegistry registry = load_plugins(options);
+  const config::ResolvedConfig resolved = resolve(options, registry, all_sections());
+  const memory::DevicePlan plan = memory::plan_run(registry, resolved.root);
+  const memory::Capacity capacity = capacity_for(options, plan.device);
+  std::optional<memory::Verdict> verdict;
+  if (plan.complete()) verdict = memory::check_fit(registry, resolved.root, plan, capacity.free_bytes);
+  if (options.json) std::cout << memory::plan_to_json(plan, capacity, verdict).dump(2) << "\n";
+  else std::cout << memory::format_plan(plan, capacity, verdict);
+  return verdict && !verdict->fits ? kExitDoesNotFit : kExitOk;
+}
+
+int train(const CliOptions& options) {
+  require_run_config(options);
+  const PluginRegistry registry = load_plugins(options);
+  // The memory check comes before any plugin is created: nothing is
+  // allocated for a run that cannot fit.
+  const config::ResolvedConfig resolved = resolve(options, registry, all_sections());
+  const memory::DevicePlan plan = memory::plan_run(registry, resolved.root);
+  if (!plan.complete()) {
+    for (const std::string& missing : plan.missing) log::warn("memory plan incomplete: " + missing + "; not checked");
+  } else {
+    const memory::Capacity capacity = capacity_for(options, plan.device);
+    const memory::Verdict verdict = memory::check_fit(registry, resolved.root, plan, capacity.free_bytes);
+    if (!verdict.fits) {
+      std::cerr << memory::format_plan(plan, capacity, verdict) << std::flush;
+      if (!options.skip_memory_check) {
+        log::error("the run does not fit on " + plan.device + ": it needs " + memory::format_bytes(plan.total_bytes) + ", " +
+                   memory::format_bytes(capacity.free_bytes) + " available (" + capacity.source + "); use a setting above, or "
+                   "--skip-memory-check to start anyway");
+        return kExitDoesNotFit;
+      }
+      log::warn("the memory plan says the run does not fit; starting anyway (--skip-memory-check)");
+    } else {
+      log::info("memory plan: predicted peak " + memory::format_bytes(plan.peak_bytes) + " (" +
+                memory::phase_name(plan.peak_phase) + "), " + memory::format_bytes(plan.total_bytes) + " with slack, of " +
+                memory::format_bytes(capacity.free_bytes) + " available on " + plan.device + " (`dflash-host plan` for the table)");
+    }
+  }
   auto set = make_train_set(options, registry);
+  set->run.memory_plan = plan;
   train::TrainPlugins plugins = set->plugins();
   return train::run_training(plugins, set->run);
 }
@@ -271,6 +332,7 @@ int run_command(const CliOptions& options) {
   if (options.command == "list") return list_plugins(options);
   if (options.command == "describe") return describe_plugin(options);
   if (options.command == "config") return print_config(options);
+  if (options.command == "plan") return plan(options);
   return train(options);
 }
 

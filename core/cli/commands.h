@@ -15,6 +15,8 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitUnavailable = 3;
+// train::kNonFinite = 4 and train::kOutOfMemory = 5 come from the trainer.
+inline constexpr int kExitDoesNotFit = 6;  // the memory plan says the run will not fit
 
 int run_command(const CliOptions& options);
 

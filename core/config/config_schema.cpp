@@ -98,7 +98,7 @@ const std::vector<std::string>& known_types() {
 const std::vector<std::string>& known_keywords() {
   static const std::vector<std::string> keywords{
       "type", "default", "description", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum",
-      "items", "minItems", "maxItems", "properties", "required", "additionalProperties"};
+      "items", "minItems", "maxItems", "properties", "required", "additionalProperties", "memoryKnob"};
   return keywords;
 }
 
@@ -445,6 +445,7 @@ bool applies_to(const std::string& kw, const std::string& type) {
     return type == "integer" || type == "number";
   }
   if (kw == "items" || kw == "minItems" || kw == "maxItems") return type == "array";
+  if (kw == "memoryKnob") return type == "integer";
   return type == "object";  // properties, required, additionalProperties
 }
 
@@ -472,6 +473,8 @@ void check_node(const json& node, const std::string& name) {
   }
   if (name.empty() && type != "object") bad(name, "type must be \"object\", got " + json_quote(type));
 
+  if (const json* knob = keyword(node, "memoryKnob"); knob != nullptr && (!knob->is_string() || knob->get<std::string>().empty()))
+    bad(name, "\"memoryKnob\" must be a non-empty string (the knob's label, e.g. \"token budget\"), got " + got(*knob));
   for (const auto& item : node.items()) {
     if (!applies_to(item.key(), type)) {
       bad(name, "keyword " + json_quote(item.key()) + " does not apply to type " + json_quote(type));

@@ -18,6 +18,7 @@ MemoryFigures memory_now(const c10::Device& device) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
     m.current_bytes = stats.allocated_bytes[0].current;
     m.peak_bytes = stats.allocated_bytes[0].peak;
+    m.reserved_bytes = stats.reserved_bytes[0].current;
     m.source = "cuda_allocator";
     return m;
   }

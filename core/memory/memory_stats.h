@@ -12,6 +12,7 @@ namespace dflash::memory {
 struct MemoryFigures {
   int64_t current_bytes = 0;
   int64_t peak_bytes = 0;  // since the last reset_peak (CUDA) or the process start (CPU)
+  int64_t reserved_bytes = 0;  // CUDA: held by the caching allocator (allocated + cached); CPU: 0
   std::string source;      // "cuda_allocator" or "process_rss"
 };
 

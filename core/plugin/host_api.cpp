@@ -108,6 +108,35 @@ const dflash_tensor* map_tensor_at(const dflash_tensor_map* map, size_t i) {
   return map && i < map->entries.size() ? map->entries[i].second.get() : nullptr;
 }
 
+dflash_error* plan_add(dflash_memory_plan* plan, const char* category, uint64_t bytes, int32_t phase) {
+  if (plan == nullptr || category == nullptr)
+    return make_error(DFLASH_ERR_INVALID_ARGUMENT, "plan_add: plan and category must not be NULL");
+  if (phase < DFLASH_MEMORY_RESIDENT || phase > DFLASH_MEMORY_BACKWARD)
+    return make_error(DFLASH_ERR_INVALID_ARGUMENT, ("plan_add: '" + std::string(category) + "' has unknown phase " +
+                                                    std::to_string(phase) + " (dflash_memory_phase: 1…4)").c_str());
+  try {
+    plan->items.push_back({category, bytes, phase});
+  } catch (...) {
+    return make_error(DFLASH_ERR_OUT_OF_MEMORY, "plan_add: out of host memory");
+  }
+  return nullptr;
+}
+
+dflash_error* plan_set_facts(dflash_memory_plan* plan, const char* facts_json) {
+  if (plan == nullptr || facts_json == nullptr)
+    return make_error(DFLASH_ERR_INVALID_ARGUMENT, "plan_set_facts: plan and facts must not be NULL");
+  try {
+    nlohmann::json facts = nlohmann::json::parse(plan->facts_json);
+    const nlohmann::json update = nlohmann::json::parse(facts_json);
+    if (!update.is_object()) return make_error(DFLASH_ERR_INVALID_ARGUMENT, "plan_set_facts: the facts must be a JSON object");
+    facts.update(update);
+    plan->facts_json = facts.dump();
+  } catch (const std::exception& e) {
+    return make_error(DFLASH_ERR_INVALID_ARGUMENT, (std::string("plan_set_facts: not JSON: ") + e.what()).c_str());
+  }
+  return nullptr;
+}
+
 // DLPack type codes (the DLPack spec's values).
 constexpr uint8_t kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6;
 constexpr int32_t kDLCPU = 1, kDLCUDA = 2;
@@ -187,6 +216,8 @@ const dflash_host_api kHostApi = {
     &map_size,
     &map_name_at,
     &map_tensor_at,
+    &plan_add,
+    &plan_set_facts,
 };
 
 }  // namespace

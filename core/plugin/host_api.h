@@ -22,6 +22,16 @@ struct dflash_tensor {
 struct dflash_tensor_map {
   std::vector<std::pair<std::string, std::unique_ptr<dflash_tensor>>> entries;
 };
+// What one plugin's plan_memory call reported (ABI 1.2).
+struct dflash_memory_plan {
+  struct Item {
+    std::string category;
+    uint64_t bytes;
+    int32_t phase;  // dflash_memory_phase
+  };
+  std::vector<Item> items;
+  std::string facts_json = "{}";  // a JSON object, merged from every plan_set_facts
+};
 
 namespace dflash::host {
 

@@ -53,6 +53,45 @@ void PluginInstance::check(dflash_error* error, const char* call) const {
                                          "): " + error->message);
 }
 
+// --- memory planning ---
+PluginMemoryPlan plan_memory(const PluginRecord& record, const nlohmann::json& config, const InstanceOptions& options,
+                             const nlohmann::json& context) {
+  PluginMemoryPlan result;
+  const void* table = record.descriptor->vtable;
+  const size_t table_size = *static_cast<const size_t*>(table);
+  dflash_plan_memory_fn fn = nullptr;
+  switch (record.kind) {
+    case DFLASH_KIND_DATA_SOURCE:
+      if (table_size >= DFLASH_SIZE_THROUGH(dflash_data_source_vtable, plan_memory))
+        fn = static_cast<const dflash_data_source_vtable*>(table)->plan_memory;
+      break;
+    case DFLASH_KIND_TARGET_MODEL:
+      if (table_size >= DFLASH_SIZE_THROUGH(dflash_target_vtable, plan_memory))
+        fn = static_cast<const dflash_target_vtable*>(table)->plan_memory;
+      break;
+    case DFLASH_KIND_DRAFTER:
+      if (table_size >= DFLASH_SIZE_THROUGH(dflash_drafter_vtable, plan_memory))
+        fn = static_cast<const dflash_drafter_vtable*>(table)->plan_memory;
+      break;
+    default:
+      break;
+  }
+  if (fn == nullptr) return result;
+  const std::string config_json = config.dump(), context_json = context.dump();
+  dflash_plan_request request{sizeof(dflash_plan_request), config_json.c_str(), options.device.c_str(),
+                              options.dtype.c_str(), context_json.c_str()};
+  dflash_memory_plan plan;
+  if (dflash_error* error = fn(host_api(), &request, &plan)) {
+    ErrorPtr owned(error);
+    throw PluginCallError(error->code, record.label() + ": plan_memory failed (" + error_code_name(error->code) +
+                                           "): " + error->message);
+  }
+  result.available = true;
+  result.items = std::move(plan.items);
+  result.facts = nlohmann::json::parse(plan.facts_json);
+  return result;
+}
+
 // --- loss ---
 LossOutput LossInstance::compute(const LossCall& call) const {
   std::vector<TensorHandle> keep;

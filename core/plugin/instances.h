@@ -54,6 +54,17 @@ class PluginInstance {
   dflash_instance* self_ = nullptr;
 };
 
+// --- memory planning (ABI 1.2), before any instance exists ---
+struct PluginMemoryPlan {
+  bool available = false;  // false: the plugin has no plan_memory (built before ABI 1.2, or chose not to)
+  std::vector<dflash_memory_plan::Item> items;
+  nlohmann::json facts = nlohmann::json::object();
+};
+// Calls the plugin's plan_memory with its (validated) config section and the
+// host's context; throws PluginCallError naming the plugin when it fails.
+PluginMemoryPlan plan_memory(const PluginRecord& record, const nlohmann::json& config, const InstanceOptions& options,
+                             const nlohmann::json& context);
+
 // --- loss ---
 struct LossCall {
   at::Tensor hidden, lm_head_weight, targets;

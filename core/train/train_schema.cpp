@@ -44,6 +44,9 @@ const nlohmann::json& train_schema() {
           .integer("eval_max_prompts", 8, "prompts used per evaluation", Bounds::at_least(1))
           .integer("eval_max_new_tokens", 64, "tokens generated per prompt per evaluation", Bounds::at_least(1))
           .integer("eval_prompt_tokens", 64, "tokens of an input_ids line used as its prompt", Bounds::at_least(1))
+          .number("memory_slack", 0.05,
+                  "the memory planner's allowance for allocator fragmentation, as a fraction of the predicted peak",
+                  Bounds::between(0, 1))
           .json();
   return schema;
 }

@@ -3,6 +3,7 @@
 #include "checkpoint/checkpoint.h"
 #include "log/log.h"
 #include "memory/memory_stats.h"
+#include "memory/oom_report.h"
 #include "metrics/progress.h"
 #include "train/adamw.h"
 #include "eval/evaluation.h"
@@ -16,6 +17,8 @@
 
 
 #include <chrono>
+#include <fstream>
+#include <iostream>
 #include <iomanip>
 #include <sstream>
 #include <cmath>
@@ -75,22 +78,26 @@ Wiring wire(TrainPlugins& p, const c10::Device& device, c10::ScalarType dtype) {
 
 // One micro-batch through target → drafter → loss (the loss not yet
 // backpropagated). The anchors' seed is fixed by (run seed, step, micro), so
-// resume and A/B arms see the same blocks.
+// resume and A/B arms see the same blocks. Everything it makes lives in `mb`,
+// which the caller owns: an out-of-memory report can still name the batch
+// and the features when the failure comes half-way.
 struct MicroBatch {
+  host::NamedTensors on_device, hidden;  // the batch on the device; the target's outputs
   host::NamedTensors drafted;
   host::LossCall call;
   host::LossOutput out;
 };
-MicroBatch micro_batch(TrainPlugins& p, const Wiring& w, const host::NamedTensors& batch, const c10::Device& device,
-                       bool want_teacher, uint64_t seed, int64_t step, int64_t micro) {
-  host::NamedTensors on_device;
-  for (const auto& [name, tensor] : batch) on_device.emplace_back(name, tensor.to(device));
-  const host::NamedTensors hidden = p.target.forward(on_device, w.layer_ids, want_teacher, /*want_logits=*/false);
+void micro_batch(TrainPlugins& p, const Wiring& w, const host::NamedTensors& batch, const c10::Device& device,
+                 bool want_teacher, uint64_t seed, int64_t step, int64_t micro, MicroBatch& mb, std::string& phase) {
+  mb = MicroBatch{};
+  phase = "target forward";
+  for (const auto& [name, tensor] : batch) mb.on_device.emplace_back(name, tensor.to(device));
+  mb.hidden = p.target.forward(mb.on_device, w.layer_ids, want_teacher, /*want_logits=*/false);
+  phase = "drafter forward + loss";
   host::NamedTensors inputs = batch;
-  for (const auto& entry : hidden) inputs.push_back(entry);
+  for (const auto& entry : mb.hidden) inputs.push_back(entry);
   const uint64_t sample_seed = sdk::splitmix64(seed ^ sdk::splitmix64(static_cast<uint64_t>(step) * 4096 + static_cast<uint64_t>(micro)));
   inputs.emplace_back("sample_seed", at::scalar_tensor(static_cast<int64_t>(sample_seed >> 1), at::kLong));
-  MicroBatch mb;
   mb.drafted = p.drafter.forward(inputs);
   mb.call.hidden = require_tensor(mb.drafted, "hidden", "the drafter");
   mb.call.lm_head_weight = w.lm_head;
@@ -101,7 +108,16 @@ MicroBatch micro_batch(TrainPlugins& p, const Wiring& w, const host::NamedTensor
     mb.call.teacher_hidden = find_tensor(mb.drafted, "teacher_hidden");
   }
   mb.out = p.loss.compute(mb.call);
-  return mb;
+  // The features have been read; the drafter keeps what its backward needs.
+  mb.on_device.clear();
+  mb.hidden.clear();
+}
+
+std::string first_line(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string text = c10_error ? c10_error->what_without_backtrace() : e.what();
+  const size_t end = text.find('\n');
+  return end == std::string::npos ? text : text.substr(0, end);
 }
 
 }  // namespace
@@ -115,7 +131,9 @@ host::NamedTensors first_step_gradients(TrainPlugins& p, const TrainRun& run) {
   const host::NamedTensors parameters = p.drafter.parameters();
   for (const auto& [name, tensor] : parameters)
     if (tensor.grad().defined()) tensor.mutable_grad() = at::Tensor();
-  const MicroBatch mb = micro_batch(p, w, *batch, device, t.at("teacher").get<std::string>() == "hidden", t.at("seed"), 0, 0);
+  MicroBatch mb;
+  std::string phase;
+  micro_batch(p, w, *batch, device, t.at("teacher").get<std::string>() == "hidden", t.at("seed"), 0, 0, mb, phase);
   mb.out.loss.backward();
   host::NamedTensors grads;
   for (const auto& [name, tensor] : parameters)
@@ -206,13 +224,19 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
             std::to_string(first_step) + "…" + std::to_string(total_steps - 1) + "; target layers " +
             nlohmann::json(layer_ids).dump() + "; metrics in " + output_dir + "/metrics.jsonl");
 
-  auto save = [&](int64_t next_step) {
-    nlohmann::json state = {{"step", next_step}, {"seed", seed}, {"data_state", nlohmann::json::parse(p.data.save_state())},
+  int64_t last_checkpoint_step = first_step > 0 ? first_step : -1;
+  // data_state / scheduler_state: the positions to record (default: now).
+  auto save = [&](int64_t next_step, const std::string& data_state = "", const std::string& scheduler_state = "") {
+    nlohmann::json state = {{"step", next_step}, {"seed", seed},
+                            {"data_state", nlohmann::json::parse(data_state.empty() ? p.data.save_state() : data_state)},
                             {"nonfinite_steps", nonfinite_total}, {"config", run.resolved_config}};
-    if (p.scheduler.has_state()) state["scheduler_state"] = nlohmann::json::parse(p.scheduler.save_state());
+    if (p.scheduler.has_state())
+      state["scheduler_state"] = nlohmann::json::parse(scheduler_state.empty() ? p.scheduler.save_state() : scheduler_state);
     const std::string dir = checkpoint::save(checkpoint_root, next_step, drafter_config, parameters, optimizer.state(), state,
                                              t.at("keep_checkpoints"));
+    last_checkpoint_step = next_step;
     progress.message("checkpoint: " + dir);
+    return dir;
   };
 
   const int64_t checkpoint_every = t.at("checkpoint_every"), max_nonfinite = t.at("max_nonfinite");
@@ -220,8 +244,17 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   int64_t consecutive_nonfinite = 0;
   int64_t step = first_step;
   int exit_code = 0;
+  // The micro-batch in flight and where the step is: an out-of-memory error
+  // is reported against them, and the positions at the step's start make
+  // the emergency checkpoint exactly the last completed step.
+  MicroBatch live;
+  std::string phase;
+  bool updating = false;
   for (; step < total_steps; ++step) {
     if (run.stop_after > 0 && step - first_step >= run.stop_after) break;
+    const std::string data_state_at_start = p.data.save_state();
+    const std::string scheduler_state_at_start = p.scheduler.has_state() ? p.scheduler.save_state() : "";
+    try {
     const auto start = std::chrono::steady_clock::now();
     memory::reset_peak(device);
     optimizer.zero_grad();
@@ -235,12 +268,13 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
         data_ended = true;
         break;
       }
-      const MicroBatch mb = micro_batch(p, wiring, *batch, device, want_teacher, seed, step, micro);
-      const host::LossCall& call = mb.call;
-      const host::NamedTensors& drafted = mb.drafted;
-      const host::LossOutput& out = mb.out;
+      micro_batch(p, wiring, *batch, device, want_teacher, seed, step, micro, live, phase);
+      const host::LossCall& call = live.call;
+      const host::NamedTensors& drafted = live.drafted;
+      const host::LossOutput& out = live.out;
       const double value = out.loss.item<double>();
       if (!std::isfinite(value)) finite = false;
+      phase = "drafter backward";
       (out.loss / static_cast<double>(accumulation)).backward();
       loss_sum += value;
       target_tokens += require_tensor(*batch, "input_ids", "the data source").numel();
@@ -248,19 +282,24 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
       const at::Tensor accuracy = find_tensor(out.metrics, "accuracy"), slot = find_tensor(drafted, "slot");
       if (accuracy.defined() && slot.defined() && accuracy.numel() == slot.numel())
         tally.add(slot, accuracy, call.targets.ne(-100), block_size);
+      live = MicroBatch{};
     }
     if (data_ended && target_tokens == 0) {
       progress.message("the data source has ended (its epochs are done) before train.steps = " + std::to_string(total_steps));
       break;
     }
+    phase = "optimizer step";
     const double grad_norm = global_grad_norm(parameters);
     if (!std::isfinite(grad_norm)) finite = false;
     const double lr = p.scheduler.lr_at(step, total_steps, base_lr);
     nlohmann::json record;
     if (finite) {
       consecutive_nonfinite = 0;
+      phase = "optimizer step";
       if (clip > 0 && grad_norm > clip) scale_gradients(parameters, clip / (grad_norm + 1e-6));
+      updating = true;
       optimizer.step(lr);
+      updating = false;
     } else {
       ++consecutive_nonfinite;
       ++nonfinite_total;
@@ -289,6 +328,7 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
                    {"memory_current_bytes", mem.current_bytes},
                    {"memory_peak_bytes", mem.peak_bytes},
                    {"memory_source", mem.source}});
+    if (run.memory_plan) record["memory_planned_peak_bytes"] = run.memory_plan->peak_bytes;
     const bool evaluate_now = eval_every > 0 && finite && (step + 1) % eval_every == 0;
     if (evaluate_now) {
       p.drafter.set_training(false);
@@ -323,6 +363,64 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
       break;
     }
     if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < total_steps) save(step + 1);
+    } catch (const std::exception& e) {
+      if (!memory::is_out_of_memory(e)) throw;
+      // Out of memory: report while the step's tensors are still alive, then
+      // free them and save the last completed step.
+      progress.finish();
+      memory::OomEvent event;
+      event.device = device.str();
+      event.step = step;
+      event.phase = phase.empty() ? "step" : phase;
+      event.error = first_line(e);
+      event.figures = memory::memory_now(device);
+      event.plan = run.memory_plan;
+      memory::NamedGroup weights{"drafter weights"}, grads{"drafter gradients"}, states{"AdamW states"},
+          masters{"fp32 master weights"}, batch_group{"batch on the device"}, features{"hidden-state items"},
+          frozen{"frozen verifier weights (embed_tokens, lm_head, final_norm)", {}, true};
+      for (const auto& [name, tensor] : parameters) {
+        weights.tensors.emplace_back(name, tensor);
+        if (tensor.grad().defined()) grads.tensors.emplace_back(name + ".grad", tensor.grad());
+      }
+      for (const auto& [name, tensor] : optimizer.state())
+        (name.rfind("master.", 0) == 0 ? masters : states).tensors.emplace_back(name, tensor);
+      batch_group.tensors = live.on_device;
+      features.tensors = live.hidden;
+      frozen.tensors.emplace_back("lm_head", lm_head);
+      event.groups = {weights, grads, states, masters, batch_group, features, frozen};
+      const std::string report = memory::format_oom_report(event);
+      std::cerr << report << std::flush;
+      {
+        std::ofstream file(output_dir + "/oom_report.txt");
+        file << report;
+      }
+      metrics_file.write({{"step", step}, {"out_of_memory", event.error}, {"phase", event.phase},
+                          {"memory_current_bytes", event.figures.current_bytes}, {"memory_peak_bytes", event.figures.peak_bytes}});
+      live = MicroBatch{};
+      event.groups.clear();
+      optimizer.zero_grad();
+      std::string saved;
+      if (updating) {
+        saved = "no emergency checkpoint: the update was half applied (the newest consistent state is " +
+                (last_checkpoint_step >= 0 ? "checkpoint step " + std::to_string(last_checkpoint_step) : std::string("the start")) + ")";
+      } else if (step == last_checkpoint_step || step == 0) {
+        saved = step == 0 ? "no steps completed, nothing to save"
+                          : "the checkpoint of step " + std::to_string(step) + " already holds the last completed step";
+      } else {
+        try {
+          saved = "emergency checkpoint of the last completed step: " + save(step, data_state_at_start, scheduler_state_at_start);
+        } catch (const std::exception& save_error) {
+          saved = std::string("emergency checkpoint failed: ") + save_error.what();
+        }
+      }
+      std::ostringstream summary;
+      summary << "out of memory on " << device.str() << " at step " << step << " (" << event.phase << "): " << event.error
+              << "; measured peak " << memory::format_bytes(event.figures.peak_bytes);
+      if (run.memory_plan) summary << " vs predicted " << memory::format_bytes(run.memory_plan->peak_bytes);
+      summary << "; " << saved << "; report in " << output_dir << "/oom_report.txt; `dflash-host plan` proposes settings that fit";
+      log::error(summary.str());
+      return kOutOfMemory;
+    }
   }
   progress.finish();
   if (exit_code == 0) save(step);

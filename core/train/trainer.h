@@ -4,10 +4,12 @@
 // instance wrappers (the C ABI).
 #pragma once
 
+#include "memory/memory_plan.h"
 #include "plugin/instances.h"
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
 
 namespace dflash::train {
@@ -24,10 +26,17 @@ struct TrainRun {
   nlohmann::json train;            // the resolved "train" section
   nlohmann::json resolved_config;  // the whole resolved config, recorded in checkpoints
   int64_t stop_after = 0;          // stop (with a checkpoint) after this many steps of this run; 0 = run to the end
+  // The memory plan made before the plugins were created (memory/memory_plan.h):
+  // its predicted peak goes to the metrics, and an out-of-memory report
+  // compares it with what was allocated.
+  std::optional<memory::DevicePlan> memory_plan;
 };
 
 // Exit code when non-finite losses stopped the run (after the policy allowed no more).
 inline constexpr int kNonFinite = 4;
+// Exit code when the device ran out of memory (after the report and an
+// emergency checkpoint of the last completed step).
+inline constexpr int kOutOfMemory = 5;
 
 // Resumes from <output_dir>/checkpoints/latest when present. Returns the
 // process exit code. Throws for errors that leave nothing to save.

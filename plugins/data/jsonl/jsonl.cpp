@@ -35,6 +35,7 @@ class JsonLines : public sdk::DataSource {
         .integer("row_length", 4096, "tokens per batch row (longer sequences: see long_sequences)", Bounds::at_least(2))
         .integer("tokens_per_batch", 16384, "the batch's token budget: rows = tokens_per_batch / row_length",
                  Bounds::at_least(2))
+        .memory_knob("token budget")
         .boolean("shuffle", true, "a new order every epoch, from the run's seed")
         .integer("epochs", 0, "epochs before the data ends (0 = endless)", Bounds::at_least(0))
         .string("on_bad_line", "skip", "skip: count it, log file:line, go on; stop: fail with file:line", {"skip", "stop"})
@@ -42,6 +43,11 @@ class JsonLines : public sdk::DataSource {
                 {"truncate", "skip"})
         .integer("log_bad_lines", 10, "how many skipped lines to log one by one (all are counted)", Bounds::at_least(0))
         .dump();
+  }
+
+  // The batch shape for the memory planner (ABI 1.2); no file is opened.
+  static sdk::MemoryPlan plan_memory(const sdk::PlanRequest& request) {
+    return data::packed_batch_plan(request.config(), "data.jsonl");
   }
 
   explicit JsonLines(const sdk::CreateContext& context)

@@ -44,8 +44,14 @@ class SyntheticData : public sdk::DataSource {
         .integer("row_length", 512, "tokens per batch row", Bounds::at_least(2))
         .integer("tokens_per_batch", 2048, "the batch's token budget: rows = tokens_per_batch / row_length",
                  Bounds::at_least(2))
+        .memory_knob("token budget")
         .integer("epochs", 0, "epochs before the data ends (0 = endless)", Bounds::at_least(0))
         .dump();
+  }
+
+  // The batch shape for the memory planner (ABI 1.2); no file is opened.
+  static sdk::MemoryPlan plan_memory(const sdk::PlanRequest& request) {
+    return data::packed_batch_plan(request.config(), "data.synthetic");
   }
 
   explicit SyntheticData(const sdk::CreateContext& context) : seed_(context.seed()) {

@@ -6,8 +6,10 @@
 // lm_head are reused frozen; its final norm seeds the drafter's own.
 #include "block_layout.h"
 #include "dflash_model.h"
+#include "memory_model.h"
 
 #include <dflash/sdk/drafter.hpp>
+#include <dflash/sdk/torch_compat.hpp>
 
 #include <c10/core/GradMode.h>
 
@@ -17,15 +19,6 @@
 
 namespace {
 using namespace dflash;
-
-std::vector<int64_t> evenly_spaced(int64_t num_layers, int64_t count) {
-  // From layer 1 to L − 3, as the DFlash recipe spaces them.
-  const int64_t first = 1, last = std::max<int64_t>(1, num_layers - 3);
-  std::vector<int64_t> ids;
-  for (int64_t i = 0; i < count; ++i)
-    ids.push_back(count == 1 ? first : first + (last - first) * i / (count - 1));
-  return ids;
-}
 
 class DFlashDrafter : public sdk::Drafter {
  public:
@@ -41,6 +34,7 @@ class DFlashDrafter : public sdk::Drafter {
         .integer("intermediate_size", 0, "MLP width; 0 = the target's", Bounds::at_least(0))
         .integer("block_size", 16, "slots per block: the anchor + block_size − 1 predicted tokens", Bounds::between(2, 256))
         .integer("max_anchors", 512, "blocks per batch row at most", Bounds::at_least(1))
+        .memory_knob("anchor count")
         .number("gamma", 0.0, "slot weight exp(−(k − 1)/γ); 0 = the recipe's: 7 for block_size ≥ 16, 4 for ≥ 8, else 2",
                 Bounds::at_least(0))
         .integer("mask_token_id", -1, "token fed to slots 1…; −1 = the last id of the target's vocabulary",
@@ -80,46 +74,11 @@ class DFlashDrafter : public sdk::Drafter {
   }
 
   void bind_target(const nlohmann::json& target, const sdk::TensorDict& frozen) {
-    auto from_target = [&](const char* key) {
-      if (!target.contains(key)) throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, std::string("the target's description lacks '") + key + "'");
-      return target.at(key).get<int64_t>();
-    };
-    auto own_or_target = [&](const char* own, const char* theirs) {
-      const int64_t v = config_.at(own).get<int64_t>();
-      return v > 0 ? v : from_target(theirs);
-    };
-    vocab_ = from_target("vocab_size");
-    const int64_t target_layers = from_target("num_layers");
-    drafter::DrafterShape shape;
-    shape.layers = config_.at("num_layers").get<int64_t>();
-    shape.hidden = from_target("hidden_size");
-    shape.target_hidden = shape.hidden;
-    shape.heads = own_or_target("num_attention_heads", "num_attention_heads");
-    shape.kv_heads = own_or_target("num_key_value_heads", "num_key_value_heads");
-    shape.head_dim = config_.at("head_dim").get<int64_t>() > 0 ? config_.at("head_dim").get<int64_t>()
-                     : target.contains("head_dim") ? target.at("head_dim").get<int64_t>()
-                                                   : shape.hidden / shape.heads;
-    shape.intermediate = config_.at("intermediate_size").get<int64_t>() > 0
-                             ? config_.at("intermediate_size").get<int64_t>()
-                             : (target.contains("intermediate_size") ? target.at("intermediate_size").get<int64_t>() : 4 * shape.hidden);
-    shape.rms_norm_eps = target.value("rms_norm_eps", 1e-6);
-    const double theta = config_.at("rope_theta").get<double>();
-    shape.rope_theta = theta > 0 ? theta : target.value("rope_theta", 1e6);
-    if (shape.heads % shape.kv_heads != 0)
-      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "drafter.num_key_value_heads " + std::to_string(shape.kv_heads) +
-                                                        " does not divide num_attention_heads " + std::to_string(shape.heads));
-    layer_ids_ = config_.at("target_layer_ids").get<std::vector<int64_t>>();
-    if (layer_ids_.empty()) layer_ids_ = evenly_spaced(target_layers, shape.layers);
-    for (int64_t id : layer_ids_)
-      if (id >= target_layers)
-        throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "drafter.target_layer_ids: " + std::to_string(id) +
-                                                          " is not a layer of the target (it has " + std::to_string(target_layers) + ")");
-    shape.feature_layers = static_cast<int64_t>(layer_ids_.size());
-    mask_token_ = config_.at("mask_token_id").get<int64_t>();
-    if (mask_token_ < 0) mask_token_ = vocab_ - 1;
-    if (mask_token_ >= vocab_)
-      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "drafter.mask_token_id " + std::to_string(mask_token_) +
-                                                        " is outside the target's vocabulary of " + std::to_string(vocab_));
+    const drafter::ResolvedShape resolved = drafter::resolve_shape(config_, target);
+    const drafter::DrafterShape& shape = resolved.shape;
+    vocab_ = resolved.vocab;
+    layer_ids_ = resolved.layer_ids;
+    mask_token_ = resolved.mask_token;
     lm_head_ = frozen.at("lm_head");  // drafting turns the slots' hidden states into tokens
     embed_ = frozen.at("embed_tokens");
     if (config_.value("embedding_on_cpu", false)) embed_ = embed_.to(at::kCPU);  // the device copy is the host's to drop
@@ -134,6 +93,41 @@ class DFlashDrafter : public sdk::Drafter {
     group_blocks_ = config_.value("attention", std::string("grouped")) == "grouped"
                         ? config_.value("attention_group_blocks", int64_t{64}) : 0;
     weights_ = drafter::slot_weights(block_size_, gamma_);
+  }
+
+  // The memory planner's question (ABI 1.2), answered from the shapes: the
+  // most blocks a batch can hold, every layer's saved activations, the
+  // backward's peak (memory_model.h).
+  static sdk::MemoryPlan plan_memory(const sdk::PlanRequest& request) {
+    const nlohmann::json& config = request.config();
+    const nlohmann::json& context = request.context();
+    if (!context.contains("target") || !context.contains("rows") || !context.contains("row_length"))
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "plan_memory: the context needs target, rows and row_length");
+    const drafter::ResolvedShape resolved = drafter::resolve_shape(config, context.at("target"));
+    const drafter::DrafterShape& shape = resolved.shape;
+    drafter::StepShape step;
+    step.rows = context.at("rows").get<int64_t>();
+    step.row_length = context.at("row_length").get<int64_t>();
+    // Anchors need a supervised token after them: at most row_length − 1 per row.
+    step.anchors = std::min(config.at("max_anchors").get<int64_t>(), std::max<int64_t>(1, step.row_length - 1));
+    step.block_size = config.at("block_size").get<int64_t>();
+    step.group_blocks = config.at("attention").get<std::string>() == "grouped" ? config.at("attention_group_blocks").get<int64_t>() : 0;
+    step.element_bytes = request.element_bytes();
+    step.cuda = request.device().rfind("cuda", 0) == 0;
+    step.cudnn = step.cuda && DFLASH_TORCH_AT_LEAST(2, 5) && config.at("attention_kernel").get<std::string>() == "auto" &&
+                 (request.dtype() == "bfloat16" || request.dtype() == "float16");
+    step.checkpointing = config.at("activation_checkpointing").get<bool>();
+    step.teacher = context.value("teacher", false);
+    sdk::MemoryPlan plan = drafter::step_memory(shape, step);
+    const int64_t q_out = shape.heads * shape.head_dim;
+    plan.facts = {{"parameters", drafter::parameter_count(shape)},
+                  {"largest_parameter", std::max({shape.intermediate * shape.hidden, q_out * shape.hidden,
+                                                  shape.hidden * shape.feature_layers * shape.target_hidden})},
+                  {"target_layer_ids", resolved.layer_ids},
+                  {"loss_rows", step.rows * step.anchors * (step.block_size - 1)},
+                  {"hidden_size", shape.hidden},
+                  {"block_tokens", step.rows * step.anchors * step.block_size}};
+    return plan;
   }
 
   sdk::TensorDict parameters() {

@@ -76,4 +76,15 @@ double BatchPacker::fill_ratio() const {
   return tokens_capacity_ == 0 ? 0.0 : static_cast<double>(tokens_placed_) / static_cast<double>(tokens_capacity_);
 }
 
+sdk::MemoryPlan packed_batch_plan(const nlohmann::json& config, const std::string& section) {
+  const int64_t row_length = config.at("row_length").get<int64_t>();
+  const int64_t rows = config.at("tokens_per_batch").get<int64_t>() / row_length;
+  if (rows < 1)
+    throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, section + ".tokens_per_batch: must be at least row_length (" +
+                                                      std::to_string(row_length) + ")");
+  sdk::MemoryPlan plan;
+  plan.facts = {{"rows", rows}, {"row_length", row_length}, {"effective", {{"tokens_per_batch", rows * row_length}}}};
+  return plan;
+}
+
 }  // namespace dflash::data

@@ -4,6 +4,7 @@
 // each, and padding after the last as a document of its own with loss_mask 0.
 #pragma once
 
+#include <dflash/sdk/memory_plan.hpp>
 #include <dflash/sdk/torch.hpp>
 
 #include <cstdint>
@@ -48,5 +49,11 @@ class BatchPacker {
   int64_t documents_ = 0;
   int64_t tokens_placed_ = 0, tokens_capacity_ = 0;
 };
+
+// The memory planner's view of a packed source (ABI 1.2 plan_memory): every
+// batch is [tokens_per_batch / row_length, row_length], kept on the CPU, so
+// only the shape is reported; "effective" gives the token budget that shape
+// really uses. `section` names the config section in messages ("data.jsonl").
+sdk::MemoryPlan packed_batch_plan(const nlohmann::json& config, const std::string& section);
 
 }  // namespace dflash::data

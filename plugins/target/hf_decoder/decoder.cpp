@@ -109,6 +109,45 @@ at::Tensor rope_inverse_frequencies(const DecoderConfig& c) {
 
 }  // namespace
 
+DecoderMemory plan_decoder_memory(const fs::path& dir, c10::ScalarType dtype, const c10::Device& device,
+                                  const DecoderOptions& options, int64_t rows, int64_t row_length) {
+  DecoderMemory m;
+  m.config = read_decoder_config(dir / "config.json");
+  const DecoderConfig& c = m.config;
+  const Checkpoint ckpt(dir);  // headers only: the files are mapped, not read
+  const double e = static_cast<double>(c10::elementSize(dtype));
+  const double h = static_cast<double>(c.hidden_size), inter = static_cast<double>(c.intermediate_size);
+  const double hd = static_cast<double>(c.head_dim), heads = static_cast<double>(c.num_heads);
+  const double qkv_out = static_cast<double>(c.num_heads + 2 * c.num_kv_heads) * hd;
+  const double q_out = heads * hd, vocab = static_cast<double>(c.vocab_size);
+  // Exactly what the constructor keeps: embedding, final norm, lm_head unless
+  // tied, and per layer two norms, qkv (+ bias), o, q/k norms, gate_up, down.
+  double elements = vocab * h + h + (ckpt.has("lm_head.weight") ? vocab * h : 0.0);
+  const bool bias = ckpt.has("model.layers.0.self_attn.q_proj.bias");
+  const double layer = 2 * h + qkv_out * h + (bias ? qkv_out : 0.0) + h * q_out + (c.qk_norm ? 2 * hd : 0.0) + 3 * inter * h;
+  elements += static_cast<double>(c.num_layers) * layer;
+  m.weight_bytes = static_cast<uint64_t>(elements * e);
+  m.cuda_kernels = options.cuda_kernels && device.is_cuda() && fast_path::available() &&
+                   (dtype == at::kBFloat16 || dtype == at::kHalf) && c.head_dim <= 256;
+  // One forward: the residual stream, the rotary tables, and the larger of a
+  // layer's attention half (norm, qkv, q/k/v after RoPE, attention output)
+  // and its MLP half (norm, gate_up, silu·up) — over every token, as the
+  // streams' micro-batches together cover the batch.
+  const double tokens = static_cast<double>(rows) * static_cast<double>(row_length);
+  const double attention_half = h + 2 * qkv_out + q_out, mlp_half = h + 3 * inter;
+  double bytes = tokens * e * (h + std::max(attention_half, mlp_half)) + tokens * hd * 8.0 /* fp64 angles */ +
+                 tokens * hd * (m.cuda_kernels ? 4.0 : e) /* cos, sin */;
+  if (!m.cuda_kernels) {
+    // The ATen path: fp32 norm temporaries, K/V repeated to every head, and
+    // (off CUDA) SDPA's math path with its [heads, S, S] probabilities per row.
+    bytes += tokens * h * 8.0 + tokens * q_out * e * 2;
+    if (!device.is_cuda()) bytes += static_cast<double>(rows) * heads * static_cast<double>(row_length) *
+                                    static_cast<double>(row_length) * e * 2;
+  }
+  m.forward_bytes = static_cast<uint64_t>(bytes);
+  return m;
+}
+
 Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device, const DecoderOptions& options)
     : config_(read_decoder_config(dir / "config.json")), streams_(options.streams) {
   const Checkpoint ckpt(dir);

@@ -58,6 +58,19 @@ struct DecodeCache {
   int64_t length = 0, capacity = 0;
 };
 
+// What a Decoder would hold on its device, from config.json and the
+// checkpoint's headers alone (nothing is loaded): its weights, and the
+// working memory of one forward over [rows, row_length] tokens, not counting
+// the hidden states it returns.
+struct DecoderMemory {
+  DecoderConfig config;
+  uint64_t weight_bytes = 0;
+  uint64_t forward_bytes = 0;
+  bool cuda_kernels = false;  // whether the forward would take the GPU path
+};
+DecoderMemory plan_decoder_memory(const std::filesystem::path& model_dir, c10::ScalarType dtype, const c10::Device& device,
+                                  const DecoderOptions& options, int64_t rows, int64_t row_length);
+
 class Decoder {
  public:
   // Reads config.json and model.safetensors (or the shards listed in

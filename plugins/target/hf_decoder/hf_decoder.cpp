@@ -75,6 +75,51 @@ class HfDecoderTarget : public sdk::TargetModel {
     return o;
   }
 
+  // The memory planner's question (ABI 1.2): weights and one forward's
+  // working memory, from config.json and the safetensors headers.
+  static sdk::MemoryPlan plan_memory(const sdk::PlanRequest& request) {
+    const nlohmann::json& config = request.config();
+    const std::string dtype = config.at("dtype").get<std::string>();
+    const std::string weights_dtype = dtype == "auto" ? request.dtype() : dtype;
+    const std::string path = config.at("path").get<std::string>();
+    target::DecoderMemory m;
+    try {
+      m = target::plan_decoder_memory(path, sdk::parse_dtype(weights_dtype), sdk::parse_device(request.device()),
+                                      options(config), request.context().value("rows", int64_t{1}),
+                                      request.context().value("row_length", int64_t{1}));
+    } catch (const sdk::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw sdk::Error(DFLASH_ERR_NOT_FOUND, e.what());
+    }
+    sdk::MemoryPlan plan;
+    plan.add("target weights (" + std::to_string(m.config.num_layers) + " layers, " + weights_dtype + ")",
+             static_cast<double>(m.weight_bytes), sdk::MemoryPhase::kResident);
+    plan.add("target forward working memory", static_cast<double>(m.forward_bytes), sdk::MemoryPhase::kTargetForward);
+    plan.facts = describe_config(m.config, config.at("feature_layers").get<int64_t>());
+    plan.facts["cuda_kernels"] = m.cuda_kernels;
+    plan.facts["weights_dtype"] = weights_dtype;
+    plan.facts["tied_embeddings"] = m.config.tie_word_embeddings;
+    return plan;
+  }
+
+  static nlohmann::json describe_config(const target::DecoderConfig& c, int64_t feature_layers) {
+    return {{"num_layers", c.num_layers},
+            {"hidden_size", c.hidden_size},
+            {"vocab_size", c.vocab_size},
+            {"num_attention_heads", c.num_heads},
+            {"num_key_value_heads", c.num_kv_heads},
+            {"head_dim", c.head_dim},
+            {"intermediate_size", c.intermediate_size},
+            {"rms_norm_eps", c.rms_norm_eps},
+            {"rope_theta", c.rope_theta},
+            {"model_type", c.model_type},
+            {"default_layer_ids", target::default_feature_layers(c.num_layers, feature_layers)},
+            {"eos_token_ids", c.eos_token_ids},
+            {"bos_token_id", c.bos_token_id},
+            {"max_position_embeddings", c.max_position_embeddings}};
+  }
+
   nlohmann::json describe() const {
     const auto& c = decoder_->config();
     return {{"num_layers", c.num_layers},

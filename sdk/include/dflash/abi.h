@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define DFLASH_ABI_MAJOR 1
-#define DFLASH_ABI_MINOR 1
+#define DFLASH_ABI_MINOR 2
 
 /* The one exported symbol of a plugin library. Its name carries the major. */
 #define DFLASH_ENTRY_SYMBOL "dflash_plugin_entry_v1"
@@ -146,6 +146,41 @@ typedef struct dflash_dl_managed_tensor {
 } dflash_dl_managed_tensor;
 
 /* ------------------------------------------------------------------------ */
+/* Memory plans (ABI 1.2)                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* When a planned allocation is alive during one training step on a device.
+ * The host adds up each phase and takes the largest total as the peak:
+ *   target forward:  RESIDENT + the batch + TARGET_FORWARD + the features so far
+ *   drafter step:    RESIDENT + the features + ACTIVATIONS + the loss's share
+ *                    + the larger of BACKWARD and the loss's working memory
+ *   optimizer step:  RESIDENT + the optimizer's working memory
+ * Stored as int32_t; new phases are only ever appended. */
+typedef enum dflash_memory_phase {
+  DFLASH_MEMORY_RESIDENT = 1,       /* held for the whole run: weights, caches */
+  DFLASH_MEMORY_TARGET_FORWARD = 2, /* the target forward's working memory, freed when it returns */
+  DFLASH_MEMORY_ACTIVATIONS = 3,    /* made by the drafter's forward, held until its backward passes them */
+  DFLASH_MEMORY_BACKWARD = 4        /* the drafter backward's working memory at its peak, on top of ACTIVATIONS */
+} dflash_memory_phase;
+
+/* Opaque, host-owned: what a plan_memory call fills (host api plan_add and
+ * plan_set_facts). */
+typedef struct dflash_memory_plan dflash_memory_plan;
+
+/* What a plan_memory call is asked about: an instance that does not exist
+ * yet. Planning allocates nothing; the host plans before it creates. */
+typedef struct dflash_plan_request {
+  size_t struct_size;
+  /* borrowed(the call): the plugin's config section as create would get it. */
+  const char* config_json;
+  const char* device; /* borrowed(the call): as dflash_create_args.device */
+  const char* dtype;  /* borrowed(the call): as dflash_create_args.dtype */
+  /* borrowed(the call): a JSON object of what the host already knows; its
+   * keys are listed beside each kind's plan_memory slot. */
+  const char* context_json;
+} dflash_plan_request;
+
+/* ------------------------------------------------------------------------ */
 /* The host's function table, handed to every plugin instance at create      */
 /* ------------------------------------------------------------------------ */
 
@@ -218,7 +253,21 @@ typedef struct dflash_host_api {
   /* borrowed(as map_get). Entries are in insertion order. */
   const char* (*map_name_at)(const dflash_tensor_map* map, size_t index);
   const dflash_tensor* (*map_tensor_at)(const dflash_tensor_map* map, size_t index);
+
+  /* --- memory plans (ABI 1.2) --- */
+  /* Adds `bytes` of device memory to the plan in `phase` (dflash_memory_phase)
+   * under `category` (copied): a short label a person reads in the plan's
+   * table, e.g. "layer activations: MLP". */
+  dflash_error* (*plan_add)(dflash_memory_plan* plan, const char* category, uint64_t bytes, int32_t phase);
+  /* Merges the keys of a JSON object (copied) into the plan's facts. */
+  dflash_error* (*plan_set_facts)(dflash_memory_plan* plan, const char* facts_json);
 } dflash_host_api;
+
+/* (optional, ABI 1.2) The memory an instance created with `request` would use
+ * on its device, per phase, without creating it: no device memory may be
+ * allocated. Fills `plan` through host->plan_add / plan_set_facts. */
+typedef dflash_error* (*dflash_plan_memory_fn)(const dflash_host_api* host, const dflash_plan_request* request,
+                                               dflash_memory_plan* plan);
 
 /* ------------------------------------------------------------------------ */
 /* Instances                                                                 */
@@ -266,6 +315,11 @@ typedef struct dflash_data_source_vtable {
   /* (optional) *out_json: borrowed(destroy): facts about the data, e.g.
    * {"vocab_size": 151936, "sequences": 1200}. */
   dflash_error* (*describe)(dflash_instance* self, const char** out_json);
+  /* (optional, ABI 1.2) Context: {}. Facts: "rows" and "row_length", the
+   * largest batch it yields ([rows, row_length]); and, where a config key's
+   * value is rounded, "effective": {key: value}. Batches live on the CPU, so
+   * most sources add no items. */
+  dflash_plan_memory_fn plan_memory;
 } dflash_data_source_vtable;
 
 /* --- target model ------------------------------------------------------- */
@@ -317,6 +371,14 @@ typedef struct dflash_target_vtable {
   dflash_error* (*decode_truncate)(dflash_instance* self, int64_t session, int64_t length);
   /* Frees the session; unknown ids are ignored. */
   void (*decode_end)(dflash_instance* self, int64_t session);
+
+  /* (optional, ABI 1.2) Context: {"rows", "row_length"} (the batch). Facts:
+   * what describe would return (at least num_layers, hidden_size,
+   * vocab_size, default_layer_ids) plus "weights_dtype" and
+   * "tied_embeddings" (bool). Items: its weights (RESIDENT) and its
+   * forward's working memory (TARGET_FORWARD); not the hidden states it
+   * returns, which the host counts. */
+  dflash_plan_memory_fn plan_memory;
 } dflash_target_vtable;
 
 /* --- drafter ------------------------------------------------------------ */
@@ -361,6 +423,17 @@ typedef struct dflash_drafter_vtable {
                                  int64_t count, dflash_tensor_map* out);
   /* Frees the session; unknown ids are ignored. */
   void (*draft_end)(dflash_instance* self, int64_t session);
+
+  /* (optional, ABI 1.2) Context: {"target": the target's facts, "rows",
+   * "row_length", "teacher" (bool: "last_hidden" is among its inputs)}.
+   * Facts: "parameters" (trainable elements, created in the request's
+   * dtype), "target_layer_ids", "loss_rows" (the most rows its forward hands
+   * the loss), "hidden_size" (of those rows). Items: whatever it holds beyond
+   * its parameters and the host's frozen weights (RESIDENT), its forward's
+   * tensors saved for backward (ACTIVATIONS; its outputs included) and its
+   * backward's working memory (BACKWARD). The host counts parameters,
+   * gradients, optimizer states and the frozen weights itself. */
+  dflash_plan_memory_fn plan_memory;
 } dflash_drafter_vtable;
 
 /* --- loss --------------------------------------------------------------- */

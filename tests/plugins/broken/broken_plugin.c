@@ -48,6 +48,7 @@ static dflash_error* t_decode_begin(dflash_instance* self, int64_t max_length, i
 }
 static const dflash_target_vtable target_table = {
     sizeof(dflash_target_vtable), t_describe, t_forward, t_frozen, t_decode_begin, NULL, NULL, NULL,
+    NULL /* plan_memory (optional) */,
 };
 #endif
 

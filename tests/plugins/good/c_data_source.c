@@ -81,8 +81,18 @@ static dflash_error* load_state(dflash_instance* self, const char* json) {
   return NULL;
 }
 
+/* ABI 1.2: the batch shape for the memory planner, without an instance. */
+static dflash_error* plan_memory(const dflash_host_api* host, const dflash_plan_request* request,
+                                 dflash_memory_plan* plan) {
+  dflash_error* error;
+  (void)request;
+  error = host->plan_add(plan, "c_data prefetch buffer", 0, DFLASH_MEMORY_RESIDENT);
+  if (error) return error;
+  return host->plan_set_facts(plan, "{\"rows\": 2, \"row_length\": 3}");
+}
+
 static const dflash_data_source_vtable table = {sizeof(dflash_data_source_vtable), next_batch, save_state, load_state,
-                                                NULL /* describe (optional) */};
+                                                NULL /* describe (optional) */, plan_memory};
 
 static dflash_error* create(const dflash_host_api* host, const dflash_create_args* args, dflash_instance** out) {
   c_source* s = (c_source*)calloc(1, sizeof(c_source));

@@ -19,15 +19,20 @@ class TestLoss : public dflash::sdk::Loss {
     return Schema()
         .number("scale", 1.0, "multiplies the loss", Bounds::above(0))
         .integer("nan_from_call", 0, "from this call on (1-based) the loss is NaN; 0 = never", Bounds::at_least(0))
+        .integer("oom_at_call", 0, "this call (1-based) fails as out of memory, as a CUDA allocation would; 0 = never",
+                 Bounds::at_least(0))
         .dump();
   }
   explicit TestLoss(const CreateContext& context)
       : scale_(context.config().at("scale").get<double>()),
-        nan_from_call_(context.config().value("nan_from_call", int64_t{0})) {}
+        nan_from_call_(context.config().value("nan_from_call", int64_t{0})),
+        oom_at_call_(context.config().value("oom_at_call", int64_t{0})) {}
 
   dflash::sdk::LossResult compute(const dflash::sdk::LossInputs& in) {
     if (in.hidden.dim() != 2 || in.hidden.size(1) != in.lm_head_weight.size(1))
       throw dflash::sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "hidden must be [N, H] with H = lm_head_weight.size(1)");
+    if (oom_at_call_ > 0 && ++oom_calls_ == oom_at_call_)
+      throw dflash::sdk::Error(DFLASH_ERR_OUT_OF_MEMORY, "out of memory: tried to allocate 3.79 GiB (test_loss.oom_at_call)");
     torch::Tensor logits = torch::matmul(in.hidden, in.lm_head_weight.t());
     torch::Tensor valid = in.targets.ne(in.ignore_index);
     torch::Tensor safe = torch::where(valid, in.targets, torch::zeros_like(in.targets));
@@ -53,7 +58,7 @@ class TestLoss : public dflash::sdk::Loss {
 
  private:
   double scale_;
-  int64_t nan_from_call_ = 0, calls_ = 0;
+  int64_t nan_from_call_ = 0, calls_ = 0, oom_at_call_ = 0, oom_calls_ = 0;
 };
 
 // --- loss whose construction fails with a plain C++ exception.

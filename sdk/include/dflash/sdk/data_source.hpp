@@ -9,12 +9,15 @@
 //     nlohmann::json save_state() const;
 //     void load_state(const nlohmann::json& state);
 //     nlohmann::json describe() const;                        // optional
+//     // optional (ABI 1.2): the batch shape for the memory planner, no instance needed
+//     static dflash::sdk::MemoryPlan plan_memory(const dflash::sdk::PlanRequest& request);
 //   };
 //   DFLASH_PLUGINS(MyData)
 //
 // Batch tensor names are listed in dflash/abi.h (dflash_data_source_vtable).
 #pragma once
 
+#include <dflash/sdk/memory_plan.hpp>
 #include <dflash/sdk/schema.hpp>
 #include <dflash/sdk/torch.hpp>
 
@@ -76,6 +79,7 @@ struct KindTraits<T, DFLASH_KIND_DATA_SOURCE> : TorchKind {
     static const dflash_data_source_vtable table = {
         sizeof(dflash_data_source_vtable), &next_batch, &save_state, &load_state,
         has_describe<T>::value ? &describe : nullptr,
+        plan_memory_of<T>(),
     };
     return &table;
   }

@@ -16,10 +16,13 @@
 //     void draft_extend(int64_t session, const dflash::sdk::TensorDict& inputs);  // input_ids [n], hidden.<id> [n, H]
 //     at::Tensor draft_propose(int64_t session, const dflash::sdk::TensorDict& inputs, int64_t count);  // [m ≤ count] int64
 //     void draft_end(int64_t session);
+//     // optional (ABI 1.2): parameters and activations for the planner, no instance needed
+//     static dflash::sdk::MemoryPlan plan_memory(const dflash::sdk::PlanRequest& request);
 //   };
 //   DFLASH_PLUGINS(MyDrafter)
 #pragma once
 
+#include <dflash/sdk/memory_plan.hpp>
 #include <dflash/sdk/schema.hpp>
 #include <dflash/sdk/torch.hpp>
 
@@ -134,6 +137,7 @@ struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
         has_set_training<T>::value ? &set_training : nullptr,
         kDrafts ? &draft_begin : nullptr, kDrafts ? &draft_extend : nullptr,
         kDrafts ? &draft_propose : nullptr, kDrafts ? &draft_end : nullptr,
+        plan_memory_of<T>(),
     };
     return &table;
   }

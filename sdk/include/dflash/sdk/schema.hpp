@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -81,15 +82,28 @@ class Schema {
     return add(name, std::move(definition));
   }
 
+  // Marks the integer property added last as a memory knob (ABI 1.2): its
+  // smaller values need less device memory, and when a run does not fit the
+  // host's planner proposes the largest value that does, under `label`
+  // (e.g. "token budget"). Written as the schema keyword "memoryKnob".
+  Schema& memory_knob(const std::string& label) {
+    if (last_.empty() || json_["properties"][last_].value("type", "") != "integer")
+      throw std::logic_error("Schema::memory_knob must follow an integer property");
+    json_["properties"][last_]["memoryKnob"] = label;
+    return *this;
+  }
+
   const nlohmann::json& json() const { return json_; }
   std::string dump() const { return json_.dump(); }
 
  private:
   Schema& add(const std::string& name, nlohmann::json definition) {
     json_["properties"][name] = std::move(definition);
+    last_ = name;
     return *this;
   }
   nlohmann::json json_;
+  std::string last_;
 };
 
 }  // namespace dflash::sdk

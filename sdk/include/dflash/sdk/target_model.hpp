@@ -14,10 +14,13 @@
 //     dflash::sdk::TensorDict decode_extend(int64_t session, const dflash::sdk::DecodeRequest& request);
 //     void decode_truncate(int64_t session, int64_t length);
 //     void decode_end(int64_t session);
+//     // optional (ABI 1.2): weights and forward memory for the planner, no instance needed
+//     static dflash::sdk::MemoryPlan plan_memory(const dflash::sdk::PlanRequest& request);
 //   };
 //   DFLASH_PLUGINS(MyTarget)
 #pragma once
 
+#include <dflash/sdk/memory_plan.hpp>
 #include <dflash/sdk/schema.hpp>
 #include <dflash/sdk/torch.hpp>
 
@@ -136,7 +139,8 @@ struct KindTraits<T, DFLASH_KIND_TARGET_MODEL> : TorchKind {
   static const void* vtable() noexcept {
     static const dflash_target_vtable table = {sizeof(dflash_target_vtable), &describe, &forward, &frozen_weights,
                                                kDecodes ? &decode_begin : nullptr, kDecodes ? &decode_extend : nullptr,
-                                               kDecodes ? &decode_truncate : nullptr, kDecodes ? &decode_end : nullptr};
+                                               kDecodes ? &decode_truncate : nullptr, kDecodes ? &decode_end : nullptr,
+                                               plan_memory_of<T>()};
     return &table;
   }
 };

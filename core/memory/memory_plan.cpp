@@ -1,0 +1,420 @@
+#include "memory/memory_plan.h"
+
+#include "plugin/plugin_kind.h"
+
+#include <dflash/sdk/torch_compat.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#if DFLASH_HOST_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace dflash::memory {
+namespace {
+
+constexpr unsigned kPhases[4] = {kTargetForward, kLossForward, kBackward, kOptimizer};
+
+int64_t element_bytes(const std::string& dtype) { return dtype == "float32" ? 4 : dtype == "float64" ? 8 : 2; }
+
+int64_t as_bytes(double v) { return v > 0 ? static_cast<int64_t>(std::llround(v)) : 0; }
+
+unsigned phases_of(int32_t plugin_phase) {
+  switch (plugin_phase) {
+    case DFLASH_MEMORY_TARGET_FORWARD: return kTargetForward;
+    case DFLASH_MEMORY_ACTIVATIONS: return kLossForward | kBackward;
+    case DFLASH_MEMORY_BACKWARD: return kBackward;
+    default: return kEveryPhase;
+  }
+}
+
+std::string when(unsigned phases) {
+  if (phases == kEveryPhase) return "resident";
+  std::string out;
+  for (unsigned bit : kPhases)
+    if (phases & bit) out += (out.empty() ? "" : ", ") + std::string(phase_name(bit));
+  return out;
+}
+
+int64_t fact(const nlohmann::json& facts, const char* key, int64_t fallback = 0) {
+  auto it = facts.find(key);
+  return it != facts.end() && it->is_number() ? it->get<int64_t>() : fallback;
+}
+
+}  // namespace
+
+const char* phase_name(unsigned bit) {
+  switch (bit) {
+    case kTargetForward: return "target forward";
+    case kLossForward: return "drafter forward + loss";
+    case kBackward: return "drafter backward";
+    case kOptimizer: return "optimizer step";
+    default: return "every phase";
+  }
+}
+
+int64_t DevicePlan::bytes_of(const std::string& prefix) const {
+  int64_t total = 0;
+  for (const PlanLine& line : lines)
+    if (line.category.rfind(prefix, 0) == 0) total += line.bytes;
+  return total;
+}
+
+DevicePlan compute_plan(const PlanInputs& in) {
+  DevicePlan plan;
+  plan.device = in.device;
+  plan.dtype = in.dtype;
+  plan.slack_fraction = in.slack_fraction;
+  const int64_t e = element_bytes(in.dtype);
+  auto add = [&](std::string category, std::string source, int64_t bytes, unsigned phases, std::string note = "") {
+    plan.lines.push_back({std::move(category), std::move(source), bytes, phases, std::move(note)});
+  };
+  auto add_items = [&](const host::PluginMemoryPlan& p, const std::string& label) {
+    for (const auto& item : p.items) add(item.category, label, static_cast<int64_t>(item.bytes), phases_of(item.phase));
+  };
+  if (!in.data.available) plan.missing.push_back(in.data_label + " does not report its batch shape (no plan_memory)");
+  if (!in.target.available) plan.missing.push_back(in.target_label + " does not estimate its memory (no plan_memory)");
+  if (!in.drafter.available) plan.missing.push_back(in.drafter_label + " does not estimate its memory (no plan_memory)");
+  if (!in.loss) plan.missing.push_back(in.loss_label + " does not estimate its memory (no estimate_memory)");
+
+  const int64_t rows = fact(in.data.facts, "rows"), row_length = fact(in.data.facts, "row_length");
+  const int64_t tokens = rows * row_length;
+  const int64_t hidden = fact(in.target.facts, "hidden_size"), vocab = fact(in.target.facts, "vocab_size");
+  plan.facts["rows"] = rows;
+  plan.facts["row_length"] = row_length;
+
+  // The target.
+  add_items(in.target, in.target_label);
+  // The frozen verifier weights on the drafter's device: the host's copies
+  // alias the target's own where device and dtype agree (one device here).
+  const std::string target_dtype = in.target.facts.value("weights_dtype", in.dtype);
+  if (in.target.available) {
+    const bool tied = in.target.facts.value("tied_embeddings", false);
+    if (target_dtype == in.dtype)
+      add("frozen verifier weights (embed_tokens, lm_head, final_norm)", "host", 0, kEveryPhase,
+          "shared with the target's weights (same device and dtype)");
+    else
+      add("frozen verifier weights (embed_tokens, lm_head, final_norm)", "host",
+          ((tied ? 1 : 2) * vocab * hidden + hidden) * e, kEveryPhase, "copied from the target's " + target_dtype);
+  }
+
+  // The drafter's parameters and what the host keeps for them.
+  const int64_t parameters = fact(in.drafter.facts, "parameters");
+  const int64_t largest = fact(in.drafter.facts, "largest_parameter", parameters);
+  const int64_t state_bytes = in.fp32_master ? 4 : e;
+  add("drafter weights", in.drafter_label, parameters * e, kEveryPhase);
+  // Gradients are dropped after every update and arrive during backward (the
+  // drafter's backward item counts the share alive at its peak); with
+  // accumulation they stay from the first micro-batch on.
+  add("drafter gradients", "host", parameters * e, in.grad_accumulation > 1 ? kEveryPhase : kOptimizer);
+  add("AdamW states (exp_avg, exp_avg_sq)", "host", 2 * parameters * state_bytes, kEveryPhase);
+  if (in.fp32_master) add("fp32 master weights", "host", parameters * 4, kEveryPhase);
+  int64_t optimizer_working = 0;
+  if (in.fused_adamw)
+    optimizer_working = in.fp32_master ? std::min(parameters, (int64_t{256} << 20) + largest) * 4 : 0;
+  else
+    optimizer_working = 5 * largest * 4;  // the per-tensor loop's fp32 temporaries
+  add("optimizer working memory", "host", optimizer_working, kOptimizer,
+      in.fused_adamw ? (in.fp32_master ? "fused AdamW, gradients cast to fp32 in 256 M-element batches" : "fused AdamW")
+                     : "per-tensor loop");
+  add_items(in.drafter, in.drafter_label);
+
+  // The micro-batch on the device and the target's outputs: one item in
+  // flight (the trainer runs the target and the drafter one after the other).
+  const auto& layer_ids = in.drafter.facts.contains("target_layer_ids") ? in.drafter.facts.at("target_layer_ids")
+                                                                       : nlohmann::json::array();
+  const int64_t feature_tensors = static_cast<int64_t>(layer_ids.size()) + (in.teacher ? 1 : 0);
+  add("batch on the device (ids, masks, positions, documents)", "host", 4 * 8 * tokens, kTargetForward | kLossForward);
+  add("hidden-state items in flight: 1 × " + std::to_string(feature_tensors) + " × [" + std::to_string(rows) + ", " +
+          std::to_string(row_length) + ", " + std::to_string(hidden) + "]",
+      "host", feature_tensors * tokens * hidden * e, kTargetForward | kLossForward);
+
+  // The loss at the drafter's rows.
+  if (in.loss) {
+    const auto saved = static_cast<int64_t>(in.loss->saved_for_backward_bytes);
+    const auto peak = static_cast<int64_t>(in.loss->peak_bytes);
+    add("loss: kept for backward", in.loss_label, saved, kLossForward | kBackward);
+    add("loss: working memory at its peak", in.loss_label, std::max<int64_t>(0, peak - saved), kLossForward);
+  }
+  plan.facts["loss_rows"] = fact(in.drafter.facts, "loss_rows");
+  plan.facts["block_tokens"] = fact(in.drafter.facts, "block_tokens");
+  plan.facts["drafter_parameters"] = parameters;
+
+  for (int i = 0; i < 4; ++i)
+    for (const PlanLine& line : plan.lines)
+      if (line.phases & kPhases[i]) plan.phase_bytes[i] += line.bytes;
+  for (int i = 0; i < 4; ++i)
+    if (plan.phase_bytes[i] > plan.peak_bytes) plan.peak_bytes = plan.phase_bytes[i], plan.peak_phase = kPhases[i];
+  plan.slack_bytes = as_bytes(static_cast<double>(plan.peak_bytes) * in.slack_fraction);
+  plan.total_bytes = plan.peak_bytes + plan.slack_bytes;
+  return plan;
+}
+
+DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& root) {
+  const nlohmann::json& train = root.at("train");
+  host::InstanceOptions options;
+  options.device = train.at("device").get<std::string>();
+  options.dtype = train.at("dtype").get<std::string>();
+  options.seed = train.at("seed").get<uint64_t>();
+  auto record = [&](dflash_kind kind) -> const host::PluginRecord& {
+    return registry.find(kind, root.at(host::kind_section(kind)).at("plugin").get<std::string>());
+  };
+  auto section = [&](dflash_kind kind) {
+    nlohmann::json s = root.at(host::kind_section(kind));
+    s.erase("plugin");
+    return s;
+  };
+  PlanInputs in;
+  in.device = options.device;
+  in.dtype = options.dtype;
+  in.fp32_master = train.at("precision").get<std::string>() == "fp32_master";
+  in.fused_adamw = c10::Device(options.device).is_cuda() && DFLASH_TORCH_AT_LEAST(2, 1);
+  in.grad_accumulation = train.at("grad_accumulation").get<int64_t>();
+  in.teacher = train.at("teacher").get<std::string>() == "hidden";
+  in.slack_fraction = train.value("memory_slack", 0.05);
+  const auto& data = record(DFLASH_KIND_DATA_SOURCE);
+  const auto& target = record(DFLASH_KIND_TARGET_MODEL);
+  const auto& drafter = record(DFLASH_KIND_DRAFTER);
+  const auto& loss = record(DFLASH_KIND_LOSS);
+  in.data_label = data.label(), in.target_label = target.label(), in.drafter_label = drafter.label(), in.loss_label = loss.label();
+
+  in.data = host::plan_memory(data, section(DFLASH_KIND_DATA_SOURCE), options, nlohmann::json::object());
+  const nlohmann::json batch{{"rows", std::max<int64_t>(1, fact(in.data.facts, "rows", 1))},
+                             {"row_length", std::max<int64_t>(1, fact(in.data.facts, "row_length", 1))}};
+  in.target = host::plan_memory(target, section(DFLASH_KIND_TARGET_MODEL), options, batch);
+  if (in.target.available) {
+    nlohmann::json context = batch;
+    context["target"] = in.target.facts;
+    context["teacher"] = in.teacher;
+    in.drafter = host::plan_memory(drafter, section(DFLASH_KIND_DRAFTER), options, context);
+  }
+  if (in.drafter.available) {
+    const host::LossInstance instance(loss, section(DFLASH_KIND_LOSS), options);
+    dflash_loss_shape shape{};
+    shape.struct_size = sizeof(shape);
+    shape.rows = fact(in.drafter.facts, "loss_rows");
+    shape.hidden = fact(in.drafter.facts, "hidden_size", fact(in.target.facts, "hidden_size"));
+    shape.vocab = fact(in.target.facts, "vocab_size");
+    shape.teacher_kind = in.teacher ? DFLASH_TEACHER_HIDDEN : DFLASH_TEACHER_NONE;
+    shape.element_bytes = static_cast<int32_t>(element_bytes(in.dtype));
+    shape.weight_trainable = 0;
+    in.loss = instance.estimate_memory(shape);
+  }
+  return compute_plan(in);
+}
+
+Capacity device_capacity(const std::string& device_text) {
+  Capacity c;
+  const c10::Device device(device_text);
+#if DFLASH_HOST_CUDA
+  if (device.is_cuda()) {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device.has_index() ? device.index() : 0);
+    size_t free_bytes = 0, total_bytes = 0;
+    const cudaError_t status = cudaMemGetInfo(&free_bytes, &total_bytes);
+    cudaSetDevice(previous);
+    if (status != cudaSuccess)
+      throw std::runtime_error("cannot query " + device.str() + "'s memory: " + cudaGetErrorString(status) +
+                               "; give the capacity with --gpu-memory");
+    c.total_bytes = static_cast<int64_t>(total_bytes);
+    c.free_bytes = static_cast<int64_t>(free_bytes);
+    c.source = "CUDA driver, free now";
+    return c;
+  }
+#endif
+  if (device.is_cuda())
+    throw std::runtime_error("this dflash-host was built without CUDA, so it cannot query " + device.str() +
+                             "; give the capacity with --gpu-memory");
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  int64_t value = 0;
+  while (meminfo >> key >> value >> unit) {
+    if (key == "MemTotal:") c.total_bytes = value * 1024;
+    if (key == "MemAvailable:") c.free_bytes = value * 1024;
+  }
+  c.source = "/proc/meminfo MemAvailable";
+  return c;
+}
+
+int64_t parse_size(const std::string& text) {
+  std::string s;
+  for (char ch : text)
+    if (!std::isspace(static_cast<unsigned char>(ch))) s += ch;
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = s.substr(used);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  static const std::map<std::string, double> units{
+      {"", 1},           {"b", 1},          {"kib", 1024.0},   {"mib", 1048576.0}, {"gib", 1073741824.0},
+      {"tib", 1099511627776.0}, {"kb", 1e3}, {"mb", 1e6},       {"gb", 1e9},        {"tb", 1e12},
+      {"k", 1024.0},     {"m", 1048576.0},  {"g", 1073741824.0}, {"t", 1099511627776.0}};
+  auto it = units.find(unit);
+  if (used == 0 || it == units.end() || !(value > 0))
+    throw std::invalid_argument("'" + text + "' is not a memory size; write it like 96GiB, 80GB, 512MiB or a byte count");
+  return as_bytes(value * it->second);
+}
+
+std::string format_bytes(int64_t bytes) {
+  std::ostringstream out;
+  const double b = static_cast<double>(bytes);
+  if (std::llabs(bytes) >= (int64_t{1} << 30)) out << std::fixed << std::setprecision(2) << b / 1073741824.0 << " GiB";
+  else if (std::llabs(bytes) >= (int64_t{1} << 20)) out << std::fixed << std::setprecision(1) << b / 1048576.0 << " MiB";
+  else if (std::llabs(bytes) >= 1024) out << std::fixed << std::setprecision(1) << b / 1024.0 << " KiB";
+  else out << bytes << " B";
+  return out.str();
+}
+
+std::string Suggestion::override_flag() const { return "--set " + section + "." + key + "=" + std::to_string(value); }
+
+Verdict check_fit(const host::PluginRegistry& registry, const nlohmann::json& root, const DevicePlan& plan,
+                  int64_t available_bytes) {
+  Verdict v;
+  v.available_bytes = available_bytes;
+  v.fits = plan.total_bytes <= available_bytes;
+  if (v.fits) return v;
+  v.short_by = plan.total_bytes - available_bytes;
+  // Every memory knob, alone: the largest value below the current one that fits.
+  for (dflash_kind kind : host::kAllKinds) {
+    const std::string section = host::kind_section(kind);
+    if (!root.contains(section) || !root.at(section).contains("plugin")) continue;
+    const host::PluginRecord& record = registry.find(kind, root.at(section).at("plugin").get<std::string>());
+    if (!record.schema.contains("properties")) continue;
+    for (const auto& [key, property] : record.schema.at("properties").items()) {
+      if (!property.contains("memoryKnob") || !root.at(section).contains(key)) continue;
+      const int64_t current = root.at(section).at(key).get<int64_t>();
+      const int64_t lowest = std::max<int64_t>(1, property.value("minimum", int64_t{1}));
+      // 0 often means "automatic" (e.g. a loss's chunk size): search below a cap then.
+      const int64_t highest = current > 0 ? current - 1 : 65536;
+      auto fits_with = [&](int64_t value, DevicePlan* out) {
+        nlohmann::json candidate = root;
+        candidate[section][key] = value;
+        try {
+          DevicePlan p = plan_run(registry, candidate);
+          if (out) *out = p;
+          return p.complete() && p.total_bytes <= available_bytes;
+        } catch (const std::exception&) {
+          return false;  // a value the plugin refuses does not fit either
+        }
+      };
+      if (highest < lowest || !fits_with(lowest, nullptr)) continue;
+      int64_t lo = lowest, hi = highest;  // lo fits; find the largest that does
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (fits_with(mid, nullptr)) lo = mid;
+        else hi = mid - 1;
+      }
+      Suggestion s{section, key, property.at("memoryKnob").get<std::string>(), current, lo};
+      // A source that rounds the value (rows = budget / row length) says what it uses.
+      nlohmann::json candidate = root;
+      candidate[section][key] = lo;
+      if (kind == DFLASH_KIND_DATA_SOURCE) {
+        try {
+          host::InstanceOptions options;
+          options.device = root.at("train").at("device").get<std::string>();
+          options.dtype = root.at("train").at("dtype").get<std::string>();
+          nlohmann::json config = candidate.at(section);
+          config.erase("plugin");
+          const auto data = host::plan_memory(record, config, options, nlohmann::json::object());
+          if (data.facts.contains("effective") && data.facts.at("effective").contains(key))
+            s.value = data.facts.at("effective").at(key).get<int64_t>();
+        } catch (const std::exception&) {
+        }
+      }
+      v.suggestions.push_back(s);
+    }
+  }
+  return v;
+}
+
+std::string format_plan(const DevicePlan& plan, const Capacity& capacity, const std::optional<Verdict>& verdict) {
+  std::ostringstream out;
+  size_t width = 40;
+  for (const PlanLine& line : plan.lines) width = std::max(width, line.category.size());
+  width = std::min<size_t>(width, 72);
+  out << "memory plan for " << plan.device << " (target and drafter), " << plan.dtype << "; batch "
+      << plan.facts.value("rows", int64_t{0}) << " × " << plan.facts.value("row_length", int64_t{0}) << " tokens, "
+      << plan.facts.value("block_tokens", int64_t{0}) << " block tokens, " << plan.facts.value("loss_rows", int64_t{0})
+      << " loss rows\n\n";
+  out << "  " << std::left << std::setw(static_cast<int>(width)) << "category" << "  " << std::right << std::setw(11)
+      << "bytes" << "  " << std::left << std::setw(20) << "source" << "when\n";
+  for (const PlanLine& line : plan.lines) {
+    out << "  " << std::left << std::setw(static_cast<int>(width)) << line.category << "  " << std::right << std::setw(11)
+        << format_bytes(line.bytes) << "  " << std::left << std::setw(20) << line.source << when(line.phases);
+    if (!line.note.empty()) out << " (" << line.note << ")";
+    out << "\n";
+  }
+  out << "\n  by phase:";
+  for (int i = 0; i < 4; ++i)
+    out << (i ? "; " : " ") << phase_name(kPhases[i]) << " " << format_bytes(plan.phase_bytes[i]);
+  out << "\n";
+  out << "  predicted peak: " << format_bytes(plan.peak_bytes) << " (" << phase_name(plan.peak_phase) << ")\n";
+  out << "  allocator slack (" << std::fixed << std::setprecision(0) << plan.slack_fraction * 100
+      << " % of the peak, train.memory_slack): " << format_bytes(plan.slack_bytes) << "\n";
+  out << "  total: " << format_bytes(plan.total_bytes) << "\n";
+  for (const std::string& m : plan.missing) out << "  not estimated: " << m << "\n";
+  if (capacity.total_bytes > 0 || capacity.free_bytes > 0)
+    out << "  device: " << format_bytes(capacity.free_bytes) << " available of " << format_bytes(capacity.total_bytes)
+        << " (" << capacity.source << ")\n";
+  if (verdict) {
+    if (!plan.complete()) {
+      out << "\n  verdict: unknown — the plan is incomplete (see 'not estimated' above)\n";
+    } else if (verdict->fits) {
+      out << "\n  verdict: fits, " << format_bytes(verdict->available_bytes - plan.total_bytes) << " to spare\n";
+    } else {
+      out << "\n  verdict: does NOT fit: needs " << format_bytes(plan.total_bytes) << ", " << format_bytes(verdict->available_bytes)
+          << " available, short by " << format_bytes(verdict->short_by) << "\n";
+      if (verdict->suggestions.empty()) {
+        out << "  no single memory knob makes it fit; lower several, turn on activation checkpointing, or use a larger device\n";
+      } else {
+        out << "  largest settings that fit, each alone (everything else unchanged):\n";
+        for (const Suggestion& s : verdict->suggestions)
+          out << "    " << std::left << std::setw(44) << s.override_flag() << " " << s.label << ", now " << s.current << "\n";
+      }
+    }
+  }
+  return out.str();
+}
+
+nlohmann::json plan_to_json(const DevicePlan& plan, const Capacity& capacity, const std::optional<Verdict>& verdict) {
+  nlohmann::json lines = nlohmann::json::array();
+  for (const PlanLine& line : plan.lines)
+    lines.push_back({{"category", line.category}, {"source", line.source}, {"bytes", line.bytes}, {"when", when(line.phases)},
+                     {"note", line.note}});
+  nlohmann::json phases = nlohmann::json::object();
+  for (int i = 0; i < 4; ++i) phases[phase_name(kPhases[i])] = plan.phase_bytes[i];
+  nlohmann::json out{{"device", plan.device},
+                     {"dtype", plan.dtype},
+                     {"lines", lines},
+                     {"phases", phases},
+                     {"peak_bytes", plan.peak_bytes},
+                     {"peak_phase", phase_name(plan.peak_phase)},
+                     {"slack_bytes", plan.slack_bytes},
+                     {"total_bytes", plan.total_bytes},
+                     {"missing", plan.missing},
+                     {"facts", plan.facts},
+                     {"capacity", {{"total_bytes", capacity.total_bytes}, {"free_bytes", capacity.free_bytes}, {"source", capacity.source}}}};
+  if (verdict) {
+    nlohmann::json suggestions = nlohmann::json::array();
+    for (const Suggestion& s : verdict->suggestions)
+      suggestions.push_back({{"section", s.section}, {"key", s.key}, {"label", s.label}, {"current", s.current},
+                             {"value", s.value}, {"set", s.override_flag()}});
+    out["verdict"] = {{"fits", verdict->fits}, {"available_bytes", verdict->available_bytes}, {"short_by", verdict->short_by},
+                      {"suggestions", suggestions}};
+  }
+  return out;
+}
+
+}  // namespace dflash::memory

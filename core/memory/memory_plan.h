@@ -1,0 +1,109 @@
+// The memory planner: what a training run will hold on its device, by
+// category and by phase of the step, predicted before anything is allocated
+// (`dflash-host plan`, and the check before `train`). The plugins answer for
+// their own parts through plan_memory / estimate_memory (ABI 1.2); the host
+// adds what it owns: the frozen verifier weights, gradients, AdamW states,
+// the batch and the hidden-state items in flight. docs/memory.md has the
+// phase model and the GPU measurements that check it.
+#pragma once
+
+#include "plugin/instances.h"
+#include "plugin/registry.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dflash::memory {
+
+// The phases of one step on the device; a line is alive in some of them.
+enum PhaseBit : unsigned {
+  kTargetForward = 1,  // the target's forward: the batch, its outputs, its working memory
+  kLossForward = 2,    // drafter forward + loss: the features still held, activations, the loss's working memory
+  kBackward = 4,       // drafter backward at its peak
+  kOptimizer = 8,      // clipping and AdamW
+  kEveryPhase = 15,
+};
+const char* phase_name(unsigned bit);
+
+struct PlanLine {
+  std::string category;
+  std::string source;  // "host", or the plugin ("drafter dflash")
+  int64_t bytes = 0;
+  unsigned phases = kEveryPhase;
+  std::string note;    // e.g. "shared with the target weights"
+};
+
+struct DevicePlan {
+  std::string device, dtype;
+  std::vector<PlanLine> lines;
+  int64_t phase_bytes[4] = {0, 0, 0, 0};  // by phase, in PhaseBit order
+  int64_t peak_bytes = 0;                 // the largest phase: the allocator's predicted peak
+  unsigned peak_phase = kLossForward;
+  double slack_fraction = 0;
+  int64_t slack_bytes = 0;  // allocator fragmentation allowance
+  int64_t total_bytes = 0;  // peak + slack: what must fit
+  std::vector<std::string> missing;  // plugins that did not estimate their part
+  nlohmann::json facts = nlohmann::json::object();  // batch shape, block tokens, loss rows…
+
+  bool complete() const { return missing.empty(); }
+  // The bytes of the lines whose category starts with `prefix` (tests, reports).
+  int64_t bytes_of(const std::string& prefix) const;
+};
+
+// What the arithmetic needs, as the plugins reported it (tests build it by hand).
+struct PlanInputs {
+  std::string device = "cpu", dtype = "float32";
+  bool fp32_master = false;
+  bool fused_adamw = false;  // ATen's fused AdamW will run (CUDA, LibTorch ≥ 2.1)
+  int64_t grad_accumulation = 1;
+  bool teacher = false;
+  double slack_fraction = 0.05;
+  std::string data_label = "data", target_label = "target", drafter_label = "drafter", loss_label = "loss";
+  host::PluginMemoryPlan data, target, drafter;
+  std::optional<host::LossMemoryEstimate> loss;
+};
+DevicePlan compute_plan(const PlanInputs& in);
+
+// Asks every plugin of the resolved config (a `config`-style root with train,
+// data, target, drafter, loss sections) and computes the plan. Creates only
+// the loss instance (for estimate_memory: no device memory); throws
+// PluginCallError / std::runtime_error naming the plugin when one fails.
+DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& root);
+
+// How much the device has: the CUDA driver's free and total memory (the
+// process's own CUDA context already taken), or the host's MemAvailable for
+// the CPU.
+struct Capacity {
+  int64_t total_bytes = 0, free_bytes = 0;
+  std::string source;  // "cuda driver", "/proc/meminfo", "--gpu-memory"
+};
+Capacity device_capacity(const std::string& device);
+// "96GiB", "80 GB", "1.5TiB", "512MiB", "123456" (bytes); throws naming the text.
+int64_t parse_size(const std::string& text);
+std::string format_bytes(int64_t bytes);
+
+// A memory knob (a schema property marked memoryKnob) and the largest value
+// that fits with every other setting unchanged.
+struct Suggestion {
+  std::string section, key, label;
+  int64_t current = 0, value = 0;
+  std::string override_flag() const;  // "--set data.tokens_per_batch=8192"
+};
+struct Verdict {
+  bool fits = true;
+  int64_t available_bytes = 0;
+  int64_t short_by = 0;  // total − available when it does not fit
+  std::vector<Suggestion> suggestions;
+};
+Verdict check_fit(const host::PluginRegistry& registry, const nlohmann::json& root, const DevicePlan& plan,
+                  int64_t available_bytes);
+
+// The table a person reads, and the same as JSON.
+std::string format_plan(const DevicePlan& plan, const Capacity& capacity, const std::optional<Verdict>& verdict);
+nlohmann::json plan_to_json(const DevicePlan& plan, const Capacity& capacity, const std::optional<Verdict>& verdict);
+
+}  // namespace dflash::memory
