@@ -99,7 +99,7 @@ DevicePlan compute_plan(const PlanInputs& in) {
     const bool tied = in.target.facts.value("tied_embeddings", false);
     if (target_dtype == in.dtype)
       add("frozen verifier weights (embed_tokens, lm_head, final_norm)", "host", 0, kEveryPhase,
-          "shared with the target's weights (same device and dtype)");
+          "shared with the target's weights: same device and dtype");
     else
       add("frozen verifier weights (embed_tokens, lm_head, final_norm)", "host",
           ((tied ? 1 : 2) * vocab * hidden + hidden) * e, kEveryPhase, "copied from the target's " + target_dtype);
@@ -183,7 +183,9 @@ DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& 
   const auto& target = record(DFLASH_KIND_TARGET_MODEL);
   const auto& drafter = record(DFLASH_KIND_DRAFTER);
   const auto& loss = record(DFLASH_KIND_LOSS);
-  in.data_label = data.label(), in.target_label = target.label(), in.drafter_label = drafter.label(), in.loss_label = loss.label();
+  auto short_label = [](const host::PluginRecord& r) { return std::string(host::kind_section(r.kind)) + " " + r.name; };
+  in.data_label = short_label(data), in.target_label = short_label(target), in.drafter_label = short_label(drafter);
+  in.loss_label = short_label(loss);
 
   in.data = host::plan_memory(data, section(DFLASH_KIND_DATA_SOURCE), options, nlohmann::json::object());
   const nlohmann::json batch{{"rows", std::max<int64_t>(1, fact(in.data.facts, "rows", 1))},
@@ -298,22 +300,34 @@ Verdict check_fit(const host::PluginRegistry& registry, const nlohmann::json& ro
       const int64_t lowest = std::max<int64_t>(1, property.value("minimum", int64_t{1}));
       // 0 often means "automatic" (e.g. a loss's chunk size): search below a cap then.
       const int64_t highest = current > 0 ? current - 1 : 65536;
-      auto fits_with = [&](int64_t value, DevicePlan* out) {
+      // 1 = fits, 0 = does not, −1 = a value the plugin refuses (e.g. a token
+      // budget below one row); refused values lie below the valid ones.
+      auto try_value = [&](int64_t value) {
         nlohmann::json candidate = root;
         candidate[section][key] = value;
         try {
-          DevicePlan p = plan_run(registry, candidate);
-          if (out) *out = p;
-          return p.complete() && p.total_bytes <= available_bytes;
+          const DevicePlan p = plan_run(registry, candidate);
+          return p.complete() && p.total_bytes <= available_bytes ? 1 : 0;
         } catch (const std::exception&) {
-          return false;  // a value the plugin refuses does not fit either
+          return -1;
         }
       };
-      if (highest < lowest || !fits_with(lowest, nullptr)) continue;
-      int64_t lo = lowest, hi = highest;  // lo fits; find the largest that does
+      if (highest < lowest) continue;
+      int64_t lo = lowest;
+      if (try_value(lo) < 0) {  // the smallest value the plugin accepts
+        int64_t bad = lo, good = current > 0 ? current : highest;
+        if (try_value(good) < 0) continue;
+        while (good - bad > 1) {
+          const int64_t mid = bad + (good - bad) / 2;
+          (try_value(mid) < 0 ? bad : good) = mid;
+        }
+        lo = good;
+      }
+      if (lo > highest || try_value(lo) != 1) continue;
+      int64_t hi = highest;  // lo fits; find the largest that does
       while (lo < hi) {
         const int64_t mid = lo + (hi - lo + 1) / 2;
-        if (fits_with(mid, nullptr)) lo = mid;
+        if (try_value(mid) == 1) lo = mid;
         else hi = mid - 1;
       }
       Suggestion s{section, key, property.at("memoryKnob").get<std::string>(), current, lo};
@@ -349,10 +363,10 @@ std::string format_plan(const DevicePlan& plan, const Capacity& capacity, const 
       << plan.facts.value("block_tokens", int64_t{0}) << " block tokens, " << plan.facts.value("loss_rows", int64_t{0})
       << " loss rows\n\n";
   out << "  " << std::left << std::setw(static_cast<int>(width)) << "category" << "  " << std::right << std::setw(11)
-      << "bytes" << "  " << std::left << std::setw(20) << "source" << "when\n";
+      << "bytes" << "  " << std::left << std::setw(24) << "source" << "when\n";
   for (const PlanLine& line : plan.lines) {
     out << "  " << std::left << std::setw(static_cast<int>(width)) << line.category << "  " << std::right << std::setw(11)
-        << format_bytes(line.bytes) << "  " << std::left << std::setw(20) << line.source << when(line.phases);
+        << format_bytes(line.bytes) << "  " << std::left << std::setw(24) << line.source << when(line.phases);
     if (!line.note.empty()) out << " (" << line.note << ")";
     out << "\n";
   }

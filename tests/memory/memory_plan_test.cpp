@@ -1,0 +1,403 @@
+// The memory planner: its arithmetic per category against values worked out
+// by hand for a small config, the phase model, the knob search, the `plan`
+// command and the check before `train`, and the out-of-memory report with
+// its emergency checkpoint.
+#include "memory/memory_plan.h"
+#include "memory/oom_report.h"
+#include "plugin/instances.h"
+#include "plugin/registry.h"
+
+#include "support/expect.h"
+#include "support/temp_dir.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace {
+using namespace dflash;
+
+// The small config of the by-hand figures below: the committed tiny Qwen3
+// target (H 72, I 100, 6 heads / 2 KV heads × 16, V 301, 4 layers, untied),
+// 2 rows × 64 tokens, a one-layer DFlash drafter with blocks of 4 and 8
+// anchors per row, fp32 on the CPU, teacher hidden states.
+nlohmann::json small_root(const std::string& output = "runs/plan-test") {
+  return {{"train", {{"seed", 3}, {"device", "cpu"}, {"dtype", "float32"}, {"precision", "same"}, {"grad_accumulation", 1},
+                     {"teacher", "hidden"}, {"memory_slack", 0.05}, {"steps", 6}, {"lr", 3e-3}, {"output_dir", output},
+                     {"progress", "lines"}}},
+          {"data", {{"plugin", "synthetic"}, {"vocab_size", 0}, {"sequences", 64}, {"min_length", 24}, {"max_length", 64},
+                    {"row_length", 64}, {"tokens_per_batch", 128}, {"branching", 2}}},
+          {"target", {{"plugin", "hf_decoder"}, {"path", std::string(DFLASH_HF_FIXTURES) + "/qwen3"}}},
+          {"drafter", {{"plugin", "dflash"}, {"num_layers", 1}, {"block_size", 4}, {"max_anchors", 8}}},
+          {"loss", {{"plugin", "fused_ckpt_kl"}, {"kl_weight", 0.5}}},
+          {"scheduler", {{"plugin", "constant"}}}};
+}
+
+// Fills every plugin section with its schema's defaults, as the host's
+// config resolution does.
+nlohmann::json with_defaults(const host::PluginRegistry& registry, nlohmann::json root) {
+  for (dflash_kind kind : {DFLASH_KIND_DATA_SOURCE, DFLASH_KIND_TARGET_MODEL, DFLASH_KIND_DRAFTER, DFLASH_KIND_LOSS}) {
+    const char* section = kind == DFLASH_KIND_DATA_SOURCE ? "data" : kind == DFLASH_KIND_TARGET_MODEL ? "target"
+                          : kind == DFLASH_KIND_DRAFTER ? "drafter" : "loss";
+    const auto& record = registry.find(kind, root[section]["plugin"].get<std::string>());
+    for (const auto& [key, property] : record.schema.at("properties").items())
+      if (!root[section].contains(key) && property.contains("default")) root[section][key] = property.at("default");
+  }
+  return root;
+}
+
+host::PluginRegistry registry() {
+  host::PluginRegistry r(/*log_problems=*/false);
+  r.add_directory(DFLASH_INTREE_PLUGIN_DIR);
+  r.add_directory(DFLASH_GOOD_PLUGIN_DIR);
+  return r;
+}
+
+int64_t line(const memory::DevicePlan& plan, const std::string& category) {
+  for (const auto& l : plan.lines)
+    if (l.category == category) return l.bytes;
+  ADD_FAILURE() << "no line '" << category << "' in the plan";
+  return -1;
+}
+
+TEST(MemoryPlan, EveryCategoryMatchesTheHandComputedValueForASmallConfig) {
+  const host::PluginRegistry plugins = registry();
+  const nlohmann::json root = with_defaults(plugins, small_root());
+  const memory::DevicePlan plan = memory::plan_run(plugins, root);
+  ASSERT_TRUE(plan.complete()) << plan.missing.front();
+
+  // Target weights: embed + lm_head 2·301·72, final norm 72, and per layer
+  // 2 norms 144 + qkv 160·72 + o 72·96 + q/k norms 32 + gate/up/down 3·100·72
+  // = 40,208; 4 layers → 204,248 fp32 elements.
+  EXPECT_EQ(line(plan, "target weights (4 layers, float32)"), 204248 * 4);
+  // The frozen verifier weights alias the target's (same device and dtype).
+  EXPECT_EQ(line(plan, "frozen verifier weights (embed_tokens, lm_head, final_norm)"), 0);
+  // Drafter: fc 72·72 + hidden norm 72 + final norm 72 + one layer 40,208 = 45,536.
+  EXPECT_EQ(line(plan, "drafter weights"), 45536 * 4);
+  EXPECT_EQ(line(plan, "drafter gradients"), 45536 * 4);
+  EXPECT_EQ(line(plan, "AdamW states (exp_avg, exp_avg_sq)"), 2 * 45536 * 4);
+  // The per-tensor loop's fp32 temporaries: 5 × the largest tensor (gate, 100·72).
+  EXPECT_EQ(line(plan, "optimizer working memory"), 5 * 7200 * 4);
+  // 4 int64 tensors of [2, 64]; features: hidden.1 and last_hidden, [2, 64, 72] fp32.
+  EXPECT_EQ(line(plan, "batch on the device (ids, masks, positions, documents)"), 4 * 8 * 128);
+  EXPECT_EQ(line(plan, "hidden-state items in flight: 1 × 2 × [2, 64, 72]"), 2 * 128 * 72 * 4);
+
+  // The drafter's step: Q = 2·8·4 = 64 slots, C = 128 context positions,
+  // N = 2·8·3 = 48 loss rows; e = 4, an rms_norm over [n, D] keeps 8·n·D.
+  // Context: fc input 4·128·72 + norm 8·128·72 + context 4·128·72.
+  EXPECT_EQ(line(plan, "drafter context: fc input, fc + norm"), 36864 + 73728 + 36864);
+  // Attention (the CPU's SDPA math path, K/V repeated to 6 heads):
+  //   input norm 36,864 + h 18,432 + q 20·64·96 + slots' k 16·64·32 + slots' k/v 8·64·96
+  //   + output and copy 8·64·96 + log-sum-exp 4·6·64 + probabilities 4·6·(2·32·96) + scaled q 4·64·96.
+  EXPECT_EQ(line(plan, "drafter layer 0: attention"),
+            36864 + 18432 + 122880 + 32768 + 49152 + 49152 + 1536 + 147456 + 24576);
+  // Context K/V: k's norm and RoPE 16·128·32, K and V repeated 8·128·96.
+  EXPECT_EQ(line(plan, "drafter layer 0: context K/V projections"), 65536 + 98304);
+  // MLP: post norm 36,864 + m 18,432 + gate, silu, up, product 16·64·100.
+  EXPECT_EQ(line(plan, "drafter layer 0: MLP"), 36864 + 18432 + 102400);
+  // Masks: one group per row, 32 queries × 96 keys (already a multiple of 16),
+  // fp32; rotary tables 8·(64 + 128 + 64)·16.
+  EXPECT_EQ(line(plan, "attention workspace: masks, rotary tables"), 4 * 2 * 32 * 96 + 32768);
+  // Final norm 36,864 + hidden rows 4·48·72 + targets/weights/slots 20·48 + teacher rows 4·48·72.
+  EXPECT_EQ(line(plan, "final norm and the loss's inputs"), 36864 + 13824 + 960 + 13824);
+  // Backward: MLP gradients 12·64·100, hidden gradients 12·64·72 + 4·64·72, layer gradients 4·40,208.
+  EXPECT_EQ(line(plan, "backward working memory (largest layer)"), 76800 + 55296 + 18432 + 160832);
+  // Target forward (ATen path on the CPU): residual + larger half 4·128·(72 + 488),
+  // angles 8·128·16, cos/sin 4·128·16, fp32 norm temporaries 8·128·72,
+  // repeated K/V 2·4·128·96, SDPA math probabilities 2 rows·6 heads·64²·4·2.
+  EXPECT_EQ(line(plan, "target forward working memory"), 286720 + 16384 + 8192 + 73728 + 98304 + 393216);
+
+  // The loss's lines are its own estimate at the drafter's rows.
+  host::InstanceOptions options;
+  nlohmann::json loss_config = root["loss"];
+  loss_config.erase("plugin");
+  const host::LossInstance loss(plugins.find(DFLASH_KIND_LOSS, "fused_ckpt_kl"), loss_config, options);
+  dflash_loss_shape shape{sizeof(dflash_loss_shape), 48, 72, 301, 0, DFLASH_TEACHER_HIDDEN, 4, 0};
+  const auto estimate = loss.estimate_memory(shape);
+  ASSERT_TRUE(estimate.has_value());
+  EXPECT_EQ(line(plan, "loss: kept for backward"), static_cast<int64_t>(estimate->saved_for_backward_bytes));
+  EXPECT_EQ(line(plan, "loss: working memory at its peak"),
+            static_cast<int64_t>(estimate->peak_bytes - estimate->saved_for_backward_bytes));
+
+  // Phases: resident = target + drafter weights + AdamW; the step's phases on top.
+  const int64_t resident = 204248 * 4 + 45536 * 4 + 2 * 45536 * 4;
+  const int64_t activations = 147456 + 482816 + 163840 + 157696 + 57344 + 65472;
+  const int64_t features = 4096 + 73728;
+  const auto saved = static_cast<int64_t>(estimate->saved_for_backward_bytes);
+  EXPECT_EQ(plan.phase_bytes[0], resident + features + 876544);
+  EXPECT_EQ(plan.phase_bytes[1], resident + features + activations + static_cast<int64_t>(estimate->peak_bytes));
+  EXPECT_EQ(plan.phase_bytes[2], resident + activations + saved + 311360);
+  EXPECT_EQ(plan.phase_bytes[3], resident + 45536 * 4 + 144000);
+  EXPECT_EQ(plan.peak_bytes, *std::max_element(plan.phase_bytes, plan.phase_bytes + 4));
+  EXPECT_EQ(plan.slack_bytes, std::llround(plan.peak_bytes * 0.05));
+  EXPECT_EQ(plan.total_bytes, plan.peak_bytes + plan.slack_bytes);
+  EXPECT_EQ(plan.facts.at("loss_rows"), 48);
+  EXPECT_EQ(plan.facts.at("block_tokens"), 64);
+}
+
+memory::PlanInputs synthetic_inputs() {
+  memory::PlanInputs in;
+  in.device = "cuda:0";
+  in.dtype = "bfloat16";
+  in.fused_adamw = true;
+  in.teacher = false;
+  in.data.available = true;
+  in.data.facts = {{"rows", 2}, {"row_length", 1000}};
+  in.target.available = true;
+  in.target.facts = {{"hidden_size", 100}, {"vocab_size", 5000}, {"weights_dtype", "bfloat16"}, {"tied_embeddings", false}};
+  in.target.items = {{"target weights", 1000000, DFLASH_MEMORY_RESIDENT}, {"target forward", 30000, DFLASH_MEMORY_TARGET_FORWARD}};
+  in.drafter.available = true;
+  in.drafter.facts = {{"parameters", 10000}, {"largest_parameter", 4000}, {"target_layer_ids", {1, 2, 3}}, {"loss_rows", 700}};
+  in.drafter.items = {{"activations", 200000, DFLASH_MEMORY_ACTIVATIONS}, {"backward", 50000, DFLASH_MEMORY_BACKWARD}};
+  in.loss = host::LossMemoryEstimate{9000, 1000};
+  return in;
+}
+
+TEST(MemoryPlan, PhasesAccumulationPrecisionAndFrozenCopies) {
+  memory::PlanInputs in = synthetic_inputs();
+  memory::DevicePlan plan = memory::compute_plan(in);
+  const int64_t resident = 1000000 + 2 * 10000 + 2 * 2 * 10000;  // target, drafter bf16, two bf16 states
+  const int64_t features = 32 * 2000 + 3 * 2000 * 100 * 2;         // batch; 3 feature layers, bf16
+  EXPECT_EQ(plan.phase_bytes[0], resident + features + 30000);
+  EXPECT_EQ(plan.phase_bytes[1], resident + features + 200000 + 9000);
+  EXPECT_EQ(plan.phase_bytes[2], resident + 200000 + 1000 + 50000);
+  EXPECT_EQ(plan.phase_bytes[3], resident + 2 * 10000 + 0);  // fused AdamW in bf16 needs no temporaries
+  EXPECT_EQ(plan.peak_bytes, plan.phase_bytes[1]);
+  EXPECT_EQ(plan.peak_phase, memory::kLossForward);
+
+  // Accumulation keeps the gradients in every phase; fp32 master weights add
+  // fp32 masters, fp32 states and the fused kernel's fp32 gradient batch.
+  in.grad_accumulation = 4;
+  in.fp32_master = true;
+  plan = memory::compute_plan(in);
+  const int64_t resident2 = 1000000 + 2 * 10000 + 2 * 10000 /* grads */ + 2 * 4 * 10000 + 4 * 10000;
+  EXPECT_EQ(plan.phase_bytes[2], resident2 + 200000 + 1000 + 50000);
+  EXPECT_EQ(plan.phase_bytes[3], resident2 + 4 * 10000 /* all 10,000 fp32 gradients in one batch */);
+  EXPECT_EQ(plan.bytes_of("fp32 master weights"), 4 * 10000);
+
+  // A target in another dtype: the host copies embed, lm_head and the norm.
+  in = synthetic_inputs();
+  in.target.facts["weights_dtype"] = "float32";
+  plan = memory::compute_plan(in);
+  EXPECT_EQ(plan.bytes_of("frozen verifier weights"), (2 * 5000 * 100 + 100) * 2);
+  in.target.facts["tied_embeddings"] = true;
+  EXPECT_EQ(memory::compute_plan(in).bytes_of("frozen verifier weights"), (5000 * 100 + 100) * 2);
+
+  // A plugin that does not plan makes the plan incomplete, and says which.
+  in = synthetic_inputs();
+  in.drafter.available = false;
+  in.drafter_label = "drafter my_drafter";
+  plan = memory::compute_plan(in);
+  EXPECT_FALSE(plan.complete());
+  EXPECT_CONTAINS(plan.missing.front(), "drafter my_drafter does not estimate its memory");
+}
+
+TEST(MemoryPlan, SizesParseAndBadOnesAreNamed) {
+  EXPECT_EQ(memory::parse_size("96GiB"), int64_t{96} << 30);
+  EXPECT_EQ(memory::parse_size("80 GB"), int64_t{80000000000});
+  EXPECT_EQ(memory::parse_size("1.5TiB"), int64_t{3} << 39);
+  EXPECT_EQ(memory::parse_size("512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(memory::parse_size("123456"), 123456);
+  for (const char* bad : {"", "GiB", "12 parsecs", "-4GiB", "0"}) {
+    try {
+      memory::parse_size(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_CONTAINS(e.what(), "is not a memory size");
+    }
+  }
+}
+
+TEST(MemoryPlan, TheProposedSettingsAreTheLargestThatFit) {
+  const host::PluginRegistry plugins = registry();
+  const nlohmann::json root = with_defaults(plugins, small_root());
+  const memory::DevicePlan plan = memory::plan_run(plugins, root);
+  const int64_t available = plan.total_bytes - 200000;  // just short
+  const memory::Verdict verdict = memory::check_fit(plugins, root, plan, available);
+  EXPECT_FALSE(verdict.fits);
+  EXPECT_EQ(verdict.short_by, 200000);
+  bool anchors = false, budget = false;
+  for (const auto& s : verdict.suggestions) {
+    nlohmann::json candidate = root;
+    candidate[s.section][s.key] = s.value;
+    EXPECT_LE(memory::plan_run(plugins, candidate).total_bytes, available) << s.override_flag() << " fits";
+    EXPECT_LT(s.value, s.current);
+    if (s.key == "max_anchors") {
+      anchors = true;
+      EXPECT_EQ(s.label, "anchor count");
+      candidate[s.section][s.key] = s.value + 1;
+      EXPECT_GT(memory::plan_run(plugins, candidate).total_bytes, available) << "one more anchor does not fit";
+      EXPECT_EQ(s.override_flag(), "--set drafter.max_anchors=" + std::to_string(s.value));
+    }
+    if (s.key == "tokens_per_batch") {
+      budget = true;
+      EXPECT_EQ(s.value % 64, 0) << "the data source's effective budget: whole rows";
+    }
+  }
+  EXPECT_TRUE(anchors);
+  EXPECT_TRUE(budget);
+  EXPECT_TRUE(memory::check_fit(plugins, root, plan, plan.total_bytes).fits);
+}
+
+TEST(MemoryPlan, ACPluginPlansThroughTheAbiAndOneWithoutThePlanSlotSaysSo) {
+  const host::PluginRegistry plugins = registry();
+  host::InstanceOptions options;
+  const auto c_plan = host::plan_memory(plugins.find(DFLASH_KIND_DATA_SOURCE, "c_data"), nlohmann::json::object(), options,
+                                        nlohmann::json::object());
+  ASSERT_TRUE(c_plan.available);
+  EXPECT_EQ(c_plan.facts.at("rows"), 2);
+  EXPECT_EQ(c_plan.facts.at("row_length"), 3);
+  ASSERT_EQ(c_plan.items.size(), 1u);
+  EXPECT_EQ(c_plan.items[0].category, "c_data prefetch buffer");
+  const auto none = host::plan_memory(plugins.find(DFLASH_KIND_TARGET_MODEL, "test_target"), nlohmann::json::object(),
+                                      options, nlohmann::json::object());
+  EXPECT_FALSE(none.available);
+  // A plugin's own refusal names the plugin and the key.
+  nlohmann::json bad = with_defaults(plugins, small_root())["data"];
+  bad.erase("plugin");
+  bad["tokens_per_batch"] = 10;
+  try {
+    host::plan_memory(plugins.find(DFLASH_KIND_DATA_SOURCE, "synthetic"), bad, options, nlohmann::json::object());
+    FAIL();
+  } catch (const host::PluginCallError& e) {
+    EXPECT_CONTAINS(e.what(), "data source plugin 'synthetic'");
+    EXPECT_CONTAINS(e.what(), "data.synthetic.tokens_per_batch: must be at least row_length (64)");
+  }
+}
+
+// ---- dflash-host plan / train ---------------------------------------------------
+
+struct Result {
+  int status;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Result host_run(const std::string& args, const std::string& scratch) {
+  const std::string command = std::string(DFLASH_HOST_EXE) + " --no-default-plugin-dirs --plugin-dir " +
+                              DFLASH_INTREE_PLUGIN_DIR + " --plugin-dir " + DFLASH_GOOD_PLUGIN_DIR + " " + args + " > " +
+                              scratch + "/out.txt 2> " + scratch + "/err.txt";
+  const int status = std::system(command.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(scratch + "/out.txt"), slurp(scratch + "/err.txt")};
+}
+
+std::string write_config(const std::string& dir, const nlohmann::json& root) {
+  const std::string path = dir + "/config.json";
+  std::ofstream(path) << root.dump(2);
+  return path;
+}
+
+TEST(PlanCommand, PrintsTheTableComparesWithTheDeviceAndProposesSettings) {
+  test::TempDir temp("dflash_plan");
+  const std::string dir = temp.path().string();
+  const std::string config = write_config(dir, small_root(dir + "/run"));
+  const Result fits = host_run("plan --config " + config + " --gpu-memory 1GiB", dir);
+  ASSERT_EQ(fits.status, 0) << fits.err;
+  for (const char* part : {"target weights (4 layers, float32)", "drafter layer 0: attention", "drafter layer 0: MLP",
+                           "context K/V projections", "attention workspace", "AdamW states", "loss: kept for backward",
+                           "hidden-state items in flight", "allocator slack", "predicted peak", "verdict: fits",
+                           "1.00 GiB available of 1.00 GiB (--gpu-memory)"})
+    EXPECT_CONTAINS(fits.out, part);
+  const Result json = host_run("plan --json --config " + config + " --gpu-memory 1GiB", dir);
+  ASSERT_EQ(json.status, 0) << json.err;
+  const auto j = nlohmann::json::parse(json.out);
+  EXPECT_TRUE(j.at("verdict").at("fits").get<bool>());
+  EXPECT_EQ(j.at("total_bytes").get<int64_t>(), j.at("peak_bytes").get<int64_t>() + j.at("slack_bytes").get<int64_t>());
+
+  const Result short_of = host_run("plan --config " + config + " --gpu-memory 2.5MiB", dir);
+  EXPECT_EQ(short_of.status, 6) << short_of.err;
+  EXPECT_CONTAINS(short_of.out, "verdict: does NOT fit");
+  EXPECT_CONTAINS(short_of.out, "short by");
+  EXPECT_CONTAINS(short_of.out, "--set drafter.max_anchors=");
+  EXPECT_CONTAINS(short_of.out, "anchor count, now 8");
+  const Result bad_size = host_run("plan --config " + config + " --gpu-memory lots", dir);
+  EXPECT_EQ(bad_size.status, 2);
+  EXPECT_CONTAINS(bad_size.err, "'lots' is not a memory size");
+}
+
+TEST(PlanCommand, TrainRefusesARunThatDoesNotFitUnlessForced) {
+  test::TempDir temp("dflash_plan_train");
+  const std::string dir = temp.path().string();
+  nlohmann::json root = small_root(dir + "/run");
+  root["train"]["steps"] = 2;
+  const std::string config = write_config(dir, root);
+  const Result refused = host_run("--config " + config + " --gpu-memory 2MiB", dir);
+  EXPECT_EQ(refused.status, 6) << refused.err;
+  EXPECT_CONTAINS(refused.err, "verdict: does NOT fit");
+  EXPECT_CONTAINS(refused.err, "the run does not fit on cpu");
+  EXPECT_CONTAINS(refused.err, "--skip-memory-check");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run")) << "nothing was created for a run that cannot fit";
+  const Result forced = host_run("--config " + config + " --gpu-memory 2MiB --skip-memory-check", dir);
+  EXPECT_EQ(forced.status, 0) << forced.err;
+  EXPECT_CONTAINS(forced.err, "starting anyway (--skip-memory-check)");
+  // Every step's record carries the allocator's figures and the plan's peak.
+  std::ifstream metrics(dir + "/run/metrics.jsonl");
+  std::string first;
+  ASSERT_TRUE(std::getline(metrics, first));
+  const auto record = nlohmann::json::parse(first);
+  for (const char* key : {"memory_current_bytes", "memory_peak_bytes", "memory_planned_peak_bytes"})
+    EXPECT_TRUE(record.contains(key)) << key;
+}
+
+std::vector<nlohmann::json> metrics_of(const std::string& dir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// An out-of-memory error at step 3 (the loss's 7th call, two micro-batches a
+// step): a report, an emergency checkpoint of the 3 completed steps, exit 5;
+// resuming from that checkpoint gives bitwise the run that never failed.
+TEST(OutOfMemory, ReportsSavesTheLastCompletedStepAndResumesExactly) {
+  test::TempDir temp("dflash_oom");
+  const std::string dir = temp.path().string();
+  nlohmann::json root = small_root(dir + "/whole");
+  root["train"]["grad_accumulation"] = 2;
+  root["loss"] = {{"plugin", "test_loss"}};
+  const std::string whole = write_config(dir, root);
+  ASSERT_EQ(host_run("--config " + whole, dir).status, 0);
+
+  root["train"]["output_dir"] = dir + "/failing";
+  root["loss"]["oom_at_call"] = 7;
+  const Result oom = host_run("--config " + write_config(dir, root), dir);
+  EXPECT_EQ(oom.status, 5) << oom.err;
+  for (const char* part : {"=== out of memory on cpu at step 3, during the drafter forward + loss ===",
+                           "tried to allocate 3.79 GiB (test_loss.oom_at_call)", "predicted", "actual", "drafter weights",
+                           "AdamW states", "hidden-state items", "everything else at the peak",
+                           "largest live tensors the host can name", "emergency checkpoint of the last completed step",
+                           "step-00000003", "oom_report.txt", "dflash-host plan"})
+    EXPECT_CONTAINS(oom.err, part);
+  EXPECT_EQ(oom.err.find("Exception raised from"), std::string::npos) << "no stack trace";
+  EXPECT_TRUE(std::filesystem::exists(dir + "/failing/oom_report.txt"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/failing/checkpoints/step-00000003/model.safetensors"));
+  const auto failed = metrics_of(dir + "/failing");
+  ASSERT_EQ(failed.size(), 4u) << "3 steps and the out-of-memory record";
+  EXPECT_TRUE(failed.back().contains("out_of_memory"));
+
+  root["loss"]["oom_at_call"] = 0;
+  const Result resumed = host_run("--config " + write_config(dir, root), dir);
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_CONTAINS(resumed.err, "resumed from");
+  // The resumed run rewrites the records from step 3 on (the failed one included).
+  const auto a = metrics_of(dir + "/whole"), b = metrics_of(dir + "/failing");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_EQ(b[i].at("loss").get<double>(), a[i].at("loss").get<double>()) << "step " << i << " bitwise as uninterrupted";
+  EXPECT_EQ(slurp(dir + "/whole/checkpoints/step-00000006/model.safetensors"),
+            slurp(dir + "/failing/checkpoints/step-00000006/model.safetensors"));
+}
+
+}  // namespace
