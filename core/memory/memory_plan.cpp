@@ -14,7 +14,8 @@
 #include <stdexcept>
 
 #if DFLASH_HOST_CUDA
-#include <cuda_runtime_api.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <dlfcn.h>
 #endif
 
 namespace dflash::memory {
@@ -217,15 +218,21 @@ Capacity device_capacity(const std::string& device_text) {
   const c10::Device device(device_text);
 #if DFLASH_HOST_CUDA
   if (device.is_cuda()) {
-    int previous = 0;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device.has_index() ? device.index() : 0);
-    size_t free_bytes = 0, total_bytes = 0;
-    const cudaError_t status = cudaMemGetInfo(&free_bytes, &total_bytes);
-    cudaSetDevice(previous);
-    if (status != cudaSuccess)
-      throw std::runtime_error("cannot query " + device.str() + "'s memory: " + cudaGetErrorString(status) +
+    // The CUDA runtime LibTorch loaded, found at run time: the host links
+    // LibTorch's CUDA libraries, not the runtime itself.
+    using MemGetInfo = int (*)(size_t*, size_t*);
+    auto mem_get_info = reinterpret_cast<MemGetInfo>(dlsym(RTLD_DEFAULT, "cudaMemGetInfo"));
+    if (mem_get_info == nullptr)
+      throw std::runtime_error("cannot find the CUDA runtime's cudaMemGetInfo to query " + device.str() +
                                "; give the capacity with --gpu-memory");
+    const c10::DeviceIndex previous = c10::cuda::current_device();
+    c10::cuda::set_device(device.has_index() ? device.index() : 0);
+    size_t free_bytes = 0, total_bytes = 0;
+    const int status = mem_get_info(&free_bytes, &total_bytes);
+    c10::cuda::set_device(previous);
+    if (status != 0)
+      throw std::runtime_error("cannot query " + device.str() + "'s memory (CUDA error " + std::to_string(status) +
+                               "); give the capacity with --gpu-memory");
     c.total_bytes = static_cast<int64_t>(total_bytes);
     c.free_bytes = static_cast<int64_t>(free_bytes);
     c.source = "CUDA driver, free now";
