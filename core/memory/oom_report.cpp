@@ -21,7 +21,27 @@ std::string shape_of(const at::Tensor& t) {
 
 const void* storage_key(const at::Tensor& t) { return t.storage().data_ptr().get(); }
 
+// "cuda" and "cuda:0" are the same device here.
+bool on_device(const at::Tensor& t, const c10::Device& device) {
+  auto index_of = [](const c10::Device& d) { return d.has_index() ? d.index() : c10::DeviceIndex{0}; };
+  return t.device().type() == device.type() && (device.is_cpu() || index_of(t.device()) == index_of(device));
+}
+
 }  // namespace
+
+std::string short_oom_message(const std::string& message) {
+  // LibTorch's CUDA message: keep "CUDA out of memory. Tried to allocate X."
+  // and the capacity sentence, drop the advice paragraph.
+  const size_t start = message.find("CUDA out of memory");
+  if (start == std::string::npos) return message;
+  const size_t tried = message.find("Tried to allocate", start);
+  const size_t end = tried == std::string::npos ? std::string::npos : message.find(". ", tried);
+  const size_t capacity = message.find("GPU ", start);
+  const size_t capacity_end = capacity == std::string::npos ? std::string::npos : message.find(". ", capacity);
+  std::string out = message.substr(start, end == std::string::npos ? std::string::npos : end - start);
+  if (capacity_end != std::string::npos) out += "; " + message.substr(capacity, capacity_end - capacity);
+  return out;
+}
 
 bool is_out_of_memory(const std::exception& e) {
   if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
@@ -44,11 +64,16 @@ std::string format_oom_report(const OomEvent& event) {
   std::ostringstream out;
   out << "\n=== out of memory on " << event.device << " at step " << event.step << ", during the " << event.phase << " ===\n";
   out << "  error: " << event.error << "\n";
-  out << "  allocator now: " << format_bytes(event.figures.current_bytes) << " allocated";
+  out << "  allocator after the failed step unwound: " << format_bytes(event.figures.current_bytes) << " allocated";
   if (event.figures.reserved_bytes > 0) out << ", " << format_bytes(event.figures.reserved_bytes) << " reserved";
-  out << "; peak this step " << format_bytes(event.figures.peak_bytes) << " (" << event.figures.source << ")\n\n";
+  out << "; peak this step " << format_bytes(event.figures.peak_bytes) << " (" << event.figures.source << ")\n";
+  if (event.figures.source == "process_rss")
+    out << "  (on the CPU the figures are the process's resident memory, libraries included: compare them with the\n"
+           "   plan only roughly)\n";
+  out << "\n";
 
   // Actual bytes per named group, each storage counted once overall.
+  const c10::Device device(event.device);
   std::set<const void*> seen;
   struct Row {
     std::string category;
@@ -61,7 +86,7 @@ std::string format_oom_report(const OomEvent& event) {
   for (const NamedGroup& group : event.groups) {
     Row row{group.category, -1, 0, group.part_of_remainder};
     for (const auto& [name, t] : group.tensors) {
-      if (!t.defined() || !t.has_storage() || t.device().str() != c10::Device(event.device).str()) continue;
+      if (!t.defined() || !t.has_storage() || !on_device(t, device)) continue;
       if (!seen.insert(storage_key(t)).second) continue;
       const auto bytes = static_cast<int64_t>(t.storage().nbytes());
       row.actual += bytes;
@@ -78,23 +103,23 @@ std::string format_oom_report(const OomEvent& event) {
   for (const Row& r : rows)
     if (!r.informational) predicted_named += std::max<int64_t>(0, r.predicted);
 
-  out << "  " << std::left << std::setw(58) << "category" << std::right << std::setw(12) << "predicted" << std::setw(12)
+  out << "  " << std::left << std::setw(66) << "category" << std::right << std::setw(12) << "predicted" << std::setw(12)
       << "actual" << "\n";
   for (const Row& r : rows) {
     if (r.informational) continue;
-    out << "  " << std::left << std::setw(58) << r.category << std::right << std::setw(12)
+    out << "  " << std::left << std::setw(66) << r.category << std::right << std::setw(12)
         << (r.predicted >= 0 ? format_bytes(r.predicted) : "—") << std::setw(12) << format_bytes(r.actual) << "\n";
   }
   const int64_t rest_actual = std::max<int64_t>(0, event.figures.peak_bytes - attributed);
   const int64_t rest_predicted = event.plan ? event.plan->peak_bytes - predicted_named : -1;
-  out << "  " << std::left << std::setw(58)
-      << "everything else at the peak (target weights and forward, activations, loss)" << std::right << std::setw(12)
+  out << "  " << std::left << std::setw(66)
+      << "the rest at the peak: target, activations, loss, workspace" << std::right << std::setw(12)
       << (rest_predicted >= 0 ? format_bytes(rest_predicted) : "—") << std::setw(12) << format_bytes(rest_actual) << "\n";
   for (const Row& r : rows)
     if (r.informational)
-      out << "  " << std::left << std::setw(58) << ("  of which " + r.category) << std::right << std::setw(12) << ""
+      out << "  " << std::left << std::setw(66) << ("  of which " + r.category) << std::right << std::setw(12) << ""
           << std::setw(12) << format_bytes(r.actual) << "\n";
-  out << "  " << std::left << std::setw(58) << "peak" << std::right << std::setw(12)
+  out << "  " << std::left << std::setw(66) << "peak" << std::right << std::setw(12)
       << (event.plan ? format_bytes(event.plan->peak_bytes) : "—") << std::setw(12) << format_bytes(event.figures.peak_bytes)
       << "\n";
   if (event.plan) {

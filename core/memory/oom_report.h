@@ -43,6 +43,11 @@ bool is_out_of_memory(const std::exception& e);
 
 std::string format_oom_report(const OomEvent& event);
 
+// LibTorch's CUDA out-of-memory message without its advice paragraph:
+// "CUDA out of memory. Tried to allocate 1.25 GiB; GPU 0 has a total
+// capacity of 139.80 GiB of which 1.25 GiB is free". Other messages unchanged.
+std::string short_oom_message(const std::string& message);
+
 // Total bytes of distinct storages (a storage shared by two names counts once).
 int64_t storage_bytes(const std::vector<at::Tensor>& tensors);
 

@@ -26,7 +26,13 @@ NamedTensors place_frozen_weights(const NamedTensors& from_target, const std::st
         copy = placed[i].second;
     }
     if (!copy.defined()) {
-      const bool already_there = source.device() == device && source.scalar_type() == dtype;
+      // "cuda" names device 0 here (the host never changes the current
+      // device): a tensor on cuda:0 is already there, and copying it would
+      // duplicate vocabulary-sized weights.
+      auto index_of = [](const c10::Device& d) { return d.has_index() ? d.index() : c10::DeviceIndex{0}; };
+      const bool same_device = source.device().type() == device.type() &&
+                               (device.is_cpu() || index_of(source.device()) == index_of(device));
+      const bool already_there = same_device && source.scalar_type() == dtype;
       copy = already_there ? source.detach()
                            : source.detach().to(device, dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
     }

@@ -414,7 +414,8 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
         }
       }
       std::ostringstream summary;
-      summary << "out of memory on " << device.str() << " at step " << step << " (" << event.phase << "): " << event.error
+      summary << "out of memory on " << device.str() << " at step " << step << " (" << event.phase
+              << "): " << memory::short_oom_message(event.error)
               << "; measured peak " << memory::format_bytes(event.figures.peak_bytes);
       if (run.memory_plan) summary << " vs predicted " << memory::format_bytes(run.memory_plan->peak_bytes);
       summary << "; " << saved << "; report in " << output_dir << "/oom_report.txt; `dflash-host plan` proposes settings that fit";

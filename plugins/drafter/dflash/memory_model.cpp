@@ -115,13 +115,16 @@ sdk::MemoryPlan step_memory(const DrafterShape& s, const StepShape& step) {
   const double kv_width = (!step.cudnn && s.heads > s.kv_heads) ? HQ : HKV;
 
   // One layer, without checkpointing.
+  // RoPE multiplies by constant tables, so autograd keeps only the tables;
+  // the rotated q is kept by the attention kernel, the rotated k only through
+  // the kernel's per-group copies.
   const double attention = rms(Q, H) + e * Q * H          // input norm; h (read by q, k, v)
-                           + (f + 4 * e) * Q * HQ         // q: norm, RoPE, the rotated q the kernel keeps
-                           + (f + 3 * e) * Q * HKV        // the slots' k: norm, RoPE
+                           + (f + 2 * e) * Q * HQ         // q: its norm, and the rotated q the kernel keeps
+                           + (f + e) * Q * HKV            // the slots' k: its norm
                            + 2 * e * Q * kv_width         // the slots' k and v as the kernel keeps them
                            + 2 * e * Q * HQ + 4 * heads * Q  // kernel output and its copy for o_proj; log-sum-exp
                            + (step.cuda ? 0.0 : e * heads * score_elements + e * Q * HQ);  // SDPA math: probabilities
-  const double context_kv = (f + 3 * e) * C * HKV             // the context's k: norm, RoPE
+  const double context_kv = (f + e) * C * HKV                 // the context's k: its norm
                             + 2 * e * context_keys * kv_width;  // its k and v as the kernel keeps them
   const double mlp = rms(Q, H) + e * Q * H + 4 * e * Q * I;     // post norm; m; gate, silu, up, product
   const double layer_full = attention + context_kv + mlp;
@@ -144,15 +147,22 @@ sdk::MemoryPlan step_memory(const DrafterShape& s, const StepShape& step) {
            MemoryPhase::kActivations);
   plan.add("final norm and the loss's inputs", rms(Q, H) + e * N * H + 20 * N + (step.teacher ? e * N * H : 0.0),
            MemoryPhase::kActivations);
-  // Backward: the first layer it reaches (the last one) is the peak — every
-  // activation is still alive, and the layer's gradients arrive: its MLP's
-  // [Q, I] gradients, the hidden-state gradient with its fp32 norm
-  // temporaries, and its parameters' gradients.
-  const double working = 3 * e * Q * I + 3 * e * Q * H + f * Q * H + e * static_cast<double>(layer_parameter_count(s));
+  // Backward: the peak comes in the first layer it reaches (the last one),
+  // while every activation is still alive: in its MLP, the product's and
+  // silu's gradients [Q, I] beside the hidden-state gradient and the down
+  // projection's weight gradient (the product itself is freed as they come).
+  const double mlp_backward = 2 * e * Q * I + e * H * I + e * Q * H;
   if (step.checkpointing) {
+    // The layer runs again with grad, then its backward returns every
+    // gradient of the layer at once: its weights', x's and the context's,
+    // beside the incoming gradient.
     plan.add("backward: one layer recomputed", layer_full, MemoryPhase::kBackward);
+    plan.add("backward working memory (one layer's gradients)",
+             mlp_backward + e * static_cast<double>(layer_parameter_count(s)) + e * Q * H + e * C * H,
+             MemoryPhase::kBackward);
+  } else {
+    plan.add("backward working memory (largest layer)", mlp_backward, MemoryPhase::kBackward);
   }
-  plan.add("backward working memory (largest layer)", working, MemoryPhase::kBackward);
   return plan;
 }
 
