@@ -63,7 +63,7 @@ int64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
 std::string format_oom_report(const OomEvent& event) {
   std::ostringstream out;
   out << "\n=== out of memory on " << event.device << " at step " << event.step << ", during the " << event.phase << " ===\n";
-  out << "  error: " << event.error << "\n";
+  out << "  error: " << short_oom_message(event.error) << "\n";
   out << "  allocator after the failed step unwound: " << format_bytes(event.figures.current_bytes) << " allocated";
   if (event.figures.reserved_bytes > 0) out << ", " << format_bytes(event.figures.reserved_bytes) << " reserved";
   out << "; peak this step " << format_bytes(event.figures.peak_bytes) << " (" << event.figures.source << ")\n";
