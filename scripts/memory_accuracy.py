@@ -45,7 +45,8 @@ def main():
     p.add_argument("--host", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--only", default="")
+    p.add_argument("--only", default="", help="run only the configurations whose name contains this")
+    p.add_argument("--oom-only", action="store_true", help="only the out-of-memory demonstration")
     a = p.parse_args()
     runs_root = "/dev/shm/dflash_memory_runs" if os.path.isdir("/dev/shm") else os.path.join(a.work, "runs")
     q27, q8 = os.path.join(a.work, "q27"), os.path.join(a.work, "q8")
@@ -58,6 +59,8 @@ def main():
         ("27B-wide, ctx 4096, 512 × 16, fp32 master weights", q27, 4096, 1, 512, 16, {}, {"precision": "fp32_master"}),
     ]
     results = []
+    if a.oom_only:
+        cases = []
     for name, target, length, rows, anchors, block, drafter, train in cases:
         if a.only and a.only not in name:
             continue
@@ -92,6 +95,8 @@ def main():
         print(json.dumps({k: v for k, v in result.items() if k not in ("lines", "phases")}), flush=True)
         shutil.rmtree(output, ignore_errors=True)
 
+    if a.oom_only:
+        return oom_demo(a, runs_root, q27)
     with open(os.path.join(a.out, "memory_accuracy.json"), "w") as f:
         json.dump(results, f, indent=2)
     with open(os.path.join(a.out, "memory_accuracy.md"), "w") as f:
@@ -104,9 +109,12 @@ def main():
             else:
                 f.write(f"| {r['name']} | — | — | — | run failed ({r['train_status']}) | |\n")
 
-    # One configuration that cannot fit, forced: the plan's verdict, then the report.
-    if a.only:
-        return
+    if not a.only:
+        oom_demo(a, runs_root, q27)
+
+
+def oom_demo(a, runs_root, q27):
+    """One configuration that cannot fit, forced: the plan's verdict, then the report."""
     output = os.path.join(runs_root, "oom")
     path = os.path.join(a.work, "config_oom.json")
     with open(path, "w") as f:

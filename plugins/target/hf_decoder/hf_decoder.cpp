@@ -103,6 +103,7 @@ class HfDecoderTarget : public sdk::TargetModel {
     return plan;
   }
 
+  // The description that config.json alone gives (describe() adds the rest).
   static nlohmann::json describe_config(const target::DecoderConfig& c, int64_t feature_layers) {
     return {{"num_layers", c.num_layers},
             {"hidden_size", c.hidden_size},
@@ -120,25 +121,14 @@ class HfDecoderTarget : public sdk::TargetModel {
             {"max_position_embeddings", c.max_position_embeddings}};
   }
 
+  // What plan_memory reports, plus what only a loaded model knows: which
+  // forward path runs here, and its tokenizer.
   nlohmann::json describe() const {
-    const auto& c = decoder_->config();
-    return {{"num_layers", c.num_layers},
-            {"hidden_size", c.hidden_size},
-            {"vocab_size", c.vocab_size},
-            {"num_attention_heads", c.num_heads},
-            {"num_key_value_heads", c.num_kv_heads},
-            {"head_dim", c.head_dim},
-            {"intermediate_size", c.intermediate_size},
-            {"rms_norm_eps", c.rms_norm_eps},
-            {"rope_theta", c.rope_theta},
-            {"model_type", c.model_type},
-            {"cuda_kernels", decoder_->uses_cuda_kernels()},
-            {"cudnn_attention", decoder_->uses_cudnn_attention()},
-            {"default_layer_ids", target::default_feature_layers(c.num_layers, feature_layers_)},
-            {"eos_token_ids", c.eos_token_ids},
-            {"bos_token_id", c.bos_token_id},
-            {"max_position_embeddings", c.max_position_embeddings},
-            {"tokenizer", tokenizer_}};
+    nlohmann::json d = describe_config(decoder_->config(), feature_layers_);
+    d["cuda_kernels"] = decoder_->uses_cuda_kernels();
+    d["cudnn_attention"] = decoder_->uses_cudnn_attention();
+    d["tokenizer"] = tokenizer_;
+    return d;
   }
 
   // Incremental decoding: one KV cache per session.
