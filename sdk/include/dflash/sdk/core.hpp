@@ -51,6 +51,14 @@ inline dflash_error* to_abi_error(const dflash_host_api* host, dflash_error_code
   return host->error_new(static_cast<int32_t>(code), message.c_str());
 }
 
+// Takes an error the host returned to the plugin, frees it, and throws it on
+// as an Error with `code`, so the guard hands it back with the plugin's name.
+[[noreturn]] inline void throw_host_error(const dflash_host_api* host, dflash_error* error, dflash_error_code code) {
+  std::string message = host->error_message(error);
+  host->error_free(error);
+  throw Error(code, message);
+}
+
 // Runs `fn`; turns every exception into a host error object. Nothing unwinds
 // through the C frames of the caller.
 template <class Fn>

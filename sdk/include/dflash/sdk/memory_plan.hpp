@@ -79,16 +79,9 @@ dflash_error* plan_memory_slot(const dflash_host_api* host, const dflash_plan_re
     const MemoryPlan result = T::plan_memory(PlanRequest(request));
     for (const MemoryPlan::Item& item : result.items)
       if (dflash_error* e = host->plan_add(plan, item.category.c_str(), item.bytes, static_cast<int32_t>(item.phase)))
-        throw Error(static_cast<dflash_error_code>(host->error_code(e)), [&] {
-          std::string m = host->error_message(e);
-          host->error_free(e);
-          return m;
-        }());
-    if (dflash_error* e = host->plan_set_facts(plan, result.facts.dump().c_str())) {
-      std::string m = host->error_message(e);
-      host->error_free(e);
-      throw Error(DFLASH_ERR_INVALID_ARGUMENT, m);
-    }
+        throw_host_error(host, e, static_cast<dflash_error_code>(host->error_code(e)));
+    if (dflash_error* e = host->plan_set_facts(plan, result.facts.dump().c_str()))
+      throw_host_error(host, e, DFLASH_ERR_INVALID_ARGUMENT);
   });
 }
 

@@ -124,11 +124,8 @@ inline void write_map(const dflash_host_api* host, dflash_tensor_map* map, const
   if (map == nullptr) throw Error(DFLASH_ERR_INVALID_ARGUMENT, "the host passed no output map");
   for (const auto& [name, tensor] : dict) {
     if (!tensor.defined()) throw Error(DFLASH_ERR_INTERNAL, "output tensor '" + name + "' is undefined");
-    if (dflash_error* error = host->map_set(map, name.c_str(), new_handle(host, tensor))) {
-      std::string message = host->error_message(error);
-      host->error_free(error);
-      throw Error(DFLASH_ERR_INTERNAL, message);
-    }
+    if (dflash_error* error = host->map_set(map, name.c_str(), new_handle(host, tensor)))
+      detail::throw_host_error(host, error, DFLASH_ERR_INTERNAL);
   }
 }
 
