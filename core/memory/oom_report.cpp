@@ -1,6 +1,7 @@
 #include "memory/oom_report.h"
 
 #include "plugin/instances.h"
+#include "train/frozen_weights.h"
 
 #include <c10/util/Exception.h>
 
@@ -20,12 +21,6 @@ std::string shape_of(const at::Tensor& t) {
 }
 
 const void* storage_key(const at::Tensor& t) { return t.storage().data_ptr().get(); }
-
-// "cuda" and "cuda:0" are the same device here.
-bool on_device(const at::Tensor& t, const c10::Device& device) {
-  auto index_of = [](const c10::Device& d) { return d.has_index() ? d.index() : c10::DeviceIndex{0}; };
-  return t.device().type() == device.type() && (device.is_cpu() || index_of(t.device()) == index_of(device));
-}
 
 }  // namespace
 
@@ -86,7 +81,7 @@ std::string format_oom_report(const OomEvent& event) {
   for (const NamedGroup& group : event.groups) {
     Row row{group.category, -1, 0, group.part_of_remainder};
     for (const auto& [name, t] : group.tensors) {
-      if (!t.defined() || !t.has_storage() || !on_device(t, device)) continue;
+      if (!t.defined() || !t.has_storage() || !host::same_device(t.device(), device)) continue;
       if (!seen.insert(storage_key(t)).second) continue;
       const auto bytes = static_cast<int64_t>(t.storage().nbytes());
       row.actual += bytes;

@@ -7,6 +7,11 @@
 
 namespace dflash::host {
 
+bool same_device(const c10::Device& a, const c10::Device& b) {
+  auto index_of = [](const c10::Device& d) { return d.has_index() ? d.index() : c10::DeviceIndex{0}; };
+  return a.type() == b.type() && (a.is_cpu() || index_of(a) == index_of(b));
+}
+
 NamedTensors place_frozen_weights(const NamedTensors& from_target, const std::string& target_name,
                                   const c10::Device& device, c10::ScalarType dtype) {
   std::map<std::string, at::Tensor> by_name(from_target.begin(), from_target.end());
@@ -26,13 +31,7 @@ NamedTensors place_frozen_weights(const NamedTensors& from_target, const std::st
         copy = placed[i].second;
     }
     if (!copy.defined()) {
-      // "cuda" names device 0 here (the host never changes the current
-      // device): a tensor on cuda:0 is already there, and copying it would
-      // duplicate vocabulary-sized weights.
-      auto index_of = [](const c10::Device& d) { return d.has_index() ? d.index() : c10::DeviceIndex{0}; };
-      const bool same_device = source.device().type() == device.type() &&
-                               (device.is_cpu() || index_of(source.device()) == index_of(device));
-      const bool already_there = same_device && source.scalar_type() == dtype;
+      const bool already_there = same_device(source.device(), device) && source.scalar_type() == dtype;
       copy = already_there ? source.detach()
                            : source.detach().to(device, dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
     }

@@ -278,6 +278,14 @@ TEST(MemoryPlan, ACPluginPlansThroughTheAbiAndOneWithoutThePlanSlotSaysSo) {
 // train.device "cuda" names cuda:0: the target's frozen weights already there
 // are shared, not copied (a copy of a 248k × 5120 embedding and lm_head cost
 // 4.7 GiB on the H200 before this was fixed; docs/memory.md).
+TEST(MemoryPlan, CudaWithoutAnIndexIsTheSameDeviceAsCuda0) {
+  EXPECT_TRUE(host::same_device(c10::Device("cuda"), c10::Device("cuda:0")));
+  EXPECT_TRUE(host::same_device(c10::Device("cuda:0"), c10::Device("cuda")));
+  EXPECT_FALSE(host::same_device(c10::Device("cuda"), c10::Device("cuda:1")));
+  EXPECT_FALSE(host::same_device(c10::Device("cpu"), c10::Device("cuda")));
+  EXPECT_TRUE(host::same_device(c10::Device("cpu"), c10::Device("cpu")));
+}
+
 TEST(MemoryPlan, FrozenWeightsOnTheCurrentCudaDeviceAreSharedNotCopied) {
   if (!at::globalContext().hasCUDA()) GTEST_SKIP() << "needs a CUDA device";
   const auto options = at::TensorOptions().device(c10::Device("cuda:0")).dtype(at::kBFloat16);
