@@ -2,6 +2,7 @@
 
 #include "plugin/plugin_kind.h"
 
+#include <dflash/sdk/torch.hpp>
 #include <dflash/sdk/torch_compat.hpp>
 
 #include <algorithm>
@@ -23,7 +24,7 @@ namespace {
 
 constexpr unsigned kPhases[4] = {kTargetForward, kLossForward, kBackward, kOptimizer};
 
-int64_t element_bytes(const std::string& dtype) { return dtype == "float32" ? 4 : dtype == "float64" ? 8 : 2; }
+int64_t element_bytes(const std::string& dtype) { return static_cast<int64_t>(c10::elementSize(sdk::parse_dtype(dtype))); }
 
 int64_t as_bytes(double v) { return v > 0 ? static_cast<int64_t>(std::llround(v)) : 0; }
 
@@ -90,6 +91,8 @@ DevicePlan compute_plan(const PlanInputs& in) {
   const int64_t hidden = fact(in.target.facts, "hidden_size"), vocab = fact(in.target.facts, "vocab_size");
   plan.facts["rows"] = rows;
   plan.facts["row_length"] = row_length;
+  // Config values a plugin rounds, as it really uses them (by section).
+  plan.facts["effective"] = {{"data", in.data.facts.value("effective", nlohmann::json::object())}};
 
   // The target.
   add_items(in.target, in.target_label);
@@ -308,16 +311,23 @@ Verdict check_fit(const host::PluginRegistry& registry, const nlohmann::json& ro
       // 0 often means "automatic" (e.g. a loss's chunk size): search below a cap then.
       const int64_t highest = current > 0 ? current - 1 : 65536;
       // 1 = fits, 0 = does not, −1 = a value the plugin refuses (e.g. a token
-      // budget below one row); refused values lie below the valid ones.
+      // budget below one row); refused values lie below the valid ones. Each
+      // value is planned once; a fitting plan's "effective" facts are kept.
+      std::map<int64_t, int> verdicts;
+      std::map<int64_t, nlohmann::json> effective;
       auto try_value = [&](int64_t value) {
+        auto known = verdicts.find(value);
+        if (known != verdicts.end()) return known->second;
         nlohmann::json candidate = root;
         candidate[section][key] = value;
+        int verdict = -1;
         try {
           const DevicePlan p = plan_run(registry, candidate);
-          return p.complete() && p.total_bytes <= available_bytes ? 1 : 0;
+          verdict = p.complete() && p.total_bytes <= available_bytes ? 1 : 0;
+          if (verdict == 1) effective[value] = p.facts.at("effective");
         } catch (const std::exception&) {
-          return -1;
         }
+        return verdicts[value] = verdict;
       };
       if (highest < lowest) continue;
       int64_t lo = lowest;
@@ -338,22 +348,9 @@ Verdict check_fit(const host::PluginRegistry& registry, const nlohmann::json& ro
         else hi = mid - 1;
       }
       Suggestion s{section, key, property.at("memoryKnob").get<std::string>(), current, lo};
-      // A source that rounds the value (rows = budget / row length) says what it uses.
-      nlohmann::json candidate = root;
-      candidate[section][key] = lo;
-      if (kind == DFLASH_KIND_DATA_SOURCE) {
-        try {
-          host::InstanceOptions options;
-          options.device = root.at("train").at("device").get<std::string>();
-          options.dtype = root.at("train").at("dtype").get<std::string>();
-          nlohmann::json config = candidate.at(section);
-          config.erase("plugin");
-          const auto data = host::plan_memory(record, config, options, nlohmann::json::object());
-          if (data.facts.contains("effective") && data.facts.at("effective").contains(key))
-            s.value = data.facts.at("effective").at(key).get<int64_t>();
-        } catch (const std::exception&) {
-        }
-      }
+      // A plugin that rounds the value (rows = budget / row length) says what it uses.
+      const nlohmann::json& used = effective.at(lo);
+      if (used.contains(section) && used.at(section).contains(key)) s.value = used.at(section).at(key).get<int64_t>();
       v.suggestions.push_back(s);
     }
   }
