@@ -208,9 +208,11 @@ memory::Capacity capacity_for(const CliOptions& options, const std::string& devi
 
 }  // namespace
 
-std::unique_ptr<TrainSet> make_train_set(const CliOptions& options, const PluginRegistry& registry) {
-  require_run_config(options);
-  const config::ResolvedConfig resolved = resolve(options, registry, all_sections());
+namespace {
+
+// The plugins of a run from its already resolved config.
+std::unique_ptr<TrainSet> train_set_from(const CliOptions& options, const PluginRegistry& registry,
+                                         const config::ResolvedConfig& resolved) {
   auto section = [&](dflash_kind kind) { return config::plugin_config_of(resolved, host::kind_section(kind)); };
   // Every plugin is created before anything long-running begins, so one that
   // cannot start says so at once. The target comes first: a data source's
@@ -235,6 +237,13 @@ std::unique_ptr<TrainSet> make_train_set(const CliOptions& options, const Plugin
   set->run.resolved_config = resolved.root;
   set->run.stop_after = options.stop_after;
   return set;
+}
+
+}  // namespace
+
+std::unique_ptr<TrainSet> make_train_set(const CliOptions& options, const PluginRegistry& registry) {
+  require_run_config(options);
+  return train_set_from(options, registry, resolve(options, registry, all_sections()));
 }
 
 namespace {
@@ -280,7 +289,7 @@ int train(const CliOptions& options) {
                 memory::format_bytes(capacity.free_bytes) + " available on " + plan.device + " (`dflash-host plan` for the table)");
     }
   }
-  auto set = make_train_set(options, registry);
+  auto set = train_set_from(options, registry, resolved);
   set->run.memory_plan = plan;
   train::TrainPlugins plugins = set->plugins();
   return train::run_training(plugins, set->run);
