@@ -113,6 +113,23 @@ void micro_batch(TrainPlugins& p, const Wiring& w, const host::NamedTensors& bat
   mb.hidden.clear();
 }
 
+// The tensors the host can name for an out-of-memory report, grouped under
+// the plan's category names.
+std::vector<memory::NamedGroup> nameable_tensors(const host::NamedTensors& parameters, const AdamW& optimizer,
+                                                 const MicroBatch& live, const at::Tensor& lm_head) {
+  memory::NamedGroup weights{"drafter weights"}, grads{"drafter gradients"}, states{"AdamW states"},
+      masters{"fp32 master weights"}, batch{"batch on the device", live.on_device},
+      features{"hidden-state items", live.hidden},
+      frozen{"frozen verifier weights (embed_tokens, lm_head, final_norm)", {{"lm_head", lm_head}}, true};
+  for (const auto& [name, tensor] : parameters) {
+    weights.tensors.emplace_back(name, tensor);
+    if (tensor.grad().defined()) grads.tensors.emplace_back(name + ".grad", tensor.grad());
+  }
+  for (const auto& [name, tensor] : optimizer.state())
+    (name.rfind("master.", 0) == 0 ? masters : states).tensors.emplace_back(name, tensor);
+  return {weights, grads, states, masters, batch, features, frozen};
+}
+
 std::string first_line(const std::exception& e) {
   const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
   std::string text = c10_error ? c10_error->what_without_backtrace() : e.what();
@@ -255,114 +272,114 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
     const std::string data_state_at_start = p.data.save_state();
     const std::string scheduler_state_at_start = p.scheduler.has_state() ? p.scheduler.save_state() : "";
     try {
-    const auto start = std::chrono::steady_clock::now();
-    memory::reset_peak(device);
-    optimizer.zero_grad();
-    double loss_sum = 0;
-    int64_t target_tokens = 0, block_rows = 0;
-    SlotTally tally;
-    bool data_ended = false, finite = true;
-    for (int64_t micro = 0; micro < accumulation; ++micro) {
-      std::optional<host::NamedTensors> batch = p.data.next_batch();
-      if (!batch) {
-        data_ended = true;
-        break;
-      }
-      micro_batch(p, wiring, *batch, device, want_teacher, seed, step, micro, live, phase);
-      const host::LossCall& call = live.call;
-      const host::NamedTensors& drafted = live.drafted;
-      const host::LossOutput& out = live.out;
-      const double value = out.loss.item<double>();
-      if (!std::isfinite(value)) finite = false;
-      phase = "drafter backward";
-      (out.loss / static_cast<double>(accumulation)).backward();
-      loss_sum += value;
-      target_tokens += require_tensor(*batch, "input_ids", "the data source").numel();
-      block_rows += call.hidden.size(0);
-      const at::Tensor accuracy = find_tensor(out.metrics, "accuracy"), slot = find_tensor(drafted, "slot");
-      if (accuracy.defined() && slot.defined() && accuracy.numel() == slot.numel())
-        tally.add(slot, accuracy, call.targets.ne(-100), block_size);
-      live = MicroBatch{};
-    }
-    if (data_ended && target_tokens == 0) {
-      progress.message("the data source has ended (its epochs are done) before train.steps = " + std::to_string(total_steps));
-      break;
-    }
-    phase = "optimizer step";
-    const double grad_norm = global_grad_norm(parameters);
-    if (!std::isfinite(grad_norm)) finite = false;
-    const double lr = p.scheduler.lr_at(step, total_steps, base_lr);
-    nlohmann::json record;
-    if (finite) {
-      consecutive_nonfinite = 0;
-      phase = "optimizer step";
-      if (clip > 0 && grad_norm > clip) scale_gradients(parameters, clip / (grad_norm + 1e-6));
-      updating = true;
-      optimizer.step(lr);
-      updating = false;
-    } else {
-      ++consecutive_nonfinite;
-      ++nonfinite_total;
+      const auto start = std::chrono::steady_clock::now();
+      memory::reset_peak(device);
       optimizer.zero_grad();
-      record["skipped"] = true;
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const memory::MemoryFigures mem = memory::memory_now(device);
-    std::vector<double> slot_accuracy;
-    double acceptance = 0, running = 1;
-    for (size_t k = 1; k < tally.total.size(); ++k) {
-      const double acc = tally.total[k] > 0 ? tally.correct[k] / tally.total[k] : 0.0;
-      slot_accuracy.push_back(acc);
-      running *= acc;
-      acceptance += running;  // Σ_k Π_{i≤k} acc_i
-    }
-    record.update({{"step", step},
-                   {"loss", loss_sum / static_cast<double>(accumulation)},
-                   {"slot_accuracy", slot_accuracy},
-                   {"acceptance_length_sim", acceptance},
-                   {"lr", lr},
-                   {"grad_norm", grad_norm},
-                   {"tokens_per_s", static_cast<double>(target_tokens) / seconds},
-                   {"block_tokens_per_s", static_cast<double>(block_rows) / seconds},
-                   {"step_seconds", seconds},
-                   {"memory_current_bytes", mem.current_bytes},
-                   {"memory_peak_bytes", mem.peak_bytes},
-                   {"memory_source", mem.source}});
-    if (run.memory_plan) record["memory_planned_peak_bytes"] = run.memory_plan->peak_bytes;
-    const bool evaluate_now = eval_every > 0 && finite && (step + 1) % eval_every == 0;
-    if (evaluate_now) {
-      p.drafter.set_training(false);
-      const nlohmann::json report = eval::evaluate(p.target, p.drafter, eval_prompts, eval_settings, target_info);
-      p.drafter.set_training(true);
-      record["eval_tau"] = report.at("tau_mean");
-      record["eval_acceptance_by_position"] = report.at("acceptance_by_position");
-    }
-    metrics_file.write(record);
-    progress.update(record);
-    if (evaluate_now) {
-      std::ostringstream line;
-      line << "step " << step + 1 << ": speculative decoding on " << eval_prompts.size() << " held-out prompts, τ = "
-           << std::fixed << std::setprecision(3) << record.at("eval_tau").get<double>();
-      progress.message(line.str());
-    }
-    if (!finite) {
-      const std::string what = "step " + std::to_string(step) + ": non-finite loss or gradient";
-      if (stop_on_nonfinite || consecutive_nonfinite >= max_nonfinite) {
-        progress.message(what + (stop_on_nonfinite ? " (train.on_nonfinite = stop)"
-                                                   : "; " + std::to_string(consecutive_nonfinite) +
-                                                         " in a row reached train.max_nonfinite") +
-                         "; stopping. The last checkpoint holds the last good state.");
-        exit_code = kNonFinite;
+      double loss_sum = 0;
+      int64_t target_tokens = 0, block_rows = 0;
+      SlotTally tally;
+      bool data_ended = false, finite = true;
+      for (int64_t micro = 0; micro < accumulation; ++micro) {
+        std::optional<host::NamedTensors> batch = p.data.next_batch();
+        if (!batch) {
+          data_ended = true;
+          break;
+        }
+        micro_batch(p, wiring, *batch, device, want_teacher, seed, step, micro, live, phase);
+        const host::LossCall& call = live.call;
+        const host::NamedTensors& drafted = live.drafted;
+        const host::LossOutput& out = live.out;
+        const double value = out.loss.item<double>();
+        if (!std::isfinite(value)) finite = false;
+        phase = "drafter backward";
+        (out.loss / static_cast<double>(accumulation)).backward();
+        loss_sum += value;
+        target_tokens += require_tensor(*batch, "input_ids", "the data source").numel();
+        block_rows += call.hidden.size(0);
+        const at::Tensor accuracy = find_tensor(out.metrics, "accuracy"), slot = find_tensor(drafted, "slot");
+        if (accuracy.defined() && slot.defined() && accuracy.numel() == slot.numel())
+          tally.add(slot, accuracy, call.targets.ne(-100), block_size);
+        live = MicroBatch{};
+      }
+      if (data_ended && target_tokens == 0) {
+        progress.message("the data source has ended (its epochs are done) before train.steps = " + std::to_string(total_steps));
         break;
       }
-      progress.message(what + "; its update was skipped (train.on_nonfinite = skip)");
-    }
-    if (data_ended) {
-      progress.message("the data source has ended (its epochs are done)");
-      ++step;
-      break;
-    }
-    if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < total_steps) save(step + 1);
+      phase = "optimizer step";
+      const double grad_norm = global_grad_norm(parameters);
+      if (!std::isfinite(grad_norm)) finite = false;
+      const double lr = p.scheduler.lr_at(step, total_steps, base_lr);
+      nlohmann::json record;
+      if (finite) {
+        consecutive_nonfinite = 0;
+        phase = "optimizer step";
+        if (clip > 0 && grad_norm > clip) scale_gradients(parameters, clip / (grad_norm + 1e-6));
+        updating = true;
+        optimizer.step(lr);
+        updating = false;
+      } else {
+        ++consecutive_nonfinite;
+        ++nonfinite_total;
+        optimizer.zero_grad();
+        record["skipped"] = true;
+      }
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const memory::MemoryFigures mem = memory::memory_now(device);
+      std::vector<double> slot_accuracy;
+      double acceptance = 0, running = 1;
+      for (size_t k = 1; k < tally.total.size(); ++k) {
+        const double acc = tally.total[k] > 0 ? tally.correct[k] / tally.total[k] : 0.0;
+        slot_accuracy.push_back(acc);
+        running *= acc;
+        acceptance += running;  // Σ_k Π_{i≤k} acc_i
+      }
+      record.update({{"step", step},
+                     {"loss", loss_sum / static_cast<double>(accumulation)},
+                     {"slot_accuracy", slot_accuracy},
+                     {"acceptance_length_sim", acceptance},
+                     {"lr", lr},
+                     {"grad_norm", grad_norm},
+                     {"tokens_per_s", static_cast<double>(target_tokens) / seconds},
+                     {"block_tokens_per_s", static_cast<double>(block_rows) / seconds},
+                     {"step_seconds", seconds},
+                     {"memory_current_bytes", mem.current_bytes},
+                     {"memory_peak_bytes", mem.peak_bytes},
+                     {"memory_source", mem.source}});
+      if (run.memory_plan) record["memory_planned_peak_bytes"] = run.memory_plan->peak_bytes;
+      const bool evaluate_now = eval_every > 0 && finite && (step + 1) % eval_every == 0;
+      if (evaluate_now) {
+        p.drafter.set_training(false);
+        const nlohmann::json report = eval::evaluate(p.target, p.drafter, eval_prompts, eval_settings, target_info);
+        p.drafter.set_training(true);
+        record["eval_tau"] = report.at("tau_mean");
+        record["eval_acceptance_by_position"] = report.at("acceptance_by_position");
+      }
+      metrics_file.write(record);
+      progress.update(record);
+      if (evaluate_now) {
+        std::ostringstream line;
+        line << "step " << step + 1 << ": speculative decoding on " << eval_prompts.size() << " held-out prompts, τ = "
+             << std::fixed << std::setprecision(3) << record.at("eval_tau").get<double>();
+        progress.message(line.str());
+      }
+      if (!finite) {
+        const std::string what = "step " + std::to_string(step) + ": non-finite loss or gradient";
+        if (stop_on_nonfinite || consecutive_nonfinite >= max_nonfinite) {
+          progress.message(what + (stop_on_nonfinite ? " (train.on_nonfinite = stop)"
+                                                     : "; " + std::to_string(consecutive_nonfinite) +
+                                                           " in a row reached train.max_nonfinite") +
+                           "; stopping. The last checkpoint holds the last good state.");
+          exit_code = kNonFinite;
+          break;
+        }
+        progress.message(what + "; its update was skipped (train.on_nonfinite = skip)");
+      }
+      if (data_ended) {
+        progress.message("the data source has ended (its epochs are done)");
+        ++step;
+        break;
+      }
+      if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < total_steps) save(step + 1);
     } catch (const std::exception& e) {
       if (!memory::is_out_of_memory(e)) throw;
       // Out of memory: report while the step's tensors are still alive, then
@@ -375,19 +392,7 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
       event.error = first_line(e);
       event.figures = memory::memory_now(device);
       event.plan = run.memory_plan;
-      memory::NamedGroup weights{"drafter weights"}, grads{"drafter gradients"}, states{"AdamW states"},
-          masters{"fp32 master weights"}, batch_group{"batch on the device"}, features{"hidden-state items"},
-          frozen{"frozen verifier weights (embed_tokens, lm_head, final_norm)", {}, true};
-      for (const auto& [name, tensor] : parameters) {
-        weights.tensors.emplace_back(name, tensor);
-        if (tensor.grad().defined()) grads.tensors.emplace_back(name + ".grad", tensor.grad());
-      }
-      for (const auto& [name, tensor] : optimizer.state())
-        (name.rfind("master.", 0) == 0 ? masters : states).tensors.emplace_back(name, tensor);
-      batch_group.tensors = live.on_device;
-      features.tensors = live.hidden;
-      frozen.tensors.emplace_back("lm_head", lm_head);
-      event.groups = {weights, grads, states, masters, batch_group, features, frozen};
+      event.groups = nameable_tensors(parameters, optimizer, live, lm_head);
       const std::string report = memory::format_oom_report(event);
       std::cerr << report << std::flush;
       {
@@ -396,6 +401,7 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
       }
       metrics_file.write({{"step", step}, {"out_of_memory", event.error}, {"phase", event.phase},
                           {"memory_current_bytes", event.figures.current_bytes}, {"memory_peak_bytes", event.figures.peak_bytes}});
+      // Drop every reference to the step's tensors before saving.
       live = MicroBatch{};
       event.groups.clear();
       optimizer.zero_grad();
