@@ -90,9 +90,13 @@ class DFlashDrafter : public sdk::Drafter {
     model_->set_attention_kernel(config_.value("attention_kernel", std::string("auto")) == "sdpa"
                                      ? drafter::DFlashModel::AttentionKernel::kSdpa
                                      : drafter::DFlashModel::AttentionKernel::kAuto);
-    group_blocks_ = config_.value("attention", std::string("grouped")) == "grouped"
-                        ? config_.value("attention_group_blocks", int64_t{64}) : 0;
+    group_blocks_ = group_blocks_of(config_);
     weights_ = drafter::slot_weights(block_size_, gamma_);
+  }
+
+  // Blocks per attention call: attention_group_blocks when grouped, 0 = dense.
+  static int64_t group_blocks_of(const nlohmann::json& config) {
+    return config.at("attention").get<std::string>() == "grouped" ? config.at("attention_group_blocks").get<int64_t>() : 0;
   }
 
   // The memory planner's question (ABI 1.2), answered from the shapes: the
@@ -111,7 +115,7 @@ class DFlashDrafter : public sdk::Drafter {
     // Anchors need a supervised token after them: at most row_length − 1 per row.
     step.anchors = std::min(config.at("max_anchors").get<int64_t>(), std::max<int64_t>(1, step.row_length - 1));
     step.block_size = config.at("block_size").get<int64_t>();
-    step.group_blocks = config.at("attention").get<std::string>() == "grouped" ? config.at("attention_group_blocks").get<int64_t>() : 0;
+    step.group_blocks = group_blocks_of(config);
     step.element_bytes = request.element_bytes();
     step.cuda = request.device().rfind("cuda", 0) == 0;
     step.cudnn = step.cuda && DFLASH_TORCH_AT_LEAST(2, 5) && config.at("attention_kernel").get<std::string>() == "auto" &&
