@@ -3,12 +3,14 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <set>
 #include <system_error>
 #include <utility>
 #include <vector>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace dflash::config {
 
@@ -48,12 +50,28 @@ std::string short_reason(const std::string& what) {
   return what.substr(colon + 2);
 }
 
-// Tracks where the parser is, to name duplicate keys by their path.
-class DuplicateKeyCheck {
- public:
-  explicit DuplicateKeyCheck(std::string file) : file_(std::move(file)) {}
+// True when `event` opens an object or array `depth` containers deep (nlohmann's
+// depth: 0 for the top level) that would nest deeper than `levels`.
+bool opens_too_deep(int depth, json::parse_event_t event, std::size_t levels) {
+  const bool opens = event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
+  return opens && static_cast<std::size_t>(depth) + 1 > levels;
+}
 
-  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
+// Tracks where the parser is, to name duplicate keys and too-deep values by
+// their path. Stopping a deep file here, while it is parsed (the parser
+// itself does not recurse), is what keeps it from reaching the recursive
+// copies later.
+class FileStructureCheck {
+ public:
+  explicit FileStructureCheck(std::string file) : file_(std::move(file)) {}
+
+  bool operator()(int depth, json::parse_event_t event, json& parsed) {
+    if (opens_too_deep(depth, event, kMaxNesting)) {
+      const std::string path = current_path();
+      throw ConfigError(path, "config file \"" + file_ + "\": the value at " + json_quote(path) +
+                                  " nests more than " + std::to_string(kMaxNesting) +
+                                  " objects and arrays deep, the most a configuration may; check the file");
+    }
     switch (event) {
       case json::parse_event_t::object_start:
         frames_.push_back(Frame{false, 0, {}, {}});
@@ -111,6 +129,71 @@ class DuplicateKeyCheck {
   std::vector<Frame> frames_;
 };
 
+// What a file that is not a regular file is, for the message; nullptr for a
+// regular file.
+const char* non_regular_kind(mode_t mode) {
+  if (S_ISREG(mode)) return nullptr;
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
+[[noreturn]] void refuse_kind(const std::string& name, const char* kind) {
+  throw ConfigError("", "config file \"" + name + "\" is " + kind + ", not a regular file; " + kCheckPath);
+}
+
+[[noreturn]] void refuse_size(const std::string& name, const std::string& size) {
+  throw ConfigError("", "config file \"" + name + "\" is " + size + ", more than the " +
+                            std::to_string(kMaxConfigBytes >> 20) + " MiB a configuration may be; " + kCheckPath);
+}
+
+[[noreturn]] void refuse_errno(const std::string& name, const char* verb, int err) {
+  throw ConfigError("", std::string("cannot ") + verb + " config file \"" + name + "\": " + std::strerror(err) + "; " +
+                            kCheckPath);
+}
+
+// The file's bytes. Only a regular file is read: it is looked at with stat
+// before it is opened (opening a FIFO for reading blocks until a writer
+// comes), opened non-blocking and checked again on the descriptor (the path
+// may have changed in between), and read up to kMaxConfigBytes (a file that
+// grows while it is read, or /proc-style files that report size 0, stop there).
+std::string read_config_text(const std::string& name) {
+  struct stat info {};
+  if (::stat(name.c_str(), &info) != 0) {
+    const int err = errno;
+    if (err == ENOENT) throw ConfigError("", "config file \"" + name + "\" does not exist; " + kCheckPath);
+    refuse_errno(name, "access", err);
+  }
+  if (const char* kind = non_regular_kind(info.st_mode)) refuse_kind(name, kind);
+  if (static_cast<std::uintmax_t>(info.st_size) > kMaxConfigBytes) {
+    refuse_size(name, std::to_string(static_cast<std::uintmax_t>(info.st_size)) + " bytes");
+  }
+
+  const int fd = ::open(name.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) refuse_errno(name, "read", errno);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  if (::fstat(fd, &info) != 0) refuse_errno(name, "read", errno);
+  if (const char* kind = non_regular_kind(info.st_mode)) refuse_kind(name, kind);
+
+  std::string text;
+  char buffer[65536];
+  while (true) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) refuse_errno(name, "read", errno);
+    if (n == 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+    if (text.size() > kMaxConfigBytes) refuse_size(name, "more than " + std::to_string(kMaxConfigBytes) + " bytes");
+  }
+  return text;
+}
+
 // ---------------------------------------------------------------------------
 // --set
 // ---------------------------------------------------------------------------
@@ -167,37 +250,48 @@ std::vector<Step> parse_key(const std::string& key, const std::string& shown) {
   return steps;
 }
 
+// The value of a --set: JSON when it parses, the plain string otherwise. The
+// key path's `key_levels` objects and arrays and the value's own together may
+// nest kMaxNesting deep; the parser stops a deeper value as it reads it.
+json override_value(const std::string& text, std::size_t key_levels, const std::string& shown) {
+  const std::string limit = "the most a configuration may nest is " + std::to_string(kMaxNesting) + " levels";
+  if (key_levels > kMaxNesting) {
+    throw ConfigError("", shown + ": the key has " + std::to_string(key_levels) + " levels; " + limit);
+  }
+  struct TooDeep {};
+  const std::size_t room = kMaxNesting - key_levels;
+  auto check = [room](int depth, json::parse_event_t event, json& /*parsed*/) {
+    if (opens_too_deep(depth, event, room)) throw TooDeep{};
+    return true;
+  };
+  json value;
+  try {
+    value = json::parse(text, check, /*allow_exceptions=*/false, /*ignore_comments=*/false);
+  } catch (const TooDeep&) {
+    throw ConfigError("", shown + ": the value nests more than " + std::to_string(room) +
+                              " objects and arrays deep under a key of " + std::to_string(key_levels) +
+                              (key_levels == 1 ? " level; " : " levels; ") + limit);
+  }
+  if (value.is_discarded()) value = text;
+  return value;
+}
+
 }  // namespace
 
 json load_json_file(const std::filesystem::path& file) {
-  namespace fs = std::filesystem;
   const std::string name = file.string();
-  std::error_code ec;
-  const fs::file_status status = fs::status(file, ec);
-  if (status.type() == fs::file_type::not_found) {
-    throw ConfigError("", "config file \"" + name + "\" does not exist; " + kCheckPath);
-  }
-  if (ec) {
-    throw ConfigError("", "cannot access config file \"" + name + "\": " + ec.message() + "; " + kCheckPath);
-  }
-  if (fs::is_directory(status)) {
-    throw ConfigError("", "config file \"" + name + "\" is a directory, not a file; " + kCheckPath);
-  }
-  std::ifstream in(file, std::ios::binary);
-  if (!in) {
-    const int err = errno;
-    throw ConfigError("", "cannot read config file \"" + name + "\"" +
-                              (err != 0 ? std::string(": ") + std::strerror(err) : std::string()) + "; " +
-                              kCheckPath);
-  }
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) {
-    throw ConfigError("", "cannot read config file \"" + name + "\": read error; " + kCheckPath);
+  const std::string text = read_config_text(name);
+  // nlohmann's parser takes a NUL byte for the end of the input: whatever
+  // follows would be dropped without a word.
+  if (const std::size_t nul = text.find('\0'); nul != std::string::npos) {
+    const auto [line, column] = line_and_column(text, nul);
+    throw ConfigError("", "config file \"" + name + "\": a NUL byte at line " + std::to_string(line) + ", column " +
+                              std::to_string(column) + "; a JSON file is text, check the path given to --config");
   }
 
   json root;
   try {
-    root = json::parse(text, DuplicateKeyCheck(name), /*allow_exceptions=*/true, /*ignore_comments=*/false);
+    root = json::parse(text, FileStructureCheck(name), /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const json::parse_error& e) {
     const std::size_t index = e.byte == 0 ? 0 : e.byte - 1;
     const auto [line, column] = line_and_column(text, index);
@@ -222,10 +316,7 @@ void apply_override(json& root, const std::string& assignment) {
   const std::string key = assignment.substr(0, eq);
   if (key.empty()) throw ConfigError("", shown + ": empty key before '='; expected --set key.path=value");
   const std::vector<Step> steps = parse_key(key, shown);
-
-  const std::string text = assignment.substr(eq + 1);
-  json value = json::parse(text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/false);
-  if (value.is_discarded()) value = text;
+  const json value = override_value(assignment.substr(eq + 1), steps.size(), shown);
 
   if (!root.is_null() && !root.is_object()) {
     throw ConfigError("", shown + ": the configuration is " + a_kind(root) + ", not an object");

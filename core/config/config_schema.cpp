@@ -1,8 +1,11 @@
 #include "config/config_schema.h"
 
+#include "config/device_name.h"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <set>
 #include <utility>
@@ -98,7 +101,7 @@ const std::vector<std::string>& known_types() {
 const std::vector<std::string>& known_keywords() {
   static const std::vector<std::string> keywords{
       "type", "default", "description", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum",
-      "items", "minItems", "maxItems", "properties", "required", "additionalProperties", "memoryKnob"};
+      "items", "minItems", "maxItems", "properties", "required", "additionalProperties", "memoryKnob", "format"};
   return keywords;
 }
 
@@ -148,6 +151,17 @@ const json* keyword(const json& node, const char* name) {
   if (!node.is_object()) return nullptr;
   auto it = node.find(name);
   return it == node.end() ? nullptr : &*it;
+}
+
+// The string formats a schema may name; each is checked by one function.
+const std::vector<std::string>& known_formats() {
+  static const std::vector<std::string> formats{"device"};
+  return formats;
+}
+
+bool is_device_format(const json& node) {
+  const json* f = keyword(node, "format");
+  return f != nullptr && f->is_string() && f->get<std::string>() == "device";
 }
 
 const json* properties_of(const json& node) {
@@ -245,7 +259,7 @@ std::string describe_value(const json& node) {
   const std::string type = schema_type(node);
   if (type.empty()) return "any value";
   if (type == "boolean") return "true or false";
-  if (type == "string") return "any string";
+  if (type == "string") return is_device_format(node) ? std::string("a device: ") + kDeviceNames : "any string";
   if (type == "integer" || type == "number") {
     const auto parts = bound_parts(node);
     return parts.empty() ? "any " + type : type + " " + join(parts, " and ");
@@ -340,6 +354,24 @@ void check_bounds(const json& node, const json& value, const std::string& path) 
   }
 }
 
+// Every integer setting is read as int64_t (plugins included): a JSON integer
+// above INT64_MAX (nlohmann keeps it as uint64_t) would wrap to a negative
+// value there, so it is refused here whatever the schema's bounds say.
+void check_int64(const json& node, const json& value, const std::string& path) {
+  constexpr auto kMax = std::numeric_limits<std::int64_t>::max();
+  if (value.is_number_unsigned() && value.get<std::uint64_t>() > static_cast<std::uint64_t>(kMax)) {
+    fail(path, preview(value) + " is out of range, must be <= " + std::to_string(kMax) + " (a 64-bit integer)",
+         accepted_for(node), "int64 range");
+  }
+}
+
+void check_device(const json& node, const std::string& value, const std::string& path) {
+  if (is_device_name(value)) return;
+  const std::string guess = device_name_hint(value);
+  fail(path, preview(json(value)) + " is not a device" + (guess.empty() ? std::string() : ", did you mean " + json_quote(guess) + "?"),
+       accepted_for(node), "format \"device\"");
+}
+
 json fill_node(const json& node, const json& value, const std::string& path);
 
 json fill_array(const json& node, const json& value, const std::string& path) {
@@ -421,7 +453,9 @@ json fill_node(const json& node, const json& value, const std::string& path) {
       fail(path, problem, accepted_for(node), "enum " + preview(*e));
     }
   }
+  if (type == "integer") check_int64(node, value, path);
   if (value.is_number() && (type == "integer" || type == "number")) check_bounds(node, value, path);
+  if (is_device_format(node) && value.is_string()) check_device(node, value.get<std::string>(), path);
   if (type == "array") return fill_array(node, value, path);
   if (type == "object") return fill_object(node, value, path);
   return value;
@@ -446,6 +480,7 @@ bool applies_to(const std::string& kw, const std::string& type) {
   }
   if (kw == "items" || kw == "minItems" || kw == "maxItems") return type == "array";
   if (kw == "memoryKnob") return type == "integer";
+  if (kw == "format") return type == "string";
   return type == "object";  // properties, required, additionalProperties
 }
 
@@ -478,6 +513,13 @@ void check_node(const json& node, const std::string& name) {
   for (const auto& item : node.items()) {
     if (!applies_to(item.key(), type)) {
       bad(name, "keyword " + json_quote(item.key()) + " does not apply to type " + json_quote(type));
+    }
+  }
+
+  if (const json* f = keyword(node, "format")) {
+    const auto& formats = known_formats();
+    if (!f->is_string() || std::find(formats.begin(), formats.end(), f->get<std::string>()) == formats.end()) {
+      bad(name, "\"format\" must be one of " + join(formats, ", ") + ", got " + got(*f));
     }
   }
 
@@ -608,6 +650,7 @@ std::string constraint_text(const json& node) {
     }
   }
   if (type == "object" && allows_additional(node)) parts.push_back("any keys");
+  if (is_device_format(node)) parts.push_back(std::string("device: ") + kDeviceNames);
   return join(parts, ", ");
 }
 

@@ -5,7 +5,9 @@
 // Supported keywords: type, default, description, minimum, maximum,
 // exclusiveMinimum, exclusiveMaximum (numbers, draft-6 style), enum, items,
 // minItems, maxItems, properties, required, additionalProperties (boolean,
-// FALSE when absent). See docs/config.md for the full rules.
+// FALSE when absent), format (strings; only "device": cpu, cuda or cuda:N),
+// memoryKnob. Integers must fit int64_t whatever the bounds say. See
+// docs/config.md for the full rules.
 //
 // All APIs use nlohmann::json (keys are kept sorted).
 #pragma once

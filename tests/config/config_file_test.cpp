@@ -5,11 +5,16 @@
 #include "config_error.h"
 #include "support/expect.h"
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <string>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace {
@@ -70,8 +75,50 @@ TEST_F(LoadJsonFile, MissingFile) {
 
 TEST_F(LoadJsonFile, DirectoryInsteadOfFile) {
   const ConfigError e = load_error(dir_);
-  EXPECT_CONTAINS(e.what(), "config file \"" + dir_.string() + "\" is a directory, not a file");
+  EXPECT_CONTAINS(e.what(), "config file \"" + dir_.string() + "\" is a directory, not a regular file");
   EXPECT_CONTAINS(e.what(), "check the path given to --config");
+}
+
+// Opening a FIFO for reading blocks until a writer comes: it is refused from
+// stat alone. Should the loader ever open it, the test writes to the FIFO to
+// unblock it after a few seconds and fails, rather than hang.
+TEST_F(LoadJsonFile, AFifoIsRefusedWithoutOpeningIt) {
+  const fs::path fifo = dir_ / "config.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  auto loading = std::async(std::launch::async, [&] { return std::string(load_error(fifo).what()); });
+  if (loading.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) ::close(writer);
+    ADD_FAILURE() << "load_json_file blocked on a FIFO";
+  }
+  const std::string message = loading.get();
+  EXPECT_EQ(message, "config file \"" + fifo.string() +
+                         "\" is a FIFO (named pipe), not a regular file; check the path given to --config");
+}
+
+TEST_F(LoadJsonFile, ADeviceIsRefusedWithoutReadingIt) {
+  // /dev/zero never ends: reading it would grow without bound.
+  EXPECT_EQ(std::string(load_error("/dev/zero").what()),
+            "config file \"/dev/zero\" is a character device, not a regular file; check the path given to --config");
+}
+
+TEST_F(LoadJsonFile, AFileAboveTheSizeCapIsRefusedBeforeItIsRead) {
+  const fs::path big = write("big.json", "{}");
+  fs::resize_file(big, dflash::config::kMaxConfigBytes + 1);  // sparse: nothing is written
+  const std::string message = load_error(big).what();
+  EXPECT_CONTAINS(message, "config file \"" + big.string() + "\" is 16777217 bytes, more than the 16 MiB");
+  EXPECT_CONTAINS(message, "check the path given to --config");
+  fs::resize_file(big, dflash::config::kMaxConfigBytes);  // at the cap: read, and refused for its NUL bytes
+  EXPECT_CONTAINS(load_error(big).what(), "big.json\": a NUL byte at line 1, column 3; a JSON file is text");
+}
+
+// The parser stops at a NUL byte as at the end of the input: what follows
+// (here a duplicate key) would be ignored.
+TEST_F(LoadJsonFile, ANulByteIsRefused) {
+  const fs::path file = write("nul.json", std::string("{\"a\": 1}\n\0{\"a\": 2}", 18));
+  EXPECT_EQ(std::string(load_error(file).what()), "config file \"" + file.string() +
+                                                      "\": a NUL byte at line 2, column 1; a JSON file is text, "
+                                                      "check the path given to --config");
 }
 
 TEST_F(LoadJsonFile, UnreadableFile) {
@@ -133,6 +180,38 @@ TEST_F(LoadJsonFile, DuplicateKeysAreNamedByPath) {
   EXPECT_EQ(e.path(), "a");
   // The same key in different objects is fine.
   EXPECT_NO_THROW((void)load_json_file(write("ok.json", R"({"a": {"x": 1}, "b": {"x": 2}, "c": [{"x": 1}, {"x": 2}]})")));
+}
+
+std::string repeat(std::size_t times, const std::string& part) {
+  std::string text;
+  for (std::size_t i = 0; i < times; ++i) text += part;
+  return text;
+}
+
+std::string nested(std::size_t levels, const std::string& open, const std::string& leaf, const std::string& close) {
+  std::string text;
+  for (std::size_t i = 0; i < levels; ++i) text += open;
+  text += leaf;
+  for (std::size_t i = 0; i < levels; ++i) text += close;
+  return text;
+}
+
+// 60 000 nested arrays or 100 000 nested objects crashed the host (stack
+// overflow in the recursive copies of a json value); the parser now stops at
+// kMaxNesting levels and names the file and where.
+TEST_F(LoadJsonFile, DeepNestingIsRefusedWhileParsing) {
+  using dflash::config::kMaxNesting;
+  ConfigError e = load_error(write("arrays.json", "{\"train\": " + nested(60000, "[", "1", "]") + "}"));
+  EXPECT_CONTAINS(e.what(), "arrays.json\": the value at \"train" + repeat(kMaxNesting - 1, "[0]") +
+                                "\" nests more than 64 objects and arrays deep, the most a configuration may; "
+                                "check the file");
+  EXPECT_EQ(e.path(), "train" + repeat(kMaxNesting - 1, "[0]"));
+  e = load_error(write("objects.json", nested(100000, "{\"a\": ", "1", "}")));
+  EXPECT_CONTAINS(e.what(), "objects.json\": the value at \"a.a.a.");
+  EXPECT_CONTAINS(e.what(), "nests more than 64 objects and arrays deep");
+  // The top-level object and 63 levels under it are fine.
+  const json ok = load_json_file(write("ok.json", "{\"a\": " + nested(kMaxNesting - 1, "[", "", "]") + "}"));
+  EXPECT_TRUE(ok.at("a").is_array());
 }
 
 // ---------------------------------------------------------------------------
@@ -247,6 +326,26 @@ TEST(ApplyOverride, ArrayElementsMustExist) {
   e = set_error(root, "loss.heads[0]=5");
   EXPECT_EQ(e.path(), "loss.heads");
   EXPECT_CONTAINS(e.what(), "\"loss.heads\" does not exist, so element [0] cannot be set");
+}
+
+// A deep --set value crashed the host as a deep file did; the key path's
+// levels count towards the limit too.
+TEST(ApplyOverride, DeepValuesAndKeysAreRefused) {
+  using dflash::config::kMaxNesting;
+  ConfigError e = set_error(json::object(), "train.x=" + nested(100000, "[", "", "]"));
+  EXPECT_CONTAINS(e.what(), "--set 'train.x=[[[[");
+  EXPECT_CONTAINS(e.what(), "': the value nests more than 62 objects and arrays deep under a key of 2 levels; "
+                            "the most a configuration may nest is 64 levels");
+  e = set_error(json::object(), "x=" + nested(100000, "{\"a\":", "1", "}"));
+  EXPECT_CONTAINS(e.what(), "the value nests more than 63 objects and arrays deep under a key of 1 level");
+  std::string key = "a";
+  for (std::size_t i = 1; i <= kMaxNesting; ++i) key += ".a";
+  EXPECT_CONTAINS(set_error(json::object(), key + "=1").what(), "': the key has 65 levels; the most a configuration "
+                                                                "may nest is 64 levels");
+  // Exactly at the limit: 1 level of key, 63 of value.
+  const json ok = set(json::object(), "x=" + nested(kMaxNesting - 1, "[", "", "]"));
+  EXPECT_TRUE(ok.at("x").is_array());
+  EXPECT_CONTAINS(set_error(json::object(), "x=" + nested(kMaxNesting, "[", "", "]")).what(), "nests more than 63");
 }
 
 TEST(ApplyOverride, RootIsUnchangedOnError) {

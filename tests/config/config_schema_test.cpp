@@ -1,10 +1,12 @@
 #include "config/config_schema.h"
 
+#include <dflash/sdk/schema.hpp>
 #include <gtest/gtest.h>
 
 #include "config_error.h"
 #include "support/expect.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -327,6 +329,72 @@ TEST(ValidateAndFill, ExclusiveAndInclusiveBounds) {
 
   e = fill_error(json{{"chunk_size", -1}});
   EXPECT_CONTAINS(e.what(), "-1 is out of range, must be >= 0");
+}
+
+// train.steps=18446744073709551615 passed "minimum 1" as a uint64 and was
+// read as int64_t -1 ("nothing to do", exit 0). Every integer must fit
+// int64_t, whatever the schema's bounds, in arrays too.
+TEST(ValidateAndFill, IntegersBeyondInt64AreRefused) {
+  const json too_big = json::parse("18446744073709551615");
+  ConfigError e = fill_error(json{{"chunk_size", too_big}});
+  EXPECT_EQ(e.path(), "loss.chunk_size");
+  EXPECT_EQ(std::string(e.what()),
+            "loss.chunk_size: 18446744073709551615 is out of range, must be <= 9223372036854775807 (a 64-bit "
+            "integer); accepted: integer >= 0 (" + std::string(kOwner) + ")");
+  e = fill_error(json{{"layers", {1, json::parse("9223372036854775808")}}});
+  EXPECT_EQ(e.path(), "loss.layers[1]");
+  EXPECT_CONTAINS(e.what(), "9223372036854775808 is out of range, must be <= 9223372036854775807");
+  // The largest int64 is fine; so is a huge integer where any number is accepted.
+  const json max = json::parse("9223372036854775807");
+  EXPECT_EQ(validate_and_fill(example_schema(), json{{"chunk_size", max}}, "", "")["chunk_size"].get<int64_t>(),
+            INT64_MAX);
+  EXPECT_NO_THROW((void)validate_and_fill(example_schema(), json{{"temperature", too_big}}, "", ""));
+}
+
+// train.device "gpu" was accepted by `config` and died in LibTorch at train
+// time; a string with "format": "device" is checked by the one rule.
+TEST(ValidateAndFill, DeviceStringsAreCheckedByTheirFormat) {
+  const json schema = json::parse(R"({"type":"object","properties":{
+      "device":{"type":"string","format":"device","default":"cpu"}}})");
+  auto device_error = [&](const std::string& device) {
+    return std::string(config_error([&] {
+      (void)validate_and_fill(schema, json{{"device", device}}, "train", "dflash-host");
+    }).what());
+  };
+  EXPECT_EQ(device_error("gpu"), "train.device: \"gpu\" is not a device, did you mean \"cuda\"?; accepted: a "
+                                 "device: cpu, cuda or cuda:N (dflash-host)");
+  EXPECT_CONTAINS(device_error("GPU:1"), "did you mean \"cuda:1\"?");
+  EXPECT_CONTAINS(device_error("CPU"), "\"CPU\" is not a device, did you mean \"cpu\"?");
+  EXPECT_CONTAINS(device_error("cuda1"), "did you mean \"cuda:1\"?");
+  EXPECT_CONTAINS(device_error("cpux"), "did you mean \"cpu\"?");
+  for (const char* bad : {"cuda:", "cuda:01", "cuda:128", "cuda:-1", "cuda:1:2", "mps", "", " cpu"})
+    EXPECT_CONTAINS(device_error(bad), "is not a device") << bad;
+  EXPECT_EQ(device_error("xla").find("did you mean"), std::string::npos);
+  for (const char* good : {"cpu", "cuda", "cuda:0", "cuda:7", "cuda:127"})
+    EXPECT_EQ(validate_and_fill(schema, json{{"device", good}}, "", "")["device"], good);
+  EXPECT_CONTAINS(describe_schema(schema, "train"), "device: cpu, cuda or cuda:N");
+
+  EXPECT_EQ(schema_error(with_property({{"type", "string"}, {"format", "email"}})),
+            "property \"p\": \"format\" must be one of device, got string \"email\"");
+  EXPECT_EQ(schema_error(with_property({{"type", "integer"}, {"format", "device"}})),
+            "property \"p\": keyword \"format\" does not apply to type \"integer\"");
+  EXPECT_CONTAINS(schema_error(with_property({{"type", "string"}, {"format", "device"}, {"default", "gpu"}})),
+                  "default \"gpu\" violates format \"device\"");
+}
+
+// The SDK writes the keyword, and integer bounds beyond int64 (a double cast
+// to int64_t out of range is undefined) are clamped.
+TEST(SdkSchema, DevicePropertiesAndHugeIntegerBounds) {
+  const json schema = dflash::sdk::Schema()
+                          .device("device", "cpu", "where it runs")
+                          .integer("n", 1, "count", dflash::sdk::Bounds::between(-1e30, 1e30))
+                          .json();
+  EXPECT_NO_THROW(check_schema(schema));
+  EXPECT_EQ(schema["properties"]["device"]["format"], "device");
+  EXPECT_EQ(schema["properties"]["n"]["maximum"].get<int64_t>(), INT64_MAX);
+  EXPECT_EQ(schema["properties"]["n"]["minimum"].get<int64_t>(), INT64_MIN);
+  EXPECT_CONTAINS(config_error([&] { (void)validate_and_fill(schema, json{{"device", "gpu"}}, "x", ""); }).what(),
+                  "x.device: \"gpu\" is not a device");
 }
 
 TEST(ValidateAndFill, EnumListsTheAllowedValues) {

@@ -25,13 +25,20 @@ struct Bounds {
   static Bounds above(double v) { Bounds b; b.exclusive_minimum = v; return b; }
   static Bounds at_most(double v) { Bounds b; b.maximum = v; return b; }
   static Bounds between(double lo, double hi) { Bounds b; b.minimum = lo; b.maximum = hi; return b; }
-  // Bounds of an integer property are written as integers (3, not 3.0).
+  // Bounds of an integer property are written as integers (3, not 3.0),
+  // clamped to int64_t (converting a double outside it is undefined).
   void write(nlohmann::json& property, bool integer) const {
-    auto value = [integer](double v) { return integer ? nlohmann::json(static_cast<int64_t>(v)) : nlohmann::json(v); };
+    auto value = [integer](double v) { return integer ? nlohmann::json(to_int64(v)) : nlohmann::json(v); };
     if (minimum) property["minimum"] = value(*minimum);
     if (maximum) property["maximum"] = value(*maximum);
     if (exclusive_minimum) property["exclusiveMinimum"] = value(*exclusive_minimum);
     if (exclusive_maximum) property["exclusiveMaximum"] = value(*exclusive_maximum);
+  }
+  static int64_t to_int64(double v) {
+    constexpr double kTwo63 = 9223372036854775808.0;  // 2^63, exact as a double
+    if (v >= kTwo63) return INT64_MAX;
+    if (v < -kTwo63) return INT64_MIN;
+    return static_cast<int64_t>(v);
   }
 };
 
@@ -59,6 +66,11 @@ class Schema {
     nlohmann::json p{{"type", "string"}, {"default", fallback}, {"description", description}};
     if (!allowed.empty()) p["enum"] = allowed;
     return add(name, std::move(p));
+  }
+  // A device name (cpu, cuda or cuda:N): the host refuses anything else,
+  // e.g. "gpu", when it checks the config (schema keyword "format": "device").
+  Schema& device(const std::string& name, const std::string& fallback, const std::string& description) {
+    return add(name, {{"type", "string"}, {"format", "device"}, {"default", fallback}, {"description", description}});
   }
   // A string the user must set (no default), e.g. a checkpoint path.
   Schema& required_string(const std::string& name, const std::string& description) {
