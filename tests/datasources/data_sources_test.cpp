@@ -13,6 +13,9 @@
 #include <map>
 #include <set>
 
+#include <signal.h>
+#include <unistd.h>
+
 namespace {
 using namespace dflash::host;
 
@@ -33,8 +36,32 @@ class DataSources : public ::testing::Test {
     for (const auto& line : lines) out << line << "\n";
     return path;
   }
+  // Exact bytes (NULs included), for the binary and NUL-byte cases.
+  std::string write_bytes(const std::string& name, const std::string& bytes) {
+    const std::string path = temp_->path().string() + "/" + name;
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  }
   PluginRegistry registry_;
   std::unique_ptr<dflash::test::TempDir> temp_;
+};
+
+// Bounds a call that used to loop forever: past `seconds`, the test process
+// says so and exits non-zero instead of hanging CI (each test runs in its own
+// process under ctest).
+class Watchdog {
+ public:
+  explicit Watchdog(unsigned seconds) {
+    ::signal(SIGALRM, [](int) {
+      static const char message[] = "\nFAILED: the call did not return within the watchdog's time (an endless loop?)\n";
+      (void)!::write(2, message, sizeof message - 1);
+      ::_exit(1);
+    });
+    ::alarm(seconds);
+  }
+  ~Watchdog() { ::alarm(0); }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
 };
 
 torch::Tensor get(const NamedTensors& t, const std::string& name) {
@@ -272,6 +299,157 @@ TEST_F(DataSources, SyntheticIsDeterministicPackedAndResumable) {
   int64_t documents = 0;
   while (auto batch = finite->next_batch()) documents += static_cast<int64_t>(documents_of(*batch).size());
   EXPECT_EQ(documents, 20) << "an epoch is `sequences` documents";
+}
+
+// Issue 14, point 9: all-bad data used to spin forever in next_batch with the
+// default epochs = 0, and end silently (nothing trained) with epochs = 1.
+// Each way of having no usable sequence must fail fast with the data report.
+TEST_F(DataSources, JsonlAnEpochWithNoUsableSequenceFailsWithTheDataReport) {
+  struct Case {
+    std::string name;
+    std::string bytes;
+    nlohmann::json settings;
+    std::vector<std::string> expected;  // in the message, besides the common part
+  };
+  std::string gzip_like("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", 10);  // a gzip header: NULs and binary
+  gzip_like += std::string("\xcb\x48\xcd\xc9\xc9\x57\x00\x02\n\x93\x00\x45\x12\x00\n\xff\xfe\x00\x01", 19);
+  std::string out_of_vocabulary, unsupervised_after_truncation, too_long;
+  for (int k = 0; k < 3; ++k) {
+    out_of_vocabulary += line({1, 70 + k, 2}, {1, 1, 1}) + "\n";
+    unsupervised_after_truncation += line({1, 2, 3, 4}, {0, 1, 1, 1}) + "\n";  // [0, 1] once cut to 2 tokens
+    too_long += line(std::vector<int64_t>(20, 3), std::vector<int>(20, 1)) + "\n";
+  }
+  const std::vector<Case> cases = {
+      {"vocab.jsonl", out_of_vocabulary, {{"epochs", 0}}, {"3 id outside the vocabulary", "The vocabulary size in use is 60"}},
+      {"archive.jsonl", gzip_like, {{"epochs", 0}}, {"3 NUL bytes", "is the file compressed", "archive.jsonl is compressed: gzip (gunzip it)."}},
+      {"short_rows.jsonl", unsupervised_after_truncation, {{"epochs", 1}, {"row_length", 2}},
+       {"3 no two consecutive supervised tokens", "after truncation to row_length (2)"}},
+      {"too_long.jsonl", too_long, {{"epochs", 1}, {"long_sequences", "skip"}},
+       {"3 longer than row_length (16)", "set long_sequences to truncate"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string path = write_bytes(c.name, c.bytes);
+    nlohmann::json config = {{"path", path}, {"vocab_size", 60}, {"row_length", 16}, {"tokens_per_batch", 64}};
+    config.update(c.settings);
+    auto data = make("jsonl", config);
+    for (int call = 0; call < 2; ++call) {  // and it stays failed: no "end of data" on a second call
+      Watchdog watchdog(20);
+      try {
+        data->next_batch();
+        FAIL() << "data with no usable sequence must fail, not " << (call == 0 ? "end" : "recover");
+      } catch (const PluginCallError& e) {
+        EXPECT_EQ(e.code(), DFLASH_ERR_DATA);
+        EXPECT_CONTAINS(e.what(), "data.jsonl: " + path + ": a whole epoch gave no usable sequence");
+        EXPECT_CONTAINS(e.what(), "Data report: 3 lines in 1 file(s)");
+        for (const auto& text : c.expected) EXPECT_CONTAINS(e.what(), text);
+      }
+    }
+  }
+}
+
+// The check is per epoch, not per run of bad lines: one good line among many
+// bad ones keeps the endless data going, whatever the shuffle puts at the
+// end of one epoch and the start of the next.
+TEST_F(DataSources, JsonlOneUsableLineAmongManyBadOnesKeepsTheDataGoing) {
+  std::vector<std::string> lines(40, R"({"input_ids": [1, 99], "loss_mask": [1, 1]})");
+  lines[17] = good_lines(1)[0];
+  const std::string path = write("one_good.jsonl", lines);
+  auto data = make("jsonl", {{"path", path}, {"vocab_size", 60}, {"row_length", 16}, {"tokens_per_batch", 16},
+                             {"log_bad_lines", 0}});
+  Watchdog watchdog(20);
+  for (int i = 0; i < 30; ++i) {  // 5 copies of the 3-token line fill a 16-token row: 150 epochs in all
+    const auto batch = data->next_batch();
+    ASSERT_TRUE(batch.has_value());
+    EXPECT_EQ(documents_of(*batch), std::vector<std::vector<int64_t>>(5, {1, 2, 3})) << "batch " << i;
+  }
+}
+
+// Resumed mid-epoch on all-bad data, the partial epoch is not judged (its
+// earlier lines were read before the save) but the next whole one is.
+TEST_F(DataSources, JsonlAllBadDataResumedMidEpochStillFails) {
+  const std::string path =
+      write("bad_resumed.jsonl", {R"({"input_ids": [1, 99], "loss_mask": [1, 1]})", "{not json", R"({"loss_mask": [1]})"});
+  auto data = make("jsonl", {{"path", path}, {"vocab_size", 60}, {"row_length", 16}, {"tokens_per_batch", 64}});
+  data->load_state(nlohmann::json{{"epoch", 3}, {"cursor", 2}, {"counts", {{"bad: not a JSON object", 7}}}, {"lines", 3}}.dump());
+  Watchdog watchdog(20);
+  try {
+    data->next_batch();
+    FAIL() << "all-bad data must fail after a resume too";
+  } catch (const PluginCallError& e) {
+    // The report counts the judged epoch only, not the totals carried in the state.
+    EXPECT_CONTAINS(e.what(), "1 id outside the vocabulary, 1 no input_ids array, 1 not a JSON object.");
+  }
+}
+
+// A saved position outside the data is refused, not used as an index.
+TEST_F(DataSources, DamagedSavedPositionsAreRefused) {
+  const std::string path = write("three.jsonl", good_lines(3));
+  auto data = make("jsonl", {{"path", path}, {"vocab_size", 60}});
+  try {
+    data->load_state(nlohmann::json{{"epoch", 0}, {"cursor", 1000000000}, {"counts", nlohmann::json::object()}, {"lines", 3}}.dump());
+    FAIL();
+  } catch (const PluginCallError& e) {
+    EXPECT_CONTAINS(e.what(), "the saved position (epoch 0, cursor 1000000000) is outside the 3 lines of " + path);
+  }
+  auto synthetic = make("synthetic", {{"vocab_size", 50}, {"sequences", 20}, {"min_length", 8}, {"max_length", 16},
+                                      {"row_length", 16}, {"tokens_per_batch", 64}, {"epochs", 1}});
+  try {
+    synthetic->load_state(nlohmann::json{{"epoch", 0}, {"index", 25}}.dump());
+    FAIL();
+  } catch (const PluginCallError& e) {
+    EXPECT_CONTAINS(e.what(), "the saved position (epoch 0, index 25) is outside the 20 sequences per epoch");
+  }
+}
+
+// The synthetic source can generate nothing trainable only through its
+// settings: refused when made, not trained on.
+TEST_F(DataSources, SyntheticRefusesSettingsThatLeaveNothingSupervised) {
+  try {
+    make("synthetic", {{"vocab_size", 50}, {"min_length", 2}, {"max_length", 2}, {"row_length", 16},
+                       {"tokens_per_batch", 64}, {"prompt_fraction", 0.5}});
+    FAIL();
+  } catch (const PluginCallError& e) {
+    EXPECT_CONTAINS(e.what(), "data.synthetic.prompt_fraction: 0.5");
+    EXPECT_CONTAINS(e.what(), "fewer than 2 supervised tokens even in the longest sequence (max_length 2)");
+  }
+  // At 0.9, 20 tokens leave 2 supervised: accepted.
+  EXPECT_NO_THROW(make("synthetic", {{"vocab_size", 50}, {"min_length", 2}, {"max_length", 20}, {"row_length", 32},
+                                     {"tokens_per_batch", 64}, {"prompt_fraction", 0.9}}));
+}
+
+// Issue 14, point 10: a line was read with fgets, so a NUL byte ended it as a
+// C string and the read ran on into the next line (a NUL-only line became a
+// second copy of the next one). Lines are read by length; NUL bytes make a
+// bad line.
+TEST_F(DataSources, JsonlLinesWithNulBytesAreBadLines) {
+  const auto good = good_lines(4);
+  const std::string bytes = good[0] + "\n" + std::string(1, '\0') + "\n" + good[1] + "\n" + good[2] +
+                            std::string(1, '\0') + "tail\n" + good[3] + "\r\n";
+  const std::string path = write_bytes("nul.jsonl", bytes);
+  const nlohmann::json config = {{"path", path}, {"vocab_size", 60}, {"row_length", 16}, {"tokens_per_batch", 160},
+                                 {"shuffle", false}, {"epochs", 1}};
+  auto data = make("jsonl", config);
+  std::multiset<int64_t> seen;
+  while (auto batch = data->next_batch())
+    for (const auto& doc : documents_of(*batch)) seen.insert(doc.front());
+  EXPECT_EQ(seen, (std::multiset<int64_t>{1, 2, 4})) << "each good line once; the NUL lines used for nothing";
+  const nlohmann::json facts = *data->describe();
+  EXPECT_EQ(facts.at("sequences"), 5);
+  EXPECT_EQ(facts.at("sequences_used"), 3);
+  EXPECT_EQ(facts.at("bad_lines"), 2);
+  EXPECT_EQ(facts.at("bad_lines_by_reason"), (nlohmann::json{{"NUL bytes", 2}}));
+
+  nlohmann::json stop = config;
+  stop["on_bad_line"] = "stop";
+  auto stopping = make("jsonl", stop);
+  try {
+    stopping->next_batch();
+    FAIL() << "a NUL line under on_bad_line = stop must fail";
+  } catch (const PluginCallError& e) {
+    EXPECT_CONTAINS(e.what(), path + ":2: a NUL byte at column 1: binary data, not a JSON line");
+    EXPECT_CONTAINS(e.what(), "on_bad_line is stop");
+  }
 }
 
 }  // namespace

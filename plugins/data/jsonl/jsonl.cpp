@@ -4,18 +4,24 @@
 // shuffled per epoch with the run's seed, packed into batches by a token
 // budget, resumable at any batch boundary.
 //
-// A bad line is never used silently: each is classified (not JSON, missing or
-// mistyped field, lengths differ, id outside the vocabulary, no two
-// consecutive supervised tokens), counted, and either skipped with a log line
-// naming file:line (on_bad_line = skip) or stops the run with that message
-// (on_bad_line = stop). describe() reports the counts.
+// A bad line is never used silently: each is classified (NUL bytes, not JSON,
+// missing or mistyped field, lengths differ, id outside the vocabulary, no
+// two consecutive supervised tokens), counted, and either skipped with a log
+// line naming file:line (on_bad_line = skip) or stops the run with that
+// message (on_bad_line = stop). describe() reports the counts.
+//
+// An epoch that yields no usable sequence at all stops the run with those
+// counts: skipping on would wait forever for a batch (epochs = 0), or end
+// the data having given none (epochs > 0).
 #include "line_index.h"
 #include "packing.h"
 
 #include <dflash/sdk/splitmix.hpp>
 #include <dflash/sdk/data_source.hpp>
 
+#include <cstdio>
 #include <map>
+#include <memory>
 #include <numeric>
 
 namespace {
@@ -79,6 +85,7 @@ class JsonLines : public sdk::DataSource {
   }
 
   std::optional<sdk::TensorDict> next_batch() {
+    if (!no_data_.empty()) throw sdk::Error(DFLASH_ERR_DATA, no_data_);  // once failed, the data stays failed
     data::BatchPacker packer(rows_, row_length_, /*pad_id=*/0);
     while (!finished()) {
       if (!pending_) {
@@ -89,10 +96,16 @@ class JsonLines : public sdk::DataSource {
           continue;
         }
       }
-      if (!packer.try_add(pending_->sequence)) break;  // the batch is full; this sequence opens the next
+      if (!packer.try_add(pending_->sequence)) {
+        // A loaded sequence is 2..row_length tokens, so an empty batch always
+        // takes it; were that ever broken, the data would "end" silently.
+        if (packer.empty()) throw sdk::Error(DFLASH_ERR_INTERNAL, "data.jsonl: a sequence did not fit an empty batch");
+        break;  // the batch is full; this sequence opens the next
+      }
       if (pending_->truncated) ++counts_["truncated"];
       pending_.reset();
       ++counts_["sequences_used"];
+      epoch_used_ = true;
       advance();
     }
     if (packer.empty()) return std::nullopt;
@@ -116,9 +129,18 @@ class JsonLines : public sdk::DataSource {
                                                         "; resuming on changed data would silently change the run");
     epoch_ = state.at("epoch").get<int64_t>();
     cursor_ = state.at("cursor").get<uint64_t>();
+    // A damaged state must be refused, not indexed with (a cursor past the end read out of bounds).
+    if (epoch_ < 0 || cursor_ >= lines)
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "data.jsonl: the saved position (epoch " + std::to_string(epoch_) +
+                                                        ", cursor " + std::to_string(cursor_) + ") is outside the " +
+                                                        std::to_string(lines) + " lines of " + path_ +
+                                                        "; the checkpoint's data state is damaged");
     counts_ = state.at("counts").get<std::map<std::string, int64_t>>();
     pending_.reset();
     start_epoch(/*keep_cursor=*/true);
+    // Mid-epoch, the lines before the cursor were used before the save: this
+    // epoch is not judged, the next one is (one more pass at worst).
+    epoch_judged_ = cursor_ == 0;
   }
 
   nlohmann::json describe() const {
@@ -153,9 +175,18 @@ class JsonLines : public sdk::DataSource {
     auto it = counts_.find(key);
     return it == counts_.end() ? 0 : it->second;
   }
+  int64_t count_bad() const {
+    int64_t total = 0;
+    for (const auto& [key, n] : counts_)
+      if (key.rfind("bad: ", 0) == 0) total += n;
+    return total;
+  }
   bool finished() const { return epochs_ > 0 && epoch_ >= epochs_; }
 
   void start_epoch(bool keep_cursor = false) {
+    epoch_used_ = false;
+    epoch_judged_ = true;
+    epoch_start_counts_ = counts_;
     const auto n = static_cast<uint32_t>(index_->lines().size());
     order_.resize(n);
     std::iota(order_.begin(), order_.end(), 0u);
@@ -171,9 +202,80 @@ class JsonLines : public sdk::DataSource {
 
   void advance() {
     if (++cursor_ == order_.size()) {
+      if (epoch_judged_ && !epoch_used_) {
+        no_data_ = no_usable_sequence();
+        --cursor_;  // stay inside the order
+        throw sdk::Error(DFLASH_ERR_DATA, no_data_);
+      }
       ++epoch_;
       start_epoch();
     }
+  }
+
+  // A whole pass gave nothing to train on: the error carries the data report
+  // (what describe() counts) and what each reason usually means.
+  std::string no_usable_sequence() const {
+    // This epoch's counts: the totals may hold earlier epochs too (a resume).
+    auto in_epoch = [&](const std::string& key) {
+      auto before = epoch_start_counts_.find(key);
+      return count(key) - (before == epoch_start_counts_.end() ? 0 : before->second);
+    };
+    std::string why;
+    auto add = [&](int64_t n, const std::string& reason) {
+      if (n == 0) return;
+      why += (why.empty() ? "" : ", ") + std::to_string(n) + " " + reason;
+    };
+    for (const auto& [key, n] : counts_)
+      if (key.rfind("bad: ", 0) == 0) add(in_epoch(key), key.substr(5));
+    add(in_epoch("skipped_too_long"), "longer than row_length (" + std::to_string(row_length_) + ")");
+    std::string hints;
+    auto hint = [&](const std::string& key, const std::string& text) {
+      if (in_epoch(key) > 0) hints += " " + text;
+    };
+    hint("bad: NUL bytes", "NUL bytes mean binary data: is the file compressed (gzip? decompress it) or corrupted?");
+    hint("bad: not a JSON object", "Each line must be one JSON object of plain text; is the file compressed or in another format?");
+    hint("bad: id outside the vocabulary", "Are the ids from another tokenizer? The vocabulary size in use is " +
+                                               std::to_string(vocab_) + " (data.jsonl.vocab_size; 0 takes the target's).");
+    hint("bad: no two consecutive supervised tokens",
+         "A sequence needs two consecutive loss_mask 1s" +
+             std::string(truncate_long_ ? " after truncation to row_length (" + std::to_string(row_length_) + ")" : "") +
+             "; check loss_mask and row_length.");
+    hint("skipped_too_long", "Raise row_length or set long_sequences to truncate.");
+    hints += compressed_files();
+    const bool logged = log_bad_lines_ > 0 && count_bad() > 0;
+    return "data.jsonl: " + path_ + ": a whole epoch gave no usable sequence, so there is nothing to train on. " +
+           "Data report: " + std::to_string(index_->lines().size()) + " lines in " +
+           std::to_string(index_->files().size()) + " file(s) (" + std::to_string(index_->blank_lines()) +
+           " blank lines not counted): " + (why.empty() ? "none counted" : why) + "." +
+           (logged ? " The first bad lines are logged above as file:line." : "") +
+           " Fix the data or the data.jsonl settings." + hints;
+  }
+
+  // Names the files that begin with a compressor's magic bytes (a .jsonl.gz
+  // renamed, say): the likeliest reason that nothing parses. The error path
+  // only, so the cost of opening the files does not matter.
+  std::string compressed_files() const {
+    static const std::vector<std::pair<std::string, std::string>> magics = {
+        {std::string("\x1f\x8b", 2), "gzip (gunzip it)"}, {std::string("\x28\xb5\x2f\xfd", 4), "zstd (unzstd it)"}};
+    std::string out;
+    int64_t named = 0, more = 0;  // a directory of shards: name a few, count the rest
+    for (const auto& name : index_->files()) {
+      std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(name.c_str(), "rb"), &std::fclose);
+      if (!file) continue;
+      char head[4] = {};
+      const size_t got = std::fread(head, 1, sizeof head, file.get());
+      for (const auto& [magic, what] : magics)
+        if (got >= magic.size() && std::string(head, magic.size()) == magic) {
+          if (named == 3) {
+            ++more;
+          } else {
+            out += " " + name + " is compressed: " + what + ".";
+            ++named;
+          }
+        }
+    }
+    if (more > 0) out += " So are " + std::to_string(more) + " more files.";
+    return out;
   }
 
   void bad_line(const data::LineRef& ref, const std::string& reason, const std::string& detail) {
@@ -182,18 +284,30 @@ class JsonLines : public sdk::DataSource {
       throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT,
                        where + ": " + detail + " (data.jsonl.on_bad_line is stop; set it to skip to count and skip such lines)");
     ++counts_["bad: " + reason];
-    int64_t total = 0;
-    for (const auto& [key, n] : counts_)
-      if (key.rfind("bad: ", 0) == 0) total += n;
+    const int64_t total = count_bad();
     if (total <= log_bad_lines_)
       host_->log(DFLASH_LOG_WARN, "jsonl", (where + ": skipped: " + detail).c_str());
     else if (total == log_bad_lines_ + 1)
       host_->log(DFLASH_LOG_WARN, "jsonl", "further bad lines are counted without a log line (see describe)");
   }
 
+  std::string read(const data::LineRef& ref) {
+    try {
+      return index_->read(ref);
+    } catch (const std::runtime_error& e) {
+      throw sdk::Error(DFLASH_ERR_IO, std::string("data.jsonl: ") + e.what());
+    }
+  }
+
   Loaded load(const data::LineRef& ref) {
     Loaded out;
-    const nlohmann::json j = nlohmann::json::parse(index_->read(ref), nullptr, /*allow_exceptions=*/false);
+    const std::string text = read(ref);
+    if (const size_t nul = text.find('\0'); nul != std::string::npos) {
+      bad_line(ref, "NUL bytes", "a NUL byte at column " + std::to_string(nul + 1) +
+                                     ": binary data, not a JSON line (is the file compressed or corrupted?)");
+      return out;
+    }
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) {
       bad_line(ref, "not a JSON object", "not a JSON object");
       return out;
@@ -263,6 +377,10 @@ class JsonLines : public sdk::DataSource {
   uint64_t cursor_ = 0;
   int64_t epoch_ = 0;
   std::optional<Loaded> pending_;
+  bool epoch_used_ = false;   // a sequence of this epoch went into a batch
+  bool epoch_judged_ = true;  // this epoch was seen from its start
+  std::map<std::string, int64_t> epoch_start_counts_;  // counts_ when this epoch began, for its report
+  std::string no_data_;       // set when an epoch gave nothing: every later call fails with it
   std::map<std::string, int64_t> counts_;
   double fill_ = 0;
 };

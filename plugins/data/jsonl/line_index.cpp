@@ -54,7 +54,7 @@ LineIndex::LineIndex(const std::string& path) {
         const char c = buffer[i];
         if (c == '\n') {
           if (blank) ++blank_lines_;
-          else lines_.push_back({line_start, f, line});
+          else lines_.push_back({line_start, offset - line_start, f, line});
           if (line == std::numeric_limits<uint32_t>::max()) throw std::runtime_error(files_[f] + ": more than 2^32 lines");
           ++line;
           line_start = offset + 1;
@@ -65,21 +65,23 @@ LineIndex::LineIndex(const std::string& path) {
       }
     }
     if (std::ferror(file)) throw io_error(files_[f], "read failed");
-    if (!blank) lines_.push_back({line_start, f, line});  // a last line without a newline
+    if (!blank) lines_.push_back({line_start, offset - line_start, f, line});  // a last line without a newline
   }
 }
 
 std::string LineIndex::read(const LineRef& ref) {
+  // By length, not fgets: fgets stops at nothing but '\n' and hands back a C
+  // string, so a NUL byte silently cut the line short and the read went on
+  // into the next line.
   std::FILE* file = open_[ref.file].get();
-  if (std::fseek(file, static_cast<long>(ref.offset), SEEK_SET) != 0) throw io_error(files_[ref.file], "seek failed");
-  std::string text;
-  char chunk[4096];
-  while (std::fgets(chunk, sizeof chunk, file) != nullptr) {
-    text += chunk;
-    if (!text.empty() && text.back() == '\n') break;
-  }
+  if (::fseeko(file, static_cast<off_t>(ref.offset), SEEK_SET) != 0) throw io_error(files_[ref.file], "seek failed");
+  std::string text(ref.length, '\0');
+  const size_t got = std::fread(text.data(), 1, text.size(), file);
   if (std::ferror(file)) throw io_error(files_[ref.file], "read failed");
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  if (got != text.size())
+    throw std::runtime_error(files_[ref.file] + ":" + std::to_string(ref.line) +
+                             ": the file is shorter than when it was indexed; was it changed during the run?");
+  if (!text.empty() && text.back() == '\r') text.pop_back();  // a CRLF line ending
   return text;
 }
 

@@ -1,6 +1,6 @@
-// Where every line of a set of JSON-lines files starts, found by one streaming
-// scan (a 1 MiB buffer; the files are never held in memory), so lines can be
-// read in any order: 16 bytes per line.
+// Where every line of a set of JSON-lines files starts and how long it is,
+// found by one streaming scan (a 1 MiB buffer; the files are never held in
+// memory), so lines can be read in any order: 24 bytes per line.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,7 @@ namespace dflash::data {
 
 struct LineRef {
   uint64_t offset;  // byte offset of the line in its file
+  uint64_t length;  // bytes up to (not including) its newline
   uint32_t file;    // index into LineIndex::files()
   uint32_t line;    // 1-based line number, for messages
 };
@@ -27,7 +28,10 @@ class LineIndex {
   const std::vector<LineRef>& lines() const { return lines_; }
   uint64_t blank_lines() const { return blank_lines_; }
 
-  // The text of one line (without its newline).
+  // The bytes of one line, without its newline or a final '\r'. Read by
+  // length, so a NUL byte is kept as a byte (the caller judges it), never
+  // taken as the end of the line. Throws naming the file when the file has
+  // shrunk or changed since the scan.
   std::string read(const LineRef& ref);
 
  private:

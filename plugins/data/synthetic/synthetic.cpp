@@ -73,6 +73,13 @@ class SyntheticData : public sdk::DataSource {
     if (min_length_ > max_length_) bad("min_length", "is larger than max_length");
     if (max_length_ > row_length_) bad("max_length", std::to_string(max_length_) + " exceeds row_length " + std::to_string(row_length_));
     if (rows_ < 1) bad("tokens_per_batch", "must be at least row_length (" + std::to_string(row_length_) + ")");
+    // The supervised part (length minus prompt) grows with the length, so if
+    // the longest sequence has no two supervised tokens none has: every batch
+    // would teach nothing. Refused here rather than trained on.
+    if (supervised_tokens(max_length_) < 2)
+      bad("prompt_fraction", nlohmann::json(prompt_fraction_).dump() + " leaves fewer than 2 supervised tokens even in the longest "
+                             "sequence (max_length " + std::to_string(max_length_) +
+                             "), so no sequence could be trained on; lower prompt_fraction or raise max_length");
     if (markov_) {
       Random r(sdk::splitmix64(seed_ ^ 0x5eedULL));
       successors_.resize(static_cast<size_t>(vocab_ * branching_));
@@ -95,21 +102,32 @@ class SyntheticData : public sdk::DataSource {
 
   nlohmann::json save_state() const { return {{"epoch", epoch_}, {"index", index_}}; }
   void load_state(const nlohmann::json& state) {
-    epoch_ = state.at("epoch").get<int64_t>();
-    index_ = state.at("index").get<int64_t>();
+    const auto epoch = state.at("epoch").get<int64_t>(), index = state.at("index").get<int64_t>();
+    // An index outside [0, sequences) would never wrap to the next epoch: the data would never end.
+    if (epoch < 0 || index < 0 || index >= sequences_)
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "data.synthetic: the saved position (epoch " + std::to_string(epoch) +
+                                                        ", index " + std::to_string(index) + ") is outside the " +
+                                                        std::to_string(sequences_) +
+                                                        " sequences per epoch (was data.synthetic.sequences changed, or is the checkpoint damaged?)");
+    epoch_ = epoch;
+    index_ = index;
   }
   nlohmann::json describe() const {
     return {{"vocab_size", vocab_}, {"sequences", sequences_}, {"epoch", epoch_}, {"rows", rows_}, {"row_length", row_length_}};
   }
 
  private:
+  int64_t supervised_tokens(int64_t length) const {
+    return length - static_cast<int64_t>(prompt_fraction_ * static_cast<double>(length));
+  }
+
   data::Sequence generate(int64_t epoch, int64_t index) const {
     Random r(sdk::splitmix64(sdk::splitmix64(seed_) ^ sdk::splitmix64(static_cast<uint64_t>(epoch) * 0x100000001b3ULL + static_cast<uint64_t>(index))));
     const int64_t length = min_length_ + r.below(max_length_ - min_length_ + 1);
     data::Sequence s;
     s.ids.resize(static_cast<size_t>(length));
     s.loss_mask.resize(static_cast<size_t>(length));
-    const auto prompt = static_cast<int64_t>(prompt_fraction_ * static_cast<double>(length));
+    const int64_t prompt = length - supervised_tokens(length);
     int64_t token = r.below(vocab_);
     for (int64_t i = 0; i < length; ++i) {
       s.ids[i] = token;
