@@ -26,7 +26,11 @@ constexpr unsigned kPhases[4] = {kTargetForward, kLossForward, kBackward, kOptim
 
 int64_t element_bytes(const std::string& dtype) { return static_cast<int64_t>(c10::elementSize(sdk::parse_dtype(dtype))); }
 
-int64_t as_bytes(double v) { return v > 0 ? static_cast<int64_t>(std::llround(v)) : 0; }
+// Rounded, and saturated at kTooManyBytes (llround of 2^63 or more is undefined).
+int64_t as_bytes(double v) {
+  if (!(v > 0)) return 0;
+  return v >= 9223372036854775808.0 ? kTooManyBytes : static_cast<int64_t>(std::llround(v));
+}
 
 unsigned phases_of(int32_t plugin_phase) {
   switch (plugin_phase) {
@@ -45,9 +49,47 @@ std::string when(unsigned phases) {
   return out;
 }
 
+// A plugin's number as int64, saturated: a uint64 above INT64_MAX, or a
+// double outside int64 (converting one is undefined), becomes the bound.
+int64_t saturated_int(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() > uint64_t{INT64_MAX} ? INT64_MAX : v.get<int64_t>();
+  if (v.is_number_integer()) return v.get<int64_t>();
+  const double d = v.get<double>();
+  if (!(d < 9223372036854775808.0)) return d > 0 ? INT64_MAX : 0;  // also NaN
+  return d < -9223372036854775808.0 ? INT64_MIN : static_cast<int64_t>(d);
+}
+
 int64_t fact(const nlohmann::json& facts, const char* key, int64_t fallback = 0) {
   auto it = facts.find(key);
-  return it != facts.end() && it->is_number() ? it->get<int64_t>() : fallback;
+  return it != facts.end() && it->is_number() ? saturated_int(*it) : fallback;
+}
+
+// A byte count whose arithmetic cannot wrap: a product or sum beyond int64
+// saturates at kTooManyBytes and stays "too many" through what follows, so a
+// figure is either exact or known to overflow. An expression must start
+// from a Bytes for its products to be checked: Bytes(rows) * row_length * e.
+struct Bytes {
+  int64_t value = 0;
+  bool too_many = false;
+  Bytes(int64_t v = 0) : value(v) {}  // NOLINT: implicit, so plain counts mix in
+  static Bytes saturated() {
+    Bytes b(kTooManyBytes);
+    b.too_many = true;
+    return b;
+  }
+  static Bytes of_plugin(uint64_t v) { return v > uint64_t{INT64_MAX} ? saturated() : Bytes(static_cast<int64_t>(v)); }
+};
+
+Bytes operator*(Bytes a, Bytes b) {
+  int64_t r = 0;
+  if (a.too_many || b.too_many || __builtin_mul_overflow(a.value, b.value, &r)) return Bytes::saturated();
+  return Bytes(r);
+}
+
+Bytes operator+(Bytes a, Bytes b) {
+  int64_t r = 0;
+  if (a.too_many || b.too_many || __builtin_add_overflow(a.value, b.value, &r)) return Bytes::saturated();
+  return Bytes(r);
 }
 
 }  // namespace
@@ -75,11 +117,12 @@ DevicePlan compute_plan(const PlanInputs& in) {
   plan.dtype = in.dtype;
   plan.slack_fraction = in.slack_fraction;
   const int64_t e = element_bytes(in.dtype);
-  auto add = [&](std::string category, std::string source, int64_t bytes, unsigned phases, std::string note = "") {
-    plan.lines.push_back({std::move(category), std::move(source), bytes, phases, std::move(note)});
+  auto add = [&](std::string category, std::string source, Bytes bytes, unsigned phases, std::string note = "") {
+    if (bytes.too_many) plan.overflowed.push_back(category);
+    plan.lines.push_back({std::move(category), std::move(source), bytes.value, phases, std::move(note)});
   };
   auto add_items = [&](const host::PluginMemoryPlan& p, const std::string& label) {
-    for (const auto& item : p.items) add(item.category, label, static_cast<int64_t>(item.bytes), phases_of(item.phase));
+    for (const auto& item : p.items) add(item.category, label, Bytes::of_plugin(item.bytes), phases_of(item.phase));
   };
   if (!in.data.available) plan.missing.push_back(in.data_label + " does not report its batch shape (no plan_memory)");
   if (!in.target.available) plan.missing.push_back(in.target_label + " does not estimate its memory (no plan_memory)");
@@ -87,7 +130,7 @@ DevicePlan compute_plan(const PlanInputs& in) {
   if (!in.loss) plan.missing.push_back(in.loss_label + " does not estimate its memory (no estimate_memory)");
 
   const int64_t rows = fact(in.data.facts, "rows"), row_length = fact(in.data.facts, "row_length");
-  const int64_t tokens = rows * row_length;
+  const Bytes tokens = Bytes(rows) * row_length;
   const int64_t hidden = fact(in.target.facts, "hidden_size"), vocab = fact(in.target.facts, "vocab_size");
   plan.facts["rows"] = rows;
   plan.facts["row_length"] = row_length;
@@ -106,25 +149,25 @@ DevicePlan compute_plan(const PlanInputs& in) {
           "shared with the target's weights: same device and dtype");
     else
       add("frozen verifier weights (embed_tokens, lm_head, final_norm)", "host",
-          ((tied ? 1 : 2) * vocab * hidden + hidden) * e, kEveryPhase, "copied from the target's " + target_dtype);
+          (Bytes(tied ? 1 : 2) * vocab * hidden + hidden) * e, kEveryPhase, "copied from the target's " + target_dtype);
   }
 
   // The drafter's parameters and what the host keeps for them.
   const int64_t parameters = fact(in.drafter.facts, "parameters");
   const int64_t largest = fact(in.drafter.facts, "largest_parameter", parameters);
   const int64_t state_bytes = in.fp32_master ? 4 : e;
-  add("drafter weights", in.drafter_label, parameters * e, kEveryPhase);
+  add("drafter weights", in.drafter_label, Bytes(parameters) * e, kEveryPhase);
   // Gradients are dropped after every update and arrive during backward (the
   // drafter's backward item counts the share alive at its peak); with
   // accumulation they stay from the first micro-batch on.
-  add("drafter gradients", "host", parameters * e, in.grad_accumulation > 1 ? kEveryPhase : kOptimizer);
-  add("AdamW states (exp_avg, exp_avg_sq)", "host", 2 * parameters * state_bytes, kEveryPhase);
-  if (in.fp32_master) add("fp32 master weights", "host", parameters * 4, kEveryPhase);
-  int64_t optimizer_working = 0;
+  add("drafter gradients", "host", Bytes(parameters) * e, in.grad_accumulation > 1 ? kEveryPhase : kOptimizer);
+  add("AdamW states (exp_avg, exp_avg_sq)", "host", Bytes(2) * parameters * state_bytes, kEveryPhase);
+  if (in.fp32_master) add("fp32 master weights", "host", Bytes(parameters) * 4, kEveryPhase);
+  Bytes optimizer_working = 0;
   if (in.fused_adamw)
-    optimizer_working = in.fp32_master ? std::min(parameters, (int64_t{256} << 20) + largest) * 4 : 0;
+    optimizer_working = in.fp32_master ? Bytes(std::min(parameters, (Bytes(int64_t{256} << 20) + largest).value)) * 4 : 0;
   else
-    optimizer_working = 5 * largest * 4;  // the per-tensor loop's fp32 temporaries
+    optimizer_working = Bytes(5) * largest * 4;  // the per-tensor loop's fp32 temporaries
   add("optimizer working memory", "host", optimizer_working, kOptimizer,
       in.fused_adamw ? (in.fp32_master ? "fused AdamW, gradients cast to fp32 in 256 M-element batches" : "fused AdamW")
                      : "per-tensor loop");
@@ -135,29 +178,40 @@ DevicePlan compute_plan(const PlanInputs& in) {
   const auto& layer_ids = in.drafter.facts.contains("target_layer_ids") ? in.drafter.facts.at("target_layer_ids")
                                                                        : nlohmann::json::array();
   const int64_t feature_tensors = static_cast<int64_t>(layer_ids.size()) + (in.teacher ? 1 : 0);
-  add("batch on the device (ids, masks, positions, documents)", "host", 4 * 8 * tokens, kTargetForward | kLossForward);
+  add("batch on the device (ids, masks, positions, documents)", "host", Bytes(4 * 8) * tokens, kTargetForward | kLossForward);
   add("hidden-state items in flight: 1 × " + std::to_string(feature_tensors) + " × [" + std::to_string(rows) + ", " +
           std::to_string(row_length) + ", " + std::to_string(hidden) + "]",
-      "host", feature_tensors * tokens * hidden * e, kTargetForward | kLossForward);
+      "host", Bytes(feature_tensors) * tokens * hidden * e, kTargetForward | kLossForward);
 
   // The loss at the drafter's rows.
   if (in.loss) {
-    const auto saved = static_cast<int64_t>(in.loss->saved_for_backward_bytes);
-    const auto peak = static_cast<int64_t>(in.loss->peak_bytes);
+    const Bytes saved = Bytes::of_plugin(in.loss->saved_for_backward_bytes);
+    const Bytes peak = Bytes::of_plugin(in.loss->peak_bytes);
     add("loss: kept for backward", in.loss_label, saved, kLossForward | kBackward);
-    add("loss: working memory at its peak", in.loss_label, std::max<int64_t>(0, peak - saved), kLossForward);
+    add("loss: working memory at its peak", in.loss_label,
+        peak.too_many ? peak : Bytes(std::max<int64_t>(0, peak.value - saved.value)), kLossForward);
   }
   plan.facts["loss_rows"] = fact(in.drafter.facts, "loss_rows");
   plan.facts["block_tokens"] = fact(in.drafter.facts, "block_tokens");
   plan.facts["drafter_parameters"] = parameters;
 
-  for (int i = 0; i < 4; ++i)
+  // A saturated line saturates its phases and the total: they are named
+  // only when they overflow on their own (lines that each fit).
+  for (int i = 0; i < 4; ++i) {
+    Bytes phase = 0;
     for (const PlanLine& line : plan.lines)
-      if (line.phases & kPhases[i]) plan.phase_bytes[i] += line.bytes;
+      if (line.phases & kPhases[i]) phase = phase + (line.bytes == kTooManyBytes ? Bytes::saturated() : Bytes(line.bytes));
+    plan.phase_bytes[i] = phase.value;
+    if (phase.too_many && plan.representable()) plan.overflowed.push_back(std::string("phase ") + phase_name(kPhases[i]));
+  }
   for (int i = 0; i < 4; ++i)
     if (plan.phase_bytes[i] > plan.peak_bytes) plan.peak_bytes = plan.phase_bytes[i], plan.peak_phase = kPhases[i];
-  plan.slack_bytes = as_bytes(static_cast<double>(plan.peak_bytes) * in.slack_fraction);
-  plan.total_bytes = plan.peak_bytes + plan.slack_bytes;
+  plan.slack_bytes = plan.peak_bytes == kTooManyBytes ? kTooManyBytes
+                                                     : as_bytes(static_cast<double>(plan.peak_bytes) * in.slack_fraction);
+  const Bytes total = (plan.peak_bytes == kTooManyBytes ? Bytes::saturated() : Bytes(plan.peak_bytes)) +
+                      (plan.slack_bytes == kTooManyBytes ? Bytes::saturated() : Bytes(plan.slack_bytes));
+  if (total.too_many && plan.representable()) plan.overflowed.push_back("total (peak + slack)");
+  plan.total_bytes = total.value;
   return plan;
 }
 
@@ -221,6 +275,12 @@ Capacity device_capacity(const std::string& device_text) {
   const c10::Device device(device_text);
 #if DFLASH_HOST_CUDA
   if (device.is_cuda()) {
+    const int count = c10::cuda::device_count();
+    if ((device.has_index() ? device.index() : 0) >= count)
+      throw std::runtime_error("train.device \"" + device_text + "\": this machine has " + std::to_string(count) +
+                               " CUDA device" + (count == 1 ? "" : "s") +
+                               (count == 0 ? "; set train.device=cpu" : "; use cuda:0 to cuda:" + std::to_string(count - 1)) +
+                               " (or, to plan for a card, give its capacity with --gpu-memory)");
     // The CUDA runtime LibTorch loaded, found at run time: the host links
     // LibTorch's CUDA libraries, not the runtime itself.
     using MemGetInfo = int (*)(size_t*, size_t*);
@@ -243,8 +303,9 @@ Capacity device_capacity(const std::string& device_text) {
   }
 #endif
   if (device.is_cuda())
-    throw std::runtime_error("this dflash-host was built without CUDA, so it cannot query " + device.str() +
-                             "; give the capacity with --gpu-memory");
+    throw std::runtime_error("train.device \"" + device_text + "\": this dflash-host was built without CUDA, so it "
+                             "cannot run on or query a CUDA device; set train.device=cpu (or, to plan for a "
+                             "card, give its capacity with --gpu-memory)");
   std::ifstream meminfo("/proc/meminfo");
   std::string key, unit;
   int64_t value = 0;
@@ -280,6 +341,7 @@ int64_t parse_size(const std::string& text) {
 }
 
 std::string format_bytes(int64_t bytes) {
+  if (bytes == kTooManyBytes) return "more than 8 EiB (overflow)";
   std::ostringstream out;
   const double b = static_cast<double>(bytes);
   if (std::llabs(bytes) >= (int64_t{1} << 30)) out << std::fixed << std::setprecision(2) << b / 1073741824.0 << " GiB";
@@ -362,15 +424,17 @@ std::string format_plan(const DevicePlan& plan, const Capacity& capacity, const 
   size_t width = 40;
   for (const PlanLine& line : plan.lines) width = std::max(width, line.category.size());
   width = std::min<size_t>(width, 72);
+  size_t bytes_width = 11;  // wider for "more than 8 EiB (overflow)"
+  for (const PlanLine& line : plan.lines) bytes_width = std::max(bytes_width, format_bytes(line.bytes).size());
   out << "memory plan for " << plan.device << " (target and drafter), " << plan.dtype << "; batch "
       << plan.facts.value("rows", int64_t{0}) << " × " << plan.facts.value("row_length", int64_t{0}) << " tokens, "
       << plan.facts.value("block_tokens", int64_t{0}) << " block tokens, " << plan.facts.value("loss_rows", int64_t{0})
       << " loss rows\n\n";
-  out << "  " << std::left << std::setw(static_cast<int>(width)) << "category" << "  " << std::right << std::setw(11)
-      << "bytes" << "  " << std::left << std::setw(24) << "source" << "when\n";
+  out << "  " << std::left << std::setw(static_cast<int>(width)) << "category" << "  " << std::right
+      << std::setw(static_cast<int>(bytes_width)) << "bytes" << "  " << std::left << std::setw(24) << "source" << "when\n";
   for (const PlanLine& line : plan.lines) {
-    out << "  " << std::left << std::setw(static_cast<int>(width)) << line.category << "  " << std::right << std::setw(11)
-        << format_bytes(line.bytes) << "  " << std::left << std::setw(24) << line.source << when(line.phases);
+    out << "  " << std::left << std::setw(static_cast<int>(width)) << line.category << "  " << std::right
+        << std::setw(static_cast<int>(bytes_width)) << format_bytes(line.bytes) << "  " << std::left << std::setw(24) << line.source << when(line.phases);
     if (!line.note.empty()) out << " (" << line.note << ")";
     out << "\n";
   }
@@ -382,6 +446,12 @@ std::string format_plan(const DevicePlan& plan, const Capacity& capacity, const 
   out << "  allocator slack (" << std::fixed << std::setprecision(0) << plan.slack_fraction * 100
       << " % of the peak, train.memory_slack): " << format_bytes(plan.slack_bytes) << "\n";
   out << "  total: " << format_bytes(plan.total_bytes) << "\n";
+  if (!plan.representable()) {
+    out << "  overflow: ";
+    for (size_t i = 0; i < plan.overflowed.size(); ++i) out << (i ? "; " : "") << plan.overflowed[i];
+    out << " exceed" << (plan.overflowed.size() == 1 ? "s" : "")
+        << " 2^63 bytes, beyond any device: a setting is far too large (a batch of tokens, a model dimension); lower it\n";
+  }
   for (const std::string& m : plan.missing) out << "  not estimated: " << m << "\n";
   if (capacity.total_bytes > 0 || capacity.free_bytes > 0)
     out << "  device: " << format_bytes(capacity.free_bytes) << " available of " << format_bytes(capacity.total_bytes)
@@ -392,8 +462,12 @@ std::string format_plan(const DevicePlan& plan, const Capacity& capacity, const 
     } else if (verdict->fits) {
       out << "\n  verdict: fits, " << format_bytes(verdict->available_bytes - plan.total_bytes) << " to spare\n";
     } else {
-      out << "\n  verdict: does NOT fit: needs " << format_bytes(plan.total_bytes) << ", " << format_bytes(verdict->available_bytes)
-          << " available, short by " << format_bytes(verdict->short_by) << "\n";
+      if (plan.representable())
+        out << "\n  verdict: does NOT fit: needs " << format_bytes(plan.total_bytes) << ", "
+            << format_bytes(verdict->available_bytes) << " available, short by " << format_bytes(verdict->short_by) << "\n";
+      else
+        out << "\n  verdict: does NOT fit: needs more than any device has (see 'overflow' above), "
+            << format_bytes(verdict->available_bytes) << " available\n";
       if (verdict->suggestions.empty()) {
         out << "  no single memory knob makes it fit; lower several, turn on activation checkpointing, or use a larger device\n";
       } else {
@@ -422,6 +496,7 @@ nlohmann::json plan_to_json(const DevicePlan& plan, const Capacity& capacity, co
                      {"slack_bytes", plan.slack_bytes},
                      {"total_bytes", plan.total_bytes},
                      {"missing", plan.missing},
+                     {"overflowed", plan.overflowed},
                      {"facts", plan.facts},
                      {"capacity", {{"total_bytes", capacity.total_bytes}, {"free_bytes", capacity.free_bytes}, {"source", capacity.source}}}};
   if (verdict) {

@@ -37,6 +37,11 @@ struct PlanLine {
   std::string note;    // e.g. "shared with the target weights"
 };
 
+// A byte count the plan cannot represent: a figure beyond int64 (settings far
+// beyond any device, e.g. tokens_per_batch = 2^63 − 1) saturates here, and
+// the plan lists it in `overflowed` rather than print a wrapped figure.
+constexpr int64_t kTooManyBytes = INT64_MAX;
+
 struct DevicePlan {
   std::string device, dtype;
   std::vector<PlanLine> lines;
@@ -47,9 +52,11 @@ struct DevicePlan {
   int64_t slack_bytes = 0;  // allocator fragmentation allowance
   int64_t total_bytes = 0;  // peak + slack: what must fit
   std::vector<std::string> missing;  // plugins that did not estimate their part
+  std::vector<std::string> overflowed;  // lines (or totals) whose bytes exceed int64: saturated at kTooManyBytes
   nlohmann::json facts = nlohmann::json::object();  // batch shape, block tokens, loss rows…
 
   bool complete() const { return missing.empty(); }
+  bool representable() const { return overflowed.empty(); }
   // The bytes of the lines whose category starts with `prefix` (tests, reports).
   int64_t bytes_of(const std::string& prefix) const;
 };
@@ -84,6 +91,7 @@ struct Capacity {
 Capacity device_capacity(const std::string& device);
 // "96GiB", "80 GB", "1.5TiB", "512MiB", "123456" (bytes); throws naming the text.
 int64_t parse_size(const std::string& text);
+// "1.50 GiB"; kTooManyBytes reads "more than 8 EiB (overflow)".
 std::string format_bytes(int64_t bytes);
 
 // A memory knob (a schema property marked memoryKnob) and the largest value

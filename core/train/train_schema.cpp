@@ -3,13 +3,18 @@
 #include <dflash/sdk/schema.hpp>
 
 namespace dflash::train {
+namespace {
+
+constexpr double kMaxEvalTokens = 1 << 20;
+
+}  // namespace
 
 const nlohmann::json& train_schema() {
   using sdk::Bounds;
   static const nlohmann::json schema =
       sdk::Schema()
           .integer("seed", 0, "seed for every random choice of the run (data order, init, anchors)", Bounds::at_least(0))
-          .string("device", "cpu", "where the target and the drafter run: cpu, cuda or cuda:N")
+          .device("device", "cpu", "where the target and the drafter run: cpu, cuda or cuda:N")
           .string("dtype", "float32", "compute dtype of the target and the drafter", {"float32", "bfloat16", "float16"})
           .integer("steps", 1000, "optimizer steps of the run", Bounds::at_least(1))
           .number("lr", 6e-4, "peak learning rate handed to the scheduler", Bounds::above(0))
@@ -42,8 +47,12 @@ const nlohmann::json& train_schema() {
                    Bounds::at_least(0))
           .string("eval_prompts", "", "held-out prompts for eval_every: JSON lines as `dflash-host eval --prompts` reads")
           .integer("eval_max_prompts", 8, "prompts used per evaluation", Bounds::at_least(1))
-          .integer("eval_max_new_tokens", 64, "tokens generated per prompt per evaluation", Bounds::at_least(1))
-          .integer("eval_prompt_tokens", 64, "tokens of an input_ids line used as its prompt", Bounds::at_least(1))
+          // Token counts are capped far above any context (prompt + new
+          // tokens is computed in int64, and a cache is sized from it).
+          .integer("eval_max_new_tokens", 64, "tokens generated per prompt per evaluation",
+                   Bounds::between(1, kMaxEvalTokens))
+          .integer("eval_prompt_tokens", 64, "tokens of an input_ids line used as its prompt",
+                   Bounds::between(1, kMaxEvalTokens))
           .number("memory_slack", 0.05,
                   "the memory planner's allowance for allocator fragmentation, as a fraction of the predicted peak",
                   Bounds::between(0, 1))

@@ -21,6 +21,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 namespace {
@@ -202,6 +203,51 @@ TEST(MemoryPlan, PhasesAccumulationPrecisionAndFrozenCopies) {
   EXPECT_CONTAINS(plan.missing.front(), "drafter my_drafter does not estimate its memory");
 }
 
+// tokens_per_batch = INT64_MAX printed negative byte counts (the products
+// wrapped): every figure now saturates, the plan names what overflowed, and
+// the table says so instead of printing a wrapped number.
+TEST(MemoryPlan, FiguresBeyondInt64SaturateAndTheTableSaysSo) {
+  memory::PlanInputs in = synthetic_inputs();
+  in.data.facts = {{"rows", INT64_MAX / 1000}, {"row_length", 1000}};
+  in.target.items.push_back({"a plugin's own overflow", UINT64_MAX, DFLASH_MEMORY_RESIDENT});
+  const memory::DevicePlan plan = memory::compute_plan(in);
+  EXPECT_FALSE(plan.representable());
+  EXPECT_EQ(plan.bytes_of("batch on the device"), memory::kTooManyBytes);
+  EXPECT_EQ(plan.bytes_of("hidden-state items in flight"), memory::kTooManyBytes);
+  EXPECT_EQ(plan.bytes_of("a plugin's own overflow"), memory::kTooManyBytes);
+  EXPECT_EQ(plan.bytes_of("target weights"), 1000000) << "figures that fit stay exact";
+  for (const auto& line : plan.lines) EXPECT_GE(line.bytes, 0) << line.category;
+  for (int64_t phase : plan.phase_bytes) EXPECT_EQ(phase, memory::kTooManyBytes) << "every phase holds a saturated line";
+  EXPECT_EQ(plan.total_bytes, memory::kTooManyBytes);
+  ASSERT_EQ(plan.overflowed.size(), 3u);
+  EXPECT_EQ(plan.overflowed[0], "a plugin's own overflow");
+  EXPECT_CONTAINS(plan.overflowed[1], "batch on the device");
+  EXPECT_CONTAINS(plan.overflowed[2], "hidden-state items in flight");
+
+  memory::Verdict verdict;
+  verdict.fits = false;
+  verdict.available_bytes = int64_t{1} << 30;
+  verdict.short_by = plan.total_bytes - verdict.available_bytes;
+  const std::string table = memory::format_plan(plan, memory::Capacity{}, verdict);
+  EXPECT_CONTAINS(table, "more than 8 EiB (overflow)");
+  EXPECT_CONTAINS(table, "  overflow: a plugin's own overflow; batch on the device");
+  EXPECT_CONTAINS(table, "exceed 2^63 bytes, beyond any device: a setting is far too large");
+  EXPECT_CONTAINS(table, "verdict: does NOT fit: needs more than any device has (see 'overflow' above), 1.00 GiB available");
+  EXPECT_FALSE(std::regex_search(table, std::regex(R"(\s-[0-9])"))) << "a negative figure:\n" << table;
+  EXPECT_CONTAINS(table, "allocator slack (5 % of the peak, train.memory_slack): more than 8 EiB (overflow)");
+  EXPECT_EQ(memory::plan_to_json(plan, memory::Capacity{}, verdict).at("overflowed").size(), 3u);
+
+  // Sums of lines that each fit overflow too, and are named by their phase.
+  in = synthetic_inputs();
+  in.target.items = {{"half", uint64_t{INT64_MAX} / 2 + 1, DFLASH_MEMORY_RESIDENT},
+                     {"other half", uint64_t{INT64_MAX} / 2 + 1, DFLASH_MEMORY_RESIDENT}};
+  const memory::DevicePlan sum = memory::compute_plan(in);
+  EXPECT_EQ(sum.bytes_of("half"), int64_t{INT64_MAX} / 2 + 1);
+  EXPECT_EQ(sum.total_bytes, memory::kTooManyBytes);
+  ASSERT_EQ(sum.overflowed.size(), 1u);
+  EXPECT_EQ(sum.overflowed[0], "phase target forward");
+}
+
 TEST(MemoryPlan, SizesParseAndBadOnesAreNamed) {
   EXPECT_EQ(memory::parse_size("96GiB"), int64_t{96} << 30);
   EXPECT_EQ(memory::parse_size("80 GB"), int64_t{80000000000});
@@ -381,6 +427,63 @@ TEST(PlanCommand, TrainRefusesARunThatDoesNotFitUnlessForced) {
     EXPECT_TRUE(record.contains(key)) << key;
 }
 
+// tokens_per_batch = INT64_MAX: `plan` printed negative byte counts. Now it
+// says the figures overflow, does not fit, and proposes a budget that does.
+TEST(PlanCommand, AnOverflowingTokenBudgetIsNamedAndABudgetThatFitsProposed) {
+  test::TempDir temp("dflash_plan_overflow");
+  const std::string dir = temp.path().string();
+  const std::string config = write_config(dir, small_root(dir + "/run"));
+  const Result r = host_run("plan --config " + config + " --set data.tokens_per_batch=9223372036854775807 --gpu-memory 1GiB", dir);
+  EXPECT_EQ(r.status, 6) << r.err;
+  EXPECT_CONTAINS(r.out, "more than 8 EiB (overflow)");
+  EXPECT_CONTAINS(r.out, "  overflow: batch on the device");
+  EXPECT_CONTAINS(r.out, "verdict: does NOT fit: needs more than any device has");
+  EXPECT_CONTAINS(r.out, "--set data.tokens_per_batch=");
+  EXPECT_FALSE(std::regex_search(r.out, std::regex(R"(\s-[0-9])"))) << "a negative figure:\n" << r.out;
+}
+
+// Integer settings beyond int64 and device names that are not devices are
+// refused when the config is resolved, by every command (they ran "nothing to
+// do" with exit 0, or died in LibTorch at train time).
+TEST(PlanCommand, OutOfRangeIntegersAndBadDevicesAreRefusedAtConfigTime) {
+  test::TempDir temp("dflash_plan_config");
+  const std::string dir = temp.path().string();
+  const std::string config = write_config(dir, small_root(dir + "/run"));
+  for (const char* command : {"config", "plan", "train"}) {
+    const Result steps = host_run(std::string(command) + " --config " + config + " --set train.steps=18446744073709551615", dir);
+    EXPECT_EQ(steps.status, 2) << command << ": " << steps.err;
+    EXPECT_CONTAINS(steps.err, "train.steps: 18446744073709551615 is out of range, must be <= 9223372036854775807 (a "
+                               "64-bit integer); accepted: integer >= 1 (dflash-host)");
+    const Result device = host_run(std::string(command) + " --config " + config + " --set train.device=gpu", dir);
+    EXPECT_EQ(device.status, 2) << command << ": " << device.err;
+    EXPECT_CONTAINS(device.err, "train.device: \"gpu\" is not a device, did you mean \"cuda\"?; accepted: a device: "
+                                "cpu, cuda or cuda:N (dflash-host)");
+    EXPECT_EQ(device.err.find("c10"), std::string::npos) << device.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run")) << "nothing ran";
+}
+
+// A target whose config.json says hidden_size 10^12 made `plan` print "0 B"
+// (its byte counts overflowed); the plugin now refuses sizes beyond what its
+// arithmetic holds, naming the file and the key.
+TEST(PlanCommand, ATargetTooLargeToPlanIsRefusedNamingItsConfig) {
+  test::TempDir temp("dflash_plan_huge_target");
+  const std::string dir = temp.path().string();
+  const std::filesystem::path model = temp.path() / "huge";
+  std::filesystem::create_directories(model);
+  std::filesystem::copy_file(std::string(DFLASH_HF_FIXTURES) + "/qwen3/model.safetensors", model / "model.safetensors");
+  nlohmann::json hf = nlohmann::json::parse(std::ifstream(std::string(DFLASH_HF_FIXTURES) + "/qwen3/config.json"));
+  hf["hidden_size"] = int64_t{1000000000000};
+  std::ofstream(model / "config.json") << hf.dump();
+  nlohmann::json root = small_root(dir + "/run");
+  root["target"]["path"] = model.string();
+  const Result r = host_run("plan --config " + write_config(dir, root) + " --gpu-memory 1GiB", dir);
+  EXPECT_NE(r.status, 0);
+  EXPECT_CONTAINS(r.err, (model / "config.json").string() + ": hidden_size: 1000000000000 is larger than 1048576, the "
+                         "most this plugin supports");
+  EXPECT_EQ(r.out.find("0 B"), std::string::npos) << r.out;
+}
+
 std::vector<nlohmann::json> metrics_of(const std::string& dir) {
   std::vector<nlohmann::json> out;
   std::ifstream in(dir + "/metrics.jsonl");
@@ -417,8 +520,10 @@ TEST(OutOfMemory, ReportsSavesTheLastCompletedStepAndResumesExactly) {
   ASSERT_EQ(failed.size(), 4u) << "3 steps and the out-of-memory record";
   EXPECT_TRUE(failed.back().contains("out_of_memory"));
 
+  // Turning the fault injection off is a change of loss settings, which
+  // resume refuses unless told.
   root["loss"]["oom_at_call"] = 0;
-  const Result resumed = host_run("--config " + write_config(dir, root), dir);
+  const Result resumed = host_run("--config " + write_config(dir, root) + " --allow-config-change", dir);
   ASSERT_EQ(resumed.status, 0) << resumed.err;
   EXPECT_CONTAINS(resumed.err, "resumed from");
   // The resumed run rewrites the records from step 3 on (the failed one included).
