@@ -18,7 +18,10 @@ po::options_description visible_options() {
       ("version", "print the host's version, ABI and LibTorch build")
       ("plugin-dir", po::value<std::vector<std::string>>()->composing(),
        "a directory searched recursively for plugin libraries (*.so); repeatable")
-      ("no-default-plugin-dirs", "do not search <prefix>/lib/dflash-host/plugins and $DFLASH_PLUGIN_PATH")
+      ("no-default-plugin-dirs", "do not search <prefix>/lib/dflash-host/plugins and $DFLASH_PLUGIN_PATH "
+       "(colon-separated; relative entries are taken against the current directory)")
+      ("allow-world-writable-plugins", "load plugin libraries that any user could have replaced (a world-writable "
+       "file or folder) without warning")
       ("config", po::value<std::string>(), "the run's JSON config file")
       ("set", po::value<std::vector<std::string>>()->composing(),
        "override a config value: --set loss.temperature=2 (value parsed as JSON, else a string); repeatable")
@@ -107,6 +110,7 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   if (vm.count("gpu-memory")) options.device_memory = vm["gpu-memory"].as<std::string>();
   options.skip_memory_check = vm.count("skip-memory-check") > 0;
   options.default_plugin_dirs = vm.count("no-default-plugin-dirs") == 0;
+  options.allow_world_writable_plugins = vm.count("allow-world-writable-plugins") > 0;
   if (vm.count("plugin-dir")) options.plugin_dirs = vm["plugin-dir"].as<std::vector<std::string>>();
   if (vm.count("config")) options.config_file = vm["config"].as<std::string>();
   if (vm.count("set")) options.overrides = vm["set"].as<std::vector<std::string>>();
@@ -125,10 +129,17 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
     if (into < minimum)
       throw std::invalid_argument(std::string("--") + flag + " takes a number >= " + std::to_string(minimum));
   };
-  positive("max-new-tokens", options.max_new_tokens, 1);
-  positive("max-length", options.max_length, 2);
-  positive("prompt-tokens", options.prompt_tokens, 1);
-  positive("max-prompts", options.max_prompts, 1);
+  auto in_range = [&](const char* flag, int64_t& into, int64_t minimum, const char* unit) {
+    if (!vm.count(flag)) return;
+    into = vm[flag].as<int64_t>();
+    if (into < minimum || into > kMaxEvalCount)
+      throw std::invalid_argument(std::string("--") + flag + " " + std::to_string(into) + ": takes " + unit + " from " +
+                                  std::to_string(minimum) + " to " + std::to_string(kMaxEvalCount));
+  };
+  in_range("max-new-tokens", options.max_new_tokens, 1, "a number of tokens");
+  in_range("max-length", options.max_length, 2, "a number of tokens");
+  in_range("prompt-tokens", options.prompt_tokens, 1, "a number of tokens");
+  in_range("max-prompts", options.max_prompts, 1, "a number of prompts");
   positive("seeds", options.seeds, 1);
   positive("steps", options.steps, 1);
   options.log_level = vm["log-level"].as<std::string>();

@@ -14,6 +14,7 @@ struct CliOptions {
   std::vector<std::string> arguments;      // positional arguments after the command
   std::vector<std::string> plugin_dirs;    // --plugin-dir, in order
   bool default_plugin_dirs = true;         // --no-default-plugin-dirs turns off
+  bool allow_world_writable_plugins = false;  // --allow-world-writable-plugins: no warning about them
   std::optional<std::string> config_file;  // --config
   std::vector<std::string> overrides;      // --set key.path=value, in order
   std::map<std::string, std::string> plugin_choice;  // section -> name from --loss NAME etc.
@@ -38,6 +39,11 @@ struct CliOptions {
   bool help = false;
   bool version = false;
 };
+
+// eval's token counts (--max-new-tokens, --max-length, --prompt-tokens) and
+// --max-prompts go up to this: far beyond any model's context, and small
+// enough that prompt + new tokens cannot overflow a position or a size.
+inline constexpr int64_t kMaxEvalCount = int64_t{1} << 24;  // 16,777,216
 
 // Throws std::invalid_argument with a one-line message on bad usage.
 CliOptions parse_command_line(int argc, const char* const argv[]);

@@ -32,19 +32,41 @@ using host::PluginRegistry;
 
 namespace {
 
+// $DFLASH_PLUGIN_PATH's folders, made absolute. A relative entry is taken
+// against the current directory, as the shell takes $PATH's; the log and the
+// errors give the absolute folder so that the user sees which one that was.
+std::vector<fs::path> plugin_path_folders() {
+  std::vector<fs::path> folders;
+  const char* env = std::getenv("DFLASH_PLUGIN_PATH");
+  if (env == nullptr) return folders;
+  std::stringstream paths(env);
+  for (std::string entry; std::getline(paths, entry, ':');) {
+    if (entry.empty()) continue;
+    const fs::path folder = fs::absolute(entry);
+    std::error_code ec;
+    if (!fs::is_directory(folder, ec))
+      throw std::invalid_argument("$DFLASH_PLUGIN_PATH entry '" + entry + "' is not a directory (" + folder.string() +
+                                  (fs::path(entry).is_relative() ? ", relative entries are taken against the current directory"
+                                                                 : "") +
+                                  "); fix the entry or remove it");
+    if (fs::path(entry).is_relative())
+      log::info("$DFLASH_PLUGIN_PATH entry '" + entry + "' is relative: taken against the current directory, " +
+                folder.string());
+    folders.push_back(folder);
+  }
+  return folders;
+}
+
 // Where plugins are found without flags: next to the installed (or built)
 // host, then $DFLASH_PLUGIN_PATH, then every --plugin-dir.
 PluginRegistry load_plugins(const CliOptions& options, bool log_problems = true) {
   PluginRegistry registry(log_problems);
+  registry.allow_world_writable(options.allow_world_writable_plugins);
   if (options.default_plugin_dirs) {
     std::error_code ec;
     const fs::path beside = boost::dll::program_location().parent_path().parent_path() / DFLASH_PLUGIN_RELATIVE_DIR;
     if (fs::is_directory(beside, ec)) registry.add_directory(beside);
-    if (const char* env = std::getenv("DFLASH_PLUGIN_PATH")) {
-      std::stringstream paths(env);
-      for (std::string dir; std::getline(paths, dir, ':');)
-        if (!dir.empty()) registry.add_directory(dir);
-    }
+    for (const fs::path& folder : plugin_path_folders()) registry.add_directory(folder);
   }
   for (const std::string& dir : options.plugin_dirs) registry.add_directory(dir);
   return registry;
@@ -298,6 +320,9 @@ int train(const CliOptions& options) {
 int evaluate(const CliOptions& options) {
   if (!options.config_file) throw std::invalid_argument("eval needs a config with target and drafter sections: --config FILE.json");
   if (!options.prompts) throw std::invalid_argument("eval needs held-out prompts: --prompts FILE.jsonl");
+  // A wrong path must not cost a model load and a whole evaluation first.
+  eval::check_prompts_file(*options.prompts);
+  if (options.report) eval::check_report_file(*options.report);
   PluginRegistry registry = load_plugins(options);
   const config::ResolvedConfig resolved = resolve(options, registry, {"target", "drafter"});
   auto target = instantiate<host::TargetModelInstance>(registry, resolved, DFLASH_KIND_TARGET_MODEL,

@@ -5,14 +5,20 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <map>
 #include <sstream>
 #include <stdexcept>
 
+#include <unistd.h>
+
 namespace dflash::eval {
+namespace fs = std::filesystem;
 namespace {
 
 std::string where(const std::string& file, int64_t line) { return file + ":" + std::to_string(line); }
@@ -33,7 +39,44 @@ std::vector<int64_t> id_list(const nlohmann::json& value, const std::string& at,
 
 }  // namespace
 
+void check_prompts_file(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (!fs::exists(status))
+    throw std::invalid_argument(path + ": no such prompts file; give a JSON-lines file of prompts");
+  if (fs::is_directory(status))
+    throw std::invalid_argument(path + " is a directory, not a prompts file; give a JSON-lines file of prompts "
+                                "(one {\"prompt_ids\": [...]}, {\"input_ids\": [...]} or {\"text\": \"...\"} per line)");
+  if (!fs::is_regular_file(status))
+    throw std::invalid_argument(path + " is not a regular file (a pipe or a device); give a JSON-lines file of prompts");
+  if (::access(path.c_str(), R_OK) != 0)
+    throw std::invalid_argument(path + ": cannot read the prompts file (" + std::strerror(errno) + "); fix its permissions");
+}
+
+void check_report_file(const std::string& path) {
+  if (path.empty()) throw std::invalid_argument("--report needs a file name, e.g. --report runs/eval.json");
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (fs::is_directory(status))
+    throw std::invalid_argument("--report " + path + " is a directory; give a file name, e.g. --report " +
+                                (fs::path(path) / "eval.json").string());
+  if (fs::exists(status)) {
+    if (::access(path.c_str(), W_OK) != 0)
+      throw std::invalid_argument("--report " + path + ": cannot write it (" + std::strerror(errno) +
+                                  "); choose another file or fix its permissions");
+    return;
+  }
+  const fs::path parent = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
+  if (!fs::is_directory(parent, ec))
+    throw std::invalid_argument("--report " + path + ": the folder " + parent.string() +
+                                " does not exist; create it first (mkdir -p " + parent.string() + ") or choose another path");
+  if (::access(parent.c_str(), W_OK | X_OK) != 0)
+    throw std::invalid_argument("--report " + path + ": cannot create a file in " + parent.string() + " (" +
+                                std::strerror(errno) + "); choose another path or fix the folder's permissions");
+}
+
 std::vector<Prompt> read_prompts(const EvalSettings& s, const nlohmann::json& target_info) {
+  check_prompts_file(s.prompts_file);
   std::ifstream in(s.prompts_file);
   if (!in) throw std::invalid_argument(s.prompts_file + ": cannot open the prompts file");
   const int64_t vocab = target_info.value("vocab_size", int64_t{0});

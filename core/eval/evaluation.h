@@ -29,6 +29,14 @@ struct Prompt {
   int64_t line = 0;
 };
 
+// Checked before anything is loaded, so that a wrong path fails in a moment
+// rather than after the models load (or, for the report, after the whole
+// evaluation): the prompts must be a readable regular file (not a folder);
+// the report an existing writable file, or a new one in an existing writable
+// folder. Throw std::invalid_argument naming the path and the fix.
+void check_prompts_file(const std::string& path);
+void check_report_file(const std::string& path);
+
 // Reads the prompts. Text lines need a tokenizer the target describes
 // ("tokenizer": {"type": "bytes", ...}); errors name file:line.
 std::vector<Prompt> read_prompts(const EvalSettings& settings, const nlohmann::json& target_info);

@@ -31,7 +31,12 @@ PluginInstance::PluginInstance(const PluginRecord& record, const nlohmann::json&
   args.dtype = options.dtype.c_str();
   args.seed = options.seed;
   dflash_instance* made = nullptr;
-  dflash_error* error = record_.descriptor->create(host_api(), &args, &made);
+  dflash_error* error = nullptr;
+  {
+    // create runs the plugin's constructor: if it crashes, say whose it was.
+    const PluginCrashGuard guard("creating " + record_.label());
+    error = record_.descriptor->create(host_api(), &args, &made);
+  }
   if (error != nullptr) {
     ErrorPtr owned(error);
     throw PluginCallError(error->code, record_.label() + " failed to create (" + error_code_name(error->code) +

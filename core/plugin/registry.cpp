@@ -7,8 +7,12 @@
 
 #include <boost/dll/shared_library.hpp>
 #include <dlfcn.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -44,6 +48,87 @@ std::string dynamic_loader_reason(const fs::path& file) {
   if (handle != nullptr) return "it loaded on a second try";  // keep it: never unload
   const char* reason = dlerror();
   return reason ? reason : "unknown reason";
+}
+
+bool is_world_writable(const fs::path& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && (info.st_mode & S_IWOTH);
+}
+
+bool is_sticky(const fs::path& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && (info.st_mode & S_ISVTX);
+}
+
+// --- the crash guard ---
+// A signal handler may call only async-signal-safe functions, so the line it
+// writes is prepared before the plugin code runs: the handler only copies
+// these bytes and the signal's name with write(2).
+constexpr int kFatalSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE};
+constexpr size_t kCrashMessageCapacity = 4096;
+char crash_message[kCrashMessageCapacity];  // "dflash-host: crashed while <doing> ("
+volatile sig_atomic_t crash_message_length = 0;
+constexpr char kCrashAdvice[] =
+    "); in-process plugins can crash the host: fix the plugin, or move its library out of the plugin directories\n";
+
+const char* signal_label(int sig) {
+  switch (sig) {
+    case SIGSEGV: return "SIGSEGV, segmentation fault";
+    case SIGABRT: return "SIGABRT, aborted";
+    case SIGBUS: return "SIGBUS, bus error";
+    case SIGILL: return "SIGILL, illegal instruction";
+    case SIGFPE: return "SIGFPE, arithmetic exception";
+  }
+  return "a fatal signal";
+}
+
+void write_stderr(const char* text, size_t length) {
+  while (length > 0) {
+    const ssize_t written = ::write(STDERR_FILENO, text, length);
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) return;
+    text += written;
+    length -= static_cast<size_t>(written);
+  }
+}
+
+size_t text_length(const char* text) {  // strlen, spelled out: this runs in a signal handler
+  size_t n = 0;
+  while (text[n] != '\0') ++n;
+  return n;
+}
+
+extern "C" void on_plugin_crash(int sig) {
+  write_stderr(crash_message, static_cast<size_t>(crash_message_length));
+  const char* label = signal_label(sig);
+  write_stderr(label, text_length(label));
+  write_stderr(kCrashAdvice, sizeof(kCrashAdvice) - 1);
+  // SA_RESETHAND put the default action back and SA_NODEFER left the signal
+  // unblocked: raising it again ends the process as the signal would have.
+  ::raise(sig);
+}
+
+void set_crash_message(const std::string& text) {
+  crash_message_length = 0;  // a signal meanwhile writes nothing rather than a torn line
+  const size_t length = std::min(text.size(), kCrashMessageCapacity);
+  std::memcpy(crash_message, text.data(), length);
+  crash_message_length = static_cast<sig_atomic_t>(length);
+}
+
+std::string current_crash_message() {
+  return std::string(crash_message, static_cast<size_t>(crash_message_length));
+}
+
+// A plugin that overflows its stack faults with no stack left to run the
+// handler on; give it one (once, unless someone already did).
+void ensure_alternate_signal_stack() {
+  static char stack[64 * 1024];
+  stack_t current{};
+  if (::sigaltstack(nullptr, &current) != 0 || !(current.ss_flags & SS_DISABLE)) return;
+  stack_t ours{};
+  ours.ss_sp = stack;
+  ours.ss_size = sizeof(stack);
+  ::sigaltstack(&ours, nullptr);
 }
 
 struct SlotRule {
@@ -186,9 +271,48 @@ std::string describe_torch_build(const dflash_torch_build* build) {
          (cuda == "none" ? std::string("CPU") : "CUDA " + cuda) + ", C++11 ABI " + std::to_string(build->cxx11_abi) + ")";
 }
 
+PluginCrashGuard::PluginCrashGuard(const std::string& doing) : previous_message_(current_crash_message()) {
+  ensure_alternate_signal_stack();
+  set_crash_message("dflash-host: crashed while " + doing + " (");
+  struct sigaction action {};
+  action.sa_handler = on_plugin_crash;
+  action.sa_flags = SA_RESETHAND | SA_NODEFER | SA_ONSTACK;
+  sigemptyset(&action.sa_mask);
+  for (int sig : kFatalSignals) {
+    struct sigaction previous {};
+    ::sigaction(sig, &action, &previous);
+    previous_actions_.push_back(previous);
+  }
+}
+
+PluginCrashGuard::~PluginCrashGuard() {
+  for (size_t i = 0; i < previous_actions_.size(); ++i) ::sigaction(kFatalSignals[i], &previous_actions_[i], nullptr);
+  set_crash_message(previous_message_);
+}
+
 void PluginRegistry::problem(const fs::path& file, const std::string& message) {
   problems_.push_back({file, file.string() + ": " + message});
   if (log_problems_) log::warn("skipped plugin library " + problems_.back().message);
+}
+
+void PluginRegistry::warn_world_writable(const fs::path& path, const std::string& what, const std::string& why) {
+  if (allow_world_writable_ || !warned_world_writable_.insert(path).second) return;
+  log::warn(what + " " + path.string() + " is world-writable: " + why + "; run `chmod o-w " + path.string() +
+            "` (or pass --allow-world-writable-plugins to silence this warning)");
+}
+
+// The library itself, and every folder above it that would let another user
+// replace it: one writable by all without the sticky bit (with it, as in
+// /tmp, others cannot rename or delete what is not theirs).
+void PluginRegistry::check_library_permissions(const fs::path& file) {
+  if (allow_world_writable_) return;
+  if (is_world_writable(file))
+    warn_world_writable(file, "plugin library", "any user can replace the code dflash-host runs");
+  for (fs::path folder = file.parent_path();; folder = folder.parent_path()) {
+    if (is_world_writable(folder) && !is_sticky(folder))
+      warn_world_writable(folder, "folder", "any user can replace the plugin library " + file.string() + " beneath it");
+    if (folder == folder.parent_path()) break;
+  }
 }
 
 void PluginRegistry::add_directory(const fs::path& dir) {
@@ -199,11 +323,19 @@ void PluginRegistry::add_directory(const fs::path& dir) {
   const fs::path canonical = fs::weakly_canonical(dir);
   if (std::find(directories_.begin(), directories_.end(), canonical) != directories_.end()) return;
   directories_.push_back(canonical);
-  std::vector<fs::path> files;
+  std::vector<fs::path> files, folders{canonical};
   for (auto it = fs::recursive_directory_iterator(canonical, fs::directory_options::skip_permission_denied, ec);
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (it->is_regular_file(ec) && it->path().extension() == ".so") files.push_back(it->path());
+    if (it->is_directory(ec)) folders.push_back(it->path());
+    else if (it->is_regular_file(ec) && it->path().extension() == ".so") files.push_back(it->path());
   }
+  log::info("plugin directory " + canonical.string() + ": " + std::to_string(files.size()) + " librar" +
+            (files.size() == 1 ? "y" : "ies"));
+  // Everything in a searched folder is loaded, so one that others can write
+  // to lets them add code to the host, sticky bit or not.
+  for (const fs::path& folder : folders)
+    if (is_world_writable(folder))
+      warn_world_writable(folder, "plugin directory", "any user can put a library there that dflash-host loads and runs");
   std::sort(files.begin(), files.end());  // deterministic: the same order on every run
   for (const fs::path& file : files) add_library(file);
 }
@@ -218,6 +350,16 @@ void PluginRegistry::add_library(const fs::path& given) {
                   "shared library with dflash_add_plugin()");
     return;
   }
+  check_library_permissions(file);
+  // Loading runs the library's static initialisers and its entry function:
+  // plugin code, in this process. If it hangs, this line names it; if it
+  // crashes, the guard's line does.
+  log::info("loading " + file.string());
+  const PluginCrashGuard guard("loading plugin library " + file.string());
+  load_library(file);
+}
+
+void PluginRegistry::load_library(const fs::path& file) {
   boost::dll::shared_library library;
   boost::dll::fs::error_code ec;
   library.load(file, ec, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);

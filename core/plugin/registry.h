@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -50,10 +51,16 @@ class PluginRegistry {
   // `dflash-host list`, which prints them itself).
   explicit PluginRegistry(bool log_problems = true) : log_problems_(log_problems) {}
 
+  // A world-writable library, or a folder that lets others replace or add
+  // one, is warned about (as ssh and sudo do) unless this is set
+  // (--allow-world-writable-plugins). Set it before adding anything.
+  void allow_world_writable(bool allow) { allow_world_writable_ = allow; }
+
   // Scans `dir` recursively for shared objects (*.so). A directory the user
   // named must exist (throws std::invalid_argument otherwise).
   void add_directory(const std::filesystem::path& dir);
-  // Loads one library; on failure records a LoadProblem and logs it.
+  // Loads one library; on failure records a LoadProblem and logs it. Logs
+  // "loading <file>" first, and names the file if it crashes the process.
   void add_library(const std::filesystem::path& file);
 
   const std::vector<PluginRecord>& plugins() const { return plugins_; }
@@ -68,14 +75,40 @@ class PluginRegistry {
  private:
   void problem(const std::filesystem::path& file, const std::string& message);
   void add_plugin(PluginRecord record);
+  void load_library(const std::filesystem::path& file);
+  // Warns once per path; `why` says what a stranger could do with it.
+  void warn_world_writable(const std::filesystem::path& path, const std::string& what, const std::string& why);
+  void check_library_permissions(const std::filesystem::path& file);
 
   bool log_problems_;
+  bool allow_world_writable_ = false;
+  std::set<std::filesystem::path> warned_world_writable_;
   std::set<std::filesystem::path> seen_files_;
   std::vector<PluginRecord> plugins_;
   std::vector<LoadProblem> problems_;
   std::vector<std::filesystem::path> directories_;
   // (kind, name) defined by more than one library: every file that defines it.
   std::map<std::pair<int32_t, std::string>, std::vector<std::filesystem::path>> duplicates_;
+};
+
+// Plugins run in the host's process, so a plugin that crashes takes the host
+// with it. While a guard lives (a library loading, a plugin's create), a
+// fatal signal (SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE) first writes
+//   dflash-host: crashed while <doing> (<signal>); in-process plugins can crash the host; ...
+// to stderr, then takes the signal's default action: the process still dies
+// as it would have (same signal, core dump), but the line names the plugin.
+// Guards nest; the previous handlers come back when one ends. One thread
+// loads plugins, so the guard assumes no other is installing handlers.
+class PluginCrashGuard {
+ public:
+  explicit PluginCrashGuard(const std::string& doing);
+  ~PluginCrashGuard();
+  PluginCrashGuard(const PluginCrashGuard&) = delete;
+  PluginCrashGuard& operator=(const PluginCrashGuard&) = delete;
+
+ private:
+  std::string previous_message_;
+  std::vector<struct sigaction> previous_actions_;
 };
 
 // Describes a LibTorch build for messages.

@@ -11,6 +11,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
@@ -23,23 +27,37 @@ struct HostRun {
   int status;
   std::string out;  // stdout
   std::string err;  // stderr
+  int raw = 0;      // pclose's wait status
 };
 
-HostRun host(const std::string& args) {
+// Runs a shell command line (cd, environment, then dflash-host) with stdout
+// and stderr captured.
+HostRun shell(const std::string& command_line) {
   static int counter = 0;
   const fs::path err_file = fs::temp_directory_path() / ("dflash_cli_err_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-  const std::string command = std::string(DFLASH_HOST_EXE) + " --no-default-plugin-dirs " + args + " 2>" + err_file.string();
+  const std::string command = "{ " + command_line + "; } 2>" + err_file.string();
   HostRun run{};
   FILE* pipe = popen(command.c_str(), "r");
   std::array<char, 4096> buffer{};
   size_t n;
   while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.out.append(buffer.data(), n);
   const int raw = pclose(pipe);
+  run.raw = raw;
   run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
   std::ifstream err(err_file);
   run.err.assign(std::istreambuf_iterator<char>(err), {});
   fs::remove(err_file);
   return run;
+}
+
+HostRun host(const std::string& args) {
+  return shell(std::string(DFLASH_HOST_EXE) + " --no-default-plugin-dirs " + args);
+}
+
+// A run that died of `signal`: killed by it, or, where the shell outlived
+// its child, the shell's exit status 128 + signal.
+bool died_of(const HostRun& r, int signal) {
+  return (WIFSIGNALED(r.raw) && WTERMSIG(r.raw) == signal) || (WIFEXITED(r.raw) && WEXITSTATUS(r.raw) == 128 + signal);
 }
 
 const std::string kGood = std::string(" --plugin-dir ") + DFLASH_GOOD_PLUGIN_DIR;
@@ -188,6 +206,120 @@ TEST(Cli, EvalDecodesLosslesslyAndWritesItsReport) {
   r = host(base + " --prompts " + configs + "/quickstart/data/heldout.jsonl --drafter-checkpoint /nonexistent/run");
   EXPECT_EQ(r.status, 2);
   EXPECT_CONTAINS(r.err, "/nonexistent/run: not a drafter directory");
+}
+
+// In-process plugins can crash the host; the host's last words name the
+// library (the crashing plugins live outside the folders other tests scan).
+TEST(Cli, PluginThatCrashesWhileLoadingIsNamedBeforeTheHostDies) {
+  const std::pair<const char*, int> cases[] = {{"abort_at_load", SIGABRT}, {"crash_in_entry", SIGSEGV}};
+  for (const auto& [name, sig] : cases) {
+    const fs::path dir = fs::path(DFLASH_CRASHING_PLUGIN_DIR) / name;
+    const std::string file = fs::weakly_canonical(dir / ("lib" + std::string(name) + ".so")).string();
+    for (const char* command : {"list", "config"}) {
+      HostRun r = shell("ulimit -c 0; " + std::string(DFLASH_HOST_EXE) + " --no-default-plugin-dirs " + command +
+                        " --plugin-dir " + dir.string());
+      EXPECT_TRUE(died_of(r, sig)) << name << " " << command << ": wait status " << r.raw << "\n" << r.err;
+      EXPECT_CONTAINS(r.err, "loading " + file);
+      EXPECT_CONTAINS(r.err, "dflash-host: crashed while loading plugin library " + file + " (" +
+                                 (sig == SIGABRT ? "SIGABRT" : "SIGSEGV"));
+      EXPECT_CONTAINS(r.err, "in-process plugins can crash the host: fix the plugin, or move its library out of the plugin "
+                             "directories");
+    }
+  }
+}
+
+TEST(Cli, WorldWritablePluginsAreWarnedAboutUnlessAllowed) {
+  dflash::test::TempDir temp("dflash_cli_ww");
+  const fs::path dir = temp.folder("plugins");
+  const fs::path file = dir / "libtwin_a.so";
+  fs::copy_file(fs::path(DFLASH_BROKEN_PLUGIN_DIR) / "twin_a" / "libtwin_a.so", file);
+  const std::string list = "list --plugin-dir " + dir.string();
+  // Private folder and file (the temp root, /tmp, is sticky): no warning.
+  ::chmod(dir.c_str(), 0755);
+  ::chmod(file.c_str(), 0644);
+  HostRun r = host(list);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_CONTAINS(r.out, "twin");
+  EXPECT_EQ(r.err.find("world-writable"), std::string::npos) << r.err;
+  // A folder anyone can drop a library into.
+  ::chmod(dir.c_str(), 0777);
+  r = host(list);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_CONTAINS(r.out, "twin") << "a warning, not a refusal";
+  EXPECT_CONTAINS(r.err, "plugin directory " + dir.string() + " is world-writable: any user can put a library there");
+  EXPECT_CONTAINS(r.err, "chmod o-w " + dir.string());
+  EXPECT_CONTAINS(r.err, "--allow-world-writable-plugins");
+  // A library anyone can overwrite.
+  ::chmod(dir.c_str(), 0755);
+  ::chmod(file.c_str(), 0666);
+  r = host(list);
+  EXPECT_CONTAINS(r.err, "plugin library " + file.string() + " is world-writable: any user can replace the code");
+  EXPECT_CONTAINS(r.err, "chmod o-w " + file.string());
+  // The flag silences both.
+  ::chmod(dir.c_str(), 0777);
+  r = host(list + " --allow-world-writable-plugins");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err.find("world-writable"), std::string::npos) << r.err;
+  EXPECT_CONTAINS(host("--help").out, "--allow-world-writable-plugins");
+}
+
+TEST(Cli, RelativePluginPathEntriesAreTakenAgainstTheCurrentDirectoryAndLoggedAbsolute) {
+  dflash::test::TempDir temp("dflash_cli_pp");
+  const fs::path work = temp.folder("work");
+  const fs::path plugins = temp.folder("work/plugins");
+  fs::copy_file(fs::path(DFLASH_BROKEN_PLUGIN_DIR) / "twin_a" / "libtwin_a.so", plugins / "libtwin_a.so");
+  const std::string exe = std::string(DFLASH_HOST_EXE);
+  HostRun r = shell("cd " + work.string() + " && DFLASH_PLUGIN_PATH=plugins " + exe + " list");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_CONTAINS(r.out, "twin");
+  EXPECT_CONTAINS(r.err, "$DFLASH_PLUGIN_PATH entry 'plugins' is relative: taken against the current directory, " +
+                             plugins.string());
+  EXPECT_CONTAINS(r.err, "plugin directory " + plugins.string() + ": 1 library");
+  EXPECT_CONTAINS(r.err, "loading " + (plugins / "libtwin_a.so").string());
+  // From another directory the same entry names another folder, and the error says which.
+  r = shell("cd " + temp.path().string() + " && DFLASH_PLUGIN_PATH=plugins " + exe + " list");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_CONTAINS(r.err, "$DFLASH_PLUGIN_PATH entry 'plugins' is not a directory (" + (temp.path() / "plugins").string() +
+                             ", relative entries are taken against the current directory)");
+}
+
+// eval's numbers and paths are checked before anything is loaded: a typo
+// costs a moment, not a model load and a whole evaluation.
+TEST(Cli, EvalChecksItsNumbersAndPathsFirst) {
+  const std::string configs = DFLASH_CONFIGS_DIR;
+  const std::string prompts = configs + "/quickstart/data/heldout.jsonl";
+  const std::string command = "eval --plugin-dir " + std::string(DFLASH_INTREE_PLUGIN_DIR) + " --config " + configs +
+                              "/quickstart-prompt-lookup.json";
+  const std::pair<const char*, const char*> numbers[] = {
+      {"--max-new-tokens 9223372036854775807", "--max-new-tokens 9223372036854775807: takes a number of tokens from 1 to 16777216"},
+      {"--max-new-tokens 0", "--max-new-tokens 0: takes a number of tokens from 1 to 16777216"},
+      {"--max-length 1", "--max-length 1: takes a number of tokens from 2 to 16777216"},
+      {"--prompt-tokens 16777217", "--prompt-tokens 16777217: takes a number of tokens from 1 to 16777216"},
+      {"--max-prompts 4294967296", "--max-prompts 4294967296: takes a number of prompts from 1 to 16777216"}};
+  for (const auto& [flag, message] : numbers) {
+    HostRun r = host(command + " --prompts " + prompts + " " + flag);
+    EXPECT_EQ(r.status, 2) << flag;
+    EXPECT_CONTAINS(r.err, message);
+  }
+  // Bounded: before these checks existed, a bad --report surfaced only after a whole evaluation.
+  const std::string base = command + " --max-prompts 1 --max-new-tokens 4";
+  dflash::test::TempDir temp("dflash_cli_eval");
+  auto fails_before_loading = [&](const std::string& args, const std::string& message) {
+    HostRun r = host(base + " " + args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.err;
+    EXPECT_CONTAINS(r.err, message);
+    EXPECT_EQ(r.err.find("loading "), std::string::npos) << "nothing may be loaded first: " << r.err;
+  };
+  const std::string missing_folder = (temp.path() / "no-such-folder" / "report.json").string();
+  fails_before_loading("--prompts " + prompts + " --report " + missing_folder,
+                       "--report " + missing_folder + ": the folder " + (temp.path() / "no-such-folder").string() +
+                           " does not exist; create it first");
+  fails_before_loading("--prompts " + prompts + " --report " + temp.path().string(),
+                       "--report " + temp.path().string() + " is a directory; give a file name");
+  fails_before_loading("--prompts " + temp.path().string(),
+                       temp.path().string() + " is a directory, not a prompts file; give a JSON-lines file of prompts");
+  fails_before_loading("--prompts " + (temp.path() / "none.jsonl").string(),
+                       (temp.path() / "none.jsonl").string() + ": no such prompts file");
 }
 
 TEST(Cli, TrainRunsAnyFivePluginsThroughTheAbi) {

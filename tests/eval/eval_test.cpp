@@ -203,6 +203,39 @@ TEST(SpeculativeDecoding, EmitsExactlyTheTargetsGreedyTokens) {
   }
 }
 
+// A folder given as the prompts file is named as one (it used to "hold no
+// prompts"), and the report's path is checked before anything runs.
+TEST(Eval, PromptsAndReportPathsAreCheckedUpFront) {
+  test::TempDir temp("dflash_eval_paths");
+  const std::string dir = temp.path().string();
+  auto error_of = [](auto&& call) {
+    try {
+      call();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  eval::EvalSettings s;
+  s.prompts_file = dir;
+  EXPECT_CONTAINS(error_of([&] { eval::read_prompts(s, nlohmann::json{{"vocab_size", 260}}); }),
+                  dir + " is a directory, not a prompts file; give a JSON-lines file of prompts");
+  EXPECT_CONTAINS(error_of([&] { eval::check_prompts_file(dir + "/missing.jsonl"); }),
+                  dir + "/missing.jsonl: no such prompts file");
+  EXPECT_CONTAINS(error_of([&] { eval::check_prompts_file("/dev/null"); }), "/dev/null is not a regular file");
+
+  EXPECT_CONTAINS(error_of([&] { eval::check_report_file(dir); }), "--report " + dir + " is a directory; give a file name");
+  EXPECT_CONTAINS(error_of([&] { eval::check_report_file(dir + "/no/r.json"); }),
+                  "--report " + dir + "/no/r.json: the folder " + dir + "/no does not exist; create it first");
+  EXPECT_CONTAINS(error_of([&] { eval::check_report_file(""); }), "--report needs a file name");
+  // A new file in an existing folder, or an existing file: fine, and nothing is created or truncated.
+  EXPECT_EQ(error_of([&] { eval::check_report_file(dir + "/r.json"); }), "no error");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/r.json"));
+  std::ofstream(dir + "/old.json") << "{}";
+  EXPECT_EQ(error_of([&] { eval::check_report_file(dir + "/old.json"); }), "no error");
+  EXPECT_EQ(std::filesystem::file_size(dir + "/old.json"), 2u);
+}
+
 TEST(Eval, BadInputsGetClearErrors) {
   auto target = quickstart_target();
   const auto info = target->describe();

@@ -9,6 +9,9 @@
 #include <torch/version.h>
 
 #include <filesystem>
+#include <regex>
+
+#include <signal.h>
 
 namespace fs = std::filesystem;
 using dflash::host::PluginLookupError;
@@ -20,6 +23,16 @@ const std::string kHostAbi = std::to_string(DFLASH_ABI_MAJOR) + "." + std::to_st
 
 fs::path broken(const std::string& name) {
   return fs::path(DFLASH_BROKEN_PLUGIN_DIR) / name / ("lib" + name + ".so");
+}
+
+// The plugins that crash the process, kept apart from the broken ones.
+fs::path crashing(const std::string& name) {
+  return fs::weakly_canonical(fs::path(DFLASH_CRASHING_PLUGIN_DIR) / name / ("lib" + name + ".so"));
+}
+
+// Literal text as a death test's (POSIX extended) regular expression.
+std::string literally(const std::string& text) {
+  return std::regex_replace(text, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)");
 }
 
 // Loads one broken library alone and returns its single problem message.
@@ -157,6 +170,60 @@ TEST(Loader, CreateThrowingIsCaughtByTheSdkAndReported) {
     EXPECT_CONTAINS(std::string(e.what()), "loss plugin 'throwing_loss'");
     EXPECT_CONTAINS(std::string(e.what()), "cannot open /nonexistent/table.bin");
   }
+}
+
+// A plugin runs in the host's process and can take it down; the guard's line
+// names it. Death tests fork (threadsafe style: LibTorch may have threads).
+TEST(LoaderDeathTest, CrashWhileLoadingNamesTheLibrary) {
+  testing::GTEST_FLAG(death_test_style) = "threadsafe";
+  const fs::path abort_at_load = crashing("abort_at_load");
+  EXPECT_EXIT({ PluginRegistry().add_library(abort_at_load); }, testing::KilledBySignal(SIGABRT),
+              literally("dflash-host: crashed while loading plugin library " + abort_at_load.string() +
+                        " (SIGABRT, aborted); in-process plugins can crash the host"));
+  const fs::path crash_in_entry = crashing("crash_in_entry");
+  EXPECT_EXIT({ PluginRegistry().add_library(crash_in_entry); }, testing::KilledBySignal(SIGSEGV),
+              literally("dflash-host: crashed while loading plugin library " + crash_in_entry.string() +
+                        " (SIGSEGV, segmentation fault)"));
+}
+
+TEST(LoaderDeathTest, CrashInCreateNamesThePlugin) {
+  testing::GTEST_FLAG(death_test_style) = "threadsafe";
+  const fs::path file = crashing("crash_in_create");
+  PluginRegistry registry;
+  registry.add_library(file);  // loading it is harmless ...
+  const auto& record = registry.find(DFLASH_KIND_LOSS, "crash_in_create");
+  // ... creating an instance is not.
+  EXPECT_EXIT({ dflash::host::LossInstance loss(record, nlohmann::json::object(), {}); }, testing::KilledBySignal(SIGSEGV),
+              literally("dflash-host: crashed while creating loss plugin 'crash_in_create' (" + file.string() +
+                        ") (SIGSEGV, segmentation fault); in-process plugins can crash the host"));
+}
+
+// Outside a guard the host's own handlers (or the defaults) are in force.
+TEST(Loader, CrashGuardPutsBackTheHandlersItReplaced) {
+  struct sigaction mine {};
+  mine.sa_handler = [](int) {};
+  sigemptyset(&mine.sa_mask);
+  struct sigaction saved {};
+  ASSERT_EQ(::sigaction(SIGFPE, &mine, &saved), 0);
+  {
+    const dflash::host::PluginCrashGuard outer("loading a");
+    {
+      const dflash::host::PluginCrashGuard inner("loading b");
+    }
+    struct sigaction during {};
+    ::sigaction(SIGFPE, nullptr, &during);
+    EXPECT_NE(during.sa_handler, mine.sa_handler) << "the guard's handler is installed";
+  }
+  struct sigaction after {};
+  ::sigaction(SIGFPE, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, mine.sa_handler);
+  ::sigaction(SIGFPE, &saved, nullptr);
+  struct sigaction before_load {};
+  ::sigaction(SIGSEGV, nullptr, &before_load);
+  PluginRegistry registry;
+  registry.add_library(broken("twin_a"));  // a sound library: the guard comes and goes
+  ::sigaction(SIGSEGV, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, before_load.sa_handler);
 }
 
 TEST(Loader, RequestedPluginNotFoundListsWhatExists) {

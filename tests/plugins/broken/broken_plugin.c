@@ -3,6 +3,8 @@
  * a DEFECT_ define it is a valid loss plugin named by PLUGIN_NAME. */
 #include <dflash/abi.h>
 
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifndef PLUGIN_NAME
@@ -54,12 +56,27 @@ static const dflash_target_vtable target_table = {
 
 static int instance_token;
 
+#if defined(DEFECT_CRASH_IN_CREATE) || defined(DEFECT_CRASH_IN_ENTRY)
+/* A real invalid write. The address is read through a volatile so the
+ * compiler cannot see a NULL dereference and replace it with a trap. */
+static volatile uintptr_t bad_address = 8;
+static void segfault(void) { *(volatile int*)bad_address = 1; }
+#endif
+
+#ifdef DEFECT_ABORT_AT_LOAD
+/* A static initialiser that fails: runs inside dlopen, before any entry. */
+__attribute__((constructor)) static void abort_at_load(void) { abort(); }
+#endif
+
 static dflash_error* create(const dflash_host_api* host, const dflash_create_args* args, dflash_instance** out) {
   (void)args;
 #ifdef DEFECT_CREATE_ERROR
   (void)out;
   return host->error_new(DFLASH_ERR_INVALID_CONFIG, "the weights file '/nonexistent/w.bin' does not exist");
 #else
+#ifdef DEFECT_CRASH_IN_CREATE
+  segfault();
+#endif
   (void)host;
   *out = (dflash_instance*)&instance_token;
   return NULL;
@@ -130,6 +147,11 @@ DFLASH_EXPORT int some_other_function(void) { return 1; }
 #elif defined(DEFECT_ABI_MAJOR)
 /* What a library built for a future ABI 2 exports instead. */
 DFLASH_EXPORT const dflash_plugin_library* dflash_plugin_entry_v2(void) { return &library; }
+#elif defined(DEFECT_CRASH_IN_ENTRY)
+DFLASH_EXPORT const dflash_plugin_library* dflash_plugin_entry_v1(void) {
+  segfault();
+  return &library;
+}
 #else
 DFLASH_EXPORT const dflash_plugin_library* dflash_plugin_entry_v1(void) { return &library; }
 #endif
