@@ -39,6 +39,10 @@ po::options_description visible_options() {
       ("skip-memory-check", "train: start even when the memory plan says the run will not fit")
       ("stop-after", po::value<int64_t>(), "train: stop after this many steps of this run, with a checkpoint "
        "(run again to resume from it)")
+      ("resume-from", po::value<std::string>(), "train: resume from this checkpoint (step-NNNNNNNN, or a step number) "
+       "of the run's checkpoints/ instead of `latest`; newer step folders are moved aside, not deleted")
+      ("allow-config-change", "train: resume even though settings that shape the run (seed, data, model, loss, "
+       "optimizer) differ from the checkpoint's; the run is then no longer reproducible")
       ("prompts", po::value<std::string>(), "eval: held-out prompts, JSON lines with \"prompt_ids\", \"input_ids\" "
        "(the first --prompt-tokens) or \"text\" (byte-level targets)")
       ("drafter-checkpoint", po::value<std::string>(), "eval: the trained drafter: a checkpoint folder, a checkpoint "
@@ -119,6 +123,8 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
     options.stop_after = vm["stop-after"].as<int64_t>();
     if (options.stop_after < 1) throw std::invalid_argument("--stop-after takes a number of steps >= 1");
   }
+  if (vm.count("resume-from")) options.resume_from = vm["resume-from"].as<std::string>();
+  options.allow_config_change = vm.count("allow-config-change") > 0;
   if (vm.count("prompts")) options.prompts = vm["prompts"].as<std::string>();
   if (vm.count("drafter-checkpoint")) options.drafter_checkpoint = vm["drafter-checkpoint"].as<std::string>();
   if (vm.count("report")) options.report = vm["report"].as<std::string>();

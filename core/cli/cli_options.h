@@ -25,6 +25,8 @@ struct CliOptions {
   std::optional<std::string> device_memory;
   bool skip_memory_check = false;
   int64_t stop_after = 0;                  // --stop-after N (train)
+  std::optional<std::string> resume_from;  // --resume-from step-N (train)
+  bool allow_config_change = false;        // --allow-config-change (train)
   // eval
   std::optional<std::string> prompts;             // --prompts FILE (JSON lines)
   std::optional<std::string> drafter_checkpoint;  // --drafter-checkpoint DIR

@@ -15,6 +15,8 @@
 #include <dflash/sdk/torch.hpp>
 #include "train/train_schema.h"
 #include "train/trainer.h"
+#include "train/run_directory.h"
+#include "checkpoint/checkpoint.h"
 
 #include <boost/dll/runtime_symbol_info.hpp>
 
@@ -284,6 +286,17 @@ int plan(const CliOptions& options) {
   return verdict && !verdict->fits ? kExitDoesNotFit : kExitOk;
 }
 
+// --resume-from step-00000004, or 4.
+std::optional<int64_t> resume_step(const CliOptions& options) {
+  if (!options.resume_from) return std::nullopt;
+  const std::string& value = *options.resume_from;
+  const std::string name = value.find_first_not_of("0123456789") == std::string::npos && !value.empty() && value.size() < 19
+                               ? "step-" + value : value;
+  const auto step = checkpoint::step_of(name);
+  if (!step) throw std::invalid_argument("--resume-from " + value + ": expected a checkpoint folder name (step-00000004) or a step number");
+  return step;
+}
+
 int train(const CliOptions& options) {
   require_run_config(options);
   const PluginRegistry registry = load_plugins(options);
@@ -311,8 +324,16 @@ int train(const CliOptions& options) {
                 memory::format_bytes(capacity.free_bytes) + " available on " + plan.device + " (`dflash-host plan` for the table)");
     }
   }
+  const std::optional<int64_t> resume_from = resume_step(options);
+  // The output directory is claimed before the plugins load (a large target
+  // takes minutes): a second run on the same directory is refused at once.
+  std::shared_ptr<checkpoint::RunLock> output_lock =
+      train::claim_output_dir(resolved.root.at("train").at("output_dir").get<std::string>());
   auto set = train_set_from(options, registry, resolved);
   set->run.memory_plan = plan;
+  set->run.output_lock = std::move(output_lock);
+  set->run.resume_from = resume_from;
+  set->run.allow_config_change = options.allow_config_change;
   train::TrainPlugins plugins = set->plugins();
   return train::run_training(plugins, set->run);
 }

@@ -1,6 +1,11 @@
 #include "metrics/progress.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cmath>
 #include <fstream>
@@ -9,30 +14,88 @@
 
 namespace dflash::metrics {
 
-MetricsFile::MetricsFile(const std::string& path, int64_t first_step) : path_(path) {
-  std::vector<std::string> kept;
-  {
-    std::ifstream in(path);
-    std::string line;
-    while (std::getline(in, line)) {
-      const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.is_object() && j.value("step", int64_t{-1}) < first_step) kept.push_back(line);
-    }
+namespace {
+
+std::string errno_text() { return std::strerror(errno); }
+
+// The records of an existing metrics file that a run starting at first_step
+// keeps, and whether anything else (later steps, a torn last line) is there.
+struct KeptRecords {
+  std::vector<std::string> lines;
+  bool drops_some = false;
+};
+KeptRecords read_kept(const std::string& path, int64_t first_step) {
+  KeptRecords kept;
+  std::ifstream in(path, std::ios::binary);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() < first_step)
+      kept.lines.push_back(line);
+    else
+      kept.drops_some = true;
   }
-  file_ = std::fopen(path.c_str(), "w");
-  if (file_ == nullptr) throw std::runtime_error(path + ": cannot write the metrics file");
-  for (const auto& line : kept) std::fprintf(file_, "%s\n", line.c_str());
-  std::fflush(file_);
+  return kept;
+}
+
+void write_all(int fd, const std::string& text, const std::string& path) {
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t wrote = ::write(fd, text.data() + done, text.size() - done);
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote <= 0) throw MetricsWriteError(path + ": cannot write (" + (wrote < 0 ? errno_text() : "no space written") + ")");
+    done += static_cast<size_t>(wrote);
+  }
+}
+
+// Replaces path by the kept records: temporary file, fsync, rename.
+void rewrite(const std::string& path, const std::vector<std::string>& lines) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error(tmp + ": cannot write the metrics file (" + errno_text() + ")");
+  try {
+    std::string text;
+    for (const auto& line : lines) text += line + "\n";
+    write_all(fd, text, tmp);
+    if (::fsync(fd) != 0) throw MetricsWriteError(tmp + ": cannot sync (" + errno_text() + ")");
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0)
+    throw std::runtime_error(path + ": cannot replace the metrics file (" + errno_text() + ")");
+}
+
+}  // namespace
+
+MetricsFile::MetricsFile(const std::string& path, int64_t first_step) : path_(path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode))
+      throw std::runtime_error(path + ": exists and is not a regular file; move it away so the run can write its metrics");
+    const KeptRecords kept = read_kept(path, first_step);
+    if (kept.drops_some) rewrite(path, kept.lines);
+  }
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw std::runtime_error(path + ": cannot write the metrics file (" + errno_text() + ")");
 }
 
 MetricsFile::~MetricsFile() {
-  if (file_ != nullptr) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MetricsFile::write(const nlohmann::json& record) {
-  const std::string line = record.dump();
-  std::fprintf(file_, "%s\n", line.c_str());
-  std::fflush(file_);
+  const std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  try {
+    write_all(fd_, line, path_);
+  } catch (const MetricsWriteError&) {
+    // Leave no torn line behind: the file ends at the last whole record.
+    if (before >= 0 && ::ftruncate(fd_, before) != 0) { /* the reader skips a torn last line all the same */ }
+    throw;
+  }
 }
 
 std::string format_duration(double seconds) {

@@ -6,23 +6,37 @@
 
 #include <chrono>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 
 namespace dflash::metrics {
 
+// A write to metrics.jsonl that failed (a full disk, a quota, an I/O
+// error). The file is left ending at the last whole record.
+class MetricsWriteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class MetricsFile {
  public:
-  // Opens path for appending; keeps only the lines whose "step" is below
-  // first_step (a resumed run rewrites what came after its checkpoint).
+  // Opens path for appending, keeping only the records whose "step" is below
+  // first_step: a resumed run rewrites what came after its checkpoint. That
+  // rewrite goes through a temporary file and a rename, so a crash during it
+  // loses nothing. Throws naming the file when it is not a regular file or
+  // cannot be written.
   MetricsFile(const std::string& path, int64_t first_step);
+  ~MetricsFile();
+  MetricsFile(const MetricsFile&) = delete;
+  MetricsFile& operator=(const MetricsFile&) = delete;
+
+  // Appends one line with a single write; on failure truncates back to the
+  // last whole record and throws MetricsWriteError.
   void write(const nlohmann::json& record);
 
  private:
-  std::FILE* file_ = nullptr;
+  int fd_ = -1;
   std::string path_;
-
- public:
-  ~MetricsFile();
 };
 
 class ConsoleProgress {

@@ -8,6 +8,8 @@
 #include "train/adamw.h"
 #include "eval/evaluation.h"
 #include "train/frozen_weights.h"
+#include "train/resume.h"
+#include "train/run_directory.h"
 
 #include <dflash/sdk/splitmix.hpp>
 #include <dflash/sdk/torch.hpp>
@@ -168,7 +170,9 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   const bool want_teacher = t.at("teacher").get<std::string>() == "hidden";
   const std::string output_dir = t.at("output_dir");
   const std::string checkpoint_root = output_dir + "/checkpoints";
-  checkpoint::make_directories(output_dir);
+  // Nothing is written into the output directory before it is checked and
+  // this run holds it alone.
+  const std::unique_ptr<checkpoint::RunLock> own_lock = run.output_lock ? nullptr : claim_output_dir(output_dir);
 
   const Wiring wiring = wire(p, device, dtype);
   const nlohmann::json& target_info = wiring.target_info;
@@ -191,23 +195,40 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   // Resume.
   int64_t first_step = 0;
   int64_t nonfinite_total = 0;
-  if (auto saved = checkpoint::load_latest(checkpoint_root)) {
+  if (run.resume_from) {
+    for (const std::string& aside : checkpoint::resume_from(checkpoint_root, *run.resume_from))
+      log::warn("--resume-from " + checkpoint::step_name(*run.resume_from) + ": moved the newer checkpoint aside to " +
+                checkpoint_root + "/" + aside + " (kept; delete it when it is no longer wanted)");
+  }
+  if (const auto folder = checkpoint::resume_folder(checkpoint_root)) {
+    const checkpoint::Checkpoint saved = checkpoint::load(*folder);
+    const ResumeState state = read_trainer_state(saved);
+    if (saved.trainer_state.contains("config")) {
+      const std::vector<std::string> changes = config_changes(saved.trainer_state.at("config"), run.resolved_config);
+      std::string listed;
+      for (const auto& change : changes) listed += "\n  " + change;
+      if (!changes.empty() && !run.allow_config_change)
+        throw std::invalid_argument(
+            "the config differs from the one that wrote " + saved.dir + " in settings that shape the run:" + listed +
+            "\nresuming would not continue that run. Restore those settings, give this run another train.output_dir, "
+            "or pass --allow-config-change to resume with them anyway");
+      if (!changes.empty()) log::warn("resuming with changed settings (--allow-config-change):" + listed);
+    }
     const c10::NoGradGuard no_grad;
-    std::map<std::string, at::Tensor> weights(saved->weights.begin(), saved->weights.end());
+    std::map<std::string, at::Tensor> weights(saved.weights.begin(), saved.weights.end());
     for (const auto& [name, tensor] : parameters) {
       auto it = weights.find(name);
       if (it == weights.end() || it->second.sizes() != tensor.sizes())
-        throw std::runtime_error(saved->dir + "/model.safetensors: '" + name +
+        throw std::runtime_error(saved.dir + "/model.safetensors: '" + name +
                                  "' is missing or misshapen for this drafter; resume with the configuration that wrote it");
       tensor.copy_(it->second);
     }
-    optimizer.load_state(saved->optimizer);
-    const nlohmann::json& state = saved->trainer_state;
-    first_step = state.at("step").get<int64_t>();
-    nonfinite_total = state.value("nonfinite_steps", int64_t{0});
-    p.data.load_state(state.at("data_state").dump());
-    if (p.scheduler.has_state() && state.contains("scheduler_state")) p.scheduler.load_state(state.at("scheduler_state").dump());
-    log::info("resumed from " + saved->dir + " at step " + std::to_string(first_step));
+    optimizer.load_state(saved.optimizer);
+    first_step = state.step;
+    nonfinite_total = state.nonfinite_steps;
+    p.data.load_state(state.data_state);
+    if (p.scheduler.has_state() && state.scheduler_state) p.scheduler.load_state(*state.scheduler_state);
+    log::info("resumed from " + saved.dir + " at step " + std::to_string(first_step));
   }
   if (first_step >= total_steps) {
     log::info("the run already reached train.steps = " + std::to_string(total_steps) + "; nothing to do");
@@ -302,6 +323,9 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
         live = MicroBatch{};
       }
       if (data_ended && target_tokens == 0) {
+        if (step == 0)
+          throw std::runtime_error(p.data.record().label() + " yielded no batch at all: nothing was trained and nothing "
+                                   "was saved. Check its data (`dflash-host config` shows the data section)");
         progress.message("the data source has ended (its epochs are done) before train.steps = " + std::to_string(total_steps));
         break;
       }
@@ -354,7 +378,15 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
         record["eval_tau"] = report.at("tau_mean");
         record["eval_acceptance_by_position"] = report.at("acceptance_by_position");
       }
-      metrics_file.write(record);
+      try {
+        metrics_file.write(record);
+      } catch (const metrics::MetricsWriteError& e) {
+        progress.finish();
+        throw std::runtime_error(std::string(e.what()) + "; training stopped at step " + std::to_string(step) + ". " +
+                                 (last_checkpoint_step >= 0 ? "The checkpoint of step " + std::to_string(last_checkpoint_step) +
+                                                                  " holds the last good state: free space and run again to resume from it"
+                                                            : std::string("No checkpoint was written yet: free space and run again")));
+      }
       progress.update(record);
       if (evaluate_now) {
         std::ostringstream line;
@@ -430,7 +462,9 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
     }
   }
   progress.finish();
-  if (exit_code == 0) save(step);
+  // A step already saved (--stop-after at a checkpoint_every step, or a
+  // resumed run whose data had ended) is not written again.
+  if (exit_code == 0 && step != last_checkpoint_step) save(step);
   if (auto facts = p.data.describe()) log::info("data: " + facts->dump());
   return exit_code;
 }

@@ -4,11 +4,13 @@
 // instance wrappers (the C ABI).
 #pragma once
 
+#include "checkpoint/run_lock.h"
 #include "memory/memory_plan.h"
 #include "plugin/instances.h"
 
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -30,6 +32,13 @@ struct TrainRun {
   // its predicted peak goes to the metrics, and an out-of-memory report
   // compares it with what was allocated.
   std::optional<memory::DevicePlan> memory_plan;
+  // The output directory's lock when the caller already holds it
+  // (train/run_directory.h); run_training takes it otherwise.
+  std::shared_ptr<checkpoint::RunLock> output_lock;
+  // --resume-from: the step whose checkpoint to resume from instead of `latest`.
+  std::optional<int64_t> resume_from;
+  // --allow-config-change: resume although settings that shape the run changed.
+  bool allow_config_change = false;
 };
 
 // Exit code when non-finite losses stopped the run (after the policy allowed no more).
@@ -38,8 +47,9 @@ inline constexpr int kNonFinite = 4;
 // emergency checkpoint of the last completed step).
 inline constexpr int kOutOfMemory = 5;
 
-// Resumes from <output_dir>/checkpoints/latest when present. Returns the
-// process exit code. Throws for errors that leave nothing to save.
+// Resumes from <output_dir>/checkpoints/latest when present (checked: see
+// checkpoint/checkpoint.h and train/resume.h). Returns the process exit
+// code. Throws for errors that leave nothing to save.
 int run_training(TrainPlugins& plugins, const TrainRun& run);
 
 // The drafter's parameter gradients from the run's first micro-batch at step

@@ -5,6 +5,7 @@
 #include "checkpoint/checkpoint.h"
 #include "support/expect.h"
 #include "support/temp_dir.h"
+#include "train/run_support.h"
 #include "train/adamw.h"
 
 #include <dflash/sdk/safetensors_torch.hpp>
@@ -188,55 +189,11 @@ TEST(Checkpoint, AtomicLatestKeepNewestAndACrashLeavesTheLastGoodOne) {
 
 // ---- dflash-host end to end --------------------------------------------------
 
-struct Result {
-  int status;
-  std::string err;
-};
-
-Result host(const std::string& args, const std::string& scratch) {
-  const std::string err_file = scratch + "/stderr.txt";
-  const std::string command = std::string(DFLASH_HOST_EXE) + " --no-default-plugin-dirs --plugin-dir " +
-                              DFLASH_INTREE_PLUGIN_DIR + " --plugin-dir " + DFLASH_GOOD_PLUGIN_DIR + " " + args +
-                              " > /dev/null 2>" + err_file;
-  const int status = std::system(command.c_str());
-  std::ifstream in(err_file);
-  std::stringstream text;
-  text << in.rdbuf();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text.str()};
-}
-
-std::vector<nlohmann::json> metrics_of(const std::string& dir) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
-// A small run: the committed tiny Qwen3 target, Markov synthetic data, a
-// one-layer drafter, the fused loss with a KL term.
-std::string small_config(const std::string& dir, const std::string& output, int steps,
-                         const nlohmann::json& loss = {{"plugin", "fused_ckpt_kl"}, {"kl_weight", 0.5}}) {
-  const nlohmann::json config = {
-      {"train", {{"seed", 3}, {"steps", steps}, {"lr", 3e-3}, {"output_dir", output}, {"progress", "lines"},
-                 {"grad_accumulation", 2}, {"checkpoint_every", 0}}},
-      {"data", {{"plugin", "synthetic"}, {"sequences", 64}, {"min_length", 24}, {"max_length", 64}, {"row_length", 64},
-                {"tokens_per_batch", 128}, {"branching", 2}}},
-      {"target", {{"plugin", "hf_decoder"}, {"path", std::string(DFLASH_HF_FIXTURES) + "/qwen3"}}},
-      {"drafter", {{"plugin", "dflash"}, {"num_layers", 1}, {"block_size", 4}, {"max_anchors", 8}}},
-      {"loss", loss},
-      {"scheduler", {{"plugin", "warmup_cosine"}, {"warmup_steps", 2}}}};
-  const std::string path = dir + "/config.json";
-  std::ofstream(path) << config.dump(2);
-  return path;
-}
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test::Result;
+using test::host;
+using test::metrics_of;
+using test::small_config;
+using test::file_bytes;
 
 TEST(TrainEndToEnd, AResumedRunReproducesTheUninterruptedOneExactly) {
   test::TempDir temp("dflash_train");

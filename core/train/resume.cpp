@@ -1,0 +1,81 @@
+#include "train/resume.h"
+
+#include <algorithm>
+
+namespace dflash::train {
+
+const std::vector<std::string> kChangeableOnResume = {
+    "/train/steps",         "/train/output_dir",         "/train/checkpoint_every", "/train/keep_checkpoints",
+    "/train/progress",      "/train/log_every",          "/train/eval_every",       "/train/eval_prompts",
+    "/train/eval_max_prompts", "/train/eval_max_new_tokens", "/train/eval_prompt_tokens", "/train/memory_slack",
+    "/train/on_nonfinite",  "/train/max_nonfinite",      "/train/device"};
+
+namespace {
+
+checkpoint::DamagedCheckpoint bad_field(const checkpoint::Checkpoint& saved, const std::string& field,
+                                        const std::string& problem) {
+  return checkpoint::DamagedCheckpoint(saved.dir + "/trainer_state.json: " + field + " " + problem +
+                                       "; the checkpoint is damaged: resume from an intact one with --resume-from step-N");
+}
+
+std::string shown(const nlohmann::json& value) {
+  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return text.size() > 80 ? text.substr(0, 77) + "..." : text;
+}
+
+// "/train/seed" → "train.seed"
+std::string dotted(const std::string& pointer) {
+  std::string out = pointer.substr(1);
+  std::replace(out.begin(), out.end(), '/', '.');
+  return out;
+}
+
+}  // namespace
+
+ResumeState read_trainer_state(const checkpoint::Checkpoint& saved) {
+  const nlohmann::json& state = saved.trainer_state;
+  if (!state.is_object()) throw bad_field(saved, "(the whole file)", "is not a JSON object");
+  ResumeState out;
+  if (!state.contains("step") || !state["step"].is_number_integer())
+    throw bad_field(saved, "step", "is missing or not an integer");
+  out.step = state["step"].get<int64_t>();
+  const size_t slash = saved.dir.find_last_of('/');
+  const auto folder_step = checkpoint::step_of(slash == std::string::npos ? saved.dir : saved.dir.substr(slash + 1));
+  if (out.step < 0 || (folder_step && *folder_step != out.step))
+    throw bad_field(saved, "step", "is " + shown(state["step"]) + ", but the folder is " +
+                                       (folder_step ? checkpoint::step_name(*folder_step) : "not a step-N folder"));
+  if (state.contains("nonfinite_steps")) {
+    if (!state["nonfinite_steps"].is_number_unsigned())
+      throw bad_field(saved, "nonfinite_steps", "is " + shown(state["nonfinite_steps"]) + "; expected a count >= 0");
+    out.nonfinite_steps = state["nonfinite_steps"].get<int64_t>();
+    if (out.nonfinite_steps < 0 || out.nonfinite_steps > out.step)
+      throw bad_field(saved, "nonfinite_steps", "is " + shown(state["nonfinite_steps"]) + ", more than the " +
+                                                    std::to_string(out.step) + " steps run");
+  }
+  if (!state.contains("data_state")) throw bad_field(saved, "data_state", "is missing");
+  out.data_state = state["data_state"].dump();
+  if (state.contains("scheduler_state")) out.scheduler_state = state["scheduler_state"].dump();
+  if (state.contains("config") && !state["config"].is_object())
+    throw bad_field(saved, "config", "is " + shown(state["config"]) + "; expected the run's resolved config (an object)");
+  return out;
+}
+
+std::vector<std::string> config_changes(const nlohmann::json& saved, const nlohmann::json& current) {
+  std::vector<std::string> out;
+  for (const auto& op : nlohmann::json::diff(saved, current)) {
+    const std::string path = op.at("path");
+    const bool changeable = std::any_of(kChangeableOnResume.begin(), kChangeableOnResume.end(), [&](const std::string& key) {
+      return path == key || path.rfind(key + "/", 0) == 0;
+    });
+    if (changeable) continue;
+    const std::string kind = op.at("op");
+    const nlohmann::json::json_pointer pointer(path);
+    const std::string before = kind == "add" ? "(unset)" : shown(saved.at(pointer));
+    const std::string after = kind == "remove" ? "(unset)" : shown(op.at("value"));
+    out.push_back(dotted(path) + ": " + before + " → " + after);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace dflash::train
