@@ -267,7 +267,9 @@ std::unique_ptr<TrainSet> train_set_from(const CliOptions& options, const Plugin
 
 std::unique_ptr<TrainSet> make_train_set(const CliOptions& options, const PluginRegistry& registry) {
   require_run_config(options);
-  return train_set_from(options, registry, resolve(options, registry, all_sections()));
+  const config::ResolvedConfig resolved = resolve(options, registry, all_sections());
+  memory::require_device(resolved.root.at("train").at("device").get<std::string>());
+  return train_set_from(options, registry, resolved);
 }
 
 namespace {
@@ -325,6 +327,7 @@ int train(const CliOptions& options) {
     }
   }
   const std::optional<int64_t> resume_from = resume_step(options);
+  memory::require_device(resolved.root.at("train").at("device").get<std::string>());  // also with --gpu-memory
   // The output directory is claimed before the plugins load (a large target
   // takes minutes): a second run on the same directory is refused at once.
   std::shared_ptr<checkpoint::RunLock> output_lock =
@@ -346,6 +349,7 @@ int evaluate(const CliOptions& options) {
   if (options.report) eval::check_report_file(*options.report);
   PluginRegistry registry = load_plugins(options);
   const config::ResolvedConfig resolved = resolve(options, registry, {"target", "drafter"});
+  memory::require_device(resolved.root.at("train").at("device").get<std::string>());
   auto target = instantiate<host::TargetModelInstance>(registry, resolved, DFLASH_KIND_TARGET_MODEL,
                                                        config::plugin_config_of(resolved, "target"));
   const nlohmann::json target_info = target->describe();

@@ -270,17 +270,29 @@ DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& 
   return compute_plan(in);
 }
 
+void require_device(const std::string& device_text) {
+  const c10::Device device(device_text);
+  if (!device.is_cuda()) return;
+#if DFLASH_HOST_CUDA
+  const int count = c10::cuda::device_count();
+  if ((device.has_index() ? device.index() : 0) >= count)
+    throw std::runtime_error("train.device \"" + device_text + "\": this machine has " + std::to_string(count) +
+                             " CUDA device" + (count == 1 ? "" : "s") +
+                             (count == 0 ? "; set train.device=cpu" : "; use cuda:0 to cuda:" + std::to_string(count - 1)) +
+                             " (or, only to plan for a card, `dflash-host plan --gpu-memory SIZE`)");
+#else
+  throw std::runtime_error("train.device \"" + device_text + "\": this dflash-host was built without CUDA, so it "
+                           "cannot run on or query a CUDA device; set train.device=cpu (or, only to plan for a "
+                           "card, `dflash-host plan --gpu-memory SIZE`)");
+#endif
+}
+
 Capacity device_capacity(const std::string& device_text) {
   Capacity c;
   const c10::Device device(device_text);
+  require_device(device_text);
 #if DFLASH_HOST_CUDA
   if (device.is_cuda()) {
-    const int count = c10::cuda::device_count();
-    if ((device.has_index() ? device.index() : 0) >= count)
-      throw std::runtime_error("train.device \"" + device_text + "\": this machine has " + std::to_string(count) +
-                               " CUDA device" + (count == 1 ? "" : "s") +
-                               (count == 0 ? "; set train.device=cpu" : "; use cuda:0 to cuda:" + std::to_string(count - 1)) +
-                               " (or, to plan for a card, give its capacity with --gpu-memory)");
     // The CUDA runtime LibTorch loaded, found at run time: the host links
     // LibTorch's CUDA libraries, not the runtime itself.
     using MemGetInfo = int (*)(size_t*, size_t*);
@@ -302,10 +314,6 @@ Capacity device_capacity(const std::string& device_text) {
     return c;
   }
 #endif
-  if (device.is_cuda())
-    throw std::runtime_error("train.device \"" + device_text + "\": this dflash-host was built without CUDA, so it "
-                             "cannot run on or query a CUDA device; set train.device=cpu (or, to plan for a "
-                             "card, give its capacity with --gpu-memory)");
   std::ifstream meminfo("/proc/meminfo");
   std::string key, unit;
   int64_t value = 0;

@@ -89,6 +89,10 @@ struct Capacity {
   std::string source;  // "cuda driver", "/proc/meminfo", "--gpu-memory"
 };
 Capacity device_capacity(const std::string& device);
+// Throws naming train.device when this build or machine has no such device
+// (a CUDA device without CUDA, an index past the last card). The name's
+// syntax is the config's to check (config/device_name.h).
+void require_device(const std::string& device);
 // "96GiB", "80 GB", "1.5TiB", "512MiB", "123456" (bytes); throws naming the text.
 int64_t parse_size(const std::string& text);
 // "1.50 GiB"; kTooManyBytes reads "more than 8 EiB (overflow)".

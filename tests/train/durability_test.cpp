@@ -441,6 +441,43 @@ TEST(Checkpoint, NonFiniteWeightsWithMatchingChecksumsAreRefused) {
   EXPECT_TRUE(checkpoint::intact_checkpoints(root).size() == 1) << "only step 4's files are as written";
 }
 
+// ---- 9. a run that trains nothing ------------------------------------------------
+
+// Every line out of the vocabulary and one epoch: the run used to end with
+// exit 0 having trained nothing (and with epochs = 0 it spun forever).
+TEST(CrashSafety, AllBadDataFailsTheRunAndSavesNothing) {
+  test::TempDir temp("dflash_baddata");
+  const std::string dir = temp.path().string(), run = dir + "/run";
+  {
+    std::ofstream data(dir + "/bad.jsonl");
+    for (int i = 0; i < 50; ++i) data << "{\"input_ids\": [1, 2, 99999, 3, 4]}\n";
+  }
+  for (const char* epochs : {"1", "0"}) {
+    SCOPED_TRACE(std::string("epochs ") + epochs);
+    const nlohmann::json data = {{"plugin", "jsonl"}, {"path", dir + "/bad.jsonl"}, {"row_length", 64},
+                                 {"tokens_per_batch", 128}, {"epochs", std::stoi(epochs)}};
+    Result r = host("--config " + small_config(dir, run, 4) + " --set 'data=" + data.dump() + "'", dir);
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_CONTAINS(r.err, "bad.jsonl");
+    EXPECT_FALSE(exists(run + "/checkpoints/latest")) << "nothing was saved";
+  }
+}
+
+// ---- devices -----------------------------------------------------------------
+
+// train.device "cuda" where there is none died in the target's constructor
+// with a raw c10 error when --gpu-memory skipped the capacity query.
+TEST(Devices, ACudaDeviceThisMachineLacksIsRefusedBeforeThePluginsLoad) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "this machine has a CUDA device";
+  test::TempDir temp("dflash_nocuda");
+  const std::string dir = temp.path().string();
+  Result r = host("--config " + small_config(dir, dir + "/run", 2) + " --set train.device=cuda --gpu-memory 80GiB", dir);
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "train.device \"cuda\": this dflash-host was built without CUDA");
+  EXPECT_EQ(r.err.find("c10"), std::string::npos) << r.err;
+  EXPECT_FALSE(exists(dir + "/run")) << "refused before anything was created";
+}
+
 // ---- resuming with other settings -----------------------------------------------
 
 TEST(CrashSafety, ResumingWithSettingsThatShapeTheRunChangedIsRefused) {

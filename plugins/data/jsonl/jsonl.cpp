@@ -37,10 +37,10 @@ class JsonLines : public sdk::DataSource {
     using sdk::Bounds;
     return sdk::Schema()
         .required_string("path", "a .jsonl file, or a directory whose *.jsonl files are read in name order")
-        .integer("vocab_size", 0, "ids must be below this; 0 = the target's vocabulary size", Bounds::at_least(0))
-        .integer("row_length", 4096, "tokens per batch row (longer sequences: see long_sequences)", Bounds::at_least(2))
+        .integer("vocab_size", 0, "ids must be below this; 0 = the target's vocabulary size", Bounds::between(0, 1 << 26))
+        .integer("row_length", 4096, "tokens per batch row (longer sequences: see long_sequences)", Bounds::between(2, 1 << 24))
         .integer("tokens_per_batch", 16384, "the batch's token budget: rows = tokens_per_batch / row_length",
-                 Bounds::at_least(2))
+                 Bounds::between(2, 1LL << 32))
         .memory_knob("token budget")
         .boolean("shuffle", true, "a new order every epoch, from the run's seed")
         .integer("epochs", 0, "epochs before the data ends (0 = endless)", Bounds::at_least(0))

@@ -34,16 +34,16 @@ class SyntheticData : public sdk::DataSource {
   static std::string config_schema() {
     using sdk::Bounds;
     return sdk::Schema()
-        .integer("vocab_size", 0, "token ids are in [0, vocab_size); 0 = the target's vocabulary size", Bounds::at_least(0))
-        .integer("sequences", 1024, "sequences per epoch", Bounds::at_least(1))
-        .integer("min_length", 64, "shortest sequence", Bounds::at_least(2))
-        .integer("max_length", 256, "longest sequence (at most row_length)", Bounds::at_least(2))
+        .integer("vocab_size", 0, "token ids are in [0, vocab_size); 0 = the target's vocabulary size", Bounds::between(0, 1 << 26))
+        .integer("sequences", 1024, "sequences per epoch", Bounds::between(1, 1LL << 40))
+        .integer("min_length", 64, "shortest sequence", Bounds::between(2, 1 << 24))
+        .integer("max_length", 256, "longest sequence (at most row_length)", Bounds::between(2, 1 << 24))
         .number("prompt_fraction", 0.25, "the leading part of each sequence with loss_mask 0", Bounds::between(0, 0.9))
         .string("structure", "markov", "markov: learnable successors; uniform: independent tokens", {"markov", "uniform"})
         .integer("branching", 4, "markov: successors per token", Bounds::between(1, 64))
-        .integer("row_length", 512, "tokens per batch row", Bounds::at_least(2))
+        .integer("row_length", 512, "tokens per batch row", Bounds::between(2, 1 << 24))
         .integer("tokens_per_batch", 2048, "the batch's token budget: rows = tokens_per_batch / row_length",
-                 Bounds::at_least(2))
+                 Bounds::between(2, 1LL << 32))
         .memory_knob("token budget")
         .integer("epochs", 0, "epochs before the data ends (0 = endless)", Bounds::at_least(0))
         .dump();

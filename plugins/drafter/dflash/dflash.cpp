@@ -28,12 +28,12 @@ class DFlashDrafter : public sdk::Drafter {
     using sdk::Bounds;
     return sdk::Schema()
         .integer("num_layers", 5, "drafter decoder layers", Bounds::between(1, 64))
-        .integer("num_attention_heads", 0, "0 = the target's", Bounds::at_least(0))
-        .integer("num_key_value_heads", 0, "0 = the target's", Bounds::at_least(0))
-        .integer("head_dim", 0, "0 = the target's", Bounds::at_least(0))
-        .integer("intermediate_size", 0, "MLP width; 0 = the target's", Bounds::at_least(0))
+        .integer("num_attention_heads", 0, "0 = the target's", Bounds::between(0, 1 << 14))
+        .integer("num_key_value_heads", 0, "0 = the target's", Bounds::between(0, 1 << 14))
+        .integer("head_dim", 0, "0 = the target's", Bounds::between(0, 1 << 14))
+        .integer("intermediate_size", 0, "MLP width; 0 = the target's", Bounds::between(0, 1 << 22))
         .integer("block_size", 16, "slots per block: the anchor + block_size − 1 predicted tokens", Bounds::between(2, 256))
-        .integer("max_anchors", 512, "blocks per batch row at most", Bounds::at_least(1))
+        .integer("max_anchors", 512, "blocks per batch row at most", Bounds::between(1, 1 << 20))
         .memory_knob("anchor count")
         .number("gamma", 0.0, "slot weight exp(−(k − 1)/γ); 0 = the recipe's: 7 for block_size ≥ 16, 4 for ≥ 8, else 2",
                 Bounds::at_least(0))

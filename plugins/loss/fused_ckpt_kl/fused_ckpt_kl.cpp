@@ -237,7 +237,7 @@ class FusedCheckpointedKl : public sdk::Loss {
     loss::add_distillation(schema, 1.0);
     loss::add_reduction(schema);
     return schema
-        .integer("chunk_size", 0, "rows per chunk; 0 = as many as chunk_memory_mb allows", Bounds::at_least(0))
+        .integer("chunk_size", 0, "rows per chunk; 0 = as many as chunk_memory_mb allows", Bounds::between(0, 1LL << 32))
         .memory_knob("chunk size")
         .number("chunk_memory_mb", 1024, "workspace budget of one chunk when chunk_size is 0 (at most 1024 rows)",
                 Bounds::above(0))

@@ -24,7 +24,7 @@ class TopKKl : public sdk::Loss {
     loss::add_distillation(schema, 1.0);
     loss::add_reduction(schema);
     return schema
-        .integer("topk", 0, "use the teacher's first K columns (0 = all it provides)", sdk::Bounds::at_least(0))
+        .integer("topk", 0, "use the teacher's first K columns (0 = all it provides)", sdk::Bounds::between(0, 1 << 26))
         .dump();
   }
   explicit TopKKl(const sdk::CreateContext& context) : s_(loss::read_settings(context.config())) {}

@@ -2,6 +2,7 @@
 
 #include "fast_path.h"
 
+#include <dflash/sdk/memory_plan.hpp>
 #include <dflash/sdk/safetensors_torch.hpp>
 #include <dflash/sdk/torch_compat.hpp>
 
@@ -126,7 +127,7 @@ DecoderMemory plan_decoder_memory(const fs::path& dir, c10::ScalarType dtype, co
   const bool bias = ckpt.has("model.layers.0.self_attn.q_proj.bias");
   const double layer = 2 * h + qkv_out * h + (bias ? qkv_out : 0.0) + h * q_out + (c.qk_norm ? 2 * hd : 0.0) + 3 * inter * h;
   elements += static_cast<double>(c.num_layers) * layer;
-  m.weight_bytes = static_cast<uint64_t>(elements * e);
+  m.weight_bytes = sdk::MemoryPlan::saturated_bytes(elements * e);
   m.cuda_kernels = options.cuda_kernels && device.is_cuda() && fast_path::available() &&
                    (dtype == at::kBFloat16 || dtype == at::kHalf) && c.head_dim <= 256;
   // One forward: the residual stream, the rotary tables, and the larger of a
@@ -144,7 +145,7 @@ DecoderMemory plan_decoder_memory(const fs::path& dir, c10::ScalarType dtype, co
     if (!device.is_cuda()) bytes += static_cast<double>(rows) * heads * static_cast<double>(row_length) *
                                     static_cast<double>(row_length) * e * 2;
   }
-  m.forward_bytes = static_cast<uint64_t>(bytes);
+  m.forward_bytes = sdk::MemoryPlan::saturated_bytes(bytes);
   return m;
 }
 

@@ -58,8 +58,18 @@ struct MemoryPlan {
   nlohmann::json facts = nlohmann::json::object();
 
   MemoryPlan& add(std::string category, double bytes, MemoryPhase phase) {
-    items.push_back({std::move(category), bytes > 0 ? static_cast<uint64_t>(bytes) : 0, phase});
+    items.push_back({std::move(category), saturated_bytes(bytes), phase});
     return *this;
+  }
+
+  // A byte count computed in double, as uint64: negative or NaN → 0, and
+  // anything at or above 2^64 → UINT64_MAX, which the host reports as an
+  // overflow (converting such a double directly is undefined behaviour).
+  static uint64_t saturated_bytes(double bytes) {
+    constexpr double kTwo64 = 18446744073709551616.0;  // 2^64, exact as a double
+    if (!(bytes > 0)) return 0;
+    if (bytes >= kTwo64) return UINT64_MAX;
+    return static_cast<uint64_t>(bytes);
   }
 };
 
