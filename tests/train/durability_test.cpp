@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -200,26 +201,28 @@ TEST(CrashSafety, AKillAtEveryRenameAndUnlinkOfTheSavesResumesBitwise) {
 
 // Random SIGKILLs during a run with a checkpoint every step, each followed
 // by a resume, until the run completes (bounded to about a minute): the end
-// is bitwise the uninterrupted run's.
+// is bitwise the uninterrupted run's. Kills are timed by the run's progress
+// (a random 1–6 more steps in metrics.jsonl, then a random 0–15 ms), not by
+// the clock, so a loaded machine gives as many kills as an idle one and each
+// lands in a step or a checkpoint write.
 TEST(CrashSafety, RandomKillsDuringARunThenResumeEndBitwiseIdentical) {
   test::TempDir temp("dflash_kill9");
   const std::string dir = temp.path().string();
   const std::string every = " --set train.checkpoint_every=1 --set train.keep_checkpoints=3";
   const int steps = 60;
-  auto timed = [&](const std::string& args) {
-    const auto started = std::chrono::steady_clock::now();
-    Result r = host(args, dir);
-    EXPECT_EQ(r.status, 0) << r.err;
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count();
-  };
-  const int64_t startup_ms = timed("--config " + small_config(dir, dir + "/one", 1) + every);
-  const int64_t whole_ms = timed("--config " + small_config(dir, dir + "/whole", steps) + every);
-  // Kill times fall after the start-up and within the first quarter of the
-  // training, so each killed run is cut off in a step or a checkpoint write
-  // and a handful of kills is needed to get through.
+  const auto started = std::chrono::steady_clock::now();
+  Result whole = host("--config " + small_config(dir, dir + "/whole", steps) + every, dir);
+  ASSERT_EQ(whole.status, 0) << whole.err;
+  const auto whole_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count();
   const std::string run = dir + "/killed", config = small_config(dir, run, steps);
+  const std::string metrics = run + "/metrics.jsonl";
+  auto lines = [&] {
+    const std::string text = file_bytes(metrics);
+    return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+  };
   std::mt19937 rng(14);
-  std::uniform_int_distribution<int64_t> delay_ms(startup_ms * 4 / 5, startup_ms + std::max<int64_t>((whole_ms - startup_ms) / 4, 50));
+  std::uniform_int_distribution<int> more_steps(1, 6), jitter_ms(0, 15);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   int kills = 0;
   bool finished = false;
@@ -235,11 +238,16 @@ TEST(CrashSafety, RandomKillsDuringARunThenResumeEndBitwiseIdentical) {
               "--config", config.c_str(), "--set", set1.c_str(), "--set", set2.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(delay_ms(rng));
+    const int target_lines = lines() + more_steps(rng);
     int status = 0;
     pid_t done = 0;
-    while ((done = ::waitpid(child, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    while ((done = ::waitpid(child, &status, WNOHANG)) == 0 && lines() < target_lines &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (done == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(jitter_ms(rng)));
+      done = ::waitpid(child, &status, WNOHANG);
+    }
     if (done == child) {
       ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a run that was not killed succeeds";
       finished = true;
@@ -253,7 +261,7 @@ TEST(CrashSafety, RandomKillsDuringARunThenResumeEndBitwiseIdentical) {
     Result last = host("--config " + config, dir);
     ASSERT_EQ(last.status, 0) << last.err;
   }
-  EXPECT_GE(kills, 5) << "the run was interrupted";
+  EXPECT_GE(kills, 8) << "the run was interrupted";
   RecordProperty("kills", kills);
   std::printf("%d random kills (runs of %lld ms uninterrupted); the resumed run ended bitwise identical\n", kills,
               static_cast<long long>(whole_ms));
