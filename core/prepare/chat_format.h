@@ -1,0 +1,68 @@
+// Chat formats: how a conversation becomes the text a chat model was trained
+// on, and which parts of it a drafter learns to predict (the assistant's
+// words and the token that ends its turn). Written from the formats'
+// definitions (the chat templates that ship in the models'
+// tokenizer_config.json), checked token for token against them in tests.
+//
+//   chatml  Qwen2 / Qwen2.5 (and other ChatML models):
+//           <|im_start|>{role}\n{content}<|im_end|>\n
+//   qwen3   ChatML as Qwen3's template writes it: the assistant turns after
+//           the last user message carry a <think>…</think> block (empty when
+//           the message has no reasoning).
+//   llama3  <|begin_of_text|> then <|start_header_id|>{role}<|end_header_id|>\n\n{content, stripped}<|eot_id|>
+//
+// No format adds a default system prompt (Qwen2.5's template does); pass one
+// explicitly where the model expects it.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dflash::prepare {
+
+enum class ChatFormat { kChatMl, kQwen3, kLlama3 };
+
+std::string_view chat_format_name(ChatFormat format);
+std::optional<ChatFormat> chat_format_from_name(std::string_view name);
+std::string chat_format_names();  // "chatml, qwen3, llama3", for messages
+
+// The special tokens a format writes; a tokenizer must know each of them.
+std::vector<std::string> chat_format_special_tokens(ChatFormat format);
+
+// The format a model directory's chat template implies (tokenizer_config.json
+// "chat_template", else config.json "model_type"). Throws
+// std::invalid_argument naming what it read when neither tells, asking for
+// --chat-format.
+ChatFormat detect_chat_format(const std::filesystem::path& model_dir);
+
+struct Message {
+  std::string role;       // system, user, assistant or tool
+  std::string content;
+  std::optional<std::string> reasoning;  // an assistant's reasoning_content (qwen3)
+};
+
+// A stretch of rendered text, supervised or not.
+struct Piece {
+  std::string text;
+  bool supervised = false;
+};
+
+// The rendered text in units that each begin with a special token. A
+// tokenizer splits text at special tokens before anything else, so each unit
+// encodes on its own exactly as it does inside the whole text.
+using Unit = std::vector<Piece>;
+
+// The whole conversation for training: the assistants' turns supervised
+// (content and end-of-turn token), everything else not. Throws
+// std::invalid_argument on a role the format does not know.
+std::vector<Unit> render_conversation(ChatFormat format, const std::vector<Message>& messages);
+
+// A prompt for the target to answer: the conversation before its last
+// assistant turn (the whole conversation when it ends with another role),
+// then the header that opens an assistant turn. Nothing is supervised.
+std::vector<Unit> render_generation_prompt(ChatFormat format, const std::vector<Message>& messages);
+
+}  // namespace dflash::prepare
