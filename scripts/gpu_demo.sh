@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU demonstration, one command on the GPU machine (docs/quality.md):
+#   1. a small target: a BPE tokenizer and a Qwen3 LM trained on the offline
+#      corpus (Python + transformers; the target is not dflash-host's job,
+#      its output is a real Hugging Face directory);
+#   2. dflash-host prepare + generate: the target regenerates the training data;
+#   3. dflash-host train: a DFlash drafter (block 16) on the GPU, periodic eval on;
+#   4. dflash-host eval on held-out prompts: tau, acceptance by position,
+#      speed-up over target-only decoding, beside prompt lookup.
+# Everything is made inside the run (nothing survives between device calls).
+#
+#   scripts/gpu_demo.sh            # on the GPU machine; carry .deps/debs and .corpus
+# Needs: .corpus/corpus.jsonl.gz (scripts/gpu_demo/make_corpus.py, run on the
+# CPU machine) and the device build (scripts/device_build.sh, run first unless
+# DFLASH_DEMO_SKIP_BUILD=1). Results: $OUT (or the work folder) gets demo.log,
+# summary.md, results.json (the figures), metrics.jsonl, curves.png and the two
+# eval reports.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build="${DFLASH_DEVICE_BUILD_DIR:-$root/build-gpu}"
+work="${DFLASH_DEMO_DIR:-$root/runs/gpu-demo}"
+out="${OUT:-$work}"
+target_seconds="${DFLASH_DEMO_TARGET_SECONDS:-150}"
+drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-3000}"
+mkdir -p "$work" "$out"
+log="$out/demo.log"
+: >"$log"
+stage() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
+
+[ -f "$root/.corpus/corpus.jsonl.gz" ] || { echo "missing .corpus/corpus.jsonl.gz: run scripts/gpu_demo/make_corpus.py here and carry .corpus" >&2; exit 2; }
+if [ "${DFLASH_DEMO_SKIP_BUILD:-0}" != "1" ]; then
+  stage "build"
+  DFLASH_DEVICE_SKIP_TESTS=1 "$root/scripts/device_build.sh" >>"$log" 2>&1
+fi
+host=("$build/bin/dflash-host" --no-default-plugin-dirs --plugin-dir "$build/lib/dflash-host/plugins")
+paths=(--set "target.path=$work/target")
+
+stage "1. target: tokenizer + Qwen3 LM, ${target_seconds} s of training"
+python3 "$root/scripts/gpu_demo/train_target.py" --corpus "$root/.corpus/corpus.jsonl.gz" --out "$work" \
+  --seconds "$target_seconds" 2>&1 | tee -a "$log"
+
+stage "2. prepare + generate: the target answers the training prompts itself"
+"${host[@]}" prepare --for-generate --input "$work/generate_prompts.jsonl" --out "$work/gen_prompts.jsonl" \
+  --tokenizer "$work/target" 2>&1 | tee -a "$log"
+"${host[@]}" prepare --for-generate --input "$work/heldout_prompts.jsonl" --out "$work/eval_prompts.jsonl" \
+  --tokenizer "$work/target" 2>&1 | tee -a "$log"
+"${host[@]}" generate --config "$root/configs/gpu-demo.json" "${paths[@]}" --prompts "$work/gen_prompts.jsonl" \
+  --out "$work/train.jsonl" --batch-size 256 --max-new-tokens 256 --report "$work/generate.json" 2>&1 | tee -a "$log"
+# The peer on the same model and a slice of the same prompts, in the same run.
+python3 "$root/bench/generate_transformers.py" --model "$work/target" --prompts "$work/gen_prompts.jsonl" \
+  --batch-size 256 --max-new-tokens 256 --max-prompts 1024 --dtype bfloat16 >"$work/generate_transformers.json" 2>>"$log" || true
+"${host[@]}" generate --config "$root/configs/gpu-demo.json" "${paths[@]}" --prompts "$work/gen_prompts.jsonl" \
+  --out "$work/same_slice.jsonl" --batch-size 256 --max-new-tokens 256 --max-prompts 1024 --report "$work/generate_slice.json" 2>&1 | tee -a "$log"
+
+stage "3. train the DFlash drafter (block 16) on the regenerated data, ${drafter_steps} steps"
+"${host[@]}" train --config "$root/configs/gpu-demo.json" "${paths[@]}" --set "data.path=$work/train.jsonl" \
+  --set "train.output_dir=$work/run" --set "train.eval_prompts=$work/eval_prompts.jsonl" \
+  --set "train.steps=$drafter_steps" 2>&1 | tee -a "$log"
+cp "$work/run/metrics.jsonl" "$out/metrics.jsonl"
+
+stage "4. eval on held-out prompts: DFlash, then prompt lookup"
+"${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter-checkpoint "$work/run" \
+  --prompts "$work/eval_prompts.jsonl" --max-new-tokens 256 --report "$out/eval_dflash.json" 2>&1 | tee -a "$log"
+"${host[@]}" eval --config "$root/configs/gpu-demo-prompt-lookup.json" "${paths[@]}" \
+  --prompts "$work/eval_prompts.jsonl" --max-new-tokens 256 --report "$out/eval_prompt_lookup.json" 2>&1 | tee -a "$log"
+
+stage "5. summary"
+python3 "$root/scripts/gpu_demo/summarize.py" --work "$work" --out "$out" 2>&1 | tee -a "$log"
+stage "done"

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""The GPU demonstration's figures: reads what scripts/gpu_demo.sh produced
+and writes OUT/summary.md (the tables docs/quality.md quotes), OUT/results.json
+(the same figures, machine-readable) and OUT/curves.png (the training curves).
+
+    python3 scripts/gpu_demo/summarize.py --work WORK --out OUT
+"""
+import argparse
+import json
+import os
+
+
+def load(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def load_lines(path):
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    out.append(json.loads(line))
+    except OSError:
+        pass
+    return out
+
+
+def eval_row(name, report):
+    if not report:
+        return f"| {name} | (no report) | | | | |"
+    accept = " ".join(f"{a:.2f}" for a in report.get("acceptance_by_position", [])[:15])
+    return (f"| {name} | {report['tau_mean']:.3f} | {accept} | {report['speculative_tokens_per_s']:.0f} "
+            f"({report.get('greedy_tokens_per_s', 0):.0f}) | {report.get('speedup', 0):.2f}x | "
+            f"{report.get('identical_prompts', '?')} / {report['prompts']} |")
+
+
+def plot(metrics, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    train = [m for m in metrics if "loss" in m]
+    evals = [m for m in metrics if "eval_tau" in m]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    axes[0].plot([m["step"] for m in train], [m["loss"] for m in train])
+    axes[0].set_title("training loss (CE + KL)")
+    axes[0].set_xlabel("step")
+    slots = len(train[-1].get("slot_accuracy", [])) if train else 0
+    for k in (0, 1, 3, 7, 14):
+        if k < slots:
+            axes[1].plot([m["step"] for m in train], [m["slot_accuracy"][k] for m in train], label=f"slot {k + 1}")
+    axes[1].set_title("slot accuracy")
+    axes[1].set_xlabel("step")
+    axes[1].legend()
+    axes[2].plot([m["step"] for m in train], [m.get("acceptance_length_sim", 0) for m in train], label="simulated")
+    axes[2].plot([m["step"] for m in evals], [m["eval_tau"] for m in evals], "o-", label="real tau (eval)")
+    axes[2].set_title("acceptance length")
+    axes[2].set_xlabel("step")
+    axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--work", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    dflash = load(os.path.join(args.out, "eval_dflash.json"))
+    lookup = load(os.path.join(args.out, "eval_prompt_lookup.json"))
+    gen = load(os.path.join(args.work, "generate.json"))
+    gen_slice = load(os.path.join(args.work, "generate_slice.json"))
+    peer = load_lines(os.path.join(args.work, "generate_transformers.json"))
+    peer = peer[-1] if peer else None
+    metrics = load_lines(os.path.join(args.out, "metrics.jsonl"))
+
+    results = {"eval_dflash": {k: v for k, v in (dflash or {}).items() if k != "per_prompt"},
+               "eval_prompt_lookup": {k: v for k, v in (lookup or {}).items() if k != "per_prompt"},
+               "generate": gen, "generate_slice": gen_slice, "generate_transformers": peer,
+               "last_training_record": next((m for m in reversed(metrics) if "loss" in m), None)}
+    if dflash and lookup and lookup.get("tau_mean"):
+        results["tau_ratio_to_prompt_lookup"] = dflash["tau_mean"] / lookup["tau_mean"]
+    if gen_slice and peer and peer.get("tokens_per_s"):
+        results["generate_speed_ratio_to_transformers"] = gen_slice["tokens_per_s"] / peer["tokens_per_s"]
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+
+    lines = ["| drafter | tau | acceptance at block positions 1 ... 15 | tokens/s (target alone) | speed-up | lossless |",
+             "| --- | ---: | --- | ---: | ---: | ---: |",
+             eval_row("prompt lookup", lookup), eval_row("DFlash (trained here)", dflash), ""]
+    if "tau_ratio_to_prompt_lookup" in results:
+        lines.append(f"tau ratio DFlash / prompt lookup: {results['tau_ratio_to_prompt_lookup']:.2f}")
+    if gen:
+        lines.append(f"generate (all prompts): {gen['generated_tokens']} tokens in {gen['seconds']:.1f} s, "
+                     f"{gen['tokens_per_s']:.0f} tokens/s")
+    if gen_slice and peer:
+        lines.append(f"generate, the same {gen_slice.get('prompts')} prompts: dflash-host {gen_slice['tokens_per_s']:.0f} "
+                     f"tokens/s, transformers {peer['tokens_per_s']:.0f} tokens/s "
+                     f"({results.get('generate_speed_ratio_to_transformers', 0):.2f}x)")
+    if plot(metrics, os.path.join(args.out, "curves.png")):
+        lines.append("curves: curves.png")
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "summary.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

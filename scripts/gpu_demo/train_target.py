@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Makes the GPU demonstration's target: a byte-level BPE tokenizer trained on
+the offline corpus (scripts/gpu_demo/make_corpus.py), and a small Qwen3
+language model trained on it for a fixed time on the GPU, saved as a Hugging
+Face model directory (config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json with a ChatML template). Training a target is not
+dflash-host's job; its output is what a user would bring.
+
+Also writes the prompts the demonstration uses, as {"text": ...} lines that
+`dflash-host prepare --for-generate` turns into prompts:
+  generate_prompts.jsonl  windows of training documents (the target regenerates their continuations)
+  heldout_prompts.jsonl   windows of held-out documents (never trained on by the target or the drafter)
+
+    python3 scripts/gpu_demo/train_target.py --corpus .corpus/corpus.jsonl.gz --out WORK --seconds 150
+"""
+import argparse
+import gzip
+import json
+import math
+import os
+import random
+import time
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+# Qwen2/Qwen3's pre-tokenizer split (their tokenizer.json), so the tokenizer is
+# of the family dflash-host reads.
+SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+         r"\s+(?!\S)|\s+")
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def log(**fields):
+    print(json.dumps(fields), flush=True)
+
+
+def read_corpus(path, heldout_percent, seed):
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        docs = [json.loads(line)["text"] for line in f]
+    rng = random.Random(seed)
+    flags = [rng.random() * 100 < heldout_percent for _ in docs]
+    train = [d for d, h in zip(docs, flags) if not h]
+    heldout = [d for d, h in zip(docs, flags) if h]
+    return train, heldout
+
+
+def train_tokenizer(docs, vocab_size):
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(docs, trainer)
+    return tok
+
+
+def token_stream(tok, docs, eos):
+    ids = []
+    for enc in tok.encode_batch(docs):
+        ids.extend(enc.ids)
+        ids.append(eos)
+    return torch.tensor(ids, dtype=torch.int32)
+
+
+def windows(tok, docs, count, tokens, seed):
+    """Prompt texts: `tokens`-token windows of random documents, decoded."""
+    rng = random.Random(seed)
+    encoded = [e.ids for e in tok.encode_batch(docs)]
+    usable = [ids for ids in encoded if len(ids) > tokens + 8]
+    out = []
+    for _ in range(count):
+        ids = rng.choice(usable)
+        start = rng.randrange(0, len(ids) - tokens)
+        out.append(tok.decode(ids[start:start + tokens]))
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--out", required=True, help="work folder: target/ and the prompt files go here")
+    p.add_argument("--seconds", type=float, default=150, help="training time budget")
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1.5e-3)
+    p.add_argument("--generate-prompts", type=int, default=8192)
+    p.add_argument("--heldout-prompts", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=48)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    torch.manual_seed(args.seed)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    target_dir = os.path.join(args.out, "target")
+    os.makedirs(target_dir, exist_ok=True)
+    started = time.time()
+
+    train_docs, heldout_docs = read_corpus(args.corpus, 3.0, args.seed)
+    tok = train_tokenizer(train_docs, args.vocab)
+    tok.save(os.path.join(target_dir, "tokenizer.json"))
+    eos = tok.token_to_id("<|endoftext|>")
+    with open(os.path.join(target_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "bos_token": None,
+                   "pad_token": "<|endoftext|>", "model_max_length": 2048, "chat_template": CHATML}, f, indent=2)
+    stream = token_stream(tok, train_docs, eos)
+    held = token_stream(tok, heldout_docs, eos)
+    log(stage="tokenizer", vocab=tok.get_vocab_size(), train_docs=len(train_docs), heldout_docs=len(heldout_docs),
+        train_tokens=int(stream.numel()), heldout_tokens=int(held.numel()), seconds=round(time.time() - started, 1))
+
+    config = Qwen3Config(vocab_size=tok.get_vocab_size(), hidden_size=args.hidden, intermediate_size=args.hidden * 3,
+                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 128,
+                         head_dim=64, max_position_embeddings=2048, rope_theta=10000.0, rms_norm_eps=1e-6,
+                         tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos, pad_token_id=eos,
+                         attn_implementation="sdpa")
+    model = Qwen3ForCausalLM(config).cuda()
+    params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    data = stream.cuda().long()
+    n = data.numel() - args.seq - 1
+    g = torch.Generator(device="cuda").manual_seed(args.seed)
+
+    def batch(source, size, gen):
+        starts = torch.randint(0, source.numel() - args.seq - 1, (size,), device="cuda", generator=gen)
+        idx = starts[:, None] + torch.arange(args.seq + 1, device="cuda")[None, :]
+        x = source[idx]
+        return x[:, :-1], x[:, 1:]
+
+    train_start, step, warmup = time.time(), 0, 100
+    model.train()
+    while True:
+        elapsed = time.time() - train_start
+        if elapsed >= args.seconds:
+            break
+        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * elapsed / args.seconds)))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        x, y = batch(data, args.batch, g)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % 200 == 0:
+            log(stage="train", step=step, loss=round(loss.item(), 4), lr=lr, seconds=round(time.time() - train_start, 1))
+
+    model.eval()
+    heldout = held.cuda().long()
+    hg = torch.Generator(device="cuda").manual_seed(1)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        losses = []
+        for _ in range(8):
+            x, y = batch(heldout, 32, hg)
+            logits = model(input_ids=x).logits
+            losses.append(torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1)).item())
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(target_dir, safe_serialization=True)
+    log(stage="target", parameters=params, steps=step, tokens_seen=step * args.batch * args.seq,
+        train_loss=round(loss.item(), 4), heldout_loss=round(sum(losses) / len(losses), 4),
+        seconds=round(time.time() - started, 1), path=target_dir)
+
+    for name, docs, count, seed in (("generate_prompts.jsonl", train_docs, args.generate_prompts, 2),
+                                    ("heldout_prompts.jsonl", heldout_docs, args.heldout_prompts, 3)):
+        with open(os.path.join(args.out, name), "w") as f:
+            for text in windows(tok, docs, count, args.prompt_tokens, seed):
+                f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    main()
