@@ -1,0 +1,218 @@
+#include "text/tokenizer.h"
+
+#include "text/bpe.h"
+#include "text/byte_level.h"
+#include "text/readers.h"
+#include "text/utf8.h"
+
+#include <algorithm>
+
+namespace dflash::text {
+
+namespace fs = std::filesystem;
+using detail::Components;
+
+struct Tokenizer::Impl {
+  fs::path source;
+  unicode::Normalization normalization;
+  PreTokenizer pre_tokenizer;
+  std::unique_ptr<BpeModel> bpe;
+  std::vector<AddedToken> added;
+  AddedTokenMatcher raw_matcher;         // added tokens with normalized=false, found in the raw text
+  AddedTokenMatcher normalized_matcher;  // the others, found in normalized text
+  bool has_template = false;
+  std::vector<int64_t> template_before, template_after;
+
+  // By id (0 .. vocab_size-1): the spelling id_to_token gives, the bytes decode
+  // emits, and whether the id names a token at all / a special one.
+  std::vector<std::string> spelling, bytes;
+  std::vector<uint8_t> exists, special;
+  std::unordered_map<std::string, int64_t> by_spelling;
+
+  explicit Impl(Components c);
+
+  void encode_text(std::string_view text, std::vector<int64_t>& ids) const;
+  void encode_normalized(std::string_view text, std::vector<int64_t>& ids) const;
+};
+
+namespace {
+
+// The bytes a token decodes to: HF's ByteLevel decoder maps each character
+// back to its byte when all of them are byte characters, else (an added token
+// in plain text) takes the token's own UTF-8.
+std::string decoded_bytes(const std::string& token) {
+  std::optional<std::string> b = byte_level::to_bytes(token);
+  return b ? *b : token;
+}
+
+std::unique_ptr<BpeModel> make_bpe(const Components& c) {
+  std::array<int32_t, 256> byte_ids{};
+  for (int b = 0; b < 256; ++b) byte_ids[b] = c.vocab.at(byte_level::char_of(static_cast<std::uint8_t>(b)));
+  std::unordered_map<uint64_t, BpeModel::Merge> merges;
+  merges.reserve(c.merges.size());
+  for (std::size_t rank = 0; rank < c.merges.size(); ++rank) {
+    const auto& [left, right, merged] = c.merges[rank];
+    // A merge listed twice keeps its later rank, as HF's map does.
+    merges[BpeModel::pair_key(left, right)] = {static_cast<int32_t>(rank), merged};
+  }
+  std::unordered_map<std::string, int32_t> words;
+  if (c.ignore_merges) {
+    words.reserve(c.vocab.size());
+    for (const auto& [token, id] : c.vocab)
+      if (std::optional<std::string> b = byte_level::to_bytes(token)) words.emplace(std::move(*b), id);
+  }
+  return std::make_unique<BpeModel>(byte_ids, std::move(merges), std::move(words), c.ignore_merges);
+}
+
+}  // namespace
+
+Tokenizer::Impl::Impl(Components c)
+    : source(c.source),
+      normalization(c.normalization),
+      pre_tokenizer(std::move(c.pre_tokenizer)),
+      bpe(make_bpe(c)),
+      added(std::move(c.added)),
+      has_template(c.has_template),
+      template_before(std::move(c.template_before)),
+      template_after(std::move(c.template_after)) {
+  int64_t size = 0;
+  for (const auto& [token, id] : c.vocab) size = std::max<int64_t>(size, id + 1);
+  for (const AddedToken& t : added) size = std::max<int64_t>(size, t.id + 1);
+  const auto n = static_cast<std::size_t>(size);
+  spelling.resize(n);
+  bytes.resize(n);
+  exists.assign(n, 0);
+  special.assign(n, 0);
+  by_spelling.reserve(c.vocab.size() + added.size());
+  for (auto& [token, id] : c.vocab) {
+    const auto i = static_cast<std::size_t>(id);
+    bytes[i] = decoded_bytes(token);
+    spelling[i] = token;
+    exists[i] = 1;
+    by_spelling.emplace(token, id);
+  }
+  for (std::size_t k = 0; k < added.size(); ++k) {
+    const AddedToken& t = added[k];
+    const auto i = static_cast<std::size_t>(t.id);
+    // HF decodes an added token from the form it is matched in: normalized
+    // tokens as the normalizer writes them.
+    const std::string matched = t.normalized && !normalization.empty() ? normalization.apply(t.content) : t.content;
+    spelling[i] = t.content;
+    bytes[i] = decoded_bytes(matched);
+    exists[i] = 1;
+    special[i] = t.special ? 1 : 0;
+    by_spelling[t.content] = t.id;  // added tokens first, as HF's token_to_id
+    (t.normalized ? normalized_matcher : raw_matcher).add(matched, static_cast<int32_t>(k), t);
+  }
+}
+
+void Tokenizer::Impl::encode_normalized(std::string_view text, std::vector<int64_t>& ids) const {
+  std::vector<std::string> pieces;
+  pre_tokenizer.run(text, pieces);
+  for (const std::string& piece : pieces) bpe->encode(piece, ids);
+}
+
+// One stretch of raw text between non-normalized added tokens: normalize it,
+// find the normalized added tokens, pre-tokenize and merge the rest.
+void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int64_t>& ids) const {
+  const std::string normalized = normalization.empty() ? std::string(text) : normalization.apply(text);
+  if (normalized_matcher.empty()) {
+    encode_normalized(normalized, ids);
+    return;
+  }
+  std::vector<Segment> segments;
+  normalized_matcher.split(normalized, segments);
+  for (const Segment& s : segments) {
+    if (s.token >= 0)
+      ids.push_back(added[static_cast<std::size_t>(s.token)].id);
+    else
+      encode_normalized(std::string_view(normalized).substr(s.begin, s.end - s.begin), ids);
+  }
+}
+
+Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+
+Tokenizer Tokenizer::load(const fs::path& file_or_dir) {
+  std::error_code ec;
+  fs::path file = file_or_dir;
+  if (fs::is_directory(file_or_dir, ec)) {
+    const auto has = [&](const char* name) { return fs::exists(file_or_dir / name, ec); };
+    if (has("tokenizer.json")) {
+      file = file_or_dir / "tokenizer.json";
+    } else if (has("encoder.json") && has("vocab.bpe")) {
+      return Tokenizer(std::make_shared<const Impl>(
+          detail::read_gpt2_files(file_or_dir / "encoder.json", file_or_dir / "vocab.bpe")));
+    } else if (has("vocab.json") && has("merges.txt")) {
+      return Tokenizer(std::make_shared<const Impl>(
+          detail::read_gpt2_files(file_or_dir / "vocab.json", file_or_dir / "merges.txt")));
+    } else {
+      throw TokenizerError(file_or_dir, "",
+                           "the directory holds no tokenizer.json (nor GPT-2's encoder.json + vocab.bpe, nor "
+                           "vocab.json + merges.txt); point at a Hugging Face model directory or a tokenizer.json file");
+    }
+  }
+  const detail::json root = detail::parse_json(detail::read_file(file), file);
+  if (root.is_object() && root.contains("type") && root["type"] == "bytes")
+    return Tokenizer(std::make_shared<const Impl>(detail::read_bytes_format(root, file)));
+  return Tokenizer(std::make_shared<const Impl>(detail::read_tokenizer_json(root, file)));
+}
+
+std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  const Impl& m = *impl_;
+  std::string repaired;
+  if (!utf8::is_valid(text)) {
+    repaired = utf8::make_valid(text);
+    text = repaired;
+  }
+  std::vector<int64_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  const bool wrap = add_special_tokens && m.has_template;
+  if (wrap) ids.insert(ids.end(), m.template_before.begin(), m.template_before.end());
+  if (m.raw_matcher.empty()) {
+    m.encode_text(text, ids);
+  } else {
+    std::vector<Segment> segments;
+    m.raw_matcher.split(text, segments);
+    for (const Segment& s : segments) {
+      if (s.token >= 0)
+        ids.push_back(m.added[static_cast<std::size_t>(s.token)].id);
+      else
+        m.encode_text(text.substr(s.begin, s.end - s.begin), ids);
+    }
+  }
+  if (wrap) ids.insert(ids.end(), m.template_after.begin(), m.template_after.end());
+  return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
+  const Impl& m = *impl_;
+  std::string out;
+  for (int64_t id : ids) {
+    if (id < 0 || id >= static_cast<int64_t>(m.exists.size())) continue;
+    const auto i = static_cast<std::size_t>(id);
+    if (!m.exists[i] || (skip_special_tokens && m.special[i])) continue;
+    out += m.bytes[i];
+  }
+  return utf8::is_valid(out) ? out : utf8::make_valid(out);
+}
+
+std::optional<int64_t> Tokenizer::token_to_id(std::string_view token) const {
+  const auto it = impl_->by_spelling.find(std::string(token));
+  if (it == impl_->by_spelling.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<std::string> Tokenizer::id_to_token(int64_t id) const {
+  if (id < 0 || id >= vocab_size() || !impl_->exists[static_cast<std::size_t>(id)]) return std::nullopt;
+  return impl_->spelling[static_cast<std::size_t>(id)];
+}
+
+int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->exists.size()); }
+
+const fs::path& Tokenizer::source() const { return impl_->source; }
+
+bool Tokenizer::is_special(int64_t id) const {
+  return id >= 0 && id < vocab_size() && impl_->special[static_cast<std::size_t>(id)] != 0;
+}
+
+}  // namespace dflash::text

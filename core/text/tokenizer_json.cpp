@@ -1,0 +1,313 @@
+// tokenizer.json, the Hugging Face `tokenizers` serialization: which parts of
+// it dflash-host reads (docs/tokenizer.md) and the checks that make a file we
+// cannot encode exactly like HF fail at load, naming the key.
+#include "text/bpe_vocab.h"
+#include "text/readers.h"
+
+#include <map>
+#include <memory>
+
+namespace dflash::text::detail {
+namespace {
+
+const char* const kOnlyByteLevel =
+    "dflash-host reads byte-level BPE tokenizers (GPT-2, Qwen2/Qwen3, Llama-3); see docs/tokenizer.md";
+
+void read_normalizer(const json& value, const fs::path& file, const std::string& key, std::vector<unicode::Form>& out) {
+  if (value.is_null()) return;
+  const Fields f(file, value, key);
+  const std::string type = f.string("type");
+  if (type == "Sequence") {
+    const json& list = f.array("normalizers");
+    for (std::size_t i = 0; i < list.size(); ++i) read_normalizer(list[i], file, index_of(f.key("normalizers"), i), out);
+  } else if (type == "NFC") {
+    out.push_back(unicode::Form::kNFC);
+  } else if (type == "NFD") {
+    out.push_back(unicode::Form::kNFD);
+  } else if (type == "NFKC") {
+    out.push_back(unicode::Form::kNFKC);
+  } else if (type == "NFKD") {
+    out.push_back(unicode::Form::kNFKD);
+  } else {
+    f.fail("type", "the normalizer \"" + type + "\" is not supported (supported: NFC, NFD, NFKC, NFKD and a Sequence of "
+                   "them, what the byte-level BPE family uses); " + kOnlyByteLevel);
+  }
+}
+
+SplitBehavior read_behavior(const Fields& f) {
+  static const std::map<std::string, SplitBehavior> kBehaviors = {
+      {"Removed", SplitBehavior::kRemoved},
+      {"Isolated", SplitBehavior::kIsolated},
+      {"MergedWithPrevious", SplitBehavior::kMergedWithPrevious},
+      {"MergedWithNext", SplitBehavior::kMergedWithNext},
+      {"Contiguous", SplitBehavior::kContiguous}};
+  const std::string name = f.string("behavior");
+  const auto it = kBehaviors.find(name);
+  if (it == kBehaviors.end())
+    f.fail("behavior", "\"" + name + "\" is not a split behavior (Removed, Isolated, MergedWithPrevious, "
+                       "MergedWithNext or Contiguous)");
+  return it->second;
+}
+
+SplitStep read_split(const Fields& f) {
+  const Fields pattern(f.file(), f.object("pattern"), f.key("pattern"));
+  const bool regex = pattern.has("Regex"), literal = pattern.has("String");
+  if (regex == literal) f.fail("pattern", "must hold exactly one of \"Regex\" and \"String\"");
+  const char* which = regex ? "Regex" : "String";
+  SplitStep step;
+  try {
+    step.pattern = std::make_shared<const unicode::Regex>(pattern.string(which), literal);
+  } catch (const std::invalid_argument& e) {
+    pattern.fail(which, std::string(e.what()) + "; the pattern must be one ICU's regex syntax accepts");
+  }
+  step.behavior = read_behavior(f);
+  step.invert = f.boolean("invert", false);
+  return step;
+}
+
+void read_pre_tokenizer(const json& value, const fs::path& file, const std::string& key, PreTokenizer& out) {
+  const Fields f(file, value, key);
+  const std::string type = f.string("type");
+  if (type == "Sequence") {
+    const json& list = f.array("pretokenizers");
+    for (std::size_t i = 0; i < list.size(); ++i) read_pre_tokenizer(list[i], file, index_of(f.key("pretokenizers"), i), out);
+    return;
+  }
+  // ByteLevel turns text into byte characters; a step after it would see those.
+  if (out.has_byte_level())
+    f.fail("type", "a \"" + type + "\" step after ByteLevel is not supported: ByteLevel must be the last pre-tokenizer");
+  if (type == "ByteLevel") {
+    ByteLevelStep step;
+    step.add_prefix_space = f.boolean("add_prefix_space");
+    step.use_regex = f.boolean("use_regex", true);
+    out.add(step);
+  } else if (type == "Split") {
+    out.add(read_split(f));
+  } else if (type == "Metaspace") {
+    f.fail("type", std::string("\"Metaspace\" is the SentencePiece-style pre-tokenizer (Llama-2, Mistral, Gemma), which is "
+                               "not supported; ") + kOnlyByteLevel);
+  } else {
+    f.fail("type", "the pre-tokenizer \"" + type + "\" is not supported (supported: ByteLevel, Split and a Sequence of "
+                   "them); " + kOnlyByteLevel);
+  }
+}
+
+// Merges are "left right" strings (older files) or ["left", "right"] pairs.
+std::pair<std::string, std::string> read_merge(const json& m, const fs::path& file, const std::string& key) {
+  if (m.is_string()) {
+    const std::string s = m.get<std::string>();
+    const std::size_t space = s.find(' ');
+    if (space == std::string::npos || space == 0 || space + 1 == s.size() || s.find(' ', space + 1) != std::string::npos)
+      fail(file, key, json(s).dump() + " is not a merge: it must be two tokens separated by one space");
+    return {s.substr(0, space), s.substr(space + 1)};
+  }
+  if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
+    return {m[0].get<std::string>(), m[1].get<std::string>()};
+  fail(file, key, "must be \"left right\" or [\"left\", \"right\"], not " + describe(m) + " (" + m.dump() + ")");
+}
+
+void read_model(const Fields& root, Components& c) {
+  const Fields f(root.file(), root.object("model"), "model");
+  const std::string type = f.has("type") ? f.string("type") : (f.has("merges") ? "BPE" : "");
+  if (type != "BPE") {
+    const std::string what = type.empty() ? "a model without \"type\"" : "the model type \"" + type + "\"";
+    const std::string family = type == "WordPiece"  ? " (BERT-style)"
+                               : type == "Unigram"  ? " (SentencePiece-style: T5, ALBERT, XLM-R)"
+                               : type == "WordLevel" ? " (a word list)"
+                                                     : "";
+    f.fail("type", what + family + " is not supported; " + kOnlyByteLevel);
+  }
+  if (f.boolean("byte_fallback", false))
+    f.fail("byte_fallback", std::string("true: this is a SentencePiece-style BPE with byte fallback (Llama-2, Mistral, "
+                                        "Gemma), which is not supported; ") + kOnlyByteLevel);
+  if (f.has("dropout")) {
+    const json& d = f.required("dropout");
+    if (!d.is_number() || d.get<double>() != 0.0)
+      f.fail("dropout", d.dump() + ": BPE dropout makes encoding random (a training-time option); set it to null");
+  }
+  for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (f.has(affix) && !(f.required(affix).is_string() && f.string(affix).empty()))
+      f.fail(affix, f.required(affix).dump() + ": subword prefixes and suffixes (WordPiece-style BPE) are not supported; " +
+                        kOnlyByteLevel);
+  c.vocab = read_vocab(f.required("vocab"), f.file(), f.key("vocab"));
+  const json& merges = f.array("merges");
+  c.merges.reserve(merges.size());
+  for (std::size_t i = 0; i < merges.size(); ++i) {
+    const std::string key = index_of(f.key("merges"), i);
+    const auto [left, right] = read_merge(merges[i], f.file(), key);
+    c.merges.push_back(resolve_merge(c.vocab, left, right, f.file(), key));
+  }
+  c.ignore_merges = f.boolean("ignore_merges", false);
+  check_byte_alphabet(c.vocab, f.file(), f.key("vocab"));
+}
+
+void read_added_tokens(const Fields& root, Components& c) {
+  if (!root.has("added_tokens")) return;
+  const json& list = root.array("added_tokens");
+  std::map<int32_t, std::string> by_id;
+  std::map<std::string, int32_t> by_content;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const Fields f(root.file(), list[i], index_of("added_tokens", i));
+    AddedToken t;
+    t.id = token_id(f.required("id"), f.file(), f.key("id"));
+    t.content = f.string("content");
+    if (t.content.empty()) f.fail("content", "is empty; an added token needs text to match");
+    t.special = f.boolean("special", false);
+    t.lstrip = f.boolean("lstrip", false);
+    t.rstrip = f.boolean("rstrip", false);
+    t.single_word = f.boolean("single_word", false);
+    t.normalized = f.boolean("normalized", !t.special);  // HF's default for tokens made with AddedToken::from
+    const auto id = static_cast<int32_t>(t.id);
+    if (const auto it = by_id.find(id); it != by_id.end())
+      f.fail("id", std::to_string(id) + " is also the id of the added token " + json(it->second).dump() +
+                       "; each id names one token");
+    if (const auto it = by_content.find(t.content); it != by_content.end())
+      f.fail("content", json(t.content).dump() + " is also added with id " + std::to_string(it->second) +
+                            "; each added token appears once");
+    if (const auto it = c.vocab.find(t.content); it != c.vocab.end() && it->second != id)
+      f.fail("id", std::to_string(id) + " differs from the id " + std::to_string(it->second) + " that model.vocab gives " +
+                       json(t.content).dump() + "; they must agree");
+    by_id.emplace(id, t.content);
+    by_content.emplace(t.content, id);
+    c.added.push_back(std::move(t));
+  }
+  // An id of the vocabulary cannot be taken by different added text.
+  for (const auto& [token, id] : c.vocab) {
+    const auto it = by_id.find(id);
+    if (it == by_id.end() || it->second == token) continue;
+    std::size_t i = 0;
+    while (c.added[i].id != id) ++i;
+    fail(root.file(), index_of("added_tokens", i) + ".id",
+         std::to_string(id) + " is the id of the vocabulary's token " + json(token).dump() + ", not of " +
+             json(it->second).dump() + "; added tokens take ids of their own");
+  }
+}
+
+bool known_id(const Components& c, int64_t id) {
+  for (const auto& t : c.added)
+    if (t.id == id) return true;
+  for (const auto& [token, v] : c.vocab)
+    if (v == id) return true;
+  return false;
+}
+
+// The ids of one of TemplateProcessing's special_tokens, by name.
+std::vector<int64_t> template_special(const Fields& t, const std::string& name, const Components& c) {
+  const Fields specials(t.file(), t.object("special_tokens"), t.key("special_tokens"));
+  if (!specials.has(name))
+    t.fail("special_tokens", "has no entry " + json(name).dump() + ", which the template uses; add it");
+  const Fields entry(t.file(), specials.object(name), specials.key(name));
+  const json& ids = entry.array("ids");
+  std::vector<int64_t> out;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = token_id(ids[i], t.file(), index_of(entry.key("ids"), i));
+    if (!known_id(c, id))
+      fail(t.file(), index_of(entry.key("ids"), i),
+           std::to_string(id) + " is not a token of this tokenizer (neither in model.vocab nor in added_tokens)");
+    out.push_back(id);
+  }
+  return out;
+}
+
+// "single": [{"SpecialToken": {"id": "<|begin_of_text|>"}}, {"Sequence": {"id": "A"}}]
+void read_template(const Fields& t, Components& c) {
+  const json& single = t.array("single");
+  bool seen_text = false;
+  std::vector<int64_t> before, after;
+  for (std::size_t i = 0; i < single.size(); ++i) {
+    const Fields item(t.file(), single[i], index_of(t.key("single"), i));
+    if (item.has("Sequence")) {
+      const Fields seq(t.file(), item.object("Sequence"), item.key("Sequence"));
+      if (seq.string("id") != "A") seq.fail("id", "must be \"A\" in the single-sequence template");
+      if (seen_text) item.fail("Sequence", "the text (\"A\") appears twice in the template");
+      seen_text = true;
+    } else if (item.has("SpecialToken")) {
+      const Fields special(t.file(), item.object("SpecialToken"), item.key("SpecialToken"));
+      const std::vector<int64_t> ids = template_special(t, special.string("id"), c);
+      std::vector<int64_t>& side = seen_text ? after : before;
+      side.insert(side.end(), ids.begin(), ids.end());
+    } else {
+      fail(t.file(), item.key(), "must be {\"Sequence\": ...} or {\"SpecialToken\": ...}");
+    }
+  }
+  if (!seen_text) t.fail("single", "does not place the text ({\"Sequence\": {\"id\": \"A\"}})");
+  if (c.has_template) t.fail("type", "a second template; a post-processor Sequence may hold one");
+  c.has_template = true;
+  c.template_before = std::move(before);
+  c.template_after = std::move(after);
+}
+
+// RobertaProcessing / BertProcessing: "cls": ["<s>", 0], "sep": ["</s>", 2] around the text.
+void read_cls_sep(const Fields& p, Components& c) {
+  std::vector<int64_t> ids;
+  for (const char* name : {"cls", "sep"}) {
+    const json& v = p.array(name);
+    if (v.size() != 2 || !v[0].is_string()) p.fail(name, "must be [\"token\", id]");
+    const int32_t id = token_id(v[1], p.file(), index_of(p.key(name), 1));
+    if (!known_id(c, id)) p.fail(name, std::to_string(id) + " is not a token of this tokenizer");
+    ids.push_back(id);
+  }
+  if (c.has_template) p.fail("type", "a second template; a post-processor Sequence may hold one");
+  c.has_template = true;
+  c.template_before = {ids[0]};
+  c.template_after = {ids[1]};
+}
+
+void read_post_processor(const json& value, const fs::path& file, const std::string& key, Components& c) {
+  if (value.is_null()) return;
+  const Fields f(file, value, key);
+  const std::string type = f.string("type");
+  if (type == "Sequence") {
+    const json& list = f.array("processors");
+    for (std::size_t i = 0; i < list.size(); ++i) read_post_processor(list[i], file, index_of(f.key("processors"), i), c);
+  } else if (type == "ByteLevel") {
+    // Only moves offsets; ids are unchanged.
+  } else if (type == "TemplateProcessing") {
+    read_template(f, c);
+  } else if (type == "RobertaProcessing" || type == "BertProcessing") {
+    read_cls_sep(f, c);
+  } else {
+    f.fail("type", "the post-processor \"" + type + "\" is not supported (supported: ByteLevel, TemplateProcessing, "
+                   "RobertaProcessing, BertProcessing and a Sequence of them)");
+  }
+}
+
+void read_decoder(const json& value, const fs::path& file, const std::string& key) {
+  if (value.is_null())
+    fail(file, key, std::string("is null; a byte-level BPE decodes with a ByteLevel decoder: set "
+                                "\"decoder\": {\"type\": \"ByteLevel\"}; ") + kOnlyByteLevel);
+  const Fields f(file, value, key);
+  const std::string type = f.string("type");
+  if (type == "Sequence") {
+    const json& list = f.array("decoders");
+    for (std::size_t i = 0; i < list.size(); ++i) read_decoder(list[i], file, index_of(f.key("decoders"), i));
+  } else if (type != "ByteLevel") {
+    f.fail("type", "the decoder \"" + type + "\" is not supported (a byte-level BPE decodes with ByteLevel); " +
+                       kOnlyByteLevel);
+  }
+}
+
+}  // namespace
+
+Components read_tokenizer_json(const json& root, const fs::path& file) {
+  const Fields f(file, root, "");
+  if (!f.has("model"))
+    fail(file, "model", "missing: this is not a Hugging Face tokenizer.json (for GPT-2's encoder.json + vocab.bpe, "
+                        "give the directory holding both)");
+  Components c;
+  c.source = file;
+  read_model(f, c);
+  read_added_tokens(f, c);
+  read_normalizer(root.contains("normalizer") ? root.at("normalizer") : json(), file, "normalizer", c.normalization);
+  if (!f.has("pre_tokenizer"))
+    f.fail("pre_tokenizer", std::string("is missing or null; a byte-level BPE has a ByteLevel pre-tokenizer; ") +
+                                kOnlyByteLevel);
+  read_pre_tokenizer(root.at("pre_tokenizer"), file, "pre_tokenizer", c.pre_tokenizer);
+  if (!c.pre_tokenizer.has_byte_level())
+    f.fail("pre_tokenizer", std::string("has no ByteLevel step; ") + kOnlyByteLevel);
+  read_post_processor(root.contains("post_processor") ? root.at("post_processor") : json(), file, "post_processor", c);
+  read_decoder(root.contains("decoder") ? root.at("decoder") : json(), file, "decoder");
+  return c;
+}
+
+}  // namespace dflash::text::detail

@@ -1,0 +1,124 @@
+#include "text/unicode.h"
+
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+#include <unicode/regex.h>
+#include <unicode/uchar.h>
+#include <unicode/unistr.h>
+#include <unicode/utf16.h>
+
+#include <stdexcept>
+
+namespace dflash::text::unicode {
+namespace {
+
+const icu::Normalizer2* instance(Form form) {
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* n = nullptr;
+  switch (form) {
+    case Form::kNFC: n = icu::Normalizer2::getNFCInstance(status); break;
+    case Form::kNFD: n = icu::Normalizer2::getNFDInstance(status); break;
+    case Form::kNFKC: n = icu::Normalizer2::getNFKCInstance(status); break;
+    case Form::kNFKD: n = icu::Normalizer2::getNFKDInstance(status); break;
+  }
+  if (U_FAILURE(status) || n == nullptr)
+    throw std::runtime_error(std::string("ICU cannot load its normalization data (") + u_errorName(status) +
+                             "); is the libicu data library installed?");
+  return n;
+}
+
+icu::StringPiece piece(std::string_view s) { return icu::StringPiece(s.data(), static_cast<int32_t>(s.size())); }
+
+}  // namespace
+
+Normalization::Normalization(const std::vector<Form>& forms) {
+  for (Form f : forms) forms_.push_back(instance(f));
+}
+
+std::string Normalization::apply(std::string_view text) const {
+  std::string current(text);
+  for (const void* f : forms_) {
+    const auto* n = static_cast<const icu::Normalizer2*>(f);
+    UErrorCode status = U_ZERO_ERROR;
+    // Most text is already normalized: the check is a fast scan.
+    if (n->isNormalizedUTF8(piece(current), status) && U_SUCCESS(status)) continue;
+    status = U_ZERO_ERROR;
+    std::string out;
+    icu::StringByteSink<std::string> sink(&out, static_cast<int32_t>(current.size()));
+    n->normalizeUTF8(0, piece(current), sink, nullptr, status);
+    if (U_FAILURE(status)) throw std::runtime_error(std::string("ICU normalization failed: ") + u_errorName(status));
+    current.swap(out);
+  }
+  return current;
+}
+
+struct Regex::Impl {
+  std::unique_ptr<icu::RegexPattern> pattern;
+};
+
+Regex::Regex(std::string_view pattern, bool literal) : impl_(std::make_unique<Impl>()) {
+  UParseError where{};
+  UErrorCode status = U_ZERO_ERROR;
+  impl_->pattern.reset(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(piece(pattern)),
+                                                  literal ? UREGEX_LITERAL : 0, where, status));
+  if (U_FAILURE(status) || !impl_->pattern) {
+    throw std::invalid_argument(std::string("ICU cannot compile the regular expression (") + u_errorName(status) +
+                                (where.offset >= 0 ? ", at character " + std::to_string(where.offset + 1) : std::string()) +
+                                ")");
+  }
+}
+
+Regex::~Regex() = default;
+Regex::Regex(Regex&&) noexcept = default;
+Regex& Regex::operator=(Regex&&) noexcept = default;
+
+void Regex::find_all(std::string_view text, std::vector<std::pair<std::size_t, std::size_t>>& matches) const {
+  matches.clear();
+  if (text.empty()) return;
+  // ICU searches UTF-16; the matches come back as UTF-16 offsets, turned into
+  // byte offsets by one forward walk (matches never go backwards).
+  const icu::UnicodeString u = icu::UnicodeString::fromUTF8(piece(text));
+  UErrorCode status = U_ZERO_ERROR;
+  std::unique_ptr<icu::RegexMatcher> matcher(impl_->pattern->matcher(u, status));
+  if (U_FAILURE(status)) throw std::runtime_error(std::string("ICU cannot start a regex search: ") + u_errorName(status));
+  // ICU keeps a backtracking frame per repetition of a group such as
+  // \s+(?!\S); its default 8 MB stack overflows on a whitespace run of a few
+  // hundred kB. The heap it may use instead grows with the text, so no limit.
+  matcher->setStackLimit(0, status);
+  const char16_t* units = u.getBuffer();
+  const int32_t length = u.length();
+  int32_t at16 = 0;
+  std::size_t at8 = 0;
+  const auto to_bytes = [&](int32_t target) {
+    while (at16 < target) {
+      const char16_t c = units[at16];
+      if (U16_IS_LEAD(c) && at16 + 1 < length && U16_IS_TRAIL(units[at16 + 1])) {
+        at8 += 4, at16 += 2;
+      } else {
+        at8 += c < 0x80 ? 1 : c < 0x800 ? 2 : 3;
+        at16 += 1;
+      }
+    }
+    return at8;
+  };
+  while (matcher->find(status) && U_SUCCESS(status)) {
+    const int32_t begin = matcher->start(status);
+    const int32_t end = matcher->end(status);
+    if (U_FAILURE(status)) break;
+    const std::size_t b = to_bytes(begin);
+    matches.emplace_back(b, to_bytes(end));
+  }
+  if (U_FAILURE(status))
+    throw std::runtime_error(std::string("ICU's regex search failed (") + u_errorName(status) + ") on a text of " +
+                             std::to_string(text.size()) + " bytes");
+}
+
+bool is_white_space(char32_t c) { return u_hasBinaryProperty(static_cast<UChar32>(c), UCHAR_WHITE_SPACE); }
+
+bool is_word(char32_t c) {
+  const auto cp = static_cast<UChar32>(c);
+  return u_hasBinaryProperty(cp, UCHAR_ALPHABETIC) || (U_GET_GC_MASK(cp) & (U_GC_M_MASK | U_GC_ND_MASK | U_GC_PC_MASK)) != 0 ||
+         u_hasBinaryProperty(cp, UCHAR_JOIN_CONTROL);
+}
+
+}  // namespace dflash::text::unicode
