@@ -2,27 +2,37 @@
 # Build dflash-host on the GPU machine against the torch wheel's LibTorch
 # (CUDA) and run the test suite there. One command for any device run:
 #   scripts/device_build.sh [extra ctest args]
-# Needs .deps/debs/ (Boost.Program_options 1.74 .debs, which that machine
-# lacks): run scripts/fetch_device_deps.sh here first and carry .deps/debs.
+# Needs .deps/debs/ (Boost.Program_options 1.74 and ICU 72 .debs, which that
+# machine lacks): run scripts/fetch_device_deps.sh here first and carry .deps/debs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 deps="$root/.deps"
 build="${DFLASH_DEVICE_BUILD_DIR:-$root/build-gpu}"
 
 if [ ! -d "$deps/boost-po/usr/include/boost" ]; then
-  ls "$deps"/debs/*.deb >/dev/null 2>&1 || { echo "missing $deps/debs: run scripts/fetch_device_deps.sh and carry .deps/debs" >&2; exit 2; }
-  for deb in "$deps"/debs/*.deb; do dpkg -x "$deb" "$deps/boost-po"; done
+  ls "$deps"/debs/libboost*.deb >/dev/null 2>&1 || { echo "missing $deps/debs: run scripts/fetch_device_deps.sh and carry .deps/debs" >&2; exit 2; }
+  for deb in "$deps"/debs/libboost*.deb; do dpkg -x "$deb" "$deps/boost-po"; done
+fi
+# ICU 72 (Debian's, as on the CPU machine) in its own folder, apart from Boost.
+if [ ! -f "$deps/icu/usr/include/unicode/regex.h" ]; then
+  ls "$deps"/debs/libicu*.deb >/dev/null 2>&1 || { echo "missing the ICU .debs in $deps/debs: run scripts/fetch_device_deps.sh and carry .deps/debs" >&2; exit 2; }
+  for deb in "$deps"/debs/libicu*.deb; do dpkg -x "$deb" "$deps/icu"; done
 fi
 torch_prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
 # Boost comes only from the unpacked 1.74 (program_options and its headers),
-# never mixed with the machine's 1.83 headers.
+# never mixed with the machine's 1.83 headers. ICU from the unpacked 72: its
+# prefix in CMAKE_PREFIX_PATH (FindICU's ICU_ROOT alone finds the headers but
+# not lib/x86_64-linux-gnu), and an RPATH (not RUNPATH: --disable-new-dtags),
+# which the loader also uses for libicuuc's own libicudata.so.72.
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$torch_prefix" \
+  -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/icu/usr" \
   -DBoost_DIR="$deps/boost-po/usr/lib/x86_64-linux-gnu/cmake/Boost-1.74.0" \
   -Dboost_headers_DIR="$deps/boost-po/usr/lib/x86_64-linux-gnu/cmake/boost_headers-1.74.0" \
   -Dboost_program_options_DIR="$deps/boost-po/usr/lib/x86_64-linux-gnu/cmake/boost_program_options-1.74.0" \
   -DBoost_NO_SYSTEM_PATHS=ON \
-  -DCMAKE_INSTALL_RPATH="$deps/boost-po/usr/lib/x86_64-linux-gnu"
+  -DICU_ROOT="$deps/icu/usr" \
+  -DCMAKE_INSTALL_RPATH="$deps/boost-po/usr/lib/x86_64-linux-gnu;$deps/icu/usr/lib/x86_64-linux-gnu" \
+  -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags"
 cmake --build "$build" -j "$(nproc)"
 "$build/bin/dflash-host" --version
 ctest --test-dir "$build" -j 8 --output-on-failure "$@"

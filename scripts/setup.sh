@@ -13,6 +13,7 @@ packages=(
   libtorch-dev libopenblas0-pthread libgloo-dev   # LibTorch 1.13 (CPU), a fast BLAS, c10d headers
   libboost-dev libboost-program-options-dev       # Boost.DLL (header-only), Boost.Program_options
   nlohmann-json3-dev libspdlog-dev libfmt-dev
+  libicu-dev                                      # ICU: the tokenizers' Unicode (regex classes, NFC)
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 
