@@ -43,22 +43,38 @@ po::options_description visible_options() {
        "of the run's checkpoints/ instead of `latest`; newer step folders are moved aside, not deleted")
       ("allow-config-change", "train: resume even though settings that shape the run (seed, data, model, loss, "
        "optimizer) differ from the checkpoint's; the run is then no longer reproducible")
-      ("prompts", po::value<std::string>(), "eval: held-out prompts, JSON lines with \"prompt_ids\", \"input_ids\" "
-       "(the first --prompt-tokens) or \"text\" (byte-level targets)")
+      ("prompts", po::value<std::string>(), "eval, generate: prompts, JSON lines with \"prompt_ids\", \"input_ids\" "
+       "(the first --prompt-tokens; generate: the tokens before the first loss_mask 1 when there is one) or \"text\" "
+       "(byte-level targets)")
       ("drafter-checkpoint", po::value<std::string>(), "eval: the trained drafter: a checkpoint folder, a checkpoint "
        "root with `latest`, or a run's output_dir (default: the drafter as configured, e.g. prompt_lookup)")
-      ("max-new-tokens", po::value<int64_t>(), "eval: tokens generated per prompt at most (default 128)")
-      ("max-length", po::value<int64_t>(), "eval: prompt + generated tokens at most (default: the target's "
+      ("max-new-tokens", po::value<int64_t>(), "eval, generate: tokens generated per prompt at most (default 128)")
+      ("max-length", po::value<int64_t>(), "eval, generate: prompt + generated tokens at most (default: the target's "
        "max_position_embeddings)")
-      ("prompt-tokens", po::value<int64_t>(), "eval: how many tokens of an \"input_ids\" line form the prompt (default 64)")
-      ("max-prompts", po::value<int64_t>(), "eval: use only the first N prompts")
-      ("report", po::value<std::string>(), "eval: write the full report (per prompt too) to this JSON file")
+      ("prompt-tokens", po::value<int64_t>(), "eval, generate: how many tokens of an \"input_ids\" line form the prompt (default 64)")
+      ("max-prompts", po::value<int64_t>(), "eval, generate: use only the first N prompts")
+      ("report", po::value<std::string>(), "eval: write the full report (per prompt too) to this JSON file; "
+       "generate: its figures (tokens/s, settings)")
       ("no-baseline", "eval: skip decoding with the target alone (no lossless check, no speed-up)")
+      ("batch-size", po::value<int64_t>(), "generate: sequences decoded together, one target pass per step (default 1)")
+      ("temperature", po::value<double>(), "generate: sample at this temperature (default 0: greedy)")
+      ("top-p", po::value<double>(), "generate, sampling: only from the most likely tokens whose probability reaches "
+       "this (default 1: all)")
+      ("seed", po::value<int64_t>(), "generate, sampling: the seed (default: the config's train.seed); each prompt "
+       "draws from its own stream, so the output does not depend on --batch-size")
       ("seeds", po::value<int64_t>(), "ab: seeds per arm (0, 1, …; default 1)")
       ("steps", po::value<int64_t>(), "ab: training steps per arm (default: the config's train.steps)")
-      ("out", po::value<std::string>(), "ab: the report folder (default: <train.output_dir>/ab)")
+      ("out", po::value<std::string>(), "ab: the report folder (default: <train.output_dir>/ab); generate: the JSON-lines "
+       "file of training lines to write")
       ("log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error or off");
   return options;
+}
+
+// A number flag as the user wrote it, for messages (nan, 1e999, ...).
+std::string vm_text(const po::variables_map& vm, const char* flag) {
+  std::ostringstream out;
+  out << vm[flag].as<double>();
+  return out.str();
 }
 
 }  // namespace
@@ -80,6 +96,9 @@ std::string usage_text() {
          "  eval               speculative decoding of --prompts with the config's target and\n"
          "                     drafter (--drafter-checkpoint): acceptance length, speed-up, and\n"
          "                     a token-for-token check against the target's greedy decoding\n"
+         "  generate           the target answers every --prompts line (batched, greedy or\n"
+         "                     sampled) and --out gets training lines: prompt masked, answer\n"
+         "                     supervised, as the jsonl data source reads them\n"
          "  ab                 train one arm per --loss (same data, seed and initial drafter),\n"
          "                     check step-0 gradients between arms, and write a report folder\n\n"
       << visible_options() << "\n"
@@ -146,6 +165,26 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   in_range("max-length", options.max_length, 2, "a number of tokens");
   in_range("prompt-tokens", options.prompt_tokens, 1, "a number of tokens");
   in_range("max-prompts", options.max_prompts, 1, "a number of prompts");
+  if (vm.count("batch-size")) options.batch_size = vm["batch-size"].as<int64_t>();
+  if (options.batch_size < 1 || options.batch_size > kMaxBatchSize)
+    throw std::invalid_argument("--batch-size " + std::to_string(options.batch_size) + ": takes a number of sequences from 1 to " +
+                                std::to_string(kMaxBatchSize));
+  if (vm.count("temperature")) {
+    options.temperature = vm["temperature"].as<double>();
+    if (!(*options.temperature >= 0 && *options.temperature <= kMaxTemperature))  // NaN fails too
+      throw std::invalid_argument("--temperature " + vm_text(vm, "temperature") + ": takes a number from 0 (greedy) to " +
+                                  std::to_string(static_cast<int>(kMaxTemperature)));
+  }
+  if (vm.count("top-p")) {
+    options.top_p = vm["top-p"].as<double>();
+    if (!(*options.top_p > 0 && *options.top_p <= 1))
+      throw std::invalid_argument("--top-p " + vm_text(vm, "top-p") + ": takes a probability above 0 and at most 1");
+  }
+  if (vm.count("seed")) {
+    options.seed = vm["seed"].as<int64_t>();
+    if (*options.seed < 0)
+      throw std::invalid_argument("--seed " + std::to_string(*options.seed) + ": takes a number from 0 to 9223372036854775807");
+  }
   positive("seeds", options.seeds, 1);
   positive("steps", options.steps, 1);
   options.log_level = vm["log-level"].as<std::string>();
@@ -165,12 +204,12 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   if (vm.count("positional")) positionals = vm["positional"].as<std::vector<std::string>>();
   options.command = positionals.empty() ? "train" : positionals.front();
   if (!positionals.empty()) options.arguments.assign(positionals.begin() + 1, positionals.end());
-  static const char* const kCommands[] = {"train", "list", "describe", "config", "plan", "eval", "ab"};
+  static const char* const kCommands[] = {"train", "list", "describe", "config", "plan", "eval", "generate", "ab"};
   bool known = false;
   for (const char* command : kCommands) known = known || options.command == command;
   if (!known)
     throw std::invalid_argument("unknown command '" + options.command +
-                                "'; commands are train, list, describe, config, plan, eval, ab (see dflash-host --help)");
+                                "'; commands are train, list, describe, config, plan, eval, generate, ab (see dflash-host --help)");
   if (options.loss_arms.size() > 1 && options.command != "ab")
     throw std::invalid_argument("--loss is given " + std::to_string(options.loss_arms.size()) +
                                 " times; only `ab` compares several losses (one arm each)");

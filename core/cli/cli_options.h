@@ -10,7 +10,7 @@
 namespace dflash::cli {
 
 struct CliOptions {
-  std::string command;                     // list, describe, config, plan, train, eval, ab
+  std::string command;                     // list, describe, config, plan, train, eval, generate, ab
   std::vector<std::string> arguments;      // positional arguments after the command
   std::vector<std::string> plugin_dirs;    // --plugin-dir, in order
   bool default_plugin_dirs = true;         // --no-default-plugin-dirs turns off
@@ -33,11 +33,17 @@ struct CliOptions {
   std::optional<std::string> report;              // --report FILE (JSON)
   int64_t max_new_tokens = 128, max_length = 0, prompt_tokens = 64, max_prompts = 0;
   bool baseline = true;                           // --no-baseline turns off
+  // generate (and --prompts, --max-new-tokens, --max-length, --prompt-tokens,
+  // --max-prompts, --report, --out)
+  int64_t batch_size = 1;                 // --batch-size N: sequences decoded together
+  std::optional<double> temperature;      // --temperature T (0: greedy)
+  std::optional<double> top_p;            // --top-p P
+  std::optional<int64_t> seed;            // --seed S (sampling)
   // ab
   std::vector<std::string> loss_arms;             // every --loss, in order (ab: one arm each)
   int64_t seeds = 1;                              // --seeds N
   int64_t steps = 0;                              // --steps N (0: the config's train.steps)
-  std::optional<std::string> out_dir;             // --out DIR
+  std::optional<std::string> out_dir;             // --out DIR (ab), --out FILE (generate)
   bool help = false;
   bool version = false;
 };
@@ -46,6 +52,9 @@ struct CliOptions {
 // --max-prompts go up to this: far beyond any model's context, and small
 // enough that prompt + new tokens cannot overflow a position or a size.
 inline constexpr int64_t kMaxEvalCount = int64_t{1} << 24;  // 16,777,216
+// generate's --batch-size goes up to this; --temperature up to kMaxTemperature.
+inline constexpr int64_t kMaxBatchSize = 65536;
+inline constexpr double kMaxTemperature = 100;
 
 // Throws std::invalid_argument with a one-line message on bad usage.
 CliOptions parse_command_line(int argc, const char* const argv[]);

@@ -383,11 +383,20 @@ int evaluate(const CliOptions& options) {
 }  // namespace
 
 PluginRegistry find_plugins(const CliOptions& options) { return load_plugins(options); }
+
+TargetOnly make_target(const CliOptions& options, const PluginRegistry& registry) {
+  const config::ResolvedConfig resolved = resolve(options, registry, {"target"});
+  memory::require_device(resolved.root.at("train").at("device").get<std::string>());
+  return {instantiate<host::TargetModelInstance>(registry, resolved, DFLASH_KIND_TARGET_MODEL,
+                                                 config::plugin_config_of(resolved, "target")),
+          resolved.root.at("train")};
+}
 nlohmann::json user_config(const CliOptions& options) { return raw_config(options); }
 
 int run_command(const CliOptions& options) {
   if (options.command == "ab") return run_ab(options);
   if (options.command == "eval") return evaluate(options);
+  if (options.command == "generate") return run_generate(options);
   if (options.command == "list") return list_plugins(options);
   if (options.command == "describe") return describe_plugin(options);
   if (options.command == "config") return print_config(options);

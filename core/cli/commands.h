@@ -39,4 +39,15 @@ std::unique_ptr<TrainSet> make_train_set(const CliOptions& options, const host::
 // `dflash-host ab` (cli/ab_command.cpp).
 int run_ab(const CliOptions& options);
 
+// The config's target alone: the config resolved (a target section
+// required), the device checked, the plugin created.
+struct TargetOnly {
+  std::unique_ptr<host::TargetModelInstance> target;
+  nlohmann::json train;  // the resolved "train" section (device, dtype, seed)
+};
+TargetOnly make_target(const CliOptions& options, const host::PluginRegistry& registry);
+
+// `dflash-host generate` (cli/generate_command.cpp).
+int run_generate(const CliOptions& options);
+
 }  // namespace dflash::cli

@@ -3,6 +3,7 @@
 // own greedy decoding, with the acceptance figures researchers compare.
 #pragma once
 
+#include "eval/prompts.h"
 #include "eval/speculative.h"
 
 #include <nlohmann/json.hpp>
@@ -23,23 +24,13 @@ struct EvalSettings {
   bool baseline = true;            // also decode with the target alone (the lossless check and the speed-up)
 };
 
-// A prompt and where it came from (for error messages and the report).
-struct Prompt {
-  std::vector<int64_t> ids;
-  int64_t line = 0;
-};
+// The report's path, checked before anything is loaded (prompts.h).
+inline void check_report_file(const std::string& path) { check_output_file(path, "--report"); }
 
-// Checked before anything is loaded, so that a wrong path fails in a moment
-// rather than after the models load (or, for the report, after the whole
-// evaluation): the prompts must be a readable regular file (not a folder);
-// the report an existing writable file, or a new one in an existing writable
-// folder. Throw std::invalid_argument naming the path and the fix.
-void check_prompts_file(const std::string& path);
-void check_report_file(const std::string& path);
-
-// Reads the prompts. Text lines need a tokenizer the target describes
-// ("tokenizer": {"type": "bytes", ...}); errors name file:line.
-std::vector<Prompt> read_prompts(const EvalSettings& settings, const nlohmann::json& target_info);
+// The prompts (prompts.h): "input_ids" lines give their first prompt_tokens.
+inline std::vector<Prompt> read_prompts(const EvalSettings& settings, const nlohmann::json& target_info) {
+  return read_prompts(PromptSettings{settings.prompts_file, settings.prompt_tokens, settings.max_prompts, false}, target_info);
+}
 
 // Loads the drafter checkpoint into the drafter's parameters after checking
 // it against the target and the drafter (vocab, hidden size, block size,

@@ -29,27 +29,12 @@ std::vector<int64_t> greedy_choices(const at::Tensor& logits) {
   return {best.data_ptr<int64_t>(), best.data_ptr<int64_t>() + best.numel()};
 }
 
-void check_prompt(const std::vector<int64_t>& prompt, const DecodeLimits& limits) {
-  if (prompt.empty()) throw std::invalid_argument("the prompt is empty: give at least one token");
-  if (limits.max_length > 0 && static_cast<int64_t>(prompt.size()) >= limits.max_length)
-    throw std::invalid_argument("the prompt has " + std::to_string(prompt.size()) + " tokens, not fewer than max_length " +
-                                std::to_string(limits.max_length) + ": nothing could be generated; shorten it or raise max_length");
-}
-
 // Appends `fresh` to `g` up to the limits; returns whether generation ended.
 bool emit(Generation& g, const std::vector<int64_t>& fresh, size_t prompt_length, const DecodeLimits& limits) {
   for (int64_t token : fresh) {
     g.tokens.push_back(token);
-    if (std::find(limits.eos_token_ids.begin(), limits.eos_token_ids.end(), token) != limits.eos_token_ids.end()) {
-      g.stop_reason = "eos";
-      return true;
-    }
-    if (static_cast<int64_t>(g.tokens.size()) >= limits.max_new_tokens) {
-      g.stop_reason = "max_new_tokens";
-      return true;
-    }
-    if (limits.max_length > 0 && static_cast<int64_t>(prompt_length + g.tokens.size()) >= limits.max_length) {
-      g.stop_reason = "max_length";
+    if (const char* reason = stop_reason(token, static_cast<int64_t>(g.tokens.size()), static_cast<int64_t>(prompt_length), limits)) {
+      g.stop_reason = reason;
       return true;
     }
   }
@@ -57,8 +42,7 @@ bool emit(Generation& g, const std::vector<int64_t>& fresh, size_t prompt_length
 }
 
 int64_t capacity(const std::vector<int64_t>& prompt, const DecodeLimits& limits) {
-  const int64_t wanted = static_cast<int64_t>(prompt.size()) + limits.max_new_tokens;
-  return limits.max_length > 0 ? std::min(limits.max_length, wanted) : wanted;
+  return session_capacity(static_cast<int64_t>(prompt.size()), limits);
 }
 
 // Ends a session however the decoding leaves.
@@ -68,6 +52,25 @@ struct SessionGuard {
 };
 
 }  // namespace
+
+void check_prompt(const std::vector<int64_t>& prompt, const DecodeLimits& limits) {
+  if (prompt.empty()) throw std::invalid_argument("the prompt is empty: give at least one token");
+  if (limits.max_length > 0 && static_cast<int64_t>(prompt.size()) >= limits.max_length)
+    throw std::invalid_argument("the prompt has " + std::to_string(prompt.size()) + " tokens, not fewer than max_length " +
+                                std::to_string(limits.max_length) + ": nothing could be generated; shorten it or raise max_length");
+}
+
+const char* stop_reason(int64_t token, int64_t generated, int64_t prompt_length, const DecodeLimits& limits) {
+  if (std::find(limits.eos_token_ids.begin(), limits.eos_token_ids.end(), token) != limits.eos_token_ids.end()) return "eos";
+  if (generated >= limits.max_new_tokens) return "max_new_tokens";
+  if (limits.max_length > 0 && prompt_length + generated >= limits.max_length) return "max_length";
+  return nullptr;
+}
+
+int64_t session_capacity(int64_t prompt_length, const DecodeLimits& limits) {
+  const int64_t wanted = prompt_length + limits.max_new_tokens;
+  return limits.max_length > 0 ? std::min(limits.max_length, wanted) : wanted;
+}
 
 Generation greedy_decode(const host::TargetModelInstance& target, const std::vector<int64_t>& prompt,
                          const DecodeLimits& limits) {

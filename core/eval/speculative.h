@@ -30,6 +30,16 @@ struct Generation {
   double seconds = 0;               // wall time, prefill included
 };
 
+// Throws std::invalid_argument when nothing can be generated after `prompt`:
+// it is empty, or not shorter than max_length.
+void check_prompt(const std::vector<int64_t>& prompt, const DecodeLimits& limits);
+// Why generation ends after its `generated`-th token `token` (prompt_length
+// tokens before it): "eos", "max_new_tokens", "max_length", or nullptr to go on.
+// The one stopping rule of eval's decodings and of generate.
+const char* stop_reason(int64_t token, int64_t generated, int64_t prompt_length, const DecodeLimits& limits);
+// The tokens a session needs for a prompt: prompt + max_new_tokens, at most max_length.
+int64_t session_capacity(int64_t prompt_length, const DecodeLimits& limits);
+
 // The target's own greedy continuation of `prompt` [P] (int64).
 Generation greedy_decode(const host::TargetModelInstance& target, const std::vector<int64_t>& prompt,
                          const DecodeLimits& limits);

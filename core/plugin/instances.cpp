@@ -2,6 +2,8 @@
 
 #include "plugin/plugin_kind.h"
 
+#include <ATen/ATen.h>
+
 namespace dflash::host {
 namespace {
 
@@ -238,6 +240,52 @@ void TargetModelInstance::decode_truncate(int64_t session, int64_t length) const
 }
 void TargetModelInstance::decode_end(int64_t session) const noexcept {
   if (can_decode()) table<dflash_target_vtable>().decode_end(self(), session);
+}
+bool TargetModelInstance::can_decode_batch() const {
+  const auto& vtable = table<dflash_target_vtable>();
+  return can_decode() && DFLASH_HAS_FIELD(dflash_target_vtable, &vtable, decode_extend_batch) &&
+         vtable.decode_extend_batch != nullptr;
+}
+namespace {
+// What a target without decode_extend_batch gives for the batch: one
+// decode_extend per session, each row's outputs stacked as the slot would.
+NamedTensors extend_one_by_one(const TargetModelInstance& target, const std::vector<int64_t>& sessions, const at::Tensor& tokens,
+                               const std::vector<int64_t>& layer_ids, LogitRows logits) {
+  std::vector<NamedTensors> rows;
+  for (size_t i = 0; i < sessions.size(); ++i)
+    rows.push_back(target.decode_extend(sessions[i], tokens[static_cast<int64_t>(i)], layer_ids, logits != LogitRows::kNone));
+  NamedTensors out;
+  for (const auto& [name, first] : rows.front()) {
+    std::vector<at::Tensor> parts;
+    for (const NamedTensors& row : rows) {
+      at::Tensor part = require_tensor(row, name, target.record().label() + ": decode_extend");
+      if (name == "logits" && logits == LogitRows::kLast) part = part.narrow(0, part.size(0) - 1, 1);
+      parts.push_back(part);
+    }
+    out.emplace_back(name, at::stack(parts));
+  }
+  return out;
+}
+}  // namespace
+NamedTensors TargetModelInstance::decode_extend_batch(const std::vector<int64_t>& sessions, const at::Tensor& tokens,
+                                                      const std::vector<int64_t>& layer_ids, LogitRows logits) const {
+  require(can_decode(), record(), "incremental decoding");
+  if (sessions.empty() || tokens.dim() != 2 || tokens.size(0) != static_cast<int64_t>(sessions.size()) || tokens.size(1) < 1)
+    throw std::invalid_argument("decode_extend_batch: tokens must be [sessions, n] with n >= 1; got " + c10::str(tokens.sizes()) +
+                                " for " + std::to_string(sessions.size()) + " sessions");
+  if (!can_decode_batch()) return extend_one_by_one(*this, sessions, tokens, layer_ids, logits);
+  const TensorHandle token_handle(new_handle(tokens));
+  dflash_target_batch_decode_request request{};
+  request.struct_size = sizeof(request);
+  request.sessions = sessions.data();
+  request.count = sessions.size();
+  request.tokens = token_handle.get();
+  request.layer_ids = layer_ids.data();
+  request.layer_count = layer_ids.size();
+  request.logits = static_cast<int32_t>(logits);
+  dflash_tensor_map out;
+  check(table<dflash_target_vtable>().decode_extend_batch(self(), &request, &out), "decode_extend_batch");
+  return from_map(out);
 }
 
 // --- drafter ---

@@ -111,6 +111,13 @@ class DataSourceInstance : public PluginInstance {
 };
 
 // --- target model ---
+// Which logits a batched decoding step returns (dflash_decode_logits).
+enum class LogitRows : int32_t {
+  kNone = DFLASH_DECODE_LOGITS_NONE,  // none
+  kAll = DFLASH_DECODE_LOGITS_ALL,    // [count, n, V]
+  kLast = DFLASH_DECODE_LOGITS_LAST   // [count, 1, V]: after each session's last new token
+};
+
 class TargetModelInstance : public PluginInstance {
  public:
   using PluginInstance::PluginInstance;
@@ -125,6 +132,14 @@ class TargetModelInstance : public PluginInstance {
                              bool want_logits) const;
   void decode_truncate(int64_t session, int64_t length) const;
   void decode_end(int64_t session) const noexcept;
+  // Batched decoding (ABI 1.3, optional): whether the target has the slot.
+  bool can_decode_batch() const;
+  // tokens [count, n] int64: row i appended to sessions[i]; "hidden.<id>"
+  // [count, n, H] and the logits asked for come back. A target without the
+  // slot is called once per session (decode_extend) and the results stacked;
+  // if one of those calls fails, the sessions before it have been extended.
+  NamedTensors decode_extend_batch(const std::vector<int64_t>& sessions, const at::Tensor& tokens,
+                                   const std::vector<int64_t>& layer_ids, LogitRows logits) const;
 };
 
 // --- drafter ---

@@ -229,6 +229,12 @@ std::string check_descriptor(const dflash_plugin_descriptor* d, PluginRecord& re
                                        SlotRule{"decode_truncate", offsetof(dflash_target_vtable, decode_truncate)}, SlotRule{"decode_end", offsetof(dflash_target_vtable, decode_end)}},
                                       DFLASH_SIZE_THROUGH(dflash_target_vtable, decode_end));
     if (!problem.empty()) return problem;
+    // ABI 1.3: batched decoding steps sessions that only the group opens.
+    if (table_size >= DFLASH_SIZE_THROUGH(dflash_target_vtable, decode_extend_batch) &&
+        !slot_is_null(d->vtable, offsetof(dflash_target_vtable, decode_extend_batch)) &&
+        slot_is_null(d->vtable, offsetof(dflash_target_vtable, decode_begin)))
+      return kind_who + " sets 'decode_extend_batch' without the decoding group (decode_begin, decode_extend, "
+                        "decode_truncate, decode_end); set the group too, or leave decode_extend_batch NULL";
   }
   if (kind == DFLASH_KIND_DRAFTER) {
     const std::string problem = group("drafting",

@@ -200,15 +200,36 @@ at::Tensor add_projection(at::Tensor& x, const at::Tensor& a, const at::Tensor& 
   return x.addmm_(a, w.t());
 }
 
-// One layer's queries, keys and values on the ATen path: input RMSNorm, the
-// fused qkv GEMM, Qwen3's q/k norm, RoPE. x [N, H]; cos, sin [N, 1, hd].
-// q [N, heads, hd]; k, v [N, kv_heads, hd].
+// The rotary tables of N positions (angles [N, hd/2], fp64) in the layout
+// the path reads: [N, 1, hd] in the activations' dtype (ATen), or fp32
+// [N, hd/2] (our kernels).
+struct Rotary {
+  at::Tensor cos, sin;
+  bool kernels = false;
+};
+Rotary rotary(const at::Tensor& angles, c10::ScalarType dtype, bool kernels) {
+  if (kernels) return {angles.cos().to(at::kFloat).contiguous(), angles.sin().to(at::kFloat).contiguous(), true};
+  const at::Tensor emb = at::cat({angles, angles}, -1).unsqueeze(1);
+  return {emb.cos().to(dtype), emb.sin().to(dtype), false};
+}
+
+at::Tensor norm(const DecoderConfig& c, const at::Tensor& x, const at::Tensor& weight, bool kernels) {
+  return kernels ? fast_path::rms_norm(x, weight, c.rms_norm_eps) : rms_norm(x, weight, c.rms_norm_eps);
+}
+
+// One layer's queries, keys and values: input RMSNorm, the fused qkv GEMM,
+// Qwen3's q/k norm, RoPE (one kernel for the last two on the kernel path).
+// x [N, H]. q [N, heads, hd]; k, v [N, kv_heads, hd].
 struct QKV {
   at::Tensor q, k, v;
 };
-QKV project_qkv(const DecoderConfig& c, const LayerWeights& w, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+QKV project_qkv(const DecoderConfig& c, const LayerWeights& w, const at::Tensor& x, const Rotary& r) {
   const int64_t n = x.size(0), heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
-  const at::Tensor qkv = at::linear(rms_norm(x, w.input_norm, c.rms_norm_eps), w.qkv, w.qkv_bias);  // [N, (heads + 2 kv) hd]
+  const at::Tensor qkv = at::linear(norm(c, x, w.input_norm, r.kernels), w.qkv, w.qkv_bias);  // [N, (heads + 2 kv) hd]
+  if (r.kernels) {
+    const auto t = fast_path::qk_norm_rope(qkv, w.q_norm, w.k_norm, r.cos, r.sin, heads, kv_heads, hd, c.rms_norm_eps);
+    return {t.q, t.k, t.v};
+  }
   at::Tensor q = qkv.narrow(1, 0, heads * hd).reshape({n, heads, hd});
   at::Tensor k = qkv.narrow(1, heads * hd, kv_heads * hd).reshape({n, kv_heads, hd});
   const at::Tensor v = qkv.narrow(1, (heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
@@ -216,17 +237,18 @@ QKV project_qkv(const DecoderConfig& c, const LayerWeights& w, const at::Tensor&
     q = rms_norm(q, w.q_norm, c.rms_norm_eps);
     k = rms_norm(k, w.k_norm, c.rms_norm_eps);
   }
-  return {q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v};
+  return {q * r.cos + rotate_half(q) * r.sin, k * r.cos + rotate_half(k) * r.sin, v};
 }
 
 // The rest of the layer after attention [N, heads·hd]: the o projection and
 // the SwiGLU MLP, each added to the residual stream x (add_projection).
 at::Tensor finish_layer(const DecoderConfig& c, const LayerWeights& w, at::Tensor x, const at::Tensor& attention,
-                        bool& x_is_returned) {
+                        bool& x_is_returned, bool kernels = false) {
   x = add_projection(x, attention, w.o, x_is_returned);
-  const at::Tensor gate_up = at::linear(rms_norm(x, w.post_attention_norm, c.rms_norm_eps), w.gate_up);  // [N, 2 I]
+  const at::Tensor gate_up = at::linear(norm(c, x, w.post_attention_norm, kernels), w.gate_up);  // [N, 2 I]
   const int64_t inter = c.intermediate_size;
-  return add_projection(x, at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter), w.down, x_is_returned);
+  const at::Tensor act = kernels ? fast_path::swiglu(gate_up) : at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
+  return add_projection(x, act, w.down, x_is_returned);
 }
 
 }  // namespace
@@ -341,74 +363,145 @@ DecoderOutputs Decoder::forward_kernels(const PackedBatch& batch, const std::set
     return out;
 }
 
-DecodeCache Decoder::new_cache(int64_t capacity) const {
-  if (capacity < 1) throw std::invalid_argument("a decoding session needs room for at least one token");
-  const DecoderConfig& c = config_;
-  DecodeCache cache;
-  cache.capacity = capacity;
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    cache.keys.push_back(at::empty({capacity, c.num_kv_heads, c.head_dim}, embed_.options()));
-    cache.values.push_back(at::empty({capacity, c.num_kv_heads, c.head_dim}, embed_.options()));
-  }
-  return cache;
+DecodeSessions Decoder::new_sessions() const {
+  return DecodeSessions(config_.num_layers, config_.num_kv_heads, config_.head_dim, embed_.options());
 }
 
-DecoderOutputs Decoder::extend(DecodeCache& cache, const at::Tensor& tokens, const std::vector<int64_t>& layer_ids,
-                               bool want_logits) const {
+namespace {
+
+// Where a decoding step puts its tokens, checked before anything changes.
+struct DecodeStep {
+  std::vector<DecodeSessions::Session*> sessions;  // row i of the tokens goes to sessions[i]
+  int64_t count = 0, n = 0;
+  int64_t keys = 0;               // the longest session after the step: the attention's key length
+  bool consecutive_rows = false;  // the sessions' pool rows are r, r + 1, …: a view, no gather
+  bool equal_lengths = false;     // every session sees every key (no mask for one token each)
+};
+
+DecodeStep plan_step(DecodeSessions& pool, const std::vector<int64_t>& ids, const at::Tensor& tokens, int64_t vocab) {
+  DecodeStep step;
+  step.count = static_cast<int64_t>(ids.size());
+  if (step.count < 1 || tokens.dim() != 2 || tokens.size(0) != step.count || tokens.size(1) < 1)
+    throw std::invalid_argument("decode_extend: tokens must be [sessions, n] with n >= 1; got " + c10::str(tokens.sizes()) +
+                                " for " + std::to_string(ids.size()) + " sessions");
+  step.n = tokens.size(1);
+  std::set<int64_t> seen;
+  for (int64_t id : ids) {
+    if (!seen.insert(id).second)
+      throw std::invalid_argument("decode_extend_batch: session " + std::to_string(id) + " appears twice in one step");
+    DecodeSessions::Session& s = pool.at(id);
+    if (s.length + step.n > s.capacity)
+      throw std::invalid_argument("decode_extend: session " + std::to_string(id) + ": " + std::to_string(step.n) +
+                                  " more tokens would make " + std::to_string(s.length + step.n) +
+                                  ", beyond the session's max_length " + std::to_string(s.capacity));
+    step.sessions.push_back(&s);
+    step.keys = std::max(step.keys, s.length + step.n);
+  }
+  // Checked where the ids lie (the host hands them over on the CPU: no device sync).
+  const auto [low, high] = at::aminmax(tokens);
+  if (low.item<int64_t>() < 0 || high.item<int64_t>() >= vocab)
+    throw std::invalid_argument("decode_extend: token ids outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  step.consecutive_rows = step.equal_lengths = true;
+  for (int64_t i = 0; i < step.count; ++i) {
+    step.consecutive_rows &= step.sessions[i]->row == step.sessions[0]->row + i;
+    step.equal_lengths &= step.sessions[i]->length == step.sessions[0]->length;
+  }
+  return step;
+}
+
+// A tensor of host values on `device`.
+at::Tensor on(const std::vector<int64_t>& values, const c10::Device& device) {
+  return at::tensor(values, at::TensorOptions().dtype(at::kLong)).to(device);
+}
+
+// Causal attention of a step's queries over their own sessions' caches.
+// q [count·n, heads, hd]; keys, values [count, kv_heads, L, hd], read where
+// they lie in the pool; mask additive, or none when every key is visible.
+// One token per session (generation): the query heads that share a KV head
+// are that head's query rows, so the cache is read once per KV head, never
+// repeated per query head. Several tokens (a prompt, a verified block): the
+// keys and values are repeated per head, as the reference forward does.
+at::Tensor cached_attention(const DecoderConfig& c, const at::Tensor& q, at::Tensor keys, at::Tensor values,
+                            const c10::optional<at::Tensor>& mask, bool causal, int64_t count, int64_t n) {
+  const int64_t heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim, group = heads / kv_heads;
+  if (n == 1)
+    return compat::scaled_dot_product_attention(q.view({count, kv_heads, group, hd}), keys, values, mask, false)
+        .reshape({count, heads * hd});
+  if (group > 1) {
+    keys = keys.repeat_interleave(group, 1);
+    values = values.repeat_interleave(group, 1);
+  }
+  return compat::scaled_dot_product_attention(q.view({count, n, heads, hd}).transpose(1, 2), keys, values, mask, causal)
+      .transpose(1, 2)
+      .reshape({count * n, heads * hd});
+}
+
+}  // namespace
+
+DecoderOutputs Decoder::extend(DecodeSessions& pool, const std::vector<int64_t>& ids, const at::Tensor& tokens,
+                               const std::vector<int64_t>& layer_ids, LogitRows logit_rows) const {
   const c10::NoGradGuard no_grad;
   const DecoderConfig& c = config_;
   const auto device = embed_.device();
-  const int64_t n = tokens.numel(), start = cache.length, total = start + n;
-  if (n < 1) throw std::invalid_argument("decode_extend: no tokens");
-  if (total > cache.capacity)
-    throw std::invalid_argument("decode_extend: " + std::to_string(n) + " more tokens would make " + std::to_string(total) +
-                                ", beyond the session's max_length " + std::to_string(cache.capacity));
-  const at::Tensor ids = tokens.reshape({n}).to(device, at::kLong);
-  if (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= c.vocab_size)
-    throw std::invalid_argument("decode_extend: token ids outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  const DecodeStep step = plan_step(pool, ids, tokens, c.vocab_size);
   for (int64_t id : layer_ids)
     if (id < 0 || id >= c.num_layers)
       throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
   const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
-  const int64_t heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
-  const at::Tensor angles = at::arange(start, total, ids.options().dtype(at::kDouble)).unsqueeze(-1) * inv_freq_;
-  const at::Tensor emb = at::cat({angles, angles}, -1).view({n, 1, hd});
-  const at::Tensor cos = emb.cos().to(embed_.scalar_type()), sin = emb.sin().to(embed_.scalar_type());
-  // New token i sees keys [0, start + i]: a mask only when several arrive at once.
+  const int64_t count = step.count, n = step.n, tokens_in_step = count * n, keys = step.keys;
+
+  // Token t of row i goes to its session's row, at position length + t.
+  std::vector<int64_t> rows, positions;
+  for (const DecodeSessions::Session* s : step.sessions)
+    for (int64_t t = 0; t < n; ++t) {
+      rows.push_back(s->row);
+      positions.push_back(s->length + t);
+    }
+  const at::Tensor row_index = on(rows, device), position_index = on(positions, device);
+  const Rotary r = rotary(position_index.to(at::kDouble).unsqueeze(-1) * inv_freq_, embed_.scalar_type(), cuda_kernels_);
+  // Query t of row i sees keys [0, length_i + t].
   c10::optional<at::Tensor> mask;
-  if (n > 1) {
-    const at::Tensor allowed = at::arange(total, ids.options()).view({1, total}).le(at::arange(start, total, ids.options()).view({n, 1}));
-    mask = at::zeros({1, 1, n, total}, embed_.options()).masked_fill_(allowed.logical_not().view({1, 1, n, total}),
-                                                                     -std::numeric_limits<float>::infinity());
+  const bool fresh_prompt = count == 1 && step.sessions[0]->length == 0;  // plain causal attention
+  if (!(n == 1 && step.equal_lengths) && !(n > 1 && fresh_prompt)) {
+    const at::Tensor last_visible = position_index.view({count, 1, n, 1});
+    mask = at::zeros({count, 1, n, keys}, embed_.options())
+               .masked_fill_(at::arange(keys, row_index.options()).view({1, 1, 1, keys}).gt(last_visible),
+                             -std::numeric_limits<float>::infinity());
   }
+  std::vector<int64_t> session_rows;
+  for (const DecodeSessions::Session* s : step.sessions) session_rows.push_back(s->row);
+  const at::Tensor pool_rows = step.consecutive_rows ? at::Tensor() : on(session_rows, device);
+  auto gather = [&](const at::Tensor& layer_pool) {  // [count, kv_heads, keys, hd]
+    const at::Tensor mine = step.consecutive_rows ? layer_pool.narrow(0, step.sessions[0]->row, count)
+                                                  : layer_pool.index_select(0, pool_rows);
+    return mine.narrow(1, 0, keys).transpose(1, 2);
+  };
+
   DecoderOutputs out;
-  at::Tensor x = embed_.index_select(0, ids);  // [n, H]
+  at::Tensor x = embed_.index_select(0, tokens.reshape({tokens_in_step}).to(device, at::kLong));  // [count·n, H]
   bool x_is_returned = false;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const LayerWeights& w = layers_[i];
-    const QKV t = project_qkv(c, w, x, cos, sin);
-    cache.keys[i].narrow(0, start, n).copy_(t.k);
-    cache.values[i].narrow(0, start, n).copy_(t.v);
-    at::Tensor keys = cache.keys[i].narrow(0, 0, total).transpose(0, 1);  // [kv, total, hd]
-    at::Tensor values = cache.values[i].narrow(0, 0, total).transpose(0, 1);
-    if (heads > kv_heads) {
-      keys = keys.repeat_interleave(heads / kv_heads, 0);
-      values = values.repeat_interleave(heads / kv_heads, 0);
-    }
+    const QKV t = project_qkv(c, w, x, r);
+    pool.keys(i).index_put_({row_index, position_index}, t.k);
+    pool.values(i).index_put_({row_index, position_index}, t.v);
     const at::Tensor attention =
-        compat::scaled_dot_product_attention(t.q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), mask,
-                                             /*is_causal=*/false)
-            .squeeze(0)
-            .transpose(0, 1)
-            .reshape({n, heads * hd});
-    x = finish_layer(c, w, x, attention, x_is_returned);
+        cached_attention(c, t.q, gather(pool.keys(i)), gather(pool.values(i)), mask, n > 1 && fresh_prompt, count, n);
+    x = finish_layer(c, w, x, attention, x_is_returned, cuda_kernels_);
     if (wanted.count(i)) {
-      out.layers[i] = x;
+      out.layers[i] = x.view({count, n, c.hidden_size});
       x_is_returned = true;
     }
   }
-  if (want_logits) out.logits = at::linear(rms_norm(x, final_norm_, c.rms_norm_eps), lm_head_);
-  cache.length = total;  // only now: a call that threw above changed nothing
+  if (logit_rows == LogitRows::kAll)
+    out.logits = at::linear(norm(c, x, final_norm_, cuda_kernels_), lm_head_).view({count, n, c.vocab_size});
+  if (logit_rows == LogitRows::kLast) {
+    const at::Tensor last = x.view({count, n, c.hidden_size}).select(1, n - 1);
+    out.logits = at::linear(norm(c, last, final_norm_, cuda_kernels_), lm_head_).unsqueeze(1);
+  }
+  // Only now: a call that threw above changed no session (rows past a
+  // session's length are not part of it).
+  for (DecodeSessions::Session* s : step.sessions) s->length += n;
   return out;
 }
 
@@ -420,9 +513,7 @@ DecoderOutputs Decoder::forward_reference(const PackedBatch& batch, const std::s
   const at::Tensor& ids = batch.ids;
   const int64_t b = ids.size(0), s = ids.size(1), n = b * s;
   const int64_t heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
-  const at::Tensor emb = at::cat({batch.angles, batch.angles}, -1).view({n, 1, hd});
-  const at::Tensor cos = emb.cos().to(embed_.scalar_type());
-  const at::Tensor sin = emb.sin().to(embed_.scalar_type());
+  const Rotary r = rotary(batch.angles, embed_.scalar_type(), /*kernels=*/false);
   // Rows of several documents need an additive [B, 1, S, S] mask.
   c10::optional<at::Tensor> mask;
   const at::Tensor& documents = batch.documents;
@@ -439,7 +530,7 @@ DecoderOutputs Decoder::forward_reference(const PackedBatch& batch, const std::s
   bool x_is_returned = false;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const LayerWeights& w = layers_[i];
-    const QKV t = project_qkv(c, w, x, cos, sin);
+    const QKV t = project_qkv(c, w, x, r);
     const at::Tensor q = t.q.reshape({b, s, heads, hd}).transpose(1, 2);  // [B, heads, S, hd]
     at::Tensor k = t.k.reshape({b, s, kv_heads, hd}).transpose(1, 2);
     at::Tensor v = t.v.reshape({b, s, kv_heads, hd}).transpose(1, 2);

@@ -3,6 +3,7 @@
 // states of chosen layers. No autograd graph is kept.
 #pragma once
 
+#include "decode_sessions.h"
 #include "decoder_config.h"
 
 #include <ATen/ATen.h>
@@ -50,12 +51,11 @@ struct PackedBatch {
   at::Tensor angles;     // [B·S, head_dim/2] fp64 rotary angles
 };
 
-// One sequence's keys and values, for incremental decoding: per layer
-// [capacity, kv_heads, head_dim], after q/k norm and RoPE; rows [0, length)
-// are valid.
-struct DecodeCache {
-  std::vector<at::Tensor> keys, values;
-  int64_t length = 0, capacity = 0;
+// Which logits an incremental decoding step returns.
+enum class LogitRows {
+  kNone,
+  kAll,   // [count, n, V]
+  kLast   // [count, 1, V]: after each session's last new token
 };
 
 // What a Decoder would hold on its device, from config.json and the
@@ -91,14 +91,17 @@ class Decoder {
   DecoderOutputs forward(const at::Tensor& input_ids, const at::Tensor& position_ids, const at::Tensor& document_ids,
                          const std::vector<int64_t>& layer_ids, bool want_last_hidden, bool want_logits) const;
 
-  // Incremental decoding (the ATen path on any device): an empty cache for up
-  // to `capacity` tokens; then `extend` appends tokens [n] at positions
-  // [length, length + n), each attending causally to the cache and the new
-  // tokens before it, and returns the layers' outputs [n, H] and, if asked,
-  // logits [n, V]. A call that would pass the capacity throws and changes nothing.
-  DecodeCache new_cache(int64_t capacity) const;
-  DecoderOutputs extend(DecodeCache& cache, const at::Tensor& tokens, const std::vector<int64_t>& layer_ids,
-                        bool want_logits) const;
+  // Incremental decoding. new_sessions() is an empty pool of KV caches for
+  // this model; extend appends tokens [count, n] to sessions (row i to
+  // sessions[i], at positions [length, length + n) of that session), each
+  // token attending causally to its own session's cache and the new tokens
+  // before it. All rows go through each projection as one GEMM. Returns the
+  // layers' outputs [count, n, H] and the logits asked for. An unknown or
+  // repeated session, bad tokens, or a session that would pass its capacity
+  // throw std::invalid_argument and change nothing.
+  DecodeSessions new_sessions() const;
+  DecoderOutputs extend(DecodeSessions& sessions, const std::vector<int64_t>& ids, const at::Tensor& tokens,
+                        const std::vector<int64_t>& layer_ids, LogitRows logits) const;
 
  private:
   DecoderOutputs forward_kernels(const PackedBatch& batch, const std::set<int64_t>& wanted, bool want_last_hidden) const;

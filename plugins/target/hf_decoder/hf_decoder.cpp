@@ -16,6 +16,16 @@
 namespace {
 using namespace dflash;
 
+// The decoder's std::invalid_argument (bad input) as the ABI's error code.
+template <class F>
+decltype(auto) invalid_argument_as_error(F&& f) {
+  try {
+    return f();
+  } catch (const std::invalid_argument& e) {
+    throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, e.what());
+  }
+}
+
 class HfDecoderTarget : public sdk::TargetModel {
  public:
   static constexpr sdk::PluginInfo info{"hf_decoder", "1.0.0",
@@ -55,6 +65,7 @@ class HfDecoderTarget : public sdk::TargetModel {
     } catch (const std::exception& e) {
       throw sdk::Error(DFLASH_ERR_NOT_FOUND, e.what());
     }
+    sessions_ = decoder_->new_sessions();
     feature_layers_ = context.config().at("feature_layers").get<int64_t>();
     // A byte-level tokenizer (ids 0–255 are UTF-8 bytes) is simple enough to
     // describe, so text prompts can be encoded by the host; other tokenizers
@@ -131,40 +142,47 @@ class HfDecoderTarget : public sdk::TargetModel {
     return d;
   }
 
-  // Incremental decoding: one KV cache per session.
+  // Incremental decoding: one KV cache per session, pooled across sessions
+  // (decode_sessions.h) so that decode_extend_batch runs them in one pass.
   int64_t decode_begin(int64_t max_length) {
     const int64_t limit = decoder_->config().max_position_embeddings;
     if (limit > 0 && max_length > limit)
       throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "decode_begin: max_length " + std::to_string(max_length) +
                                                         " exceeds the model's max_position_embeddings " + std::to_string(limit) +
                                                         " (config.json)");
-    try {
-      sessions_.emplace(next_session_, decoder_->new_cache(max_length));
-    } catch (const std::invalid_argument& e) {
-      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, e.what());
-    }
-    return next_session_++;
+    return invalid_argument_as_error([&] { return sessions_.begin(max_length); });
   }
   sdk::TensorDict decode_extend(int64_t session, const sdk::DecodeRequest& request) {
-    target::DecoderOutputs out;
-    try {
-      out = decoder_->extend(cache(session), request.tokens, request.layer_ids, request.want_logits);
-    } catch (const std::invalid_argument& e) {
-      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, e.what());
-    }
+    const target::DecoderOutputs out = invalid_argument_as_error([&] {
+      return decoder_->extend(sessions_, {session}, request.tokens.reshape({1, -1}), request.layer_ids,
+                              request.want_logits ? target::LogitRows::kAll : target::LogitRows::kNone);
+    });
+    sdk::TensorDict result;
+    for (int64_t id : request.layer_ids) result.set("hidden." + std::to_string(id), out.layers.at(id).select(0, 0));
+    if (request.want_logits) result.set("logits", out.logits.select(0, 0));
+    return result;
+  }
+  // One pass for many sessions (ABI 1.3): every projection is one GEMM over
+  // all their tokens.
+  sdk::TensorDict decode_extend_batch(const sdk::BatchDecodeRequest& request) {
+    const target::LogitRows rows = request.logits == sdk::DecodeLogits::kAll    ? target::LogitRows::kAll
+                                   : request.logits == sdk::DecodeLogits::kLast ? target::LogitRows::kLast
+                                                                                : target::LogitRows::kNone;
+    const target::DecoderOutputs out = invalid_argument_as_error(
+        [&] { return decoder_->extend(sessions_, request.sessions, request.tokens, request.layer_ids, rows); });
     sdk::TensorDict result;
     for (int64_t id : request.layer_ids) result.set("hidden." + std::to_string(id), out.layers.at(id));
-    if (request.want_logits) result.set("logits", out.logits);
+    if (rows != target::LogitRows::kNone) result.set("logits", out.logits);
     return result;
   }
   void decode_truncate(int64_t session, int64_t length) {
-    target::DecodeCache& c = cache(session);
-    if (length < 0 || length > c.length)
+    target::DecodeSessions::Session& s = invalid_argument_as_error([&]() -> auto& { return sessions_.at(session); });
+    if (length < 0 || length > s.length)
       throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "decode_truncate: length " + std::to_string(length) +
-                                                        " is outside [0, " + std::to_string(c.length) + "]");
-    c.length = length;
+                                                        " is outside [0, " + std::to_string(s.length) + "]");
+    s.length = length;
   }
-  void decode_end(int64_t session) { sessions_.erase(session); }
+  void decode_end(int64_t session) { sessions_.end(session); }
 
   sdk::TensorDict forward(const sdk::TargetRequest& request) {
     target::DecoderOutputs out;
@@ -189,18 +207,11 @@ class HfDecoderTarget : public sdk::TargetModel {
   }
 
  private:
-  target::DecodeCache& cache(int64_t session) {
-    auto it = sessions_.find(session);
-    if (it == sessions_.end())
-      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "no decoding session " + std::to_string(session) + " (ended, or never begun)");
-    return it->second;
-  }
 
   std::unique_ptr<target::Decoder> decoder_;
   int64_t feature_layers_ = 5;
   nlohmann::json tokenizer_;  // null unless the directory has a byte-level tokenizer.json
-  std::map<int64_t, target::DecodeCache> sessions_;
-  int64_t next_session_ = 1;
+  target::DecodeSessions sessions_;
 };
 
 }  // namespace

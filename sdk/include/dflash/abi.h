@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define DFLASH_ABI_MAJOR 1
-#define DFLASH_ABI_MINOR 2
+#define DFLASH_ABI_MINOR 3
 
 /* The one exported symbol of a plugin library. Its name carries the major. */
 #define DFLASH_ENTRY_SYMBOL "dflash_plugin_entry_v1"
@@ -333,6 +333,27 @@ typedef struct dflash_target_decode_request {
   int32_t want_logits;         /* nonzero: add "logits" [n, V] */
 } dflash_target_decode_request;
 
+/* Which logits a batched decoding step returns (ABI 1.3). Stored as int32_t;
+ * new values are only ever appended. */
+typedef enum dflash_decode_logits {
+  DFLASH_DECODE_LOGITS_NONE = 0, /* no "logits" */
+  DFLASH_DECODE_LOGITS_ALL = 1,  /* "logits" [count, n, V]: after every appended token */
+  DFLASH_DECODE_LOGITS_LAST = 2  /* "logits" [count, 1, V]: after each session's last appended token */
+} dflash_decode_logits;
+
+/* One step of incremental decoding over several sessions at once (ABI 1.3):
+ * row i of `tokens` is appended to sessions[i]. Every session gets the same
+ * number n of tokens (1 while generating; more to verify a drafted block). */
+typedef struct dflash_target_batch_decode_request {
+  size_t struct_size;
+  const int64_t* sessions;     /* borrowed(the call): count ids, each at most once */
+  size_t count;                /* ≥ 1 */
+  const dflash_tensor* tokens; /* borrowed(the call): [count, n] int64, n ≥ 1 (CPU or the model's device) */
+  const int64_t* layer_ids;    /* borrowed(the call); layer_count entries */
+  size_t layer_count;
+  int32_t logits;              /* dflash_decode_logits */
+} dflash_target_batch_decode_request;
+
 typedef struct dflash_target_request {
   size_t struct_size;
   /* borrowed(the call): a batch as a data source yields it, on the model's device. */
@@ -379,6 +400,18 @@ typedef struct dflash_target_vtable {
    * forward's working memory (TARGET_FORWARD); not the hidden states it
    * returns, which the host counts. */
   dflash_plan_memory_fn plan_memory;
+
+  /* (optional, ABI 1.3; only beside the decoding group) One pass over many
+   * sessions: appends request->tokens row i to request->sessions[i], each
+   * token at its own session's next position and attending causally to that
+   * session's cache alone. Fills `out` with "hidden.<id>" [count, n, H] for
+   * every requested layer and "logits" as request->logits asks, row i for
+   * sessions[i]; each row equals what decode_extend would give that session
+   * alone, up to rounding. Fails, leaving every session as it was, when a
+   * session is unknown or repeated, or one would exceed its max_length. The
+   * host calls decode_extend per session when a target leaves it NULL. */
+  dflash_error* (*decode_extend_batch)(dflash_instance* self, const dflash_target_batch_decode_request* request,
+                                       dflash_tensor_map* out);
 } dflash_target_vtable;
 
 /* --- drafter ------------------------------------------------------------ */

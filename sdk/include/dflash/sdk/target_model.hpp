@@ -14,6 +14,8 @@
 //     dflash::sdk::TensorDict decode_extend(int64_t session, const dflash::sdk::DecodeRequest& request);
 //     void decode_truncate(int64_t session, int64_t length);
 //     void decode_end(int64_t session);
+//     // optional, beside the four (ABI 1.3): one pass over several sessions, for `dflash-host generate`
+//     dflash::sdk::TensorDict decode_extend_batch(const dflash::sdk::BatchDecodeRequest& request);
 //     // optional (ABI 1.2): weights and forward memory for the planner, no instance needed
 //     static dflash::sdk::MemoryPlan plan_memory(const dflash::sdk::PlanRequest& request);
 //   };
@@ -48,12 +50,29 @@ struct DecodeRequest {
   bool want_logits = false;
 };
 
+// One decoding step over several sessions (ABI 1.3): tokens [count, n] int64,
+// row i appended to sessions[i]. "hidden.<id>" [count, n, H] for each layer id
+// and the logits asked for come back: kAll [count, n, V], kLast [count, 1, V]
+// (after each session's last new token).
+enum class DecodeLogits : int32_t {
+  kNone = DFLASH_DECODE_LOGITS_NONE,
+  kAll = DFLASH_DECODE_LOGITS_ALL,
+  kLast = DFLASH_DECODE_LOGITS_LAST
+};
+struct BatchDecodeRequest {
+  std::vector<int64_t> sessions;
+  at::Tensor tokens;
+  std::vector<int64_t> layer_ids;
+  DecodeLogits logits = DecodeLogits::kNone;
+};
+
 namespace detail {
 
 DFLASH_SDK_DETECT(has_decode_begin, std::declval<T&>().decode_begin(int64_t{}))
 DFLASH_SDK_DETECT(has_decode_extend, std::declval<T&>().decode_extend(int64_t{}, std::declval<const DecodeRequest&>()))
 DFLASH_SDK_DETECT(has_decode_truncate, std::declval<T&>().decode_truncate(int64_t{}, int64_t{}))
 DFLASH_SDK_DETECT(has_decode_end, std::declval<T&>().decode_end(int64_t{}))
+DFLASH_SDK_DETECT(has_decode_extend_batch, std::declval<T&>().decode_extend_batch(std::declval<const BatchDecodeRequest&>()))
 DFLASH_SDK_DETECT(has_target_forward, std::declval<T&>().forward(std::declval<const TargetRequest&>()))
 DFLASH_SDK_DETECT(has_target_describe, nlohmann::json(std::declval<T&>().describe()))
 DFLASH_SDK_DETECT(has_frozen_weights, std::declval<T&>().frozen_weights())
@@ -120,6 +139,32 @@ struct KindTraits<T, DFLASH_KIND_TARGET_MODEL> : TorchKind {
       }
     });
   }
+  static constexpr bool kBatchDecodes = has_decode_extend_batch<T>::value;
+  static_assert(!kBatchDecodes || kDecodes,
+                "a TargetModel plugin with `decode_extend_batch` needs the decoding group too (decode_begin, "
+                "decode_extend, decode_truncate, decode_end): sessions are opened and ended one at a time");
+  static_assert(!kBatchDecodes || std::is_same_v<typename has_decode_extend_batch<T>::type, TensorDict>,
+                "`decode_extend_batch(const BatchDecodeRequest&)` must return TensorDict");
+
+  static dflash_error* decode_extend_batch(dflash_instance* self, const dflash_target_batch_decode_request* request,
+                                           dflash_tensor_map* out) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (kBatchDecodes) {
+        if (request == nullptr || request->tokens == nullptr || request->sessions == nullptr || request->count == 0)
+          throw Error(DFLASH_ERR_INVALID_ARGUMENT, "decode_extend_batch called without sessions or tokens");
+        if (request->logits < DFLASH_DECODE_LOGITS_NONE || request->logits > DFLASH_DECODE_LOGITS_LAST)
+          throw Error(DFLASH_ERR_INVALID_ARGUMENT,
+                      "decode_extend_batch: logits " + std::to_string(request->logits) + " is not a dflash_decode_logits value");
+        BatchDecodeRequest r;
+        r.sessions.assign(request->sessions, request->sessions + request->count);
+        r.tokens = borrow_tensor(instance->host, request->tokens);
+        r.layer_ids.assign(request->layer_ids, request->layer_ids + request->layer_count);
+        r.logits = static_cast<DecodeLogits>(request->logits);
+        write_map(instance->host, out, instance->impl->decode_extend_batch(r));
+      }
+    });
+  }
   static dflash_error* decode_truncate(dflash_instance* self, int64_t session, int64_t length) noexcept {
     auto* instance = instance_of<T>(self);
     return guard(instance->host, T::info.name, translate, [&] {
@@ -140,7 +185,7 @@ struct KindTraits<T, DFLASH_KIND_TARGET_MODEL> : TorchKind {
     static const dflash_target_vtable table = {sizeof(dflash_target_vtable), &describe, &forward, &frozen_weights,
                                                kDecodes ? &decode_begin : nullptr, kDecodes ? &decode_extend : nullptr,
                                                kDecodes ? &decode_truncate : nullptr, kDecodes ? &decode_end : nullptr,
-                                               plan_memory_of<T>()};
+                                               plan_memory_of<T>(), kBatchDecodes ? &decode_extend_batch : nullptr};
     return &table;
   }
 };

@@ -1,0 +1,68 @@
+#include "decode_sessions.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace dflash::target {
+
+DecodeSessions::DecodeSessions(int64_t layers, int64_t kv_heads, int64_t head_dim, at::TensorOptions options)
+    : layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim), options_(options) {}
+
+int64_t DecodeSessions::begin(int64_t capacity) {
+  if (capacity < 1) throw std::invalid_argument("a decoding session needs room for at least one token");
+  auto free_row = std::find(row_used_.begin(), row_used_.end(), false);
+  const int64_t row = free_row - row_used_.begin();
+  if (free_row == row_used_.end() || capacity > row_capacity_)
+    grow(std::max(rows(), row + 1), std::max(row_capacity_, capacity));
+  row_used_[static_cast<size_t>(row)] = true;
+  sessions_.emplace(next_id_, Session{row, 0, capacity});
+  return next_id_++;
+}
+
+void DecodeSessions::end(int64_t id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  row_used_[static_cast<size_t>(it->second.row)] = false;
+  sessions_.erase(it);
+  if (sessions_.empty()) {  // nothing to keep: give the memory back
+    keys_.clear();
+    values_.clear();
+    row_used_.clear();
+    row_capacity_ = 0;
+  }
+}
+
+DecodeSessions::Session& DecodeSessions::at(int64_t id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end())
+    throw std::invalid_argument("no decoding session " + std::to_string(id) + " (ended, or never begun)");
+  return it->second;
+}
+
+void DecodeSessions::grow(int64_t rows, int64_t row_capacity) {
+  // Only the cached prefix of the old rows is moved: while a batch is being
+  // admitted the new rows are empty, so growing then copies nothing.
+  int64_t valid = 0;
+  for (const auto& [id, s] : sessions_) valid = std::max(valid, s.length);
+  const int64_t old_rows = this->rows();
+  for (int64_t layer = 0; layer < layers_; ++layer) {
+    for (auto* pool : {&keys_, &values_}) {
+      // Zero-filled: a batched step reads every session's row up to the
+      // longest one, masking the positions past its own length. A masked
+      // position weighs 0, but 0 · NaN is NaN, and fresh memory may hold NaN
+      // bit patterns; zeros (and later stale, but finite, keys) are safe.
+      at::Tensor grown = at::zeros({rows, row_capacity, kv_heads_, head_dim_}, options_);
+      if (layer < static_cast<int64_t>(pool->size())) {
+        if (valid > 0) grown.narrow(0, 0, old_rows).narrow(1, 0, valid).copy_((*pool)[layer].narrow(1, 0, valid));
+        (*pool)[layer] = grown;  // the old allocation is freed here, layer by layer
+      } else {
+        pool->push_back(grown);
+      }
+    }
+  }
+  row_used_.resize(static_cast<size_t>(rows), false);
+  row_capacity_ = row_capacity;
+}
+
+}  // namespace dflash::target

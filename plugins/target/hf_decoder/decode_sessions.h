@@ -1,0 +1,57 @@
+// The KV caches of every decoding session, pooled: per layer one keys and one
+// values tensor [rows, row_capacity, kv_heads, head_dim] (after q/k norm and
+// RoPE), and each session owns one row. Pooling is what lets one decoding
+// step attend over many sessions at once: consecutive rows are a view of the
+// pool, other sets one gather, never one attention call per session.
+//
+// A new session takes the lowest free row. The pool grows (rows, or the row
+// capacity when a session asks for more) by moving the valid part of every
+// row into a larger allocation, and is released when the last session ends.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+namespace dflash::target {
+
+class DecodeSessions {
+ public:
+  struct Session {
+    int64_t row = 0;
+    int64_t length = 0;    // cached tokens: rows [0, length) of its row are valid
+    int64_t capacity = 0;  // the session's max_length
+  };
+
+  DecodeSessions() = default;  // no layers: for a member filled in later
+  DecodeSessions(int64_t layers, int64_t kv_heads, int64_t head_dim, at::TensorOptions options);
+
+  // A new, empty session for up to `capacity` tokens; returns its id.
+  // Throws std::invalid_argument when capacity < 1.
+  int64_t begin(int64_t capacity);
+  // Frees the session's row; unknown ids are ignored.
+  void end(int64_t id);
+  // Throws std::invalid_argument naming the id when there is no such session.
+  Session& at(int64_t id);
+
+  // [rows, row_capacity, kv_heads, head_dim] of layer `layer`.
+  at::Tensor& keys(int64_t layer) { return keys_[static_cast<size_t>(layer)]; }
+  at::Tensor& values(int64_t layer) { return values_[static_cast<size_t>(layer)]; }
+  int64_t rows() const { return static_cast<int64_t>(row_used_.size()); }
+  int64_t row_capacity() const { return row_capacity_; }
+
+ private:
+  void grow(int64_t rows, int64_t row_capacity);
+
+  int64_t layers_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  at::TensorOptions options_;
+  std::vector<at::Tensor> keys_, values_;
+  std::vector<bool> row_used_;
+  int64_t row_capacity_ = 0;
+  std::map<int64_t, Session> sessions_;
+  int64_t next_id_ = 1;
+};
+
+}  // namespace dflash::target
