@@ -183,6 +183,40 @@ TEST(BatchDecoding, TargetsWithoutTheSlotAreDecodedOneSessionAtATime) {
   }
 }
 
+// On a GPU in bf16 the batched step runs our kernels between the GEMMs
+// (RMSNorm, q/k norm + RoPE, SwiGLU): it must agree with the ATen reference
+// path within bf16 rounding, one token per session and several.
+TEST(BatchDecoding, CudaKernelsAgreeWithTheReferencePath) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto& record = registry().find(DFLASH_KIND_TARGET_MODEL, "hf_decoder");
+  auto on_gpu = [&](const char* kernels) {
+    nlohmann::json config = target_config();
+    config["kernels"] = kernels;
+    return std::make_unique<TargetModelInstance>(record, config, host::InstanceOptions{"cuda", "bfloat16", 0});
+  };
+  auto fast = on_gpu("auto"), reference = on_gpu("aten");
+  if (!fast->describe().at("cuda_kernels").get<bool>()) GTEST_SKIP() << "this build has no CUDA kernels";
+  const auto prompts = prompts_of_lengths({30, 7, 51, 18});
+  std::vector<int64_t> a, b, pending;
+  for (const auto& p : prompts) {
+    a.push_back(fast->decode_begin(80));
+    b.push_back(reference->decode_begin(80));
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    fast->decode_extend_batch({a[i]}, ids(prompts[i].ids).view({1, -1}), {}, LogitRows::kLast);
+    const auto out = reference->decode_extend_batch({b[i]}, ids(prompts[i].ids).view({1, -1}), {}, LogitRows::kLast);
+    pending.push_back(get(out, "logits").argmax(-1).item<int64_t>());
+  }
+  for (int64_t step = 0; step < 6; ++step) {
+    const at::Tensor tokens = step == 5 ? ids({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}).view({4, 3}) : ids(pending).view({4, 1});
+    const auto x = get(fast->decode_extend_batch(a, tokens, {}, LogitRows::kAll), "logits").to(torch::kFloat);
+    const auto y = get(reference->decode_extend_batch(b, tokens, {}, LogitRows::kAll), "logits").to(torch::kFloat);
+    EXPECT_LE(max_diff(x, y), 3e-2 * y.abs().max().item<double>()) << "step " << step;
+    const auto next = y.select(1, y.size(1) - 1).argmax(-1).cpu();
+    for (size_t i = 0; i < pending.size(); ++i) pending[i] = next[static_cast<int64_t>(i)].item<int64_t>();
+  }
+}
+
 // ---- generation against eval's greedy decoding --------------------------------
 
 struct Generated {

@@ -114,6 +114,12 @@ TEST(Loader, PartOfAnOptionalGroup) {
   EXPECT_CONTAINS(m, "set all of its slots or none");
 }
 
+TEST(Loader, BatchedDecodingWithoutTheDecodingGroup) {
+  const std::string m = problem_of("batch_without_decode");
+  EXPECT_CONTAINS(m, "target model plugin 'batch_without_decode' sets 'decode_extend_batch' without the decoding group");
+  EXPECT_CONTAINS(m, "set the group too, or leave decode_extend_batch NULL");
+}
+
 TEST(Loader, InvalidConfigSchema) {
   const std::string m = problem_of("bad_schema");
   EXPECT_CONTAINS(m, "loss plugin 'bad_schema' has an invalid config schema");

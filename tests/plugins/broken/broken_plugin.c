@@ -28,8 +28,14 @@ static const dflash_loss_vtable loss_table = {
     NULL, /* estimate_memory (optional) */
 };
 
-#ifdef DEFECT_PARTIAL_DECODE
-/* A target model that fills only one slot of the optional decoding group. */
+#if defined(DEFECT_PARTIAL_DECODE) || defined(DEFECT_BATCH_WITHOUT_DECODE)
+#define BROKEN_TARGET 1
+#endif
+
+#ifdef BROKEN_TARGET
+/* DEFECT_PARTIAL_DECODE: a target model that fills only one slot of the
+ * optional decoding group. DEFECT_BATCH_WITHOUT_DECODE: one that sets ABI
+ * 1.3's decode_extend_batch but not the group whose sessions it steps. */
 static dflash_error* t_describe(dflash_instance* self, const char** out_json) {
   (void)self;
   *out_json = "{}";
@@ -43,14 +49,26 @@ static dflash_error* t_frozen(dflash_instance* self, dflash_tensor_map* out) {
   (void)self, (void)out;
   return NULL;
 }
+#ifdef DEFECT_PARTIAL_DECODE
 static dflash_error* t_decode_begin(dflash_instance* self, int64_t max_length, int64_t* out_session) {
   (void)self, (void)max_length;
   *out_session = 1;
   return NULL;
 }
+#else
+static dflash_error* t_decode_extend_batch(dflash_instance* self, const dflash_target_batch_decode_request* r,
+                                           dflash_tensor_map* out) {
+  (void)self, (void)r, (void)out;
+  return NULL;
+}
+#endif
 static const dflash_target_vtable target_table = {
-    sizeof(dflash_target_vtable), t_describe, t_forward, t_frozen, t_decode_begin, NULL, NULL, NULL,
-    NULL /* plan_memory (optional) */,
+    sizeof(dflash_target_vtable), t_describe, t_forward, t_frozen,
+#ifdef DEFECT_PARTIAL_DECODE
+    t_decode_begin, NULL, NULL, NULL, NULL /* plan_memory (optional) */, NULL,
+#else
+    NULL, NULL, NULL, NULL, NULL /* plan_memory (optional) */, t_decode_extend_batch,
+#endif
 };
 #endif
 
@@ -93,7 +111,7 @@ static const dflash_plugin_descriptor descriptor = {
 #endif
 #ifdef DEFECT_UNKNOWN_KIND
     42,
-#elif defined(DEFECT_PARTIAL_DECODE)
+#elif defined(BROKEN_TARGET)
     DFLASH_KIND_TARGET_MODEL,
 #else
     DFLASH_KIND_LOSS,
@@ -108,7 +126,7 @@ static const dflash_plugin_descriptor descriptor = {
 #endif
     create,
     destroy,
-#ifdef DEFECT_PARTIAL_DECODE
+#ifdef BROKEN_TARGET
     &target_table,
 #else
     &loss_table,
