@@ -62,6 +62,15 @@ po::options_description visible_options() {
        "this (default 1: all)")
       ("seed", po::value<int64_t>(), "generate, sampling: the seed (default: the config's train.seed); each prompt "
        "draws from its own stream, so the output does not depend on --batch-size")
+      ("input", po::value<std::string>(), "prepare: conversations ({\"messages\": [...]}, ShareGPT "
+       "{\"conversations\": [...]}) or texts ({\"text\": ...}), JSON lines")
+      ("tokenizer", po::value<std::string>(), "prepare: a tokenizer.json, or a model folder holding one (default: the "
+       "--config target's)")
+      ("chat-format", po::value<std::string>(), "prepare: chatml, qwen3 or llama3 (default: what the model folder's "
+       "chat template is)")
+      ("for-generate", "prepare: write prompts for generate ({\"prompt_ids\"}: the conversation before its last "
+       "assistant turn, then an open assistant turn) instead of training lines")
+      ("system", po::value<std::string>(), "prepare: a system message for conversations that have none")
       ("seeds", po::value<int64_t>(), "ab: seeds per arm (0, 1, …; default 1)")
       ("steps", po::value<int64_t>(), "ab: training steps per arm (default: the config's train.steps)")
       ("out", po::value<std::string>(), "ab: the report folder (default: <train.output_dir>/ab); generate: the JSON-lines "
@@ -99,6 +108,9 @@ std::string usage_text() {
          "  generate           the target answers every --prompts line (batched, greedy or\n"
          "                     sampled) and --out gets training lines: prompt masked, answer\n"
          "                     supervised, as the jsonl data source reads them\n"
+         "  prepare            conversations or texts (--input, JSON lines) → training lines\n"
+         "                     (--out) in the model's chat format, assistant turns supervised;\n"
+         "                     --for-generate writes prompts for generate instead\n"
          "  ab                 train one arm per --loss (same data, seed and initial drafter),\n"
          "                     check step-0 gradients between arms, and write a report folder\n\n"
       << visible_options() << "\n"
@@ -185,6 +197,11 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
     if (*options.seed < 0)
       throw std::invalid_argument("--seed " + std::to_string(*options.seed) + ": takes a number from 0 to 9223372036854775807");
   }
+  if (vm.count("input")) options.input = vm["input"].as<std::string>();
+  if (vm.count("tokenizer")) options.tokenizer = vm["tokenizer"].as<std::string>();
+  if (vm.count("chat-format")) options.chat_format = vm["chat-format"].as<std::string>();
+  options.for_generate = vm.count("for-generate") > 0;
+  if (vm.count("system")) options.system = vm["system"].as<std::string>();
   positive("seeds", options.seeds, 1);
   positive("steps", options.steps, 1);
   options.log_level = vm["log-level"].as<std::string>();
@@ -204,12 +221,12 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   if (vm.count("positional")) positionals = vm["positional"].as<std::vector<std::string>>();
   options.command = positionals.empty() ? "train" : positionals.front();
   if (!positionals.empty()) options.arguments.assign(positionals.begin() + 1, positionals.end());
-  static const char* const kCommands[] = {"train", "list", "describe", "config", "plan", "eval", "generate", "ab"};
+  static const char* const kCommands[] = {"train", "list", "describe", "config", "plan", "eval", "generate", "prepare", "ab"};
   bool known = false;
   for (const char* command : kCommands) known = known || options.command == command;
   if (!known)
     throw std::invalid_argument("unknown command '" + options.command +
-                                "'; commands are train, list, describe, config, plan, eval, generate, ab (see dflash-host --help)");
+                                "'; commands are train, list, describe, config, plan, eval, generate, prepare, ab (see dflash-host --help)");
   if (options.loss_arms.size() > 1 && options.command != "ab")
     throw std::invalid_argument("--loss is given " + std::to_string(options.loss_arms.size()) +
                                 " times; only `ab` compares several losses (one arm each)");

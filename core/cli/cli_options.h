@@ -10,7 +10,7 @@
 namespace dflash::cli {
 
 struct CliOptions {
-  std::string command;                     // list, describe, config, plan, train, eval, generate, ab
+  std::string command;                     // list, describe, config, plan, train, eval, generate, prepare, ab
   std::vector<std::string> arguments;      // positional arguments after the command
   std::vector<std::string> plugin_dirs;    // --plugin-dir, in order
   bool default_plugin_dirs = true;         // --no-default-plugin-dirs turns off
@@ -39,6 +39,12 @@ struct CliOptions {
   std::optional<double> temperature;      // --temperature T (0: greedy)
   std::optional<double> top_p;            // --top-p P
   std::optional<int64_t> seed;            // --seed S (sampling)
+  // prepare (and --out, --config)
+  std::optional<std::string> input;        // --input FILE: conversations or texts, JSON lines
+  std::optional<std::string> tokenizer;    // --tokenizer PATH: tokenizer.json or a model folder
+  std::optional<std::string> chat_format;  // --chat-format NAME (default: from the model folder)
+  bool for_generate = false;               // --for-generate: prompts for generate, not training lines
+  std::optional<std::string> system;       // --system TEXT: for conversations that have none
   // ab
   std::vector<std::string> loss_arms;             // every --loss, in order (ab: one arm each)
   int64_t seeds = 1;                              // --seeds N

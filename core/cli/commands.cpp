@@ -393,10 +393,24 @@ TargetOnly make_target(const CliOptions& options, const PluginRegistry& registry
 }
 nlohmann::json user_config(const CliOptions& options) { return raw_config(options); }
 
+nlohmann::json target_facts(const CliOptions& options, const PluginRegistry& registry) {
+  const config::ResolvedConfig resolved = resolve(options, registry, {"target"});
+  const nlohmann::json& train = resolved.root.at("train");
+  const PluginRecord& record =
+      registry.find(DFLASH_KIND_TARGET_MODEL, resolved.root.at("target").at("plugin").get<std::string>());
+  host::InstanceOptions instance;
+  instance.device = train.at("device").get<std::string>();
+  instance.dtype = train.at("dtype").get<std::string>();
+  instance.seed = train.at("seed").get<uint64_t>();
+  const nlohmann::json batch{{"rows", 1}, {"row_length", 1}};
+  return host::plan_memory(record, config::plugin_config_of(resolved, "target"), instance, batch).facts;
+}
+
 int run_command(const CliOptions& options) {
   if (options.command == "ab") return run_ab(options);
   if (options.command == "eval") return evaluate(options);
   if (options.command == "generate") return run_generate(options);
+  if (options.command == "prepare") return run_prepare(options);
   if (options.command == "list") return list_plugins(options);
   if (options.command == "describe") return describe_plugin(options);
   if (options.command == "config") return print_config(options);

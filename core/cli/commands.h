@@ -50,4 +50,12 @@ TargetOnly make_target(const CliOptions& options, const host::PluginRegistry& re
 // `dflash-host generate` (cli/generate_command.cpp).
 int run_generate(const CliOptions& options);
 
+// What the config's target plugin says of itself before loading anything
+// (its plan_memory facts: sizes, and "tokenizer" where it has one); an empty
+// object when the plugin cannot plan.
+nlohmann::json target_facts(const CliOptions& options, const host::PluginRegistry& registry);
+
+// `dflash-host prepare` (cli/prepare_command.cpp).
+int run_prepare(const CliOptions& options);
+
 }  // namespace dflash::cli

@@ -79,7 +79,17 @@ int run_prepare(const CliOptions& options) {
   choose_chat_format(options, path, settings);
   settings.for_generate = options.for_generate;
   settings.system = options.system;
-  if (settings.format) prepare::check_tokenizer_has_format(tokenizer, *settings.format);
+  if (settings.format) {
+    try {
+      prepare::check_tokenizer_has_format(tokenizer, *settings.format);
+    } catch (const std::invalid_argument& e) {
+      if (options.chat_format) throw;
+      // A guess from the folder that its tokenizer cannot write (a base model
+      // of a chat family): plain texts still work.
+      settings.format.reset();
+      settings.no_format_because = std::string("its folder suggests a chat format its tokenizer cannot write: ") + e.what();
+    }
+  }
   const prepare::PrepareReport report = prepare::prepare_file(tokenizer, settings);
   std::cout << prepare::format_report(report, settings) << std::endl;
   return kExitOk;

@@ -154,7 +154,9 @@ TEST(PrepareCommand, FlagsAndTokenizersThatCannotWorkAreRefusedFirst) {
            " --chat-format chatml",
        "has no <|im_start|> token, which the chatml chat format writes: is --chat-format right for this model?"},
       {"prepare --input " + input.string() + " --out " + output.string() + " --tokenizer " + quickstart_tokenizer,
-       "in.jsonl:1 is a conversation, and cannot tell the chat format of"},
+       "in.jsonl:1 is a conversation, and its folder suggests a chat format its tokenizer cannot write: the "
+       "tokenizer " + quickstart_tokenizer + "/tokenizer.json has no <|im_start|> token, which the qwen3 chat format "
+       "writes"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
@@ -178,11 +180,9 @@ TEST(PrepareCommand, TextsPreparedForTheQuickstartTargetTrainADrafter) {
                 .dump()
          << "\n";
   }
+  // The tokenizer is the one the config's target names (its plugin says
+  // where, before loading any weights).
   const std::string target = kConfigs + "/quickstart/target";
-  const HostRun prepared = run_host("prepare --input " + input.string() + " --out " + output.string() + " --tokenizer " + target,
-                                temp.path());
-  ASSERT_EQ(prepared.status, 0) << prepared.err;
-  EXPECT_CONTAINS(prepared.out, "40 training lines (0 conversations, 40 texts)");
   std::ifstream quickstart(kConfigs + "/quickstart.json");
   json config = json::parse(quickstart);
   config["target"]["path"] = target;
@@ -192,6 +192,14 @@ TEST(PrepareCommand, TextsPreparedForTheQuickstartTargetTrainADrafter) {
   config["train"]["eval_every"] = 0;
   const fs::path config_file = temp.path() / "config.json";
   std::ofstream(config_file) << config.dump(2);
+  const HostRun prepared =
+      run_host("prepare --input " + input.string() + " --out " + output.string() + " --config " + config_file.string(),
+               temp.path());
+  ASSERT_EQ(prepared.status, 0) << prepared.err;
+  EXPECT_CONTAINS(prepared.out, "40 training lines (0 conversations, 40 texts)");
+  const auto tokenizer = dflash::text::Tokenizer::load(target);
+  EXPECT_EQ(json_lines(output)[7]["input_ids"].get<std::vector<int64_t>>(),
+            tokenizer.encode(json_lines(input)[7]["text"].get<std::string>(), /*add_special_tokens=*/true));
   const HostRun trained = run_host("train --config " + config_file.string(), temp.path());
   ASSERT_EQ(trained.status, 0) << trained.err;
   EXPECT_EQ(json_lines(temp.path() / "run" / "metrics.jsonl").size(), 3u);
