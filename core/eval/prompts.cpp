@@ -1,9 +1,12 @@
 #include "eval/prompts.h"
 
+#include "text/tokenizer.h"
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 
 #include <unistd.h>
@@ -26,6 +29,23 @@ std::vector<int64_t> id_list(const nlohmann::json& value, const std::string& at,
     ids.push_back(id);
   }
   return ids;
+}
+
+// The target's tokenizer, loaded at the first text prompt from the file its
+// plugin names ("tokenizer": {"type": "huggingface", "path": ...}).
+const text::Tokenizer& target_tokenizer(std::optional<text::Tokenizer>& loaded, const nlohmann::json& target_info,
+                                        const std::string& at) {
+  if (loaded) return *loaded;
+  const nlohmann::json t = target_info.value("tokenizer", nlohmann::json());
+  if (!t.is_object() || !t.contains("path") || !t["path"].is_string())
+    throw std::invalid_argument(at + ": a text prompt needs a tokenizer, and the target describes none (its model folder "
+                                     "has no tokenizer.json); give \"prompt_ids\" instead");
+  try {
+    loaded = text::Tokenizer::load(t["path"].get<std::string>());
+  } catch (const text::TokenizerError& e) {
+    throw std::invalid_argument(at + ": a text prompt needs the target's tokenizer, which cannot be used: " + e.what());
+  }
+  return *loaded;
 }
 
 // Where the answer of a training line starts: its first supervised position,
@@ -89,6 +109,7 @@ std::vector<Prompt> read_prompts(const PromptSettings& s, const nlohmann::json& 
   std::ifstream in(s.file);
   if (!in) throw std::invalid_argument(s.file + ": cannot open the prompts file");
   const int64_t vocab = target_info.value("vocab_size", int64_t{0});
+  std::optional<text::Tokenizer> tokenizer;
   std::vector<Prompt> prompts;
   std::string text;
   for (int64_t line = 1; std::getline(in, text); ++line) {
@@ -117,13 +138,14 @@ std::vector<Prompt> read_prompts(const PromptSettings& s, const nlohmann::json& 
       }
     } else if (j.contains("text")) {
       if (!j["text"].is_string()) throw std::invalid_argument(at + ": \"text\" must be a string");
-      const nlohmann::json tokenizer = target_info.value("tokenizer", nlohmann::json());
-      if (!tokenizer.is_object() || tokenizer.value("type", std::string()) != "bytes")
-        throw std::invalid_argument(at + ": a text prompt needs a tokenizer, and the target describes none the host can "
-                                         "apply (only byte-level ones, \"type\": \"bytes\"); give \"prompt_ids\" instead");
-      const int64_t bos = tokenizer.value("bos_token_id", int64_t{-1});
-      if (bos >= 0) p.ids.push_back(bos);
-      for (unsigned char c : j["text"].get<std::string>()) p.ids.push_back(c);
+      // add_special_tokens: the template's BOS (Llama-3, the quickstart), as the model saw text in training.
+      const text::Tokenizer& t = target_tokenizer(tokenizer, target_info, at);
+      p.ids = t.encode(j["text"].get<std::string>(), /*add_special_tokens=*/true);
+      for (int64_t id : p.ids)
+        if (vocab > 0 && id >= vocab)
+          throw std::invalid_argument(at + ": the tokenizer " + t.source().string() + " gives id " + std::to_string(id) +
+                                      ", outside the target's vocabulary [0, " + std::to_string(vocab) +
+                                      "): the tokenizer and config.json are not of the same model");
     } else {
       throw std::invalid_argument(at + ": needs \"prompt_ids\", \"input_ids\" or \"text\"");
     }

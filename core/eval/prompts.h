@@ -44,8 +44,9 @@ struct PromptSettings {
 void check_prompts_file(const std::string& path);
 void check_output_file(const std::string& path, const std::string& flag);
 
-// Reads the prompts. Text lines need a tokenizer the target describes
-// ("tokenizer": {"type": "bytes", ...}); errors name file:line.
+// Reads the prompts. Text lines are encoded by the tokenizer the target
+// describes ("tokenizer": {"type": "huggingface", "path": ...}, core/text),
+// with its special tokens (e.g. BOS); errors name file:line.
 std::vector<Prompt> read_prompts(const PromptSettings& settings, const nlohmann::json& target_info);
 
 }  // namespace dflash::eval

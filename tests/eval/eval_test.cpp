@@ -7,6 +7,7 @@
 #include "plugin/registry.h"
 #include "support/expect.h"
 #include "support/temp_dir.h"
+#include "tokenizer/tiny_tokenizer.h"
 #include "train/frozen_weights.h"
 
 #include <dflash/sdk/safetensors_torch.hpp>
@@ -86,7 +87,9 @@ TEST(TargetDecoding, KvCacheMatchesTheFullForward) {
   ASSERT_TRUE(target->can_decode());
   const auto info = target->describe();
   EXPECT_EQ(info.at("eos_token_ids"), (nlohmann::json{257}));
-  EXPECT_EQ(info.at("tokenizer").at("type"), "bytes");
+  EXPECT_EQ(info.at("tokenizer").at("type"), "huggingface");
+  EXPECT_EQ(info.at("tokenizer").at("path"),
+            std::filesystem::canonical(std::string(DFLASH_CONFIGS_DIR) + "/quickstart/target/tokenizer.json").string());
   const auto ids = torch::tensor(heldout_prompts(1, {40})[0], torch::kLong);
   const auto full = target->forward({{"input_ids", ids.unsqueeze(0)}}, {1, 3}, false, true);
   const auto full_logits = get(full, "logits")[0], full_hidden = get(full, "hidden.3")[0];
@@ -286,6 +289,26 @@ TEST(Eval, BadInputsGetClearErrors) {
   } catch (const std::invalid_argument& e) {
     EXPECT_CONTAINS(e.what(), "t.jsonl:1: a text prompt needs a tokenizer");
   }
+  // Text through a Hugging Face BPE tokenizer.json (the tokenizer tests' small one), whose ids
+  // must fit the target's vocabulary (260 here), and a tokenizer file that cannot be read.
+  nlohmann::json bpe = info;
+  bpe["tokenizer"] = {{"type", "huggingface"}, {"path", write("tokenizer.json", test::tiny_tokenizer_json().dump())}};
+  s.prompts_file = write("t.jsonl", "{\"text\": \"hello\"}\n");
+  EXPECT_EQ(eval::read_prompts(s, bpe).at(0).ids, (std::vector<int64_t>{259}));  // "hello" is one merged token
+  const auto text_error = [&](const std::string& line) {
+    s.prompts_file = write("t.jsonl", line);
+    try {
+      eval::read_prompts(s, bpe);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_CONTAINS(text_error("{\"text\": \"hello world\"}\n"),
+                  "t.jsonl:1: the tokenizer " + dir + "/tokenizer.json gives id 264, outside the target's vocabulary [0, 260)");
+  write("tokenizer.json", "{\"model\": ");
+  EXPECT_CONTAINS(text_error("{\"text\": \"hello\"}\n"), "t.jsonl:1: a text prompt needs the target's tokenizer, which "
+                                                          "cannot be used: tokenizer file " + dir + "/tokenizer.json: invalid JSON");
 
   // Drafter checkpoints that do not fit the target or the drafter.
   auto dflash = drafter("dflash", dflash_config(8), *target);

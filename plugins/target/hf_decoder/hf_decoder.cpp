@@ -9,9 +9,11 @@
 
 #include <dflash/sdk/target_model.hpp>
 
-#include <fstream>
+#include <cstdlib>
 #include <map>
 #include <memory>
+
+#include <sys/stat.h>
 
 namespace {
 using namespace dflash;
@@ -67,15 +69,30 @@ class HfDecoderTarget : public sdk::TargetModel {
     }
     sessions_ = decoder_->new_sessions();
     feature_layers_ = context.config().at("feature_layers").get<int64_t>();
-    // A byte-level tokenizer (ids 0–255 are UTF-8 bytes) is simple enough to
-    // describe, so text prompts can be encoded by the host; other tokenizers
-    // (BPE, SentencePiece) are not read.
-    std::ifstream tokenizer(context.config().at("path").get<std::string>() + "/tokenizer.json");
-    if (tokenizer) {
-      const nlohmann::json t = nlohmann::json::parse(tokenizer, nullptr, /*allow_exceptions=*/false);
-      if (t.is_object() && t.value("type", std::string()) == "bytes")
-        tokenizer_ = {{"type", "bytes"}, {"bos_token_id", t.value("bos_token_id", int64_t{-1})}};
-    }
+    tokenizer_ = tokenizer_fact(context.config().at("path").get<std::string>());
+  }
+
+  // Where the model's tokenizer is, for the host (eval's text prompts, prepare):
+  // {"type": "huggingface", "path": <absolute path>} naming the folder's
+  // tokenizer.json (the host's loader, core/text, also reads the quickstart's
+  // byte format there), else the folder itself when it holds GPT-2's
+  // encoder.json + vocab.bpe (or vocab.json + merges.txt); null when it has
+  // none. The host reads the file; the plugin only says where it is.
+  static nlohmann::json tokenizer_fact(const std::string& folder) {
+    const auto regular = [](const std::string& p) {
+      struct stat st {};
+      return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+    };
+    std::string found;
+    if (regular(folder + "/tokenizer.json"))
+      found = folder + "/tokenizer.json";
+    else if ((regular(folder + "/encoder.json") && regular(folder + "/vocab.bpe")) ||
+             (regular(folder + "/vocab.json") && regular(folder + "/merges.txt")))
+      found = folder;
+    else
+      return nullptr;
+    std::unique_ptr<char, decltype(&std::free)> absolute(::realpath(found.c_str(), nullptr), &std::free);
+    return {{"type", "huggingface"}, {"path", absolute ? std::string(absolute.get()) : found}};
   }
 
   static target::DecoderOptions options(const nlohmann::json& config) {
@@ -111,6 +128,7 @@ class HfDecoderTarget : public sdk::TargetModel {
     plan.facts["cuda_kernels"] = m.cuda_kernels;
     plan.facts["weights_dtype"] = weights_dtype;
     plan.facts["tied_embeddings"] = m.config.tie_word_embeddings;
+    plan.facts["tokenizer"] = tokenizer_fact(path);
     return plan;
   }
 
@@ -210,7 +228,7 @@ class HfDecoderTarget : public sdk::TargetModel {
 
   std::unique_ptr<target::Decoder> decoder_;
   int64_t feature_layers_ = 5;
-  nlohmann::json tokenizer_;  // null unless the directory has a byte-level tokenizer.json
+  nlohmann::json tokenizer_;  // tokenizer_fact: null unless the folder has a tokenizer
   target::DecodeSessions sessions_;
 };
 
