@@ -240,8 +240,11 @@ std::string save(const std::string& root, int64_t step, const nlohmann::json& dr
   make_directories(tmp);
   nlohmann::json config = drafter_config;
   if (!weights.empty()) {
+    // The weights' dtype under both names: transformers 5 reads "dtype",
+    // earlier versions "torch_dtype".
     const auto type = weights.front().second.scalar_type();
-    config["torch_dtype"] = type == at::kBFloat16 ? "bfloat16" : type == at::kHalf ? "float16" : "float32";
+    config["dtype"] = type == at::kBFloat16 ? "bfloat16" : type == at::kHalf ? "float16" : "float32";
+    config["torch_dtype"] = config["dtype"];
   }
   write_text(tmp + "/config.json", json_text(config, 2) + "\n");
   st::save_tensors(tmp + "/model.safetensors", weights, {{"format", "pt"}});

@@ -6,6 +6,7 @@
 // lm_head are reused frozen; its final norm seeds the drafter's own.
 #include "block_layout.h"
 #include "dflash_model.h"
+#include "export_format.h"
 #include "memory_model.h"
 
 #include <dflash/sdk/drafter.hpp>
@@ -39,7 +40,9 @@ class DFlashDrafter : public sdk::Drafter {
                 Bounds::at_least(0))
         .integer("mask_token_id", -1, "token fed to slots 1…; −1 = the last id of the target's vocabulary",
                  Bounds::at_least(-1))
-        .integer_array("target_layer_ids", {}, "target layers fed to fc; empty = num_layers ids spaced from 1 to L − 3",
+        .integer_array("target_layer_ids", {},
+                       "target layers fed to fc; empty = num_layers ids spaced from 1 to L − 3 as the reference "
+                       "DFlash code spaces them (one layer: L / 2)",
                        Bounds::at_least(0))
         .number("init_std", 0.02, "standard deviation of the initial weights", Bounds::above(0))
         .number("rope_theta", 0.0, "0 = the target's (1e6 when the target does not say)", Bounds::at_least(0))
@@ -79,6 +82,8 @@ class DFlashDrafter : public sdk::Drafter {
     vocab_ = resolved.vocab;
     layer_ids_ = resolved.layer_ids;
     mask_token_ = resolved.mask_token;
+    target_layers_ = resolved.target_layers;
+    max_position_embeddings_ = target.value("max_position_embeddings", int64_t{0});
     lm_head_ = frozen.at("lm_head");  // drafting turns the slots' hidden states into tokens
     embed_ = frozen.at("embed_tokens");
     if (config_.value("embedding_on_cpu", false)) embed_ = embed_.to(at::kCPU);  // the device copy is the host's to drop
@@ -223,24 +228,19 @@ class DFlashDrafter : public sdk::Drafter {
   }
   void draft_end(int64_t session) { drafts_.erase(session); }
 
+  // config.json as the reference DFlashDraftModel reads it (export_format.h).
   nlohmann::json export_config() const {
-    const auto& s = bound().shape();
-    return {{"architectures", {"DFlashDraftModel"}},
-            {"model_type", "qwen3"},
-            {"num_hidden_layers", s.layers},
-            {"hidden_size", s.hidden},
-            {"num_attention_heads", s.heads},
-            {"num_key_value_heads", s.kv_heads},
-            {"head_dim", s.head_dim},
-            {"intermediate_size", s.intermediate},
-            {"vocab_size", vocab_},
-            {"rms_norm_eps", s.rms_norm_eps},
-            {"rope_theta", s.rope_theta},
-            {"block_size", block_size_},
-            {"target_layer_ids", layer_ids_},
-            {"mask_token_id", mask_token_},
-            {"dflash_config", {{"block_size", block_size_}, {"target_layer_ids", layer_ids_}, {"mask_token_id", mask_token_},
-                               {"gamma", gamma_}, {"max_anchors", max_anchors_}}}};
+    drafter::ExportFacts facts;
+    facts.target_layers = target_layers_;
+    facts.vocab = vocab_;
+    facts.max_position_embeddings = max_position_embeddings_;
+    facts.layer_ids = layer_ids_;
+    facts.block_size = block_size_;
+    facts.mask_token = mask_token_;
+    facts.max_anchors = max_anchors_;
+    facts.gamma = gamma_;
+    facts.init_std = config_.at("init_std").get<double>();
+    return drafter::export_config(bound().shape(), facts);
   }
 
  private:
@@ -260,6 +260,7 @@ class DFlashDrafter : public sdk::Drafter {
   c10::ScalarType dtype_;
   c10::Device device_;
   int64_t block_size_, max_anchors_, vocab_ = 0, mask_token_ = 0, group_blocks_ = 0;
+  int64_t target_layers_ = 0, max_position_embeddings_ = 0;
   double gamma_;
   std::vector<int64_t> layer_ids_;
   at::Tensor embed_, lm_head_, weights_;

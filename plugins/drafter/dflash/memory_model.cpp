@@ -1,18 +1,25 @@
 #include "memory_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 namespace dflash::drafter {
-namespace {
 
-std::vector<int64_t> evenly_spaced(int64_t num_layers, int64_t count) {
-  // From layer 1 to L − 3, as the DFlash recipe spaces them.
-  const int64_t first = 1, last = std::max<int64_t>(1, num_layers - 3);
+std::vector<int64_t> default_target_layer_ids(int64_t target_layers, int64_t count) {
+  if (count == 1) return {target_layers / 2};
+  const int64_t first = 1, last = std::max<int64_t>(first, target_layers - 3);
   std::vector<int64_t> ids;
-  for (int64_t i = 0; i < count; ++i) ids.push_back(count == 1 ? first : first + (last - first) * i / (count - 1));
+  for (int64_t i = 0; i < count; ++i) {
+    // The reference's arithmetic in doubles, then nearbyint: round half to
+    // even in the default rounding mode, as Python's round().
+    const double at = static_cast<double>(first) + static_cast<double>(i * (last - first)) / static_cast<double>(count - 1);
+    ids.push_back(static_cast<int64_t>(std::nearbyint(at)));
+  }
   return ids;
 }
+
+namespace {
 
 int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
 
@@ -50,8 +57,9 @@ ResolvedShape resolve_shape(const nlohmann::json& config, const nlohmann::json& 
   if (shape.heads % shape.kv_heads != 0)
     throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "drafter.num_key_value_heads " + std::to_string(shape.kv_heads) +
                                                       " does not divide num_attention_heads " + std::to_string(shape.heads));
+  r.target_layers = target_layers;
   r.layer_ids = config.at("target_layer_ids").get<std::vector<int64_t>>();
-  if (r.layer_ids.empty()) r.layer_ids = evenly_spaced(target_layers, shape.layers);
+  if (r.layer_ids.empty()) r.layer_ids = default_target_layer_ids(target_layers, shape.layers);
   for (int64_t id : r.layer_ids)
     if (id >= target_layers)
       throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "drafter.target_layer_ids: " + std::to_string(id) +

@@ -21,8 +21,17 @@ struct ResolvedShape {
   DrafterShape shape;
   std::vector<int64_t> layer_ids;
   int64_t vocab = 0, mask_token = 0;
+  int64_t target_layers = 0;  // the target's decoder layers
 };
 ResolvedShape resolve_shape(const nlohmann::json& config, const nlohmann::json& target);
+
+// The target layers a drafter of `count` layers reads when target_layer_ids is
+// empty: the reference's build_target_layer_ids (z-lab's DFlash), so a drafter
+// trained with the defaults reads the layers the published ones do — `count`
+// ids from 1 to L − 3 at i·(L − 4)/(count − 1), rounded half to even as
+// Python's round(); one layer: L / 2. Below 5 target layers, where that
+// formula goes under layer 1, the ids stay at 1 or above.
+std::vector<int64_t> default_target_layer_ids(int64_t target_layers, int64_t count);
 
 // Trainable elements of a drafter of this shape (fc, norms, every layer).
 int64_t parameter_count(const DrafterShape& s);
