@@ -231,6 +231,14 @@ TEST(PostProcessor, TemplateAddsItsTokensOnlyWhenAsked) {
   EXPECT_EQ(tiny().encode("hi", true), (Ids{'h', 'i'}));  // ByteLevel alone adds nothing
 }
 
+TEST(PostProcessor, RobertaProcessingPutsClsAndSepAround) {
+  json j = tiny_tokenizer_json();
+  j["post_processor"] = {{"type", "RobertaProcessing"}, {"sep", {"[R]", 303}}, {"cls", {"<|s|>", 300}},
+                         {"trim_offsets", true}, {"add_prefix_space", false}};
+  EXPECT_EQ(tiny(j).encode("hi", true), (Ids{300, 'h', 'i', 303}));
+  EXPECT_EQ(tiny(j).encode("hi"), (Ids{'h', 'i'}));
+}
+
 TEST(Decode, SkipsSpecialTokensUnknownIdsAndRepairsCutCharacters) {
   const Tokenizer t = tiny();
   EXPECT_EQ(t.decode({259, 264}), "hello world");
