@@ -22,6 +22,7 @@ work="${DFLASH_DEMO_DIR:-$root/runs/gpu-demo}"
 out="${OUT:-$work}"
 target_seconds="${DFLASH_DEMO_TARGET_SECONDS:-150}"
 drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-3000}"
+generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-8192}"
 mkdir -p "$work" "$out"
 log="$out/demo.log"
 : >"$log"
@@ -37,7 +38,7 @@ paths=(--set "target.path=$work/target")
 
 stage "1. target: tokenizer + Qwen3 LM, ${target_seconds} s of training"
 python3 "$root/scripts/gpu_demo/train_target.py" --corpus "$root/.corpus/corpus.jsonl.gz" --out "$work" \
-  --seconds "$target_seconds" 2>&1 | tee -a "$log"
+  --seconds "$target_seconds" --generate-prompts "$generate_prompts" 2>&1 | tee -a "$log"
 
 stage "2. prepare + generate: the target answers the training prompts itself"
 "${host[@]}" prepare --for-generate --input "$work/generate_prompts.jsonl" --out "$work/gen_prompts.jsonl" \
