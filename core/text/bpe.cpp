@@ -1,5 +1,6 @@
 #include "text/bpe.h"
 
+#include <functional>
 #include <mutex>
 #include <queue>
 

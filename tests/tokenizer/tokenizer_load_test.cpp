@@ -11,7 +11,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <random>
+#include <typeinfo>
 
 #include <sys/stat.h>
 #include <unistd.h>
