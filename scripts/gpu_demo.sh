@@ -23,6 +23,8 @@ out="${OUT:-$work}"
 target_seconds="${DFLASH_DEMO_TARGET_SECONDS:-150}"
 drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-3000}"
 generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-8192}"
+eval_prompts="${DFLASH_DEMO_EVAL_PROMPTS:-64}"
+eval_new_tokens="${DFLASH_DEMO_EVAL_NEW_TOKENS:-256}"
 mkdir -p "$work" "$out"
 log="$out/demo.log"
 : >"$log"
@@ -38,7 +40,7 @@ paths=(--set "target.path=$work/target")
 
 stage "1. target: tokenizer + Qwen3 LM, ${target_seconds} s of training"
 python3 "$root/scripts/gpu_demo/train_target.py" --corpus "$root/.corpus/corpus.jsonl.gz" --out "$work" \
-  --seconds "$target_seconds" --generate-prompts "$generate_prompts" 2>&1 | tee -a "$log"
+  --seconds "$target_seconds" --generate-prompts "$generate_prompts" --heldout-prompts "$eval_prompts" 2>&1 | tee -a "$log"
 
 stage "2. prepare + generate: the target answers the training prompts itself"
 "${host[@]}" prepare --for-generate --input "$work/generate_prompts.jsonl" --out "$work/gen_prompts.jsonl" \
@@ -61,9 +63,9 @@ cp "$work/run/metrics.jsonl" "$out/metrics.jsonl"
 
 stage "4. eval on held-out prompts: DFlash, then prompt lookup"
 "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter-checkpoint "$work/run" \
-  --prompts "$work/eval_prompts.jsonl" --max-new-tokens 256 --report "$out/eval_dflash.json" 2>&1 | tee -a "$log"
+  --prompts "$work/eval_prompts.jsonl" --max-new-tokens "$eval_new_tokens" --report "$out/eval_dflash.json" 2>&1 | tee -a "$log"
 "${host[@]}" eval --config "$root/configs/gpu-demo-prompt-lookup.json" "${paths[@]}" \
-  --prompts "$work/eval_prompts.jsonl" --max-new-tokens 256 --report "$out/eval_prompt_lookup.json" 2>&1 | tee -a "$log"
+  --prompts "$work/eval_prompts.jsonl" --max-new-tokens "$eval_new_tokens" --report "$out/eval_prompt_lookup.json" 2>&1 | tee -a "$log"
 
 stage "5. summary"
 python3 "$root/scripts/gpu_demo/summarize.py" --work "$work" --out "$out" 2>&1 | tee -a "$log"
