@@ -39,4 +39,16 @@ class Unrelated {
   static std::string config_schema() { return Schema().dump(); }
 };
 DFLASH_PLUGINS(Unrelated)
+#elif defined(CASE_BATCH_WITHOUT_DECODING)
+class BatchOnly : public TargetModel {
+ public:
+  static constexpr PluginInfo info{"batch_only", "1.0.0", ""};
+  static std::string config_schema() { return Schema().dump(); }
+  explicit BatchOnly(const CreateContext&) {}
+  nlohmann::json describe() const { return {}; }
+  TensorDict forward(const TargetRequest&) { return {}; }
+  TensorDict frozen_weights() { return {}; }
+  TensorDict decode_extend_batch(const BatchDecodeRequest&) { return {}; }  // but no sessions to step
+};
+DFLASH_PLUGINS(BatchOnly)
 #endif
