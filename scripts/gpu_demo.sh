@@ -40,13 +40,13 @@ paths=(--set "target.path=$work/target")
 
 stage "1. target: tokenizer + Qwen3 LM, ${target_seconds} s of training"
 python3 "$root/scripts/gpu_demo/train_target.py" --corpus "$root/.corpus/corpus.jsonl.gz" --out "$work" \
-  --seconds "$target_seconds" --generate-prompts "$generate_prompts" --heldout-prompts "$eval_prompts" 2>&1 | tee -a "$log"
+  --seconds "$target_seconds" --generate-prompts "$generate_prompts" --eval-prompts "$eval_prompts" 2>&1 | tee -a "$log"
 
 stage "2. prepare + generate: the target answers the training prompts itself"
-"${host[@]}" prepare --for-generate --input "$work/generate_prompts.jsonl" --out "$work/gen_prompts.jsonl" \
-  --tokenizer "$work/target" 2>&1 | tee -a "$log"
-"${host[@]}" prepare --for-generate --input "$work/heldout_prompts.jsonl" --out "$work/eval_prompts.jsonl" \
-  --tokenizer "$work/target" 2>&1 | tee -a "$log"
+for set in generate:gen eval:eval unseen:unseen; do
+  "${host[@]}" prepare --for-generate --input "$work/${set%%:*}_texts.jsonl" --out "$work/${set##*:}_prompts.jsonl" \
+    --tokenizer "$work/target" 2>&1 | tee -a "$log"
+done
 "${host[@]}" generate --config "$root/configs/gpu-demo.json" "${paths[@]}" --prompts "$work/gen_prompts.jsonl" \
   --out "$work/train.jsonl" --batch-size 256 --max-new-tokens 256 --report "$work/generate.json" 2>&1 | tee -a "$log"
 # The peer on the same model and a slice of the same prompts, in the same run.
@@ -61,11 +61,16 @@ stage "3. train the DFlash drafter (block 16) on the regenerated data, ${drafter
   --set "train.steps=$drafter_steps" 2>&1 | tee -a "$log"
 cp "$work/run/metrics.jsonl" "$out/metrics.jsonl"
 
-stage "4. eval on held-out prompts: DFlash, then prompt lookup"
+stage "4. eval on prompts from documents the drafter never saw: DFlash, then prompt lookup"
 "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter-checkpoint "$work/run" \
   --prompts "$work/eval_prompts.jsonl" --max-new-tokens "$eval_new_tokens" --report "$out/eval_dflash.json" 2>&1 | tee -a "$log"
 "${host[@]}" eval --config "$root/configs/gpu-demo-prompt-lookup.json" "${paths[@]}" \
   --prompts "$work/eval_prompts.jsonl" --max-new-tokens "$eval_new_tokens" --report "$out/eval_prompt_lookup.json" 2>&1 | tee -a "$log"
+
+if [ "${DFLASH_DEMO_UNSEEN:-0}" = "1" ]; then
+  "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter-checkpoint "$work/run" \
+    --prompts "$work/unseen_prompts.jsonl" --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_unseen.json" 2>&1 | tee -a "$log"
+fi
 
 stage "5. summary"
 python3 "$root/scripts/gpu_demo/summarize.py" --work "$work" --out "$out" 2>&1 | tee -a "$log"

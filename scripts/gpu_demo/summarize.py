@@ -77,6 +77,7 @@ def main():
     args = p.parse_args()
     dflash = load(os.path.join(args.out, "eval_dflash.json"))
     lookup = load(os.path.join(args.out, "eval_prompt_lookup.json"))
+    unseen = load(os.path.join(args.work, "eval_dflash_unseen.json"))
     gen = load(os.path.join(args.work, "generate.json"))
     gen_slice = load(os.path.join(args.work, "generate_slice.json"))
     peer = load_lines(os.path.join(args.work, "generate_transformers.json"))
@@ -85,6 +86,7 @@ def main():
 
     results = {"eval_dflash": {k: v for k, v in (dflash or {}).items() if k != "per_prompt"},
                "eval_prompt_lookup": {k: v for k, v in (lookup or {}).items() if k != "per_prompt"},
+               "eval_dflash_unseen": {k: v for k, v in (unseen or {}).items() if k != "per_prompt"},
                "generate": gen, "generate_slice": gen_slice, "generate_transformers": peer,
                "last_training_record": next((m for m in reversed(metrics) if "loss" in m), None)}
     if dflash and lookup and lookup.get("tau_mean"):
@@ -96,7 +98,10 @@ def main():
 
     lines = ["| drafter | tau | acceptance at block positions 1 ... 15 | tokens/s (target alone) | speed-up | lossless |",
              "| --- | ---: | --- | ---: | ---: | ---: |",
-             eval_row("prompt lookup", lookup), eval_row("DFlash (trained here)", dflash), ""]
+             eval_row("prompt lookup", lookup), eval_row("DFlash (trained here)", dflash)]
+    if unseen:
+        lines.append(eval_row("DFlash, documents the target never saw", unseen))
+    lines.append("")
     if "tau_ratio_to_prompt_lookup" in results:
         lines.append(f"tau ratio DFlash / prompt lookup: {results['tau_ratio_to_prompt_lookup']:.2f}")
     if gen:

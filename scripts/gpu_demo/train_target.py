@@ -7,9 +7,16 @@ tokenizer_config.json with a ChatML template). Training a target is not
 dflash-host's job; its output is what a user would bring.
 
 Also writes the prompts the demonstration uses, as {"text": ...} lines that
-`dflash-host prepare --for-generate` turns into prompts:
-  generate_prompts.jsonl  windows of training documents (the target regenerates their continuations)
-  heldout_prompts.jsonl   windows of held-out documents (never trained on by the target or the drafter)
+`dflash-host prepare --for-generate` turns into prompts. The target's training
+documents are split in two, by document:
+  generate_texts.jsonl  windows of 90% of them: the target regenerates their
+                        continuations, and the drafter trains on those;
+  eval_texts.jsonl      windows of the other 10%: documents the drafter never
+                        saw, from the distribution the target was trained on
+                        (as a real target's users' prompts are);
+  unseen_texts.jsonl    windows of the 3% of the corpus held out from the
+                        target too (its outputs there are those of a small,
+                        overfit model on unfamiliar text).
 
     python3 scripts/gpu_demo/train_target.py --corpus .corpus/corpus.jsonl.gz --out WORK --seconds 150
 """
@@ -96,7 +103,7 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--generate-prompts", type=int, default=8192)
-    p.add_argument("--heldout-prompts", type=int, default=64)
+    p.add_argument("--eval-prompts", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=48)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -172,8 +179,13 @@ def main():
         train_loss=round(loss.item(), 4), heldout_loss=round(sum(losses) / len(losses), 4),
         seconds=round(time.time() - started, 1), path=target_dir)
 
-    for name, docs, count, seed in (("generate_prompts.jsonl", train_docs, args.generate_prompts, 2),
-                                    ("heldout_prompts.jsonl", heldout_docs, args.heldout_prompts, 3)):
+    rng = random.Random(args.seed + 1)
+    eval_flags = [rng.random() < 0.1 for _ in train_docs]
+    generate_docs = [d for d, e in zip(train_docs, eval_flags) if not e]
+    eval_docs = [d for d, e in zip(train_docs, eval_flags) if e]
+    for name, docs, count, seed in (("generate_texts.jsonl", generate_docs, args.generate_prompts, 2),
+                                    ("eval_texts.jsonl", eval_docs, args.eval_prompts, 3),
+                                    ("unseen_texts.jsonl", heldout_docs, args.eval_prompts, 4)):
         with open(os.path.join(args.out, name), "w") as f:
             for text in windows(tok, docs, count, args.prompt_tokens, seed):
                 f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
