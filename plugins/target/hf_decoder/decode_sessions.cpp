@@ -13,8 +13,16 @@ int64_t DecodeSessions::begin(int64_t capacity) {
   if (capacity < 1) throw std::invalid_argument("a decoding session needs room for at least one token");
   auto free_row = std::find(row_used_.begin(), row_used_.end(), false);
   const int64_t row = free_row - row_used_.begin();
-  if (free_row == row_used_.end() || capacity > row_capacity_)
-    grow(std::max(rows(), row + 1), std::max(row_capacity_, capacity));
+  if (free_row == row_used_.end() || capacity > row_capacity_) {
+    int64_t row_capacity = std::max(row_capacity_, capacity);
+    if (keep_when_empty_ && capacity > row_capacity_) {
+      int64_t rounded = 1;
+      while (rounded < capacity) rounded *= 2;
+      if (capacity_limit_ > 0) rounded = std::min(rounded, std::max(capacity_limit_, capacity));
+      row_capacity = std::max(row_capacity, rounded);
+    }
+    grow(std::max(rows(), row + 1), row_capacity);
+  }
   row_used_[static_cast<size_t>(row)] = true;
   sessions_.emplace(next_id_, Session{row, 0, capacity});
   return next_id_++;
@@ -25,7 +33,8 @@ void DecodeSessions::end(int64_t id) {
   if (it == sessions_.end()) return;
   row_used_[static_cast<size_t>(it->second.row)] = false;
   sessions_.erase(it);
-  if (sessions_.empty()) {  // nothing to keep: give the memory back
+  if (sessions_.empty() && !keep_when_empty_) {  // nothing to keep: give the memory back
+    ++generation_;
     keys_.clear();
     values_.clear();
     row_used_.clear();
@@ -63,6 +72,7 @@ void DecodeSessions::grow(int64_t rows, int64_t row_capacity) {
   }
   row_used_.resize(static_cast<size_t>(rows), false);
   row_capacity_ = row_capacity;
+  ++generation_;
 }
 
 }  // namespace dflash::target

@@ -6,7 +6,14 @@
 //
 // A new session takes the lowest free row. The pool grows (rows, or the row
 // capacity when a session asks for more) by moving the valid part of every
-// row into a larger allocation, and is released when the last session ends.
+// row into a larger allocation, and is released when the last session ends —
+// unless it is kept (set_keep_when_empty: the decoder's CUDA graphs read the
+// pool's addresses, so a pool that stays put keeps them valid from one
+// sequence to the next). A kept pool grows its row capacity to powers of two,
+// so sequences of varied lengths move it only a few times.
+//
+// generation() changes whenever the tensors move (grown, freed): whatever
+// holds their addresses (a captured graph) is stale then.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -41,6 +48,14 @@ class DecodeSessions {
   at::Tensor& values(int64_t layer) { return values_[static_cast<size_t>(layer)]; }
   int64_t rows() const { return static_cast<int64_t>(row_used_.size()); }
   int64_t row_capacity() const { return row_capacity_; }
+  uint64_t generation() const { return generation_; }
+  // Keep the pool when its last session ends, and grow the row capacity to
+  // powers of two (at most `capacity_limit` when that is > 0, and never below
+  // what a session asks for).
+  void set_keep_when_empty(bool keep, int64_t capacity_limit) {
+    keep_when_empty_ = keep;
+    capacity_limit_ = capacity_limit;
+  }
 
  private:
   void grow(int64_t rows, int64_t row_capacity);
@@ -50,6 +65,9 @@ class DecodeSessions {
   std::vector<at::Tensor> keys_, values_;
   std::vector<bool> row_used_;
   int64_t row_capacity_ = 0;
+  uint64_t generation_ = 0;
+  bool keep_when_empty_ = false;
+  int64_t capacity_limit_ = 0;
   std::map<int64_t, Session> sessions_;
   int64_t next_id_ = 1;
 };

@@ -2,6 +2,7 @@
 
 #include "fast_path.h"
 
+#include <cuda_graph.h>
 #include <dflash/sdk/memory_plan.hpp>
 #include <dflash/sdk/safetensors_torch.hpp>
 #include <dflash/sdk/torch_compat.hpp>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 namespace dflash::target {
 namespace fs = std::filesystem;
@@ -186,6 +188,9 @@ Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device,
   cuda_kernels_ = options.cuda_kernels && fast_path::available() && fast_path::supports(embed_, hd);
   cudnn_attention_ = cuda_kernels_ && options.cudnn_attention &&
                      fast_path::cudnn_attention_works(embed_, c.num_heads, c.num_kv_heads, hd);
+  flash_decoding_ = cuda_kernels_ && fast_path::decode_attention_supported(hd);
+  decode_graphs_ = options.decode_graphs && flash_decoding_ && decode_support::kCudaGraphs;
+  decode_ = std::make_unique<DecodeState>(device);
 }
 
 namespace {
@@ -364,55 +369,64 @@ DecoderOutputs Decoder::forward_kernels(const PackedBatch& batch, const std::set
 }
 
 DecodeSessions Decoder::new_sessions() const {
-  return DecodeSessions(config_.num_layers, config_.num_kv_heads, config_.head_dim, embed_.options());
+  DecodeSessions sessions(config_.num_layers, config_.num_kv_heads, config_.head_dim, embed_.options());
+  // Graphs read the pool's addresses: keep it between sequences.
+  if (decode_graphs_) sessions.set_keep_when_empty(true, config_.max_position_embeddings);
+  return sessions;
 }
 
-namespace {
+// Incremental decoding's state beyond the caches: the rotary tables, and the
+// CUDA graphs of single-session steps with their static inputs and outputs.
+struct Decoder::DecodeState {
+  explicit DecodeState(const c10::Device& device) : graphs(device) {}
+  // cos/sin of positions [0, rotary_positions): fp32 [P, hd/2] (kernel path)
+  // or [P, 1, hd] in the activations' dtype (ATen path), from the same fp64
+  // angles the forward forms, so a lookup gives the forward's values exactly.
+  at::Tensor cos, sin;
+  int64_t rotary_positions = 0;
+  uint64_t rotary_generation = 0;
+
+  // One step shape: its token count, the layers it returns, its logits.
+  using GraphKey = std::tuple<int64_t, std::vector<int64_t>, int>;
+  struct Graph {
+    int64_t uses = 0;
+    bool failed = false;
+    std::unique_ptr<decode_support::CudaGraph> graph;
+    at::Tensor tokens, params;  // static inputs: [n] int64, [1, 2] int64 (row, length)
+    DecoderOutputs out;         // static outputs, in the graphs' memory pool
+  };
+  decode_support::CudaGraphPool graphs;
+  std::map<GraphKey, Graph> by_shape;
+  // The pool and table generations the graphs were captured against.
+  std::pair<uint64_t, uint64_t> captured_against{~uint64_t{0}, ~uint64_t{0}};
+  GraphStats stats;
+};
+
+Decoder::~Decoder() = default;
+
+Decoder::GraphStats Decoder::decode_graph_stats() const { return decode_->stats; }
 
 // Where a decoding step puts its tokens, checked before anything changes.
-struct DecodeStep {
+struct Decoder::StepPlan {
   std::vector<DecodeSessions::Session*> sessions;  // row i of the tokens goes to sessions[i]
   int64_t count = 0, n = 0;
   int64_t keys = 0;               // the longest session after the step: the attention's key length
   bool consecutive_rows = false;  // the sessions' pool rows are r, r + 1, …: a view, no gather
   bool equal_lengths = false;     // every session sees every key (no mask for one token each)
+  bool fresh_prompt = false;      // one session, empty before the step: plain causal attention
 };
 
-DecodeStep plan_step(DecodeSessions& pool, const std::vector<int64_t>& ids, const at::Tensor& tokens, int64_t vocab) {
-  DecodeStep step;
-  step.count = static_cast<int64_t>(ids.size());
-  if (step.count < 1 || tokens.dim() != 2 || tokens.size(0) != step.count || tokens.size(1) < 1)
-    throw std::invalid_argument("decode_extend: tokens must be [sessions, n] with n >= 1; got " + c10::str(tokens.sizes()) +
-                                " for " + std::to_string(ids.size()) + " sessions");
-  step.n = tokens.size(1);
-  std::set<int64_t> seen;
-  for (int64_t id : ids) {
-    if (!seen.insert(id).second)
-      throw std::invalid_argument("decode_extend_batch: session " + std::to_string(id) + " appears twice in one step");
-    DecodeSessions::Session& s = pool.at(id);
-    if (s.length + step.n > s.capacity)
-      throw std::invalid_argument("decode_extend: session " + std::to_string(id) + ": " + std::to_string(step.n) +
-                                  " more tokens would make " + std::to_string(s.length + step.n) +
-                                  ", beyond the session's max_length " + std::to_string(s.capacity));
-    step.sessions.push_back(&s);
-    step.keys = std::max(step.keys, s.length + step.n);
-  }
-  // Checked where the ids lie (the host hands them over on the CPU: no device sync).
-  const auto [low, high] = at::aminmax(tokens);
-  if (low.item<int64_t>() < 0 || high.item<int64_t>() >= vocab)
-    throw std::invalid_argument("decode_extend: token ids outside the vocabulary [0, " + std::to_string(vocab) + ")");
-  step.consecutive_rows = step.equal_lengths = true;
-  for (int64_t i = 0; i < step.count; ++i) {
-    step.consecutive_rows &= step.sessions[i]->row == step.sessions[0]->row + i;
-    step.equal_lengths &= step.sessions[i]->length == step.sessions[0]->length;
-  }
-  return step;
-}
+namespace {
 
-// A tensor of host values on `device`.
-at::Tensor on(const std::vector<int64_t>& values, const c10::Device& device) {
-  return at::tensor(values, at::TensorOptions().dtype(at::kLong)).to(device);
-}
+// Graph only steps that recur: one session's generation (1 token) and
+// verification (a drafted block); a prefill of this many tokens or fewer is
+// captured only if the same length comes again.
+constexpr int64_t kMaxGraphTokens = 64;
+constexpr size_t kMaxGraphs = 96;
+
+}  // namespace
+
+namespace {
 
 // Causal attention of a step's queries over their own sessions' caches.
 // q [count·n, heads, hd]; keys, values [count, kv_heads, L, hd], read where
@@ -436,57 +450,74 @@ at::Tensor cached_attention(const DecoderConfig& c, const at::Tensor& q, at::Ten
       .reshape({count * n, heads * hd});
 }
 
+// int32 offsets into the flattened pool must fit.
+bool pool_fits_int32(const DecodeSessions& pool) {
+  return pool.rows() * pool.row_capacity() < static_cast<int64_t>(std::numeric_limits<int32_t>::max());
+}
+
 }  // namespace
 
-DecoderOutputs Decoder::extend(DecodeSessions& pool, const std::vector<int64_t>& ids, const at::Tensor& tokens,
-                               const std::vector<int64_t>& layer_ids, LogitRows logit_rows) const {
-  const c10::NoGradGuard no_grad;
-  const DecoderConfig& c = config_;
-  const auto device = embed_.device();
-  const DecodeStep step = plan_step(pool, ids, tokens, c.vocab_size);
-  for (int64_t id : layer_ids)
-    if (id < 0 || id >= c.num_layers)
-      throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
-  const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
-  const int64_t count = step.count, n = step.n, tokens_in_step = count * n, keys = step.keys;
+void Decoder::ensure_rotary_tables(int64_t positions) const {
+  DecodeState& d = *decode_;
+  if (positions <= d.rotary_positions) return;
+  const at::Tensor angles = at::arange(positions, inv_freq_.options()).unsqueeze(-1) * inv_freq_;  // [P, hd/2], fp64
+  const Rotary r = rotary(angles, embed_.scalar_type(), cuda_kernels_);
+  d.cos = r.cos;
+  d.sin = r.sin;
+  d.rotary_positions = positions;
+  ++d.rotary_generation;
+}
 
-  // Token t of row i goes to its session's row, at position length + t.
-  std::vector<int64_t> rows, positions;
-  for (const DecodeSessions::Session* s : step.sessions)
-    for (int64_t t = 0; t < n; ++t) {
-      rows.push_back(s->row);
-      positions.push_back(s->length + t);
+DecoderOutputs Decoder::decode_step(DecodeSessions& pool, const StepPlan& plan, const at::Tensor& tokens,
+                                    const at::Tensor& params, const std::set<int64_t>& wanted, LogitRows logit_rows,
+                                    bool flash) const {
+  const DecoderConfig& c = config_;
+  const int64_t count = plan.count, n = plan.n, tokens_in_step = count * n;
+  const int64_t capacity = pool.row_capacity(), pool_rows = pool.rows();
+  const int64_t kv_heads = c.num_kv_heads, hd = c.head_dim;
+  // Token t of session i goes to its pool row, at position length + t: its
+  // slot in the pool flattened to [rows · capacity, kv_heads, hd].
+  const at::Tensor row = params.select(1, 0), length = params.select(1, 1);
+  const at::Tensor offsets = at::arange(n, params.options()).unsqueeze(0);
+  const at::Tensor positions = (length.unsqueeze(1) + offsets).reshape({tokens_in_step});
+  const at::Tensor slots = (row.unsqueeze(1) * capacity + length.unsqueeze(1) + offsets).reshape({tokens_in_step});
+  const Rotary r{decode_->cos.index_select(0, positions), decode_->sin.index_select(0, positions), cuda_kernels_};
+
+  at::Tensor cu_q, cu_k, seqused_k;  // flash: where each session's queries and keys lie, and its key count
+  c10::optional<at::Tensor> mask;    // otherwise: query t of row i sees keys [0, length_i + t]
+  at::Tensor gather_rows;
+  if (flash) {
+    cu_q = at::arange(0, tokens_in_step + 1, n, params.options()).to(at::kInt);
+    cu_k = at::cat({row * capacity, at::full({1}, pool_rows * capacity, params.options())}).to(at::kInt);
+    seqused_k = (length + n).to(at::kInt);
+  } else {
+    if (!(n == 1 && plan.equal_lengths) && !(n > 1 && plan.fresh_prompt)) {
+      mask = at::zeros({count, 1, n, plan.keys}, embed_.options())
+                 .masked_fill_(at::arange(plan.keys, params.options()).view({1, 1, 1, plan.keys}).gt(positions.view({count, 1, n, 1})),
+                               -std::numeric_limits<float>::infinity());
     }
-  const at::Tensor row_index = on(rows, device), position_index = on(positions, device);
-  const Rotary r = rotary(position_index.to(at::kDouble).unsqueeze(-1) * inv_freq_, embed_.scalar_type(), cuda_kernels_);
-  // Query t of row i sees keys [0, length_i + t].
-  c10::optional<at::Tensor> mask;
-  const bool fresh_prompt = count == 1 && step.sessions[0]->length == 0;  // plain causal attention
-  if (!(n == 1 && step.equal_lengths) && !(n > 1 && fresh_prompt)) {
-    const at::Tensor last_visible = position_index.view({count, 1, n, 1});
-    mask = at::zeros({count, 1, n, keys}, embed_.options())
-               .masked_fill_(at::arange(keys, row_index.options()).view({1, 1, 1, keys}).gt(last_visible),
-                             -std::numeric_limits<float>::infinity());
+    if (!plan.consecutive_rows) gather_rows = row.contiguous();
   }
-  std::vector<int64_t> session_rows;
-  for (const DecodeSessions::Session* s : step.sessions) session_rows.push_back(s->row);
-  const at::Tensor pool_rows = step.consecutive_rows ? at::Tensor() : on(session_rows, device);
   auto gather = [&](const at::Tensor& layer_pool) {  // [count, kv_heads, keys, hd]
-    const at::Tensor mine = step.consecutive_rows ? layer_pool.narrow(0, step.sessions[0]->row, count)
-                                                  : layer_pool.index_select(0, pool_rows);
-    return mine.narrow(1, 0, keys).transpose(1, 2);
+    const at::Tensor mine = plan.consecutive_rows ? layer_pool.narrow(0, plan.sessions[0]->row, count)
+                                                  : layer_pool.index_select(0, gather_rows);
+    return mine.narrow(1, 0, plan.keys).transpose(1, 2);
   };
 
   DecoderOutputs out;
-  at::Tensor x = embed_.index_select(0, tokens.reshape({tokens_in_step}).to(device, at::kLong));  // [count·n, H]
+  at::Tensor x = embed_.index_select(0, tokens);  // [count·n, H]
   bool x_is_returned = false;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const LayerWeights& w = layers_[i];
     const QKV t = project_qkv(c, w, x, r);
-    pool.keys(i).index_put_({row_index, position_index}, t.k);
-    pool.values(i).index_put_({row_index, position_index}, t.v);
+    const at::Tensor keys = pool.keys(i).view({pool_rows * capacity, kv_heads, hd});
+    const at::Tensor values = pool.values(i).view({pool_rows * capacity, kv_heads, hd});
+    keys.index_copy_(0, slots, t.k);
+    values.index_copy_(0, slots, t.v);
     const at::Tensor attention =
-        cached_attention(c, t.q, gather(pool.keys(i)), gather(pool.values(i)), mask, n > 1 && fresh_prompt, count, n);
+        flash ? fast_path::decode_attention(t.q, keys, values, cu_q, cu_k, seqused_k, n, capacity)
+              : cached_attention(c, t.q, gather(pool.keys(i)), gather(pool.values(i)), mask, n > 1 && plan.fresh_prompt,
+                                 count, n);
     x = finish_layer(c, w, x, attention, x_is_returned, cuda_kernels_);
     if (wanted.count(i)) {
       out.layers[i] = x.view({count, n, c.hidden_size});
@@ -499,9 +530,117 @@ DecoderOutputs Decoder::extend(DecodeSessions& pool, const std::vector<int64_t>&
     const at::Tensor last = x.view({count, n, c.hidden_size}).select(1, n - 1);
     out.logits = at::linear(norm(c, last, final_norm_, cuda_kernels_), lm_head_).unsqueeze(1);
   }
+  return out;
+}
+
+bool Decoder::decode_step_graphed(DecodeSessions& pool, const StepPlan& plan, const at::Tensor& tokens,
+                                  const std::vector<int64_t>& params, const std::vector<int64_t>& layer_ids,
+                                  const std::set<int64_t>& wanted, LogitRows logit_rows, DecoderOutputs& result) const {
+  DecodeState& d = *decode_;
+  const std::pair<uint64_t, uint64_t> against{pool.generation(), d.rotary_generation};
+  if (against != d.captured_against) {  // the pool or the tables moved: every graph reads stale addresses
+    d.by_shape.clear();
+    d.captured_against = against;
+  }
+  const auto key = DecodeState::GraphKey{plan.n, layer_ids, static_cast<int>(logit_rows)};
+  auto found = d.by_shape.find(key);
+  if (found == d.by_shape.end()) {
+    if (d.by_shape.size() >= kMaxGraphs) return false;
+    found = d.by_shape.emplace(key, DecodeState::Graph{}).first;
+  }
+  DecodeState::Graph& g = found->second;
+  if (g.failed || (!g.graph && ++g.uses < 2)) return false;  // the first use of a shape runs eagerly
+  const auto device = embed_.device();
+  if (!g.graph) {
+    g.tokens = at::empty({plan.n}, at::TensorOptions().dtype(at::kLong).device(device));
+    g.params = at::empty({1, 2}, at::TensorOptions().dtype(at::kLong).device(device));
+  }
+  // This step's inputs into the static buffers (asynchronous copies).
+  if (tokens.device() == device) g.tokens.copy_(tokens.reshape({plan.n}));
+  else g.tokens.copy_(decode_support::ids_on(tokens.reshape({plan.n}), device));
+  g.params.copy_(decode_support::host_staging(params, device).view({1, 2}), /*non_blocking=*/true);
+  if (!g.graph) {
+    std::string error;
+    g.graph = d.graphs.capture([&] { g.out = decode_step(pool, plan, g.tokens, g.params, wanted, logit_rows, /*flash=*/true); },
+                               error);
+    if (!g.graph) {
+      // The warm-up ran the step (or failed before writing anything); running
+      // it again eagerly writes the same keys and values.
+      g.failed = true;
+      g.out = DecoderOutputs{};
+      ++d.stats.failed;
+      d.stats.last_error = error;
+      return false;
+    }
+    ++d.stats.captured;
+  }
+  g.graph->replay();
+  ++d.stats.replayed;
+  // The outputs live in the graphs' pool, which the next replay reuses: the
+  // caller gets its own copies.
+  result = DecoderOutputs{};
+  for (const auto& [layer, tensor] : g.out.layers) result.layers[layer] = tensor.clone();
+  if (g.out.logits.defined()) result.logits = g.out.logits.clone();
+  return true;
+}
+
+DecoderOutputs Decoder::extend(DecodeSessions& pool, const std::vector<int64_t>& ids, const at::Tensor& tokens,
+                               const std::vector<int64_t>& layer_ids, LogitRows logit_rows) const {
+  const c10::NoGradGuard no_grad;
+  const DecoderConfig& c = config_;
+  const auto device = embed_.device();
+  StepPlan plan;
+  plan.count = static_cast<int64_t>(ids.size());
+  if (plan.count < 1 || tokens.dim() != 2 || tokens.size(0) != plan.count || tokens.size(1) < 1)
+    throw std::invalid_argument("decode_extend: tokens must be [sessions, n] with n >= 1; got " + c10::str(tokens.sizes()) +
+                                " for " + std::to_string(ids.size()) + " sessions");
+  plan.n = tokens.size(1);
+  std::set<int64_t> seen;
+  for (int64_t id : ids) {
+    if (!seen.insert(id).second)
+      throw std::invalid_argument("decode_extend_batch: session " + std::to_string(id) + " appears twice in one step");
+    DecodeSessions::Session& s = pool.at(id);
+    if (s.length + plan.n > s.capacity)
+      throw std::invalid_argument("decode_extend: session " + std::to_string(id) + ": " + std::to_string(plan.n) +
+                                  " more tokens would make " + std::to_string(s.length + plan.n) +
+                                  ", beyond the session's max_length " + std::to_string(s.capacity));
+    plan.sessions.push_back(&s);
+    plan.keys = std::max(plan.keys, s.length + plan.n);
+  }
+  // Ids on the CPU are checked there (no device sync); ids on the device are
+  // the caller's to keep in range (the header says why).
+  if (tokens.device().is_cpu()) {
+    const auto [low, high] = at::aminmax(tokens);
+    if (low.item<int64_t>() < 0 || high.item<int64_t>() >= c.vocab_size)
+      throw std::invalid_argument("decode_extend: token ids outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  }
+  plan.consecutive_rows = plan.equal_lengths = true;
+  for (int64_t i = 0; i < plan.count; ++i) {
+    plan.consecutive_rows &= plan.sessions[i]->row == plan.sessions[0]->row + i;
+    plan.equal_lengths &= plan.sessions[i]->length == plan.sessions[0]->length;
+  }
+  plan.fresh_prompt = plan.count == 1 && plan.sessions[0]->length == 0;
+  for (int64_t id : layer_ids)
+    if (id < 0 || id >= c.num_layers)
+      throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
+  const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
+
+  ensure_rotary_tables(pool.row_capacity());  // every position a session of the pool can reach
+  std::vector<int64_t> params;  // (pool row, cached length) per session: the step's one upload
+  for (const DecodeSessions::Session* s : plan.sessions) {
+    params.push_back(s->row);
+    params.push_back(s->length);
+  }
+  const bool flash = flash_decoding_ && pool_fits_int32(pool);
+  DecoderOutputs out;
+  const bool graphed = decode_graphs_ && flash && plan.count == 1 && plan.n <= kMaxGraphTokens &&
+                       decode_step_graphed(pool, plan, tokens, params, layer_ids, wanted, logit_rows, out);
+  if (!graphed)
+    out = decode_step(pool, plan, decode_support::ids_on(tokens.reshape({plan.count * plan.n}), device),
+                      decode_support::upload(params, device).view({plan.count, 2}), wanted, logit_rows, flash);
   // Only now: a call that threw above changed no session (rows past a
   // session's length are not part of it).
-  for (DecodeSessions::Session* s : step.sessions) s->length += n;
+  for (DecodeSessions::Session* s : plan.sessions) s->length += plan.n;
   return out;
 }
 

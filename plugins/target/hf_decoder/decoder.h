@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -41,6 +42,12 @@ struct DecoderOptions {
   // GPU path: rows that are each one document use cuDNN's attention where it
   // works here; packed rows always use flash attention over documents.
   bool cudnn_attention = true;
+  // Incremental decoding of one session on the GPU path: capture each step
+  // shape (token count, layers returned, logits) as a CUDA graph on its second
+  // use and replay it from then on (decode_support/cuda_graph.h). Needs flash
+  // attention over the pooled caches (Decoder::uses_flash_decoding); false
+  // runs every step eagerly.
+  bool decode_graphs = true;
 };
 
 // The inputs of one forward, resolved once for either path.
@@ -77,6 +84,7 @@ class Decoder {
   // model.safetensors.index.json). Throws naming the file and tensor.
   Decoder(const std::filesystem::path& model_dir, c10::ScalarType dtype, c10::Device device,
           const DecoderOptions& options = {});
+  ~Decoder();
 
   const DecoderConfig& config() const { return config_; }
   const at::Tensor& embed_tokens() const { return embed_; }
@@ -84,6 +92,17 @@ class Decoder {
   const at::Tensor& final_norm() const { return final_norm_; }
   bool uses_cuda_kernels() const { return cuda_kernels_; }
   bool uses_cudnn_attention() const { return cudnn_attention_; }
+  // Decoding attends straight over the pooled caches with flash attention
+  // (fast_path::decode_attention): the GPU path, a head_dim flash takes.
+  bool uses_flash_decoding() const { return flash_decoding_; }
+  // Single-session decoding steps are replayed as CUDA graphs.
+  bool uses_decode_graphs() const { return decode_graphs_; }
+  // How the graphs fared: captured, replayed, and the last capture's failure ("" when none).
+  struct GraphStats {
+    int64_t captured = 0, replayed = 0, failed = 0;
+    std::string last_error;
+  };
+  GraphStats decode_graph_stats() const;
 
   // input_ids [B, S]; position_ids [B, S] (restarting per packed document)
   // and document_ids [B, S] are optional: without document_ids, a position id
@@ -98,7 +117,16 @@ class Decoder {
   // before it. All rows go through each projection as one GEMM. Returns the
   // layers' outputs [count, n, H] and the logits asked for. An unknown or
   // repeated session, bad tokens, or a session that would pass its capacity
-  // throw std::invalid_argument and change nothing.
+  // throw std::invalid_argument and change nothing. Tokens on the CPU are
+  // checked against the vocabulary; tokens already on the model's device are
+  // used as they are (checking them would wait for the device every step), so
+  // they are the caller's to keep in range — a decoding loop feeds back the
+  // model's own argmax.
+  //
+  // No step waits for the device: the sessions' rows and lengths go up in one
+  // small asynchronous copy, and positions, rotary tables (precomputed),
+  // cache slots and attention lengths are worked out on the device. One
+  // session's steps may be replayed as CUDA graphs (DecoderOptions).
   DecodeSessions new_sessions() const;
   DecoderOutputs extend(DecodeSessions& sessions, const std::vector<int64_t>& ids, const at::Tensor& tokens,
                         const std::vector<int64_t>& layer_ids, LogitRows logits) const;
@@ -107,12 +135,29 @@ class Decoder {
   DecoderOutputs forward_kernels(const PackedBatch& batch, const std::set<int64_t>& wanted, bool want_last_hidden) const;
   DecoderOutputs forward_reference(const PackedBatch& batch, const std::set<int64_t>& wanted, bool want_last_hidden) const;
 
+  struct DecodeState;  // rotary tables and CUDA graphs of incremental decoding (decoder.cpp)
+  struct StepPlan;     // a decoding step's host-side facts (decoder.cpp)
+  // The step itself, from tokens [count·n] and (row, length) [count, 2] on the
+  // device; flash: attention through fast_path::decode_attention, which is
+  // what a graph can capture.
+  DecoderOutputs decode_step(DecodeSessions& pool, const StepPlan& plan, const at::Tensor& tokens, const at::Tensor& params,
+                             const std::set<int64_t>& wanted, LogitRows logits, bool flash) const;
+  // The step replayed as a CUDA graph; false when it runs eagerly instead.
+  bool decode_step_graphed(DecodeSessions& pool, const StepPlan& plan, const at::Tensor& tokens,
+                           const std::vector<int64_t>& params, const std::vector<int64_t>& layer_ids,
+                           const std::set<int64_t>& wanted, LogitRows logits, DecoderOutputs& out) const;
+  // Rotary tables covering positions [0, positions).
+  void ensure_rotary_tables(int64_t positions) const;
+
   DecoderConfig config_;
   int64_t streams_ = 2;
   at::Tensor embed_, lm_head_, final_norm_, inv_freq_;
   std::vector<LayerWeights> layers_;
   bool cuda_kernels_ = false;
   bool cudnn_attention_ = false;
+  bool flash_decoding_ = false;
+  bool decode_graphs_ = false;
+  std::unique_ptr<DecodeState> decode_;
 };
 
 }  // namespace dflash::target

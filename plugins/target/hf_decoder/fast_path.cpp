@@ -1,5 +1,7 @@
 #include "fast_path.h"
 
+#include <dflash/sdk/torch_compat.hpp>
+
 #include <stdexcept>
 
 #if DFLASH_HF_CUDA
@@ -118,6 +120,33 @@ at::Tensor document_causal_attention(const at::Tensor& q, const at::Tensor& k, c
   return padded == head_dim ? out : out.narrow(-1, 0, head_dim).contiguous();
 }
 
+bool decode_attention_supported(int64_t head_dim) {
+#if DFLASH_TORCH_AT_LEAST(2, 5)
+  return head_dim % 8 == 0 && head_dim <= 256;
+#else
+  (void)head_dim;
+  return false;
+#endif
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& cu_q,
+                            const at::Tensor& cu_k, const at::Tensor& seqused_k, int64_t n, int64_t capacity) {
+#if DFLASH_TORCH_AT_LEAST(2, 5)
+  const int64_t tokens = q.size(0), heads = q.size(1), head_dim = q.size(2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  // Causal with fewer queries than keys: flash attention aligns the mask to
+  // the bottom right, so query t of a session sees its keys [0, length − n + t].
+  auto result = at::_flash_attention_forward(q, keys, values, cu_q, cu_k, /*max_q=*/n, /*max_k=*/capacity,
+                                             /*dropout_p=*/0.0, /*is_causal=*/n > 1, /*return_debug_mask=*/false, scale,
+                                             /*window_size_left=*/std::nullopt, /*window_size_right=*/std::nullopt,
+                                             /*seqused_k=*/seqused_k);
+  return std::get<0>(result).view({tokens, heads * head_dim});
+#else
+  (void)q, (void)keys, (void)values, (void)cu_q, (void)cu_k, (void)seqused_k, (void)n, (void)capacity;
+  throw std::logic_error("hf_decoder: decode_attention needs LibTorch >= 2.5");
+#endif
+}
+
 void interleave_on_streams(const c10::Device& device, int64_t groups, int64_t steps,
                            const std::function<void(int64_t, int64_t)>& body) {
   if (groups <= 1) {
@@ -175,6 +204,11 @@ void interleave_on_streams(const c10::Device&, int64_t, int64_t, const std::func
   unavailable();
 }
 at::Tensor row_causal_attention_cudnn(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t) { unavailable(); }
+at::Tensor decode_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, int64_t, int64_t) {
+  unavailable();
+}
+bool decode_attention_supported(int64_t) { return false; }
 bool cudnn_attention_works(const at::Tensor&, int64_t, int64_t, int64_t) { return false; }
 
 #endif

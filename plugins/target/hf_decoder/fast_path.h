@@ -50,6 +50,25 @@ at::Tensor document_causal_attention(const at::Tensor& q, const at::Tensor& k, c
 // head_dim]; GQA is native. Returns [rows·S, heads·head_dim].
 at::Tensor row_causal_attention_cudnn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t rows);
 
+// Decoding attention straight over the pooled KV caches (decode_sessions.h),
+// with no gather and no mask: flash attention over variable-length keys,
+// every number it needs in device memory, so a CUDA graph can capture it.
+// q [count·n, heads, head_dim]: session i's n new queries at rows [i·n, (i+1)·n).
+// keys/values: the pool of one layer flattened to [rows·capacity, kv_heads,
+// head_dim]; session i's keys start at cu_k[i] (its row · capacity) and it
+// attends to the first seqused_k[i] of them (its length after the step), its
+// queries being the last n of those positions (causal, aligned bottom-right).
+// cu_q [count + 1] (0, n, 2n, …), cu_k [count + 1] (the last entry is not
+// read) and seqused_k [count] are int32 on the device. GQA is native.
+// Returns [count·n, heads·head_dim].
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& cu_q,
+                            const at::Tensor& cu_k, const at::Tensor& seqused_k, int64_t n, int64_t capacity);
+
+// Whether decode_attention runs here: a build with the kernels, LibTorch ≥
+// 2.5 (flash attention's seqused_k), and a head_dim flash attention takes
+// without padding (a multiple of 8, ≤ 256; the pool is not padded).
+bool decode_attention_supported(int64_t head_dim);
+
 // Whether row_causal_attention_cudnn runs on this device and LibTorch (a tiny
 // probe; an unsupported cuDNN throws there, and the caller keeps flash).
 bool cudnn_attention_works(const at::Tensor& like, int64_t heads, int64_t kv_heads, int64_t head_dim);

@@ -53,6 +53,12 @@ class HfDecoderTarget : public sdk::TargetModel {
                 "GPU path, rows that are each one document: auto = cuDNN's fused attention where it works on this "
                 "machine, else flash attention; flash = always flash attention (packed rows always use it)",
                 {"auto", "flash"})
+        .string("decode_graphs", "auto",
+                "incremental decoding of one sequence on the GPU path: auto = capture each step shape (tokens per "
+                "step, layers returned, logits) as a CUDA graph on its second use and replay it after; the KV cache "
+                "pool then stays allocated between sequences (graphs read its addresses) until the plugin is "
+                "destroyed; off = every step runs eagerly and the pool is freed with its last session",
+                {"auto", "off"})
         .dump();
   }
 
@@ -100,6 +106,7 @@ class HfDecoderTarget : public sdk::TargetModel {
     o.cuda_kernels = config.value("kernels", std::string("auto")) == "auto";
     o.streams = config.value("streams", int64_t{2});
     o.cudnn_attention = config.value("attention", std::string("auto")) == "auto";
+    o.decode_graphs = config.value("decode_graphs", std::string("auto")) == "auto";
     return o;
   }
 
@@ -156,6 +163,13 @@ class HfDecoderTarget : public sdk::TargetModel {
     nlohmann::json d = describe_config(decoder_->config(), feature_layers_);
     d["cuda_kernels"] = decoder_->uses_cuda_kernels();
     d["cudnn_attention"] = decoder_->uses_cudnn_attention();
+    d["flash_decoding"] = decoder_->uses_flash_decoding();
+    d["decode_graphs"] = decoder_->uses_decode_graphs();
+    const target::Decoder::GraphStats graphs = decoder_->decode_graph_stats();
+    d["decode_graph_stats"] = {{"captured", graphs.captured},
+                               {"replayed", graphs.replayed},
+                               {"failed", graphs.failed},
+                               {"last_error", graphs.last_error}};
     d["tokenizer"] = tokenizer_;
     return d;
   }

@@ -1,0 +1,165 @@
+// Capturing one decoding step as a CUDA graph and replaying it.
+//
+// A step of a small model at batch 1 is a few hundred kernels of a few
+// microseconds each; launched one by one from the host, the launches (and
+// LibTorch's per-operation overhead) cost far more than the GPU work. A graph
+// launches them all at once. What a graph bakes in: every tensor address it
+// touches (static inputs, weights, caches, the tables it reads) and every
+// host-side number (shapes, loop bounds). So a step that is captured takes its
+// per-step inputs from device memory that the caller refills before each
+// replay, and the caller drops its graphs whenever a buffer they read moves.
+//
+// Header-only, so each plugin compiles it with its own build; without a CUDA
+// LibTorch (DFLASH_CUDA_GRAPHS 0) capture always fails with a reason and the
+// caller runs its step eagerly.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/Device.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#ifndef DFLASH_CUDA_GRAPHS
+#define DFLASH_CUDA_GRAPHS 0
+#endif
+
+#if DFLASH_CUDA_GRAPHS
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace dflash::decode_support {
+
+// Whether this build can capture graphs at all.
+inline constexpr bool kCudaGraphs = DFLASH_CUDA_GRAPHS != 0;
+
+// One captured step.
+class CudaGraph {
+ public:
+  // Launches the captured kernels on the current stream of the graph's device.
+  void replay() {
+#if DFLASH_CUDA_GRAPHS
+    graph_.replay();
+#endif
+  }
+
+ private:
+  friend class CudaGraphPool;
+#if DFLASH_CUDA_GRAPHS
+  at::cuda::CUDAGraph graph_;
+#endif
+};
+
+// Graphs that run one at a time on one stream share one memory pool: what one
+// graph's intermediates occupy, another may reuse. Outputs of a graph live in
+// the pool too, so a caller copies what it keeps out of them before the next
+// replay of any graph of the pool.
+class CudaGraphPool {
+ public:
+  explicit CudaGraphPool(c10::Device device) : device_(device) {}
+  CudaGraphPool(const CudaGraphPool&) = delete;
+  CudaGraphPool& operator=(const CudaGraphPool&) = delete;
+
+  // Runs `body` once eagerly on a side stream (the warm-up: lazy
+  // initialisation, cuBLAS workspaces for that stream), then captures it.
+  // `body` must be idempotent (the warm-up and every replay do the same
+  // work), take its per-step inputs from device memory, and must not
+  // synchronise with the host. Returns nullptr with the reason in `error` when
+  // this build has no CUDA graphs or the capture fails; nothing is left
+  // capturing then, and the caller runs its step eagerly.
+  std::unique_ptr<CudaGraph> capture(const std::function<void()>& body, std::string& error) {
+#if DFLASH_CUDA_GRAPHS
+    if (!device_.is_cuda()) {
+      error = "not a CUDA device";
+      return nullptr;
+    }
+    const c10::cuda::CUDAGuard guard(device_);
+    c10::cuda::device_synchronize();  // everything queued so far is done: the side stream needs no event
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index());
+    auto graph = std::unique_ptr<CudaGraph>(new CudaGraph());
+    {
+      const c10::cuda::CUDAStreamGuard on_side(side);
+      try {
+        body();
+      } catch (const std::exception& e) {
+        error = std::string("the warm-up run failed: ") + e.what();
+        c10::cuda::device_synchronize();
+        return nullptr;
+      }
+      side.synchronize();
+      if (!pool_started_) {
+        pool_ = at::cuda::graph_pool_handle();
+        pool_started_ = true;
+      }
+      bool capturing = false;
+      try {
+        graph->graph_.capture_begin(pool_);
+        capturing = true;
+        body();
+        capturing = false;
+        graph->graph_.capture_end();
+      } catch (const std::exception& e) {
+        error = std::string("capture failed: ") + e.what();
+        if (capturing) {
+          try {
+            graph->graph_.capture_end();  // ends the stream's capture mode
+          } catch (...) {
+          }
+        }
+        (void)cudaGetLastError();  // an invalidated capture leaves its error for the next launch check
+        return nullptr;
+      }
+    }
+    c10::cuda::device_synchronize();
+    return graph;
+#else
+    (void)body;
+    error = "this build has no CUDA graphs (LibTorch without CUDA)";
+    return nullptr;
+#endif
+  }
+
+ private:
+  c10::Device device_;
+#if DFLASH_CUDA_GRAPHS
+  decltype(at::cuda::graph_pool_handle()) pool_{};
+  bool pool_started_ = false;
+#endif
+};
+
+// A CPU tensor holding `values` in page-locked memory when `device` is a GPU,
+// so that copying it there is asynchronous (no wait for the device). The
+// caching host allocator keeps the block until the copy has run.
+inline at::Tensor host_staging(const std::vector<int64_t>& values, const c10::Device& device) {
+  at::TensorOptions options = at::TensorOptions().dtype(at::kLong);
+  if (device.is_cuda()) options = options.pinned_memory(true);
+  at::Tensor out = at::empty({static_cast<int64_t>(values.size())}, options);
+  std::copy(values.begin(), values.end(), out.data_ptr<int64_t>());
+  return out;
+}
+
+// `values` on `device` as int64, without waiting for the device: a pinned,
+// non-blocking upload on a GPU.
+inline at::Tensor upload(const std::vector<int64_t>& values, const c10::Device& device) {
+  const at::Tensor staged = host_staging(values, device);
+  return device.is_cpu() ? staged : staged.to(device, at::kLong, /*non_blocking=*/true);
+}
+
+// An int64 tensor of ids on `device`: used as is when it is already there,
+// else uploaded without waiting for the device.
+inline at::Tensor ids_on(const at::Tensor& ids, const c10::Device& device) {
+  if (ids.device() == device) return ids.to(at::kLong);
+  if (!device.is_cuda() || !ids.device().is_cpu()) return ids.to(device, at::kLong);
+  at::Tensor staged = at::empty(ids.sizes(), at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  staged.copy_(ids);
+  return staged.to(device, at::kLong, /*non_blocking=*/true);
+}
+
+}  // namespace dflash::decode_support
