@@ -6,6 +6,8 @@
 #include <chrono>
 #include <functional>
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 
 namespace dflash::eval {
 namespace {
@@ -21,12 +23,6 @@ at::Tensor ids_tensor(const std::vector<int64_t>& ids) {
 // What decode_extend returned under `name`; its absence is the target's bug.
 at::Tensor output(const host::NamedTensors& out, const std::string& name, const host::PluginRecord& record) {
   return host::require_tensor(out, name, record.label() + ": decode_extend");
-}
-
-// The target's greedy choice after each of the rows of logits [n, V].
-std::vector<int64_t> greedy_choices(const at::Tensor& logits) {
-  const at::Tensor best = logits.argmax(-1).to(at::kCPU, at::kLong).contiguous();
-  return {best.data_ptr<int64_t>(), best.data_ptr<int64_t>() + best.numel()};
 }
 
 // Appends `fresh` to `g` up to the limits; returns whether generation ended.
@@ -72,93 +68,191 @@ int64_t session_capacity(int64_t prompt_length, const DecodeLimits& limits) {
   return limits.max_length > 0 ? std::min(limits.max_length, wanted) : wanted;
 }
 
+namespace {
+
+// Charges each phase of a decoding to its profile (when there is one):
+// the phase's work, then a wait for the device, timed together.
+class Phases {
+ public:
+  explicit Phases(DecodeProfile* profile) : profile_(profile), start_(Clock::now()) {}
+  template <class F>
+  decltype(auto) time(double DecodeProfile::*bucket, F&& f) {
+    if (!profile_) return f();
+    const auto begin = Clock::now();
+    struct Charge {
+      Phases& p;
+      double DecodeProfile::*bucket;
+      Clock::time_point begin;
+      ~Charge() {
+        if (p.profile_->sync) p.profile_->sync();
+        const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+        p.profile_->*bucket += seconds;
+        p.charged_ += seconds;
+      }
+    } charge{*this, bucket, begin};
+    return f();
+  }
+  // The rest of the call's wall time goes to `other`.
+  void finish(const Generation& g) {
+    if (!profile_) return;
+    if (profile_->sync) profile_->sync();
+    const double total = std::chrono::duration<double>(Clock::now() - start_).count();
+    profile_->other += std::max(0.0, total - charged_);
+    profile_->steps += g.target_passes - 1;
+    profile_->tokens += static_cast<int64_t>(g.tokens.size());
+  }
+
+ private:
+  DecodeProfile* profile_;
+  Clock::time_point start_;
+  double charged_ = 0;
+};
+
+// The greedy choice after the last row of logits [n, V], on their device
+// ([1]), and its value read back: the step's one wait for the device.
+std::pair<at::Tensor, int64_t> last_choice(const at::Tensor& logits) {
+  const at::Tensor best = logits.narrow(0, logits.size(0) - 1, 1).argmax(-1);
+  return {best, best.to(at::kCPU).item<int64_t>()};
+}
+
+std::vector<int64_t> values_of(const at::Tensor& cpu) {
+  const at::Tensor t = cpu.to(at::kLong).contiguous();
+  return {t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel()};
+}
+
+}  // namespace
+
 Generation greedy_decode(const host::TargetModelInstance& target, const std::vector<int64_t>& prompt,
-                         const DecodeLimits& limits) {
+                         const DecodeLimits& limits, DecodeProfile* profile) {
   check_prompt(prompt, limits);
   const auto start = Clock::now();
+  Phases phases(profile);
   Generation g;
   const int64_t session = target.decode_begin(capacity(prompt, limits));
   const SessionGuard guard{[&] { target.decode_end(session); }};
-  at::Tensor logits = output(target.decode_extend(session, ids_tensor(prompt), {}, true), "logits", target.record());
+  at::Tensor logits = phases.time(&DecodeProfile::target, [&] {
+    return output(target.decode_extend(session, ids_tensor(prompt), {}, true), "logits", target.record());
+  });
   ++g.target_passes;
   while (true) {
-    const int64_t next = greedy_choices(logits.narrow(0, logits.size(0) - 1, 1)).front();
+    // The newest token stays on the device for the next pass; only its value crosses.
+    at::Tensor next_on_device;
+    int64_t next = 0;
+    std::tie(next_on_device, next) = phases.time(&DecodeProfile::accept, [&] { return last_choice(logits); });
     if (emit(g, {next}, prompt.size(), limits)) break;
-    logits = output(target.decode_extend(session, ids_tensor({next}), {}, true), "logits", target.record());
+    logits = phases.time(&DecodeProfile::target, [&] {
+      return output(target.decode_extend(session, next_on_device, {}, true), "logits", target.record());
+    });
     ++g.target_passes;
   }
   g.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  phases.finish(g);
   return g;
 }
 
 Generation speculative_decode(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,
                               const std::vector<int64_t>& prompt, const DecodeLimits& limits, int64_t block_size,
-                              const std::vector<int64_t>& layer_ids) {
+                              const std::vector<int64_t>& layer_ids, DecodeProfile* profile) {
   check_prompt(prompt, limits);
   if (block_size < 2) throw std::invalid_argument("block_size must be at least 2 (the newest token + one proposal)");
   const auto start = Clock::now();
+  Phases phases(profile);
   Generation g;
   const int64_t session = target.decode_begin(capacity(prompt, limits));
   const SessionGuard target_guard{[&] { target.decode_end(session); }};
   const int64_t draft = drafter.draft_begin();
   const SessionGuard draft_guard{[&] { drafter.draft_end(draft); }};
 
-  // The drafter's context: accepted tokens with the target's features at them.
+  // The drafter's context: accepted tokens (their ids from the host) with the
+  // target's features at them (where the target left them).
   auto extend_drafter = [&](const host::NamedTensors& out, const std::vector<int64_t>& accepted) {
-    host::NamedTensors inputs = {{"input_ids", ids_tensor(accepted)}};
-    const auto rows = static_cast<int64_t>(accepted.size());
-    for (int64_t id : layer_ids) {
-      const std::string name = "hidden." + std::to_string(id);
-      inputs.emplace_back(name, output(out, name, target.record()).narrow(0, 0, rows));
-    }
-    drafter.draft_extend(draft, inputs);
+    phases.time(&DecodeProfile::extend, [&] {
+      host::NamedTensors inputs = {{"input_ids", ids_tensor(accepted)}};
+      const auto rows = static_cast<int64_t>(accepted.size());
+      for (int64_t id : layer_ids) {
+        const std::string name = "hidden." + std::to_string(id);
+        inputs.emplace_back(name, output(out, name, target.record()).narrow(0, 0, rows));
+      }
+      drafter.draft_extend(draft, inputs);
+    });
+  };
+  auto finish = [&] {
+    g.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    phases.finish(g);
+    return g;
   };
 
-  host::NamedTensors out = target.decode_extend(session, ids_tensor(prompt), layer_ids, true);
+  host::NamedTensors out = phases.time(&DecodeProfile::target, [&] { return target.decode_extend(session, ids_tensor(prompt), layer_ids, true); });
   ++g.target_passes;
-  const at::Tensor prefill_logits = output(out, "logits", target.record());
-  int64_t next = greedy_choices(prefill_logits.narrow(0, prefill_logits.size(0) - 1, 1)).front();
+  // `next` is the newest token: generated, not yet in the target's cache.
+  // next_on_device: the same token where the target's argmax left it.
+  at::Tensor next_on_device;
+  int64_t next = 0;
+  std::tie(next_on_device, next) =
+      phases.time(&DecodeProfile::accept, [&] { return last_choice(output(out, "logits", target.record())); });
   extend_drafter(out, prompt);
-  if (emit(g, {next}, prompt.size(), limits)) {
-    g.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    return g;
-  }
+  if (emit(g, {next}, prompt.size(), limits)) return finish();
   while (true) {
-    // `next` is the newest token: generated, not yet in the target's cache.
     const int64_t produced = static_cast<int64_t>(g.tokens.size());
     int64_t room = std::min<int64_t>(block_size - 1, limits.max_new_tokens - produced - 1);
     if (limits.max_length > 0) room = std::min<int64_t>(room, limits.max_length - static_cast<int64_t>(prompt.size()) - produced);
     room = std::max<int64_t>(room, 0);
-    const at::Tensor proposal_tensor = room > 0 ? drafter.draft_propose(draft, {{"last_token", ids_tensor({next})}}, room)
-                                                : at::empty({0}, at::kLong);
-    const at::Tensor proposal_cpu = proposal_tensor.reshape({-1}).to(at::kCPU, at::kLong).contiguous();
-    std::vector<int64_t> proposal(proposal_cpu.data_ptr<int64_t>(), proposal_cpu.data_ptr<int64_t>() + proposal_cpu.numel());
-    if (static_cast<int64_t>(proposal.size()) > room)
-      throw std::runtime_error(drafter.record().label() + ": draft_propose returned " + std::to_string(proposal.size()) +
+    // The proposals, wherever the drafter computed them (their count is known without reading them).
+    const at::Tensor proposal = room > 0 ? phases.time(&DecodeProfile::propose, [&] {
+      return drafter.draft_propose(draft, {{"last_token", ids_tensor({next})}}, room).reshape({-1});
+    }) : at::empty({0}, at::kLong);
+    const int64_t proposed = proposal.numel();
+    if (proposed > room)
+      throw std::runtime_error(drafter.record().label() + ": draft_propose returned " + std::to_string(proposed) +
                                " tokens, more than the " + std::to_string(room) + " asked for");
+    // The block to verify: the newest token and the proposals. Proposals on a
+    // device are verified there, after the newest token's device copy; the
+    // host reads them back with the target's choices.
+    const bool on_device = proposed > 0 && !proposal.device().is_cpu();
+    std::vector<int64_t> proposal_values = on_device ? std::vector<int64_t>{} : values_of(proposal);
     std::vector<int64_t> fed = {next};
-    fed.insert(fed.end(), proposal.begin(), proposal.end());
+    at::Tensor fed_tensor;
+    if (on_device) {
+      fed_tensor = at::cat({next_on_device, proposal.to(next_on_device.device(), at::kLong)});
+    } else {
+      fed.insert(fed.end(), proposal_values.begin(), proposal_values.end());
+      fed_tensor = ids_tensor(fed);
+    }
     const int64_t cached = static_cast<int64_t>(prompt.size()) + produced - 1;  // the cache before this pass
-    out = target.decode_extend(session, ids_tensor(fed), layer_ids, true);
+    out = phases.time(&DecodeProfile::target, [&] { return target.decode_extend(session, fed_tensor, layer_ids, true); });
     ++g.target_passes;
-    const std::vector<int64_t> choice = greedy_choices(output(out, "logits", target.record()));
+    // The step's one wait: the target's choices (with device proposals) read back together.
+    at::Tensor choices_on_device;
+    std::vector<int64_t> choice;
     size_t accepted = 0;
-    while (accepted < proposal.size() && proposal[accepted] == choice[accepted]) ++accepted;
-    // Keep `next` and the accepted proposals; the rest of the pass is dropped.
-    target.decode_truncate(session, cached + 1 + static_cast<int64_t>(accepted));
+    phases.time(&DecodeProfile::accept, [&] {
+      choices_on_device = output(out, "logits", target.record()).argmax(-1);
+      if (on_device) {
+        const std::vector<int64_t> back =
+            values_of(at::cat({proposal.to(choices_on_device.device(), at::kLong), choices_on_device}).to(at::kCPU));
+        proposal_values.assign(back.begin(), back.begin() + proposed);
+        choice.assign(back.begin() + proposed, back.end());
+        fed.insert(fed.end(), proposal_values.begin(), proposal_values.end());
+      } else {
+        choice = values_of(choices_on_device.to(at::kCPU));
+      }
+      while (accepted < proposal_values.size() && proposal_values[accepted] == choice[accepted]) ++accepted;
+      // Keep `next` and the accepted proposals; the rest of the pass is dropped.
+      target.decode_truncate(session, cached + 1 + static_cast<int64_t>(accepted));
+    });
     extend_drafter(out, std::vector<int64_t>(fed.begin(), fed.begin() + 1 + static_cast<int64_t>(accepted)));
-    std::vector<int64_t> fresh(proposal.begin(), proposal.begin() + static_cast<int64_t>(accepted));
+    std::vector<int64_t> fresh(proposal_values.begin(), proposal_values.begin() + static_cast<int64_t>(accepted));
     fresh.push_back(choice[accepted]);  // the bonus: the target's own next token
     const size_t before = g.tokens.size();
     const bool done = emit(g, fresh, prompt.size(), limits);
     g.step_tokens.push_back(static_cast<int64_t>(g.tokens.size() - before));
-    g.step_proposed.push_back(static_cast<int64_t>(proposal.size()));
+    g.step_proposed.push_back(proposed);
     g.step_accepted.push_back(static_cast<int64_t>(accepted));
     if (done) break;
     next = fresh.back();
+    next_on_device = choices_on_device.narrow(0, static_cast<int64_t>(accepted), 1);
   }
-  g.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  return g;
+  return finish();
 }
 
 }  // namespace dflash::eval

@@ -9,6 +9,7 @@
 #include "plugin/instances.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,21 @@ struct Generation {
   double seconds = 0;               // wall time, prefill included
 };
 
+// Where a decoding's wall time goes (bench/decode_bench.cpp). Each phase ends
+// with `sync`, a wait for the device, so a phase is charged the device work it
+// queued; those waits slow the decoding down a little, so per-token figures
+// come from runs without a profile. Phases add up over calls.
+struct DecodeProfile {
+  std::function<void()> sync;  // waits for the device; may be empty (the CPU)
+  double target = 0;    // the target's passes: prefill, generation, verification (decode_extend)
+  double propose = 0;   // draft_propose
+  double extend = 0;    // draft_extend: the drafter's context grows by the accepted tokens
+  double accept = 0;    // the greedy choices read back and compared on the host, the cache truncated
+  double other = 0;     // the rest: sessions begun and ended, the tokens emitted, the host's bookkeeping
+  int64_t steps = 0;    // target passes after the prefill
+  int64_t tokens = 0;   // tokens generated
+};
+
 // Throws std::invalid_argument when nothing can be generated after `prompt`:
 // it is empty, or not shorter than max_length.
 void check_prompt(const std::vector<int64_t>& prompt, const DecodeLimits& limits);
@@ -41,13 +57,22 @@ const char* stop_reason(int64_t token, int64_t generated, int64_t prompt_length,
 int64_t session_capacity(int64_t prompt_length, const DecodeLimits& limits);
 
 // The target's own greedy continuation of `prompt` [P] (int64).
+//
+// Both decodings wait for the device once per step: to read back the
+// target's greedy choices (argmax on the device; with a drafter on the
+// device, its proposals in the same copy). Everything else stays where the
+// plugins put it: the newest token goes back to the target as a view of that
+// argmax, and a drafter's proposals are verified where they lie. Tokens
+// handed to decode_extend may thus be on the target's device (ABI: "CPU or
+// the model's device"); draft_extend's input_ids and draft_propose's
+// last_token are always on the CPU, where the host has them anyway.
 Generation greedy_decode(const host::TargetModelInstance& target, const std::vector<int64_t>& prompt,
-                         const DecodeLimits& limits);
+                         const DecodeLimits& limits, DecodeProfile* profile = nullptr);
 
 // The same tokens, produced `block_size − 1` proposals at a time. layer_ids:
 // the target layers the drafter reads (its export_config's target_layer_ids).
 Generation speculative_decode(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,
                               const std::vector<int64_t>& prompt, const DecodeLimits& limits, int64_t block_size,
-                              const std::vector<int64_t>& layer_ids);
+                              const std::vector<int64_t>& layer_ids, DecodeProfile* profile = nullptr);
 
 }  // namespace dflash::eval

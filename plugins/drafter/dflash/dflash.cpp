@@ -9,14 +9,18 @@
 #include "export_format.h"
 #include "memory_model.h"
 
+#include <cuda_graph.h>
 #include <dflash/sdk/drafter.hpp>
 #include <dflash/sdk/torch_compat.hpp>
 
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
+#include <string>
+#include <tuple>
 
 namespace {
 using namespace dflash;
@@ -64,6 +68,12 @@ class DFlashDrafter : public sdk::Drafter {
         .boolean("activation_checkpointing", false,
                  "keep only each layer's input for backward and recompute the layer there (less memory, one more "
                  "forward of the layers)")
+        .string("decode_graphs", "auto",
+                "speculative drafting on a CUDA device in bf16/fp16: auto = capture the proposal (one block + lm_head "
+                "+ argmax) and each context extension of up to block_size tokens as CUDA graphs on their second use "
+                "and replay them after, while one drafting session is open; the context buffers then serve the next "
+                "session; off = every call runs eagerly",
+                {"auto", "off"})
         .dump();
   }
 
@@ -97,6 +107,10 @@ class DFlashDrafter : public sdk::Drafter {
                                      : drafter::DFlashModel::AttentionKernel::kAuto);
     group_blocks_ = group_blocks_of(config_);
     weights_ = drafter::slot_weights(block_size_, gamma_);
+    draft_lm_head_ = lm_head_.to(device_, dtype_);  // the slots' hidden states are in the drafter's dtype
+    graphs_possible_ = decode_support::kCudaGraphs && config_.value("decode_graphs", std::string("auto")) == "auto" &&
+                       model_->flash_drafting() && embed_.device() == device_;
+    graph_pool_ = std::make_unique<decode_support::CudaGraphPool>(device_);
   }
 
   // Blocks per attention call: attention_group_blocks when grouped, 0 = dense.
@@ -191,10 +205,17 @@ class DFlashDrafter : public sdk::Drafter {
   // Speculative drafting: one context per session. The context holds the
   // accepted positions' target features (their keys and values in every
   // layer, computed once); a proposal runs one block — the newest token at
-  // slot 0, MASK after it — and reads the slots' greedy tokens.
+  // slot 0, MASK after it — and reads the slots' greedy tokens. Nothing here
+  // waits for the device: proposals are returned where they were computed.
   int64_t draft_begin() {
     bound();
-    drafts_.emplace(next_draft_, drafter::DraftContext{});
+    drafter::DraftContext context;
+    if (graphs_possible_ && spare_.capacity > 0) {  // the graphs read these buffers' addresses: reuse them
+      context = std::move(spare_);
+      spare_ = drafter::DraftContext{};
+      context.length = 0;
+    }
+    drafts_.emplace(next_draft_, std::move(context));
     return next_draft_++;
   }
   void draft_extend(int64_t session, const sdk::TensorDict& inputs) {
@@ -211,22 +232,42 @@ class DFlashDrafter : public sdk::Drafter {
                                                           std::to_string(n) + ", hidden_size], one row per input id");
       features.push_back(h);
     }
-    if (n > 0) bound().extend_context(context, at::cat(features, -1));
+    if (n == 0) return;
+    const c10::NoGradGuard no_grad;
+    if (extend_graphed(context, features, n)) {
+      context.length += n;
+      return;
+    }
+    bound().extend_context(context, at::cat(features, -1));
   }
   at::Tensor draft_propose(int64_t session, const sdk::TensorDict& inputs, int64_t count) {
-    const drafter::DraftContext& context = draft_context(session);
+    drafter::DraftContext& context = draft_context(session);
     const c10::NoGradGuard no_grad;
-    const at::Tensor last = inputs.at("last_token").reshape({-1}).to(at::kCPU, at::kLong);
+    const at::Tensor last = inputs.at("last_token").reshape({-1});
     if (last.numel() != 1) throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "draft_propose: last_token must hold one id");
     const int64_t take = std::max<int64_t>(0, std::min(count, block_size_ - 1));
     if (take == 0) return at::empty({0}, at::kLong);
-    at::Tensor slot_ids = at::full({block_size_}, mask_token_, at::kLong);
-    slot_ids[0] = last[0];
-    const at::Tensor hidden = bound().draft(context, embed_.index_select(0, slot_ids.to(embed_.device())).to(device_));
-    const at::Tensor logits = at::linear(hidden.narrow(0, 1, take), lm_head_.to(hidden.device(), hidden.scalar_type()));
-    return logits.argmax(-1).to(at::kCPU, at::kLong);
+    at::Tensor proposal;
+    if (propose_graphed(context, last, take, proposal)) return proposal;
+    // The block's ids where the embedding is: the newest token, then MASK.
+    at::Tensor slot_ids;
+    if (last.device().is_cpu()) {
+      std::vector<int64_t> ids(static_cast<size_t>(block_size_), mask_token_);
+      ids[0] = last.to(at::kLong).item<int64_t>();
+      slot_ids = decode_support::upload(ids, embed_.device());
+    } else {
+      slot_ids = at::cat({last.to(embed_.device(), at::kLong),
+                          at::full({block_size_ - 1}, mask_token_, at::TensorOptions().dtype(at::kLong).device(embed_.device()))});
+    }
+    const at::Tensor hidden = bound().draft(context, embed_.index_select(0, slot_ids).to(device_));
+    return at::linear(hidden.narrow(0, 1, take), draft_lm_head_).argmax(-1);
   }
-  void draft_end(int64_t session) { drafts_.erase(session); }
+  void draft_end(int64_t session) {
+    auto it = drafts_.find(session);
+    if (it == drafts_.end()) return;
+    if (graphs_possible_ && it->second.capacity >= spare_.capacity) spare_ = std::move(it->second);
+    drafts_.erase(it);
+  }
 
   // config.json as the reference DFlashDraftModel reads it (export_format.h).
   nlohmann::json export_config() const {
@@ -250,6 +291,84 @@ class DFlashDrafter : public sdk::Drafter {
       throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "no drafting session " + std::to_string(session) + " (ended, or never begun)");
     return it->second;
   }
+  // CUDA graphs of drafting (decode_graphs): one per extension length and one
+  // for the proposal, captured on a shape's second use against one context's
+  // buffers, used while that context is the only one open.
+  struct Graph {
+    int64_t uses = 0;
+    bool failed = false;
+    std::unique_ptr<decode_support::CudaGraph> graph;
+    at::Tensor features, params, mask_tail, out;  // static inputs and output
+  };
+  // The graph of `key` (0: the proposal; n ≥ 1: an extension by n), valid for
+  // this context's buffers; null when this call runs eagerly.
+  Graph* graph_for(drafter::DraftContext& context, int64_t key) {
+    if (!graphs_possible_ || drafts_.size() != 1) return nullptr;
+    if (context.generation != graphs_generation_) {
+      graphs_.clear();
+      graphs_generation_ = context.generation;
+    }
+    Graph& g = graphs_[key];
+    if (g.failed || (!g.graph && ++g.uses < 2)) return nullptr;  // the first use runs eagerly
+    return &g;
+  }
+  bool capture(Graph& g, const std::function<void()>& body) {
+    std::string error;
+    g.graph = graph_pool_->capture(body, error);
+    if (!g.graph) {
+      g.failed = true;  // the warm-up's writes are the ones the eager call repeats
+      graph_error_ = error;
+    }
+    return g.graph != nullptr;
+  }
+  bool extend_graphed(drafter::DraftContext& context, const std::vector<at::Tensor>& features, int64_t n) {
+    if (!graphs_possible_ || n > block_size_) return false;
+    for (const at::Tensor& f : features)
+      if (f.device() != device_ || f.scalar_type() != features[0].scalar_type()) return false;
+    bound().reserve(context, context.length + n + block_size_);  // this extension and the next proposal
+    Graph* g = graph_for(context, n);
+    if (!g) return false;
+    int64_t width = 0;
+    for (const at::Tensor& f : features) width += f.size(1);
+    if (!g->graph) {
+      g->features = at::empty({n, width}, features[0].options());
+      g->params = at::empty({1}, at::TensorOptions().dtype(at::kLong).device(device_));
+    }
+    if (g->features.scalar_type() != features[0].scalar_type() || g->features.size(1) != width) return false;
+    at::cat_out(g->features, features, -1);
+    g->params.copy_(decode_support::host_staging({context.length}, device_), /*non_blocking=*/true);
+    if (!g->graph && !capture(*g, [&] { bound().extend_context_at(context, g->features, g->params); })) return false;
+    g->graph->replay();
+    return true;
+  }
+  bool propose_graphed(drafter::DraftContext& context, const at::Tensor& last, int64_t take, at::Tensor& proposal) {
+    if (!graphs_possible_) return false;
+    bound().reserve(context, context.length + block_size_);
+    Graph* g = graph_for(context, 0);
+    if (!g) return false;
+    const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
+    if (!g->graph) {
+      g->params = at::empty({2}, longs);  // the newest token, the context's length
+      g->mask_tail = at::full({block_size_ - 1}, mask_token_, longs);
+    }
+    if (last.device().is_cpu()) {
+      g->params.copy_(decode_support::host_staging({last.to(at::kLong).item<int64_t>(), context.length}, device_),
+                      /*non_blocking=*/true);
+    } else {
+      g->params.narrow(0, 0, 1).copy_(last.to(device_, at::kLong));
+      g->params.narrow(0, 1, 1).fill_(context.length);
+    }
+    auto body = [&] {
+      const at::Tensor slot_ids = at::cat({g->params.narrow(0, 0, 1), g->mask_tail});
+      const at::Tensor hidden = bound().draft_at(context, embed_.index_select(0, slot_ids), g->params.narrow(0, 1, 1));
+      g->out = at::linear(hidden.narrow(0, 1, block_size_ - 1), draft_lm_head_).argmax(-1);
+    };
+    if (!g->graph && !capture(*g, body)) return false;
+    g->graph->replay();
+    proposal = g->out.narrow(0, 0, take).clone();  // the graphs' pool is reused by the next replay
+    return true;
+  }
+
   const drafter::DFlashModel& bound() const {
     if (!model_) throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "drafter 'dflash': bind_target must come first (it sizes the layers)");
     return *model_;
@@ -266,6 +385,13 @@ class DFlashDrafter : public sdk::Drafter {
   at::Tensor embed_, lm_head_, weights_;
   std::map<int64_t, drafter::DraftContext> drafts_;
   int64_t next_draft_ = 1;
+  at::Tensor draft_lm_head_;
+  bool graphs_possible_ = false;
+  std::unique_ptr<decode_support::CudaGraphPool> graph_pool_;
+  std::map<int64_t, Graph> graphs_;
+  uint64_t graphs_generation_ = 0;
+  std::string graph_error_;
+  drafter::DraftContext spare_;  // an ended session's buffers, for the next (graphs read their addresses)
   std::unique_ptr<drafter::DFlashModel> model_;
 };
 

@@ -7,11 +7,13 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
 
 #if DFLASH_TORCH_AT_LEAST(2, 5)
+#include <ATen/ops/_flash_attention_forward.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
 #define DFLASH_DRAFTER_CUDNN_ATTENTION 1
 #else
@@ -355,34 +357,80 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
   return rms_norm(x, final_norm_, eps);
 }
 
-void DFlashModel::extend_context(DraftContext& ctx, const at::Tensor& features) const {
+namespace {
+// Distinct for every buffer allocation of every context.
+std::atomic<uint64_t> next_generation{1};
+}  // namespace
+
+void DFlashModel::reserve(DraftContext& ctx, int64_t positions) const {
+  if (positions <= ctx.capacity && !ctx.keys.empty()) return;
+  const DrafterShape& s = shape_;
+  const int64_t capacity = std::max<int64_t>({positions, 2 * ctx.capacity, 256});
+  const auto options = fc_.options();
+  ctx.keys.resize(layers_.size());
+  ctx.values.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i)
+    for (auto* buffers : {&ctx.keys, &ctx.values}) {
+      // Zeros: no row is read before it is written, but stale NaN patterns never reach an attention either way.
+      at::Tensor grown = at::zeros({capacity, s.kv_heads, s.head_dim}, options);
+      if (ctx.length > 0) grown.narrow(0, 0, ctx.length).copy_((*buffers)[i].narrow(0, 0, ctx.length));
+      (*buffers)[i] = grown;
+    }
+  ctx.capacity = capacity;
+  ctx.generation = next_generation++;
+}
+
+void DFlashModel::write_context(DraftContext& ctx, const at::Tensor& features, const at::Tensor& positions) const {
   const c10::NoGradGuard no_grad;
   const DrafterShape& s = shape_;
   const int64_t n = features.size(0);
   const auto options = fc_.options();
   const at::Tensor context = rms_norm(at::linear(features.to(fc_.device(), fc_.scalar_type()), fc_), hidden_norm_, s.rms_norm_eps);
-  const at::Tensor positions = at::arange(ctx.length, ctx.length + n, options.dtype(at::kLong)).unsqueeze(0);
-  const Rotary rotary = rotary_tables(positions, s.head_dim, s.rope_theta, options);
-  if (ctx.keys.empty()) ctx.keys.resize(layers_.size()), ctx.values.resize(layers_.size());
+  const Rotary rotary = rotary_tables(positions.unsqueeze(0), s.head_dim, s.rope_theta, options);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
     const at::Tensor k = rope(rms_norm(at::linear(context, l.k).view({1, n, s.kv_heads, s.head_dim}), l.k_norm, s.rms_norm_eps),
                               rotary.cos, rotary.sin)[0];
     const at::Tensor v = at::linear(context, l.v).view({n, s.kv_heads, s.head_dim});
-    ctx.keys[i] = ctx.keys[i].defined() ? at::cat({ctx.keys[i], k}) : k;
-    ctx.values[i] = ctx.values[i].defined() ? at::cat({ctx.values[i], v}) : v;
+    ctx.keys[i].index_copy_(0, positions, k);
+    ctx.values[i].index_copy_(0, positions, v);
   }
+}
+
+void DFlashModel::extend_context(DraftContext& ctx, const at::Tensor& features) const {
+  const int64_t n = features.size(0);
+  reserve(ctx, ctx.length + n);
+  write_context(ctx, features, at::arange(ctx.length, ctx.length + n, fc_.options().dtype(at::kLong)));
   ctx.length += n;
 }
 
-at::Tensor DFlashModel::draft(const DraftContext& ctx, const at::Tensor& slot_embeddings) const {
+void DFlashModel::extend_context_at(DraftContext& ctx, const at::Tensor& features, const at::Tensor& base) const {
+  write_context(ctx, features, base + at::arange(features.size(0), base.options()));
+}
+
+bool DFlashModel::flash_drafting() const {
+#if DFLASH_TORCH_AT_LEAST(2, 5)
+  const auto options = fc_.options();
+  return options.device().is_cuda() && (fc_.scalar_type() == at::kBFloat16 || fc_.scalar_type() == at::kHalf) &&
+         shape_.head_dim % 8 == 0 && shape_.head_dim <= 256;
+#else
+  return false;
+#endif
+}
+
+at::Tensor DFlashModel::run_block(DraftContext& ctx, const at::Tensor& slot_embeddings, const at::Tensor& positions,
+                                  int64_t host_keys, const at::Tensor& base) const {
   const c10::NoGradGuard no_grad;
   const DrafterShape& s = shape_;
   const double eps = s.rms_norm_eps;
   const int64_t slots = slot_embeddings.size(0);
   const auto options = fc_.options();
-  const Rotary rotary = rotary_tables(at::arange(ctx.length, ctx.length + slots, options.dtype(at::kLong)).unsqueeze(0),
-                                      s.head_dim, s.rope_theta, options);
+  const Rotary rotary = rotary_tables(positions.unsqueeze(0), s.head_dim, s.rope_theta, options);
+  at::Tensor cu_q, cu_k;  // flash: the block's queries, and the keys [0, base + Bs)
+  if (host_keys == 0) {
+    cu_q = at::arange(0, 2 * slots, slots, base.options()).to(at::kInt);  // [0, Bs], made on the device
+    cu_k = at::cat({at::zeros({1}, base.options()), base + slots}).to(at::kInt);
+  }
   at::Tensor x = slot_embeddings.to(fc_.device(), fc_.scalar_type()).unsqueeze(0);  // [1, Bs, H]
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
@@ -390,18 +438,44 @@ at::Tensor DFlashModel::draft(const DraftContext& ctx, const at::Tensor& slot_em
     const at::Tensor q = rope(rms_norm(at::linear(h, l.q).view({1, slots, s.heads, s.head_dim}), l.q_norm, eps), rotary.cos, rotary.sin);
     const at::Tensor k = rope(rms_norm(at::linear(h, l.k).view({1, slots, s.kv_heads, s.head_dim}), l.k_norm, eps), rotary.cos, rotary.sin);
     const at::Tensor v = at::linear(h, l.v).view({1, slots, s.kv_heads, s.head_dim});
-    // Keys: the accepted context (cached), then the block's own slots.
-    const at::Tensor keys = ctx.length > 0 ? at::cat({ctx.keys[i], k[0]}) : k[0];
-    const at::Tensor values = ctx.length > 0 ? at::cat({ctx.values[i], v[0]}) : v[0];
-    const at::Tensor attention = attend(q.transpose(1, 2), keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0),
-                                        at::Tensor(), s.heads, s.kv_heads, /*cudnn=*/false)
-                                     .transpose(1, 2)
-                                     .reshape({1, slots, s.heads * s.head_dim});
+    // Keys: the accepted context (cached), then the block's own slots, written right after it.
+    ctx.keys[i].index_copy_(0, positions, k[0]);
+    ctx.values[i].index_copy_(0, positions, v[0]);
+    at::Tensor attention;
+    if (host_keys > 0) {
+      const at::Tensor keys = ctx.keys[i].narrow(0, 0, host_keys), values = ctx.values[i].narrow(0, 0, host_keys);
+      attention = attend(q.transpose(1, 2), keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0), at::Tensor(),
+                         s.heads, s.kv_heads, /*cudnn=*/false)
+                      .transpose(1, 2)
+                      .reshape({1, slots, s.heads * s.head_dim});
+    } else {
+#if DFLASH_TORCH_AT_LEAST(2, 5)
+      // Every slot sees every key (no mask): not causal.
+      auto result = at::_flash_attention_forward(q[0].contiguous(), ctx.keys[i], ctx.values[i], cu_q, cu_k, slots, ctx.capacity,
+                                                 /*dropout_p=*/0.0, /*is_causal=*/false, /*return_debug_mask=*/false,
+                                                 1.0 / std::sqrt(static_cast<double>(s.head_dim)));
+      attention = std::get<0>(result).reshape({1, slots, s.heads * s.head_dim});
+#else
+      throw std::logic_error("dflash: flash drafting needs LibTorch >= 2.5");
+#endif
+    }
     const at::Tensor y = x + at::linear(attention, l.o);
     const at::Tensor m = rms_norm(y, l.post_norm, eps);
     x = y + at::linear(at::silu(at::linear(m, l.gate)) * at::linear(m, l.up), l.down);
   }
   return rms_norm(x, final_norm_, eps)[0];
+}
+
+at::Tensor DFlashModel::draft(DraftContext& ctx, const at::Tensor& slot_embeddings) const {
+  const int64_t slots = slot_embeddings.size(0);
+  reserve(ctx, ctx.length + slots);
+  const at::Tensor positions = at::arange(ctx.length, ctx.length + slots, fc_.options().dtype(at::kLong));
+  return run_block(ctx, slot_embeddings, positions, ctx.length + slots, at::Tensor());
+}
+
+at::Tensor DFlashModel::draft_at(DraftContext& ctx, const at::Tensor& slot_embeddings, const at::Tensor& base) const {
+  const at::Tensor positions = base + at::arange(slot_embeddings.size(0), base.options());
+  return run_block(ctx, slot_embeddings, positions, 0, base);
 }
 
 }  // namespace dflash::drafter

@@ -36,10 +36,16 @@ struct BlockMasks {
 
 // One sequence's context for speculative drafting: every layer's keys and
 // values of the accepted positions (after k-norm and RoPE), computed once when
-// the positions are accepted and reused by every later proposal.
+// the positions are accepted and reused by every later proposal. The buffers
+// are allocated ahead (reserve) and written in place: rows [0, length) hold
+// the context, and a proposal writes its block's own keys and values right
+// after them, as scratch that the next extension overwrites.
 struct DraftContext {
-  std::vector<at::Tensor> keys, values;  // per layer [length, kv_heads, head_dim]
+  std::vector<at::Tensor> keys, values;  // per layer [capacity, kv_heads, head_dim]
   int64_t length = 0;
+  int64_t capacity = 0;
+  // Changes whenever the buffers move (a captured CUDA graph reads their addresses).
+  uint64_t generation = 0;
 };
 
 class DFlashModel {
@@ -71,9 +77,23 @@ class DFlashModel {
   // features [n, F·Ht] at positions [length, length + n) — to the context;
   // draft runs one block of slot_embeddings [Bs, H] at positions
   // [length, length + Bs) against the whole context (one document, so no
-  // mask) and returns its hidden states after the final norm, [Bs, H].
+  // mask) and returns its hidden states after the final norm, [Bs, H]. Both
+  // grow the buffers as needed; neither waits for the device.
   void extend_context(DraftContext& context, const at::Tensor& features) const;
-  at::Tensor draft(const DraftContext& context, const at::Tensor& slot_embeddings) const;
+  at::Tensor draft(DraftContext& context, const at::Tensor& slot_embeddings) const;
+
+  // Buffers for at least `positions` positions (doubling; the valid rows move).
+  void reserve(DraftContext& context, int64_t positions) const;
+  // The same two steps with the context's length in device memory, base
+  // int64 [1], for a CUDA graph to capture: nothing host-side depends on the
+  // length (positions, cache rows and the attention's key count are worked
+  // out on the device). The buffers must already hold base + n (+ Bs)
+  // positions, and the caller advances context.length itself.
+  // draft_at attends through flash attention over variable-length keys:
+  // only where flash_drafting() says so.
+  void extend_context_at(DraftContext& context, const at::Tensor& features, const at::Tensor& base) const;
+  at::Tensor draft_at(DraftContext& context, const at::Tensor& slot_embeddings, const at::Tensor& base) const;
+  bool flash_drafting() const;
 
  private:
   struct Layer {
@@ -85,6 +105,13 @@ class DFlashModel {
   NamedParameters parameters_;
   at::Tensor fc_, hidden_norm_, final_norm_;
   std::vector<Layer> layers_;
+  // Drafting's common part: features [n, F·Ht] at device positions [n].
+  void write_context(DraftContext& context, const at::Tensor& features, const at::Tensor& positions) const;
+  // A block's slots at device positions [Bs]; keys: the attention over the
+  // context and the block (host_keys > 0: SDPA over that many; 0: flash
+  // attention with the key count base + Bs on the device).
+  at::Tensor run_block(DraftContext& context, const at::Tensor& slot_embeddings, const at::Tensor& positions,
+                       int64_t host_keys, const at::Tensor& base) const;
   bool activation_checkpointing_ = false;
   AttentionKernel attention_kernel_ = AttentionKernel::kAuto;
 };
