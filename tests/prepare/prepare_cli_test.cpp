@@ -206,3 +206,69 @@ TEST(PrepareCommand, TextsPreparedForTheQuickstartTargetTrainADrafter) {
 }
 
 }  // namespace
+
+namespace {
+
+// The whole recipe on the CPU with the shipped quickstart target, as a user
+// runs it: prepare (texts → prompts, through the tokenizer the config's
+// target names) → generate (the target writes the answers) → train (a few
+// steps on them) → eval (speculative decoding with the trained drafter,
+// checked token for token against the target's greedy decoding).
+TEST(EndToEnd, PrepareGenerateTrainEvalOnTheCpu) {
+  dflash::test::TempDir temp("dflash_e2e");
+  const fs::path dir = temp.path();
+  {
+    std::ofstream texts(dir / "texts.jsonl");
+    const char* subjects[] = {"The os module", "A list comprehension", "The json module", "A context manager",
+                              "The pathlib module", "A generator"};
+    for (int i = 0; i < 24; ++i)
+      texts << json{{"text", std::string(subjects[i % 6]) + " is described in section " + std::to_string(i) +
+                                 " of the library reference. It provides"}}
+                   .dump()
+            << "\n";
+  }
+  std::ifstream quickstart(kConfigs + "/quickstart.json");
+  json config = json::parse(quickstart);
+  config["target"]["path"] = kConfigs + "/quickstart/target";
+  config["data"]["path"] = (dir / "train.jsonl").string();
+  config["train"]["output_dir"] = (dir / "run").string();
+  config["train"]["steps"] = 20;
+  config["train"]["checkpoint_every"] = 20;
+  config["train"]["eval_every"] = 0;
+  const std::string cfg = (dir / "config.json").string();
+  std::ofstream(cfg) << config.dump(2);
+
+  const HostRun prepared = run_host("prepare --for-generate --config " + cfg + " --input " + (dir / "texts.jsonl").string() +
+                                        " --out " + (dir / "prompts.jsonl").string(),
+                                    dir);
+  ASSERT_EQ(prepared.status, 0) << prepared.err;
+  EXPECT_CONTAINS(prepared.out, "24 prompts");
+  const HostRun generated = run_host("generate --config " + cfg + " --prompts " + (dir / "prompts.jsonl").string() +
+                                         " --out " + (dir / "train.jsonl").string() + " --batch-size 8 --max-new-tokens 64",
+                                     dir);
+  ASSERT_EQ(generated.status, 0) << generated.err;
+  const auto lines = json_lines(dir / "train.jsonl");
+  ASSERT_EQ(lines.size(), 24u);
+  const auto prompts = json_lines(dir / "prompts.jsonl");
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto prompt = prompts[i]["prompt_ids"].get<std::vector<int64_t>>();
+    const auto ids = lines[i]["input_ids"].get<std::vector<int64_t>>();
+    ASSERT_GT(ids.size(), prompt.size());
+    EXPECT_TRUE(std::equal(prompt.begin(), prompt.end(), ids.begin())) << "a line starts with its prompt";
+  }
+  const HostRun trained = run_host("train --config " + cfg, dir);
+  ASSERT_EQ(trained.status, 0) << trained.err;
+  const fs::path report = dir / "eval.json";
+  const HostRun evaluated = run_host("eval --config " + cfg + " --drafter-checkpoint " + (dir / "run").string() +
+                                         " --prompts " + (dir / "prompts.jsonl").string() +
+                                         " --max-prompts 4 --max-new-tokens 32 --report " + report.string(),
+                                     dir);
+  ASSERT_EQ(evaluated.status, 0) << evaluated.err;
+  std::ifstream in(report);
+  const json r = json::parse(in);
+  EXPECT_TRUE(r.at("lossless").get<bool>()) << "speculative decoding gives the target's own greedy tokens";
+  EXPECT_GE(r.at("tau_mean").get<double>(), 1.0);
+  EXPECT_EQ(r.at("prompts").get<int64_t>(), 4);
+}
+
+}  // namespace
