@@ -7,6 +7,8 @@
 #include "plugin/registry.h"
 #include "support/expect.h"
 
+#include <cuda_graph.h>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -445,6 +447,120 @@ TEST(DFlashDrafter, DraftingWithACachedContextMatchesTheTrainingForward) {
     const auto drafted = model.draft(context, slots[0].narrow(0, block * bs, bs));
     EXPECT_TRUE(torch::allclose(drafted, trained.narrow(0, block * bs, bs), 1e-10, 1e-10)) << "block at anchor " << a;
   }
+}
+
+// The context's buffers grow by doubling (from 256 positions) and keep what
+// they hold; the device-length variants (a graph's: the length read from a
+// tensor, the cache written by index) compute exactly what the host-length
+// path does. A block drafted at an anchor past the first growth still matches
+// the training forward there.
+TEST(DFlashDrafter, DraftingBuffersGrowAndTheDeviceLengthPathAgrees) {
+  dd::DrafterShape shape;
+  shape.layers = 2;
+  shape.hidden = 16;
+  shape.heads = 4;
+  shape.kv_heads = 2;
+  shape.head_dim = 8;
+  shape.intermediate = 24;
+  shape.feature_layers = 2;
+  shape.target_hidden = 16;
+  shape.rope_theta = 10000.0;
+  const dd::DFlashModel model(shape, 5, 0.3, torch::kDouble, torch::kCPU);
+  const int64_t s = 300, bs = 4, anchor = 290;
+  torch::manual_seed(22);
+  const auto features = torch::randn({1, s, 32}, torch::kDouble);
+  const auto slots = torch::randn({1, bs, 16}, torch::kDouble);
+  const auto anchors = torch::tensor({{anchor}}, torch::kLong);
+  const auto slot_positions = anchor + torch::arange(bs, torch::kLong).unsqueeze(0);
+  const dd::BlockMasks masks{anchors, torch::zeros({1, s}, torch::kLong), bs, 0};
+  const auto trained = model.forward(features, torch::arange(s, torch::kLong).unsqueeze(0), slots, slot_positions, masks)[0];
+
+  dd::DraftContext grown;
+  std::set<uint64_t> generations;
+  for (int64_t from = 0; from < anchor; from += 100) {
+    model.extend_context(grown, features[0].narrow(0, from, std::min<int64_t>(100, anchor - from)));
+    generations.insert(grown.generation);
+  }
+  EXPECT_EQ(grown.length, anchor);
+  EXPECT_EQ(grown.capacity, 512) << "256, then doubled once past it";
+  EXPECT_EQ(generations.size(), 2u) << "the buffers moved once";
+  const auto drafted = model.draft(grown, slots[0]);
+  EXPECT_TRUE(torch::allclose(drafted, trained, 1e-10, 1e-10));
+
+  // The same context written at lengths held in tensors, as a captured graph does.
+  dd::DraftContext at_device;
+  model.reserve(at_device, anchor + bs);
+  for (int64_t from = 0; from < anchor; from += 7) {
+    const int64_t n = std::min<int64_t>(7, anchor - from);
+    model.extend_context_at(at_device, features[0].narrow(0, from, n), torch::tensor({from}, torch::kLong));
+    at_device.length += n;
+  }
+  for (int64_t layer = 0; layer < shape.layers; ++layer) {
+    // (other chunk sizes: the GEMMs may round differently in the last bit)
+    EXPECT_TRUE(torch::allclose(at_device.keys[layer].narrow(0, 0, anchor), grown.keys[layer].narrow(0, 0, anchor), 1e-12, 1e-12));
+    EXPECT_TRUE(torch::allclose(at_device.values[layer].narrow(0, 0, anchor), grown.values[layer].narrow(0, 0, anchor), 1e-12, 1e-12));
+  }
+  EXPECT_FALSE(model.flash_drafting()) << "flash drafting is for CUDA in bf16/fp16";
+  // The block's keys are scratch past the context: a second proposal at the same length gives the same states.
+  const auto again = model.draft(at_device, slots[0]);
+  EXPECT_TRUE(torch::allclose(again, drafted, 1e-10, 1e-10));
+  EXPECT_TRUE(torch::equal(model.draft(at_device, slots[0]), again));
+}
+
+// On a GPU in bf16: drafting with the length on the device (flash attention
+// over the context's variable length, what the plugin captures as a CUDA
+// graph) against the host-length path (SDPA over the narrowed cache), and the
+// captured graph's replay against the same call run eagerly.
+TEST(DFlashDrafter, FlashDraftingAndItsCudaGraphMatchTheHostPath) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  dd::DrafterShape shape;
+  shape.layers = 2;
+  shape.hidden = 64;
+  shape.heads = 4;
+  shape.kv_heads = 2;
+  shape.head_dim = 16;
+  shape.intermediate = 96;
+  shape.feature_layers = 2;
+  shape.target_hidden = 32;
+  shape.rope_theta = 10000.0;
+  const torch::Device cuda("cuda:0");
+  const dd::DFlashModel model(shape, 5, 0.05, torch::kBFloat16, cuda);
+  if (!model.flash_drafting()) GTEST_SKIP() << "this LibTorch has no flash drafting";
+  const int64_t context = 37, bs = 8;
+  torch::manual_seed(23);
+  const auto features = torch::randn({context + 5, 64}, torch::TensorOptions().dtype(torch::kBFloat16).device(cuda));
+  const auto slots = torch::randn({bs, 64}, torch::TensorOptions().dtype(torch::kBFloat16).device(cuda));
+  const auto longs = torch::TensorOptions().dtype(torch::kLong).device(cuda);
+
+  dd::DraftContext host_length;
+  model.extend_context(host_length, features.narrow(0, 0, context));
+  const auto expected = model.draft(host_length, slots).to(torch::kFloat);
+
+  dd::DraftContext device_length;
+  model.reserve(device_length, context + 5 + bs);
+  model.extend_context_at(device_length, features.narrow(0, 0, context), torch::zeros({1}, longs));
+  device_length.length = context;
+  const auto base = torch::full({1}, context, longs);
+  const auto flash = model.draft_at(device_length, slots, base).to(torch::kFloat);
+  EXPECT_LE((flash - expected).abs().max().item<double>(), 3e-2 * expected.abs().max().item<double>());
+
+  // Captured, then replayed after the context grew by 5 (the length refilled in place).
+  dflash::decode_support::CudaGraphPool pool(cuda);
+  torch::Tensor out;
+  std::string error;
+  const auto graph = pool.capture([&] { out = model.draft_at(device_length, slots, base); }, error);
+  if (!dflash::decode_support::kCudaGraphs) GTEST_SKIP() << error;
+  ASSERT_TRUE(graph) << error;
+  model.extend_context_at(device_length, features.narrow(0, context, 5), base);
+  device_length.length = context + 5;
+  base.fill_(context + 5);
+  graph->replay();
+  const auto replayed = out.clone();
+  const auto eager = model.draft_at(device_length, slots, base);
+  EXPECT_TRUE(torch::equal(replayed, eager)) << "a replay computes what the same call computes eagerly";
+  model.extend_context(host_length, features.narrow(0, context, 5));
+  const auto host = model.draft(host_length, slots).to(torch::kFloat);
+  EXPECT_LE((replayed.to(torch::kFloat) - host).abs().max().item<double>(), 3e-2 * host.abs().max().item<double>());
 }
 
 TEST(DFlashDrafter, BadTargetsAndOrderAreRefused) {

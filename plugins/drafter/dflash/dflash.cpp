@@ -78,7 +78,7 @@ class DFlashDrafter : public sdk::Drafter {
   }
 
   explicit DFlashDrafter(const sdk::CreateContext& context)
-      : config_(context.config()), seed_(context.seed()), dtype_(sdk::parse_dtype(context.dtype())),
+      : host_(context.host()), config_(context.config()), seed_(context.seed()), dtype_(sdk::parse_dtype(context.dtype())),
         device_(sdk::parse_device(context.device())) {
     block_size_ = config_.at("block_size").get<int64_t>();
     max_anchors_ = config_.at("max_anchors").get<int64_t>();
@@ -318,6 +318,7 @@ class DFlashDrafter : public sdk::Drafter {
     if (!g.graph) {
       g.failed = true;  // the warm-up's writes are the ones the eager call repeats
       graph_error_ = error;
+      host_->log(DFLASH_LOG_WARN, info.name, ("drafting step not captured as a CUDA graph (it runs eagerly): " + error).c_str());
     }
     return g.graph != nullptr;
   }
@@ -374,6 +375,7 @@ class DFlashDrafter : public sdk::Drafter {
     return *model_;
   }
 
+  const dflash_host_api* host_;
   nlohmann::json config_;
   uint64_t seed_, calls_ = 0;
   c10::ScalarType dtype_;

@@ -404,7 +404,7 @@ struct Decoder::DecodeState {
 
 Decoder::~Decoder() = default;
 
-Decoder::GraphStats Decoder::decode_graph_stats() const { return decode_->stats; }
+const Decoder::GraphStats& Decoder::decode_graph_stats() const { return decode_->stats; }
 
 // Where a decoding step puts its tokens, checked before anything changes.
 struct Decoder::StepPlan {

@@ -102,7 +102,7 @@ class Decoder {
     int64_t captured = 0, replayed = 0, failed = 0;
     std::string last_error;
   };
-  GraphStats decode_graph_stats() const;
+  const GraphStats& decode_graph_stats() const;
 
   // input_ids [B, S]; position_ids [B, S] (restarting per packed document)
   // and document_ids [B, S] are optional: without document_ids, a position id

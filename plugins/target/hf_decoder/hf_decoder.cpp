@@ -62,7 +62,7 @@ class HfDecoderTarget : public sdk::TargetModel {
         .dump();
   }
 
-  explicit HfDecoderTarget(const sdk::CreateContext& context) {
+  explicit HfDecoderTarget(const sdk::CreateContext& context) : host_(context.host()) {
     const std::string dtype = context.config().at("dtype").get<std::string>();
     const auto scalar = sdk::parse_dtype(dtype == "auto" ? context.dtype() : dtype);
     try {
@@ -189,6 +189,7 @@ class HfDecoderTarget : public sdk::TargetModel {
       return decoder_->extend(sessions_, {session}, request.tokens.reshape({1, -1}), request.layer_ids,
                               request.want_logits ? target::LogitRows::kAll : target::LogitRows::kNone);
     });
+    report_graph_failures();
     sdk::TensorDict result;
     for (int64_t id : request.layer_ids) result.set("hidden." + std::to_string(id), out.layers.at(id).select(0, 0));
     if (request.want_logits) result.set("logits", out.logits.select(0, 0));
@@ -202,6 +203,7 @@ class HfDecoderTarget : public sdk::TargetModel {
                                                                                 : target::LogitRows::kNone;
     const target::DecoderOutputs out = invalid_argument_as_error(
         [&] { return decoder_->extend(sessions_, request.sessions, request.tokens, request.layer_ids, rows); });
+    report_graph_failures();
     sdk::TensorDict result;
     for (int64_t id : request.layer_ids) result.set("hidden." + std::to_string(id), out.layers.at(id));
     if (rows != target::LogitRows::kNone) result.set("logits", out.logits);
@@ -239,7 +241,18 @@ class HfDecoderTarget : public sdk::TargetModel {
   }
 
  private:
+  // A step shape whose CUDA graph could not be captured runs eagerly from
+  // then on; say so once per failure, with the reason.
+  void report_graph_failures() {
+    const auto& stats = decoder_->decode_graph_stats();
+    if (stats.failed <= graph_failures_reported_) return;
+    graph_failures_reported_ = stats.failed;
+    host_->log(DFLASH_LOG_WARN, info.name,
+               ("decoding step not captured as a CUDA graph (it runs eagerly): " + stats.last_error).c_str());
+  }
 
+  const dflash_host_api* host_;
+  int64_t graph_failures_reported_ = 0;
   std::unique_ptr<target::Decoder> decoder_;
   int64_t feature_layers_ = 5;
   nlohmann::json tokenizer_;  // tokenizer_fact: null unless the folder has a tokenizer
