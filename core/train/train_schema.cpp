@@ -53,6 +53,9 @@ const nlohmann::json& train_schema() {
                    Bounds::between(1, kMaxEvalTokens))
           .integer("eval_prompt_tokens", 64, "tokens of an input_ids line used as its prompt",
                    Bounds::between(1, kMaxEvalTokens))
+          .boolean("profile_phases", false,
+                   "synchronize the device at each phase of a step (data, target, drafter, loss, backward, "
+                   "optimizer, metrics) and log their times as phase_seconds in metrics.jsonl; slows the step")
           .number("memory_slack", 0.05,
                   "the memory planner's allowance for allocator fragmentation, as a fraction of the predicted peak",
                   Bounds::between(0, 1))

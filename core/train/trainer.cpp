@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include "train/phase_timer.h"
+
 #include "checkpoint/checkpoint.h"
 #include "log/log.h"
 #include "memory/memory_stats.h"
@@ -90,17 +92,21 @@ struct MicroBatch {
   host::LossOutput out;
 };
 void micro_batch(TrainPlugins& p, const Wiring& w, const host::NamedTensors& batch, const c10::Device& device,
-                 bool want_teacher, uint64_t seed, int64_t step, int64_t micro, MicroBatch& mb, std::string& phase) {
+                 bool want_teacher, uint64_t seed, int64_t step, int64_t micro, MicroBatch& mb, std::string& phase,
+                 PhaseTimer& timer) {
   mb = MicroBatch{};
   phase = "target forward";
   for (const auto& [name, tensor] : batch) mb.on_device.emplace_back(name, tensor.to(device));
+  timer.end("batch to device");
   mb.hidden = p.target.forward(mb.on_device, w.layer_ids, want_teacher, /*want_logits=*/false);
+  timer.end("target forward");
   phase = "drafter forward + loss";
   host::NamedTensors inputs = batch;
   for (const auto& entry : mb.hidden) inputs.push_back(entry);
   const uint64_t sample_seed = sdk::splitmix64(seed ^ sdk::splitmix64(static_cast<uint64_t>(step) * 4096 + static_cast<uint64_t>(micro)));
   inputs.emplace_back("sample_seed", at::scalar_tensor(static_cast<int64_t>(sample_seed >> 1), at::kLong));
   mb.drafted = p.drafter.forward(inputs);
+  timer.end("drafter forward");
   mb.call.hidden = require_tensor(mb.drafted, "hidden", "the drafter");
   mb.call.lm_head_weight = w.lm_head;
   mb.call.targets = require_tensor(mb.drafted, "targets", "the drafter");
@@ -110,6 +116,7 @@ void micro_batch(TrainPlugins& p, const Wiring& w, const host::NamedTensors& bat
     mb.call.teacher_hidden = find_tensor(mb.drafted, "teacher_hidden");
   }
   mb.out = p.loss.compute(mb.call);
+  timer.end("loss");
   // The features have been read; the drafter keeps what its backward needs.
   mb.on_device.clear();
   mb.hidden.clear();
@@ -152,7 +159,8 @@ host::NamedTensors first_step_gradients(TrainPlugins& p, const TrainRun& run) {
     if (tensor.grad().defined()) tensor.mutable_grad() = at::Tensor();
   MicroBatch mb;
   std::string phase;
-  micro_batch(p, w, *batch, device, t.at("teacher").get<std::string>() == "hidden", t.at("seed"), 0, 0, mb, phase);
+  PhaseTimer untimed(false, device);
+  micro_batch(p, w, *batch, device, t.at("teacher").get<std::string>() == "hidden", t.at("seed"), 0, 0, mb, phase, untimed);
   mb.out.loss.backward();
   host::NamedTensors grads;
   for (const auto& [name, tensor] : parameters)
@@ -288,8 +296,10 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   MicroBatch live;
   std::string phase;
   bool updating = false;
+  PhaseTimer timer(t.at("profile_phases").get<bool>(), device);
   for (; step < total_steps; ++step) {
     if (run.stop_after > 0 && step - first_step >= run.stop_after) break;
+    timer.start();
     const std::string data_state_at_start = p.data.save_state();
     const std::string scheduler_state_at_start = p.scheduler.has_state() ? p.scheduler.save_state() : "";
     try {
@@ -301,25 +311,30 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
       SlotTally tally;
       bool data_ended = false, finite = true;
       for (int64_t micro = 0; micro < accumulation; ++micro) {
+        timer.end("other");
         std::optional<host::NamedTensors> batch = p.data.next_batch();
+        timer.end("data");
         if (!batch) {
           data_ended = true;
           break;
         }
-        micro_batch(p, wiring, *batch, device, want_teacher, seed, step, micro, live, phase);
+        micro_batch(p, wiring, *batch, device, want_teacher, seed, step, micro, live, phase, timer);
         const host::LossCall& call = live.call;
         const host::NamedTensors& drafted = live.drafted;
         const host::LossOutput& out = live.out;
         const double value = out.loss.item<double>();
         if (!std::isfinite(value)) finite = false;
         phase = "drafter backward";
+        timer.end("loss value (host read)");
         (out.loss / static_cast<double>(accumulation)).backward();
+        timer.end("backward");
         loss_sum += value;
         target_tokens += require_tensor(*batch, "input_ids", "the data source").numel();
         block_rows += call.hidden.size(0);
         const at::Tensor accuracy = find_tensor(out.metrics, "accuracy"), slot = find_tensor(drafted, "slot");
         if (accuracy.defined() && slot.defined() && accuracy.numel() == slot.numel())
           tally.add(slot, accuracy, call.targets.ne(-100), block_size);
+        timer.end("slot accuracy (host read)");
         live = MicroBatch{};
       }
       if (data_ended && target_tokens == 0) {
@@ -341,6 +356,7 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
         updating = true;
         optimizer.step(lr);
         updating = false;
+        timer.end("grad norm + optimizer");
       } else {
         ++consecutive_nonfinite;
         ++nonfinite_total;
@@ -370,6 +386,10 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
                      {"memory_peak_bytes", mem.peak_bytes},
                      {"memory_source", mem.source}});
       if (run.memory_plan) record["memory_planned_peak_bytes"] = run.memory_plan->peak_bytes;
+      if (timer.enabled()) {
+        timer.end("other");
+        record["phase_seconds"] = timer.take();
+      }
       const bool evaluate_now = eval_every > 0 && finite && (step + 1) % eval_every == 0;
       if (evaluate_now) {
         p.drafter.set_training(false);

@@ -301,6 +301,34 @@ TEST(TrainEndToEnd, PeriodicEvaluationLogsRealAcceptanceAndChangesNothing) {
   EXPECT_CONTAINS(no_prompts.err, "train.eval_every is 3 but train.eval_prompts names no prompts file");
 }
 
+// train.profile_phases: every step's time split by phase in metrics.jsonl,
+// the phases adding up to about the step, and the training itself unchanged.
+TEST(TrainEndToEnd, ProfiledPhasesAddUpToTheStepAndChangeNothing) {
+  test::TempDir temp("dflash_train_phases");
+  const std::string dir = temp.path().string();
+  Result plain = host("--config " + small_config(dir, dir + "/plain", 3), dir);
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  Result profiled = host("--config " + small_config(dir, dir + "/profiled", 3) + " --set train.profile_phases=true", dir);
+  ASSERT_EQ(profiled.status, 0) << profiled.err;
+  const auto a = metrics_of(dir + "/plain"), b = metrics_of(dir + "/profiled");
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < b.size(); ++i) {
+    EXPECT_FALSE(a[i].contains("phase_seconds"));
+    EXPECT_EQ(b[i].at("loss").get<double>(), a[i].at("loss").get<double>()) << "step " << i;
+    const auto& phases = b[i].at("phase_seconds");
+    double sum = 0;
+    for (const char* phase : {"data", "batch to device", "target forward", "drafter forward", "loss",
+                              "loss value (host read)", "backward", "grad norm + optimizer"}) {
+      ASSERT_TRUE(phases.contains(phase)) << phase << " in " << phases.dump();
+      EXPECT_GE(phases.at(phase).get<double>(), 0.0);
+    }
+    for (const auto& [name, seconds] : phases.items()) sum += seconds.get<double>();
+    const double step_seconds = b[i].at("step_seconds").get<double>();
+    EXPECT_GE(sum, 0.9 * step_seconds) << "the phases cover the step: " << phases.dump();
+    EXPECT_LE(sum, 1.5 * step_seconds + 0.05) << phases.dump();
+  }
+}
+
 // `ab`: arms that differ in nothing train to bitwise the same curves and
 // step-0 gradients; a different loss differs; an arm whose loss cannot even
 // be created is reported failed with its reason while the others complete;
