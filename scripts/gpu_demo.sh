@@ -25,6 +25,7 @@ drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-3000}"
 generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-8192}"
 eval_prompts="${DFLASH_DEMO_EVAL_PROMPTS:-64}"
 eval_new_tokens="${DFLASH_DEMO_EVAL_NEW_TOKENS:-256}"
+# DFLASH_DEMO_PROFILE=true: the drafter's training logs phase_seconds per step (train.profile_phases).
 mkdir -p "$work" "$out"
 log="$out/demo.log"
 : >"$log"
@@ -58,7 +59,7 @@ python3 "$root/bench/generate_transformers.py" --model "$work/target" --prompts 
 stage "3. train the DFlash drafter (block 16) on the regenerated data, ${drafter_steps} steps"
 "${host[@]}" train --config "$root/configs/gpu-demo.json" "${paths[@]}" --set "data.path=$work/train.jsonl" \
   --set "train.output_dir=$work/run" --set "train.eval_prompts=$work/eval_prompts.jsonl" \
-  --set "train.steps=$drafter_steps" 2>&1 | tee -a "$log"
+  --set "train.steps=$drafter_steps" --set "train.profile_phases=${DFLASH_DEMO_PROFILE:-false}" 2>&1 | tee -a "$log"
 cp "$work/run/metrics.jsonl" "$out/metrics.jsonl"
 
 stage "4. eval on prompts from documents the drafter never saw: DFlash, then prompt lookup"
