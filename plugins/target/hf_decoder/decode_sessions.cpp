@@ -15,7 +15,11 @@ int64_t DecodeSessions::begin(int64_t capacity) {
   const int64_t row = free_row - row_used_.begin();
   if (free_row == row_used_.end() || capacity > row_capacity_) {
     int64_t row_capacity = std::max(row_capacity_, capacity);
-    if (keep_when_empty_ && capacity > row_capacity_) {
+    // A kept pool that must hold longer sequences than before (a run of
+    // varied lengths, one after another) grows to a power of two, so it moves
+    // a few times, not at every new longest sequence. Its first size is what
+    // was asked: a batch of equal capacities (generate) never rounds up.
+    if (keep_when_empty_ && capacity > row_capacity_ && row_capacity_ > 0) {
       int64_t rounded = 1;
       while (rounded < capacity) rounded *= 2;
       if (capacity_limit_ > 0) rounded = std::min(rounded, std::max(capacity_limit_, capacity));

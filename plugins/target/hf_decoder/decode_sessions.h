@@ -9,8 +9,9 @@
 // row into a larger allocation, and is released when the last session ends —
 // unless it is kept (set_keep_when_empty: the decoder's CUDA graphs read the
 // pool's addresses, so a pool that stays put keeps them valid from one
-// sequence to the next). A kept pool grows its row capacity to powers of two,
-// so sequences of varied lengths move it only a few times.
+// sequence to the next). A kept pool that has to grow its row capacity grows
+// it to a power of two, so sequences of varied lengths move it only a few
+// times (its first capacity is the one asked for).
 //
 // generation() changes whenever the tensors move (grown, freed): whatever
 // holds their addresses (a captured graph) is stale then.
@@ -49,9 +50,9 @@ class DecodeSessions {
   int64_t rows() const { return static_cast<int64_t>(row_used_.size()); }
   int64_t row_capacity() const { return row_capacity_; }
   uint64_t generation() const { return generation_; }
-  // Keep the pool when its last session ends, and grow the row capacity to
-  // powers of two (at most `capacity_limit` when that is > 0, and never below
-  // what a session asks for).
+  // Keep the pool when its last session ends, and grow the row capacity, once
+  // it has one, to powers of two (at most `capacity_limit` when that is > 0,
+  // and never below what a session asks for).
   void set_keep_when_empty(bool keep, int64_t capacity_limit) {
     keep_when_empty_ = keep;
     capacity_limit_ = capacity_limit;

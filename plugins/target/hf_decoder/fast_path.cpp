@@ -15,6 +15,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cmath>
+#include <optional>
 #include <vector>
 #endif
 
@@ -140,7 +141,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
                                              /*dropout_p=*/0.0, /*is_causal=*/n > 1, /*return_debug_mask=*/false, scale,
                                              /*window_size_left=*/std::nullopt, /*window_size_right=*/std::nullopt,
                                              /*seqused_k=*/seqused_k);
-  return std::get<0>(result).view({tokens, heads * head_dim});
+  return std::get<0>(result).reshape({tokens, heads * head_dim});
 #else
   (void)q, (void)keys, (void)values, (void)cu_q, (void)cu_k, (void)seqused_k, (void)n, (void)capacity;
   throw std::logic_error("hf_decoder: decode_attention needs LibTorch >= 2.5");
