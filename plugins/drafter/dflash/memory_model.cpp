@@ -6,19 +6,6 @@
 
 namespace dflash::drafter {
 
-std::vector<int64_t> default_target_layer_ids(int64_t target_layers, int64_t count) {
-  if (count == 1) return {target_layers / 2};
-  const int64_t first = 1, last = std::max<int64_t>(first, target_layers - 3);
-  std::vector<int64_t> ids;
-  for (int64_t i = 0; i < count; ++i) {
-    // The reference's arithmetic in doubles, then nearbyint: round half to
-    // even in the default rounding mode, as Python's round().
-    const double at = static_cast<double>(first) + static_cast<double>(i * (last - first)) / static_cast<double>(count - 1);
-    ids.push_back(static_cast<int64_t>(std::nearbyint(at)));
-  }
-  return ids;
-}
-
 namespace {
 
 int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }

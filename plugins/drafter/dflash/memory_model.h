@@ -6,6 +6,8 @@
 // docs/memory.md lists the derivation and the GPU measurements that check it.
 #pragma once
 
+#include <dflash/sdk/recipe.hpp>
+
 #include "dflash_model.h"
 
 #include <dflash/sdk/memory_plan.hpp>
@@ -25,13 +27,8 @@ struct ResolvedShape {
 };
 ResolvedShape resolve_shape(const nlohmann::json& config, const nlohmann::json& target);
 
-// The target layers a drafter of `count` layers reads when target_layer_ids is
-// empty: the reference's build_target_layer_ids (z-lab's DFlash), so a drafter
-// trained with the defaults reads the layers the published ones do — `count`
-// ids from 1 to L − 3 at i·(L − 4)/(count − 1), rounded half to even as
-// Python's round(); one layer: L / 2. Below 5 target layers, where that
-// formula goes under layer 1, the ids stay at 1 or above.
-std::vector<int64_t> default_target_layer_ids(int64_t target_layers, int64_t count);
+// The recipe's default target layers (one definition, in the SDK).
+using sdk::default_target_layer_ids;
 
 // Trainable elements of a drafter of this shape (fc, norms, every layer).
 int64_t parameter_count(const DrafterShape& s);

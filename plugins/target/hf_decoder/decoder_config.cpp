@@ -121,13 +121,4 @@ DecoderConfig read_decoder_config(const std::filesystem::path& file) {
   return c;
 }
 
-std::vector<int64_t> default_feature_layers(int64_t num_layers, int64_t count) {
-  std::vector<int64_t> ids;
-  const int64_t first = 1, last = std::max<int64_t>(1, num_layers - 3);
-  if (count <= 1) return {first};
-  for (int64_t i = 0; i < count; ++i)
-    ids.push_back(first + static_cast<int64_t>(std::llround(static_cast<double>(i) * (last - first) / (count - 1))));
-  return ids;
-}
-
 }  // namespace dflash::target

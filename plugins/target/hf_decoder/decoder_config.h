@@ -37,7 +37,4 @@ struct DecoderConfig {
 // mistyped or unsupported.
 DecoderConfig read_decoder_config(const std::filesystem::path& config_json);
 
-// n layer ids evenly spaced from 1 to L − 3 (the DFlash recipe's choice).
-std::vector<int64_t> default_feature_layers(int64_t num_layers, int64_t count);
-
 }  // namespace dflash::target

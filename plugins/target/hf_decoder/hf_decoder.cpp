@@ -7,6 +7,7 @@
 // hidden_states[i + 1].
 #include "decoder.h"
 
+#include <dflash/sdk/recipe.hpp>
 #include <dflash/sdk/target_model.hpp>
 
 #include <cstdlib>
@@ -39,7 +40,8 @@ class HfDecoderTarget : public sdk::TargetModel {
         .string("dtype", "auto", "weights and activations: auto = the host's compute dtype",
                 {"auto", "float32", "bfloat16", "float16"})
         .integer("feature_layers", 5,
-                 "how many layers default_layer_ids lists: evenly spaced from 1 to L − 3 (the drafter's layer count)",
+                 "how many layers default_layer_ids lists (the drafter's layer count), by the recipe's rule "
+                 "(sdk::default_target_layer_ids: evenly from 1 to L − 3, as the reference DFlash code)",
                  Bounds::at_least(1))
         .string("kernels", "auto",
                 "auto = our CUDA kernels and flash attention on a CUDA device in bf16/fp16 (the ATen path "
@@ -151,7 +153,7 @@ class HfDecoderTarget : public sdk::TargetModel {
             {"rms_norm_eps", c.rms_norm_eps},
             {"rope_theta", c.rope_theta},
             {"model_type", c.model_type},
-            {"default_layer_ids", target::default_feature_layers(c.num_layers, feature_layers)},
+            {"default_layer_ids", sdk::default_target_layer_ids(c.num_layers, feature_layers)},
             {"eos_token_ids", c.eos_token_ids},
             {"bos_token_id", c.bos_token_id},
             {"max_position_embeddings", c.max_position_embeddings}};
