@@ -2,11 +2,9 @@
 
 #include "prepare/conversation.h"
 #include "prepare/encode_units.h"
+#include "generate/lines_file.h"
 
 #include <nlohmann/json.hpp>
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -80,44 +78,6 @@ LineOutcome prepare_line(const text::Tokenizer& tokenizer, const PrepareOptions&
   }
 }
 
-// Writes `path` whole and durably under a temporary name, then renames it in.
-class AtomicOutput {
- public:
-  explicit AtomicOutput(std::filesystem::path path)
-      : path_(std::move(path)), tmp_(path_.string() + ".tmp-" + std::to_string(::getpid())) {
-    out_.open(tmp_, std::ios::binary | std::ios::trunc);
-    if (!out_) throw std::runtime_error(tmp_.string() + ": cannot be written (does the folder exist, is it writable?)");
-  }
-  ~AtomicOutput() {
-    if (!committed_) {
-      out_.close();
-      std::error_code ignored;
-      std::filesystem::remove(tmp_, ignored);
-    }
-  }
-  void write_line(const std::string& line) {
-    out_ << line << '\n';
-    if (!out_) throw std::runtime_error(tmp_.string() + ": write failed (disk full?); " + path_.string() + " is unchanged");
-  }
-  void commit() {
-    out_.close();
-    if (!out_) throw std::runtime_error(tmp_.string() + ": write failed (disk full?); " + path_.string() + " is unchanged");
-    const int fd = ::open(tmp_.c_str(), O_RDONLY);
-    const bool synced = fd >= 0 && ::fsync(fd) == 0;
-    if (fd >= 0) ::close(fd);
-    if (!synced) throw std::runtime_error(tmp_.string() + ": could not be flushed to disk; " + path_.string() + " is unchanged");
-    std::error_code error;
-    std::filesystem::rename(tmp_, path_, error);
-    if (error) throw std::runtime_error(path_.string() + ": cannot be replaced: " + error.message());
-    committed_ = true;
-  }
-
- private:
-  std::filesystem::path path_, tmp_;
-  std::ofstream out_;
-  bool committed_ = false;
-};
-
 std::string skipped_summary(const PrepareReport& report) {
   std::string text;
   for (const auto& [reason, count] : report.skipped)
@@ -141,7 +101,7 @@ PrepareReport prepare_file(const text::Tokenizer& tokenizer, const PrepareOption
   std::ifstream in(options.input, std::ios::binary);
   if (!in) throw std::runtime_error(options.input.string() + ": cannot be read");
   PrepareReport report;
-  AtomicOutput out(options.output);
+  generate::LinesFile out(options.output.string());
   std::string text;
   for (int64_t number = 1; std::getline(in, text); ++number) {
     if (!text.empty() && text.back() == '\r') text.pop_back();
@@ -156,7 +116,7 @@ PrepareReport prepare_file(const text::Tokenizer& tokenizer, const PrepareOption
                                   e.what());
     }
     if (outcome.reason.empty()) {
-      out.write_line(line.dump());
+      out.add(static_cast<size_t>(report.written), line.dump());
       ++report.written;
       continue;
     }
@@ -171,7 +131,7 @@ PrepareReport prepare_file(const text::Tokenizer& tokenizer, const PrepareOption
     throw std::runtime_error(options.input.string() + ": nothing to write, " + why + "; " + options.output.string() +
                              " is unchanged");
   }
-  out.commit();
+  out.commit(static_cast<size_t>(report.written));
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }
