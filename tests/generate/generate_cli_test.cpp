@@ -2,6 +2,7 @@
 // quickstart target, its lines then training a drafter with `dflash-host`,
 // and every flag it refuses before a plugin loads.
 #include "support/expect.h"
+#include "support/host_run.h"
 #include "support/temp_dir.h"
 
 #include <gtest/gtest.h>
@@ -19,26 +20,8 @@
 namespace {
 namespace fs = std::filesystem;
 
-struct HostRun {
-  int status = -1;
-  std::string out, err;
-};
-
-HostRun run_host(const std::string& args, const fs::path& scratch) {
-  const fs::path err_file = scratch / ("stderr_" + std::to_string(::getpid()));
-  const std::string command = std::string(DFLASH_HOST_EXE) + " --no-default-plugin-dirs --plugin-dir " +
-                              DFLASH_INTREE_PLUGIN_DIR + " " + args + " 2>" + err_file.string();
-  HostRun run;
-  FILE* pipe = popen(command.c_str(), "r");
-  std::array<char, 4096> buffer{};
-  for (size_t n; (n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) run.out.append(buffer.data(), n);
-  const int raw = pclose(pipe);
-  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  std::ifstream err(err_file);
-  run.err.assign(std::istreambuf_iterator<char>(err), {});
-  ::unlink(err_file.c_str());
-  return run;
-}
+using dflash::test::HostRun;
+using dflash::test::run_host;
 
 const std::string kConfigs = DFLASH_CONFIGS_DIR;
 const std::string kHeldout = kConfigs + "/quickstart/data/heldout.jsonl";
