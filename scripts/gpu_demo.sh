@@ -21,10 +21,14 @@ build="${DFLASH_DEVICE_BUILD_DIR:-$root/build-gpu}"
 work="${DFLASH_DEMO_DIR:-$root/runs/gpu-demo}"
 out="${OUT:-$work}"
 target_seconds="${DFLASH_DEMO_TARGET_SECONDS:-150}"
+target_layers="${DFLASH_DEMO_TARGET_LAYERS:-8}"
 drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-3000}"
 generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-8192}"
 eval_prompts="${DFLASH_DEMO_EVAL_PROMPTS:-64}"
 eval_new_tokens="${DFLASH_DEMO_EVAL_NEW_TOKENS:-256}"
+train_eval_prompts="${DFLASH_DEMO_TRAIN_EVAL_PROMPTS:-16}"
+profile_prompts="${DFLASH_DEMO_PROFILE_PROMPTS:-16}"
+profile_arms="${DFLASH_DEMO_PROFILE_ARMS:-graphs,eager}"
 # DFLASH_DEMO_PROFILE=true: the drafter's training logs phase_seconds per step (train.profile_phases).
 mkdir -p "$work" "$out"
 log="$out/demo.log"
@@ -41,7 +45,7 @@ paths=(--set "target.path=$work/target")
 
 stage "1. target: tokenizer + Qwen3 LM, ${target_seconds} s of training"
 python3 "$root/scripts/gpu_demo/train_target.py" --corpus "$root/.corpus/corpus.jsonl.gz" --out "$work" \
-  --seconds "$target_seconds" --generate-prompts "$generate_prompts" --eval-prompts "$eval_prompts" 2>&1 | tee -a "$log"
+  --seconds "$target_seconds" --layers "$target_layers" --generate-prompts "$generate_prompts" --eval-prompts "$eval_prompts" 2>&1 | tee -a "$log"
 
 stage "2. prepare + generate: the target answers the training prompts itself"
 for set in generate:gen eval:eval unseen:unseen; do
@@ -51,7 +55,7 @@ done
 "${host[@]}" generate --config "$root/configs/gpu-demo.json" "${paths[@]}" --prompts "$work/gen_prompts.jsonl" \
   --out "$work/train.jsonl" --batch-size 256 --max-new-tokens 256 --report "$work/generate.json" 2>&1 | tee -a "$log"
 # The peer on the same model and a slice of the same prompts, in the same run.
-python3 "$root/bench/generate_transformers.py" --model "$work/target" --prompts "$work/gen_prompts.jsonl" \
+[ "${DFLASH_DEMO_PEER:-1}" = "1" ] && python3 "$root/bench/generate_transformers.py" --model "$work/target" --prompts "$work/gen_prompts.jsonl" \
   --batch-size 256 --max-new-tokens 256 --max-prompts 1024 --dtype bfloat16 >"$work/generate_transformers.json" 2>>"$log" || true
 "${host[@]}" generate --config "$root/configs/gpu-demo.json" "${paths[@]}" --prompts "$work/gen_prompts.jsonl" \
   --out "$work/same_slice.jsonl" --batch-size 256 --max-new-tokens 256 --max-prompts 1024 --report "$work/generate_slice.json" 2>&1 | tee -a "$log"
@@ -67,6 +71,17 @@ stage "4. eval on prompts from documents the drafter never saw: DFlash, then pro
   --prompts "$work/eval_prompts.jsonl" --max-new-tokens "$eval_new_tokens" --report "$out/eval_dflash.json" 2>&1 | tee -a "$log"
 "${host[@]}" eval --config "$root/configs/gpu-demo-prompt-lookup.json" "${paths[@]}" \
   --prompts "$work/eval_prompts.jsonl" --max-new-tokens "$eval_new_tokens" --report "$out/eval_prompt_lookup.json" 2>&1 | tee -a "$log"
+
+# The same drafter on prompts it trained on: the gap to the line above is the
+# distribution gap (memorised answers against generalisation).
+"${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter-checkpoint "$work/run" \
+  --prompts "$work/gen_prompts.jsonl" --max-prompts "$train_eval_prompts" --max-new-tokens "$eval_new_tokens" \
+  --report "$work/eval_dflash_train_prompts.json" 2>&1 | tee -a "$log"
+
+stage "4b. where decode time goes: decode_bench on this target and drafter, the eval prompts"
+"$build/bin/decode_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$work/target" \
+  --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" --max-prompts "$profile_prompts" \
+  --max-new-tokens "$eval_new_tokens" --arms "$profile_arms" --json "$out/decode_profile.json" >/dev/null 2>>"$log" || true
 
 if [ "${DFLASH_DEMO_UNSEEN:-0}" = "1" ]; then
   "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter-checkpoint "$work/run" \

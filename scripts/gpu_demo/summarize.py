@@ -78,6 +78,8 @@ def main():
     dflash = load(os.path.join(args.out, "eval_dflash.json"))
     lookup = load(os.path.join(args.out, "eval_prompt_lookup.json"))
     unseen = load(os.path.join(args.work, "eval_dflash_unseen.json"))
+    trained_on = load(os.path.join(args.work, "eval_dflash_train_prompts.json"))
+    profile = load(os.path.join(args.out, "decode_profile.json"))
     gen = load(os.path.join(args.work, "generate.json"))
     gen_slice = load(os.path.join(args.work, "generate_slice.json"))
     peer = load_lines(os.path.join(args.work, "generate_transformers.json"))
@@ -87,6 +89,8 @@ def main():
     results = {"eval_dflash": {k: v for k, v in (dflash or {}).items() if k != "per_prompt"},
                "eval_prompt_lookup": {k: v for k, v in (lookup or {}).items() if k != "per_prompt"},
                "eval_dflash_unseen": {k: v for k, v in (unseen or {}).items() if k != "per_prompt"},
+               "eval_dflash_train_prompts": {k: v for k, v in (trained_on or {}).items() if k != "per_prompt"},
+               "decode_profile": profile,
                "generate": gen, "generate_slice": gen_slice, "generate_transformers": peer,
                "last_training_record": next((m for m in reversed(metrics) if "loss" in m), None)}
     if dflash and lookup and lookup.get("tau_mean"):
@@ -99,6 +103,8 @@ def main():
     lines = ["| drafter | tau | acceptance at block positions 1 ... 15 | tokens/s (target alone) | speed-up | lossless |",
              "| --- | ---: | --- | ---: | ---: | ---: |",
              eval_row("prompt lookup", lookup), eval_row("DFlash (trained here)", dflash)]
+    if trained_on:
+        lines.append(eval_row("DFlash, prompts it trained on", trained_on))
     if unseen:
         lines.append(eval_row("DFlash, documents the target never saw", unseen))
     lines.append("")
@@ -111,6 +117,12 @@ def main():
         lines.append(f"generate, the same {gen_slice.get('prompts')} prompts: dflash-host {gen_slice['tokens_per_s']:.0f} "
                      f"tokens/s, transformers {peer['tokens_per_s']:.0f} tokens/s "
                      f"({results.get('generate_speed_ratio_to_transformers', 0):.2f}x)")
+    for arm in (profile or {}).get("arms", []):
+        g, sp = arm.get("greedy", {}), arm.get("speculative", {})
+        phases = ", ".join(f"{k} {v:.3f}" for k, v in sp.get("profiled_ms_per_step", {}).items())
+        lines.append(f"decode profile, {arm['arm']}: target alone {g.get('ms_per_token', 0):.3f} ms/token; speculative "
+                     f"{sp.get('ms_per_step', 0):.3f} ms/step, tau {sp.get('tau', 0):.2f}, speed-up "
+                     f"{sp.get('speedup', 0):.2f}x; ms per step: {phases}")
     if plot(metrics, os.path.join(args.out, "curves.png")):
         lines.append("curves: curves.png")
     text = "\n".join(lines) + "\n"

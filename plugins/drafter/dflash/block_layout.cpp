@@ -109,8 +109,10 @@ at::Tensor block_attention_mask(const at::Tensor& anchors_in, const at::Tensor& 
   return at::cat({context, own}, 2);
 }
 
-std::vector<AttentionGroup> attention_groups(const at::Tensor& anchors_in, const at::Tensor& documents_in, int64_t group_blocks) {
+std::vector<AttentionGroup> attention_groups(const at::Tensor& anchors_in, const at::Tensor& documents_in, int64_t group_blocks,
+                                             int64_t key_multiple) {
   if (group_blocks < 1) throw std::invalid_argument("attention_groups: group_blocks must be at least 1");
+  if (key_multiple < 1) throw std::invalid_argument("attention_groups: key_multiple must be at least 1");
   const at::Tensor anchors = cpu_long(anchors_in), documents = cpu_long(documents_in);
   const int64_t rows = documents.size(0), count = anchors.size(1);
   auto anc = anchors.accessor<int64_t, 2>();
@@ -133,6 +135,12 @@ std::vector<AttentionGroup> attention_groups(const at::Tensor& anchors_in, const
       }
       g.context_begin = begin < 0 ? 0 : begin;
       g.context_end = begin < 0 ? 0 : end;
+      const int64_t length = g.context_end - g.context_begin;
+      if (length > 0 && key_multiple > 1) {
+        const int64_t widened = std::min(documents.size(1), (length + key_multiple - 1) / key_multiple * key_multiple);
+        g.context_begin = std::max<int64_t>(0, g.context_end - widened);
+        g.context_end = g.context_begin + widened;
+      }
       groups.push_back(g);
     }
   return groups;

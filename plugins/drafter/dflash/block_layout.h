@@ -51,13 +51,20 @@ at::Tensor block_attention_mask(const at::Tensor& anchors, const at::Tensor& doc
 // lies in its group's range, so nothing is lost; the masked pairs still
 // computed are the spread of the group's anchors and its other blocks' slots.
 // Small groups waste less and give the kernel less work per call.
+//
+// key_multiple > 1 widens every range to a multiple of that many positions
+// (or to the whole row, whichever is shorter), earlier first: the extra keys
+// are masked, and the calls then come in few distinct shapes. Fused kernels
+// (cuDNN's) build an execution plan per shape; with exact ranges nearly every
+// group of every step is a new shape and planning dominates the step.
 struct AttentionGroup {
   int64_t row = 0, first_block = 0, blocks = 0, context_begin = 0, context_end = 0;
   int64_t queries(int64_t block_size) const { return blocks * block_size; }
   int64_t keys(int64_t block_size) const { return context_end - context_begin + blocks * block_size; }
 };
 // anchors [B, A] as sample_anchors gives them (ascending, −1 after the real ones).
-std::vector<AttentionGroup> attention_groups(const at::Tensor& anchors, const at::Tensor& documents, int64_t group_blocks);
+std::vector<AttentionGroup> attention_groups(const at::Tensor& anchors, const at::Tensor& documents, int64_t group_blocks,
+                                             int64_t key_multiple = 1);
 // The group's part of block_attention_mask: its queries' rows, and the columns
 // of its context range then of its own slots. [queries, keys] bool, computed on
 // the device of `anchors` and `documents`.
