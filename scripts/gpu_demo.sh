@@ -6,7 +6,9 @@
 #   2. dflash-host prepare + generate: the target regenerates the training data;
 #   3. dflash-host train: a DFlash drafter (block 16) on the GPU, periodic eval on;
 #   4. dflash-host eval on held-out prompts: tau, acceptance by position,
-#      speed-up over target-only decoding, beside prompt lookup.
+#      speed-up over target-only decoding, beside prompt lookup; then the
+#      DFlash eval again in fp32, the lossless check (DFLASH_DEMO_FP32_CHECK=0
+#      skips it).
 # Everything is made inside the run (nothing survives between device calls).
 #
 #   scripts/gpu_demo.sh            # on the GPU machine; carry .deps/debs and .corpus
@@ -28,7 +30,8 @@ eval_prompts="${DFLASH_DEMO_EVAL_PROMPTS:-64}"
 eval_new_tokens="${DFLASH_DEMO_EVAL_NEW_TOKENS:-256}"
 train_eval_prompts="${DFLASH_DEMO_TRAIN_EVAL_PROMPTS:-16}"
 profile_prompts="${DFLASH_DEMO_PROFILE_PROMPTS:-16}"
-profile_arms="${DFLASH_DEMO_PROFILE_ARMS:-graphs,eager}"
+profile_arms="${DFLASH_DEMO_PROFILE_ARMS:-graphs}"
+fp32_prompts="${DFLASH_DEMO_FP32_PROMPTS:-$eval_prompts}"  # the fp32 lossless check (DFLASH_DEMO_FP32_CHECK=0: off)
 # DFLASH_DEMO_PROFILE=true: the drafter's training logs phase_seconds per step (train.profile_phases).
 mkdir -p "$work" "$out"
 log="$out/demo.log"
@@ -77,6 +80,20 @@ stage "4. eval on prompts from documents the drafter never saw: DFlash, then pro
 "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter-checkpoint "$work/run" \
   --prompts "$work/gen_prompts.jsonl" --max-prompts "$train_eval_prompts" --max-new-tokens "$eval_new_tokens" \
   --report "$work/eval_dflash_train_prompts.json" 2>&1 | tee -a "$log"
+
+# The lossless check in fp32: the same drafter (trained in bf16, its weights
+# upcast exactly by the checkpoint load), the target in fp32 too (the ATen
+# path: the CUDA kernels are bf16/fp16 only), on the same eval prompts. In
+# bf16 a verification block and one-token decoding round differently, and an
+# output can part from greedy decoding at a near-tie (docs/eval.md); fp32's
+# spacing is 65,536 times finer, so there every output should be identical.
+# DFLASH_DEMO_FP32_CHECK=0 skips it. The report stays in $work: $out is full.
+if [ "${DFLASH_DEMO_FP32_CHECK:-1}" = "1" ]; then
+  stage "4a. the lossless check in fp32: DFlash on the same eval prompts, target and drafter in float32"
+  "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --set train.dtype=float32 \
+    --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" --max-prompts "$fp32_prompts" \
+    --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_fp32.json" 2>&1 | tee -a "$log"
+fi
 
 stage "4b. where decode time goes: decode_bench on this target and drafter, the eval prompts"
 "$build/bin/decode_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$work/target" \

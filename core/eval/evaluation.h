@@ -40,7 +40,10 @@ void load_drafter_checkpoint(const std::string& path, const host::DrafterInstanc
 // Decodes every prompt (speculatively, and with the target alone unless
 // settings.baseline is off) and returns the report: τ mean and histogram,
 // acceptance by block position, tokens/s of both, per-prompt results, and
-// whether every output matched the target's greedy one.
+// whether every output matched the target's greedy one. Where one differs,
+// its row gets the first divergence, measured by one extra (untimed) target
+// pass and classified near-tie or other (divergence.h), and the report the
+// lossless summary (lossless_summary).
 nlohmann::json evaluate(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,
                         const std::vector<Prompt>& prompts, const EvalSettings& settings, const nlohmann::json& target_info);
 

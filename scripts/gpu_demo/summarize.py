@@ -31,13 +31,33 @@ def load_lines(path):
     return out
 
 
+def lossless_cell(report):
+    """Identical outputs, and how the others diverge: at near-ties (bf16
+    rounding, docs/eval.md) or elsewhere (wrong tokens)."""
+    cell = f"{report.get('identical_prompts', '?')} / {report['prompts']}"
+    if report.get("lossless") is False and "near_tie_divergences" in report:
+        cell += f"; {report['near_tie_divergences']} near-ties, {report['other_divergences']} other"
+    return cell
+
+
+def eval_summary(report):
+    """A report without its per-prompt rows (every token), keeping where and
+    how each differing prompt diverged."""
+    out = {k: v for k, v in (report or {}).items() if k != "per_prompt"}
+    divergences = [dict(line=row["line"], **row["divergence"])
+                   for row in (report or {}).get("per_prompt", []) if "divergence" in row]
+    if divergences:
+        out["divergences"] = divergences
+    return out
+
+
 def eval_row(name, report):
     if not report:
         return f"| {name} | (no report) | | | | |"
     accept = " ".join(f"{a:.2f}" for a in report.get("acceptance_by_position", [])[:15])
     return (f"| {name} | {report['tau_mean']:.3f} | {accept} | {report['speculative_tokens_per_s']:.0f} "
             f"({report.get('greedy_tokens_per_s', 0):.0f}) | {report.get('speedup', 0):.2f}x | "
-            f"{report.get('identical_prompts', '?')} / {report['prompts']} |")
+            f"{lossless_cell(report)} |")
 
 
 def plot(metrics, path):
@@ -79,6 +99,7 @@ def main():
     lookup = load(os.path.join(args.out, "eval_prompt_lookup.json"))
     unseen = load(os.path.join(args.work, "eval_dflash_unseen.json"))
     trained_on = load(os.path.join(args.work, "eval_dflash_train_prompts.json"))
+    fp32 = load(os.path.join(args.work, "eval_dflash_fp32.json"))
     profile = load(os.path.join(args.out, "decode_profile.json"))
     gen = load(os.path.join(args.work, "generate.json"))
     gen_slice = load(os.path.join(args.work, "generate_slice.json"))
@@ -86,10 +107,11 @@ def main():
     peer = peer[-1] if peer else None
     metrics = load_lines(os.path.join(args.out, "metrics.jsonl"))
 
-    results = {"eval_dflash": {k: v for k, v in (dflash or {}).items() if k != "per_prompt"},
-               "eval_prompt_lookup": {k: v for k, v in (lookup or {}).items() if k != "per_prompt"},
-               "eval_dflash_unseen": {k: v for k, v in (unseen or {}).items() if k != "per_prompt"},
-               "eval_dflash_train_prompts": {k: v for k, v in (trained_on or {}).items() if k != "per_prompt"},
+    results = {"eval_dflash": eval_summary(dflash),
+               "eval_prompt_lookup": eval_summary(lookup),
+               "eval_dflash_unseen": eval_summary(unseen),
+               "eval_dflash_train_prompts": eval_summary(trained_on),
+               "eval_dflash_fp32": eval_summary(fp32),
                "decode_profile": profile,
                "generate": gen, "generate_slice": gen_slice, "generate_transformers": peer,
                "last_training_record": next((m for m in reversed(metrics) if "loss" in m), None)}
@@ -107,6 +129,8 @@ def main():
         lines.append(eval_row("DFlash, prompts it trained on", trained_on))
     if unseen:
         lines.append(eval_row("DFlash, documents the target never saw", unseen))
+    if fp32:
+        lines.append(eval_row("DFlash, fp32: the lossless check", fp32))
     lines.append("")
     if "tau_ratio_to_prompt_lookup" in results:
         lines.append(f"tau ratio DFlash / prompt lookup: {results['tau_ratio_to_prompt_lookup']:.2f}")

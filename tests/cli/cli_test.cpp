@@ -190,6 +190,11 @@ TEST(Cli, EvalDecodesLosslesslyAndWritesItsReport) {
   const auto j = nlohmann::json::parse(in);
   EXPECT_EQ(j.at("prompts"), 3);
   EXPECT_TRUE(j.at("lossless").get<bool>());
+  EXPECT_TRUE(j.at("lossless_up_to_ties").get<bool>());
+  EXPECT_EQ(j.at("identical_prompts"), 3);
+  EXPECT_EQ(j.at("near_tie_divergences"), 0);
+  EXPECT_EQ(j.at("other_divergences"), 0);
+  EXPECT_FALSE(j.contains("near_tie_bound")) << "no divergence was measured";
   EXPECT_GE(j.at("tau_mean").get<double>(), 1.0);
   EXPECT_EQ(j.at("acceptance_by_position").size(), 5u);
   ASSERT_EQ(j.at("per_prompt").size(), 3u);
@@ -197,6 +202,7 @@ TEST(Cli, EvalDecodesLosslesslyAndWritesItsReport) {
     EXPECT_EQ(row.at("generated"), 24);
     EXPECT_EQ(row.at("tokens").size(), 24u);
     EXPECT_TRUE(row.at("identical_to_greedy").get<bool>());
+    EXPECT_FALSE(row.contains("divergence"));
   }
   fs::remove(report);
 

@@ -2,7 +2,10 @@
 // drafter's cached drafting against its training forward, the prompt-lookup
 // baseline's proposals, and speculative decoding against the target's own
 // greedy decoding (lossless) on the shipped quickstart target, with every
-// way a generation can end; plus the errors eval gives for bad inputs.
+// way a generation can end; where two outputs diverge and whether that is a
+// near-tie (the spacing, the bound, a wrong token, bf16 on the CPU); plus the
+// errors eval gives for bad inputs.
+#include "eval/divergence.h"
 #include "eval/evaluation.h"
 #include "plugin/registry.h"
 #include "support/expect.h"
@@ -16,6 +19,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -39,11 +44,11 @@ PluginRegistry& registry() {
   return r;
 }
 
-std::unique_ptr<TargetModelInstance> quickstart_target() {
+std::unique_ptr<TargetModelInstance> quickstart_target(const std::string& dtype = "float32") {
   const auto& record = registry().find(DFLASH_KIND_TARGET_MODEL, "hf_decoder");
   nlohmann::json config = {{"path", kTarget}, {"dtype", "auto"}, {"feature_layers", 2}, {"kernels", "auto"},
                            {"streams", 2}, {"attention", "auto"}};
-  return std::make_unique<TargetModelInstance>(record, config, host::InstanceOptions{"cpu", "float32", 0});
+  return std::make_unique<TargetModelInstance>(record, config, host::InstanceOptions{"cpu", dtype, 0});
 }
 
 std::unique_ptr<DrafterInstance> drafter(const std::string& name, nlohmann::json config, const TargetModelInstance& target) {
@@ -57,7 +62,7 @@ nlohmann::json dflash_config(int64_t block_size) {
   return {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0}, {"head_dim", 0},
           {"intermediate_size", 0}, {"block_size", block_size}, {"max_anchors", 48}, {"gamma", 0.0},
           {"mask_token_id", 259}, {"target_layer_ids", nlohmann::json::array()}, {"init_std", 0.02},
-          {"rope_theta", 0.0}, {"attention", "grouped"}, {"attention_group_blocks", 64}, {"attention_kernel", "auto"},
+          {"rope_theta", 0.0}, {"attention", "grouped"}, {"attention_group_blocks", 64}, {"attention_group_key_multiple", 128}, {"attention_kernel", "auto"},
           {"embedding_on_cpu", false}, {"activation_checkpointing", false}};
 }
 
@@ -466,6 +471,222 @@ TEST(Eval, BadInputsGetClearErrors) {
     }
     return std::string();
   }(), "not a drafter directory");
+}
+
+// The spacing is the unit in the last place of the logits' dtype: at each
+// magnitude, x + spacing is representable and x + spacing / 2 is not.
+TEST(Divergence, SpacingIsTheUnitInTheLastPlaceOfTheDtype) {
+  using c10::ScalarType;
+  EXPECT_EQ(eval::logit_spacing(1.0, ScalarType::BFloat16), std::ldexp(1.0, -7));
+  EXPECT_EQ(eval::logit_spacing(10.0, ScalarType::BFloat16), 0.0625) << "the ~0.06 at |logit| ≈ 10";
+  EXPECT_EQ(eval::logit_spacing(-10.0, ScalarType::BFloat16), 0.0625) << "the magnitude counts, not the sign";
+  EXPECT_EQ(eval::logit_spacing(0.75, ScalarType::BFloat16), std::ldexp(1.0, -8));
+  EXPECT_EQ(eval::logit_spacing(16.0, ScalarType::BFloat16), 0.125) << "a power of two opens the next binade";
+  EXPECT_EQ(eval::logit_spacing(1000.0, ScalarType::BFloat16), 4.0);
+  EXPECT_EQ(eval::logit_spacing(0.0, ScalarType::BFloat16), std::ldexp(1.0, -133)) << "subnormal spacing";
+  EXPECT_EQ(eval::logit_spacing(1.0, ScalarType::Half), std::ldexp(1.0, -10));
+  EXPECT_EQ(eval::logit_spacing(10.0, ScalarType::Half), std::ldexp(1.0, -7));
+  EXPECT_EQ(eval::logit_spacing(60000.0, ScalarType::Half), 32.0);
+  EXPECT_EQ(eval::logit_spacing(1e-6, ScalarType::Half), std::ldexp(1.0, -24)) << "fp16 subnormal spacing";
+  EXPECT_EQ(eval::logit_spacing(1.0, ScalarType::Float), std::ldexp(1.0, -23));
+  EXPECT_EQ(eval::logit_spacing(10.0, ScalarType::Float), std::ldexp(1.0, -20));
+  EXPECT_EQ(eval::logit_spacing(-0.3, ScalarType::Float), std::ldexp(1.0, -25));
+  auto rounded = [](double v, ScalarType t) { return torch::scalar_tensor(v, torch::kDouble).to(t).item<double>(); };
+  for (ScalarType t : {ScalarType::BFloat16, ScalarType::Half, ScalarType::Float})
+    for (double x : {0.09375, 0.75, 1.0, 1.5, 3.0, 9.5, 10.0, 11.375, 24.0, 100.0, -7.25}) {
+      SCOPED_TRACE(std::string(c10::toString(t)) + " at " + std::to_string(x));
+      const double s = eval::logit_spacing(x, t), up = std::fabs(x) + s;
+      ASSERT_EQ(rounded(x, t), x) << "test values are representable";
+      EXPECT_EQ(rounded(up, t), up) << "the next value up is representable";
+      EXPECT_NE(rounded(std::fabs(x) + s / 2, t), std::fabs(x) + s / 2) << "nothing lies between";
+    }
+  EXPECT_THROW(eval::logit_spacing(1.0, ScalarType::Long), std::invalid_argument);
+  try {
+    eval::logit_spacing(1.0, ScalarType::Int);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "logits of dtype Int have no spacing: the target's logits must be bfloat16, float16, float32 or float64");
+  }
+  EXPECT_THROW(eval::logit_spacing(NAN, ScalarType::Float), std::invalid_argument);
+  EXPECT_THROW(eval::near_tie_spacings(ScalarType::Bool), std::invalid_argument);
+}
+
+// The classifier at its boundary, on constructed rows of logits: a gap of
+// exactly the bound is a near-tie, one spacing more is not.
+TEST(Divergence, NearTieBoundary) {
+  using c10::ScalarType;
+  EXPECT_EQ(eval::near_tie_spacings(ScalarType::BFloat16), 8.0);
+  EXPECT_EQ(eval::near_tie_spacings(ScalarType::Half), 8.0);
+  EXPECT_EQ(eval::near_tie_spacings(ScalarType::Float), 128.0);
+  for (ScalarType t : {ScalarType::BFloat16, ScalarType::Half, ScalarType::Float}) {
+    SCOPED_TRACE(c10::toString(t));
+    const double top = 10.0, s = eval::logit_spacing(top, t), bound = eval::near_tie_spacings(t);
+    EXPECT_TRUE(eval::is_near_tie(bound * s, s, t));
+    EXPECT_FALSE(eval::is_near_tie(std::nextafter(bound * s, 1e9), s, t));
+    // Token 3 tops the row; token 5 lies the bound below it, token 6 one spacing further.
+    auto row = torch::full({8}, -4.0, torch::kDouble);
+    row[3] = top;
+    row[5] = top - bound * s;
+    row[6] = top - (bound + 1) * s;
+    row = row.to(t);
+    const eval::Divergence at_bound = eval::divergence_at(17, 5, 3, row);
+    EXPECT_TRUE(at_bound.near_tie);
+    EXPECT_EQ(at_bound.gap, bound * s);
+    EXPECT_EQ(at_bound.spacing, s);
+    EXPECT_EQ(at_bound.top_logit, top);
+    EXPECT_EQ(at_bound.top_token, 3);
+    const nlohmann::json j = at_bound.to_json();
+    EXPECT_EQ(j.at("position"), 17);
+    EXPECT_EQ(j.at("speculative_token"), 5);
+    EXPECT_EQ(j.at("greedy_token"), 3);
+    EXPECT_EQ(j.at("speculative_logit").get<double>(), top - bound * s);
+    EXPECT_EQ(j.at("greedy_logit").get<double>(), top);
+    EXPECT_EQ(j.at("gap_spacings").get<double>(), bound);
+    EXPECT_EQ(j.at("dtype"), eval::dtype_name(t));
+    EXPECT_EQ(j.at("extra_pass_prefers"), "greedy");
+    EXPECT_FALSE(eval::divergence_at(17, 6, 3, row).near_tie) << "one spacing beyond the bound";
+    EXPECT_EQ(eval::divergence_at(17, 3, 6, row).to_json().at("extra_pass_prefers"), "speculative");
+  }
+  // An exact tie (frequent in bf16): gap 0, neither preferred.
+  auto tie = torch::tensor({1.0, 9.5, 9.5}, torch::kBFloat16);
+  EXPECT_EQ(eval::divergence_at(0, 2, 1, tie).to_json().at("extra_pass_prefers"), "equal");
+  EXPECT_TRUE(eval::divergence_at(0, 2, 1, tie).near_tie);
+  // Non-finite logits are no tie; bad rows and tokens are refused with the reason.
+  auto broken = torch::tensor({1.0, std::nan(""), 2.0}, torch::kFloat);
+  EXPECT_FALSE(eval::divergence_at(0, 1, 2, broken).near_tie);
+  EXPECT_EQ(eval::divergence_at(0, 1, 2, broken).note, "the target's logits there are not finite");
+  try {
+    eval::divergence_at(0, 1, 7, broken);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_CONTAINS(e.what(), "token 7 is outside the vocabulary [0, 3)");
+  }
+  EXPECT_THROW(eval::divergence_at(0, 1, 2, broken.unsqueeze(0)), std::invalid_argument);
+  EXPECT_THROW(eval::divergence_at(0, 1, 2, torch::tensor({1, 2, 3}, torch::kLong)), std::invalid_argument);
+}
+
+// A real bug: an output that skipped one of the target's tokens (an
+// off-by-one in acceptance). The report builder measures it on the quickstart
+// target, and it is a wrong token: a gap of whole logits, classified "other".
+// The summary and the console line say so; a near-tie row beside it counts as one.
+TEST(Divergence, AWrongTokenIsAnotherDivergenceWithAWholeLogitGap) {
+  auto target = quickstart_target();
+  const auto prompt = heldout_prompts(1, {64})[0];
+  eval::DecodeLimits limits;
+  limits.max_new_tokens = 24;
+  const std::vector<int64_t> greedy = eval::greedy_decode(*target, prompt, limits).tokens;
+  EXPECT_FALSE(eval::find_divergence(*target, prompt, greedy, greedy)) << "equal outputs have no divergence";
+  size_t k = 6;
+  while (k + 2 < greedy.size() && greedy[k] == greedy[k + 1]) ++k;
+  ASSERT_NE(greedy[k], greedy[k + 1]) << "the prompt's greedy output varies";
+  std::vector<int64_t> wrong(greedy.begin(), greedy.begin() + static_cast<long>(k));
+  wrong.insert(wrong.end(), greedy.begin() + static_cast<long>(k) + 1, greedy.end());
+  wrong.push_back(greedy.back());
+  const auto d = eval::find_divergence(*target, prompt, wrong, greedy);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->position, static_cast<int64_t>(k));
+  EXPECT_EQ(*d->speculative_token, greedy[k + 1]);
+  EXPECT_EQ(*d->greedy_token, greedy[k]);
+  EXPECT_EQ(d->dtype, c10::ScalarType::Float);
+  EXPECT_EQ(d->top_token, greedy[k]) << "the extra pass agrees with greedy decoding (fp32)";
+  EXPECT_EQ(d->greedy_logit, d->top_logit);
+  EXPECT_GE(d->gap, 1.0) << "a wrong token lies whole logits below the top";
+  EXPECT_FALSE(d->near_tie);
+  EXPECT_GT(d->gap / d->spacing, 1e4 * eval::near_tie_spacings(c10::ScalarType::Float));
+  EXPECT_EQ(d->to_json().at("extra_pass_prefers"), "greedy");
+  std::printf("the skipped token: gap %.3f logits = %.3g fp32 spacings\n", d->gap, d->gap / d->spacing);
+  // An output cut short after the same tokens: no stopping rule does that.
+  const auto cut = eval::find_divergence(*target, prompt, std::vector<int64_t>(greedy.begin(), greedy.begin() + 10), greedy);
+  ASSERT_TRUE(cut);
+  EXPECT_EQ(cut->position, 10);
+  EXPECT_FALSE(cut->speculative_token);
+  EXPECT_FALSE(cut->near_tie);
+  EXPECT_TRUE(cut->to_json().at("speculative_token").is_null());
+  EXPECT_CONTAINS(cut->note, "the speculative output ends here and the other goes on");
+
+  // The report: one identical prompt, one near-tie, this wrong token.
+  auto tie_row = torch::tensor({2.0, 9.5, 9.4375}, torch::kBFloat16);
+  nlohmann::json per_prompt = {{{"identical_to_greedy", true}},
+                               {{"identical_to_greedy", false}, {"divergence", eval::divergence_at(30, 2, 1, tie_row).to_json()}},
+                               {{"identical_to_greedy", false}, {"divergence", d->to_json()}}};
+  nlohmann::json report = eval::lossless_summary(per_prompt);
+  EXPECT_EQ(report.at("identical_prompts"), 1);
+  EXPECT_EQ(report.at("near_tie_divergences"), 1);
+  EXPECT_EQ(report.at("other_divergences"), 1);
+  EXPECT_FALSE(report.at("lossless").get<bool>());
+  EXPECT_FALSE(report.at("lossless_up_to_ties").get<bool>());
+  EXPECT_EQ(report.at("near_tie_bound"), (nlohmann::json{{"spacings", 8.0}, {"dtype", "bfloat16"}}));
+  report["per_prompt"] = per_prompt;
+  EXPECT_EQ(eval::lossless_line(report),
+            "NO: 1 of 3 identical; 1 diverges at near-ties (gap ≤ 8 bf16 spacings); 1 other divergence: wrong tokens, not "
+            "rounding (see per_prompt divergence)");
+  EXPECT_CONTAINS(eval::divergence_line(d->to_json()), "at token " + std::to_string(k) + ": NOT a near-tie, gap ");
+  EXPECT_EQ(eval::divergence_line(per_prompt[1].at("divergence")), "at token 30: near-tie, gap 0.0625 = 1 bf16 spacing");
+  // Without the wrong token: lossless up to ties.
+  per_prompt.erase(2);
+  report = eval::lossless_summary(per_prompt);
+  EXPECT_TRUE(report.at("lossless_up_to_ties").get<bool>());
+  EXPECT_FALSE(report.at("lossless").get<bool>());
+  report["per_prompt"] = per_prompt;
+  EXPECT_EQ(eval::lossless_line(report), "NO: 1 of 2 identical; the other 1 diverges at near-ties (gap ≤ 8 bf16 spacings); "
+                                         "0 other divergences: lossless up to rounding ties");
+}
+
+// In bf16 on the CPU the verification pass and one-token decoding round
+// differently too, and outputs can part at ties: eval measures each
+// divergence with the extra pass, and every one is a near-tie. (Whether a
+// tie is met depends on the CPU's kernels; where none is, the outputs are
+// identical, which the check accepts as well.)
+TEST(Divergence, Bf16EvalIsLosslessUpToTies) {
+  auto target = quickstart_target("bfloat16");
+  const auto& record = registry().find(DFLASH_KIND_DRAFTER, "prompt_lookup");
+  DrafterInstance lookup(record, prompt_lookup_config(16), host::InstanceOptions{"cpu", "bfloat16", 7});
+  lookup.bind_target(target->describe(),
+                     host::place_frozen_weights(target->frozen_weights(), "hf_decoder", torch::kCPU, torch::kBFloat16));
+  eval::EvalSettings s;
+  s.prompts_file = kHeldout;
+  s.max_prompts = 3;
+  s.max_new_tokens = 96;
+  const auto info = target->describe();
+  const nlohmann::json r = eval::evaluate(*target, lookup, eval::read_prompts(s, info), s, info);
+  EXPECT_TRUE(r.at("lossless_up_to_ties").get<bool>()) << eval::format_report(r);
+  EXPECT_EQ(r.at("other_divergences"), 0);
+  EXPECT_EQ(r.at("identical_prompts").get<int64_t>() + r.at("near_tie_divergences").get<int64_t>(), 3);
+  for (const auto& row : r.at("per_prompt")) {
+    EXPECT_EQ(row.contains("divergence"), !row.at("identical_to_greedy").get<bool>());
+    if (!row.contains("divergence")) continue;
+    const auto& d = row.at("divergence");
+    EXPECT_EQ(d.at("dtype"), "bfloat16");
+    EXPECT_LE(d.at("gap_spacings").get<double>(), 8.0);
+    const auto& greedy = row.at("greedy_tokens");
+    const int64_t i = d.at("position").get<int64_t>();
+    EXPECT_EQ(row.at("tokens")[i], d.at("speculative_token"));
+    EXPECT_EQ(greedy[i], d.at("greedy_token"));
+    for (int64_t j = 0; j < i; ++j) EXPECT_EQ(row.at("tokens")[j], greedy[j]) << "the first difference";
+  }
+  std::printf("bf16 on this CPU: %lld of 3 identical, %lld near-tie divergences\n",
+              static_cast<long long>(r.at("identical_prompts").get<int64_t>()),
+              static_cast<long long>(r.at("near_tie_divergences").get<int64_t>()));
+}
+
+// The fp32 lossless check loads a checkpoint trained in bf16 into an fp32
+// drafter: copy_ converts, every value exactly (bf16 ⊂ fp32), the drafter stays fp32.
+TEST(Eval, ABf16CheckpointLoadsIntoAnFp32Drafter) {
+  auto target = quickstart_target();
+  auto d = drafter("dflash", dflash_config(8), *target);
+  test::TempDir temp("dflash_eval_bf16");
+  const std::string ckpt = temp.path().string();
+  NamedTensors bf16;
+  for (const auto& [name, t] : d->parameters()) bf16.emplace_back(name, (t.detach() * 1.37 + 0.01).to(torch::kBFloat16));
+  std::ofstream(ckpt + "/config.json") << d->export_config()->dump();
+  sdk::safetensors::save_tensors(ckpt + "/model.safetensors", bf16);
+  eval::load_drafter_checkpoint(ckpt, *d, target->describe());
+  const NamedTensors loaded = d->parameters();
+  ASSERT_EQ(loaded.size(), bf16.size());
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    EXPECT_EQ(loaded[i].second.scalar_type(), torch::kFloat) << loaded[i].first;
+    EXPECT_TRUE(torch::equal(loaded[i].second, bf16[i].second.to(torch::kFloat))) << loaded[i].first;
+  }
 }
 
 }  // namespace
