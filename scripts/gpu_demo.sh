@@ -28,6 +28,8 @@ drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-3000}"
 generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-8192}"
 eval_prompts="${DFLASH_DEMO_EVAL_PROMPTS:-64}"
 eval_new_tokens="${DFLASH_DEMO_EVAL_NEW_TOKENS:-256}"
+drafter_max_seconds="${DFLASH_DEMO_DRAFTER_MAX_SECONDS:-270}"
+checkpoint_every="${DFLASH_DEMO_CHECKPOINT_EVERY:-500}"
 train_eval_prompts="${DFLASH_DEMO_TRAIN_EVAL_PROMPTS:-16}"
 profile_prompts="${DFLASH_DEMO_PROFILE_PROMPTS:-16}"
 profile_arms="${DFLASH_DEMO_PROFILE_ARMS:-graphs}"
@@ -64,9 +66,16 @@ done
   --out "$work/same_slice.jsonl" --batch-size 256 --max-new-tokens 256 --max-prompts 1024 --report "$work/generate_slice.json" 2>&1 | tee -a "$log"
 
 stage "3. train the DFlash drafter (block 16) on the regenerated data, ${drafter_steps} steps"
-"${host[@]}" train --config "$root/configs/gpu-demo.json" "${paths[@]}" --set "data.path=$work/train.jsonl" \
-  --set "train.output_dir=$work/run" --set "train.eval_prompts=$work/eval_prompts.jsonl" \
-  --set "train.steps=$drafter_steps" --set "train.profile_phases=${DFLASH_DEMO_PROFILE:-false}" 2>&1 | tee -a "$log"
+# A time budget as well as a step count: a device call ends hard at 10
+# minutes, so a slower step than planned stops the training (kill; its
+# checkpoints are crash-safe) and the evaluation takes the last checkpoint.
+if ! timeout --signal=KILL "$drafter_max_seconds" "${host[@]}" train --config "$root/configs/gpu-demo.json" "${paths[@]}" \
+  --set "data.path=$work/train.jsonl" --set "train.output_dir=$work/run" --set "train.eval_prompts=$work/eval_prompts.jsonl" \
+  --set "train.steps=$drafter_steps" --set "train.checkpoint_every=$checkpoint_every" \
+  --set "train.profile_phases=${DFLASH_DEMO_PROFILE:-false}" >>"$log" 2>&1; then
+  stage "training stopped at its time budget (${drafter_max_seconds} s) or failed; the last checkpoint is evaluated"
+fi
+grep -E "^step|checkpoint:|τ =" "$log" | tail -4
 cp "$work/run/metrics.jsonl" "$out/metrics.jsonl"
 
 stage "4. eval on prompts from documents the drafter never saw: DFlash, then prompt lookup"
