@@ -524,8 +524,9 @@ TEST(DFlashDrafter, FlashDraftingAndItsCudaGraphMatchTheHostPath) {
   shape.target_hidden = 32;
   shape.rope_theta = 10000.0;
   const torch::Device cuda("cuda:0");
-  const dd::DFlashModel model(shape, 5, 0.05, torch::kBFloat16, cuda);
+  dd::DFlashModel model(shape, 5, 0.05, torch::kBFloat16, cuda);
   if (!model.flash_drafting()) GTEST_SKIP() << "this LibTorch has no flash drafting";
+  model.set_drafting_kernels(false);  // the ATen path (the fused one: drafting_fast_path_test.cpp)
   const int64_t context = 37, bs = 8;
   torch::manual_seed(23);
   const auto features = torch::randn({context + 5, 64}, torch::TensorOptions().dtype(torch::kBFloat16).device(cuda));

@@ -74,6 +74,12 @@ class DFlashDrafter : public sdk::Drafter {
                 "and replay them after, while one drafting session is open; the context buffers then serve the next "
                 "session; off = every call runs eagerly",
                 {"auto", "off"})
+        .string("kernels", "auto",
+                "speculative drafting: auto = our fused CUDA kernels (those of the hf_decoder target: RMSNorm, q/k "
+                "norm + RoPE, SwiGLU, with fused q/k/v and gate/up GEMMs) where flash drafting runs (CUDA, "
+                "bf16/fp16), the ATen path elsewhere; aten = the ATen reference path everywhere. Training never "
+                "uses them",
+                {"auto", "aten"})
         .dump();
   }
 
@@ -111,6 +117,7 @@ class DFlashDrafter : public sdk::Drafter {
     graphs_possible_ = decode_support::kCudaGraphs && config_.value("decode_graphs", std::string("auto")) == "auto" &&
                        model_->flash_drafting() && embed_.device() == device_;
     graph_pool_ = std::make_unique<decode_support::CudaGraphPool>(device_);
+    model_->set_drafting_kernels(config_.value("kernels", std::string("auto")) == "auto");
   }
 
   // Blocks per attention call: attention_group_blocks when grouped, 0 = dense.
@@ -262,6 +269,16 @@ class DFlashDrafter : public sdk::Drafter {
     const at::Tensor hidden = bound().draft(context, embed_.index_select(0, slot_ids).to(device_));
     return at::linear(hidden.narrow(0, 1, take), draft_lm_head_).argmax(-1);
   }
+  // Back to training after an evaluation: what drafting keeps between
+  // sessions — the graphs, the spare context, the fused path's copies of the
+  // projections — is freed, so training has the memory it was planned with.
+  // The next drafting call builds it again.
+  void set_training(bool training) {
+    if (!training || !model_) return;
+    graphs_.clear();
+    spare_ = drafter::DraftContext{};
+    model_->release_drafting();  // after the graphs that read it
+  }
   void draft_end(int64_t session) {
     auto it = drafts_.find(session);
     if (it == drafts_.end()) return;
@@ -327,6 +344,7 @@ class DFlashDrafter : public sdk::Drafter {
     for (const at::Tensor& f : features)
       if (f.device() != device_ || f.scalar_type() != features[0].scalar_type()) return false;
     bound().reserve(context, context.length + n + block_size_);  // this extension and the next proposal
+    bound().prepare_drafting(context);  // a replay reads the fused weights and rotary table as they are
     Graph* g = graph_for(context, n);
     if (!g) return false;
     int64_t width = 0;
@@ -345,6 +363,7 @@ class DFlashDrafter : public sdk::Drafter {
   bool propose_graphed(drafter::DraftContext& context, const at::Tensor& last, int64_t take, at::Tensor& proposal) {
     if (!graphs_possible_) return false;
     bound().reserve(context, context.length + block_size_);
+    bound().prepare_drafting(context);
     Graph* g = graph_for(context, 0);
     if (!g) return false;
     const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);

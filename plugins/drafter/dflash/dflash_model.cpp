@@ -1,5 +1,7 @@
 #include "dflash_model.h"
 
+#include "drafting_fast_path.h"
+
 #include <dflash/sdk/torch_compat.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -381,6 +383,8 @@ void DFlashModel::reserve(DraftContext& ctx, int64_t positions) const {
 }
 
 void DFlashModel::write_context(DraftContext& ctx, const at::Tensor& features, const at::Tensor& positions) const {
+  if (DraftingFastPath* fused = drafting_fast_path())  // the GPU's fused kernels (drafting_fast_path.h)
+    return fused->write_context(*this, ctx, features, positions);
   const c10::NoGradGuard no_grad;
   const DrafterShape& s = shape_;
   const int64_t n = features.size(0);
@@ -420,6 +424,8 @@ bool DFlashModel::flash_drafting() const {
 
 at::Tensor DFlashModel::run_block(DraftContext& ctx, const at::Tensor& slot_embeddings, const at::Tensor& positions,
                                   int64_t host_keys, const at::Tensor& base) const {
+  if (DraftingFastPath* fused = drafting_fast_path())  // the GPU's fused kernels (drafting_fast_path.h)
+    return fused->run_block(*this, ctx, slot_embeddings, positions, host_keys, base);
   const c10::NoGradGuard no_grad;
   const DrafterShape& s = shape_;
   const double eps = s.rms_norm_eps;

@@ -8,11 +8,14 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace dflash::drafter {
+
+class DraftingFastPath;
 
 struct DrafterShape {
   int64_t layers = 1, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
@@ -46,6 +49,10 @@ struct DraftContext {
   int64_t capacity = 0;
   // Changes whenever the buffers move (a captured CUDA graph reads their addresses).
   uint64_t generation = 0;
+  // The fused drafting path's rotary table (drafting_fast_path.h): cos and
+  // sin of positions [0, capacity), fp32 [2, capacity, head_dim/2]; rebuilt
+  // only when it is shorter than the buffers, so it moves only after they do.
+  at::Tensor rotary;
 };
 
 class DFlashModel {
@@ -95,7 +102,24 @@ class DFlashModel {
   at::Tensor draft_at(DraftContext& context, const at::Tensor& slot_embeddings, const at::Tensor& base) const;
   bool flash_drafting() const;
 
+  // Drafting (the four calls above) through fused CUDA kernels where they
+  // run (drafting_fast_path.h: a build with the kernels, and flash drafting);
+  // off: the ATen path everywhere, the reference. On by default; training's
+  // forward never uses them.
+  void set_drafting_kernels(bool on) { drafting_kernels_ = on; }
+  bool fused_drafting() const;
+  // The fused path's state made current outside any CUDA graph capture, for
+  // a caller about to replay one: each layer's fused projections rewritten
+  // in place if a parameter changed since (their version counters), and the
+  // context's rotary table sized to its buffers. Host-side checks only;
+  // nothing on the ATen path. The drafting calls do the same themselves.
+  void prepare_drafting(DraftContext& context) const;
+  // Frees the fused projections; the next drafting call builds them again,
+  // at new addresses (drop captured graphs first).
+  void release_drafting() const;
+
  private:
+  friend class DraftingFastPath;
   struct Layer {
     at::Tensor input_norm, q, k, v, o, q_norm, k_norm, post_norm, gate, up, down;
   };
@@ -114,6 +138,10 @@ class DFlashModel {
                        int64_t host_keys, const at::Tensor& base) const;
   bool activation_checkpointing_ = false;
   AttentionKernel attention_kernel_ = AttentionKernel::kAuto;
+  // The fused drafting path when it runs here and is on, else null.
+  DraftingFastPath* drafting_fast_path() const;
+  bool drafting_kernels_ = true;
+  mutable std::shared_ptr<DraftingFastPath> drafting_fast_path_;  // built on first use
 };
 
 }  // namespace dflash::drafter

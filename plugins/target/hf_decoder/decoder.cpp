@@ -3,6 +3,7 @@
 #include "fast_path.h"
 
 #include <cuda_graph.h>
+#include <kernel_ops.h>
 #include <dflash/sdk/memory_plan.hpp>
 #include <dflash/sdk/safetensors_torch.hpp>
 #include <dflash/sdk/torch_compat.hpp>
@@ -219,7 +220,7 @@ Rotary rotary(const at::Tensor& angles, c10::ScalarType dtype, bool kernels) {
 }
 
 at::Tensor norm(const DecoderConfig& c, const at::Tensor& x, const at::Tensor& weight, bool kernels) {
-  return kernels ? fast_path::rms_norm(x, weight, c.rms_norm_eps) : rms_norm(x, weight, c.rms_norm_eps);
+  return kernels ? kernel_ops::rms_norm(x, weight, c.rms_norm_eps) : rms_norm(x, weight, c.rms_norm_eps);
 }
 
 // One layer's queries, keys and values: input RMSNorm, the fused qkv GEMM,
@@ -232,7 +233,7 @@ QKV project_qkv(const DecoderConfig& c, const LayerWeights& w, const at::Tensor&
   const int64_t n = x.size(0), heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
   const at::Tensor qkv = at::linear(norm(c, x, w.input_norm, r.kernels), w.qkv, w.qkv_bias);  // [N, (heads + 2 kv) hd]
   if (r.kernels) {
-    const auto t = fast_path::qk_norm_rope(qkv, w.q_norm, w.k_norm, r.cos, r.sin, heads, kv_heads, hd, c.rms_norm_eps);
+    const auto t = kernel_ops::qk_norm_rope(qkv, w.q_norm, w.k_norm, r.cos, r.sin, heads, kv_heads, hd, c.rms_norm_eps);
     return {t.q, t.k, t.v};
   }
   at::Tensor q = qkv.narrow(1, 0, heads * hd).reshape({n, heads, hd});
@@ -252,7 +253,7 @@ at::Tensor finish_layer(const DecoderConfig& c, const LayerWeights& w, at::Tenso
   x = add_projection(x, attention, w.o, x_is_returned);
   const at::Tensor gate_up = at::linear(norm(c, x, w.post_attention_norm, kernels), w.gate_up);  // [N, 2 I]
   const int64_t inter = c.intermediate_size;
-  const at::Tensor act = kernels ? fast_path::swiglu(gate_up) : at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
+  const at::Tensor act = kernels ? kernel_ops::swiglu(gate_up) : at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
   return add_projection(x, act, w.down, x_is_returned);
 }
 
@@ -349,20 +350,20 @@ DecoderOutputs Decoder::forward_kernels(const PackedBatch& batch, const std::set
     at::Tensor xg = x.narrow(0, m.first_token, m.tokens);
     auto slice = [&](const at::Tensor& full) { return full.view({n, h}).narrow(0, m.first_token, m.tokens); };
     if (step == c.num_layers) {
-      if (want_last_hidden) slice(out.last_hidden).copy_(fast_path::rms_norm(xg, final_norm_, c.rms_norm_eps));
+      if (want_last_hidden) slice(out.last_hidden).copy_(kernel_ops::rms_norm(xg, final_norm_, c.rms_norm_eps));
       return;
     }
     const LayerWeights& w = layers_[step];
-    const at::Tensor qkv = at::linear(fast_path::rms_norm(xg, w.input_norm, c.rms_norm_eps), w.qkv, w.qkv_bias);
-    const auto t = fast_path::qk_norm_rope(qkv, w.q_norm, w.k_norm, cos.narrow(0, m.first_token, m.tokens),
-                                           sin.narrow(0, m.first_token, m.tokens), heads, kv_heads, hd, c.rms_norm_eps);
+    const at::Tensor qkv = at::linear(kernel_ops::rms_norm(xg, w.input_norm, c.rms_norm_eps), w.qkv, w.qkv_bias);
+    const auto t = kernel_ops::qk_norm_rope(qkv, w.q_norm, w.k_norm, cos.narrow(0, m.first_token, m.tokens),
+                                            sin.narrow(0, m.first_token, m.tokens), heads, kv_heads, hd, c.rms_norm_eps);
     const at::Tensor attention =
         cudnn_attention_ && m.one_document_per_row
             ? fast_path::row_causal_attention_cudnn(t.q, t.k, t.v, m.rows)
             : fast_path::document_causal_attention(t.q, t.k, t.v, m.cu_seqlens, m.max_document).view({m.tokens, heads * hd});
     xg.addmm_(attention, w.o.t());  // the residual add inside the GEMM
-    const at::Tensor gate_up = at::linear(fast_path::rms_norm(xg, w.post_attention_norm, c.rms_norm_eps), w.gate_up);
-    xg.addmm_(fast_path::swiglu(gate_up), w.down.t());
+    const at::Tensor gate_up = at::linear(kernel_ops::rms_norm(xg, w.post_attention_norm, c.rms_norm_eps), w.gate_up);
+    xg.addmm_(kernel_ops::swiglu(gate_up), w.down.t());
     if (wanted.count(step)) slice(out.layers[step]).copy_(xg);
   });
     return out;

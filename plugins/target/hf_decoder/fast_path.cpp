@@ -1,12 +1,11 @@
 #include "fast_path.h"
 
 #include <dflash/sdk/torch_compat.hpp>
+#include <kernel_ops.h>
 
 #include <stdexcept>
 
-#if DFLASH_HF_CUDA
-#include "cuda_kernels.h"
-
+#if DFLASH_CUDA_KERNELS
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/ops/_flash_attention_forward.h>
@@ -21,56 +20,13 @@
 
 namespace dflash::target::fast_path {
 
-#if DFLASH_HF_CUDA
-namespace {
-
-cuda::Element element_of(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 ? cuda::Element::kBFloat16 : cuda::Element::kFloat16;
-}
-cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
-const void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
-
-}  // namespace
-
-bool available() { return true; }
+bool available() { return kernel_ops::available(); }
 
 bool supports(const at::Tensor& like, int64_t head_dim) {
-  return like.is_cuda() && (like.scalar_type() == at::kBFloat16 || like.scalar_type() == at::kHalf) && head_dim <= 256 &&
-         head_dim % 2 == 0;
+  return kernel_ops::runs_on(like) && head_dim <= 256 && head_dim % 2 == 0;
 }
 
-at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
-  const c10::cuda::CUDAGuard guard(x_in.device());
-  const at::Tensor x = x_in.contiguous();
-  at::Tensor out = at::empty_like(x);
-  const int64_t width = x.size(-1);
-  cuda::rms_norm(element_of(x), x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() / width, width,
-                 static_cast<float>(eps), stream_of(x));
-  return out;
-}
-
-HeadTensors qk_norm_rope(const at::Tensor& qkv_in, const at::Tensor& q_norm, const at::Tensor& k_norm,
-                         const at::Tensor& cos, const at::Tensor& sin, int64_t heads, int64_t kv_heads,
-                         int64_t head_dim, double eps) {
-  const c10::cuda::CUDAGuard guard(qkv_in.device());
-  const at::Tensor qkv = qkv_in.contiguous();
-  const int64_t tokens = qkv.size(0);
-  HeadTensors out{at::empty({tokens, heads, head_dim}, qkv.options()), at::empty({tokens, kv_heads, head_dim}, qkv.options()),
-                  at::empty({tokens, kv_heads, head_dim}, qkv.options())};
-  cuda::qk_norm_rope(element_of(qkv), qkv.data_ptr(), data_or_null(q_norm), data_or_null(k_norm),
-                     cos.data_ptr<float>(), sin.data_ptr<float>(), out.q.data_ptr(), out.k.data_ptr(), out.v.data_ptr(),
-                     tokens, heads, kv_heads, head_dim, static_cast<float>(eps), stream_of(qkv));
-  return out;
-}
-
-at::Tensor swiglu(const at::Tensor& gate_up_in) {
-  const c10::cuda::CUDAGuard guard(gate_up_in.device());
-  const at::Tensor gate_up = gate_up_in.contiguous();
-  const int64_t width = gate_up.size(-1) / 2, rows = gate_up.numel() / gate_up.size(-1);
-  at::Tensor out = at::empty({rows, width}, gate_up.options());
-  cuda::swiglu(element_of(gate_up), gate_up.data_ptr(), out.data_ptr(), rows, width, stream_of(gate_up));
-  return out;
-}
+#if DFLASH_CUDA_KERNELS
 
 namespace {
 // Both attention kernels take head dims in multiples of 8; zero columns
@@ -189,14 +145,6 @@ namespace {
 [[noreturn]] void unavailable() { throw std::logic_error("hf_decoder: this build has no CUDA kernels"); }
 }  // namespace
 
-bool available() { return false; }
-bool supports(const at::Tensor&, int64_t) { return false; }
-at::Tensor rms_norm(const at::Tensor&, const at::Tensor&, double) { unavailable(); }
-HeadTensors qk_norm_rope(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                         int64_t, int64_t, int64_t, double) {
-  unavailable();
-}
-at::Tensor swiglu(const at::Tensor&) { unavailable(); }
 at::Tensor document_causal_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                      int64_t) {
   unavailable();

@@ -1,8 +1,9 @@
 // The GPU path of the hf_decoder forward: our CUDA kernels for the steps
-// between the GEMMs, and flash attention over variable-length documents (no
-// [S, S] mask is ever built). Compiled only against a CUDA LibTorch; elsewhere
-// available() is false and the decoder runs its ATen reference path, which is
-// also what the GPU path is tested against.
+// between the GEMMs (kernel_ops.h, shared with the dflash drafter), and flash
+// attention over variable-length documents (no [S, S] mask is ever built).
+// Compiled only against a CUDA LibTorch; elsewhere available() is false and
+// the decoder runs its ATen reference path, which is also what the GPU path
+// is tested against.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,29 +14,13 @@
 
 namespace dflash::target::fast_path {
 
-// Whether this build carries the kernels.
+// Whether this build carries the kernels (kernel_ops.h: RMSNorm, q/k norm +
+// RoPE, SwiGLU; the attention calls below).
 bool available();
 
 // Whether the kernels can run these activations: a CUDA tensor of bf16 or fp16
 // and a head_dim flash attention takes (≤ 256).
 bool supports(const at::Tensor& like, int64_t head_dim);
-
-// x [rows, width] → weight ⊙ RMSNorm(x), Hugging Face's rounding.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
-
-struct HeadTensors {
-  at::Tensor q, k, v;  // [tokens, heads, head_dim], [tokens, kv_heads, head_dim] ×2, contiguous
-};
-
-// The fused projection's output [tokens, (heads + 2·kv_heads)·head_dim] → q and k
-// with the optional per-head RMSNorm (undefined weights: none) and the rotary
-// embedding (cos/sin: fp32 [tokens, head_dim/2]), and v.
-HeadTensors qk_norm_rope(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm,
-                         const at::Tensor& cos, const at::Tensor& sin, int64_t heads, int64_t kv_heads,
-                         int64_t head_dim, double eps);
-
-// gate_up [rows, 2·width] → silu(gate) ⊙ up [rows, width].
-at::Tensor swiglu(const at::Tensor& gate_up);
 
 // Causal attention within each document of a flattened packed batch:
 // cu_seqlens int32 [documents + 1] (offsets into the token dimension),

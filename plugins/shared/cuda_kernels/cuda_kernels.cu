@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace dflash::target::cuda {
+namespace dflash::cuda_kernels {
 namespace {
 
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -154,7 +154,7 @@ __global__ void swiglu_kernel(const T* __restrict__ gate_up, T* __restrict__ out
 
 void check_launch(const char* what) {
   const cudaError_t error = cudaGetLastError();
-  if (error != cudaSuccess) throw std::runtime_error(std::string("hf_decoder CUDA kernel ") + what + ": " + cudaGetErrorString(error));
+  if (error != cudaSuccess) throw std::runtime_error(std::string("dflash CUDA kernel ") + what + ": " + cudaGetErrorString(error));
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -225,4 +225,4 @@ void swiglu(Element e, const void* gate_up, void* out, int64_t rows, int64_t wid
   else swiglu_typed<__half>(gate_up, out, rows, width, stream);
 }
 
-}  // namespace dflash::target::cuda
+}  // namespace dflash::cuda_kernels
