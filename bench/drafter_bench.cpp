@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
                                          {"max_anchors", a.anchors}, {"gamma", 0.0}, {"mask_token_id", -1},
                                          {"target_layer_ids", nlohmann::json::array()}, {"init_std", 0.02},
                                          {"rope_theta", 0.0}, {"attention", a.attention},
-                                         {"attention_group_blocks", a.group_blocks}, {"attention_kernel", a.kernel},
+                                         {"attention_group_blocks", a.group_blocks}, {"attention_group_key_multiple", 128}, {"attention_kernel", a.kernel},
                                          {"activation_checkpointing", a.checkpointing},
                                          {"embedding_on_cpu", a.embedding_on_cpu}};
   host::DrafterInstance drafter(registry.find(DFLASH_KIND_DRAFTER, "dflash"), drafter_config, {"cuda:0", "bfloat16", 1});

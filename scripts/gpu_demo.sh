@@ -22,18 +22,19 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build="${DFLASH_DEVICE_BUILD_DIR:-$root/build-gpu}"
 work="${DFLASH_DEMO_DIR:-$root/runs/gpu-demo}"
 out="${OUT:-$work}"
-target_seconds="${DFLASH_DEMO_TARGET_SECONDS:-150}"
-target_layers="${DFLASH_DEMO_TARGET_LAYERS:-8}"
+target_seconds="${DFLASH_DEMO_TARGET_SECONDS:-75}"
+target_layers="${DFLASH_DEMO_TARGET_LAYERS:-12}"
 drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-3000}"
-generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-8192}"
-eval_prompts="${DFLASH_DEMO_EVAL_PROMPTS:-64}"
+generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-16384}"
+eval_prompts="${DFLASH_DEMO_EVAL_PROMPTS:-32}"
 eval_new_tokens="${DFLASH_DEMO_EVAL_NEW_TOKENS:-256}"
-drafter_max_seconds="${DFLASH_DEMO_DRAFTER_MAX_SECONDS:-270}"
+drafter_max_seconds="${DFLASH_DEMO_DRAFTER_MAX_SECONDS:-240}"
 checkpoint_every="${DFLASH_DEMO_CHECKPOINT_EVERY:-500}"
-train_eval_prompts="${DFLASH_DEMO_TRAIN_EVAL_PROMPTS:-16}"
-profile_prompts="${DFLASH_DEMO_PROFILE_PROMPTS:-16}"
+train_eval_prompts="${DFLASH_DEMO_TRAIN_EVAL_PROMPTS:-8}"
+profile_prompts="${DFLASH_DEMO_PROFILE_PROMPTS:-8}"
 profile_arms="${DFLASH_DEMO_PROFILE_ARMS:-graphs}"
-fp32_prompts="${DFLASH_DEMO_FP32_PROMPTS:-$eval_prompts}"  # the fp32 lossless check (DFLASH_DEMO_FP32_CHECK=0: off)
+peer_prompts="${DFLASH_DEMO_PEER_PROMPTS:-512}"  # generate beside transformers on the same prompts
+fp32_prompts="${DFLASH_DEMO_FP32_PROMPTS:-8}"  # the fp32 lossless check (DFLASH_DEMO_FP32_CHECK=0: off)
 # DFLASH_DEMO_PROFILE=true: the drafter's training logs phase_seconds per step (train.profile_phases).
 mkdir -p "$work" "$out"
 log="$out/demo.log"
@@ -61,9 +62,9 @@ done
   --out "$work/train.jsonl" --batch-size 256 --max-new-tokens 256 --report "$work/generate.json" 2>&1 | tee -a "$log"
 # The peer on the same model and a slice of the same prompts, in the same run.
 [ "${DFLASH_DEMO_PEER:-1}" = "1" ] && python3 "$root/bench/generate_transformers.py" --model "$work/target" --prompts "$work/gen_prompts.jsonl" \
-  --batch-size 256 --max-new-tokens 256 --max-prompts 1024 --dtype bfloat16 >"$work/generate_transformers.json" 2>>"$log" || true
+  --batch-size 256 --max-new-tokens 256 --max-prompts "$peer_prompts" --dtype bfloat16 >"$work/generate_transformers.json" 2>>"$log" || true
 "${host[@]}" generate --config "$root/configs/gpu-demo.json" "${paths[@]}" --prompts "$work/gen_prompts.jsonl" \
-  --out "$work/same_slice.jsonl" --batch-size 256 --max-new-tokens 256 --max-prompts 1024 --report "$work/generate_slice.json" 2>&1 | tee -a "$log"
+  --out "$work/same_slice.jsonl" --batch-size 256 --max-new-tokens 256 --max-prompts "$peer_prompts" --report "$work/generate_slice.json" 2>&1 | tee -a "$log"
 
 stage "3. train the DFlash drafter (block 16) on the regenerated data, ${drafter_steps} steps"
 # A time budget as well as a step count: a device call ends hard at 10

@@ -130,9 +130,11 @@ TEST(DFlashLayout, BlocksAndMaskMatchTheirDefinitions) {
   // same pattern: every block in one group, in order; each group's mask is
   // the dense mask's entries on its rows and columns, and the dense mask
   // allows nothing on those rows outside the group's columns.
+  // Widened ranges (key_multiple) hold the same pattern: the extra keys are masked.
+  for (int64_t key_multiple : {1, 4, 1000})
   for (int64_t group_blocks : {1, 2, 3, 100}) {
-    SCOPED_TRACE("group_blocks " + std::to_string(group_blocks));
-    const auto groups = dd::attention_groups(padded, b.documents, group_blocks);
+    SCOPED_TRACE("group_blocks " + std::to_string(group_blocks) + ", key_multiple " + std::to_string(key_multiple));
+    const auto groups = dd::attention_groups(padded, b.documents, group_blocks, key_multiple);
     int64_t next_row = 0, next_block = 0;
     for (const auto& g : groups) {
       if (g.row != next_row) {
@@ -145,6 +147,8 @@ TEST(DFlashLayout, BlocksAndMaskMatchTheirDefinitions) {
       ASSERT_GE(g.context_begin, 0);
       ASSERT_LE(g.context_begin, g.context_end);
       ASSERT_LE(g.context_end, s);
+      const int64_t length = g.context_end - g.context_begin;
+      if (length > 0) EXPECT_TRUE(length % key_multiple == 0 || length == s) << "range of " << length << " keys";
       next_block += g.blocks;
       const auto group_mask = dd::group_attention_mask(g, padded, b.documents, bs);
       const int64_t rows0 = g.first_block * bs, queries = g.blocks * bs, context = g.context_end - g.context_begin;
@@ -190,7 +194,7 @@ TEST(DFlashDrafter, StepLossAndGradientsMatchANaivePerBlockImplementation) {
                                  {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", bs}, {"max_anchors", 3},
                                  {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", nlohmann::json::array()},
                                  {"init_std", 0.3}, {"rope_theta", 0.0}, {"activation_checkpointing", false},
-                                 {"attention", "grouped"}, {"attention_group_blocks", 2}};  // 2 groups per row
+                                 {"attention", "grouped"}, {"attention_group_blocks", 2}, {"attention_group_key_multiple", 4}};  // 2 groups per row, ranges of 4k keys
   DrafterInstance drafter(record, config, {"cpu", "float64", 9});
   const nlohmann::json target = {{"num_layers", 6}, {"hidden_size", h}, {"vocab_size", vocab}, {"num_attention_heads", heads},
                                  {"num_key_value_heads", kv}, {"head_dim", d}, {"intermediate_size", inter},
@@ -345,6 +349,8 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
     config["activation_checkpointing"] = checkpointing;
     config["embedding_on_cpu"] = variant == 2;
     config["attention_group_blocks"] = variant == 1 ? 1 : 16;
+    // Exact context ranges, ranges widened to multiples of 4 keys, and of 128 (the whole row here).
+    config["attention_group_key_multiple"] = variant == 1 ? 1 : variant == 0 ? 4 : 128;
     config["attention"] = variant == 3 ? "dense" : "grouped";
     DrafterInstance drafter(record, config, {"cpu", "float64", 3});
     drafter.bind_target(target, frozen);
@@ -393,7 +399,7 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
                                    {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", 4}, {"max_anchors", 6},
                                    {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", {1, 5}}, {"init_std", 0.1},
                                    {"rope_theta", 0.0}, {"activation_checkpointing", true}, {"attention", attention},
-                                   {"attention_group_blocks", 2}, {"attention_kernel", kernel}};
+                                   {"attention_group_blocks", 2}, {"attention_group_key_multiple", 4}, {"attention_kernel", kernel}};
     DrafterInstance drafter(record, config, {"cuda:0", "bfloat16", 3});
     drafter.bind_target(target, frozen);
     const auto hidden = get(drafter.forward(inputs), "hidden");

@@ -40,7 +40,7 @@ nlohmann::json dflash_config(int64_t layers, int64_t block_size, int64_t mask_to
   return {{"num_layers", layers}, {"num_attention_heads", 0}, {"num_key_value_heads", 0}, {"head_dim", 0},
           {"intermediate_size", 0}, {"block_size", block_size}, {"max_anchors", 16}, {"gamma", 0.0},
           {"mask_token_id", mask_token}, {"target_layer_ids", nlohmann::json::array()}, {"init_std", 0.02},
-          {"rope_theta", 0.0}, {"attention", "grouped"}, {"attention_group_blocks", 64}, {"attention_kernel", "auto"},
+          {"rope_theta", 0.0}, {"attention", "grouped"}, {"attention_group_blocks", 64}, {"attention_group_key_multiple", 128}, {"attention_kernel", "auto"},
           {"embedding_on_cpu", false}, {"activation_checkpointing", false}};
 }
 

@@ -58,6 +58,11 @@ class DFlashDrafter : public sdk::Drafter {
         .integer("attention_group_blocks", 64,
                  "blocks per grouped attention call: fewer compute fewer masked pairs, more give each call more work",
                  Bounds::at_least(1))
+        .integer("attention_group_key_multiple", 128,
+                 "grouped: each group's context range is widened to a multiple of this many keys (the extra keys are "
+                 "masked) so the attention calls come in few shapes: groups of one shape share a call, and fused "
+                 "kernels (cuDNN's) plan each new shape once, which with exact ranges happens nearly every step",
+                 Bounds::at_least(1))
         .string("attention_kernel", "auto",
                 "auto: cuDNN's fused attention on CUDA in bf16/fp16 where it runs and matches SDPA (checked once), "
                 "SDPA elsewhere; sdpa: always SDPA",
@@ -112,6 +117,7 @@ class DFlashDrafter : public sdk::Drafter {
                                      ? drafter::DFlashModel::AttentionKernel::kSdpa
                                      : drafter::DFlashModel::AttentionKernel::kAuto);
     group_blocks_ = group_blocks_of(config_);
+    group_key_multiple_ = config_.at("attention_group_key_multiple").get<int64_t>();
     weights_ = drafter::slot_weights(block_size_, gamma_);
     draft_lm_head_ = lm_head_.to(device_, dtype_);  // the slots' hidden states are in the drafter's dtype
     graphs_possible_ = decode_support::kCudaGraphs && config_.value("decode_graphs", std::string("auto")) == "auto" &&
@@ -181,7 +187,7 @@ class DFlashDrafter : public sdk::Drafter {
     const at::Tensor anchors = drafter::sample_anchors(loss_mask, documents, max_anchors_, seed);
     const drafter::BlockLayout layout =
         drafter::layout_blocks(ids, positions, documents, loss_mask, anchors, block_size_, mask_token_);
-    const drafter::BlockMasks masks{anchors, documents, block_size_, group_blocks_};
+    const drafter::BlockMasks masks{anchors, documents, block_size_, group_blocks_, group_key_multiple_};
 
     std::vector<at::Tensor> features;
     for (int64_t id : layer_ids_) features.push_back(inputs.at("hidden." + std::to_string(id)).to(device_));
@@ -399,7 +405,7 @@ class DFlashDrafter : public sdk::Drafter {
   uint64_t seed_, calls_ = 0;
   c10::ScalarType dtype_;
   c10::Device device_;
-  int64_t block_size_, max_anchors_, vocab_ = 0, mask_token_ = 0, group_blocks_ = 0;
+  int64_t block_size_, max_anchors_, vocab_ = 0, mask_token_ = 0, group_blocks_ = 0, group_key_multiple_ = 128;
   int64_t target_layers_ = 0, max_position_embeddings_ = 0;
   double gamma_;
   std::vector<int64_t> layer_ids_;

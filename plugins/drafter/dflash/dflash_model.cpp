@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #if DFLASH_TORCH_AT_LEAST(2, 5)
 #include <ATen/ops/_flash_attention_forward.h>
@@ -106,16 +107,20 @@ struct LayerSettings {
 
 // How a layer's queries see its keys [context S | block slots Q]:
 //   dense   — one SDPA call per batch with the additive mask [B, 1, Q, S + Q];
-//   grouped — one SDPA call per attention group (block_layout's
-//             attention_groups) over its context range and its own slots, with
-//             that group's additive mask; the masks lie one after another in
-//             `bias`, and `groups` [G, 6] (CPU int64) holds each group's row,
-//             first query, query count, context begin, context end and offset
-//             into `bias`.
+//   grouped — the attention groups (block_layout's attention_groups, their
+//             context ranges widened to kGroupKeyMultiple), batched by shape:
+//             one call per distinct (queries, context length), its groups'
+//             queries and keys gathered by index. `groups` [shapes, 5] (CPU
+//             int64) holds each shape's group count, queries per group,
+//             context length, offset into `bias` (the shapes' additive masks,
+//             one after another, rows padded) and offset into `index` (device
+//             int64: first the order that puts the calls' outputs back in
+//             query order [B·Q], then per shape its query rows and key rows,
+//             flat indices into [B·Q] and [B·(S + Q)]).
 // Either way no tensor of attention scores is materialised per head: the
 // kernel (memory-efficient or cuDNN attention on CUDA) streams over the keys.
 struct Attention {
-  at::Tensor bias, groups;
+  at::Tensor bias, groups, index;
   bool cudnn = false;  // cuDNN's kernel (cudnn_attention_works) instead of SDPA
   bool grouped() const { return groups.defined() && groups.numel() > 0; }
 };
@@ -217,22 +222,26 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
   at::Tensor attention;
   if (plan.grouped()) {
     const auto g = plan.groups.accessor<int64_t, 2>();
+    const at::Tensor q_rows = q.reshape({b * q_len, s.heads, s.head_dim});
+    const at::Tensor k_rows = k.reshape({b * (ctx_len + q_len), s.kv_heads, s.head_dim});
+    const at::Tensor v_rows = v.reshape({b * (ctx_len + q_len), s.kv_heads, s.head_dim});
     std::vector<at::Tensor> parts;
     parts.reserve(static_cast<size_t>(g.size(0)));
     for (int64_t i = 0; i < g.size(0); ++i) {
-      const int64_t row = g[i][0], first = g[i][1], queries = g[i][2], begin = g[i][3], end = g[i][4], offset = g[i][5];
-      const int64_t keys = end - begin + queries;
-      auto keys_of = [&](const at::Tensor& t) {  // [keys, kv, d] → [1, kv, keys, d]
-        const at::Tensor r = t.select(0, row);
-        return at::cat({r.narrow(0, begin, end - begin), r.narrow(0, ctx_len + first, queries)}).transpose(0, 1).unsqueeze(0);
+      const int64_t count = g[i][0], queries = g[i][1], keys = g[i][2] + queries, bias_at = g[i][3], index_at = g[i][4];
+      const at::Tensor query_index = plan.index.narrow(0, index_at, count * queries);
+      const at::Tensor key_index = plan.index.narrow(0, index_at + count * queries, count * keys);
+      auto gather = [&](const at::Tensor& rows, const at::Tensor& index, int64_t length, int64_t heads) {
+        return rows.index_select(0, index).view({count, length, heads, s.head_dim}).transpose(1, 2);  // [n, heads, length, d]
       };
       const int64_t stride = (keys + 15) / 16 * 16;  // additive_mask's padded rows
-      const at::Tensor bias = plan.bias.narrow(0, offset, queries * stride).view({1, 1, queries, stride}).narrow(3, 0, keys);
-      const at::Tensor out = attend(q.select(0, row).narrow(0, first, queries).transpose(0, 1).unsqueeze(0), keys_of(k),
-                                    keys_of(v), bias, s.heads, s.kv_heads, plan.cudnn);  // [1, heads, queries, d]
-      parts.push_back(out.squeeze(0).transpose(0, 1).reshape({queries, s.heads * s.head_dim}));
+      const at::Tensor bias =
+          plan.bias.narrow(0, bias_at, count * queries * stride).view({count, 1, queries, stride}).narrow(3, 0, keys);
+      const at::Tensor out = attend(gather(q_rows, query_index, queries, s.heads), gather(k_rows, key_index, keys, s.kv_heads),
+                                    gather(v_rows, key_index, keys, s.kv_heads), bias, s.heads, s.kv_heads, plan.cudnn);
+      parts.push_back(out.transpose(1, 2).reshape({count * queries, s.heads * s.head_dim}));  // [n, heads, queries, d] →
     }
-    attention = at::cat(parts).view({b, q_len, s.heads * s.head_dim});
+    attention = at::cat(parts).index_select(0, plan.index.narrow(0, 0, b * q_len)).view({b, q_len, s.heads * s.head_dim});
   } else {
     attention = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), plan.bias, s.heads, s.kv_heads, plan.cudnn)
                     .transpose(1, 2)
@@ -249,19 +258,20 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
 class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor x, at::Tensor context,
-                                                at::Tensor bias, at::Tensor groups, at::Tensor cos_q, at::Tensor sin_q,
+                                                at::Tensor bias, at::Tensor groups, at::Tensor index, at::Tensor cos_q,
+                                                at::Tensor sin_q,
                                                 at::Tensor cos_k, at::Tensor sin_k, at::Tensor w0, at::Tensor w1,
                                                 at::Tensor w2, at::Tensor w3, at::Tensor w4, at::Tensor w5, at::Tensor w6,
                                                 at::Tensor w7, at::Tensor w8, at::Tensor w9, at::Tensor w10, int64_t heads,
                                                 int64_t kv_heads, int64_t head_dim, double eps, bool cudnn) {
-    ctx->save_for_backward({x, context, bias, groups, cos_q, sin_q, cos_k, sin_k, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10});
+    ctx->save_for_backward({x, context, bias, groups, index, cos_q, sin_q, cos_k, sin_k, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["kv_heads"] = kv_heads;
     ctx->saved_data["head_dim"] = head_dim;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["cudnn"] = cudnn;
     const LayerSettings s{heads, kv_heads, head_dim, eps};
-    return {layer_forward(s, {w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10}, x, context, {bias, groups, cudnn},
+    return {layer_forward(s, {w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10}, x, context, {bias, groups, index, cudnn},
                           {cos_q, sin_q}, {cos_k, sin_k})};
   }
 
@@ -280,14 +290,14 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
       return l;
     };
     const at::Tensor x = leaf(saved[0]), context = leaf(saved[1]);
-    for (size_t i = 8; i < 19; ++i) weights.push_back(leaf(saved[i]));
-    const Attention plan{saved[2], saved[3], ctx->saved_data["cudnn"].toBool()};
-    const at::Tensor y = layer_forward(s, weights, x, context, plan, {saved[4], saved[5]}, {saved[6], saved[7]});
+    for (size_t i = 9; i < 20; ++i) weights.push_back(leaf(saved[i]));
+    const Attention plan{saved[2], saved[3], saved[4], ctx->saved_data["cudnn"].toBool()};
+    const at::Tensor y = layer_forward(s, weights, x, context, plan, {saved[5], saved[6]}, {saved[7], saved[8]});
     const auto grads = torch::autograd::grad({y}, leaves, {grad_output[0]}, /*retain_graph=*/false,
                                              /*create_graph=*/false, /*allow_unused=*/true);
-    // x, context; then none for bias, groups and the four rotary tables.
+    // x, context; then none for bias, groups, index and the four rotary tables.
     torch::autograd::variable_list out = {grads[0], grads[1]};
-    for (int i = 0; i < 6; ++i) out.emplace_back();
+    for (int i = 0; i < 7; ++i) out.emplace_back();
     for (size_t i = 2; i < grads.size(); ++i) out.push_back(grads[i]);
     for (int i = 0; i < 5; ++i) out.emplace_back();  // heads, kv_heads, head_dim, eps, cudnn
     return out;
@@ -299,31 +309,56 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
 Attention attention_plan(const BlockMasks& masks, const at::TensorOptions& options) {
   Attention plan;
   const std::vector<AttentionGroup> groups =
-      masks.group_blocks > 0 ? attention_groups(masks.anchors, masks.documents, masks.group_blocks) : std::vector<AttentionGroup>{};
+      masks.group_blocks > 0 ? attention_groups(masks.anchors, masks.documents, masks.group_blocks, masks.group_key_multiple)
+                             : std::vector<AttentionGroup>{};
   if (groups.empty()) {
     plan.bias = additive_mask(block_attention_mask(masks.anchors, masks.documents, masks.block_size), options).unsqueeze(1);
-    plan.groups = at::empty({0, 6}, at::kLong);
+    plan.groups = at::empty({0, 5}, at::kLong);
+    plan.index = at::empty({0}, at::kLong);
     return plan;
   }
+  const int64_t bs = masks.block_size, rows = masks.documents.size(0), context = masks.documents.size(1);
+  const int64_t queries_per_row = masks.anchors.size(1) * bs, keys_per_row = context + queries_per_row;
+  // Groups by shape, in a fixed order (the shapes', then the groups').
+  std::map<std::pair<int64_t, int64_t>, std::vector<const AttentionGroup*>> shapes;
+  for (const AttentionGroup& g : groups) shapes[{g.queries(bs), g.context_end - g.context_begin}].push_back(&g);
+
   const at::Tensor anchors = masks.anchors.to(options.device(), at::kLong), documents = masks.documents.to(options.device(), at::kLong);
-  plan.groups = at::empty({static_cast<int64_t>(groups.size()), 6}, at::kLong);
+  plan.groups = at::empty({static_cast<int64_t>(shapes.size()), 5}, at::kLong);
   auto table = plan.groups.accessor<int64_t, 2>();
+  std::vector<int64_t> index(static_cast<size_t>(rows * queries_per_row), -1);  // the order first
   std::vector<at::Tensor> padded_masks;
-  int64_t offset = 0;
-  for (size_t i = 0; i < groups.size(); ++i) {
-    const AttentionGroup& g = groups[i];
-    const auto row = static_cast<int64_t>(i);
-    table[row][0] = g.row;
-    table[row][1] = g.first_block * masks.block_size;
-    table[row][2] = g.queries(masks.block_size);
-    table[row][3] = g.context_begin;
-    table[row][4] = g.context_end;
-    table[row][5] = offset;
-    const at::Tensor bias = additive_mask(group_attention_mask(g, anchors, documents, masks.block_size), options);
-    padded_masks.push_back(bias.as_strided({bias.size(0) * bias.stride(0)}, {1}));  // with its padding columns
-    offset += padded_masks.back().numel();
+  int64_t shape = 0, bias_at = 0, output_row = 0;
+  for (const auto& [dims, members] : shapes) {
+    const auto [queries, length] = dims;
+    const auto count = static_cast<int64_t>(members.size());
+    table[shape][0] = count;
+    table[shape][1] = queries;
+    table[shape][2] = length;
+    table[shape][3] = bias_at;
+    table[shape][4] = static_cast<int64_t>(index.size());
+    std::vector<at::Tensor> group_masks;
+    for (const AttentionGroup* g : members) {
+      const int64_t first_query = g->row * queries_per_row + g->first_block * bs;
+      for (int64_t j = 0; j < queries; ++j) {
+        index.push_back(first_query + j);
+        index[static_cast<size_t>(first_query + j)] = output_row++;  // where this query's output lands
+      }
+      group_masks.push_back(group_attention_mask(*g, anchors, documents, bs));
+    }
+    for (const AttentionGroup* g : members) {
+      const int64_t row_keys = g->row * keys_per_row;
+      for (int64_t c = g->context_begin; c < g->context_end; ++c) index.push_back(row_keys + c);
+      for (int64_t j = 0; j < queries; ++j) index.push_back(row_keys + context + g->first_block * bs + j);
+    }
+    const at::Tensor bias = additive_mask(at::stack(group_masks), options);  // [n, queries, keys], rows padded
+    padded_masks.push_back(bias.as_strided({bias.size(0) * bias.stride(0)}, {1}));
+    bias_at += padded_masks.back().numel();
+    ++shape;
   }
+  if (output_row != rows * queries_per_row) throw std::logic_error("attention_plan: the groups do not cover every query once");
   plan.bias = at::cat(padded_masks);
+  plan.index = at::tensor(index, at::kLong).to(options.device());
   return plan;
 }
 
@@ -348,7 +383,7 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
   at::Tensor x = slot_embeddings;
   for (const Layer& l : layers_) {
     if (activation_checkpointing_ && c10::GradMode::is_enabled()) {
-      x = CheckpointedLayer::apply(x, context, plan.bias, plan.groups, rotary_q.cos, rotary_q.sin, rotary_k.cos,
+      x = CheckpointedLayer::apply(x, context, plan.bias, plan.groups, plan.index, rotary_q.cos, rotary_q.sin, rotary_k.cos,
                                    rotary_k.sin, l.input_norm, l.q, l.k, l.v, l.o, l.q_norm, l.k_norm, l.post_norm, l.gate,
                                    l.up, l.down, s.heads, s.kv_heads, s.head_dim, eps, plan.cudnn)[0];
     } else {

@@ -35,6 +35,10 @@ struct BlockMasks {
   // > 0: attention in groups of this many blocks (attention_groups); 0: one
   // call per row with the whole dense mask (block_attention_mask).
   int64_t group_blocks = 0;
+  // Grouped: context ranges widened to a multiple of this many keys
+  // (attention_groups' key_multiple; the plugin's attention_group_key_multiple),
+  // so calls come in few shapes. 1: exact ranges.
+  int64_t group_key_multiple = 1;
 };
 
 // One sequence's context for speculative drafting: every layer's keys and
