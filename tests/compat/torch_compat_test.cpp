@@ -1,5 +1,6 @@
 // The compatibility header gives one fused-attention call on every LibTorch we
 // build against; it must equal softmax(q·kᵀ/√d + mask)·v written out by hand.
+#include <dflash/sdk/torch.hpp>
 #include <dflash/sdk/torch_compat.hpp>
 
 #include <gtest/gtest.h>
@@ -41,3 +42,17 @@ TEST(TorchCompat, VersionMacroAgreesWithTheHeader) {
 }
 
 }  // namespace
+
+// parse_device names a device with its index, as tensors report theirs: a
+// plugin on "cuda" compares equal with the tensors it made there. Bad names
+// are refused as configuration errors.
+TEST(TorchCompat, ParseDeviceGivesTheIndexedDevice) {
+  EXPECT_EQ(dflash::sdk::parse_device("cpu"), c10::Device(c10::kCPU));
+  EXPECT_EQ(dflash::sdk::parse_device("cuda:1"), c10::Device(c10::kCUDA, 1));
+  EXPECT_THROW(dflash::sdk::parse_device("gpu0"), dflash::sdk::Error);
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: \"cuda\" cannot be resolved here";
+  const c10::Device device = dflash::sdk::parse_device("cuda");
+  ASSERT_TRUE(device.has_index());
+  EXPECT_EQ(torch::empty({1}, torch::TensorOptions().device(device)).device(), device);
+  EXPECT_EQ(torch::empty({1}, torch::TensorOptions().device(c10::Device("cuda"))).device(), device);
+}

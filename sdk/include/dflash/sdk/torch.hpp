@@ -10,6 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 #include <torch/version.h>
@@ -139,11 +140,23 @@ inline c10::ScalarType parse_dtype(const std::string& name) {
               "unknown dtype '" + name + "' (expected float32, bfloat16, float16 or float64)");
 }
 
+// The device a name means, with its index: "cuda" is the current CUDA
+// device, and tensors made there report it as cuda:N. A plugin that compares
+// a tensor's device with its own must get the indexed form, or "cuda" and
+// "cuda:0" differ (eval on `train.device = "cuda"` once ran the drafter's
+// eager path that way, its CUDA graphs never used).
 inline c10::Device parse_device(const std::string& name) {
+  c10::Device device(c10::kCPU);
   try {
-    return c10::Device(name);
+    device = c10::Device(name);
   } catch (const c10::Error&) {
     throw Error(DFLASH_ERR_INVALID_CONFIG, "unknown device '" + name + "' (expected cpu, cuda or cuda:N)");
+  }
+  if (device.is_cpu() || device.has_index()) return device;
+  try {
+    return c10::impl::getDeviceGuardImpl(device.type())->getDevice();
+  } catch (const c10::Error&) {
+    return device;  // no such backend in this build: as named, refused where it is used
   }
 }
 
