@@ -160,6 +160,15 @@ TEST(DFlashLayout, BlocksAndMaskMatchTheirDefinitions) {
     }
     EXPECT_EQ(next_row, 1);
     EXPECT_EQ(next_block, count);
+    // Groups of one shape stacked: each group's own mask, in order.
+    std::map<std::pair<int64_t, int64_t>, std::vector<dd::AttentionGroup>> shapes;
+    for (const auto& g : groups) shapes[{g.blocks, g.context_end - g.context_begin}].push_back(g);
+    for (const auto& [dims, members] : shapes) {
+      const auto stacked = dd::stacked_group_attention_masks(members, padded, b.documents, bs);
+      ASSERT_EQ(stacked.size(0), static_cast<int64_t>(members.size()));
+      for (size_t i = 0; i < members.size(); ++i)
+        EXPECT_TRUE(torch::equal(stacked[static_cast<int64_t>(i)], dd::group_attention_mask(members[i], padded, b.documents, bs)));
+    }
   }
   EXPECT_THROW(dd::attention_groups(padded, b.documents, 0), std::invalid_argument);
 

@@ -159,6 +159,31 @@ at::Tensor group_attention_mask(const AttentionGroup& g, const at::Tensor& ancho
   return at::cat({sees_context, block.view({queries, 1}).eq(block.view({1, queries}))}, 1);
 }
 
+at::Tensor stacked_group_attention_masks(const std::vector<AttentionGroup>& groups, const at::Tensor& anchors,
+                                         const at::Tensor& documents, int64_t block_size) {
+  if (groups.empty()) throw std::invalid_argument("stacked_group_attention_masks: no groups");
+  const int64_t queries = groups[0].queries(block_size), context = groups[0].context_end - groups[0].context_begin;
+  std::vector<int64_t> rows, first_blocks, begins;
+  for (const AttentionGroup& g : groups) {
+    if (g.queries(block_size) != queries || g.context_end - g.context_begin != context)
+      throw std::invalid_argument("stacked_group_attention_masks: the groups differ in shape");
+    rows.push_back(g.row);
+    first_blocks.push_back(g.first_block);
+    begins.push_back(g.context_begin);
+  }
+  const auto longs = anchors.options().dtype(at::kLong);
+  const at::Tensor row = at::tensor(rows, at::kLong).to(longs.device()).unsqueeze(1);  // [n, 1]
+  const at::Tensor block = at::arange(queries, longs).div(block_size, "floor");        // each query's block in its group
+  const at::Tensor anchor =
+      anchors.index({row, at::tensor(first_blocks, at::kLong).to(longs.device()).unsqueeze(1) + block.unsqueeze(0)});  // [n, Q]
+  const at::Tensor anchor_doc = documents.index({row, anchor.clamp_min(0)});                                          // [n, Q]
+  const at::Tensor key = at::tensor(begins, at::kLong).to(longs.device()).unsqueeze(1) + at::arange(context, longs);  // [n, C]
+  const at::Tensor key_doc = documents.index({row, key});                                                              // [n, C]
+  const at::Tensor sees_context = key.unsqueeze(1).lt(anchor.unsqueeze(2)).logical_and(key_doc.unsqueeze(1).eq(anchor_doc.unsqueeze(2)));
+  const at::Tensor own_block = block.view({queries, 1}).eq(block.view({1, queries})).unsqueeze(0).expand({row.size(0), queries, queries});
+  return at::cat({sees_context, own_block}, 2);
+}
+
 at::Tensor slot_weights(int64_t block_size, double gamma) {
   at::Tensor k = at::arange(block_size, at::kDouble);
   at::Tensor w = at::exp(-(k - 1) / gamma);

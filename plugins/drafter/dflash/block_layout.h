@@ -71,6 +71,12 @@ std::vector<AttentionGroup> attention_groups(const at::Tensor& anchors, const at
 at::Tensor group_attention_mask(const AttentionGroup& group, const at::Tensor& anchors, const at::Tensor& documents,
                                 int64_t block_size);
 
+// group_attention_mask of several groups of one shape (equal queries and
+// context lengths) at once, stacked: [groups, queries, keys] bool. A handful
+// of device operations for all of them instead of a dozen per group.
+at::Tensor stacked_group_attention_masks(const std::vector<AttentionGroup>& groups, const at::Tensor& anchors,
+                                         const at::Tensor& documents, int64_t block_size);
+
 // The slot weights w_k = exp(−(k − 1)/γ) for k ≥ 1, w_0 = 0. [block_size] float.
 at::Tensor slot_weights(int64_t block_size, double gamma);
 

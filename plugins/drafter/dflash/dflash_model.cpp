@@ -337,21 +337,22 @@ Attention attention_plan(const BlockMasks& masks, const at::TensorOptions& optio
     table[shape][2] = length;
     table[shape][3] = bias_at;
     table[shape][4] = static_cast<int64_t>(index.size());
-    std::vector<at::Tensor> group_masks;
+    std::vector<AttentionGroup> of_shape;
     for (const AttentionGroup* g : members) {
       const int64_t first_query = g->row * queries_per_row + g->first_block * bs;
       for (int64_t j = 0; j < queries; ++j) {
         index.push_back(first_query + j);
         index[static_cast<size_t>(first_query + j)] = output_row++;  // where this query's output lands
       }
-      group_masks.push_back(group_attention_mask(*g, anchors, documents, bs));
+      of_shape.push_back(*g);
     }
     for (const AttentionGroup* g : members) {
       const int64_t row_keys = g->row * keys_per_row;
       for (int64_t c = g->context_begin; c < g->context_end; ++c) index.push_back(row_keys + c);
       for (int64_t j = 0; j < queries; ++j) index.push_back(row_keys + context + g->first_block * bs + j);
     }
-    const at::Tensor bias = additive_mask(at::stack(group_masks), options);  // [n, queries, keys], rows padded
+    const at::Tensor bias =  // [n, queries, keys], rows padded
+        additive_mask(stacked_group_attention_masks(of_shape, anchors, documents, bs), options);
     padded_masks.push_back(bias.as_strided({bias.size(0) * bias.stride(0)}, {1}));
     bias_at += padded_masks.back().numel();
     ++shape;
