@@ -24,6 +24,10 @@ work="${DFLASH_DEMO_DIR:-$root/runs/gpu-demo}"
 out="${OUT:-$work}"
 target_seconds="${DFLASH_DEMO_TARGET_SECONDS:-75}"
 target_layers="${DFLASH_DEMO_TARGET_LAYERS:-12}"
+# unseen-docs: the drafter's and eval's prompts come from documents the target
+# never trained on (it generates, as for real users' prompts); target-docs:
+# from its training documents (a small overfit target recites them).
+prompts_from="${DFLASH_DEMO_PROMPTS_FROM:-unseen-docs}"
 drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-3000}"
 generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-16384}"
 eval_prompts="${DFLASH_DEMO_EVAL_PROMPTS:-32}"
@@ -51,7 +55,7 @@ paths=(--set "target.path=$work/target")
 
 stage "1. target: tokenizer + Qwen3 LM, ${target_seconds} s of training"
 python3 "$root/scripts/gpu_demo/train_target.py" --corpus "$root/.corpus/corpus.jsonl.gz" --out "$work" \
-  --seconds "$target_seconds" --layers "$target_layers" --generate-prompts "$generate_prompts" --eval-prompts "$eval_prompts" 2>&1 | tee -a "$log"
+  --seconds "$target_seconds" --layers "$target_layers" --prompts-from "$prompts_from" --generate-prompts "$generate_prompts" --eval-prompts "$eval_prompts" 2>&1 | tee -a "$log"
 
 stage "2. prepare + generate: the target answers the training prompts itself"
 for set in generate:gen eval:eval unseen:unseen; do

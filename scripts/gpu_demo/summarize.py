@@ -128,7 +128,7 @@ def main():
     if trained_on:
         lines.append(eval_row("DFlash, prompts it trained on", trained_on))
     if unseen:
-        lines.append(eval_row("DFlash, documents the target never saw", unseen))
+        lines.append(eval_row("DFlash, the other prompt set (unseen_texts: train_target.py)", unseen))
     if fp32:
         lines.append(eval_row("DFlash, fp32: the lossless check", fp32))
     lines.append("")

@@ -7,16 +7,19 @@ tokenizer_config.json with a ChatML template). Training a target is not
 dflash-host's job; its output is what a user would bring.
 
 Also writes the prompts the demonstration uses, as {"text": ...} lines that
-`dflash-host prepare --for-generate` turns into prompts. The target's training
-documents are split in two, by document:
-  generate_texts.jsonl  windows of 90% of them: the target regenerates their
-                        continuations, and the drafter trains on those;
-  eval_texts.jsonl      windows of the other 10%: documents the drafter never
-                        saw, from the distribution the target was trained on
-                        (as a real target's users' prompts are);
-  unseen_texts.jsonl    windows of the 3% of the corpus held out from the
-                        target too (its outputs there are those of a small,
-                        overfit model on unfamiliar text).
+`dflash-host prepare --for-generate` turns into prompts. With --prompts-from
+unseen-docs (the default), 30% of the documents are kept from the target, and
+split by document:
+  generate_texts.jsonl  windows of 5/6 of them: the target answers them with
+                        its own generation (a prompt it never saw, as a real
+                        target's users' are), and the drafter trains on that;
+  eval_texts.jsonl      windows of the other 1/6: documents neither the target
+                        nor the drafter saw;
+  unseen_texts.jsonl    the other kind, for comparison: windows of the
+                        target's training documents, which a small overfit
+                        target recites.
+With --prompts-from target-docs the first two come from the target's training
+documents (90% / 10%) and the third from 3% kept from it.
 
     python3 scripts/gpu_demo/train_target.py --corpus .corpus/corpus.jsonl.gz --out WORK --seconds 150
 """
@@ -106,6 +109,12 @@ def main():
     p.add_argument("--eval-prompts", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=48)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompts-from", choices=["unseen-docs", "target-docs"], default="unseen-docs",
+                   help="unseen-docs: the prompts (the drafter's and eval's, disjoint) come from documents the target "
+                        "never trained on, so its answers are its own generation; target-docs: from the target's "
+                        "training documents, where an overfit small target recites them")
+    p.add_argument("--unseen-percent", type=float, default=30.0,
+                   help="unseen-docs: the share of documents kept from the target for prompts")
     args = p.parse_args()
     torch.manual_seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -113,7 +122,8 @@ def main():
     os.makedirs(target_dir, exist_ok=True)
     started = time.time()
 
-    train_docs, heldout_docs = read_corpus(args.corpus, 3.0, args.seed)
+    unseen = args.prompts_from == "unseen-docs"
+    train_docs, heldout_docs = read_corpus(args.corpus, args.unseen_percent if unseen else 3.0, args.seed)
     tok = train_tokenizer(train_docs, args.vocab)
     tok.save(os.path.join(target_dir, "tokenizer.json"))
     eos = tok.token_to_id("<|endoftext|>")
@@ -179,13 +189,21 @@ def main():
         train_loss=round(loss.item(), 4), heldout_loss=round(sum(losses) / len(losses), 4),
         seconds=round(time.time() - started, 1), path=target_dir)
 
+    # The drafter's prompts and eval's come from disjoint documents: eval's
+    # are documents the drafter never saw, in either mode.
     rng = random.Random(args.seed + 1)
-    eval_flags = [rng.random() < 0.1 for _ in train_docs]
-    generate_docs = [d for d, e in zip(train_docs, eval_flags) if not e]
-    eval_docs = [d for d, e in zip(train_docs, eval_flags) if e]
+    source = heldout_docs if unseen else train_docs
+    eval_flags = [rng.random() < (1 / 6 if unseen else 0.1) for _ in source]
+    generate_docs = [d for d, e in zip(source, eval_flags) if not e]
+    eval_docs = [d for d, e in zip(source, eval_flags) if e]
+    # The third set is the other kind: with unseen-docs, the target's own training documents (recitation);
+    # with target-docs, documents the target never saw.
+    other_docs = train_docs if unseen else heldout_docs
+    log(stage="prompts", prompts_from=args.prompts_from, generate_docs=len(generate_docs), eval_docs=len(eval_docs),
+        other_docs=len(other_docs))
     for name, docs, count, seed in (("generate_texts.jsonl", generate_docs, args.generate_prompts, 2),
                                     ("eval_texts.jsonl", eval_docs, args.eval_prompts, 3),
-                                    ("unseen_texts.jsonl", heldout_docs, args.eval_prompts, 4)):
+                                    ("unseen_texts.jsonl", other_docs, args.eval_prompts, 4)):
         with open(os.path.join(args.out, name), "w") as f:
             for text in windows(tok, docs, count, args.prompt_tokens, seed):
                 f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
