@@ -93,7 +93,7 @@ stage "4. eval on prompts from documents the drafter never saw: DFlash, then pro
 # distribution gap (memorised answers against generalisation).
 "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter-checkpoint "$work/run" \
   --prompts "$work/gen_prompts.jsonl" --max-prompts "$train_eval_prompts" --max-new-tokens "$eval_new_tokens" \
-  --report "$work/eval_dflash_train_prompts.json" 2>&1 | tee -a "$log"
+  --report "$work/eval_dflash_train_prompts.json" 2>&1 | tee -a "$log" || stage "the eval on training prompts failed (see above)"
 
 # The lossless check in fp32: the same drafter (trained in bf16, its weights
 # upcast exactly by the checkpoint load), the target in fp32 too (the ATen
@@ -106,7 +106,7 @@ if [ "${DFLASH_DEMO_FP32_CHECK:-1}" = "1" ]; then
   stage "4a. the lossless check in fp32: DFlash on the same eval prompts, target and drafter in float32"
   "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --set train.dtype=float32 \
     --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" --max-prompts "$fp32_prompts" \
-    --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_fp32.json" 2>&1 | tee -a "$log"
+    --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_fp32.json" 2>&1 | tee -a "$log" || stage "the fp32 check failed (see above)"
 fi
 
 stage "4b. where decode time goes: decode_bench on this target and drafter, the eval prompts"
