@@ -119,9 +119,6 @@ def main():
         results["tau_ratio_to_prompt_lookup"] = dflash["tau_mean"] / lookup["tau_mean"]
     if gen_slice and peer and peer.get("tokens_per_s"):
         results["generate_speed_ratio_to_transformers"] = gen_slice["tokens_per_s"] / peer["tokens_per_s"]
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
-
     lines = ["| drafter | tau | acceptance at block positions 1 ... 15 | tokens/s (target alone) | speed-up | lossless |",
              "| --- | ---: | --- | ---: | ---: | ---: |",
              eval_row("prompt lookup", lookup), eval_row("DFlash (trained here)", dflash)]
@@ -141,6 +138,19 @@ def main():
         lines.append(f"generate, the same {gen_slice.get('prompts')} prompts: dflash-host {gen_slice['tokens_per_s']:.0f} "
                      f"tokens/s, transformers {peer['tokens_per_s']:.0f} tokens/s "
                      f"({results.get('generate_speed_ratio_to_transformers', 0):.2f}x)")
+    timed = sorted(m["step_seconds"] for m in metrics if "step_seconds" in m)
+    if timed:
+        results["drafter_step_seconds"] = {"median": timed[len(timed) // 2], "steps": len(timed),
+                                           "total": sum(timed)}
+        lines.append(f"drafter training: {len(timed)} steps, median {timed[len(timed) // 2]:.3f} s a step, "
+                     f"{sum(timed):.0f} s in all")
+    steps = [m for m in metrics if "memory_peak_bytes" in m and m.get("memory_planned_peak_bytes")]
+    if steps:
+        measured = max(m["memory_peak_bytes"] for m in steps)
+        planned = steps[-1]["memory_planned_peak_bytes"]
+        results["drafter_step_memory"] = {"planned_peak_bytes": planned, "measured_peak_bytes": measured}
+        lines.append(f"drafter training memory: planned peak {planned / 2**30:.2f} GiB, measured peak "
+                     f"{measured / 2**30:.2f} GiB ({100 * (planned - measured) / measured:+.1f} %)")
     for arm in (profile or {}).get("arms", []):
         g, sp = arm.get("greedy", {}), arm.get("speculative", {})
         phases = ", ".join(f"{k} {v:.3f}" for k, v in sp.get("profiled_ms_per_step", {}).items())
@@ -149,6 +159,8 @@ def main():
                      f"{sp.get('speedup', 0):.2f}x; ms per step: {phases}")
     if plot(metrics, os.path.join(args.out, "curves.png")):
         lines.append("curves: curves.png")
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
     text = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(text)
