@@ -21,6 +21,7 @@
 //
 // Prints one JSON object (also written to --json).
 #include "checkpoint/checkpoint.h"
+#include "eval/divergence.h"
 #include "eval/evaluation.h"
 #include "eval/prompts.h"
 #include "eval/speculative.h"
@@ -119,6 +120,7 @@ nlohmann::json drafter_config(const Args& a, const nlohmann::json& exported, con
 
 struct Totals {
   int64_t tokens = 0, steps = 0, identical = 0, step_tokens = 0;
+  int64_t near_ties = 0, other_divergences = 0;  // the other prompts, as eval classifies them (eval/divergence.h)
   double seconds = 0;
 };
 
@@ -249,6 +251,9 @@ int main(int argc, char** argv) {
         spec.steps += static_cast<int64_t>(g.step_tokens.size());
         for (int64_t t : g.step_tokens) spec.step_tokens += t;
         spec.identical += g.tokens == greedy_tokens[i];
+        // Outside the clocks: one extra target pass where the outputs part.
+        if (const auto d = eval::find_divergence(target, prompts[i].ids, g.tokens, greedy_tokens[i]))
+          ++(d->near_tie ? spec.near_ties : spec.other_divergences);
       }
       eval::DecodeProfile profile;
       profile.sync = sync;
@@ -266,6 +271,8 @@ int main(int argc, char** argv) {
           {"tokens_per_s", spec_rate},
           {"speedup", greedy_rate > 0 ? spec_rate / greedy_rate : 0.0},
           {"identical_prompts", spec.identical},
+          {"near_tie_divergences", spec.near_ties},
+          {"other_divergences", spec.other_divergences},
           {"prompts", prompts.size()},
           {"profiled_ms_per_step", phases_json(profile, static_cast<double>(profile.steps))},
           {"profiled_ms_per_token", phases_json(profile, static_cast<double>(profile.tokens))}};
