@@ -2,6 +2,7 @@
 // against direct slow references, and a whole drafter step (loss and every
 // parameter's gradient) against a naive per-block implementation in fp64.
 #include "block_layout.h"
+#include "drafter/drafter_test_shapes.h"
 #include "dflash_model.h"
 #include "plugin/instances.h"
 #include "plugin/registry.h"
@@ -389,12 +390,10 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
   PluginRegistry registry;
   registry.add_directory(DFLASH_INTREE_PLUGIN_DIR);
   const PluginRecord& record = registry.find(DFLASH_KIND_DRAFTER, "dflash");
-  const nlohmann::json target = {{"num_layers", 8}, {"hidden_size", 64}, {"vocab_size", 50}, {"num_attention_heads", 4},
-                                 {"num_key_value_heads", 2}, {"head_dim", 16}, {"intermediate_size", 96}};
-  torch::manual_seed(12);
+  const dd::testing::GpuTarget gpu = dd::testing::small_gpu_target(12);
+  const nlohmann::json& target = gpu.info;
+  const NamedTensors& frozen = gpu.frozen;
   const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
-  const NamedTensors frozen = {{"embed_tokens", torch::randn({50, 64}, cuda)}, {"lm_head", torch::randn({50, 64}, cuda)},
-                               {"final_norm", torch::ones({64}, cuda)}};
   const SmallBatch b = small_batch(48, 13);
   NamedTensors inputs = {{"input_ids", b.ids}, {"loss_mask", b.loss_mask}, {"position_ids", b.positions},
                          {"document_ids", b.documents}, {"sample_seed", torch::tensor(int64_t{6})}};
@@ -434,16 +433,7 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
 // one block against them: the same hidden states as the training forward
 // shows the block at that anchor, with the context arriving in pieces.
 TEST(DFlashDrafter, DraftingWithACachedContextMatchesTheTrainingForward) {
-  dd::DrafterShape shape;
-  shape.layers = 2;
-  shape.hidden = 16;
-  shape.heads = 4;
-  shape.kv_heads = 2;
-  shape.head_dim = 8;
-  shape.intermediate = 24;
-  shape.feature_layers = 2;
-  shape.target_hidden = 16;
-  shape.rope_theta = 10000.0;
+  const dd::DrafterShape shape = dd::testing::tiny_cpu_shape();
   const dd::DFlashModel model(shape, 5, 0.3, torch::kDouble, torch::kCPU);
   const int64_t s = 20, bs = 4;
   torch::manual_seed(21);
@@ -470,16 +460,7 @@ TEST(DFlashDrafter, DraftingWithACachedContextMatchesTheTrainingForward) {
 // path does. A block drafted at an anchor past the first growth still matches
 // the training forward there.
 TEST(DFlashDrafter, DraftingBuffersGrowAndTheDeviceLengthPathAgrees) {
-  dd::DrafterShape shape;
-  shape.layers = 2;
-  shape.hidden = 16;
-  shape.heads = 4;
-  shape.kv_heads = 2;
-  shape.head_dim = 8;
-  shape.intermediate = 24;
-  shape.feature_layers = 2;
-  shape.target_hidden = 16;
-  shape.rope_theta = 10000.0;
+  const dd::DrafterShape shape = dd::testing::tiny_cpu_shape();
   const dd::DFlashModel model(shape, 5, 0.3, torch::kDouble, torch::kCPU);
   const int64_t s = 300, bs = 4, anchor = 290;
   torch::manual_seed(22);
@@ -528,16 +509,7 @@ TEST(DFlashDrafter, DraftingBuffersGrowAndTheDeviceLengthPathAgrees) {
 // captured graph's replay against the same call run eagerly.
 TEST(DFlashDrafter, FlashDraftingAndItsCudaGraphMatchTheHostPath) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  dd::DrafterShape shape;
-  shape.layers = 2;
-  shape.hidden = 64;
-  shape.heads = 4;
-  shape.kv_heads = 2;
-  shape.head_dim = 16;
-  shape.intermediate = 96;
-  shape.feature_layers = 2;
-  shape.target_hidden = 32;
-  shape.rope_theta = 10000.0;
+  const dd::DrafterShape shape = dd::testing::small_gpu_shape();
   const torch::Device cuda("cuda:0");
   dd::DFlashModel model(shape, 5, 0.05, torch::kBFloat16, cuda);
   if (!model.flash_drafting()) GTEST_SKIP() << "this LibTorch has no flash drafting";

@@ -19,6 +19,7 @@
 // logits' largest difference — only there can such rounding flip the choice —
 // and at least 9 in 10 must be identical.
 #include "dflash_model.h"
+#include "drafter/drafter_test_shapes.h"
 #include "plugin/instances.h"
 #include "plugin/registry.h"
 
@@ -41,20 +42,6 @@ constexpr double kTolerance = 5e-2;
 // Weights large enough that the layers, not the slots' own embeddings, decide
 // the hidden states (and so the proposals) — else both paths would agree trivially.
 constexpr double kInitStd = 0.2;
-
-dd::DrafterShape small_shape() {
-  dd::DrafterShape shape;
-  shape.layers = 2;
-  shape.hidden = 64;
-  shape.heads = 4;
-  shape.kv_heads = 2;
-  shape.head_dim = 16;
-  shape.intermediate = 96;
-  shape.feature_layers = 2;
-  shape.target_hidden = 32;
-  shape.rope_theta = 10000.0;
-  return shape;
-}
 
 // max |a − b| / max |b|.
 double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
@@ -133,7 +120,7 @@ TEST(DFlashFusedDrafting, TheCpuAndFp32RunTheAtenPath) {
   if (torch::cuda::is_available()) places.emplace_back(torch::Device("cuda:0"), torch::kFloat);
   for (const auto& [device, dtype] : places) {
     SCOPED_TRACE(device.str() + " " + std::string(c10::toString(dtype)));
-    dd::DFlashModel model(small_shape(), 5, 0.05, dtype, device);
+    dd::DFlashModel model(dd::testing::small_gpu_shape(), 5, 0.05, dtype, device);
     EXPECT_FALSE(model.fused_drafting());
     torch::manual_seed(31);
     const auto options = torch::TensorOptions().dtype(dtype).device(device);
@@ -157,7 +144,7 @@ TEST(DFlashFusedDrafting, TheCpuAndFp32RunTheAtenPath) {
 TEST(DFlashFusedDrafting, ExtensionsAndProposalsMatchTheAtenPath) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device cuda("cuda:0");
-  dd::DFlashModel model(small_shape(), 5, kInitStd, torch::kBFloat16, cuda);
+  dd::DFlashModel model(dd::testing::small_gpu_shape(), 5, kInitStd, torch::kBFloat16, cuda);
   if (!model.fused_drafting()) GTEST_SKIP() << "this build has no CUDA kernels, or no flash drafting";
   const auto options = torch::TensorOptions().dtype(torch::kBFloat16).device(cuda);
   torch::manual_seed(32);
@@ -208,7 +195,7 @@ TEST(DFlashFusedDrafting, ExtensionsAndProposalsMatchTheAtenPath) {
 TEST(DFlashFusedDrafting, ReplacedWeightsReachTheFusedPath) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device cuda("cuda:0");
-  dd::DFlashModel model(small_shape(), 5, kInitStd, torch::kBFloat16, cuda);
+  dd::DFlashModel model(dd::testing::small_gpu_shape(), 5, kInitStd, torch::kBFloat16, cuda);
   if (!model.fused_drafting()) GTEST_SKIP() << "this build has no CUDA kernels, or no flash drafting";
   const auto options = torch::TensorOptions().dtype(torch::kBFloat16).device(cuda);
   torch::manual_seed(33);
@@ -239,7 +226,7 @@ TEST(DFlashFusedDrafting, ReplacedWeightsReachTheFusedPath) {
 TEST(DFlashFusedDrafting, CapturedGraphsReplayTheFusedPath) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device cuda("cuda:0");
-  dd::DFlashModel model(small_shape(), 5, kInitStd, torch::kBFloat16, cuda);
+  dd::DFlashModel model(dd::testing::small_gpu_shape(), 5, kInitStd, torch::kBFloat16, cuda);
   if (!model.fused_drafting()) GTEST_SKIP() << "this build has no CUDA kernels, or no flash drafting";
   const auto options = torch::TensorOptions().dtype(torch::kBFloat16).device(cuda);
   const auto longs = torch::TensorOptions().dtype(torch::kLong).device(cuda);
@@ -298,12 +285,10 @@ TEST(DFlashFusedDrafting, ThePluginsProposalsMatchTheAtenPluginAndFollowLoadedWe
   PluginRegistry registry;
   registry.add_directory(DFLASH_INTREE_PLUGIN_DIR);
   const PluginRecord& record = registry.find(DFLASH_KIND_DRAFTER, "dflash");
-  const nlohmann::json target = {{"num_layers", 8}, {"hidden_size", 64}, {"vocab_size", 50}, {"num_attention_heads", 4},
-                                 {"num_key_value_heads", 2}, {"head_dim", 16}, {"intermediate_size", 96}};
+  const dd::testing::GpuTarget gpu = dd::testing::small_gpu_target(37);
+  const nlohmann::json& target = gpu.info;
+  const NamedTensors& frozen = gpu.frozen;
   const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
-  torch::manual_seed(37);
-  const NamedTensors frozen = {{"embed_tokens", torch::randn({50, 64}, cuda)}, {"lm_head", torch::randn({50, 64}, cuda)},
-                               {"final_norm", torch::ones({64}, cuda)}};
   std::vector<std::unique_ptr<DrafterInstance>> drafters;  // fused, then ATen
   for (const char* kernels : {"auto", "aten"}) {
     const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
