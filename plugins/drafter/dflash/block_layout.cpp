@@ -163,21 +163,24 @@ at::Tensor stacked_group_attention_masks(const std::vector<AttentionGroup>& grou
                                          const at::Tensor& documents, int64_t block_size) {
   if (groups.empty()) throw std::invalid_argument("stacked_group_attention_masks: no groups");
   const int64_t queries = groups[0].queries(block_size), context = groups[0].context_end - groups[0].context_begin;
-  std::vector<int64_t> rows, first_blocks, begins;
-  for (const AttentionGroup& g : groups) {
+  // Each group's row, first block and context begin, [3, n], in one upload.
+  const auto n = static_cast<int64_t>(groups.size());
+  std::vector<int64_t> described(static_cast<size_t>(3 * n));
+  for (int64_t i = 0; i < n; ++i) {
+    const AttentionGroup& g = groups[static_cast<size_t>(i)];
     if (g.queries(block_size) != queries || g.context_end - g.context_begin != context)
       throw std::invalid_argument("stacked_group_attention_masks: the groups differ in shape");
-    rows.push_back(g.row);
-    first_blocks.push_back(g.first_block);
-    begins.push_back(g.context_begin);
+    described[static_cast<size_t>(i)] = g.row;
+    described[static_cast<size_t>(n + i)] = g.first_block;
+    described[static_cast<size_t>(2 * n + i)] = g.context_begin;
   }
   const auto longs = anchors.options().dtype(at::kLong);
-  const at::Tensor row = at::tensor(rows, at::kLong).to(longs.device()).unsqueeze(1);  // [n, 1]
-  const at::Tensor block = at::arange(queries, longs).div(block_size, "floor");        // each query's block in its group
-  const at::Tensor anchor =
-      anchors.index({row, at::tensor(first_blocks, at::kLong).to(longs.device()).unsqueeze(1) + block.unsqueeze(0)});  // [n, Q]
-  const at::Tensor anchor_doc = documents.index({row, anchor.clamp_min(0)});                                          // [n, Q]
-  const at::Tensor key = at::tensor(begins, at::kLong).to(longs.device()).unsqueeze(1) + at::arange(context, longs);  // [n, C]
+  const at::Tensor groups_of = at::tensor(described, at::kLong).to(longs.device()).view({3, n, 1});
+  const at::Tensor row = groups_of[0];                                                  // [n, 1]
+  const at::Tensor block = at::arange(queries, longs).div(block_size, "floor");         // each query's block in its group
+  const at::Tensor anchor = anchors.index({row, groups_of[1] + block.unsqueeze(0)});    // [n, Q]
+  const at::Tensor anchor_doc = documents.index({row, anchor.clamp_min(0)});            // [n, Q]
+  const at::Tensor key = groups_of[2] + at::arange(context, longs);                     // [n, C]
   const at::Tensor key_doc = documents.index({row, key});                                                              // [n, C]
   const at::Tensor sees_context = key.unsqueeze(1).lt(anchor.unsqueeze(2)).logical_and(key_doc.unsqueeze(1).eq(anchor_doc.unsqueeze(2)));
   const at::Tensor own_block = block.view({queries, 1}).eq(block.view({1, queries})).unsqueeze(0).expand({row.size(0), queries, queries});
