@@ -282,6 +282,7 @@ class DFlashDrafter : public sdk::Drafter {
   void set_training(bool training) {
     if (!training || !model_) return;
     graphs_.clear();
+    graph_pool_->renew();
     spare_ = drafter::DraftContext{};
     model_->release_drafting();  // after the graphs that read it
   }
@@ -329,6 +330,7 @@ class DFlashDrafter : public sdk::Drafter {
     if (!graphs_possible_ || drafts_.size() != 1) return nullptr;
     if (context.generation != graphs_generation_) {
       graphs_.clear();
+      graph_pool_->renew();
       graphs_generation_ = context.generation;
     }
     Graph& g = graphs_[key];

@@ -126,6 +126,17 @@ class CudaGraphPool {
 #endif
   }
 
+  // Call after destroying every graph captured so far: the next capture
+  // starts a new pool. PyTorch keeps a pool whose graphs are all gone until
+  // its last block is freed, and refuses to capture into it meanwhile (an
+  // internal assert, "use_count > 0", seen when an evaluation's graphs were
+  // dropped for training and the next evaluation captured again).
+  void renew() {
+#if DFLASH_CUDA_GRAPHS
+    pool_started_ = false;
+#endif
+  }
+
  private:
   c10::Device device_;
 #if DFLASH_CUDA_GRAPHS

@@ -541,6 +541,7 @@ bool Decoder::decode_step_graphed(DecodeSessions& pool, const StepPlan& plan, co
   const std::pair<uint64_t, uint64_t> against{pool.generation(), d.rotary_generation};
   if (against != d.captured_against) {  // the pool or the tables moved: every graph reads stale addresses
     d.by_shape.clear();
+    d.graphs.renew();
     d.captured_against = against;
   }
   const auto key = DecodeState::GraphKey{plan.n, layer_ids, static_cast<int>(logit_rows)};
