@@ -132,6 +132,7 @@ int run_ab(const CliOptions& options) {
   eval_settings.prompt_tokens = options.prompt_tokens;
   eval_settings.max_prompts = options.max_prompts > 0 ? options.max_prompts : 32;
   eval_settings.baseline = false;
+  eval_settings.warmup = false;
   std::vector<ab::ArmRun> runs;
   for (int64_t seed = 0; seed < options.seeds; ++seed)
     for (const ArmSpec& arm : arms) {

@@ -56,6 +56,7 @@ po::options_description visible_options() {
       ("report", po::value<std::string>(), "eval: write the full report (per prompt too) to this JSON file; "
        "generate: its figures (tokens/s, settings)")
       ("no-baseline", "eval: skip decoding with the target alone (no lossless check, no speed-up)")
+      ("no-warmup", "eval: time the first prompt cold (by default it is decoded once, untimed, before the clocks run)")
       ("batch-size", po::value<int64_t>(), "generate: sequences decoded together, one target pass per step (default 1)")
       ("temperature", po::value<double>(), "generate: sample at this temperature (default 0: greedy)")
       ("top-p", po::value<double>(), "generate, sampling: only from the most likely tokens whose probability reaches "
@@ -160,6 +161,7 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   if (vm.count("drafter-checkpoint")) options.drafter_checkpoint = vm["drafter-checkpoint"].as<std::string>();
   if (vm.count("report")) options.report = vm["report"].as<std::string>();
   options.baseline = vm.count("no-baseline") == 0;
+  options.warmup = vm.count("no-warmup") == 0;
   auto positive = [&](const char* flag, int64_t& into, int64_t minimum) {
     if (!vm.count(flag)) return;
     into = vm[flag].as<int64_t>();

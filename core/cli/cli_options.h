@@ -33,6 +33,7 @@ struct CliOptions {
   std::optional<std::string> report;              // --report FILE (JSON)
   int64_t max_new_tokens = 128, max_length = 0, prompt_tokens = 64, max_prompts = 0;
   bool baseline = true;                           // --no-baseline turns off
+  bool warmup = true;                             // --no-warmup turns off
   // generate (and --prompts, --max-new-tokens, --max-length, --prompt-tokens,
   // --max-prompts, --report, --out)
   int64_t batch_size = 1;                 // --batch-size N: sequences decoded together

@@ -368,6 +368,7 @@ int evaluate(const CliOptions& options) {
   settings.prompt_tokens = options.prompt_tokens;
   settings.max_prompts = options.max_prompts;
   settings.baseline = options.baseline;
+  settings.warmup = options.warmup;
   if (!settings.drafter_checkpoint.empty()) eval::load_drafter_checkpoint(settings.drafter_checkpoint, *drafter, target_info);
   const std::vector<eval::Prompt> prompts = eval::read_prompts(settings, target_info);
   const nlohmann::json report = eval::evaluate(*target, *drafter, prompts, settings, target_info);

@@ -85,6 +85,14 @@ nlohmann::json evaluate(const host::TargetModelInstance& target, const host::Dra
   std::vector<int64_t> offered(static_cast<size_t>(block_size), 0), taken(static_cast<size_t>(block_size), 0);
   int64_t steps = 0, step_tokens = 0, spec_tokens = 0, greedy_tokens = 0;
   double spec_seconds = 0, greedy_seconds = 0;
+  if (s.warmup && !prompts.empty()) {  // untimed, unreported: decoding is deterministic, so it changes no result
+    try {
+      speculative_decode(target, drafter, prompts.front().ids, limits, block_size, layer_ids);
+      if (s.baseline) greedy_decode(target, prompts.front().ids, limits);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(where(s.prompts_file, prompts.front().line) + ": " + e.what());
+    }
+  }
   for (const Prompt& p : prompts) {
     const std::string at = where(s.prompts_file, p.line);
     Generation spec;
@@ -147,6 +155,7 @@ nlohmann::json evaluate(const host::TargetModelInstance& target, const host::Dra
       {"prompts", prompts.size()},
       {"max_new_tokens", limits.max_new_tokens},
       {"max_length", limits.max_length},
+      {"warmup_prompts", s.warmup && !prompts.empty() ? 1 : 0},
       {"verification_steps", steps},
       {"tau_mean", steps > 0 ? double(step_tokens) / double(steps) : 0.0},
       {"tau_histogram", hist},

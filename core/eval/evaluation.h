@@ -22,6 +22,11 @@ struct EvalSettings {
   int64_t prompt_tokens = 64;      // prefix of "input_ids" lines used as the prompt
   int64_t max_prompts = 0;         // 0: all
   bool baseline = true;            // also decode with the target alone (the lossless check and the speed-up)
+  // The first prompt decoded once, both ways, before any clock runs: the
+  // one-time costs (lazy initialisation, library handles, CUDA graph
+  // captures) are then not charged to the first prompt's tokens/s. Off where
+  // only τ matters (training's periodic eval, ab).
+  bool warmup = true;
 };
 
 // The report's path, checked before anything is loaded (prompts.h).

@@ -261,6 +261,7 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
     eval_settings.max_new_tokens = t.at("eval_max_new_tokens");
     eval_settings.prompt_tokens = t.at("eval_prompt_tokens");
     eval_settings.baseline = false;
+    eval_settings.warmup = false;
     eval_prompts = eval::read_prompts(eval_settings, target_info);
   }
 

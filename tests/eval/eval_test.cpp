@@ -669,6 +669,36 @@ TEST(Divergence, Bf16EvalIsLosslessUpToTies) {
               static_cast<long long>(r.at("near_tie_divergences").get<int64_t>()));
 }
 
+// eval decodes its first prompt once before the clocks (one-time costs are
+// not charged to it): the drafter's and target's sessions after that
+// warm-up must give every prompt the same tokens, steps and τ as a cold run.
+TEST(Eval, TheWarmupChangesNoResult) {
+  auto target = quickstart_target();
+  auto d = drafter("dflash", dflash_config(8), *target);
+  d->set_training(false);
+  eval::EvalSettings s;
+  s.prompts_file = kHeldout;
+  s.max_prompts = 2;
+  s.max_new_tokens = 24;
+  const auto info = target->describe();
+  const auto prompts = eval::read_prompts(s, info);
+  s.warmup = false;
+  const nlohmann::json cold = eval::evaluate(*target, *d, prompts, s, info);
+  s.warmup = true;
+  const nlohmann::json warm = eval::evaluate(*target, *d, prompts, s, info);
+  EXPECT_EQ(cold.at("warmup_prompts"), 0);
+  EXPECT_EQ(warm.at("warmup_prompts"), 1);
+  ASSERT_EQ(warm.at("per_prompt").size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto &a = cold.at("per_prompt")[i], &b = warm.at("per_prompt")[i];
+    EXPECT_EQ(a.at("tokens"), b.at("tokens")) << "prompt " << i;
+    EXPECT_EQ(a.at("target_passes"), b.at("target_passes")) << "prompt " << i;
+    EXPECT_EQ(a.at("identical_to_greedy"), b.at("identical_to_greedy")) << "prompt " << i;
+  }
+  EXPECT_EQ(cold.at("tau_histogram"), warm.at("tau_histogram"));
+  EXPECT_EQ(cold.at("acceptance_by_position"), warm.at("acceptance_by_position"));
+}
+
 // The fp32 lossless check loads a checkpoint trained in bf16 into an fp32
 // drafter: copy_ converts, every value exactly (bf16 ⊂ fp32), the drafter stays fp32.
 TEST(Eval, ABf16CheckpointLoadsIntoAnFp32Drafter) {
