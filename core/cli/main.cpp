@@ -7,6 +7,7 @@
 #include "plugin/host_api.h"
 #include "plugin/instances.h"
 #include "plugin/registry.h"
+#include "runtime/cpu_blas.h"
 
 #include <dflash/abi.h>
 
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
               << ", " << host::describe_torch_build(host::host_torch_build()) << "\n";
     return cli::kExitOk;
   }
+  if (const auto warning = runtime::openblas_core_warning()) log::warn(*warning);
   try {
     return cli::run_command(options);
   } catch (const config::ConfigError& e) {
