@@ -90,6 +90,26 @@ def plot(metrics, path):
     return True
 
 
+def tau_by_source(report, texts):
+    """τ of each corpus source's prompts (train_target.py writes each prompt
+    text with its document's source; eval's rows name their 1-based line):
+    a source's step tokens over its verification steps."""
+    if not report or not texts:
+        return {}
+    tokens, steps, prompts = {}, {}, {}
+    for row in report.get("per_prompt", []):
+        line = row.get("line", 0)
+        if not 1 <= line <= len(texts):
+            continue
+        src = texts[line - 1].get("source", "unknown")
+        n = max(0, row.get("target_passes", 0) - 1)  # the prefill pass verifies nothing
+        tokens[src] = tokens.get(src, 0) + row.get("tau", 0) * n
+        steps[src] = steps.get(src, 0) + n
+        prompts[src] = prompts.get(src, 0) + 1
+    return {src: {"tau": tokens[src] / steps[src] if steps[src] else 0.0, "prompts": prompts[src], "steps": steps[src]}
+            for src in sorted(tokens)}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--work", required=True)
@@ -106,6 +126,7 @@ def main():
     peer = load_lines(os.path.join(args.work, "generate_transformers.json"))
     peer = peer[-1] if peer else None
     metrics = load_lines(os.path.join(args.out, "metrics.jsonl"))
+    eval_texts = load_lines(os.path.join(args.work, "eval_texts.jsonl"))
 
     results = {"eval_dflash": eval_summary(dflash),
                "eval_prompt_lookup": eval_summary(lookup),
@@ -131,6 +152,12 @@ def main():
     lines.append("")
     if "tau_ratio_to_prompt_lookup" in results:
         lines.append(f"tau ratio DFlash / prompt lookup: {results['tau_ratio_to_prompt_lookup']:.2f}")
+    by_source = {name: tau_by_source(report, eval_texts) for name, report in (("dflash", dflash), ("prompt_lookup", lookup))}
+    if any(by_source.values()):
+        results["tau_by_source"] = by_source
+        for name, table in by_source.items():
+            cells = ", ".join(f"{src} {v['tau']:.2f} ({v['prompts']} prompts)" for src, v in table.items())
+            lines.append(f"tau by prompt source, {name}: {cells}")
     if gen:
         lines.append(f"generate (all prompts): {gen['generated_tokens']} tokens in {gen['seconds']:.1f} s, "
                      f"{gen['tokens_per_s']:.0f} tokens/s")

@@ -48,9 +48,15 @@ def log(**fields):
     print(json.dumps(fields), flush=True)
 
 
+SOURCE_OF = {}  # document text -> its corpus source (make_corpus.py tags each document)
+
+
 def read_corpus(path, heldout_percent, seed):
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        docs = [json.loads(line)["text"] for line in f]
+        lines = [json.loads(line) for line in f]
+    docs = [line["text"] for line in lines]
+    for line in lines:
+        SOURCE_OF.setdefault(line["text"], line.get("source", "unknown"))
     rng = random.Random(seed)
     flags = [rng.random() * 100 < heldout_percent for _ in docs]
     train = [d for d, h in zip(docs, flags) if not h]
@@ -82,15 +88,16 @@ def token_stream(tok, docs, eos):
 
 
 def windows(tok, docs, count, tokens, seed):
-    """Prompt texts: `tokens`-token windows of random documents, decoded."""
+    """Prompt texts: `tokens`-token windows of random documents, decoded,
+    each with its document's source."""
     rng = random.Random(seed)
-    encoded = [e.ids for e in tok.encode_batch(docs)]
-    usable = [ids for ids in encoded if len(ids) > tokens + 8]
+    encoded = [(e.ids, SOURCE_OF.get(d, "unknown")) for e, d in zip(tok.encode_batch(docs), docs)]
+    usable = [(ids, src) for ids, src in encoded if len(ids) > tokens + 8]
     out = []
     for _ in range(count):
-        ids = rng.choice(usable)
+        ids, src = rng.choice(usable)
         start = rng.randrange(0, len(ids) - tokens)
-        out.append(tok.decode(ids[start:start + tokens]))
+        out.append((tok.decode(ids[start:start + tokens]), src))
     return out
 
 
@@ -205,8 +212,8 @@ def main():
                                     ("eval_texts.jsonl", eval_docs, args.eval_prompts, 3),
                                     ("unseen_texts.jsonl", other_docs, args.eval_prompts, 4)):
         with open(os.path.join(args.out, name), "w") as f:
-            for text in windows(tok, docs, count, args.prompt_tokens, seed):
-                f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+            for text, src in windows(tok, docs, count, args.prompt_tokens, seed):
+                f.write(json.dumps({"text": text, "source": src}, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":
