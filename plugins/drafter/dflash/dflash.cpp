@@ -97,6 +97,14 @@ class DFlashDrafter : public sdk::Drafter {
     if (gamma_ == 0) gamma_ = block_size_ >= 16 ? 7.0 : block_size_ >= 8 ? 4.0 : 2.0;
   }
 
+  ~DFlashDrafter() {
+    if (graph_stats_.captured + graph_stats_.failed == 0) return;
+    host_->log(DFLASH_LOG_INFO, info.name,
+               ("drafting CUDA graphs: " + std::to_string(graph_stats_.captured) + " captured, " +
+                std::to_string(graph_stats_.replayed) + " replays, " + std::to_string(graph_stats_.failed) + " failed")
+                   .c_str());
+  }
+
   void bind_target(const nlohmann::json& target, const sdk::TensorDict& frozen) {
     const drafter::ResolvedShape resolved = drafter::resolve_shape(config_, target);
     const drafter::DrafterShape& shape = resolved.shape;
@@ -340,6 +348,7 @@ class DFlashDrafter : public sdk::Drafter {
   bool capture(Graph& g, const std::function<void()>& body) {
     std::string error;
     g.graph = graph_pool_->capture(body, error);
+    ++(g.graph ? graph_stats_.captured : graph_stats_.failed);
     if (!g.graph) {
       g.failed = true;  // the warm-up's writes are the ones the eager call repeats
       graph_error_ = error;
@@ -366,6 +375,7 @@ class DFlashDrafter : public sdk::Drafter {
     g->params.copy_(decode_support::host_staging({context.length}, device_), /*non_blocking=*/true);
     if (!g->graph && !capture(*g, [&] { bound().extend_context_at(context, g->features, g->params); })) return false;
     g->graph->replay();
+    ++graph_stats_.replayed;
     return true;
   }
   bool propose_graphed(drafter::DraftContext& context, const at::Tensor& last, int64_t take, at::Tensor& proposal) {
@@ -393,6 +403,7 @@ class DFlashDrafter : public sdk::Drafter {
     };
     if (!g->graph && !capture(*g, body)) return false;
     g->graph->replay();
+    ++graph_stats_.replayed;
     proposal = g->out.narrow(0, 0, take).clone();  // the graphs' pool is reused by the next replay
     return true;
   }
@@ -420,6 +431,11 @@ class DFlashDrafter : public sdk::Drafter {
   std::map<int64_t, Graph> graphs_;
   uint64_t graphs_generation_ = 0;
   std::string graph_error_;
+  // Drafting's graphs over this instance's life, logged when it ends: where
+  // a decode is slower than expected, whether its steps replayed.
+  struct GraphStats {
+    int64_t captured = 0, replayed = 0, failed = 0;
+  } graph_stats_;
   drafter::DraftContext spare_;  // an ended session's buffers, for the next (graphs read their addresses)
   std::unique_ptr<drafter::DFlashModel> model_;
 };
