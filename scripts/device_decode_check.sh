@@ -4,9 +4,10 @@
 #   1. builds into build-gpu (scripts/device_build.sh, tests skipped there);
 #   2. runs the decoding tests on the GPU: graphs and flash decoding against
 #      the eager kernels and the ATen path, flash drafting and its graph,
-#      batched decoding, generate's greedy answers, lossless speculative
-#      decoding (ctest -R below, or DFLASH_DECODE_TESTS='regex'; DFLASH_DECODE_ALL_TESTS=1
-#      runs the whole suite);
+#      batched decoding on the kernels (ctest -R below: the tests with a GPU
+#      case; the CPU-only decoding tests run in CI and took 4-5 of the call's
+#      minutes here. DFLASH_DECODE_TESTS='regex' picks others;
+#      DFLASH_DECODE_ALL_TESTS=1 runs the whole suite);
 #   3. bench/decode_bench.cpp on random-weight targets: the gpu demo's shape
 #      (8 layers, hidden 512, vocab 8192) with a random 2-layer drafter, block
 #      16, and (DFLASH_DECODE_8B=1, the default) a Qwen3-8B shape, 36 layers.
@@ -32,7 +33,7 @@ if [ "${DFLASH_DECODE_ALL_TESTS:-0}" = "1" ]; then
   ctest --test-dir "$build" -j 8 --output-on-failure >>"$log" 2>&1
 else
   ctest --test-dir "$build" -j 4 --output-on-failure \
-    -R "${DFLASH_DECODE_TESTS:-TargetDecoding|SpeculativeDecoding|BatchDecoding|Generate\.|DFlashDrafter|DFlashFusedDrafting|CudaKernels|PromptLookup|TorchCompat|Divergence}" >>"$log" 2>&1
+    -R "${DFLASH_DECODE_TESTS:-Cuda|Gpu|TargetDecoding|DFlashDrafter|DFlashFusedDrafting|TorchCompat}" >>"$log" 2>&1
 fi
 tests=$?
 grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Timeout\)|Not Run" "$log" | tail -20
