@@ -145,6 +145,11 @@ int run_ab(const CliOptions& options) {
         auto set = make_train_set(arm_options(arm, seed), registry);
         train::TrainPlugins plugins = set->plugins();
         const int code = train::run_training(plugins, set->run);
+        if (code == train::kStoppedOnRequest) {  // the user or the scheduler ends the comparison, not one arm
+          log::warn("ab: stopped by a signal in arm " + arm.name + ", seed " + std::to_string(run.seed) +
+                    "; no report written; that arm's checkpoints are in " + dir);
+          return train::kStoppedOnRequest;
+        }
         if (code != 0) {
           run.failed = true;
           run.failure = code == train::kNonFinite ? "stopped on non-finite losses (exit status 4)"

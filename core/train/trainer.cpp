@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include "train/phase_timer.h"
+#include "train/stop_request.h"
 
 #include "checkpoint/checkpoint.h"
 #include "log/log.h"
@@ -298,8 +299,15 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   std::string phase;
   bool updating = false;
   PhaseTimer timer(t.at("profile_phases").get<bool>(), device);
+  const StopRequest stop_request;
   for (; step < total_steps; ++step) {
     if (run.stop_after > 0 && step - first_step >= run.stop_after) break;
+    if (const int sig = stop_request.signal()) {
+      progress.message(std::string(stop_signal_name(sig)) + ": stopping before step " + std::to_string(step) +
+                       " with a checkpoint of the steps done; run the same command to resume");
+      exit_code = kStoppedOnRequest;
+      break;
+    }
     timer.start();
     const std::string data_state_at_start = p.data.save_state();
     const std::string scheduler_state_at_start = p.scheduler.has_state() ? p.scheduler.save_state() : "";
@@ -485,7 +493,7 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   progress.finish();
   // A step already saved (--stop-after at a checkpoint_every step, or a
   // resumed run whose data had ended) is not written again.
-  if (exit_code == 0 && step != last_checkpoint_step) save(step);
+  if ((exit_code == 0 || exit_code == kStoppedOnRequest) && step != last_checkpoint_step) save(step);
   if (auto facts = p.data.describe()) log::info("data: " + facts->dump());
   return exit_code;
 }

@@ -46,6 +46,9 @@ inline constexpr int kNonFinite = 4;
 // Exit code when the device ran out of memory (after the report and an
 // emergency checkpoint of the last completed step).
 inline constexpr int kOutOfMemory = 5;
+// Exit code when SIGTERM or SIGINT asked the run to stop (train/stop_request.h):
+// the step in progress finished and was checkpointed; the same command resumes.
+inline constexpr int kStoppedOnRequest = 7;
 
 // Resumes from <output_dir>/checkpoints/latest when present (checked: see
 // checkpoint/checkpoint.h and train/resume.h). Returns the process exit

@@ -1,0 +1,26 @@
+// A graceful stop on SIGTERM or SIGINT: what schedulers send before they
+// end a job (SLURM's time limit, a preemption, `timeout`, Ctrl-C). While a
+// StopRequest lives, the first such signal only sets a flag; the trainer
+// reads it between steps, finishes the step it is in, writes a checkpoint
+// and returns kStoppedOnRequest, so that running the same command resumes.
+// A second signal ends the process as the signal would have (the default
+// action), for a user who does not want to wait.
+#pragma once
+
+namespace dflash::train {
+
+class StopRequest {
+ public:
+  StopRequest();   // installs the handlers
+  ~StopRequest();  // restores the previous ones
+  StopRequest(const StopRequest&) = delete;
+  StopRequest& operator=(const StopRequest&) = delete;
+
+  // The signal that asked for a stop (SIGTERM, SIGINT), or 0.
+  int signal() const;
+};
+
+// "SIGTERM", "SIGINT", or "signal N".
+const char* stop_signal_name(int signal);
+
+}  // namespace dflash::train
