@@ -184,6 +184,12 @@ def main():
         lines.append(f"decode profile, {arm['arm']}: target alone {g.get('ms_per_token', 0):.3f} ms/token; speculative "
                      f"{sp.get('ms_per_step', 0):.3f} ms/step, tau {sp.get('tau', 0):.2f}, speed-up "
                      f"{sp.get('speedup', 0):.2f}x; ms per step: {phases}")
+        tgt = arm.get("target", {})
+        if "decode_graph_stats_after_greedy" in tgt:
+            before, end = tgt["decode_graph_stats_after_greedy"], tgt.get("decode_graph_stats", {})
+            lines.append(f"  target graphs, {arm['arm']}: after greedy {before.get('captured', 0)} captured / "
+                         f"{before.get('replayed', 0)} replays; at the end {end.get('captured', 0)} / "
+                         f"{end.get('replayed', 0)} ({end.get('failed', 0)} failed)")
     if plot(metrics, os.path.join(args.out, "curves.png")):
         lines.append("curves: curves.png")
     with open(os.path.join(args.out, "results.json"), "w") as f:
