@@ -20,6 +20,7 @@
 // lazy initialisation, and graph capture on a shape's second use).
 //
 // Prints one JSON object (also written to --json).
+#include "bench_args.h"
 #include "checkpoint/checkpoint.h"
 #include "eval/divergence.h"
 #include "eval/evaluation.h"
@@ -63,27 +64,23 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--plugin-dir") a.plugin_dir = next();
-    else if (flag == "--model") a.model = next();
-    else if (flag == "--drafter-checkpoint") a.drafter_checkpoint = next();
-    else if (flag == "--random-drafter") a.random_drafter_layers = std::stoll(next());
-    else if (flag == "--block-size") a.block_size = std::stoll(next());
-    else if (flag == "--prompts") a.prompts = next();
-    else if (flag == "--random-prompts") a.random_prompts = true;
-    else if (flag == "--prompt-tokens") a.prompt_tokens = std::stoll(next());
-    else if (flag == "--max-prompts") a.max_prompts = std::stoll(next());
-    else if (flag == "--max-new-tokens") a.max_new_tokens = std::stoll(next());
-    else if (flag == "--dtype") a.dtype = next();
-    else if (flag == "--device") a.device = next();
-    else if (flag == "--arms") a.arms = split(next(), ',');
-    else if (flag == "--json") a.json = next();
-    else throw std::invalid_argument("unknown flag " + flag);
+  dflash::bench::FlagReader r(argc, argv);
+  while (r.next()) {
+    if (r.is("--plugin-dir")) a.plugin_dir = r.text();
+    else if (r.is("--model")) a.model = r.text();
+    else if (r.is("--drafter-checkpoint")) a.drafter_checkpoint = r.text();
+    else if (r.is("--random-drafter")) a.random_drafter_layers = r.integer();
+    else if (r.is("--block-size")) a.block_size = r.integer();
+    else if (r.is("--prompts")) a.prompts = r.text();
+    else if (r.is("--random-prompts")) a.random_prompts = true;
+    else if (r.is("--prompt-tokens")) a.prompt_tokens = r.integer();
+    else if (r.is("--max-prompts")) a.max_prompts = r.integer();
+    else if (r.is("--max-new-tokens")) a.max_new_tokens = r.integer();
+    else if (r.is("--dtype")) a.dtype = r.text();
+    else if (r.is("--device")) a.device = r.text();
+    else if (r.is("--arms")) a.arms = split(r.text(), ',');
+    else if (r.is("--json")) a.json = r.text();
+    else r.unknown();
   }
   if (a.plugin_dir.empty() || a.model.empty()) throw std::invalid_argument("--plugin-dir DIR and --model DIR are required");
   if (a.prompts.empty() == !a.random_prompts) throw std::invalid_argument("give --prompts FILE or --random-prompts");

@@ -11,6 +11,7 @@
 //                 [--attention-kernel auto|sdpa]
 //                 [--checkpointing] [--embedding-on-cpu]
 //                 [--repeats 5 --warmup 2 --json out.jsonl]
+#include "bench_args.h"
 #include "config/config_schema.h"
 #include "memory/memory_stats.h"
 #include "plugin/instances.h"
@@ -44,34 +45,30 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--plugin-dir") a.plugin_dir = next();
-    else if (flag == "--loss") a.loss = next();
-    else if (flag == "--precision") a.precision = next();
-    else if (flag == "--json") a.json = next();
-    else if (flag == "--attention") a.attention = next();
-    else if (flag == "--group-blocks") a.group_blocks = std::stoll(next());
-    else if (flag == "--attention-kernel") a.kernel = next();
-    else if (flag == "--checkpointing") a.checkpointing = true;
-    else if (flag == "--embedding-on-cpu") a.embedding_on_cpu = true;
-    else if (flag == "--context") a.context = std::stoll(next());
-    else if (flag == "--anchors") a.anchors = std::stoll(next());
-    else if (flag == "--block") a.block = std::stoll(next());
-    else if (flag == "--layers") a.layers = std::stoll(next());
-    else if (flag == "--hidden") a.hidden = std::stoll(next());
-    else if (flag == "--heads") a.heads = std::stoll(next());
-    else if (flag == "--kv-heads") a.kv_heads = std::stoll(next());
-    else if (flag == "--head-dim") a.head_dim = std::stoll(next());
-    else if (flag == "--intermediate") a.intermediate = std::stoll(next());
-    else if (flag == "--vocab") a.vocab = std::stoll(next());
-    else if (flag == "--repeats") a.repeats = std::stoi(next());
-    else if (flag == "--warmup") a.warmup = std::stoi(next());
-    else throw std::invalid_argument("unknown flag " + flag);
+  dflash::bench::FlagReader r(argc, argv);
+  while (r.next()) {
+    if (r.is("--plugin-dir")) a.plugin_dir = r.text();
+    else if (r.is("--loss")) a.loss = r.text();
+    else if (r.is("--precision")) a.precision = r.text();
+    else if (r.is("--json")) a.json = r.text();
+    else if (r.is("--attention")) a.attention = r.text();
+    else if (r.is("--group-blocks")) a.group_blocks = r.integer();
+    else if (r.is("--attention-kernel")) a.kernel = r.text();
+    else if (r.is("--checkpointing")) a.checkpointing = true;
+    else if (r.is("--embedding-on-cpu")) a.embedding_on_cpu = true;
+    else if (r.is("--context")) a.context = r.integer();
+    else if (r.is("--anchors")) a.anchors = r.integer();
+    else if (r.is("--block")) a.block = r.integer();
+    else if (r.is("--layers")) a.layers = r.integer();
+    else if (r.is("--hidden")) a.hidden = r.integer();
+    else if (r.is("--heads")) a.heads = r.integer();
+    else if (r.is("--kv-heads")) a.kv_heads = r.integer();
+    else if (r.is("--head-dim")) a.head_dim = r.integer();
+    else if (r.is("--intermediate")) a.intermediate = r.integer();
+    else if (r.is("--vocab")) a.vocab = r.integer();
+    else if (r.is("--repeats")) a.repeats = static_cast<int>(r.integer());
+    else if (r.is("--warmup")) a.warmup = static_cast<int>(r.integer());
+    else r.unknown();
   }
   if (a.plugin_dir.empty()) throw std::invalid_argument("--plugin-dir DIR is required");
   if (a.precision != "same" && a.precision != "fp32_master") throw std::invalid_argument("--precision: same or fp32_master");

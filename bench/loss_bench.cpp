@@ -5,6 +5,7 @@
 //
 //   loss_bench --plugin-dir build-gpu/lib/dflash-host/plugins [--rows 32768 --hidden 5120 --vocab 248320]
 //              [--repeats 5 --warmup 2 --topk 64 --json out.jsonl]
+#include "bench_args.h"
 #include "plugin/instances.h"
 #include "plugin/registry.h"
 
@@ -36,22 +37,18 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--plugin-dir") a.plugin_dir = next();
-    else if (flag == "--rows") a.rows = std::stoll(next());
-    else if (flag == "--hidden") a.hidden = std::stoll(next());
-    else if (flag == "--vocab") a.vocab = std::stoll(next());
-    else if (flag == "--topk") a.topk = std::stoll(next());
-    else if (flag == "--repeats") a.repeats = std::stoi(next());
-    else if (flag == "--warmup") a.warmup = std::stoi(next());
-    else if (flag == "--json") a.json = next();
-    else if (flag == "--only") a.only.push_back(next());
-    else throw std::invalid_argument("unknown flag " + flag);
+  dflash::bench::FlagReader r(argc, argv);
+  while (r.next()) {
+    if (r.is("--plugin-dir")) a.plugin_dir = r.text();
+    else if (r.is("--rows")) a.rows = r.integer();
+    else if (r.is("--hidden")) a.hidden = r.integer();
+    else if (r.is("--vocab")) a.vocab = r.integer();
+    else if (r.is("--topk")) a.topk = r.integer();
+    else if (r.is("--repeats")) a.repeats = static_cast<int>(r.integer());
+    else if (r.is("--warmup")) a.warmup = static_cast<int>(r.integer());
+    else if (r.is("--json")) a.json = r.text();
+    else if (r.is("--only")) a.only.push_back(r.text());
+    else r.unknown();
   }
   if (a.plugin_dir.empty()) throw std::invalid_argument("--plugin-dir DIR is required");
   return a;

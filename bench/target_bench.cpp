@@ -8,6 +8,7 @@
 //   target_bench --plugin-dir build-gpu/lib/dflash-host/plugins --model DIR
 //                [--batch 8 --seq 4096 --documents 4 --repeats 5 --warmup 2 --json out.jsonl]
 //                [--blas default|cublas|cublaslt]   (LibTorch's preferred GEMM library, for every arm)
+#include "bench_args.h"
 #include "plugin/instances.h"
 #include "plugin/registry.h"
 
@@ -42,24 +43,20 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--plugin-dir") a.plugin_dir = next();
-    else if (flag == "--model") a.model = next();
-    else if (flag == "--batch") a.batch = std::stoll(next());
-    else if (flag == "--seq") a.seq = std::stoll(next());
-    else if (flag == "--documents") a.documents = std::stoll(next());
-    else if (flag == "--repeats") a.repeats = std::stoi(next());
-    else if (flag == "--warmup") a.warmup = std::stoi(next());
-    else if (flag == "--json") a.json = next();
-    else if (flag == "--blas") a.blas = next();
-    else if (flag == "--no-diagnostics") a.diagnostics = false;
-    else if (flag == "--no-reference") a.reference_arms = false;
-    else throw std::invalid_argument("unknown flag " + flag);
+  dflash::bench::FlagReader r(argc, argv);
+  while (r.next()) {
+    if (r.is("--plugin-dir")) a.plugin_dir = r.text();
+    else if (r.is("--model")) a.model = r.text();
+    else if (r.is("--batch")) a.batch = r.integer();
+    else if (r.is("--seq")) a.seq = r.integer();
+    else if (r.is("--documents")) a.documents = r.integer();
+    else if (r.is("--repeats")) a.repeats = static_cast<int>(r.integer());
+    else if (r.is("--warmup")) a.warmup = static_cast<int>(r.integer());
+    else if (r.is("--json")) a.json = r.text();
+    else if (r.is("--blas")) a.blas = r.text();
+    else if (r.is("--no-diagnostics")) a.diagnostics = false;
+    else if (r.is("--no-reference")) a.reference_arms = false;
+    else r.unknown();
   }
   if (a.plugin_dir.empty() || a.model.empty()) throw std::invalid_argument("--plugin-dir DIR and --model DIR are required");
   if (a.documents < 1 || a.seq % a.documents != 0) throw std::invalid_argument("--documents must divide --seq");

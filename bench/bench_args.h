@@ -1,0 +1,51 @@
+// The benchmarks' command lines: flags read in order, `--flag VALUE` pairs
+// and bare switches. Each benchmark names its flags in one if-chain over a
+// FlagReader; a missing or malformed value, or an unknown flag, is an error
+// naming the flag.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace dflash::bench {
+
+class FlagReader {
+ public:
+  FlagReader(int argc, char** argv) : argc_(argc), argv_(argv) {}
+
+  // Moves to the next flag; false after the last.
+  bool next() {
+    if (++at_ >= argc_) return false;
+    flag_ = argv_[at_];
+    return true;
+  }
+  bool is(const char* name) const { return flag_ == name; }
+
+  // The flag's value: the next word.
+  std::string text() {
+    if (at_ + 1 >= argc_) throw std::invalid_argument(flag_ + " needs a value");
+    return argv_[++at_];
+  }
+  int64_t integer() {
+    const std::string value = text();
+    size_t used = 0;
+    int64_t parsed = 0;
+    try {
+      parsed = std::stoll(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != value.size()) throw std::invalid_argument(flag_ + " takes an integer, not '" + value + "'");
+    return parsed;
+  }
+  [[noreturn]] void unknown() const { throw std::invalid_argument("unknown flag " + flag_); }
+
+ private:
+  int argc_;
+  char** argv_;
+  int at_ = 0;
+  std::string flag_;
+};
+
+}  // namespace dflash::bench
