@@ -118,7 +118,9 @@ std::string usage_text() {
       << "Exit status: 0 success, 1 a failure while running, 2 bad usage or configuration,\n"
          "3 a feature this build does not have yet, 4 training stopped on non-finite losses,\n"
          "5 out of device memory (an emergency checkpoint and a report were written),\n"
-         "6 the memory plan says the run does not fit (train without --skip-memory-check).\n\n"
+         "6 the memory plan says the run does not fit (train without --skip-memory-check),\n"
+         "7 training stopped on SIGTERM or SIGINT (a checkpoint of every step done was written;\n"
+         "  the same command resumes).\n\n"
       << "Example:\n  dflash-host --plugin-dir build/lib/dflash-host/plugins --loss fused_ckpt_kl --config configs/quickstart.json\n";
   return out.str();
 }

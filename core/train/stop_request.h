@@ -9,6 +9,8 @@
 
 namespace dflash::train {
 
+// One at a time: the handlers and the flag are the process's (a process
+// trains one run at a time; ab runs its arms one after another).
 class StopRequest {
  public:
   StopRequest();   // installs the handlers
