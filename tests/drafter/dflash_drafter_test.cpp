@@ -151,24 +151,27 @@ TEST(DFlashLayout, BlocksAndMaskMatchTheirDefinitions) {
       const int64_t length = g.context_end - g.context_begin;
       if (length > 0) EXPECT_TRUE(length % key_multiple == 0 || length == s) << "range of " << length << " keys";
       next_block += g.blocks;
-      const auto group_mask = dd::group_attention_mask(g, padded, b.documents, bs);
-      const int64_t rows0 = g.first_block * bs, queries = g.blocks * bs, context = g.context_end - g.context_begin;
-      ASSERT_EQ(group_mask.sizes(), (std::vector<int64_t>{queries, context + queries}));
-      const auto dense_rows = mask[g.row].narrow(0, rows0, queries);
-      EXPECT_TRUE(torch::equal(group_mask.narrow(1, 0, context), dense_rows.narrow(1, g.context_begin, context)));
-      EXPECT_TRUE(torch::equal(group_mask.narrow(1, context, queries), dense_rows.narrow(1, s + rows0, queries)));
-      EXPECT_EQ(dense_rows.sum().item<int64_t>(), group_mask.sum().item<int64_t>()) << "nothing allowed outside the group's keys";
     }
     EXPECT_EQ(next_row, 1);
     EXPECT_EQ(next_block, count);
-    // Groups of one shape stacked: each group's own mask, in order.
+    // The masks as the layers make them: groups of one shape stacked, each
+    // group's mask at its place in the stack.
     std::map<std::pair<int64_t, int64_t>, std::vector<dd::AttentionGroup>> shapes;
     for (const auto& g : groups) shapes[{g.blocks, g.context_end - g.context_begin}].push_back(g);
     for (const auto& [dims, members] : shapes) {
       const auto stacked = dd::stacked_group_attention_masks(members, padded, b.documents, bs);
       ASSERT_EQ(stacked.size(0), static_cast<int64_t>(members.size()));
-      for (size_t i = 0; i < members.size(); ++i)
-        EXPECT_TRUE(torch::equal(stacked[static_cast<int64_t>(i)], dd::group_attention_mask(members[i], padded, b.documents, bs)));
+      for (size_t i = 0; i < members.size(); ++i) {
+        const auto& g = members[i];
+        const auto group_mask = stacked[static_cast<int64_t>(i)];
+        const int64_t rows0 = g.first_block * bs, queries = g.blocks * bs, context = g.context_end - g.context_begin;
+        ASSERT_EQ(group_mask.sizes(), (std::vector<int64_t>{queries, context + queries}));
+        const auto dense_rows = mask[g.row].narrow(0, rows0, queries);
+        EXPECT_TRUE(torch::equal(group_mask.narrow(1, 0, context), dense_rows.narrow(1, g.context_begin, context)));
+        EXPECT_TRUE(torch::equal(group_mask.narrow(1, context, queries), dense_rows.narrow(1, s + rows0, queries)));
+        EXPECT_EQ(dense_rows.sum().item<int64_t>(), group_mask.sum().item<int64_t>())
+            << "nothing allowed outside the group's keys";
+      }
     }
   }
   EXPECT_THROW(dd::attention_groups(padded, b.documents, 0), std::invalid_argument);

@@ -146,19 +146,6 @@ std::vector<AttentionGroup> attention_groups(const at::Tensor& anchors_in, const
   return groups;
 }
 
-at::Tensor group_attention_mask(const AttentionGroup& g, const at::Tensor& anchors, const at::Tensor& documents,
-                                int64_t block_size) {
-  const int64_t queries = g.queries(block_size), context = g.context_end - g.context_begin;
-  const at::Tensor anchor = anchors.select(0, g.row).narrow(0, g.first_block, g.blocks).repeat_interleave(block_size);
-  const at::Tensor docs = documents.select(0, g.row);
-  const at::Tensor anchor_doc = docs.index_select(0, anchor.clamp_min(0));
-  const at::Tensor key = at::arange(g.context_begin, g.context_end, anchor.options());
-  const at::Tensor sees_context = key.view({1, context}).lt(anchor.view({queries, 1}))
-                                      .logical_and(docs.narrow(0, g.context_begin, context).view({1, context}).eq(anchor_doc.view({queries, 1})));
-  const at::Tensor block = at::arange(queries, anchor.options()).div(block_size, "floor");
-  return at::cat({sees_context, block.view({queries, 1}).eq(block.view({1, queries}))}, 1);
-}
-
 at::Tensor stacked_group_attention_masks(const std::vector<AttentionGroup>& groups, const at::Tensor& anchors,
                                          const at::Tensor& documents, int64_t block_size) {
   if (groups.empty()) throw std::invalid_argument("stacked_group_attention_masks: no groups");

@@ -47,7 +47,7 @@ at::Tensor block_attention_mask(const at::Tensor& anchors, const at::Tensor& doc
 // order, in groups of `group_blocks`. A group's queries (its blocks' slots)
 // attend to one contiguous context range [context_begin, context_end) — from
 // the start of the earliest anchor's document to the latest anchor — and to
-// the group's own slots, under group_attention_mask. Every key a query may see
+// the group's own slots, under stacked_group_attention_masks. Every key a query may see
 // lies in its group's range, so nothing is lost; the masked pairs still
 // computed are the spread of the group's anchors and its other blocks' slots.
 // Small groups waste less and give the kernel less work per call.
@@ -65,15 +65,11 @@ struct AttentionGroup {
 // anchors [B, A] as sample_anchors gives them (ascending, −1 after the real ones).
 std::vector<AttentionGroup> attention_groups(const at::Tensor& anchors, const at::Tensor& documents, int64_t group_blocks,
                                              int64_t key_multiple = 1);
-// The group's part of block_attention_mask: its queries' rows, and the columns
-// of its context range then of its own slots. [queries, keys] bool, computed on
-// the device of `anchors` and `documents`.
-at::Tensor group_attention_mask(const AttentionGroup& group, const at::Tensor& anchors, const at::Tensor& documents,
-                                int64_t block_size);
-
-// group_attention_mask of several groups of one shape (equal queries and
-// context lengths) at once, stacked: [groups, queries, keys] bool. A handful
-// of device operations for all of them instead of a dozen per group.
+// Each group's part of block_attention_mask, for groups of one shape (equal
+// queries and context lengths), stacked: [groups, queries, keys] bool. A
+// group's part is its queries' rows, and the columns of its context range
+// then of its own slots. Computed on the device of `anchors` and `documents`,
+// in a handful of operations for all the groups.
 at::Tensor stacked_group_attention_masks(const std::vector<AttentionGroup>& groups, const at::Tensor& anchors,
                                          const at::Tensor& documents, int64_t block_size);
 
