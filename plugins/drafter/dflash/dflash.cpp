@@ -351,7 +351,7 @@ class DFlashDrafter : public sdk::Drafter {
     ++(g.graph ? graph_stats_.captured : graph_stats_.failed);
     if (!g.graph) {
       g.failed = true;  // the warm-up's writes are the ones the eager call repeats
-      graph_error_ = error;
+      graph_stats_.last_error = error;
       host_->log(DFLASH_LOG_WARN, info.name, ("drafting step not captured as a CUDA graph (it runs eagerly): " + error).c_str());
     }
     return g.graph != nullptr;
@@ -430,12 +430,9 @@ class DFlashDrafter : public sdk::Drafter {
   std::unique_ptr<decode_support::CudaGraphPool> graph_pool_;
   std::map<int64_t, Graph> graphs_;
   uint64_t graphs_generation_ = 0;
-  std::string graph_error_;
   // Drafting's graphs over this instance's life, logged when it ends: where
   // a decode is slower than expected, whether its steps replayed.
-  struct GraphStats {
-    int64_t captured = 0, replayed = 0, failed = 0;
-  } graph_stats_;
+  decode_support::GraphStats graph_stats_;
   drafter::DraftContext spare_;  // an ended session's buffers, for the next (graphs read their addresses)
   std::unique_ptr<drafter::DFlashModel> model_;
 };

@@ -14,6 +14,8 @@
 // caller runs its step eagerly.
 #pragma once
 
+#include "graph_stats.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/Device.h>
 

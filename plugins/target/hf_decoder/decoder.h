@@ -5,6 +5,7 @@
 
 #include "decode_sessions.h"
 #include "decoder_config.h"
+#include "graph_stats.h"
 
 #include <ATen/ATen.h>
 
@@ -97,11 +98,7 @@ class Decoder {
   bool uses_flash_decoding() const { return flash_decoding_; }
   // Single-session decoding steps are replayed as CUDA graphs.
   bool uses_decode_graphs() const { return decode_graphs_; }
-  // How the graphs fared: captured, replayed, and the last capture's failure ("" when none).
-  struct GraphStats {
-    int64_t captured = 0, replayed = 0, failed = 0;
-    std::string last_error;
-  };
+  using GraphStats = decode_support::GraphStats;
   const GraphStats& decode_graph_stats() const;
 
   // input_ids [B, S]; position_ids [B, S] (restarting per packed document)
