@@ -18,12 +18,12 @@ std::string lower(std::string s) {
 // OpenBLAS's x86-64 cores whose kernels stop short of AVX2 (its dynamic
 // arch's core names, lower-cased).
 bool below_avx2(const std::string& core) {
-  static const std::array<const char*, 19> kOld = {
-      "unknown",  "katmai",   "coppermine", "northwood",    "prescott",    "banias",    "atom",
-      "core2",    "penryn",   "dunnington", "nehalem",      "athlon",      "opteron",   "opteron_sse3",
-      "barcelona", "nano",    "sandybridge", "bobcat",      "bulldozer"};
+  static const std::array<const char*, 20> kOld = {
+      "unknown",   "katmai", "coppermine",  "northwood", "prescott",  "banias",     "atom",
+      "core2",     "penryn", "dunnington",  "nehalem",   "athlon",    "opteron",    "opteron_sse3",
+      "barcelona", "nano",   "sandybridge", "bobcat",    "bulldozer", "piledriver"};
   const std::string name = lower(core);
-  return std::find(kOld.begin(), kOld.end(), name) != kOld.end() || name == "piledriver";
+  return std::find(kOld.begin(), kOld.end(), name) != kOld.end();
 }
 
 }  // namespace

@@ -22,7 +22,7 @@ class StopRequest {
   int signal() const;
 };
 
-// "SIGTERM", "SIGINT", or "signal N".
+// "SIGTERM", "SIGINT", or "a stop signal" for any other number.
 const char* stop_signal_name(int signal);
 
 }  // namespace dflash::train

@@ -26,18 +26,13 @@ inline DrafterShape tiny_cpu_shape() {
   return shape;
 }
 
-// 2 layers, hidden 64, 4 heads / 2 KV heads of 16, fed by 2 target layers of 32.
+// The tiny shape, wider: hidden 64, heads of 16, fed by target layers of 32.
 inline DrafterShape small_gpu_shape() {
-  DrafterShape shape;
-  shape.layers = 2;
+  DrafterShape shape = tiny_cpu_shape();
   shape.hidden = 64;
-  shape.heads = 4;
-  shape.kv_heads = 2;
   shape.head_dim = 16;
   shape.intermediate = 96;
-  shape.feature_layers = 2;
   shape.target_hidden = 32;
-  shape.rope_theta = 10000.0;
   return shape;
 }
 
