@@ -24,6 +24,9 @@ work="${DFLASH_DEMO_DIR:-$root/runs/gpu-demo}"
 out="${OUT:-$work}"
 target_seconds="${DFLASH_DEMO_TARGET_SECONDS:-75}"
 target_layers="${DFLASH_DEMO_TARGET_LAYERS:-12}"
+# Token-level unlikelihood in the target's training (0 = off): a small LM
+# decoded greedily falls into loops, which prompt lookup copies; see docs/quality.md.
+target_unlikelihood="${DFLASH_DEMO_TARGET_UNLIKELIHOOD:-0}"
 # unseen-docs: the drafter's and eval's prompts come from documents the target
 # never trained on (it generates, as for real users' prompts); target-docs:
 # from its training documents (a small overfit target recites them).
@@ -55,7 +58,7 @@ paths=(--set "target.path=$work/target")
 
 stage "1. target: tokenizer + Qwen3 LM, ${target_seconds} s of training"
 python3 "$root/scripts/gpu_demo/train_target.py" --corpus "$root/.corpus/corpus.jsonl.gz" --out "$work" \
-  --seconds "$target_seconds" --layers "$target_layers" --prompts-from "$prompts_from" --generate-prompts "$generate_prompts" --eval-prompts "$eval_prompts" 2>&1 | tee -a "$log"
+  --seconds "$target_seconds" --layers "$target_layers" --unlikelihood "$target_unlikelihood" --prompts-from "$prompts_from" --generate-prompts "$generate_prompts" --eval-prompts "$eval_prompts" 2>&1 | tee -a "$log"
 
 stage "2. prepare + generate: the target answers the training prompts itself"
 for set in generate:gen eval:eval unseen:unseen; do

@@ -110,6 +110,25 @@ def tau_by_source(report, texts):
             for src in sorted(tokens)}
 
 
+def repeated_ngram_share(report, n=4):
+    """How loopy the target's outputs are: of all generated tokens, the share
+    that complete an n-gram already seen earlier in the same output. Greedy
+    decoding of a small LM falls into loops, which prompt lookup copies; a
+    chat LLM's answers score near 0."""
+    if not report:
+        return None
+    repeated = total = 0
+    for row in report.get("per_prompt", []):
+        ids = row.get("tokens", [])
+        seen = set()
+        for i in range(n - 1, len(ids)):
+            gram = tuple(ids[i - n + 1:i + 1])
+            repeated += gram in seen
+            seen.add(gram)
+        total += len(ids)
+    return repeated / total if total else None
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--work", required=True)
@@ -152,6 +171,10 @@ def main():
     lines.append("")
     if "tau_ratio_to_prompt_lookup" in results:
         lines.append(f"tau ratio DFlash / prompt lookup: {results['tau_ratio_to_prompt_lookup']:.2f}")
+    loops = repeated_ngram_share(lookup or dflash)
+    if loops is not None:
+        results["output_repeated_4gram_share"] = loops
+        lines.append(f"target outputs (greedy): {loops:.1%} of tokens repeat an earlier 4-gram of the same output")
     by_source = {name: tau_by_source(report, eval_texts) for name, report in (("dflash", dflash), ("prompt_lookup", lookup))}
     if any(by_source.values()):
         results["tau_by_source"] = by_source

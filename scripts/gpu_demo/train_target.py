@@ -101,6 +101,20 @@ def windows(tok, docs, count, tokens, seed):
     return out
 
 
+def unlikelihood_loss(logits, x, y):
+    """Token-level unlikelihood: at position t the candidates are the tokens
+    x_0..x_t already seen, less the true next token y_t; the loss is
+    -sum log(1 - p(c)) over them, averaged over positions."""
+    b, t, v = logits.shape
+    seen = torch.zeros(b, t, v, device=logits.device, dtype=torch.int16)
+    seen.scatter_(2, x.unsqueeze(-1), 1)
+    candidates = seen.cumsum(dim=1, dtype=torch.int16) > 0
+    candidates.scatter_(2, y.unsqueeze(-1), False)
+    probs = torch.softmax(logits.float(), dim=-1)
+    penalty = -torch.log1p(-probs.clamp(max=1 - 1e-5)) * candidates
+    return penalty.sum() / (b * t)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", required=True)
@@ -120,6 +134,10 @@ def main():
                    help="unseen-docs: the prompts (the drafter's and eval's, disjoint) come from documents the target "
                         "never trained on, so its answers are its own generation; target-docs: from the target's "
                         "training documents, where an overfit small target recites them")
+    p.add_argument("--unlikelihood", type=float, default=0.0,
+                   help="weight of token-level unlikelihood training (Welleck et al. 2019, 'Neural text generation "
+                        "with unlikelihood training'): each position also pushes down the probability of the tokens "
+                        "already in its context, the remedy for a small LM's greedy loops; 0 = plain cross-entropy")
     p.add_argument("--unseen-percent", type=float, default=30.0,
                    help="unseen-docs: the share of documents kept from the target for prompts")
     args = p.parse_args()
@@ -173,6 +191,8 @@ def main():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(input_ids=x).logits
         loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+        if args.unlikelihood > 0:
+            loss = loss + args.unlikelihood * unlikelihood_loss(logits, x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
