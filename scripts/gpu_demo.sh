@@ -43,6 +43,11 @@ profile_arms="${DFLASH_DEMO_PROFILE_ARMS:-graphs}"
 peer_prompts="${DFLASH_DEMO_PEER_PROMPTS:-512}"  # generate beside transformers on the same prompts
 fp32_prompts="${DFLASH_DEMO_FP32_PROMPTS:-8}"  # the fp32 lossless check (DFLASH_DEMO_FP32_CHECK=0: off)
 # DFLASH_DEMO_PROFILE=true: the drafter's training logs phase_seconds per step (train.profile_phases).
+# A warm device machine keeps the last call's files: a run left in $work/run
+# would be resumed (and, at train.steps already, not trained at all), so what
+# the demo makes is cleared first.
+rm -rf "$work/run" "$work/target"
+rm -f "$work"/*.jsonl "$work"/*.json
 mkdir -p "$work" "$out"
 log="$out/demo.log"
 : >"$log"
