@@ -26,7 +26,7 @@ target_seconds="${DFLASH_DEMO_TARGET_SECONDS:-75}"
 target_layers="${DFLASH_DEMO_TARGET_LAYERS:-12}"
 # Token-level unlikelihood in the target's training (0 = off): a small LM
 # decoded greedily falls into loops, which prompt lookup copies; see docs/quality.md.
-target_unlikelihood="${DFLASH_DEMO_TARGET_UNLIKELIHOOD:-0}"
+target_unlikelihood="${DFLASH_DEMO_TARGET_UNLIKELIHOOD:-4}"
 # unseen-docs: the drafter's and eval's prompts come from documents the target
 # never trained on (it generates, as for real users' prompts); target-docs:
 # from its training documents (a small overfit target recites them).
