@@ -31,11 +31,11 @@ target_unlikelihood="${DFLASH_DEMO_TARGET_UNLIKELIHOOD:-4}"
 # never trained on (it generates, as for real users' prompts); target-docs:
 # from its training documents (a small overfit target recites them).
 prompts_from="${DFLASH_DEMO_PROMPTS_FROM:-unseen-docs}"
-drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-2000}"  # the cosine schedule ends within the time cap (3 layers: ~0.1 s a step)
+drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-2100}"  # the cosine schedule ends about at the time cap (3 layers: ~0.1 s a step)
 generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-24576}"
 eval_prompts="${DFLASH_DEMO_EVAL_PROMPTS:-32}"
 eval_new_tokens="${DFLASH_DEMO_EVAL_NEW_TOKENS:-256}"
-drafter_max_seconds="${DFLASH_DEMO_DRAFTER_MAX_SECONDS:-215}"
+drafter_max_seconds="${DFLASH_DEMO_DRAFTER_MAX_SECONDS:-230}"  # run 8 took 425 s warm, about 490 s cold, with 215
 checkpoint_every="${DFLASH_DEMO_CHECKPOINT_EVERY:-500}"
 train_eval_prompts="${DFLASH_DEMO_TRAIN_EVAL_PROMPTS:-8}"
 profile_prompts="${DFLASH_DEMO_PROFILE_PROMPTS:-8}"

@@ -53,6 +53,9 @@ const nlohmann::json& train_schema() {
                    Bounds::between(1, kMaxEvalTokens))
           .integer("eval_prompt_tokens", 64, "tokens of an input_ids line used as its prompt",
                    Bounds::between(1, kMaxEvalTokens))
+          .boolean("prefetch", true,
+                   "fetch the next batch on a worker thread while the step runs (the data source is still called "
+                   "one call at a time, in the same order; the training is bitwise the same); false: between steps")
           .boolean("profile_phases", false,
                    "synchronize the device at each phase of a step (data, target, drafter, loss, backward, "
                    "optimizer, metrics) and log their times as phase_seconds in metrics.jsonl; slows the step")

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include "train/batch_lookahead.h"
 #include "train/phase_timer.h"
 #include "train/stop_request.h"
 
@@ -274,9 +275,12 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
 
   int64_t last_checkpoint_step = first_step > 0 ? first_step : -1;
   // data_state / scheduler_state: the positions to record (default: now).
+  // Every batch comes through the lookahead, and every data position from
+  // it: a batch fetched ahead is not yet consumed.
+  BatchLookahead batches(p.data, t.at("prefetch").get<bool>());
   auto save = [&](int64_t next_step, const std::string& data_state = "", const std::string& scheduler_state = "") {
     nlohmann::json state = {{"step", next_step}, {"seed", seed},
-                            {"data_state", nlohmann::json::parse(data_state.empty() ? p.data.save_state() : data_state)},
+                            {"data_state", nlohmann::json::parse(data_state.empty() ? batches.position() : data_state)},
                             {"nonfinite_steps", nonfinite_total}, {"config", run.resolved_config}};
     if (p.scheduler.has_state())
       state["scheduler_state"] = nlohmann::json::parse(scheduler_state.empty() ? p.scheduler.save_state() : scheduler_state);
@@ -309,7 +313,7 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
       break;
     }
     timer.start();
-    const std::string data_state_at_start = p.data.save_state();
+    const std::string data_state_at_start = batches.position();
     const std::string scheduler_state_at_start = p.scheduler.has_state() ? p.scheduler.save_state() : "";
     try {
       const auto start = std::chrono::steady_clock::now();
@@ -321,7 +325,7 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
       bool data_ended = false, finite = true;
       for (int64_t micro = 0; micro < accumulation; ++micro) {
         timer.end("other");
-        std::optional<host::NamedTensors> batch = p.data.next_batch();
+        std::optional<host::NamedTensors> batch = batches.next();
         timer.end("data");
         if (!batch) {
           data_ended = true;
@@ -494,6 +498,7 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   // A step already saved (--stop-after at a checkpoint_every step, or a
   // resumed run whose data had ended) is not written again.
   if ((exit_code == 0 || exit_code == kStoppedOnRequest) && step != last_checkpoint_step) save(step);
+  batches.settle();
   if (auto facts = p.data.describe()) log::info("data: " + facts->dump());
   return exit_code;
 }
