@@ -33,6 +33,8 @@ target_unlikelihood="${DFLASH_DEMO_TARGET_UNLIKELIHOOD:-4}"
 prompts_from="${DFLASH_DEMO_PROMPTS_FROM:-unseen-docs}"
 drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-2100}"  # the cosine schedule ends about at the time cap (3 layers: ~0.1 s a step)
 generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-24576}"
+# generate's batch (its output is the same at any batch size; docs/generate.md).
+generate_batch="${DFLASH_DEMO_GENERATE_BATCH:-256}"
 eval_prompts="${DFLASH_DEMO_EVAL_PROMPTS:-32}"
 eval_new_tokens="${DFLASH_DEMO_EVAL_NEW_TOKENS:-256}"
 drafter_max_seconds="${DFLASH_DEMO_DRAFTER_MAX_SECONDS:-230}"  # run 8 took 425 s warm, about 490 s cold, with 215
@@ -71,7 +73,7 @@ for set in generate:gen eval:eval unseen:unseen; do
     --tokenizer "$work/target" 2>&1 | tee -a "$log"
 done
 "${host[@]}" generate --config "$root/configs/gpu-demo.json" "${paths[@]}" --prompts "$work/gen_prompts.jsonl" \
-  --out "$work/train.jsonl" --batch-size 256 --max-new-tokens 256 --report "$work/generate.json" 2>&1 | tee -a "$log"
+  --out "$work/train.jsonl" --batch-size "$generate_batch" --max-new-tokens 256 --report "$work/generate.json" 2>&1 | tee -a "$log"
 # The peer on the same model and a slice of the same prompts, in the same run
 # (DFLASH_DEMO_PEER=1; off by default to keep the run within 9 minutes:
 # docs/generate.md has the measured comparison).

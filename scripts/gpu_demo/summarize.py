@@ -129,6 +129,33 @@ def repeated_ngram_share(report, n=4):
     return repeated / total if total else None
 
 
+def stage_seconds(log_path):
+    """Each stage's wall time from demo.log's "== HH:MM:SS name" lines, and
+    the run's total so far (the issue's bound: 9 minutes on one H200)."""
+    try:
+        with open(log_path) as f:
+            marks = [line[3:].rstrip("\n").split(" ", 1) for line in f if line.startswith("== ")]
+    except OSError:
+        return None
+    times = []
+    for clock, name in marks:
+        h, m, sec = (int(x) for x in clock.split(":"))
+        times.append((h * 3600 + m * 60 + sec, name))
+    if len(times) < 2:
+        return None
+    # gpu_demo.sh's stage lines begin with these; its other "==" lines are
+    # notes within the stage before them.
+    short = {"build": "build", "1.": "target", "2.": "data", "3.": "drafter", "4.": "eval", "4a.": "fp32 check",
+             "4b.": "decode profile", "5.": "summary"}
+    stages, total, current = {}, 0, None
+    for (start, name), (end, _) in zip(times, times[1:]):
+        current = short.get(name.split(" ", 1)[0], current or name)
+        seconds = (end - start) % 86400  # a run over midnight
+        stages[current] = stages.get(current, 0) + seconds
+        total += seconds
+    return {"stages": stages, "total_seconds": total}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--work", required=True)
@@ -213,6 +240,11 @@ def main():
             lines.append(f"  target graphs, {arm['arm']}: after greedy {before.get('captured', 0)} captured / "
                          f"{before.get('replayed', 0)} replays; at the end {end.get('captured', 0)} / "
                          f"{end.get('replayed', 0)} ({end.get('failed', 0)} failed)")
+    timing = stage_seconds(os.path.join(args.out, "demo.log"))
+    if timing:
+        results["wall_seconds"] = timing
+        lines.append(f"wall time up to the summary: {timing['total_seconds']} s (" +
+                     ", ".join(f"{name} {sec} s" for name, sec in timing["stages"].items()) + ")")
     if plot(metrics, os.path.join(args.out, "curves.png")):
         lines.append("curves: curves.png")
     with open(os.path.join(args.out, "results.json"), "w") as f:
