@@ -274,10 +274,10 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
             nlohmann::json(layer_ids).dump() + "; metrics in " + output_dir + "/metrics.jsonl");
 
   int64_t last_checkpoint_step = first_step > 0 ? first_step : -1;
-  // data_state / scheduler_state: the positions to record (default: now).
   // Every batch comes through the lookahead, and every data position from
   // it: a batch fetched ahead is not yet consumed.
   BatchLookahead batches(p.data, t.at("prefetch").get<bool>());
+  // data_state / scheduler_state: the positions to record (default: now).
   auto save = [&](int64_t next_step, const std::string& data_state = "", const std::string& scheduler_state = "") {
     nlohmann::json state = {{"step", next_step}, {"seed", seed},
                             {"data_state", nlohmann::json::parse(data_state.empty() ? batches.position() : data_state)},
