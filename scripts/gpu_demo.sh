@@ -8,7 +8,8 @@
 #   4. dflash-host eval on held-out prompts: tau, acceptance by position,
 #      speed-up over target-only decoding, beside prompt lookup; then the
 #      DFlash eval again in fp32, the lossless check (DFLASH_DEMO_FP32_CHECK=0
-#      skips it).
+#      skips it), and in bf16 with the target's exact decoding (4c,
+#      DFLASH_DEMO_EXACT_CHECK=0 skips it).
 # Everything is made inside the run (nothing survives between device calls).
 #
 #   scripts/gpu_demo.sh            # on the GPU machine; carry .deps/debs and .corpus
@@ -122,6 +123,18 @@ if [ "${DFLASH_DEMO_FP32_CHECK:-1}" = "1" ]; then
   "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --set train.dtype=float32 \
     --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" --max-prompts "$fp32_prompts" \
     --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_fp32.json" 2>&1 | tee -a "$log" || stage "the fp32 check failed (see above)"
+fi
+
+# Exact decoding (hf_decoder's exact_decoding: on): the target's steps of up
+# to 16 tokens run row-invariant kernels, so a verified block gets bitwise the
+# numbers one-token decoding gets, and bf16 speculative decoding must give the
+# greedy tokens on every prompt. Its speed-up is against target-only decoding
+# with the same kernels; the table keeps both. DFLASH_DEMO_EXACT_CHECK=0 skips it.
+if [ "${DFLASH_DEMO_EXACT_CHECK:-1}" = "1" ]; then
+  stage "4c. the lossless check in bf16: DFlash on the same eval prompts, the target with exact_decoding on"
+  "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --set target.exact_decoding=on \
+    --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" \
+    --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_exact.json" 2>&1 | tee -a "$log" || stage "the exact-decoding check failed (see above)"
 fi
 
 stage "4b. where decode time goes: decode_bench on this target and drafter, the eval prompts"

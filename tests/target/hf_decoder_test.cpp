@@ -457,6 +457,111 @@ TEST_F(HfDecoder, FrozenWeightsArePlacedAsCopiesOrSharedOnTheSameDevice) {
   }
 }
 
+// exact_decoding: on refuses, naming the setting, where it cannot hold (here:
+// the CPU, or the ATen path on a GPU).
+TEST_F(HfDecoder, ExactDecodingWhereItCannotHoldIsRefusedByName) {
+  TinySpec t;
+  const fs::path model = write_model(dir_, t, make_weights(t));
+  auto refused = [&](const std::string& device, const std::string& kernels) {
+    try {
+      TargetModelInstance target(registry_->find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"),
+                                 {{"path", model.string()}, {"dtype", "auto"}, {"feature_layers", 2},
+                                  {"kernels", kernels}, {"exact_decoding", "on"}},
+                                 InstanceOptions{device, device == "cpu" ? "float32" : "bfloat16", 0});
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string on_cpu = refused("cpu", "auto");
+  EXPECT_CONTAINS(on_cpu, "exact_decoding: on needs the GPU decoding path");
+  EXPECT_CONTAINS(on_cpu, "set exact_decoding: off");
+  if (torch::cuda::is_available()) EXPECT_CONTAINS(refused("cuda:0", "aten"), "exact_decoding: on needs");
+}
+
+// Exact decoding: a block of tokens gets bitwise the logits and hidden states
+// that the same tokens get one at a time — eagerly and through CUDA graphs,
+// with GQA, biases and both row buckets — and stays within bf16 rounding of
+// the usual kernels (cuBLAS, flash attention), which do not give equality.
+TEST_F(HfDecoder, ExactDecodingGivesABlockTheNumbersItsTokensGetAlone) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  TinySpec qwen3;  // q/k norm, 2 q heads per kv head
+  qwen3.hidden = 64;
+  qwen3.inter = 96;
+  qwen3.head_dim = 16;
+  TinySpec qwen2;  // biases, 3 q heads per kv head, head_dim 8
+  qwen2.model_type = "qwen2";
+  qwen2.bias = true;
+  qwen2.hidden = 48;
+  qwen2.inter = 64;
+  qwen2.heads = 6;
+  qwen2.kv_heads = 2;
+  int index = 0;
+  for (const TinySpec& t : {qwen3, qwen2}) {
+    SCOPED_TRACE(t.model_type);
+    const fs::path model = write_model(dir_ / ("exact" + std::to_string(index++)), t, make_weights(t));
+    auto make = [&](const std::string& exact, const std::string& graphs) {
+      return std::make_unique<TargetModelInstance>(
+          registry_->find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"),
+          nlohmann::json{{"path", model.string()}, {"dtype", "bfloat16"}, {"feature_layers", 2}, {"kernels", "auto"},
+                         {"decode_graphs", graphs}, {"exact_decoding", exact}},
+          InstanceOptions{"cuda:0", "bfloat16", 0});
+    };
+    auto graphed = make("on", "auto"), eager = make("on", "off"), usual = make("off", "auto");
+    if (!graphed->describe().at("flash_decoding").get<bool>()) GTEST_SKIP() << "no flash decoding in this build";
+    EXPECT_TRUE(graphed->describe().at("exact_decoding").get<bool>());
+    EXPECT_FALSE(usual->describe().at("exact_decoding").get<bool>());
+    torch::manual_seed(17);
+    const std::vector<int64_t> layers = {1, 3};
+    for (int round = 0; round < 3; ++round) {  // graphs are captured on a shape's second use
+      const auto prompt = torch::randint(0, t.vocab, {37 + round}, torch::kLong);
+      const auto block = torch::randint(0, t.vocab, {16}, torch::kLong);
+      for (TargetModelInstance* target : {graphed.get(), eager.get()}) {
+        // One token a step …
+        const int64_t alone = target->decode_begin(128);
+        target->decode_extend(alone, prompt, {}, true);
+        std::vector<torch::Tensor> logits, hidden1, hidden3;
+        for (int64_t i = 0; i < 16; ++i) {
+          const auto out = target->decode_extend(alone, block.narrow(0, i, 1), layers, true);
+          logits.push_back(get(out, "logits").reshape({1, -1}));
+          hidden1.push_back(get(out, "hidden.1").reshape({1, -1}));
+          hidden3.push_back(get(out, "hidden.3").reshape({1, -1}));
+        }
+        target->decode_end(alone);
+        const auto one_by_one = torch::cat(logits), h1 = torch::cat(hidden1), h3 = torch::cat(hidden3);
+        // … against blocks: all 16 at once, and 5 + 11 (rows 1–4 and 8–16 take different buckets).
+        for (const std::vector<int64_t>& split : std::vector<std::vector<int64_t>>{{16}, {5, 11}}) {
+          const int64_t session = target->decode_begin(128);
+          target->decode_extend(session, prompt, {}, true);
+          int64_t at = 0;
+          for (int64_t n : split) {
+            const auto out = target->decode_extend(session, block.narrow(0, at, n), layers, true);
+            EXPECT_TRUE(torch::equal(get(out, "logits").reshape({n, -1}), one_by_one.narrow(0, at, n)))
+                << "logits of tokens " << at << "+" << n << ", round " << round;
+            EXPECT_TRUE(torch::equal(get(out, "hidden.1").reshape({n, -1}), h1.narrow(0, at, n)));
+            EXPECT_TRUE(torch::equal(get(out, "hidden.3").reshape({n, -1}), h3.narrow(0, at, n)));
+            at += n;
+          }
+          target->decode_end(session);
+        }
+        if (target == graphed.get() && round == 2) {
+          // Against the usual kernels: the same numbers up to bf16 rounding.
+          const int64_t session = usual->decode_begin(128);
+          usual->decode_extend(session, prompt, {}, true);
+          const auto out = usual->decode_extend(session, block, layers, true);
+          const auto theirs = get(out, "logits").reshape({16, -1}).to(torch::kFloat);
+          const double scale = theirs.abs().max().item<double>();
+          EXPECT_LE((one_by_one.to(torch::kFloat) - theirs).abs().max().item<double>(), 3e-2 * scale);
+          usual->decode_end(session);
+        }
+      }
+    }
+    const auto stats = graphed->describe().at("decode_graph_stats");
+    EXPECT_EQ(stats.at("failed").get<int64_t>(), 0) << stats.dump();
+    EXPECT_GE(stats.at("replayed").get<int64_t>(), 20) << stats.dump();
+  }
+}
+
 TEST_F(HfDecoder, BadRequestsFailClearly) {
   TinySpec t;
   auto target = load(write_model(dir_, t, make_weights(t)));

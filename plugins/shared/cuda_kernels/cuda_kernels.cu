@@ -152,6 +152,162 @@ __global__ void swiglu_kernel(const T* __restrict__ gate_up, T* __restrict__ out
   reinterpret_cast<P*>(out + row * width)[col] = y;
 }
 
+
+// ---- Row-invariant kernels (exact decoding) --------------------------------
+// Nothing in them depends on how many rows (or queries) a call has beyond
+// which ones it computes: every output element is summed by the same lanes
+// in the same order, with explicit FMAs (no contraction left to the compiler).
+
+constexpr int kLinearWarps = 4;
+
+// One warp per output feature j, for all rows at once (the weight row is read
+// once). Lane l sums k-chunks l, l + 32, … of 8 elements; the warp then sums
+// its lanes by a fixed butterfly. kRows bounds rows; rows past `rows` are skipped.
+template <class T, int kRows>
+__global__ void invariant_linear_kernel(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+                                        const T* residual, T* out, int rows, int64_t out_features, int64_t in_features) {
+  using P = Pack<T, 8>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kLinearWarps + warp;
+  if (j >= out_features) return;
+  const int64_t chunks = in_features / 8;
+  const P* w = reinterpret_cast<const P*>(weight + j * in_features);
+  float acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+  for (int64_t c = lane; c < chunks; c += 32) {
+    const P wv = w[c];
+    float wf[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) wf[e] = to_float(wv.v[e]);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r < rows) {
+        const P xv = reinterpret_cast<const P*>(x + r * in_features)[c];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r] = __fmaf_rn(wf[e], to_float(xv.v[e]), acc[r]);
+      }
+    }
+  }
+  const float b = bias != nullptr ? to_float(bias[j]) : 0.f;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (r < rows) {
+      float y = warp_sum(acc[r]);
+      if (lane == r % 32) {
+        y = __fadd_rn(y, b);
+        if (residual != nullptr) y = __fadd_rn(y, to_float(residual[r * out_features + j]));
+        out[r * out_features + j] = from_float<T>(y);
+      }
+    }
+  }
+}
+
+constexpr int kAttentionThreads = 256;
+
+__device__ float block_max(float x) {
+  __shared__ float partial[32];
+  __shared__ float total;
+  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, offset));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) partial[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    float y = lane < (blockDim.x + 31) / 32 ? partial[lane] : -INFINITY;
+    for (int offset = 16; offset > 0; offset /= 2) y = fmaxf(y, __shfl_xor_sync(0xffffffff, y, offset));
+    if (lane == 0) total = y;
+  }
+  __syncthreads();
+  return total;
+}
+
+// One block per (query token, head). Scores of all its keys into shared
+// memory (one thread per key, the dot product in order of head_dim), the
+// exact maximum, the probabilities and their sum (thread-strided, then a
+// fixed tree), and the weighted values: thread (slice, chunk) sums keys
+// slice, slice + slices, … of one 8-wide chunk of head_dim; the slices are
+// then added in order. All of it depends on the key count, not on n.
+template <class T>
+__global__ void invariant_decode_attention_kernel(const T* __restrict__ q, const T* __restrict__ keys,
+                                                  const T* __restrict__ values, const int32_t* __restrict__ cu_k,
+                                                  const int32_t* __restrict__ seqused_k, T* __restrict__ out, int n,
+                                                  int heads, int kv_heads, int head_dim, float scale) {
+  using P = Pack<T, 8>;
+  extern __shared__ float shared[];
+  const int chunks = head_dim / 8, slices = kAttentionThreads / chunks;
+  float* qf = shared;                            // [head_dim]
+  float* partial = qf + head_dim;                // [slices, head_dim]
+  float* scores = partial + slices * head_dim;   // [key count]
+  const int token = blockIdx.x, head = blockIdx.y, tid = threadIdx.x;
+  const int session = token / n;
+  const int key_count = seqused_k[session] - n + token % n + 1;
+  const int64_t stride = static_cast<int64_t>(kv_heads) * head_dim;
+  const int kv = head / (heads / kv_heads);
+  const T* k0 = keys + static_cast<int64_t>(cu_k[session]) * stride + kv * head_dim;
+  const T* v0 = values + static_cast<int64_t>(cu_k[session]) * stride + kv * head_dim;
+  const T* qrow = q + (static_cast<int64_t>(token) * heads + head) * head_dim;
+  for (int d = tid; d < head_dim; d += kAttentionThreads) qf[d] = to_float(qrow[d]);
+  __syncthreads();
+
+  float local_max = -INFINITY;
+  for (int key = tid; key < key_count; key += kAttentionThreads) {
+    const P* kr = reinterpret_cast<const P*>(k0 + key * stride);
+    float dot = 0.f;
+    for (int c = 0; c < chunks; ++c) {
+      const P kv8 = kr[c];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot = __fmaf_rn(qf[c * 8 + e], to_float(kv8.v[e]), dot);
+    }
+    const float s = __fmul_rn(dot, scale);
+    scores[key] = s;
+    local_max = fmaxf(local_max, s);
+  }
+  const float m = block_max(local_max);
+  float local_sum = 0.f;
+  for (int key = tid; key < key_count; key += kAttentionThreads) {
+    const float p = __expf(__fsub_rn(scores[key], m));
+    scores[key] = p;
+    local_sum = __fadd_rn(local_sum, p);
+  }
+  const float total = block_sum(local_sum);  // its barriers also publish the probabilities
+
+  const int chunk = tid % chunks, slice = tid / chunks;
+  if (slice < slices) {
+    float acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+    for (int key = slice; key < key_count; key += slices) {
+      const float p = scores[key];
+      const P v8 = reinterpret_cast<const P*>(v0 + key * stride)[chunk];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(p, to_float(v8.v[e]), acc[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) partial[slice * head_dim + chunk * 8 + e] = acc[e];
+  }
+  __syncthreads();
+  T* dst = out + (static_cast<int64_t>(token) * heads + head) * head_dim;
+  for (int d = tid; d < head_dim; d += kAttentionThreads) {
+    float sum = 0.f;
+    for (int s = 0; s < slices; ++s) sum = __fadd_rn(sum, partial[s * head_dim + d]);
+    dst[d] = from_float<T>(__fdiv_rn(sum, total));
+  }
+}
+
+size_t attention_shared_bytes(int64_t head_dim, int64_t max_keys) {
+  const int64_t slices = kAttentionThreads / (head_dim / 8);
+  return sizeof(float) * static_cast<size_t>(head_dim + slices * head_dim + max_keys);
+}
+
+// The most shared memory one block may opt into on the current device.
+size_t shared_memory_limit() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    return 48 * 1024;
+  return static_cast<size_t>(bytes);
+}
+
 void check_launch(const char* what) {
   const cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) throw std::runtime_error(std::string("dflash CUDA kernel ") + what + ": " + cudaGetErrorString(error));
@@ -203,6 +359,53 @@ void swiglu_typed(const void* gate_up, void* out, int64_t rows, int64_t width, c
   check_launch("swiglu");
 }
 
+
+template <class T>
+void invariant_linear_typed(const void* x, const void* w, const void* bias, const void* residual, void* out, int64_t rows,
+                            int64_t out_features, int64_t in_features, cudaStream_t stream) {
+  if (rows == 0 || out_features == 0) return;
+  const auto blocks = static_cast<unsigned>((out_features + kLinearWarps - 1) / kLinearWarps);
+  const auto* xt = static_cast<const T*>(x);
+  const auto* wt = static_cast<const T*>(w);
+  const auto* bt = static_cast<const T*>(bias);
+  const auto* rt = static_cast<const T*>(residual);
+  auto* ot = static_cast<T*>(out);
+  const int r = static_cast<int>(rows);
+  // Row-count buckets only bound the unrolled loop: a row's arithmetic is the
+  // same in every bucket.
+  if (rows <= 1)
+    invariant_linear_kernel<T, 1><<<blocks, kLinearWarps * 32, 0, stream>>>(xt, wt, bt, rt, ot, r, out_features, in_features);
+  else if (rows <= 4)
+    invariant_linear_kernel<T, 4><<<blocks, kLinearWarps * 32, 0, stream>>>(xt, wt, bt, rt, ot, r, out_features, in_features);
+  else if (rows <= 8)
+    invariant_linear_kernel<T, 8><<<blocks, kLinearWarps * 32, 0, stream>>>(xt, wt, bt, rt, ot, r, out_features, in_features);
+  else
+    invariant_linear_kernel<T, 16><<<blocks, kLinearWarps * 32, 0, stream>>>(xt, wt, bt, rt, ot, r, out_features, in_features);
+  check_launch("invariant_linear");
+}
+
+template <class T>
+void invariant_decode_attention_typed(const void* q, const void* keys, const void* values, const int32_t* cu_k,
+                                      const int32_t* seqused_k, void* out, int64_t tokens, int64_t n, int64_t heads,
+                                      int64_t kv_heads, int64_t head_dim, int64_t max_keys, cudaStream_t stream) {
+  if (tokens == 0) return;
+  const size_t shared = attention_shared_bytes(head_dim, max_keys);
+  // Above the default 48 KiB a kernel must opt in; raised once to what is
+  // needed (a step's first run is eager, never inside a graph capture).
+  static size_t opted_in = 48 * 1024;
+  if (shared > opted_in) {
+    if (cudaFuncSetAttribute(invariant_decode_attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(shared)) != cudaSuccess)
+      check_launch("invariant_decode_attention (shared memory opt-in)");
+    opted_in = shared;
+  }
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(heads));
+  invariant_decode_attention_kernel<T><<<grid, kAttentionThreads, shared, stream>>>(
+      static_cast<const T*>(q), static_cast<const T*>(keys), static_cast<const T*>(values), cu_k, seqused_k,
+      static_cast<T*>(out), static_cast<int>(n), static_cast<int>(heads), static_cast<int>(kv_heads),
+      static_cast<int>(head_dim), 1.f / sqrtf(static_cast<float>(head_dim)));
+  check_launch("invariant_decode_attention");
+}
 }  // namespace
 
 void rms_norm(Element e, const void* x, const void* w, void* out, int64_t rows, int64_t width, float eps,
@@ -223,6 +426,35 @@ void qk_norm_rope(Element e, const void* qkv, const void* q_norm, const void* k_
 void swiglu(Element e, const void* gate_up, void* out, int64_t rows, int64_t width, cudaStream_t stream) {
   if (e == Element::kBFloat16) swiglu_typed<__nv_bfloat16>(gate_up, out, rows, width, stream);
   else swiglu_typed<__half>(gate_up, out, rows, width, stream);
+}
+
+void invariant_linear(Element e, const void* x, const void* weight, const void* bias, const void* residual, void* out,
+                      int64_t rows, int64_t out_features, int64_t in_features, cudaStream_t stream) {
+  if (e == Element::kBFloat16)
+    invariant_linear_typed<__nv_bfloat16>(x, weight, bias, residual, out, rows, out_features, in_features, stream);
+  else
+    invariant_linear_typed<__half>(x, weight, bias, residual, out, rows, out_features, in_features, stream);
+}
+
+bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight, const void* out) {
+  return rows <= kInvariantMaxRows && in_features % 8 == 0 && aligned16(x) && aligned16(weight) && aligned16(out);
+}
+
+void invariant_decode_attention(Element e, const void* q, const void* keys, const void* values, const int32_t* cu_k,
+                                const int32_t* seqused_k, void* out, int64_t tokens, int64_t n, int64_t heads,
+                                int64_t kv_heads, int64_t head_dim, int64_t max_keys, cudaStream_t stream) {
+  if (e == Element::kBFloat16)
+    invariant_decode_attention_typed<__nv_bfloat16>(q, keys, values, cu_k, seqused_k, out, tokens, n, heads, kv_heads,
+                                                    head_dim, max_keys, stream);
+  else
+    invariant_decode_attention_typed<__half>(q, keys, values, cu_k, seqused_k, out, tokens, n, heads, kv_heads, head_dim,
+                                             max_keys, stream);
+}
+
+bool invariant_decode_attention_fits(int64_t head_dim, int64_t max_keys) {
+  if (head_dim % 8 != 0 || head_dim > 256 || head_dim < 8) return false;
+  static const size_t limit = shared_memory_limit();
+  return attention_shared_bytes(head_dim, max_keys) <= limit;
 }
 
 }  // namespace dflash::cuda_kernels

@@ -37,4 +37,33 @@ void qk_norm_rope(Element element, const void* qkv, const void* q_norm, const vo
 // out[r, j] = round(silu(gate_up[r, j])) · gate_up[r, width + j] for j < width.
 void swiglu(Element element, const void* gate_up, void* out, int64_t rows, int64_t width, cudaStream_t stream);
 
+// Row-invariant kernels of exact decoding (hf_decoder's `exact_decoding`):
+// each output row is computed by the same instructions in the same order
+// whatever the number of rows in the call, so a token's result in a
+// verification block of up to kInvariantMaxRows tokens is bitwise its result
+// when it is decoded alone. cuBLAS and flash attention pick different kernels
+// (and split their sums differently) for 1 and 16 rows; these do not.
+constexpr int64_t kInvariantMaxRows = 16;
+
+// out[r, j] = round(Σ_k x[r, k]·weight[j, k] + bias[j] + residual[r, j]) for
+// r < rows ≤ kInvariantMaxRows, j < out_features: fp32 sums, rounded once.
+// bias and residual may be null; out may be residual (in place). Every
+// pointer 16-byte aligned and in_features a multiple of 8 (invariant_linear_fits).
+void invariant_linear(Element element, const void* x, const void* weight, const void* bias, const void* residual, void* out,
+                      int64_t rows, int64_t out_features, int64_t in_features, cudaStream_t stream);
+bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight, const void* out);
+
+// Decoding attention over the pooled KV caches, one query at a time: token i
+// (session i / n, its query i % n of n) attends to keys [0, seqused_k[s] − n + i % n]
+// of its session, which start at row cu_k[s] of keys/values [·, kv_heads, head_dim].
+// q [tokens, heads, head_dim] contiguous → out [tokens, heads·head_dim]. A
+// query's arithmetic depends only on its own key count, never on n or tokens.
+// max_keys bounds every session's length (its pool row capacity).
+void invariant_decode_attention(Element element, const void* q, const void* keys, const void* values, const int32_t* cu_k,
+                                const int32_t* seqused_k, void* out, int64_t tokens, int64_t n, int64_t heads,
+                                int64_t kv_heads, int64_t head_dim, int64_t max_keys, cudaStream_t stream);
+// Whether invariant_decode_attention takes this head_dim (a multiple of 8,
+// ≤ 256) and a session of max_keys keys (their scores fit in shared memory).
+bool invariant_decode_attention_fits(int64_t head_dim, int64_t max_keys);
+
 }  // namespace dflash::cuda_kernels

@@ -23,6 +23,8 @@ const void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr(
 
 }  // namespace
 
+static_assert(kInvariantMaxRows == cuda_kernels::kInvariantMaxRows, "one bound, stated in both headers");
+
 bool available() { return true; }
 
 bool runs_on(const at::Tensor& like) {
@@ -62,6 +64,62 @@ at::Tensor swiglu(const at::Tensor& gate_up_in) {
   return out;
 }
 
+bool invariant_linear_fits(const at::Tensor& x, const at::Tensor& weight) {
+  return runs_on(x) && x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && x.is_contiguous() &&
+         weight.is_contiguous() && weight.scalar_type() == x.scalar_type() &&
+         cuda_kernels::invariant_linear_fits(x.size(0), x.size(1), x.data_ptr(), weight.data_ptr(), x.data_ptr());
+}
+
+namespace {
+void check_invariant_linear(const at::Tensor& x, const at::Tensor& weight) {
+  if (!invariant_linear_fits(x, weight))
+    throw std::invalid_argument("invariant_linear: needs contiguous CUDA bf16/fp16 x [rows <= 16, in] and weight [out, in] "
+                                "with in a multiple of 8; got x " + c10::str(x.sizes()) + ", weight " +
+                                c10::str(weight.sizes()));
+}
+}  // namespace
+
+at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                            const at::Tensor& residual) {
+  check_invariant_linear(x, weight);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t rows = x.size(0), out_features = weight.size(0);
+  at::Tensor out = at::empty({rows, out_features}, x.options());
+  const at::Tensor r = residual.defined() ? residual.contiguous() : residual;
+  cuda_kernels::invariant_linear(element_of(x), x.data_ptr(), weight.data_ptr(), data_or_null(bias), data_or_null(r),
+                                 out.data_ptr(), rows, out_features, x.size(1), stream_of(x));
+  return out;
+}
+
+void invariant_add_linear_(at::Tensor& residual, const at::Tensor& a, const at::Tensor& weight) {
+  check_invariant_linear(a, weight);
+  if (!residual.is_contiguous() || residual.sizes() != at::IntArrayRef{a.size(0), weight.size(0)})
+    throw std::invalid_argument("invariant_add_linear_: the residual must be contiguous [rows, out]");
+  const c10::cuda::CUDAGuard guard(a.device());
+  cuda_kernels::invariant_linear(element_of(a), a.data_ptr(), weight.data_ptr(), nullptr, residual.data_ptr(),
+                                 residual.data_ptr(), a.size(0), weight.size(0), a.size(1), stream_of(a));
+}
+
+at::Tensor invariant_decode_attention(const at::Tensor& q_in, const at::Tensor& keys, const at::Tensor& values,
+                                      const at::Tensor& cu_k, const at::Tensor& seqused_k, int64_t n, int64_t capacity) {
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  const at::Tensor q = q_in.contiguous();
+  const int64_t tokens = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = keys.size(1);
+  if (!invariant_decode_attention_fits(head_dim, capacity) || !keys.is_contiguous() || !values.is_contiguous() ||
+      cu_k.scalar_type() != at::kInt || seqused_k.scalar_type() != at::kInt || heads % kv_heads != 0)
+    throw std::invalid_argument("invariant_decode_attention: unsupported head_dim " + std::to_string(head_dim) +
+                                " or capacity " + std::to_string(capacity) + ", or inputs not as documented");
+  at::Tensor out = at::empty({tokens, heads * head_dim}, q.options());
+  cuda_kernels::invariant_decode_attention(element_of(q), q.data_ptr(), keys.data_ptr(), values.data_ptr(),
+                                           cu_k.data_ptr<int32_t>(), seqused_k.data_ptr<int32_t>(), out.data_ptr(), tokens,
+                                           n, heads, kv_heads, head_dim, capacity, stream_of(q));
+  return out;
+}
+
+bool invariant_decode_attention_fits(int64_t head_dim, int64_t capacity) {
+  return cuda_kernels::invariant_decode_attention_fits(head_dim, capacity);
+}
+
 #else  // no CUDA kernels in this build
 
 namespace {
@@ -76,6 +134,14 @@ HeadTensors qk_norm_rope(const at::Tensor&, const at::Tensor&, const at::Tensor&
   unavailable();
 }
 at::Tensor swiglu(const at::Tensor&) { unavailable(); }
+bool invariant_linear_fits(const at::Tensor&, const at::Tensor&) { return false; }
+at::Tensor invariant_linear(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
+void invariant_add_linear_(at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
+at::Tensor invariant_decode_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                      const at::Tensor&, int64_t, int64_t) {
+  unavailable();
+}
+bool invariant_decode_attention_fits(int64_t, int64_t) { return false; }
 
 #endif
 

@@ -39,4 +39,27 @@ HeadTensors qk_norm_rope(const at::Tensor& qkv, const at::Tensor& q_norm, const 
 // gate_up [rows, 2·width] → silu(gate) ⊙ up [rows, width].
 at::Tensor swiglu(const at::Tensor& gate_up);
 
+// Exact decoding's row-invariant kernels (cuda_kernels.h says why): a row's
+// result is bitwise the same whether it is computed alone or among up to
+// kInvariantMaxRows rows.
+constexpr int64_t kInvariantMaxRows = 16;
+
+// Whether invariant_linear takes x [rows, in] and weight [out, in]: CUDA
+// bf16/fp16, rows ≤ kInvariantMaxRows, in a multiple of 8.
+bool invariant_linear_fits(const at::Tensor& x, const at::Tensor& weight);
+// x [rows, in] · weightᵀ (+ bias [out]) (+ residual [rows, out]) → [rows, out],
+// summed in fp32 and rounded once (as cuBLAS's epilogue rounds).
+at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},
+                            const at::Tensor& residual = {});
+// residual += a · weightᵀ, in place (residual contiguous [rows, out]).
+void invariant_add_linear_(at::Tensor& residual, const at::Tensor& a, const at::Tensor& weight);
+
+// Decoding attention over the pool (the arguments of the hf_decoder's
+// fast_path::decode_attention, which it replaces in exact decoding), one
+// query at a time. Returns [tokens, heads·head_dim].
+at::Tensor invariant_decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                                      const at::Tensor& cu_k, const at::Tensor& seqused_k, int64_t n, int64_t capacity);
+// Whether it takes this head_dim and sessions of up to `capacity` tokens.
+bool invariant_decode_attention_fits(int64_t head_dim, int64_t capacity);
+
 }  // namespace dflash::kernel_ops

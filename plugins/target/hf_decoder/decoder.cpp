@@ -191,6 +191,18 @@ Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device,
                      fast_path::cudnn_attention_works(embed_, c.num_heads, c.num_kv_heads, hd);
   flash_decoding_ = cuda_kernels_ && fast_path::decode_attention_supported(hd);
   decode_graphs_ = options.decode_graphs && flash_decoding_ && decode_support::kCudaGraphs;
+  if (options.exact_decoding) {
+    // Every projection's input width must take the invariant kernel's 8-wide loads.
+    const bool widths = h % 8 == 0 && q_out % 8 == 0 && c.intermediate_size % 8 == 0;
+    if (!flash_decoding_ || !widths || !kernel_ops::invariant_decode_attention_fits(hd, 1))
+      throw std::runtime_error(
+          dir.string() + ": exact_decoding: on needs the GPU decoding path (a CUDA device, bf16/fp16, kernels: auto, "
+          "LibTorch >= 2.5; here " + std::string(flash_decoding_ ? "present" : "absent") +
+          ") and hidden_size, heads·head_dim, intermediate_size and head_dim (at most 256) all multiples of 8 (here " +
+          std::to_string(h) + ", " + std::to_string(q_out) + ", " + std::to_string(c.intermediate_size) + ", " +
+          std::to_string(hd) + "); set exact_decoding: off");
+    exact_decoding_ = true;
+  }
   decode_ = std::make_unique<DecodeState>(device);
 }
 
@@ -198,12 +210,23 @@ namespace {
 
 // x + a·wᵀ as one GEMM with the residual as its C operand. In place, unless x
 // is also a returned hidden state (the caller must keep it).
-at::Tensor add_projection(at::Tensor& x, const at::Tensor& a, const at::Tensor& w, bool& x_is_returned) {
+// invariant: exact decoding's row-invariant kernel instead of cuBLAS.
+at::Tensor add_projection(at::Tensor& x, const at::Tensor& a, const at::Tensor& w, bool& x_is_returned,
+                          bool invariant = false) {
   if (x_is_returned) {
     x_is_returned = false;
-    return at::addmm(x, a, w.t());
+    return invariant ? kernel_ops::invariant_linear(a, w, {}, x) : at::addmm(x, a, w.t());
+  }
+  if (invariant) {
+    kernel_ops::invariant_add_linear_(x, a, w);
+    return x;
   }
   return x.addmm_(a, w.t());
+}
+
+// x · wᵀ (+ b): cuBLAS, or exact decoding's row-invariant kernel.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool invariant) {
+  return invariant ? kernel_ops::invariant_linear(x, w, b) : at::linear(x, w, b);
 }
 
 // The rotary tables of N positions (angles [N, hd/2], fp64) in the layout
@@ -229,9 +252,10 @@ at::Tensor norm(const DecoderConfig& c, const at::Tensor& x, const at::Tensor& w
 struct QKV {
   at::Tensor q, k, v;
 };
-QKV project_qkv(const DecoderConfig& c, const LayerWeights& w, const at::Tensor& x, const Rotary& r) {
+QKV project_qkv(const DecoderConfig& c, const LayerWeights& w, const at::Tensor& x, const Rotary& r,
+                bool invariant = false) {
   const int64_t n = x.size(0), heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
-  const at::Tensor qkv = at::linear(norm(c, x, w.input_norm, r.kernels), w.qkv, w.qkv_bias);  // [N, (heads + 2 kv) hd]
+  const at::Tensor qkv = linear(norm(c, x, w.input_norm, r.kernels), w.qkv, w.qkv_bias, invariant);  // [N, (heads + 2 kv) hd]
   if (r.kernels) {
     const auto t = kernel_ops::qk_norm_rope(qkv, w.q_norm, w.k_norm, r.cos, r.sin, heads, kv_heads, hd, c.rms_norm_eps);
     return {t.q, t.k, t.v};
@@ -249,12 +273,12 @@ QKV project_qkv(const DecoderConfig& c, const LayerWeights& w, const at::Tensor&
 // The rest of the layer after attention [N, heads·hd]: the o projection and
 // the SwiGLU MLP, each added to the residual stream x (add_projection).
 at::Tensor finish_layer(const DecoderConfig& c, const LayerWeights& w, at::Tensor x, const at::Tensor& attention,
-                        bool& x_is_returned, bool kernels = false) {
-  x = add_projection(x, attention, w.o, x_is_returned);
-  const at::Tensor gate_up = at::linear(norm(c, x, w.post_attention_norm, kernels), w.gate_up);  // [N, 2 I]
+                        bool& x_is_returned, bool kernels = false, bool invariant = false) {
+  x = add_projection(x, attention, w.o, x_is_returned, invariant);
+  const at::Tensor gate_up = linear(norm(c, x, w.post_attention_norm, kernels), w.gate_up, {}, invariant);  // [N, 2 I]
   const int64_t inter = c.intermediate_size;
   const at::Tensor act = kernels ? kernel_ops::swiglu(gate_up) : at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
-  return add_projection(x, act, w.down, x_is_returned);
+  return add_projection(x, act, w.down, x_is_returned, invariant);
 }
 
 }  // namespace
@@ -505,31 +529,35 @@ DecoderOutputs Decoder::decode_step(DecodeSessions& pool, const StepPlan& plan, 
     return mine.narrow(1, 0, plan.keys).transpose(1, 2);
   };
 
+  // Exact decoding: a step of up to kMaxExactTokens tokens runs the
+  // row-invariant kernels, so each token's numbers are those it gets alone.
+  const bool exact = exact_decoding_ && flash && tokens_in_step <= kernel_ops::kInvariantMaxRows;
   DecoderOutputs out;
   at::Tensor x = embed_.index_select(0, tokens);  // [count·n, H]
   bool x_is_returned = false;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const LayerWeights& w = layers_[i];
-    const QKV t = project_qkv(c, w, x, r);
+    const QKV t = project_qkv(c, w, x, r, exact);
     const at::Tensor keys = pool.keys(i).view({pool_rows * capacity, kv_heads, hd});
     const at::Tensor values = pool.values(i).view({pool_rows * capacity, kv_heads, hd});
     keys.index_copy_(0, slots, t.k);
     values.index_copy_(0, slots, t.v);
-    const at::Tensor attention =
-        flash ? fast_path::decode_attention(t.q, keys, values, cu_q, cu_k, seqused_k, n, capacity)
-              : cached_attention(c, t.q, gather(pool.keys(i)), gather(pool.values(i)), mask, n > 1 && plan.fresh_prompt,
-                                 count, n);
-    x = finish_layer(c, w, x, attention, x_is_returned, cuda_kernels_);
+    at::Tensor attention;
+    if (exact) attention = kernel_ops::invariant_decode_attention(t.q, keys, values, cu_k, seqused_k, n, capacity);
+    else if (flash) attention = fast_path::decode_attention(t.q, keys, values, cu_q, cu_k, seqused_k, n, capacity);
+    else attention = cached_attention(c, t.q, gather(pool.keys(i)), gather(pool.values(i)), mask, n > 1 && plan.fresh_prompt,
+                                      count, n);
+    x = finish_layer(c, w, x, attention, x_is_returned, cuda_kernels_, exact);
     if (wanted.count(i)) {
       out.layers[i] = x.view({count, n, c.hidden_size});
       x_is_returned = true;
     }
   }
   if (logit_rows == LogitRows::kAll)
-    out.logits = at::linear(norm(c, x, final_norm_, cuda_kernels_), lm_head_).view({count, n, c.vocab_size});
+    out.logits = linear(norm(c, x, final_norm_, cuda_kernels_), lm_head_, {}, exact).view({count, n, c.vocab_size});
   if (logit_rows == LogitRows::kLast) {
     const at::Tensor last = x.view({count, n, c.hidden_size}).select(1, n - 1);
-    out.logits = at::linear(norm(c, last, final_norm_, cuda_kernels_), lm_head_).unsqueeze(1);
+    out.logits = linear(norm(c, last, final_norm_, cuda_kernels_), lm_head_, {}, exact).unsqueeze(1);
   }
   return out;
 }
@@ -634,6 +662,10 @@ DecoderOutputs Decoder::extend(DecodeSessions& pool, const std::vector<int64_t>&
     params.push_back(s->length);
   }
   const bool flash = flash_decoding_ && pool_fits_int32(pool);
+  if (exact_decoding_ && !kernel_ops::invariant_decode_attention_fits(c.head_dim, pool.row_capacity()))
+    throw std::invalid_argument("decode_extend: exact_decoding holds a session's attention scores in shared memory, "
+                                "which cannot take the pool's " + std::to_string(pool.row_capacity()) +
+                                " tokens per session on this device; use shorter sessions or exact_decoding: off");
   DecoderOutputs out;
   const bool graphed = decode_graphs_ && flash && plan.count == 1 && plan.n <= kMaxGraphTokens &&
                        decode_step_graphed(pool, plan, tokens, params, layer_ids, wanted, logit_rows, out);

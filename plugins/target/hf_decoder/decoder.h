@@ -49,6 +49,12 @@ struct DecoderOptions {
   // attention over the pooled caches (Decoder::uses_flash_decoding); false
   // runs every step eagerly.
   bool decode_graphs = true;
+  // Incremental decoding on the GPU path: steps of up to 16 tokens run
+  // row-invariant kernels (kernel_ops::invariant_*), so a token verified in
+  // a block gets bitwise the numbers it gets decoded alone, and speculative
+  // decoding gives exactly the target's greedy tokens in bf16 too. Needs
+  // flash decoding; the constructor throws where it cannot hold.
+  bool exact_decoding = false;
 };
 
 // The inputs of one forward, resolved once for either path.
@@ -98,6 +104,8 @@ class Decoder {
   bool uses_flash_decoding() const { return flash_decoding_; }
   // Single-session decoding steps are replayed as CUDA graphs.
   bool uses_decode_graphs() const { return decode_graphs_; }
+  // Steps of up to 16 tokens run the row-invariant kernels (DecoderOptions).
+  bool uses_exact_decoding() const { return exact_decoding_; }
   using GraphStats = decode_support::GraphStats;
   const GraphStats& decode_graph_stats() const;
 
@@ -154,6 +162,7 @@ class Decoder {
   bool cudnn_attention_ = false;
   bool flash_decoding_ = false;
   bool decode_graphs_ = false;
+  bool exact_decoding_ = false;
   std::unique_ptr<DecodeState> decode_;
 };
 

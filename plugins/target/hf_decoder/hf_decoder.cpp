@@ -61,6 +61,12 @@ class HfDecoderTarget : public sdk::TargetModel {
                 "pool then stays allocated between sequences (graphs read its addresses) until the plugin is "
                 "destroyed; off = every step runs eagerly and the pool is freed with its last session",
                 {"auto", "off"})
+        .string("exact_decoding", "off",
+                "incremental decoding on the GPU path: on = steps of up to 16 tokens run row-invariant kernels, so a "
+                "token verified in a drafted block gets bitwise the logits it gets decoded alone and speculative "
+                "decoding returns exactly the greedy tokens in bf16 too (needs the GPU decoding path; see "
+                "docs/target.md); off = cuBLAS and flash attention, whose sums differ between 1 and 16 rows",
+                {"off", "on"})
         .dump();
   }
 
@@ -109,6 +115,7 @@ class HfDecoderTarget : public sdk::TargetModel {
     o.streams = config.value("streams", int64_t{2});
     o.cudnn_attention = config.value("attention", std::string("auto")) == "auto";
     o.decode_graphs = config.value("decode_graphs", std::string("auto")) == "auto";
+    o.exact_decoding = config.value("exact_decoding", std::string("off")) == "on";
     return o;
   }
 
@@ -167,6 +174,7 @@ class HfDecoderTarget : public sdk::TargetModel {
     d["cudnn_attention"] = decoder_->uses_cudnn_attention();
     d["flash_decoding"] = decoder_->uses_flash_decoding();
     d["decode_graphs"] = decoder_->uses_decode_graphs();
+    d["exact_decoding"] = decoder_->uses_exact_decoding();
     const target::Decoder::GraphStats graphs = decoder_->decode_graph_stats();
     d["decode_graph_stats"] = {{"captured", graphs.captured},
                                {"replayed", graphs.replayed},
