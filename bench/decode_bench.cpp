@@ -7,10 +7,11 @@
 //   decode_bench --plugin-dir build-gpu/lib/dflash-host/plugins --model TARGET_DIR
 //                [--drafter-checkpoint DIR | --random-drafter LAYERS [--block-size 16]]
 //                [--prompts FILE.jsonl --prompt-tokens 64 | --random-prompts]  [--max-prompts 8]
-//                [--max-new-tokens 128] [--dtype bfloat16] [--arms graphs,eager,aten] [--json out.json]
+//                [--max-new-tokens 128] [--dtype bfloat16] [--arms graphs,exact,eager,aten] [--json out.json]
 //
 // Arms (each its own target and drafter instances):
 //   graphs  the defaults: GPU kernels, flash decoding, CUDA graphs (decode_graphs: auto)
+//   exact   graphs with the target's exact_decoding on (row-invariant kernels for steps of <= 16 tokens)
 //   eager   the same kernels, every step launched eagerly (decode_graphs: off)
 //   aten    the ATen reference path (kernels: aten; no graphs)
 // Each arm decodes every prompt twice per decoding: once plain (the per-token
@@ -87,7 +88,8 @@ Args parse(int argc, char** argv) {
   if (!a.drafter_checkpoint.empty() && a.random_drafter_layers > 0)
     throw std::invalid_argument("--drafter-checkpoint and --random-drafter exclude each other");
   for (const auto& arm : a.arms)
-    if (arm != "graphs" && arm != "eager" && arm != "aten") throw std::invalid_argument("unknown arm " + arm);
+    if (arm != "graphs" && arm != "exact" && arm != "eager" && arm != "aten")
+      throw std::invalid_argument("unknown arm " + arm + " (graphs, exact, eager, aten)");
   return a;
 }
 
@@ -99,7 +101,7 @@ nlohmann::json drafter_config(const Args& a, const nlohmann::json& exported, con
                       {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", nlohmann::json::array()},
                       {"init_std", 0.02}, {"rope_theta", 0.0}, {"attention", "grouped"}, {"attention_group_blocks", 64},
                       {"attention_group_key_multiple", 128}, {"attention_kernel", "auto"}, {"embedding_on_cpu", false}, {"activation_checkpointing", false},
-                      {"decode_graphs", arm == "graphs" ? "auto" : "off"}, {"kernels", arm == "aten" ? "aten" : "auto"}};
+                      {"decode_graphs", arm == "aten" || arm == "eager" ? "off" : "auto"}, {"kernels", arm == "aten" ? "aten" : "auto"}};
   if (!exported.is_null()) {
     const drafter::ExportedDrafter e = drafter::read_export_config(exported);
     c["num_layers"] = e.shape.layers;
@@ -170,7 +172,8 @@ int main(int argc, char** argv) {
   for (const std::string& arm : args.arms) {
     nlohmann::json target_config = {{"path", args.model}, {"dtype", "auto"}, {"feature_layers", 5},
                                     {"kernels", arm == "aten" ? "aten" : "auto"}, {"attention", "auto"},
-                                    {"decode_graphs", arm == "graphs" ? "auto" : "off"}};
+                                    {"decode_graphs", arm == "graphs" || arm == "exact" ? "auto" : "off"},
+                                    {"exact_decoding", arm == "exact" ? "on" : "off"}};
     host::TargetModelInstance target(registry.find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"), target_config,
                                      {args.device, args.dtype, 0});
     const nlohmann::json info = target.describe();
@@ -279,6 +282,7 @@ int main(int argc, char** argv) {
     }
     const nlohmann::json after = target.describe();
     result["target"] = {{"cuda_kernels", after.value("cuda_kernels", false)},
+                        {"exact_decoding", after.value("exact_decoding", false)},
                         {"flash_decoding", after.value("flash_decoding", false)},
                         {"decode_graphs", after.value("decode_graphs", false)},
                         {"decode_graph_stats", after.value("decode_graph_stats", nlohmann::json::object())},

@@ -32,7 +32,7 @@ target_unlikelihood="${DFLASH_DEMO_TARGET_UNLIKELIHOOD:-4}"
 # never trained on (it generates, as for real users' prompts); target-docs:
 # from its training documents (a small overfit target recites them).
 prompts_from="${DFLASH_DEMO_PROMPTS_FROM:-unseen-docs}"
-drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-2100}"  # the cosine schedule ends about at the time cap (3 layers: ~0.1 s a step)
+drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-2600}"  # the cosine schedule ends before the time cap (3 layers, prefetch on: ~0.08 s a step)
 generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-24576}"
 # generate's batch (its output is the same at any batch size; docs/generate.md).
 generate_batch="${DFLASH_DEMO_GENERATE_BATCH:-256}"
@@ -42,7 +42,7 @@ drafter_max_seconds="${DFLASH_DEMO_DRAFTER_MAX_SECONDS:-230}"  # run 8 took 425 
 checkpoint_every="${DFLASH_DEMO_CHECKPOINT_EVERY:-500}"
 train_eval_prompts="${DFLASH_DEMO_TRAIN_EVAL_PROMPTS:-8}"
 profile_prompts="${DFLASH_DEMO_PROFILE_PROMPTS:-8}"
-profile_arms="${DFLASH_DEMO_PROFILE_ARMS:-graphs}"
+profile_arms="${DFLASH_DEMO_PROFILE_ARMS:-graphs,exact}"
 peer_prompts="${DFLASH_DEMO_PEER_PROMPTS:-512}"  # generate beside transformers on the same prompts
 fp32_prompts="${DFLASH_DEMO_FP32_PROMPTS:-8}"  # the fp32 lossless check (DFLASH_DEMO_FP32_CHECK=0: off)
 # DFLASH_DEMO_PROFILE=true: the drafter's training logs phase_seconds per step (train.profile_phases).

@@ -158,47 +158,84 @@ __global__ void swiglu_kernel(const T* __restrict__ gate_up, T* __restrict__ out
 // which ones it computes: every output element is summed by the same lanes
 // in the same order, with explicit FMAs (no contraction left to the compiler).
 
-constexpr int kLinearWarps = 4;
+// The linear kernel multiplies on the tensor cores with mma.m16n8k16: a
+// warp's tile is always 16 rows (rows past `rows` are zeros, never read) by
+// 8 output features, and an output element is the sum over k of its own row
+// and its own column only, so a row's result cannot depend on the others.
+// K is cut into 32-element chunks dealt to the block's warps in a fixed
+// stride, and the warps' partial tiles are added in warp order: the same
+// arithmetic for any row count.
+constexpr int kLinearWarps = 8;
 
-// One warp per output feature j, for all rows at once (the weight row is read
-// once). Lane l sums k-chunks l, l + 32, … of 8 elements; the warp then sums
-// its lanes by a fixed butterfly. kRows bounds rows; rows past `rows` are skipped.
-template <class T, int kRows>
-__global__ void invariant_linear_kernel(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                                        const T* residual, T* out, int rows, int64_t out_features, int64_t in_features) {
+template <class T>
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+template <>
+__device__ __forceinline__ void mma_16x8x16<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <>
+__device__ __forceinline__ void mma_16x8x16<__half>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Block: kLinearWarps warps on output features [8·blockIdx.x, +8). Lane
+// (group = lane / 4, quad = lane % 4) loads 8 consecutive k of chunk c —
+// k = 32c + 8·quad … +7 — from x rows group and group + 8 and from weight row
+// 8·blockIdx.x + group; its k-pairs (0,1), (2,3) feed the first mma's A/B
+// slots (2·quad, 2·quad + 1) and (2·quad + 8, +9), pairs (4,5), (6,7) the
+// second's. A and B see the same permutation of k, so the products are the
+// right ones. K past in_features (a multiple of 8) is zeros.
+template <class T>
+__global__ void __launch_bounds__(kLinearWarps * 32)
+    invariant_linear_kernel(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+                            const T* residual, T* out, int rows, int64_t out_features, int64_t in_features) {
   using P = Pack<T, 8>;
+  __shared__ float partial[kLinearWarps][32][4];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kLinearWarps + warp;
-  if (j >= out_features) return;
-  const int64_t chunks = in_features / 8;
-  const P* w = reinterpret_cast<const P*>(weight + j * in_features);
-  float acc[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
-  for (int64_t c = lane; c < chunks; c += 32) {
-    const P wv = w[c];
-    float wf[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) wf[e] = to_float(wv.v[e]);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (r < rows) {
-        const P xv = reinterpret_cast<const P*>(x + r * in_features)[c];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r] = __fmaf_rn(wf[e], to_float(xv.v[e]), acc[r]);
-      }
+  const int group = lane / 4, quad = lane % 4;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 8;
+  const bool feature_in = n0 + group < out_features;
+  const T* w_row = weight + (n0 + group) * in_features;
+  const T* x_lo = x + static_cast<int64_t>(group) * in_features;
+  const T* x_hi = x + static_cast<int64_t>(group + 8) * in_features;
+  const int64_t chunks = (in_features + 31) / 32;
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 2
+  for (int64_t c = warp; c < chunks; c += kLinearWarps) {
+    const int64_t k = c * 32 + quad * 8;
+    P w{}, lo{}, hi{};
+    if (k < in_features) {
+      if (feature_in) w = *reinterpret_cast<const P*>(w_row + k);
+      if (group < rows) lo = *reinterpret_cast<const P*>(x_lo + k);
+      if (group + 8 < rows) hi = *reinterpret_cast<const P*>(x_hi + k);
     }
+    const uint32_t* wv = reinterpret_cast<const uint32_t*>(&w);
+    const uint32_t* lv = reinterpret_cast<const uint32_t*>(&lo);
+    const uint32_t* hv = reinterpret_cast<const uint32_t*>(&hi);
+    const uint32_t a0[4] = {lv[0], hv[0], lv[1], hv[1]}, b0[2] = {wv[0], wv[1]};
+    mma_16x8x16<T>(d, a0, b0);
+    const uint32_t a1[4] = {lv[2], hv[2], lv[3], hv[3]}, b1[2] = {wv[2], wv[3]};
+    mma_16x8x16<T>(d, a1, b1);
   }
-  const float b = bias != nullptr ? to_float(bias[j]) : 0.f;
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (r < rows) {
-      float y = warp_sum(acc[r]);
-      if (lane == r % 32) {
-        y = __fadd_rn(y, b);
-        if (residual != nullptr) y = __fadd_rn(y, to_float(residual[r * out_features + j]));
-        out[r * out_features + j] = from_float<T>(y);
-      }
+  for (int e = 0; e < 4; ++e) partial[warp][lane][e] = d[e];
+  __syncthreads();
+  if (warp != 0) return;
+  // d[e] is row group (+8 for e ≥ 2), feature n0 + 2·quad + (e & 1).
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    float y = partial[0][lane][e];
+    for (int w = 1; w < kLinearWarps; ++w) y = __fadd_rn(y, partial[w][lane][e]);
+    const int row = group + (e >= 2 ? 8 : 0);
+    const int64_t j = n0 + 2 * quad + (e & 1);
+    if (row < rows && j < out_features) {
+      if (bias != nullptr) y = __fadd_rn(y, to_float(bias[j]));
+      if (residual != nullptr) y = __fadd_rn(y, to_float(residual[row * out_features + j]));
+      out[row * out_features + j] = from_float<T>(y);
     }
   }
 }
@@ -364,23 +401,10 @@ template <class T>
 void invariant_linear_typed(const void* x, const void* w, const void* bias, const void* residual, void* out, int64_t rows,
                             int64_t out_features, int64_t in_features, cudaStream_t stream) {
   if (rows == 0 || out_features == 0) return;
-  const auto blocks = static_cast<unsigned>((out_features + kLinearWarps - 1) / kLinearWarps);
-  const auto* xt = static_cast<const T*>(x);
-  const auto* wt = static_cast<const T*>(w);
-  const auto* bt = static_cast<const T*>(bias);
-  const auto* rt = static_cast<const T*>(residual);
-  auto* ot = static_cast<T*>(out);
-  const int r = static_cast<int>(rows);
-  // Row-count buckets only bound the unrolled loop: a row's arithmetic is the
-  // same in every bucket.
-  if (rows <= 1)
-    invariant_linear_kernel<T, 1><<<blocks, kLinearWarps * 32, 0, stream>>>(xt, wt, bt, rt, ot, r, out_features, in_features);
-  else if (rows <= 4)
-    invariant_linear_kernel<T, 4><<<blocks, kLinearWarps * 32, 0, stream>>>(xt, wt, bt, rt, ot, r, out_features, in_features);
-  else if (rows <= 8)
-    invariant_linear_kernel<T, 8><<<blocks, kLinearWarps * 32, 0, stream>>>(xt, wt, bt, rt, ot, r, out_features, in_features);
-  else
-    invariant_linear_kernel<T, 16><<<blocks, kLinearWarps * 32, 0, stream>>>(xt, wt, bt, rt, ot, r, out_features, in_features);
+  const auto blocks = static_cast<unsigned>((out_features + 7) / 8);
+  invariant_linear_kernel<T><<<blocks, kLinearWarps * 32, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias), static_cast<const T*>(residual),
+      static_cast<T*>(out), static_cast<int>(rows), out_features, in_features);
   check_launch("invariant_linear");
 }
 

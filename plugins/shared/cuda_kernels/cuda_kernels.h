@@ -46,7 +46,8 @@ void swiglu(Element element, const void* gate_up, void* out, int64_t rows, int64
 constexpr int64_t kInvariantMaxRows = 16;
 
 // out[r, j] = round(Σ_k x[r, k]·weight[j, k] + bias[j] + residual[r, j]) for
-// r < rows ≤ kInvariantMaxRows, j < out_features: fp32 sums, rounded once.
+// r < rows ≤ kInvariantMaxRows, j < out_features: summed in fp32 on the tensor
+// cores (a fixed 16-row tile, a fixed split of k), rounded once.
 // bias and residual may be null; out may be residual (in place). Every
 // pointer 16-byte aligned and in_features a multiple of 8 (invariant_linear_fits).
 void invariant_linear(Element element, const void* x, const void* weight, const void* bias, const void* residual, void* out,

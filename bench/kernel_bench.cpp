@@ -1,0 +1,151 @@
+// Times, one launch at a time, the kernels of a decoding step at the row
+// counts decoding uses (1: a token alone; 16: a verified block): cuBLAS's
+// GEMMs against exact decoding's row-invariant linear kernel, and flash
+// attention over the pool against the row-invariant decoding attention. Each
+// arm is captured as a CUDA graph of --iters launches and replayed, so the
+// figures are device time per launch as a decoding graph sees it, host
+// launch cost excluded. A program, not a test: docs/performance.md has the
+// figures. Shapes default to the GPU demo's target (scripts/gpu_demo).
+//
+//   kernel_bench [--hidden 512 --intermediate 1536 --heads 8 --kv-heads 4 --head-dim 64 --vocab 8192]
+//                [--keys 512 --capacity 2048 --iters 200 --json out.json]
+#include "bench_args.h"
+
+#include <kernel_ops.h>
+
+#include <nlohmann/json.hpp>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/_flash_attention_forward.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <string>
+
+namespace {
+
+struct Args {
+  int64_t hidden = 512, intermediate = 1536, heads = 8, kv_heads = 4, head_dim = 64, vocab = 8192;
+  int64_t keys = 512, capacity = 2048, iters = 200;
+  std::string json;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  dflash::bench::FlagReader r(argc, argv);
+  while (r.next()) {
+    if (r.is("--hidden")) a.hidden = r.integer();
+    else if (r.is("--intermediate")) a.intermediate = r.integer();
+    else if (r.is("--heads")) a.heads = r.integer();
+    else if (r.is("--kv-heads")) a.kv_heads = r.integer();
+    else if (r.is("--head-dim")) a.head_dim = r.integer();
+    else if (r.is("--vocab")) a.vocab = r.integer();
+    else if (r.is("--keys")) a.keys = r.integer();
+    else if (r.is("--capacity")) a.capacity = r.integer();
+    else if (r.is("--iters")) a.iters = r.integer();
+    else if (r.is("--json")) a.json = r.text();
+    else r.unknown();
+  }
+  if (a.keys < 16 || a.keys > a.capacity) throw std::invalid_argument("--keys must lie in [16, --capacity]");
+  return a;
+}
+
+// Device microseconds per call of `body`: a graph of `iters` calls, replayed
+// once to warm up and once timed.
+double microseconds(int64_t iters, const std::function<void()>& body) {
+  const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
+  const c10::cuda::CUDAStreamGuard on(stream);
+  body();  // eager first: lazy initialisation stays out of the capture
+  stream.synchronize();
+  at::cuda::CUDAGraph graph;
+  graph.capture_begin();
+  for (int64_t i = 0; i < iters; ++i) body();
+  graph.capture_end();
+  graph.replay();
+  at::cuda::CUDAEvent start(cudaEventDefault), end(cudaEventDefault);
+  start.record(stream);
+  graph.replay();
+  end.record(stream);
+  end.synchronize();
+  return 1e3 * static_cast<double>(start.elapsed_time(end)) / static_cast<double>(iters);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  try {
+    a = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "kernel_bench: " << e.what() << "\n";
+    return 2;
+  }
+  if (!torch::cuda::is_available() || !dflash::kernel_ops::available()) {
+    std::cerr << "kernel_bench: needs a CUDA device and a build with the kernels\n";
+    return 3;
+  }
+  const c10::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  const auto options = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const int64_t q_out = a.heads * a.head_dim, kv_out = a.kv_heads * a.head_dim;
+  struct Projection {
+    std::string name;
+    int64_t out, in;
+  };
+  const std::vector<Projection> projections = {{"qkv", q_out + 2 * kv_out, a.hidden}, {"o", a.hidden, q_out},
+                                               {"gate_up", 2 * a.intermediate, a.hidden},
+                                               {"down", a.hidden, a.intermediate}, {"lm_head", a.vocab, a.hidden}};
+  nlohmann::json report = {{"shape", {{"hidden", a.hidden}, {"intermediate", a.intermediate}, {"heads", a.heads},
+                                      {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim}, {"vocab", a.vocab},
+                                      {"keys", a.keys}, {"capacity", a.capacity}}},
+                           {"iters", a.iters}, {"device", at::cuda::getCurrentDeviceProperties()->name}};
+  std::cout << "kernel (rows)             cuBLAS / flash us   invariant us\n";
+  for (const int64_t rows : {int64_t{1}, int64_t{16}}) {
+    for (const Projection& p : projections) {
+      const at::Tensor x = torch::randn({rows, p.in}, options), w = torch::randn({p.out, p.in}, options) * 0.02;
+      const double cublas = microseconds(a.iters, [&] { (void)at::linear(x, w); });
+      const double invariant = microseconds(a.iters, [&] { (void)dflash::kernel_ops::invariant_linear(x, w); });
+      // A sanity check beside the times (the tests hold the real ones): the
+      // invariant result within bf16 rounding of cuBLAS's, and its last row
+      // bitwise the same computed alone.
+      const at::Tensor ours = dflash::kernel_ops::invariant_linear(x, w), theirs = at::linear(x, w);
+      const double error = ((ours - theirs).abs().max() / theirs.abs().max()).item<double>();
+      const bool alone = at::equal(dflash::kernel_ops::invariant_linear(x.narrow(0, rows - 1, 1).contiguous(), w),
+                                   ours.narrow(0, rows - 1, 1));
+      report["linear"].push_back({{"name", p.name}, {"rows", rows}, {"out", p.out}, {"in", p.in},
+                                  {"cublas_us", cublas}, {"invariant_us", invariant},
+                                  {"relative_error_to_cublas", error}, {"last_row_alone_identical", alone}});
+      std::printf("%-8s (%2lld)                %8.2f      %8.2f   error %.1e, row alone %s\n", p.name.c_str(),
+                  static_cast<long long>(rows), cublas, invariant, error, alone ? "identical" : "DIFFERENT");
+    }
+    // Attention of `rows` new queries at the end of a session of `keys` keys, one pool row.
+    const at::Tensor pool_k = torch::randn({a.capacity, a.kv_heads, a.head_dim}, options);
+    const at::Tensor pool_v = torch::randn({a.capacity, a.kv_heads, a.head_dim}, options);
+    const at::Tensor q = torch::randn({rows, a.heads, a.head_dim}, options);
+    const auto ints = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kInt);
+    const at::Tensor cu_q = torch::tensor({0, static_cast<int>(rows)}, ints);
+    const at::Tensor cu_k = torch::tensor({0, static_cast<int>(a.capacity)}, ints);
+    const at::Tensor seqused = torch::tensor({static_cast<int>(a.keys)}, ints);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(a.head_dim));
+    const double flash = microseconds(a.iters, [&] {
+      (void)at::_flash_attention_forward(q, pool_k, pool_v, cu_q, cu_k, rows, a.capacity, 0.0, rows > 1, false, scale,
+                                         std::nullopt, std::nullopt, seqused);
+    });
+    const double invariant = microseconds(a.iters, [&] {
+      (void)dflash::kernel_ops::invariant_decode_attention(q, pool_k, pool_v, cu_k, seqused, rows, a.capacity);
+    });
+    report["attention"].push_back({{"rows", rows}, {"flash_us", flash}, {"invariant_us", invariant}});
+    std::printf("%-8s (%2lld)                %8.2f      %8.2f\n", "attn", static_cast<long long>(rows), flash, invariant);
+  }
+  if (!a.json.empty()) std::ofstream(a.json) << report.dump(2) << "\n";
+  return 0;
+}
