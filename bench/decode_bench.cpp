@@ -10,8 +10,8 @@
 //                [--max-new-tokens 128] [--dtype bfloat16] [--arms graphs,exact,eager,aten] [--json out.json]
 //
 // Arms (each its own target and drafter instances):
-//   graphs  the defaults: GPU kernels, flash decoding, CUDA graphs (decode_graphs: auto)
-//   exact   graphs with the target's exact_decoding on (row-invariant kernels for steps of <= 16 tokens)
+//   graphs  GPU kernels, flash decoding, CUDA graphs (decode_graphs: auto), exact_decoding off
+//   exact   the defaults: graphs with the target's exact_decoding on (row-invariant kernels for steps of <= 16 tokens)
 //   eager   the same kernels, every step launched eagerly (decode_graphs: off)
 //   aten    the ATen reference path (kernels: aten; no graphs)
 // Each arm decodes every prompt twice per decoding: once plain (the per-token
@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
     nlohmann::json target_config = {{"path", args.model}, {"dtype", "auto"}, {"feature_layers", 5},
                                     {"kernels", arm == "aten" ? "aten" : "auto"}, {"attention", "auto"},
                                     {"decode_graphs", arm == "graphs" || arm == "exact" ? "auto" : "off"},
-                                    {"exact_decoding", arm == "exact" ? "on" : "off"}};
+                                    {"exact_decoding", arm == "exact" ? "on" : "off"}};  // graphs: the usual kernels, to compare
     host::TargetModelInstance target(registry.find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"), target_config,
                                      {args.device, args.dtype, 0});
     const nlohmann::json info = target.describe();

@@ -146,7 +146,7 @@ def stage_seconds(log_path):
     # gpu_demo.sh's stage lines begin with these; its other "==" lines are
     # notes within the stage before them.
     short = {"build": "build", "1.": "target", "2.": "data", "3.": "drafter", "4.": "eval", "4a.": "fp32 check",
-             "4c.": "exact check", "4b.": "decode profile", "5.": "summary"}
+             "4c.": "usual kernels", "4b.": "decode profile", "5.": "summary"}
     stages, total, current = {}, 0, None
     for (start, name), (end, _) in zip(times, times[1:]):
         current = short.get(name.split(" ", 1)[0], current or name)
@@ -166,7 +166,7 @@ def main():
     unseen = load(os.path.join(args.work, "eval_dflash_unseen.json"))
     trained_on = load(os.path.join(args.work, "eval_dflash_train_prompts.json"))
     fp32 = load(os.path.join(args.work, "eval_dflash_fp32.json"))
-    exact = load(os.path.join(args.work, "eval_dflash_exact.json"))
+    usual = load(os.path.join(args.work, "eval_dflash_usual.json"))
     profile = load(os.path.join(args.out, "decode_profile.json"))
     gen = load(os.path.join(args.work, "generate.json"))
     gen_slice = load(os.path.join(args.work, "generate_slice.json"))
@@ -180,7 +180,7 @@ def main():
                "eval_dflash_unseen": eval_summary(unseen),
                "eval_dflash_train_prompts": eval_summary(trained_on),
                "eval_dflash_fp32": eval_summary(fp32),
-               "eval_dflash_exact": eval_summary(exact),
+               "eval_dflash_usual_kernels": eval_summary(usual),
                "decode_profile": profile,
                "generate": gen, "generate_slice": gen_slice, "generate_transformers": peer,
                "last_training_record": next((m for m in reversed(metrics) if "loss" in m), None)}
@@ -197,8 +197,8 @@ def main():
         lines.append(eval_row("DFlash, the other prompt set (unseen_texts: train_target.py)", unseen))
     if fp32:
         lines.append(eval_row("DFlash, fp32: the lossless check", fp32))
-    if exact:
-        lines.append(eval_row("DFlash, bf16 with exact_decoding on (target alone: the same kernels)", exact))
+    if usual:
+        lines.append(eval_row("DFlash, the target's exact_decoding off (target alone: the same kernels)", usual))
     lines.append("")
     if "tau_ratio_to_prompt_lookup" in results:
         lines.append(f"tau ratio DFlash / prompt lookup: {results['tau_ratio_to_prompt_lookup']:.2f}")

@@ -458,7 +458,7 @@ TEST_F(HfDecoder, FrozenWeightsArePlacedAsCopiesOrSharedOnTheSameDevice) {
 }
 
 // exact_decoding: on refuses, naming the setting, where it cannot hold (here:
-// the CPU, or the ATen path on a GPU).
+// the CPU, or the ATen path on a GPU); auto there runs the usual path.
 TEST_F(HfDecoder, ExactDecodingWhereItCannotHoldIsRefusedByName) {
   TinySpec t;
   const fs::path model = write_model(dir_, t, make_weights(t));
@@ -475,8 +475,13 @@ TEST_F(HfDecoder, ExactDecodingWhereItCannotHoldIsRefusedByName) {
   };
   const std::string on_cpu = refused("cpu", "auto");
   EXPECT_CONTAINS(on_cpu, "exact_decoding: on needs the GPU decoding path");
-  EXPECT_CONTAINS(on_cpu, "set exact_decoding: off");
+  EXPECT_CONTAINS(on_cpu, "set exact_decoding: auto or off");
   if (torch::cuda::is_available()) EXPECT_CONTAINS(refused("cuda:0", "aten"), "exact_decoding: on needs");
+  // auto (the default) takes the usual path where the kernels cannot apply, and says so.
+  TargetModelInstance automatic(registry_->find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"),
+                                {{"path", model.string()}, {"dtype", "auto"}, {"feature_layers", 2}, {"kernels", "auto"}},
+                                InstanceOptions{"cpu", "float32", 0});
+  EXPECT_FALSE(automatic.describe().at("exact_decoding").get<bool>());
 }
 
 // Exact decoding: a block of tokens gets bitwise the logits and hidden states

@@ -191,17 +191,19 @@ Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device,
                      fast_path::cudnn_attention_works(embed_, c.num_heads, c.num_kv_heads, hd);
   flash_decoding_ = cuda_kernels_ && fast_path::decode_attention_supported(hd);
   decode_graphs_ = options.decode_graphs && flash_decoding_ && decode_support::kCudaGraphs;
-  if (options.exact_decoding) {
-    // Every projection's input width must take the invariant kernel's 8-wide loads.
+  if (options.exact_decoding != DecoderOptions::Exact::kOff) {
+    // Every projection's input width must take the invariant kernels' 8-wide loads.
     const bool widths = h % 8 == 0 && q_out % 8 == 0 && c.intermediate_size % 8 == 0;
-    if (!flash_decoding_ || !widths || !kernel_ops::invariant_decode_attention_fits(hd, 1))
+    const bool possible = flash_decoding_ && widths && kernel_ops::invariant_decode_attention_fits(hd, 1);
+    exact_required_ = options.exact_decoding == DecoderOptions::Exact::kOn;
+    if (exact_required_ && !possible)
       throw std::runtime_error(
           dir.string() + ": exact_decoding: on needs the GPU decoding path (a CUDA device, bf16/fp16, kernels: auto, "
           "LibTorch >= 2.5; here " + std::string(flash_decoding_ ? "present" : "absent") +
           ") and hidden_size, heads·head_dim, intermediate_size and head_dim (at most 256) all multiples of 8 (here " +
           std::to_string(h) + ", " + std::to_string(q_out) + ", " + std::to_string(c.intermediate_size) + ", " +
-          std::to_string(hd) + "); set exact_decoding: off");
-    exact_decoding_ = true;
+          std::to_string(hd) + "); set exact_decoding: auto or off");
+    exact_decoding_ = possible;
   }
   decode_ = std::make_unique<DecodeState>(device);
 }
@@ -531,7 +533,8 @@ DecoderOutputs Decoder::decode_step(DecodeSessions& pool, const StepPlan& plan, 
 
   // Exact decoding: a step of up to kMaxExactTokens tokens runs the
   // row-invariant kernels, so each token's numbers are those it gets alone.
-  const bool exact = exact_decoding_ && flash && tokens_in_step <= kernel_ops::kInvariantMaxRows;
+  const bool exact = exact_decoding_ && flash && tokens_in_step <= kernel_ops::kInvariantMaxRows &&
+                     kernel_ops::invariant_decode_attention_fits(hd, capacity);
   DecoderOutputs out;
   at::Tensor x = embed_.index_select(0, tokens);  // [count·n, H]
   bool x_is_returned = false;
@@ -662,10 +665,10 @@ DecoderOutputs Decoder::extend(DecodeSessions& pool, const std::vector<int64_t>&
     params.push_back(s->length);
   }
   const bool flash = flash_decoding_ && pool_fits_int32(pool);
-  if (exact_decoding_ && !kernel_ops::invariant_decode_attention_fits(c.head_dim, pool.row_capacity()))
+  if (exact_required_ && !kernel_ops::invariant_decode_attention_fits(c.head_dim, pool.row_capacity()))
     throw std::invalid_argument("decode_extend: exact_decoding holds a session's attention scores in shared memory, "
                                 "which cannot take the pool's " + std::to_string(pool.row_capacity()) +
-                                " tokens per session on this device; use shorter sessions or exact_decoding: off");
+                                " tokens per session on this device; use shorter sessions or exact_decoding: auto (the usual kernels past that length)");
   DecoderOutputs out;
   const bool graphed = decode_graphs_ && flash && plan.count == 1 && plan.n <= kMaxGraphTokens &&
                        decode_step_graphed(pool, plan, tokens, params, layer_ids, wanted, logit_rows, out);

@@ -52,9 +52,12 @@ struct DecoderOptions {
   // Incremental decoding on the GPU path: steps of up to 16 tokens run
   // row-invariant kernels (kernel_ops::invariant_*), so a token verified in
   // a block gets bitwise the numbers it gets decoded alone, and speculative
-  // decoding gives exactly the target's greedy tokens in bf16 too. Needs
-  // flash decoding; the constructor throws where it cannot hold.
-  bool exact_decoding = false;
+  // decoding gives exactly the target's greedy tokens in bf16 too. kAuto:
+  // wherever that holds (the GPU decoding path, widths in multiples of 8, a
+  // session's scores fitting in shared memory), the usual kernels elsewhere;
+  // kOn: the constructor and decode_extend throw where it cannot hold.
+  enum class Exact { kOff, kAuto, kOn };
+  Exact exact_decoding = Exact::kAuto;
 };
 
 // The inputs of one forward, resolved once for either path.
@@ -162,7 +165,8 @@ class Decoder {
   bool cudnn_attention_ = false;
   bool flash_decoding_ = false;
   bool decode_graphs_ = false;
-  bool exact_decoding_ = false;
+  bool exact_decoding_ = false;   // the row-invariant kernels are in use
+  bool exact_required_ = false;   // exact_decoding: on (a step that cannot have them throws)
   std::unique_ptr<DecodeState> decode_;
 };
 
