@@ -531,8 +531,10 @@ DecoderOutputs Decoder::decode_step(DecodeSessions& pool, const StepPlan& plan, 
     return mine.narrow(1, 0, plan.keys).transpose(1, 2);
   };
 
-  // Exact decoding: a step of up to kMaxExactTokens tokens runs the
-  // row-invariant kernels, so each token's numbers are those it gets alone.
+  // Exact decoding: a step of up to kInvariantMaxRows (16) tokens runs the
+  // row-invariant kernels, so each token's numbers are those it gets alone
+  // (past the attention's shared-memory bound, exact_decoding: auto takes
+  // the usual kernels; `on` was refused in extend).
   const bool exact = exact_decoding_ && flash && tokens_in_step <= kernel_ops::kInvariantMaxRows &&
                      kernel_ops::invariant_decode_attention_fits(hd, capacity);
   DecoderOutputs out;
