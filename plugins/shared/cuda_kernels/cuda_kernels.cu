@@ -414,14 +414,19 @@ void invariant_decode_attention_typed(const void* q, const void* keys, const voi
                                       int64_t kv_heads, int64_t head_dim, int64_t max_keys, cudaStream_t stream) {
   if (tokens == 0) return;
   const size_t shared = attention_shared_bytes(head_dim, max_keys);
-  // Above the default 48 KiB a kernel must opt in; raised once to what is
-  // needed (a step's first run is eager, never inside a graph capture).
-  static size_t opted_in = 48 * 1024;
-  if (shared > opted_in) {
+  // Above the default 48 KiB a kernel must opt in, per device; raised to what
+  // is needed when first needed (a step's first run is eager, never inside a
+  // graph capture).
+  constexpr int kDevices = 64;
+  static size_t opted_in[kDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices)
+    throw std::runtime_error("dflash CUDA kernel invariant_decode_attention: no usable current device");
+  if (shared > 48 * 1024 && shared > opted_in[device]) {
     if (cudaFuncSetAttribute(invariant_decode_attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(shared)) != cudaSuccess)
       check_launch("invariant_decode_attention (shared memory opt-in)");
-    opted_in = shared;
+    opted_in[device] = shared;
   }
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(heads));
   invariant_decode_attention_kernel<T><<<grid, kAttentionThreads, shared, stream>>>(
