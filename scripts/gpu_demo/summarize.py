@@ -130,7 +130,7 @@ def repeated_ngram_share(report, n=4):
 
 
 def stage_seconds(log_path):
-    """Each stage's wall time from demo.log's "== HH:MM:SS name" lines, and
+    """Each stage's wall time from demo.log's "== HH:MM:SS [key] text" lines, and
     the run's total so far (the issue's bound: 9 minutes on one H200)."""
     try:
         with open(log_path) as f:
