@@ -95,13 +95,16 @@ Args parse(int argc, char** argv) {
 
 // The dflash plugin's config for a drafter: the checkpoint's shape, or a
 // random one of `layers` layers with the target's widths.
+// Whether an arm replays CUDA graphs (its target and drafter alike).
+bool arm_uses_graphs(const std::string& arm) { return arm == "graphs" || arm == "exact"; }
+
 nlohmann::json drafter_config(const Args& a, const nlohmann::json& exported, const std::string& arm) {
   nlohmann::json c = {{"num_layers", a.random_drafter_layers}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
                       {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", a.block_size}, {"max_anchors", 512},
                       {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", nlohmann::json::array()},
                       {"init_std", 0.02}, {"rope_theta", 0.0}, {"attention", "grouped"}, {"attention_group_blocks", 64},
                       {"attention_group_key_multiple", 128}, {"attention_kernel", "auto"}, {"embedding_on_cpu", false}, {"activation_checkpointing", false},
-                      {"decode_graphs", arm == "aten" || arm == "eager" ? "off" : "auto"}, {"kernels", arm == "aten" ? "aten" : "auto"}};
+                      {"decode_graphs", arm_uses_graphs(arm) ? "auto" : "off"}, {"kernels", arm == "aten" ? "aten" : "auto"}};
   if (!exported.is_null()) {
     const drafter::ExportedDrafter e = drafter::read_export_config(exported);
     c["num_layers"] = e.shape.layers;
@@ -172,7 +175,7 @@ int main(int argc, char** argv) {
   for (const std::string& arm : args.arms) {
     nlohmann::json target_config = {{"path", args.model}, {"dtype", "auto"}, {"feature_layers", 5},
                                     {"kernels", arm == "aten" ? "aten" : "auto"}, {"attention", "auto"},
-                                    {"decode_graphs", arm == "graphs" || arm == "exact" ? "auto" : "off"},
+                                    {"decode_graphs", arm_uses_graphs(arm) ? "auto" : "off"},
                                     {"exact_decoding", arm == "exact" ? "on" : "off"}};  // graphs: the usual kernels, to compare
     host::TargetModelInstance target(registry.find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"), target_config,
                                      {args.device, args.dtype, 0});

@@ -34,7 +34,8 @@ target_unlikelihood="${DFLASH_DEMO_TARGET_UNLIKELIHOOD:-4}"
 prompts_from="${DFLASH_DEMO_PROMPTS_FROM:-unseen-docs}"
 drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-2600}"  # the cosine schedule ends before the time cap (3 layers, prefetch on: ~0.08 s a step)
 generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-24576}"
-# generate's batch (its output is the same at any batch size; docs/generate.md).
+# generate's batch (its lines come out in prompt order at any batch size;
+# on a GPU, near-ties may still differ between batch sizes: docs/generate.md).
 generate_batch="${DFLASH_DEMO_GENERATE_BATCH:-256}"
 eval_prompts="${DFLASH_DEMO_EVAL_PROMPTS:-32}"
 eval_new_tokens="${DFLASH_DEMO_EVAL_NEW_TOKENS:-256}"

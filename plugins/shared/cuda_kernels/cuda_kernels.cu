@@ -27,27 +27,42 @@ struct alignas(sizeof(T) * kVec) Pack {
   T v[kVec];
 };
 
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffff, x, offset);
+struct Add {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Across the warp by a fixed butterfly; every lane gets the result.
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float x, Op op) {
+  for (int offset = 16; offset > 0; offset /= 2) x = op(x, __shfl_xor_sync(0xffffffff, x, offset));
   return x;
 }
+__device__ __forceinline__ float warp_sum(float x) { return warp_reduce(x, Add{}); }
 
-// Sum over the block; every thread gets the result.
-__device__ float block_sum(float x) {
+// Across the block: each warp, then the warps' results in warp order (a
+// fixed tree for a given block size); every thread gets the result.
+// `identity` fills the lanes past the block's warps.
+template <class Op>
+__device__ float block_reduce(float x, float identity, Op op) {
   __shared__ float partial[32];
   __shared__ float total;
-  x = warp_sum(x);
+  x = warp_reduce(x, op);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (lane == 0) partial[warp] = x;
   __syncthreads();
   if (warp == 0) {
-    float y = lane < (blockDim.x + 31) / 32 ? partial[lane] : 0.f;
-    y = warp_sum(y);
+    float y = lane < (blockDim.x + 31) / 32 ? partial[lane] : identity;
+    y = warp_reduce(y, op);
     if (lane == 0) total = y;
   }
   __syncthreads();
   return total;
 }
+__device__ float block_sum(float x) { return block_reduce(x, 0.f, Add{}); }
+__device__ float block_max(float x) { return block_reduce(x, -INFINITY, Max{}); }
 
 constexpr int kRowThreads = 256;
 
@@ -155,8 +170,9 @@ __global__ void swiglu_kernel(const T* __restrict__ gate_up, T* __restrict__ out
 
 // ---- Row-invariant kernels (exact decoding) --------------------------------
 // Nothing in them depends on how many rows (or queries) a call has beyond
-// which ones it computes: every output element is summed by the same lanes
-// in the same order, with explicit FMAs (no contraction left to the compiler).
+// which ones it computes: every output element is summed by the same
+// instructions in the same order (tensor-core tiles of a fixed shape, or
+// explicit FMAs and rounded adds: no contraction left to the compiler).
 
 // The linear kernel multiplies on the tensor cores with mma.m16n8k16: a
 // warp's tile is always 16 rows (rows past `rows` are zeros, never read) by
@@ -241,22 +257,6 @@ __global__ void __launch_bounds__(kLinearWarps * 32)
 }
 
 constexpr int kAttentionThreads = 256;
-
-__device__ float block_max(float x) {
-  __shared__ float partial[32];
-  __shared__ float total;
-  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, offset));
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) partial[warp] = x;
-  __syncthreads();
-  if (warp == 0) {
-    float y = lane < (blockDim.x + 31) / 32 ? partial[lane] : -INFINITY;
-    for (int offset = 16; offset > 0; offset /= 2) y = fmaxf(y, __shfl_xor_sync(0xffffffff, y, offset));
-    if (lane == 0) total = y;
-  }
-  __syncthreads();
-  return total;
-}
 
 // One block per (query token, head). Scores of all its keys into shared
 // memory (one thread per key, the dot product in order of head_dim), the
@@ -465,8 +465,8 @@ void invariant_linear(Element e, const void* x, const void* weight, const void* 
     invariant_linear_typed<__half>(x, weight, bias, residual, out, rows, out_features, in_features, stream);
 }
 
-bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight, const void* out) {
-  return rows <= kInvariantMaxRows && in_features % 8 == 0 && aligned16(x) && aligned16(weight) && aligned16(out);
+bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight) {
+  return rows <= kInvariantMaxRows && in_features % 8 == 0 && aligned16(x) && aligned16(weight);
 }
 
 void invariant_decode_attention(Element e, const void* q, const void* keys, const void* values, const int32_t* cu_k,

@@ -48,11 +48,12 @@ constexpr int64_t kInvariantMaxRows = 16;
 // out[r, j] = round(Σ_k x[r, k]·weight[j, k] + bias[j] + residual[r, j]) for
 // r < rows ≤ kInvariantMaxRows, j < out_features: summed in fp32 on the tensor
 // cores (a fixed 16-row tile, a fixed split of k), rounded once.
-// bias and residual may be null; out may be residual (in place). Every
-// pointer 16-byte aligned and in_features a multiple of 8 (invariant_linear_fits).
+// bias and residual may be null; out may be residual (in place). x and weight
+// 16-byte aligned (they are read 8 elements at a time; bias, residual and out
+// one at a time) and in_features a multiple of 8 (invariant_linear_fits).
 void invariant_linear(Element element, const void* x, const void* weight, const void* bias, const void* residual, void* out,
                       int64_t rows, int64_t out_features, int64_t in_features, cudaStream_t stream);
-bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight, const void* out);
+bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight);
 
 // Decoding attention over the pooled KV caches, one query at a time: token i
 // (session i / n, its query i % n of n) attends to keys [0, seqused_k[s] − n + i % n]

@@ -67,7 +67,7 @@ at::Tensor swiglu(const at::Tensor& gate_up_in) {
 bool invariant_linear_fits(const at::Tensor& x, const at::Tensor& weight) {
   return runs_on(x) && x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && x.is_contiguous() &&
          weight.is_contiguous() && weight.scalar_type() == x.scalar_type() &&
-         cuda_kernels::invariant_linear_fits(x.size(0), x.size(1), x.data_ptr(), weight.data_ptr(), x.data_ptr());
+         cuda_kernels::invariant_linear_fits(x.size(0), x.size(1), x.data_ptr(), weight.data_ptr());
 }
 
 namespace {
