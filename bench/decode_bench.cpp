@@ -8,6 +8,7 @@
 //                [--drafter-checkpoint DIR | --random-drafter LAYERS [--block-size 16]]
 //                [--prompts FILE.jsonl --prompt-tokens 64 | --random-prompts]  [--max-prompts 8]
 //                [--max-new-tokens 128] [--dtype bfloat16] [--arms graphs,exact,eager,aten] [--json out.json]
+//                [--trace PREFIX]
 //
 // Arms (each its own target and drafter instances):
 //   graphs  GPU kernels, flash decoding, CUDA graphs (decode_graphs: auto), exact_decoding off
@@ -20,8 +21,14 @@
 // The first prompt is decoded once more before anything is timed (warm-up:
 // lazy initialisation, and graph capture on a shape's second use).
 //
+// --trace PREFIX: after each arm's timings, the first prompt decoded once
+// more under the profiler, greedy then speculative, written as Chrome traces
+// PREFIX-ARM-greedy.json and PREFIX-ARM-speculative.json (kineto_trace.h;
+// scripts/trace_gaps.py says where the device waited).
+//
 // Prints one JSON object (also written to --json).
 #include "bench_args.h"
+#include "kineto_trace.h"
 #include "checkpoint/checkpoint.h"
 #include "eval/divergence.h"
 #include "eval/evaluation.h"
@@ -39,6 +46,7 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -49,7 +57,7 @@ namespace {
 using namespace dflash;
 
 struct Args {
-  std::string plugin_dir, model, drafter_checkpoint, prompts, json, dtype = "bfloat16", device = "cuda:0";
+  std::string plugin_dir, model, drafter_checkpoint, prompts, json, trace, dtype = "bfloat16", device = "cuda:0";
   std::vector<std::string> arms = {"graphs", "eager", "aten"};
   int64_t random_drafter_layers = 0, block_size = 16, prompt_tokens = 64, max_prompts = 8, max_new_tokens = 128;
   bool random_prompts = false;
@@ -81,6 +89,7 @@ Args parse(int argc, char** argv) {
     else if (r.is("--device")) a.device = r.text();
     else if (r.is("--arms")) a.arms = split(r.text(), ',');
     else if (r.is("--json")) a.json = r.text();
+    else if (r.is("--trace")) a.trace = r.text();
     else r.unknown();
   }
   if (a.plugin_dir.empty() || a.model.empty()) throw std::invalid_argument("--plugin-dir DIR and --model DIR are required");
@@ -282,6 +291,17 @@ int main(int argc, char** argv) {
           {"prompts", prompts.size()},
           {"profiled_ms_per_step", phases_json(profile, static_cast<double>(profile.steps))},
           {"profiled_ms_per_token", phases_json(profile, static_cast<double>(profile.tokens))}};
+    }
+    if (!args.trace.empty()) {
+      auto trace = [&](const std::string& what, const std::function<void()>& body) {
+        const std::string path = args.trace + "-" + arm + "-" + what + ".json";
+        std::string why;
+        if (bench::trace_to(path, body, why)) result["traces"][what] = path;
+        else std::cerr << "decode_bench: no trace of arm " << arm << " (" << what << "): " << why << "\n";
+      };
+      trace("greedy", [&] { eval::greedy_decode(target, prompts[0].ids, limits); });
+      if (drafter)
+        trace("speculative", [&] { eval::speculative_decode(target, *drafter, prompts[0].ids, limits, block_size, layer_ids); });
     }
     const nlohmann::json after = target.describe();
     result["target"] = {{"cuda_kernels", after.value("cuda_kernels", false)},

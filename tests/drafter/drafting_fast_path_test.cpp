@@ -189,6 +189,60 @@ TEST(DFlashFusedDrafting, ExtensionsAndProposalsMatchTheAtenPath) {
   EXPECT_LE(relative_error(drafted_at, reference.back()), kTolerance);
 }
 
+// An extension and a proposal as one call of fixed shape
+// (extend_and_draft_at, what the plugin's per-step graph runs): for every
+// accepted count n of the R rows given, the block's hidden states and the
+// context's cache are those of extend_context(n rows) then draft — on the
+// fused path (one pass) and on the ATen path alike — and the rows past n
+// (written as scratch after the block) change nothing a later proposal reads.
+TEST(DFlashFusedDrafting, AnExtensionAndAProposalInOneCallMatchTheTwoCalls) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device cuda("cuda:0");
+  dd::DFlashModel model(dd::testing::small_gpu_shape(), 5, kInitStd, torch::kBFloat16, cuda);
+  if (!model.fused_drafting()) GTEST_SKIP() << "this build has no CUDA kernels, or no flash drafting";
+  const auto options = torch::TensorOptions().dtype(torch::kBFloat16).device(cuda);
+  const auto longs = torch::TensorOptions().dtype(torch::kLong).device(cuda);
+  const int64_t start = 29, rows = 8, bs = 8;
+  torch::manual_seed(40);
+  const auto lm_head = torch::randn({50, 64}, options);
+  dd::DraftContext begun;
+  model.set_drafting_kernels(false);
+  model.extend_context(begun, torch::randn({start, 64}, options));
+  Agreement agreement;
+  for (int64_t accepted : {1, 3, 8}) {
+    const auto features = torch::randn({rows, 64}, options);
+    const auto slots = torch::randn({bs, 64}, options), later = torch::randn({bs, 64}, options);
+    dd::DraftContext reference = copy_of(begun);
+    model.set_drafting_kernels(false);
+    model.extend_context(reference, features.narrow(0, 0, accepted));
+    const auto expected = model.draft(reference, slots);
+    const auto expected_later = model.draft(reference, later);
+    for (bool fused : {true, false}) {
+      SCOPED_TRACE(std::string(fused ? "fused" : "ATen") + " path, " + std::to_string(accepted) + " accepted");
+      model.set_drafting_kernels(fused);
+      dd::DraftContext one_call = copy_of(begun);
+      model.reserve(one_call, start + rows + bs);
+      const auto lengths = torch::tensor({start, accepted}, torch::kLong).to(cuda);
+      const auto hidden = model.extend_and_draft_at(one_call, features, slots, lengths);
+      one_call.length += accepted;
+      EXPECT_LE(relative_error(hidden, expected), kTolerance);
+      compare_proposals(hidden, expected, lm_head, agreement);
+      for (int64_t layer = 0; layer < 2; ++layer) {
+        EXPECT_LE(relative_error(one_call.keys[layer].narrow(0, 0, one_call.length),
+                                 reference.keys[layer].narrow(0, 0, one_call.length)),
+                  kTolerance);
+        EXPECT_LE(relative_error(one_call.values[layer].narrow(0, 0, one_call.length),
+                                 reference.values[layer].narrow(0, 0, one_call.length)),
+                  kTolerance);
+      }
+      // The next proposal on the same context sees the extension and nothing of the scratch.
+      const auto next = model.draft_at(one_call, later, torch::full({1}, one_call.length, longs));
+      EXPECT_LE(relative_error(next, expected_later), kTolerance);
+    }
+  }
+  expect_identical_in_practice(agreement);
+}
+
 // The fused projections are copies: replacing the parameters' values (as a
 // loaded checkpoint does, after the first drafting built the copies) must
 // reach the fused path.

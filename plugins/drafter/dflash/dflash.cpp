@@ -255,10 +255,8 @@ class DFlashDrafter : public sdk::Drafter {
     }
     if (n == 0) return;
     const c10::NoGradGuard no_grad;
-    if (extend_graphed(context, features, n)) {
-      context.length += n;
-      return;
-    }
+    flush_held_extension(session, context);  // two extensions in a row: the first goes in now
+    if (hold_for_proposal(session, features, n)) return;
     bound().extend_context(context, at::cat(features, -1));
   }
   at::Tensor draft_propose(int64_t session, const sdk::TensorDict& inputs, int64_t count) {
@@ -269,6 +267,10 @@ class DFlashDrafter : public sdk::Drafter {
     const int64_t take = std::max<int64_t>(0, std::min(count, block_size_ - 1));
     if (take == 0) return at::empty({0}, at::kLong);
     at::Tensor proposal;
+    if (held_rows_ > 0 && held_session_ == session) {
+      if (propose_after_extension(context, last, take, proposal)) return proposal;
+      flush_held_extension(session, context);
+    }
     if (propose_graphed(context, last, take, proposal)) return proposal;
     // The block's ids where the embedding is: the newest token, then MASK.
     at::Tensor slot_ids;
@@ -292,11 +294,14 @@ class DFlashDrafter : public sdk::Drafter {
     graphs_.clear();
     graph_pool_->renew();
     spare_ = drafter::DraftContext{};
-    model_->release_drafting();  // after the graphs that read it
+    held_features_ = at::Tensor();  // after the graphs that read it
+    held_rows_ = 0;
+    model_->release_drafting();
   }
   void draft_end(int64_t session) {
     auto it = drafts_.find(session);
     if (it == drafts_.end()) return;
+    if (held_session_ == session) held_rows_ = 0;  // an extension no proposal will follow
     if (graphs_possible_ && it->second.capacity >= spare_.capacity) spare_ = std::move(it->second);
     drafts_.erase(it);
   }
@@ -323,17 +328,17 @@ class DFlashDrafter : public sdk::Drafter {
       throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "no drafting session " + std::to_string(session) + " (ended, or never begun)");
     return it->second;
   }
-  // CUDA graphs of drafting (decode_graphs): one per extension length and one
-  // for the proposal, captured on a shape's second use against one context's
-  // buffers, used while that context is the only one open.
+  // CUDA graphs of drafting (decode_graphs): the proposal alone, and the
+  // proposal after a held extension, captured on their second use against
+  // one context's buffers, used while that context is the only one open.
   struct Graph {
     int64_t uses = 0;
     bool failed = false;
     std::unique_ptr<decode_support::CudaGraph> graph;
-    at::Tensor features, params, mask_tail, out;  // static inputs and output
+    at::Tensor params, mask_tail, slots, out;  // static inputs and output
   };
-  // The graph of `key` (0: the proposal; n ≥ 1: an extension by n), valid for
-  // this context's buffers; null when this call runs eagerly.
+  static constexpr int64_t kPropose = 0, kExtendAndPropose = 1;
+  // The graph of `key`, valid for this context's buffers; null when this call runs eagerly.
   Graph* graph_for(drafter::DraftContext& context, int64_t key) {
     if (!graphs_possible_ || drafts_.size() != 1) return nullptr;
     if (context.generation != graphs_generation_) {
@@ -356,33 +361,75 @@ class DFlashDrafter : public sdk::Drafter {
     }
     return g.graph != nullptr;
   }
-  bool extend_graphed(drafter::DraftContext& context, const std::vector<at::Tensor>& features, int64_t n) {
-    if (!graphs_possible_ || n > block_size_) return false;
-    for (const at::Tensor& f : features)
-      if (f.device() != device_ || f.scalar_type() != features[0].scalar_type()) return false;
-    bound().reserve(context, context.length + n + block_size_);  // this extension and the next proposal
-    bound().prepare_drafting(context);  // a replay reads the fused weights and rotary table as they are
-    Graph* g = graph_for(context, n);
-    if (!g) return false;
+  // The fused step (decode_graphs): an extension of up to block_size rows
+  // is held back in held_features_ (draft_extend copies it there) and runs
+  // with the next proposal as one pass of fixed shape
+  // (DFlashModel::extend_and_draft_at), one CUDA graph for every accepted
+  // count: a step of speculative decoding is then one replay here. Held only
+  // while graphs can replay (one session open); anything else that comes
+  // first sends it through the plain extension.
+  bool hold_for_proposal(int64_t session, const std::vector<at::Tensor>& features, int64_t n) {
+    if (!graphs_possible_ || drafts_.size() != 1 || n > block_size_) return false;
     int64_t width = 0;
-    for (const at::Tensor& f : features) width += f.size(1);
-    if (!g->graph) {
-      g->features = at::empty({n, width}, features[0].options());
-      g->params = at::empty({1}, at::TensorOptions().dtype(at::kLong).device(device_));
+    for (const at::Tensor& f : features) {
+      if (f.device() != device_ || f.scalar_type() != features[0].scalar_type()) return false;
+      width += f.size(1);
     }
-    if (g->features.scalar_type() != features[0].scalar_type() || g->features.size(1) != width) return false;
-    at::cat_out(g->features, features, -1);
-    g->params.copy_(decode_support::host_staging({context.length}, device_), /*non_blocking=*/true);
-    if (!g->graph && !capture(*g, [&] { bound().extend_context_at(context, g->features, g->params); })) return false;
-    g->graph->replay();
-    ++graph_stats_.replayed;
+    if (!held_features_.defined())  // zeros: the rows past an extension are read (as scratch) before any is written
+      held_features_ = at::zeros({block_size_, width}, features[0].options());
+    if (held_features_.size(1) != width || held_features_.scalar_type() != features[0].scalar_type()) return false;
+    at::Tensor rows = held_features_.narrow(0, 0, n);
+    at::cat_out(rows, features, -1);
+    held_session_ = session;
+    held_rows_ = n;
+    return true;
+  }
+  void flush_held_extension(int64_t session, drafter::DraftContext& context) {
+    if (held_rows_ == 0 || held_session_ != session) return;
+    bound().extend_context(context, held_features_.narrow(0, 0, held_rows_));
+    held_rows_ = 0;
+  }
+  bool propose_after_extension(drafter::DraftContext& context, const at::Tensor& last, int64_t take, at::Tensor& proposal) {
+    if (!graphs_possible_ || drafts_.size() != 1) return false;
+    bound().reserve(context, context.length + held_features_.size(0) + block_size_);
+    bound().prepare_drafting(context);
+    Graph* g = graph_for(context, kExtendAndPropose);  // null: this call runs eagerly (the same body)
+    Graph& step = graphs_[kExtendAndPropose];
+    const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
+    if (!step.params.defined()) {
+      step.params = at::empty({3}, longs);  // the newest token, the context's length, the rows it gains
+      // The block's embeddings: MASK in every slot; slot 0 takes the newest token's in each step.
+      step.slots = embed_.index_select(0, at::full({block_size_}, mask_token_, longs));
+    }
+    if (last.device().is_cpu()) {
+      step.params.copy_(decode_support::host_staging({last.to(at::kLong).item<int64_t>(), context.length, held_rows_}, device_),
+                        /*non_blocking=*/true);
+    } else {
+      step.params.narrow(0, 0, 1).copy_(last.to(device_, at::kLong));
+      step.params.narrow(0, 1, 2).copy_(decode_support::host_staging({context.length, held_rows_}, device_), /*non_blocking=*/true);
+    }
+    auto body = [&] {
+      at::Tensor newest = step.slots.narrow(0, 0, 1);
+      at::index_select_out(newest, embed_, 0, step.params.narrow(0, 0, 1));
+      const at::Tensor hidden = bound().extend_and_draft_at(context, held_features_, step.slots, step.params.narrow(0, 1, 2));
+      step.out = at::linear(hidden.narrow(0, 1, block_size_ - 1), draft_lm_head_).argmax(-1);
+    };
+    if (g && (g->graph || capture(*g, body))) {
+      g->graph->replay();
+      ++graph_stats_.replayed;
+    } else {
+      body();
+    }
+    context.length += held_rows_;
+    held_rows_ = 0;
+    proposal = step.out.narrow(0, 0, take).clone();  // the graphs' pool is reused by the next replay
     return true;
   }
   bool propose_graphed(drafter::DraftContext& context, const at::Tensor& last, int64_t take, at::Tensor& proposal) {
     if (!graphs_possible_) return false;
     bound().reserve(context, context.length + block_size_);
     bound().prepare_drafting(context);
-    Graph* g = graph_for(context, 0);
+    Graph* g = graph_for(context, kPropose);
     if (!g) return false;
     const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
     if (!g->graph) {
@@ -434,6 +481,10 @@ class DFlashDrafter : public sdk::Drafter {
   // a decode is slower than expected, whether its steps replayed.
   decode_support::GraphStats graph_stats_;
   drafter::DraftContext spare_;  // an ended session's buffers, for the next (graphs read their addresses)
+  // The held extension (hold_for_proposal): its rows, first of [block_size,
+  // F·Ht] (the fused step's graph reads this buffer), and whose they are.
+  at::Tensor held_features_;
+  int64_t held_session_ = 0, held_rows_ = 0;
   std::unique_ptr<drafter::DFlashModel> model_;
 };
 

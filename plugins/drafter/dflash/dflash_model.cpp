@@ -520,4 +520,24 @@ at::Tensor DFlashModel::draft_at(DraftContext& ctx, const at::Tensor& slot_embed
   return run_block(ctx, slot_embeddings, positions, 0, base);
 }
 
+ExtendAndDraftPositions extend_and_draft_positions(const at::Tensor& lengths, int64_t rows, int64_t slots) {
+  const at::Tensor base = lengths.narrow(0, 0, 1), accepted = lengths.narrow(0, 1, 1);
+  const at::Tensor j = at::arange(rows, lengths.options());
+  ExtendAndDraftPositions p;
+  p.context = base + j + j.ge(accepted).to(at::kLong) * slots;
+  p.block_base = base + accepted;
+  p.block = p.block_base + at::arange(slots, lengths.options());
+  p.all = at::cat({p.context, p.block});
+  return p;
+}
+
+at::Tensor DFlashModel::extend_and_draft_at(DraftContext& ctx, const at::Tensor& features, const at::Tensor& slot_embeddings,
+                                            const at::Tensor& lengths) const {
+  if (DraftingFastPath* fused = drafting_fast_path())  // one pass (drafting_fast_path.h)
+    return fused->extend_and_run_block(*this, ctx, features, slot_embeddings, lengths);
+  const ExtendAndDraftPositions where = extend_and_draft_positions(lengths, features.size(0), slot_embeddings.size(0));
+  write_context(ctx, features, where.context);
+  return run_block(ctx, slot_embeddings, where.block, 0, where.block_base);
+}
+
 }  // namespace dflash::drafter

@@ -29,15 +29,12 @@ at::Tensor rotary_table(const DrafterShape& s, int64_t count, const c10::Device&
   return at::stack({angles.cos(), angles.sin()}).to(dtype).to(at::kFloat).contiguous();
 }
 
-// cos and sin of positions [n] (int64 on the device): fp32 [n, d/2] each,
-// contiguous, from one gather of the context's table.
-struct RotaryRows {
+// The context's rotary table as the kernels read it: cos and sin, fp32
+// [capacity, d/2] each (rows picked inside the kernel by position).
+struct RotaryTables {
   at::Tensor cos, sin;
 };
-RotaryRows rotary_rows(const DraftContext& context, const at::Tensor& positions) {
-  const at::Tensor rows = context.rotary.index_select(1, positions);  // [2, n, d/2]
-  return {rows.select(0, 0), rows.select(0, 1)};
-}
+RotaryTables rotary_tables(const DraftContext& context) { return {context.rotary.select(0, 0), context.rotary.select(0, 1)}; }
 
 // The block's queries q [Bs, heads, d] against the first cu_k[1] rows of one
 // layer's cache [capacity, kv_heads, d]: no mask (a block sees its whole
@@ -100,49 +97,87 @@ void DraftingFastPath::write_context(const DFlashModel& model, DraftContext& con
   const double eps = s.rms_norm_eps;
   const at::Tensor fc = at::linear(features.to(model.fc_.device(), model.fc_.scalar_type()), model.fc_);
   const at::Tensor hidden = kernel_ops::rms_norm(fc, model.hidden_norm_, eps);  // [n, H]
-  const RotaryRows rotary = rotary_rows(context, positions);
+  const RotaryTables rotary = rotary_tables(context);
   const int64_t q_width = s.heads * s.head_dim, kv_width = 2 * s.kv_heads * s.head_dim;
   for (size_t i = 0; i < fused_.size(); ++i) {
     // The context gives keys and values only: the [k; v] rows of the fused
-    // projection, then k's norm and RoPE (the kernel with no query heads).
+    // projection, then k's norm and RoPE into the cache (the kernel with no query heads).
     const at::Tensor kv = at::linear(hidden, fused_[i].qkv.narrow(0, q_width, kv_width));
-    const kernel_ops::HeadTensors t = kernel_ops::qk_norm_rope(kv, at::Tensor(), model.layers_[i].k_norm, rotary.cos,
-                                                               rotary.sin, 0, s.kv_heads, s.head_dim, eps);
-    context.keys[i].index_copy_(0, positions, t.k);
-    context.values[i].index_copy_(0, positions, t.v);
+    kernel_ops::qk_norm_rope_into_cache(kv, at::Tensor(), model.layers_[i].k_norm, rotary.cos, rotary.sin, positions,
+                                        context.keys[i], context.values[i], positions, 0, s.kv_heads, s.head_dim, eps);
   }
+}
+
+DraftingFastPath::BlockOffsets DraftingFastPath::block_offsets(const DraftContext& context, int64_t slots, int64_t host_keys,
+                                                               const at::Tensor& base) {
+  const auto ints = context.rotary.options().dtype(at::kInt);
+  if (host_keys > 0) return {at::arange(0, 2 * slots, slots, ints), at::arange(0, 2 * host_keys, host_keys, ints), host_keys};
+  return {at::arange(0, 2 * slots, slots, ints), at::cat({at::zeros({1}, base.options()), base + slots}).to(at::kInt),
+          context.capacity};
 }
 
 at::Tensor DraftingFastPath::run_block(const DFlashModel& model, DraftContext& context, const at::Tensor& slot_embeddings,
                                        const at::Tensor& positions, int64_t host_keys, const at::Tensor& base) {
   const c10::NoGradGuard no_grad;
   prepare(model, context);
-  const DrafterShape& s = model.shape_;
-  const double eps = s.rms_norm_eps;
   const int64_t slots = slot_embeddings.size(0);
-  const RotaryRows rotary = rotary_rows(context, positions);
-  // Flash attention's offsets, made on the device (no upload, no wait): the
-  // block's queries [0, Bs), and the keys [0, host_keys) or [0, base + Bs).
-  const auto ints = positions.options().dtype(at::kInt);
-  const at::Tensor cu_q = at::arange(0, 2 * slots, slots, ints);
-  const at::Tensor cu_k = host_keys > 0 ? at::arange(0, 2 * host_keys, host_keys, ints)
-                                        : at::cat({at::zeros({1}, base.options()), base + slots}).to(at::kInt);
-  const int64_t max_keys = host_keys > 0 ? host_keys : context.capacity;
+  const BlockOffsets offsets = block_offsets(context, slots, host_keys, base);
   at::Tensor x = slot_embeddings.to(model.fc_.device(), model.fc_.scalar_type());  // [Bs, H]; may be the caller's
   for (size_t i = 0; i < fused_.size(); ++i) {
-    const DFlashModel::Layer& l = model.layers_[i];
-    const at::Tensor qkv = at::linear(kernel_ops::rms_norm(x, l.input_norm, eps), fused_[i].qkv);
-    const kernel_ops::HeadTensors t =
-        kernel_ops::qk_norm_rope(qkv, l.q_norm, l.k_norm, rotary.cos, rotary.sin, s.heads, s.kv_heads, s.head_dim, eps);
-    // The block's own keys and values go right after the context, as on the ATen path.
-    context.keys[i].index_copy_(0, positions, t.k);
-    context.values[i].index_copy_(0, positions, t.v);
-    const at::Tensor attention = block_attention(t.q, context.keys[i], context.values[i], cu_q, cu_k, max_keys);
-    x = at::addmm(x, attention, l.o.t());  // out of place: x may be the caller's tensor
-    const at::Tensor gate_up = at::linear(kernel_ops::rms_norm(x, l.post_norm, eps), fused_[i].gate_up);
-    x = at::addmm(x, kernel_ops::swiglu(gate_up), l.down.t());
+    const at::Tensor normed = kernel_ops::rms_norm(x, model.layers_[i].input_norm, model.shape_.rms_norm_eps);
+    x = finish_layer(model, context, i, x, block_queries(model, context, i, normed, positions), offsets);
+  }
+  return kernel_ops::rms_norm(x, model.final_norm_, model.shape_.rms_norm_eps);
+}
+
+at::Tensor DraftingFastPath::extend_and_run_block(const DFlashModel& model, DraftContext& context, const at::Tensor& features,
+                                                  const at::Tensor& slot_embeddings, const at::Tensor& lengths) {
+  const c10::NoGradGuard no_grad;
+  prepare(model, context);
+  const DrafterShape& s = model.shape_;
+  const double eps = s.rms_norm_eps;
+  const int64_t rows = features.size(0), slots = slot_embeddings.size(0);
+  const ExtendAndDraftPositions where = extend_and_draft_positions(lengths, rows, slots);
+  const BlockOffsets offsets = block_offsets(context, slots, 0, where.block_base);
+  // Rows [0, rows): the context's hidden states (fc, then its norm), the
+  // same in every layer; rows [rows, rows + Bs): each layer's normed block.
+  // One [q; k; v] GEMM and one rotary-and-cache kernel then serve both (the
+  // context rows' queries are computed and dropped: cheaper than two calls).
+  at::Tensor both = at::empty({rows + slots, s.hidden}, model.fc_.options());
+  const at::Tensor fc = at::linear(features.to(model.fc_.device(), model.fc_.scalar_type()), model.fc_);
+  kernel_ops::rms_norm(fc, model.hidden_norm_, eps, both.narrow(0, 0, rows));
+  const at::Tensor block_rows = both.narrow(0, rows, slots);
+  at::Tensor x = slot_embeddings.to(model.fc_.device(), model.fc_.scalar_type());  // [Bs, H]; may be the caller's
+  for (size_t i = 0; i < fused_.size(); ++i) {
+    kernel_ops::rms_norm(x, model.layers_[i].input_norm, eps, block_rows);
+    const at::Tensor q = block_queries(model, context, i, both, where.all).narrow(0, rows, slots);
+    x = finish_layer(model, context, i, x, q, offsets);
   }
   return kernel_ops::rms_norm(x, model.final_norm_, eps);
+}
+
+at::Tensor DraftingFastPath::block_queries(const DFlashModel& model, DraftContext& context, size_t layer,
+                                           const at::Tensor& normed, const at::Tensor& positions) const {
+  const DrafterShape& s = model.shape_;
+  const DFlashModel::Layer& l = model.layers_[layer];
+  const RotaryTables rotary = rotary_tables(context);
+  const at::Tensor qkv = at::linear(normed, fused_[layer].qkv);
+  // The rows' own keys and values go to the cache at their positions (the
+  // block's right after the context, as on the ATen path).
+  return kernel_ops::qk_norm_rope_into_cache(qkv, l.q_norm, l.k_norm, rotary.cos, rotary.sin, positions, context.keys[layer],
+                                             context.values[layer], positions, s.heads, s.kv_heads, s.head_dim,
+                                             s.rms_norm_eps);
+}
+
+at::Tensor DraftingFastPath::finish_layer(const DFlashModel& model, DraftContext& context, size_t layer, const at::Tensor& x,
+                                          const at::Tensor& q, const BlockOffsets& offsets) const {
+  const DFlashModel::Layer& l = model.layers_[layer];
+  const double eps = model.shape_.rms_norm_eps;
+  const at::Tensor attention = block_attention(q, context.keys[layer], context.values[layer], offsets.cu_q, offsets.cu_k,
+                                               offsets.max_keys);
+  const at::Tensor y = at::addmm(x, attention, l.o.t());  // out of place: x may be the caller's tensor
+  const at::Tensor gate_up = at::linear(kernel_ops::rms_norm(y, l.post_norm, eps), fused_[layer].gate_up);
+  return at::addmm(y, kernel_ops::swiglu(gate_up), l.down.t());
 }
 
 // DFlashModel's side of the fused path (declared in dflash_model.h).

@@ -99,10 +99,13 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ w
 constexpr int kWarpsPerBlock = 8;
 
 // One warp per head vector of one token: q heads, then k heads, then v heads.
+// Token t rotates by table row positions[t] and writes its k and v at row
+// slots[t] (null: row t for either).
 template <class T>
 __global__ void qk_norm_rope_kernel(const T* __restrict__ qkv, const T* __restrict__ q_norm,
                                     const T* __restrict__ k_norm, const float* __restrict__ cos_table,
-                                    const float* __restrict__ sin_table, T* __restrict__ q, T* __restrict__ k,
+                                    const float* __restrict__ sin_table, const int64_t* __restrict__ positions,
+                                    const int64_t* __restrict__ slots, T* __restrict__ q, T* __restrict__ k,
                                     T* __restrict__ v, int64_t tokens, int heads, int kv_heads, int head_dim,
                                     float eps) {
   extern __shared__ float staged[];  // [kWarpsPerBlock][head_dim]
@@ -113,13 +116,14 @@ __global__ void qk_norm_rope_kernel(const T* __restrict__ qkv, const T* __restri
   const int64_t token = vector / per_token;
   const int slot = static_cast<int>(vector % per_token);
   const T* src = qkv + vector * head_dim;
-  if (slot >= heads + kv_heads) {  // v: a copy into its own contiguous tensor
-    T* dst = v + (token * kv_heads + (slot - heads - kv_heads)) * head_dim;
+  const int64_t kv_row = slots != nullptr ? slots[token] : token;
+  if (slot >= heads + kv_heads) {  // v: a copy into its own row
+    T* dst = v + (kv_row * kv_heads + (slot - heads - kv_heads)) * head_dim;
     for (int j = lane; j < head_dim; j += 32) dst[j] = src[j];
     return;
   }
   const bool is_q = slot < heads;
-  T* dst = is_q ? q + (token * heads + slot) * head_dim : k + (token * kv_heads + (slot - heads)) * head_dim;
+  T* dst = is_q ? q + (token * heads + slot) * head_dim : k + (kv_row * kv_heads + (slot - heads)) * head_dim;
   const T* norm = is_q ? q_norm : k_norm;
   float* y = staged + warp * head_dim;
   if (norm != nullptr) {
@@ -138,8 +142,9 @@ __global__ void qk_norm_rope_kernel(const T* __restrict__ qkv, const T* __restri
   // x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁), each product and
   // the sum rounded as transformers' bf16 arithmetic rounds them.
   const int half = head_dim / 2;
-  const float* c = cos_table + token * half;
-  const float* s = sin_table + token * half;
+  const int64_t position = positions != nullptr ? positions[token] : token;
+  const float* c = cos_table + position * half;
+  const float* s = sin_table + position * half;
   for (int j = lane; j < head_dim; j += 32) {
     const int i = j < half ? j : j - half;
     const float rotated = j < half ? -y[j + half] : y[j - half];
@@ -366,15 +371,16 @@ void rms_norm_typed(const void* x, const void* w, void* out, int64_t rows, int64
 }
 
 template <class T>
-void qk_norm_rope_typed(const void* qkv, const void* qn, const void* kn, const float* cos, const float* sin, void* q,
-                        void* k, void* v, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, float eps,
-                        cudaStream_t stream) {
+void qk_norm_rope_typed(const void* qkv, const void* qn, const void* kn, const float* cos, const float* sin,
+                        const int64_t* positions, const int64_t* slots, void* q, void* k, void* v, int64_t tokens,
+                        int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, cudaStream_t stream) {
   const int64_t vectors = tokens * (heads + 2 * kv_heads);
   if (vectors == 0) return;
   const auto blocks = static_cast<unsigned>((vectors + kWarpsPerBlock - 1) / kWarpsPerBlock);
   const size_t shared = sizeof(float) * kWarpsPerBlock * static_cast<size_t>(head_dim);
   qk_norm_rope_kernel<T><<<blocks, kWarpsPerBlock * 32, shared, stream>>>(
-      static_cast<const T*>(qkv), static_cast<const T*>(qn), static_cast<const T*>(kn), cos, sin, static_cast<T*>(q),
+      static_cast<const T*>(qkv), static_cast<const T*>(qn), static_cast<const T*>(kn), cos, sin, positions, slots,
+      static_cast<T*>(q),
       static_cast<T*>(k), static_cast<T*>(v), tokens, static_cast<int>(heads), static_cast<int>(kv_heads),
       static_cast<int>(head_dim), eps);
   check_launch("qk_norm_rope");
@@ -444,12 +450,14 @@ void rms_norm(Element e, const void* x, const void* w, void* out, int64_t rows, 
 }
 
 void qk_norm_rope(Element e, const void* qkv, const void* q_norm, const void* k_norm, const float* cos,
-                  const float* sin, void* q, void* k, void* v, int64_t tokens, int64_t heads, int64_t kv_heads,
-                  int64_t head_dim, float eps, cudaStream_t stream) {
+                  const float* sin, const int64_t* positions, const int64_t* slots, void* q, void* k, void* v,
+                  int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, cudaStream_t stream) {
   if (e == Element::kBFloat16)
-    qk_norm_rope_typed<__nv_bfloat16>(qkv, q_norm, k_norm, cos, sin, q, k, v, tokens, heads, kv_heads, head_dim, eps, stream);
+    qk_norm_rope_typed<__nv_bfloat16>(qkv, q_norm, k_norm, cos, sin, positions, slots, q, k, v, tokens, heads, kv_heads,
+                                      head_dim, eps, stream);
   else
-    qk_norm_rope_typed<__half>(qkv, q_norm, k_norm, cos, sin, q, k, v, tokens, heads, kv_heads, head_dim, eps, stream);
+    qk_norm_rope_typed<__half>(qkv, q_norm, k_norm, cos, sin, positions, slots, q, k, v, tokens, heads, kv_heads,
+                               head_dim, eps, stream);
 }
 
 void swiglu(Element e, const void* gate_up, void* out, int64_t rows, int64_t width, cudaStream_t stream) {

@@ -26,13 +26,14 @@ void rms_norm(Element element, const void* x, const void* weight, void* out, int
               cudaStream_t stream);
 
 // From the fused projection qkv [tokens, (heads + 2·kv_heads)·head_dim] (q, then k, then v):
-// q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] with the optional per-head RMSNorm
-// (q_norm / k_norm may be null) and then the rotary embedding (cos/sin: fp32 [tokens, head_dim/2]);
-// v [tokens, kv_heads, head_dim] copied as is. heads may be 0 (a [k; v] projection: q and q_norm
-// are then never touched).
+// q [tokens, heads, head_dim] and k with the optional per-head RMSNorm (q_norm / k_norm may be
+// null) and then the rotary embedding (cos/sin: fp32 [positions, head_dim/2]; token t takes row
+// positions[t], or row t where positions is null); v copied as is. k and v go to rows slots[t] of
+// [rows, kv_heads, head_dim] buffers (a KV cache; row t where slots is null). positions and slots
+// are int64 on the device. heads may be 0 (a [k; v] projection: q and q_norm are then never touched).
 void qk_norm_rope(Element element, const void* qkv, const void* q_norm, const void* k_norm, const float* cos,
-                  const float* sin, void* q, void* k, void* v, int64_t tokens, int64_t heads, int64_t kv_heads,
-                  int64_t head_dim, float eps, cudaStream_t stream);
+                  const float* sin, const int64_t* positions, const int64_t* slots, void* q, void* k, void* v,
+                  int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, cudaStream_t stream);
 
 // out[r, j] = round(silu(gate_up[r, j])) · gate_up[r, width + j] for j < width.
 void swiglu(Element element, const void* gate_up, void* out, int64_t rows, int64_t width, cudaStream_t stream);

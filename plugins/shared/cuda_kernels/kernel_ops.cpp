@@ -31,10 +31,14 @@ bool runs_on(const at::Tensor& like) {
   return like.is_cuda() && (like.scalar_type() == at::kBFloat16 || like.scalar_type() == at::kHalf);
 }
 
-at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps, const at::Tensor& out_in) {
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
-  at::Tensor out = at::empty_like(x);
+  if (out_in.defined() && (!out_in.is_contiguous() || out_in.sizes() != x.sizes() || out_in.scalar_type() != x.scalar_type() ||
+                           out_in.device() != x.device()))
+    throw std::invalid_argument("rms_norm: out must be contiguous and shaped like x " + c10::str(x.sizes()) + "; got " +
+                                c10::str(out_in.sizes()));
+  at::Tensor out = out_in.defined() ? out_in : at::empty_like(x);
   const int64_t width = x.size(-1);
   cuda_kernels::rms_norm(element_of(x), x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() / width, width,
                          static_cast<float>(eps), stream_of(x));
@@ -50,9 +54,42 @@ HeadTensors qk_norm_rope(const at::Tensor& qkv_in, const at::Tensor& q_norm, con
   HeadTensors out{at::empty({tokens, heads, head_dim}, qkv.options()), at::empty({tokens, kv_heads, head_dim}, qkv.options()),
                   at::empty({tokens, kv_heads, head_dim}, qkv.options())};
   cuda_kernels::qk_norm_rope(element_of(qkv), qkv.data_ptr(), data_or_null(q_norm), data_or_null(k_norm),
-                             cos.data_ptr<float>(), sin.data_ptr<float>(), out.q.data_ptr(), out.k.data_ptr(),
-                             out.v.data_ptr(), tokens, heads, kv_heads, head_dim, static_cast<float>(eps), stream_of(qkv));
+                             cos.data_ptr<float>(), sin.data_ptr<float>(), nullptr, nullptr, out.q.data_ptr(),
+                             out.k.data_ptr(), out.v.data_ptr(), tokens, heads, kv_heads, head_dim, static_cast<float>(eps),
+                             stream_of(qkv));
   return out;
+}
+
+at::Tensor qk_norm_rope_into_cache(const at::Tensor& qkv_in, const at::Tensor& q_norm, const at::Tensor& k_norm,
+                                   const at::Tensor& cos_table, const at::Tensor& sin_table, const at::Tensor& positions,
+                                   const at::Tensor& keys, const at::Tensor& values, const at::Tensor& slots, int64_t heads,
+                                   int64_t kv_heads, int64_t head_dim, double eps) {
+  const c10::cuda::CUDAGuard guard(qkv_in.device());
+  const at::Tensor qkv = qkv_in.contiguous();
+  const int64_t tokens = qkv.size(0);
+  const auto fits = [&](const at::Tensor& t) {
+    return t.is_contiguous() && t.device() == qkv.device() && t.scalar_type() == qkv.scalar_type() && t.dim() == 3 &&
+           t.size(1) == kv_heads && t.size(2) == head_dim;
+  };
+  const auto indices = [&](const at::Tensor& t) {
+    return t.is_contiguous() && t.device() == qkv.device() && t.scalar_type() == at::kLong && t.numel() == tokens;
+  };
+  const auto table = [&](const at::Tensor& t) {
+    return t.is_contiguous() && t.device() == qkv.device() && t.scalar_type() == at::kFloat && t.size(-1) == head_dim / 2;
+  };
+  if (!fits(keys) || !fits(values) || keys.sizes() != values.sizes() || !indices(positions) || !indices(slots) ||
+      !table(cos_table) || !table(sin_table))
+    throw std::invalid_argument("qk_norm_rope_into_cache: needs contiguous caches [rows, " + std::to_string(kv_heads) + ", " +
+                                std::to_string(head_dim) + "] in qkv's dtype, int64 positions and slots [" +
+                                std::to_string(tokens) + "] and fp32 tables [positions, " + std::to_string(head_dim / 2) +
+                                "] on qkv's device; got keys " + c10::str(keys.sizes()) + ", positions " +
+                                c10::str(positions.sizes()) + ", cos " + c10::str(cos_table.sizes()));
+  at::Tensor q = at::empty({tokens, heads, head_dim}, qkv.options());
+  cuda_kernels::qk_norm_rope(element_of(qkv), qkv.data_ptr(), data_or_null(q_norm), data_or_null(k_norm),
+                             cos_table.data_ptr<float>(), sin_table.data_ptr<float>(), positions.data_ptr<int64_t>(),
+                             slots.data_ptr<int64_t>(), q.data_ptr(), keys.data_ptr(), values.data_ptr(), tokens, heads,
+                             kv_heads, head_dim, static_cast<float>(eps), stream_of(qkv));
+  return q;
 }
 
 at::Tensor swiglu(const at::Tensor& gate_up_in) {
@@ -128,9 +165,14 @@ namespace {
 
 bool available() { return false; }
 bool runs_on(const at::Tensor&) { return false; }
-at::Tensor rms_norm(const at::Tensor&, const at::Tensor&, double) { unavailable(); }
+at::Tensor rms_norm(const at::Tensor&, const at::Tensor&, double, const at::Tensor&) { unavailable(); }
 HeadTensors qk_norm_rope(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                          int64_t, int64_t, int64_t, double) {
+  unavailable();
+}
+at::Tensor qk_norm_rope_into_cache(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, int64_t, int64_t, int64_t, double) {
   unavailable();
 }
 at::Tensor swiglu(const at::Tensor&) { unavailable(); }

@@ -21,8 +21,9 @@ bool available();
 // (and a build that has them).
 bool runs_on(const at::Tensor& like);
 
-// x [..., width] → weight ⊙ RMSNorm(x), Hugging Face's rounding; the same shape as x.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// x [..., width] → weight ⊙ RMSNorm(x), Hugging Face's rounding; the same shape as x,
+// written into `out` when given (contiguous, x's shape and dtype: e.g. rows of a larger buffer).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& out = {});
 
 struct HeadTensors {
   at::Tensor q, k, v;  // [tokens, heads, head_dim], [tokens, kv_heads, head_dim] ×2, contiguous
@@ -35,6 +36,17 @@ struct HeadTensors {
 HeadTensors qk_norm_rope(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm,
                          const at::Tensor& cos, const at::Tensor& sin, int64_t heads, int64_t kv_heads,
                          int64_t head_dim, double eps);
+
+// qk_norm_rope for decoding into a KV cache, in one kernel: token t rotates
+// by row positions[t] of the full tables cos_table/sin_table (fp32
+// [positions, head_dim/2]) and its k and v are written to row slots[t] of
+// keys/values (contiguous [rows, kv_heads, head_dim]); positions and slots
+// are int64 [tokens] on the device (no gather of the tables, no index_copy).
+// Returns q [tokens, heads, head_dim]. The arithmetic is qk_norm_rope's.
+at::Tensor qk_norm_rope_into_cache(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm,
+                                   const at::Tensor& cos_table, const at::Tensor& sin_table, const at::Tensor& positions,
+                                   const at::Tensor& keys, const at::Tensor& values, const at::Tensor& slots, int64_t heads,
+                                   int64_t kv_heads, int64_t head_dim, double eps);
 
 // gate_up [rows, 2·width] → silu(gate) ⊙ up [rows, width].
 at::Tensor swiglu(const at::Tensor& gate_up);

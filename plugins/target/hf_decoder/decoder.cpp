@@ -254,10 +254,9 @@ at::Tensor norm(const DecoderConfig& c, const at::Tensor& x, const at::Tensor& w
 struct QKV {
   at::Tensor q, k, v;
 };
-QKV project_qkv(const DecoderConfig& c, const LayerWeights& w, const at::Tensor& x, const Rotary& r,
-                bool invariant = false) {
+QKV project_qkv(const DecoderConfig& c, const LayerWeights& w, const at::Tensor& x, const Rotary& r) {
   const int64_t n = x.size(0), heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
-  const at::Tensor qkv = linear(norm(c, x, w.input_norm, r.kernels), w.qkv, w.qkv_bias, invariant);  // [N, (heads + 2 kv) hd]
+  const at::Tensor qkv = linear(norm(c, x, w.input_norm, r.kernels), w.qkv, w.qkv_bias, false);  // [N, (heads + 2 kv) hd]
   if (r.kernels) {
     const auto t = kernel_ops::qk_norm_rope(qkv, w.q_norm, w.k_norm, r.cos, r.sin, heads, kv_heads, hd, c.rms_norm_eps);
     return {t.q, t.k, t.v};
@@ -508,7 +507,10 @@ DecoderOutputs Decoder::decode_step(DecodeSessions& pool, const StepPlan& plan, 
   const at::Tensor offsets = at::arange(n, params.options()).unsqueeze(0);
   const at::Tensor positions = (length.unsqueeze(1) + offsets).reshape({tokens_in_step});
   const at::Tensor slots = (row.unsqueeze(1) * capacity + length.unsqueeze(1) + offsets).reshape({tokens_in_step});
-  const Rotary r{decode_->cos.index_select(0, positions), decode_->sin.index_select(0, positions), cuda_kernels_};
+  // The kernel path picks its rotary rows and writes the cache inside one
+  // kernel (qk_norm_rope_into_cache); the ATen path gathers the rows here.
+  const Rotary r = cuda_kernels_ ? Rotary{}
+                                 : Rotary{decode_->cos.index_select(0, positions), decode_->sin.index_select(0, positions), false};
 
   at::Tensor cu_q, cu_k, seqused_k;  // flash: where each session's queries and keys lie, and its key count
   c10::optional<at::Tensor> mask;    // otherwise: query t of row i sees keys [0, length_i + t]
@@ -542,15 +544,23 @@ DecoderOutputs Decoder::decode_step(DecodeSessions& pool, const StepPlan& plan, 
   bool x_is_returned = false;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const LayerWeights& w = layers_[i];
-    const QKV t = project_qkv(c, w, x, r, exact);
     const at::Tensor keys = pool.keys(i).view({pool_rows * capacity, kv_heads, hd});
     const at::Tensor values = pool.values(i).view({pool_rows * capacity, kv_heads, hd});
-    keys.index_copy_(0, slots, t.k);
-    values.index_copy_(0, slots, t.v);
+    at::Tensor q;
+    if (cuda_kernels_) {
+      const at::Tensor qkv = linear(norm(c, x, w.input_norm, true), w.qkv, w.qkv_bias, exact);
+      q = kernel_ops::qk_norm_rope_into_cache(qkv, w.q_norm, w.k_norm, decode_->cos, decode_->sin, positions, keys, values,
+                                              slots, c.num_heads, kv_heads, hd, c.rms_norm_eps);
+    } else {
+      const QKV t = project_qkv(c, w, x, r);
+      keys.index_copy_(0, slots, t.k);
+      values.index_copy_(0, slots, t.v);
+      q = t.q;
+    }
     at::Tensor attention;
-    if (exact) attention = kernel_ops::invariant_decode_attention(t.q, keys, values, cu_k, seqused_k, n, capacity);
-    else if (flash) attention = fast_path::decode_attention(t.q, keys, values, cu_q, cu_k, seqused_k, n, capacity);
-    else attention = cached_attention(c, t.q, gather(pool.keys(i)), gather(pool.values(i)), mask, n > 1 && plan.fresh_prompt,
+    if (exact) attention = kernel_ops::invariant_decode_attention(q, keys, values, cu_k, seqused_k, n, capacity);
+    else if (flash) attention = fast_path::decode_attention(q, keys, values, cu_q, cu_k, seqused_k, n, capacity);
+    else attention = cached_attention(c, q, gather(pool.keys(i)), gather(pool.values(i)), mask, n > 1 && plan.fresh_prompt,
                                       count, n);
     x = finish_layer(c, w, x, attention, x_is_returned, cuda_kernels_, exact);
     if (wanted.count(i)) {
