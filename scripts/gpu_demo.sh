@@ -32,14 +32,14 @@ target_unlikelihood="${DFLASH_DEMO_TARGET_UNLIKELIHOOD:-4}"
 # never trained on (it generates, as for real users' prompts); target-docs:
 # from its training documents (a small overfit target recites them).
 prompts_from="${DFLASH_DEMO_PROMPTS_FROM:-unseen-docs}"
-drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-2600}"  # the cosine schedule ends before the time cap (3 layers, prefetch on: ~0.08 s a step)
+drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-2700}"  # the cosine schedule ends about at the time cap (3 layers, prefetch on: ~0.09 s a step with startup)
 generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-24576}"
 # generate's batch (its lines come out in prompt order at any batch size;
 # on a GPU, near-ties may still differ between batch sizes: docs/generate.md).
 generate_batch="${DFLASH_DEMO_GENERATE_BATCH:-256}"
 eval_prompts="${DFLASH_DEMO_EVAL_PROMPTS:-32}"
 eval_new_tokens="${DFLASH_DEMO_EVAL_NEW_TOKENS:-256}"
-drafter_max_seconds="${DFLASH_DEMO_DRAFTER_MAX_SECONDS:-230}"  # run 8 took 425 s warm, about 490 s cold, with 215
+drafter_max_seconds="${DFLASH_DEMO_DRAFTER_MAX_SECONDS:-255}"  # run 10 took 412 s warm, about 494 s cold, with 230
 checkpoint_every="${DFLASH_DEMO_CHECKPOINT_EVERY:-500}"
 train_eval_prompts="${DFLASH_DEMO_TRAIN_EVAL_PROMPTS:-8}"
 profile_prompts="${DFLASH_DEMO_PROFILE_PROMPTS:-8}"

@@ -8,7 +8,11 @@ charged to the host operator that was running when the gap began (the host
 had not yet launched the next piece of work). Steps are cut at the host's
 device-to-host copies (a decode's one wait per step).
 
-  scripts/trace_gaps.py TRACE.json [--top 15]
+  scripts/trace_gaps.py TRACE.json [--top 15] [--timeline STEP]
+
+--timeline STEP prints that step's events in time order (host operators and
+runtime calls, device work), in microseconds from the step's start: what the
+host was doing while the device waited.
 """
 import argparse
 import bisect
@@ -39,6 +43,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--timeline", type=int, default=-1, help="print the events of this step (0-based)")
     a = ap.parse_args()
     events = load(a.trace)
     device = [e for e in events if e.get("cat") in DEVICE_CATS]
@@ -60,6 +65,14 @@ def main():
     if d2h:
         print(f"  per device-to-host copy (a step): window {window / len(d2h):.1f} us, busy {busy_us / len(d2h):.1f} us,"
               f" {len(kernels) / len(d2h):.1f} kernels")
+    if 0 <= a.timeline < len(d2h) - 1:
+        begin, end = d2h[a.timeline], d2h[a.timeline + 1]
+        print(f"  step {a.timeline}: from one device-to-host copy to the next, {end - begin:.1f} us")
+        inside = sorted((e for e in events if begin <= e["ts"] < end and e.get("cat") in DEVICE_CATS | {"cpu_op", "cuda_runtime"}),
+                        key=lambda e: e["ts"])
+        for e in inside:
+            where = "device" if e.get("cat") in DEVICE_CATS else "host  "
+            print(f"    {e['ts'] - begin:8.1f} +{e['dur']:7.1f}  {where}  {e['name'][:90]}")
     # Idle gaps, charged to the innermost host operator running at the gap's start.
     charged = collections.Counter()
     counts = collections.Counter()

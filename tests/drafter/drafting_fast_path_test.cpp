@@ -222,8 +222,9 @@ TEST(DFlashFusedDrafting, AnExtensionAndAProposalInOneCallMatchTheTwoCalls) {
       model.set_drafting_kernels(fused);
       dd::DraftContext one_call = copy_of(begun);
       model.reserve(one_call, start + rows + bs);
-      const auto lengths = torch::tensor({start, accepted}, torch::kLong).to(cuda);
-      const auto hidden = model.extend_and_draft_at(one_call, features, slots, lengths);
+      const auto positions = dd::extend_and_draft_positions(start, accepted, rows, bs);
+      const auto where = dd::extend_and_draft_views(torch::tensor(positions, torch::kLong).to(cuda), rows, bs);
+      const auto hidden = model.extend_and_draft_at(one_call, features, slots, where);
       one_call.length += accepted;
       EXPECT_LE(relative_error(hidden, expected), kTolerance);
       compare_proposals(hidden, expected, lm_head, agreement);

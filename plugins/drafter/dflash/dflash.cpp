@@ -396,22 +396,25 @@ class DFlashDrafter : public sdk::Drafter {
     Graph* g = graph_for(context, kExtendAndPropose);  // null: this call runs eagerly (the same body)
     Graph& step = graphs_[kExtendAndPropose];
     const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
+    const int64_t rows = held_features_.size(0);
     if (!step.params.defined()) {
-      step.params = at::empty({3}, longs);  // the newest token, the context's length, the rows it gains
+      // The step's one upload: the newest token, then where its rows go
+      // (extend_and_draft_positions: R + Bs positions, L + n, the key range).
+      step.params = at::empty({4 + rows + block_size_}, longs);
       // The block's embeddings: MASK in every slot; slot 0 takes the newest token's in each step.
       step.slots = embed_.index_select(0, at::full({block_size_}, mask_token_, longs));
     }
-    if (last.device().is_cpu()) {
-      step.params.copy_(decode_support::host_staging({last.to(at::kLong).item<int64_t>(), context.length, held_rows_}, device_),
-                        /*non_blocking=*/true);
-    } else {
-      step.params.narrow(0, 0, 1).copy_(last.to(device_, at::kLong));
-      step.params.narrow(0, 1, 2).copy_(decode_support::host_staging({context.length, held_rows_}, device_), /*non_blocking=*/true);
-    }
+    std::vector<int64_t> values = {last.device().is_cpu() ? last.to(at::kLong).item<int64_t>() : 0};
+    const std::vector<int64_t> positions = drafter::extend_and_draft_positions(context.length, held_rows_, rows, block_size_);
+    values.insert(values.end(), positions.begin(), positions.end());
+    step.params.copy_(decode_support::host_staging(values, device_), /*non_blocking=*/true);
+    if (!last.device().is_cpu()) step.params.narrow(0, 0, 1).copy_(last.to(device_, at::kLong));
+    const drafter::ExtendAndDraftPositions where =
+        drafter::extend_and_draft_views(step.params.narrow(0, 1, rows + block_size_ + 3), rows, block_size_);
     auto body = [&] {
       at::Tensor newest = step.slots.narrow(0, 0, 1);
       at::index_select_out(newest, embed_, 0, step.params.narrow(0, 0, 1));
-      const at::Tensor hidden = bound().extend_and_draft_at(context, held_features_, step.slots, step.params.narrow(0, 1, 2));
+      const at::Tensor hidden = bound().extend_and_draft_at(context, held_features_, step.slots, where);
       step.out = at::linear(hidden.narrow(0, 1, block_size_ - 1), draft_lm_head_).argmax(-1);
     };
     if (g && (g->graph || capture(*g, body))) {

@@ -520,22 +520,31 @@ at::Tensor DFlashModel::draft_at(DraftContext& ctx, const at::Tensor& slot_embed
   return run_block(ctx, slot_embeddings, positions, 0, base);
 }
 
-ExtendAndDraftPositions extend_and_draft_positions(const at::Tensor& lengths, int64_t rows, int64_t slots) {
-  const at::Tensor base = lengths.narrow(0, 0, 1), accepted = lengths.narrow(0, 1, 1);
-  const at::Tensor j = at::arange(rows, lengths.options());
+std::vector<int64_t> extend_and_draft_positions(int64_t length, int64_t accepted, int64_t rows, int64_t slots) {
+  std::vector<int64_t> values;
+  values.reserve(static_cast<size_t>(rows + slots + 3));
+  for (int64_t j = 0; j < rows; ++j) values.push_back(length + j + (j < accepted ? 0 : slots));
+  for (int64_t i = 0; i < slots; ++i) values.push_back(length + accepted + i);
+  values.push_back(length + accepted);
+  values.push_back(0);
+  values.push_back(length + accepted + slots);
+  return values;
+}
+
+ExtendAndDraftPositions extend_and_draft_views(const at::Tensor& values, int64_t rows, int64_t slots) {
   ExtendAndDraftPositions p;
-  p.context = base + j + j.ge(accepted).to(at::kLong) * slots;
-  p.block_base = base + accepted;
-  p.block = p.block_base + at::arange(slots, lengths.options());
-  p.all = at::cat({p.context, p.block});
+  p.all = values.narrow(0, 0, rows + slots);
+  p.context = p.all.narrow(0, 0, rows);
+  p.block = p.all.narrow(0, rows, slots);
+  p.block_base = values.narrow(0, rows + slots, 1);
+  p.key_range = values.narrow(0, rows + slots + 1, 2);
   return p;
 }
 
 at::Tensor DFlashModel::extend_and_draft_at(DraftContext& ctx, const at::Tensor& features, const at::Tensor& slot_embeddings,
-                                            const at::Tensor& lengths) const {
+                                            const ExtendAndDraftPositions& where) const {
   if (DraftingFastPath* fused = drafting_fast_path())  // one pass (drafting_fast_path.h)
-    return fused->extend_and_run_block(*this, ctx, features, slot_embeddings, lengths);
-  const ExtendAndDraftPositions where = extend_and_draft_positions(lengths, features.size(0), slot_embeddings.size(0));
+    return fused->extend_and_run_block(*this, ctx, features, slot_embeddings, where);
   write_context(ctx, features, where.context);
   return run_block(ctx, slot_embeddings, where.block, 0, where.block_base);
 }

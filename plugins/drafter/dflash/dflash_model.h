@@ -59,18 +59,23 @@ struct DraftContext {
   at::Tensor rotary;
 };
 
-// Where DFlashModel::extend_and_draft_at puts its rows, from lengths [2]
-// int64 on the device: the context's length L and the accepted count n (of
-// R feature rows). Context row j goes to L + j for j < n and, past them, to
-// L + j + Bs: scratch after the block, never attended to, overwritten later.
-// The block's slots go to L + n + [0, Bs). All int64 on the device.
+// Where DFlashModel::extend_and_draft_at puts its rows, for a context of
+// length L that gains n of R feature rows: context row j goes to L + j for
+// j < n and, past them, to L + j + Bs (scratch after the block, never
+// attended to, overwritten later); the block's slots go to L + n + [0, Bs).
+// The values, in the order they are uploaded: the R context positions, the
+// Bs block positions, L + n, then the keys the block sees as a range
+// (0, L + n + Bs) (worked out on the host: the step's inputs go up in one copy).
+std::vector<int64_t> extend_and_draft_positions(int64_t length, int64_t accepted, int64_t rows, int64_t slots);
+// Those values [R + Bs + 3] (int64, on the device) as extend_and_draft_at reads them.
 struct ExtendAndDraftPositions {
   at::Tensor context;     // [R]
   at::Tensor block;       // [Bs]
   at::Tensor all;         // [R + Bs]: context, then block
   at::Tensor block_base;  // [1]: L + n, the context's length after the extension
+  at::Tensor key_range;   // [2]: 0, L + n + Bs
 };
-ExtendAndDraftPositions extend_and_draft_positions(const at::Tensor& lengths, int64_t rows, int64_t slots);
+ExtendAndDraftPositions extend_and_draft_views(const at::Tensor& values, int64_t rows, int64_t slots);
 
 class DFlashModel {
  public:
@@ -119,14 +124,14 @@ class DFlashModel {
   at::Tensor draft_at(DraftContext& context, const at::Tensor& slot_embeddings, const at::Tensor& base) const;
   bool flash_drafting() const;
   // extend_context_at then draft_at as one call of fixed shape, whatever the
-  // number accepted: features [R, F·Ht] of which the first lengths[1] rows
-  // join the context at lengths[0], then the block at lengths[0] + lengths[1]
-  // (extend_and_draft_positions). One CUDA graph serves every accepted count;
-  // the fused path runs it as one pass. The buffers must hold L + R + Bs
-  // positions; the caller advances context.length by n. Only where
-  // flash_drafting() says so.
+  // number accepted: features [R, F·Ht] of which the first n rows join the
+  // context at L, then the block at L + n, at the positions `where` gives
+  // (extend_and_draft_positions, on the model's device). One CUDA graph
+  // serves every accepted count; the fused path runs it as one pass. The
+  // buffers must hold L + R + Bs positions; the caller advances
+  // context.length by n. Only where flash_drafting() says so.
   at::Tensor extend_and_draft_at(DraftContext& context, const at::Tensor& features, const at::Tensor& slot_embeddings,
-                                 const at::Tensor& lengths) const;
+                                 const ExtendAndDraftPositions& where) const;
 
   // Drafting (the four calls above) through fused CUDA kernels where they
   // run (drafting_fast_path.h: a build with the kernels, and flash drafting);

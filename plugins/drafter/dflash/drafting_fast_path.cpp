@@ -131,14 +131,14 @@ at::Tensor DraftingFastPath::run_block(const DFlashModel& model, DraftContext& c
 }
 
 at::Tensor DraftingFastPath::extend_and_run_block(const DFlashModel& model, DraftContext& context, const at::Tensor& features,
-                                                  const at::Tensor& slot_embeddings, const at::Tensor& lengths) {
+                                                  const at::Tensor& slot_embeddings, const ExtendAndDraftPositions& where) {
   const c10::NoGradGuard no_grad;
   prepare(model, context);
   const DrafterShape& s = model.shape_;
   const double eps = s.rms_norm_eps;
   const int64_t rows = features.size(0), slots = slot_embeddings.size(0);
-  const ExtendAndDraftPositions where = extend_and_draft_positions(lengths, rows, slots);
-  const BlockOffsets offsets = block_offsets(context, slots, 0, where.block_base);
+  const BlockOffsets offsets = {at::arange(0, 2 * slots, slots, where.key_range.options().dtype(at::kInt)),
+                                 where.key_range.to(at::kInt), context.capacity};
   // Rows [0, rows): the context's hidden states (fc, then its norm), the
   // same in every layer; rows [rows, rows + Bs): each layer's normed block.
   // One [q; k; v] GEMM and one rotary-and-cache kernel then serve both (the

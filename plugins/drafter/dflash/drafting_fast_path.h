@@ -51,7 +51,7 @@ class DraftingFastPath {
   // DFlashModel::extend_and_draft_at in one pass: each layer projects the
   // context's rows and the block's together.
   at::Tensor extend_and_run_block(const DFlashModel& model, DraftContext& context, const at::Tensor& features,
-                                  const at::Tensor& slot_embeddings, const at::Tensor& lengths);
+                                  const at::Tensor& slot_embeddings, const ExtendAndDraftPositions& where);
 
  private:
   // Flash attention's offsets for a block of `slots` queries against the
