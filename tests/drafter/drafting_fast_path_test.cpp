@@ -29,6 +29,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <utility>
@@ -109,6 +110,38 @@ std::vector<torch::Tensor> draft_run(dd::DFlashModel& model, bool fused, dd::Dra
     hidden.push_back(model.draft(context, blocks[step]));
   }
   return hidden;
+}
+
+// The one-call step's layout (extend_and_draft_positions), for every
+// accepted count: the accepted rows extend the context in order, the block
+// follows them, the rows past them land where no attention of this block
+// (or of a later one before they are overwritten) reads them, and nothing
+// lands beyond the L + R + Bs positions the plugin reserves.
+TEST(DFlashFusedDrafting, TheOneCallStepPutsEveryRowWhereTheTwoCallsWould) {
+  for (int64_t length : {0, 37}) {
+    for (int64_t rows : {1, 8, 16}) {
+      for (int64_t slots : {8, 16}) {
+        for (int64_t accepted = 1; accepted <= rows; ++accepted) {
+          SCOPED_TRACE("L " + std::to_string(length) + ", R " + std::to_string(rows) + ", Bs " + std::to_string(slots) +
+                       ", n " + std::to_string(accepted));
+          const std::vector<int64_t> v = dd::extend_and_draft_positions(length, accepted, rows, slots);
+          ASSERT_EQ(static_cast<int64_t>(v.size()), rows + slots + 3);
+          const int64_t keys = length + accepted + slots;
+          std::set<int64_t> seen;
+          for (int64_t j = 0; j < rows + slots; ++j) {
+            EXPECT_TRUE(seen.insert(v[j]).second) << "two rows at position " << v[j];
+            EXPECT_LT(v[j], length + rows + slots) << "row " << j << " past the reserved buffers";
+          }
+          for (int64_t j = 0; j < accepted; ++j) EXPECT_EQ(v[j], length + j) << "accepted row " << j;
+          for (int64_t j = accepted; j < rows; ++j) EXPECT_GE(v[j], keys) << "scratch row " << j << " inside the attended keys";
+          for (int64_t i = 0; i < slots; ++i) EXPECT_EQ(v[rows + i], length + accepted + i) << "slot " << i;
+          EXPECT_EQ(v[rows + slots], length + accepted);
+          EXPECT_EQ(v[rows + slots + 1], 0);
+          EXPECT_EQ(v[rows + slots + 2], keys);
+        }
+      }
+    }
+  }
 }
 
 // On the CPU (any dtype) and on CUDA in fp32 the fused path never runs: the
