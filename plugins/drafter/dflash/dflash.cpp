@@ -74,10 +74,11 @@ class DFlashDrafter : public sdk::Drafter {
                  "keep only each layer's input for backward and recompute the layer there (less memory, one more "
                  "forward of the layers)")
         .string("decode_graphs", "auto",
-                "speculative drafting on a CUDA device in bf16/fp16: auto = capture the proposal (one block + lm_head "
-                "+ argmax) and each context extension of up to block_size tokens as CUDA graphs on their second use "
-                "and replay them after, while one drafting session is open; the context buffers then serve the next "
-                "session; off = every call runs eagerly",
+                "speculative drafting on a CUDA device in bf16/fp16: auto = hold a context extension of up to "
+                "block_size tokens and run it with the next proposal (one block + lm_head + argmax) as one CUDA graph, "
+                "captured on its second use and replayed after (the first proposal, after the prompt, has its own), "
+                "while one drafting session is open; the context buffers then serve the next session; off = every call "
+                "runs eagerly",
                 {"auto", "off"})
         .string("kernels", "auto",
                 "speculative drafting: auto = our fused CUDA kernels (those of the hf_decoder target: RMSNorm, q/k "

@@ -114,9 +114,11 @@ class DFlashModel {
   // Buffers for at least `positions` positions (doubling; the valid rows move).
   void reserve(DraftContext& context, int64_t positions) const;
   // The same two steps with the context's length in device memory, base
-  // int64 [1], for a CUDA graph to capture: nothing host-side depends on the
-  // length (positions, cache rows and the attention's key count are worked
-  // out on the device). The buffers must already hold base + n (+ Bs)
+  // int64 [1], so a CUDA graph can capture them: nothing host-side depends
+  // on the length (positions, cache rows and the attention's key count are
+  // worked out on the device). The plugin captures draft_at (the first
+  // proposal) and extend_and_draft_at below; extend_context_at is the
+  // extension alone, checked against the host-length path by the tests. The buffers must already hold base + n (+ Bs)
   // positions, and the caller advances context.length itself.
   // draft_at attends through flash attention over variable-length keys:
   // only where flash_drafting() says so.

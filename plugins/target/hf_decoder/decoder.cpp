@@ -236,31 +236,27 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
 // [N, hd/2] (our kernels).
 struct Rotary {
   at::Tensor cos, sin;
-  bool kernels = false;
 };
 Rotary rotary(const at::Tensor& angles, c10::ScalarType dtype, bool kernels) {
-  if (kernels) return {angles.cos().to(at::kFloat).contiguous(), angles.sin().to(at::kFloat).contiguous(), true};
+  if (kernels) return {angles.cos().to(at::kFloat).contiguous(), angles.sin().to(at::kFloat).contiguous()};
   const at::Tensor emb = at::cat({angles, angles}, -1).unsqueeze(1);
-  return {emb.cos().to(dtype), emb.sin().to(dtype), false};
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 
 at::Tensor norm(const DecoderConfig& c, const at::Tensor& x, const at::Tensor& weight, bool kernels) {
   return kernels ? kernel_ops::rms_norm(x, weight, c.rms_norm_eps) : rms_norm(x, weight, c.rms_norm_eps);
 }
 
-// One layer's queries, keys and values: input RMSNorm, the fused qkv GEMM,
-// Qwen3's q/k norm, RoPE (one kernel for the last two on the kernel path).
-// x [N, H]. q [N, heads, hd]; k, v [N, kv_heads, hd].
+// One layer's queries, keys and values on the ATen path (tables in its
+// layout): input RMSNorm, the fused qkv GEMM, Qwen3's q/k norm, RoPE. The
+// kernel paths run qk_norm_rope (the forward) or qk_norm_rope_into_cache
+// (decoding) instead. x [N, H]. q [N, heads, hd]; k, v [N, kv_heads, hd].
 struct QKV {
   at::Tensor q, k, v;
 };
 QKV project_qkv(const DecoderConfig& c, const LayerWeights& w, const at::Tensor& x, const Rotary& r) {
   const int64_t n = x.size(0), heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
-  const at::Tensor qkv = linear(norm(c, x, w.input_norm, r.kernels), w.qkv, w.qkv_bias, false);  // [N, (heads + 2 kv) hd]
-  if (r.kernels) {
-    const auto t = kernel_ops::qk_norm_rope(qkv, w.q_norm, w.k_norm, r.cos, r.sin, heads, kv_heads, hd, c.rms_norm_eps);
-    return {t.q, t.k, t.v};
-  }
+  const at::Tensor qkv = linear(norm(c, x, w.input_norm, false), w.qkv, w.qkv_bias, false);  // [N, (heads + 2 kv) hd]
   at::Tensor q = qkv.narrow(1, 0, heads * hd).reshape({n, heads, hd});
   at::Tensor k = qkv.narrow(1, heads * hd, kv_heads * hd).reshape({n, kv_heads, hd});
   const at::Tensor v = qkv.narrow(1, (heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
@@ -510,7 +506,7 @@ DecoderOutputs Decoder::decode_step(DecodeSessions& pool, const StepPlan& plan, 
   // The kernel path picks its rotary rows and writes the cache inside one
   // kernel (qk_norm_rope_into_cache); the ATen path gathers the rows here.
   const Rotary r = cuda_kernels_ ? Rotary{}
-                                 : Rotary{decode_->cos.index_select(0, positions), decode_->sin.index_select(0, positions), false};
+                                 : Rotary{decode_->cos.index_select(0, positions), decode_->sin.index_select(0, positions)};
 
   at::Tensor cu_q, cu_k, seqused_k;  // flash: where each session's queries and keys lie, and its key count
   c10::optional<at::Tensor> mask;    // otherwise: query t of row i sees keys [0, length_i + t]
