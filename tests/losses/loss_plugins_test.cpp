@@ -334,8 +334,7 @@ TEST(AllLosses, PerRowMetricsForSlotAggregation) {
     EXPECT_LT(error(metric("ce"), ce), 1e-10) << p.name;
     const auto accuracy = (logits.argmax(1).eq(base.targets) & valid).to(torch::kDouble);
     EXPECT_LT(error(metric("accuracy"), accuracy), 1e-12) << p.name;
-    const auto w = valid.to(torch::kDouble) * base.row_weights;
-    EXPECT_NEAR(metric("weighted_ce").item<double>(), ((ce * w).sum() / w.sum()).item<double>(), 1e-10) << p.name;
+    EXPECT_GE(metric("chunk_rows").item<double>(), 1.0) << p.name;
     if (p.teacher != TeacherSignal::kNone) EXPECT_EQ(metric("kl").size(0), c.n) << p.name;
   }
 }
@@ -407,21 +406,24 @@ TEST(AllLosses, BadInputsGetClearErrors) {
         loss->compute(no_teacher);
         ADD_FAILURE() << "kl_weight > 0 without a teacher was accepted";
       } catch (const PluginCallError& e) {
-        EXPECT_CONTAINS(e.what(), "kl_weight > 0 needs");
+        EXPECT_CONTAINS(e.what(), "reads the teacher's");
       }
     }
   }
 }
 
-TEST(AllLosses, MemoryEstimatesFollowTheirDesign) {
-  dflash_loss_shape shape{sizeof(dflash_loss_shape), 32768, 5120, 248320, 0, DFLASH_TEACHER_HIDDEN, 2, 0};
-  const auto kl = make_loss("kl", {{"kl_weight", 1.0}})->estimate_memory(shape);
-  const auto fused = make_loss("fused_ckpt_kl", {{"kl_weight", 1.0}})->estimate_memory(shape);
-  ASSERT_TRUE(kl && fused);
-  const uint64_t nv_fp32 = 32768ull * 248320ull * 4ull;
-  EXPECT_GE(kl->peak_bytes, nv_fp32) << "the plain KL materialises [N, V]";
-  EXPECT_LT(fused->peak_bytes, 2ull << 30) << "fused: one chunk (1 GiB budget) + dh";
-  EXPECT_EQ(fused->saved_for_backward_bytes, 32768ull * 5120ull * 2ull) << "only dh [N, H] in bf16";
+TEST(AllLosses, MemoryEstimatesAreOneChunkPlusDh) {
+  // The DFlash shape in bf16 with the teacher: [N, V] in fp32 would be 30 GiB.
+  const dflash_teacher_kind teachers[] = {DFLASH_TEACHER_NONE, DFLASH_TEACHER_HIDDEN, DFLASH_TEACHER_TOPK,
+                                          DFLASH_TEACHER_HIDDEN};
+  size_t i = 0;
+  for (const auto& p : kAll) {
+    dflash_loss_shape shape{sizeof(dflash_loss_shape), 32768, 5120, 248320, 64, teachers[i++], 2, 0};
+    const auto estimate = make_loss(p.name, p.config)->estimate_memory(shape);
+    ASSERT_TRUE(estimate) << p.name;
+    EXPECT_LT(estimate->peak_bytes, 2ull << 30) << p.name << ": one chunk (1 GiB budget) + dh";
+    EXPECT_EQ(estimate->saved_for_backward_bytes, 32768ull * 5120ull * 2ull) << p.name << ": only dh [N, H] in bf16";
+  }
 }
 
 }  // namespace

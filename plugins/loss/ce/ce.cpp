@@ -1,37 +1,21 @@
-// loss/ce: cross-entropy with row weights and an ignore index, on the full
-// [N, V] logits through autograd. Plain on purpose: it is the reference the
-// memory-bounded losses are checked against.
+// loss/ce: cross-entropy with row weights and an ignore index, on the SDK's
+// chunked-loss toolkit: ℓ_i = lse(z_i) − z_i[y_i], differentiated by autograd
+// one chunk at a time, so no [N, V] tensor outlives its chunk.
 #include "loss_support.h"
 
 namespace {
 using namespace dflash;
 
-class CrossEntropy : public sdk::Loss {
+class CrossEntropy : public sdk::ChunkedLoss<CrossEntropy> {
  public:
-  static constexpr sdk::PluginInfo info{"ce", "1.0.0",
-                                        "cross-entropy with row weights and an ignore index (full logits, reference)"};
-  static std::string config_schema() {
-    sdk::Schema schema;
-    return loss::add_reduction(schema).dump();
-  }
-  explicit CrossEntropy(const sdk::CreateContext& context) : settings_(loss::read_settings(context.config())) {}
+  static constexpr sdk::PluginInfo info{"ce", "1.1.0", "cross-entropy with row weights and an ignore index (chunked)"};
+  static std::string config_schema() { return sdk::chunked_loss_schema().dump(); }
+  explicit CrossEntropy(const sdk::CreateContext& context) : ChunkedLoss(context) {}
 
-  sdk::LossResult compute(const sdk::LossInputs& in) {
-    loss::validate_inputs(in, loss::TeacherNeed::kNone);
-    const loss::RowCoefficients rows = loss::row_coefficients(in, settings_.mean);
-    const loss::FullLogits student = loss::full_logits(in, rows);
-    return loss::finish_full(in, rows, student, student.ce_rows, at::Tensor());
+  sdk::ChunkRows rows(const sdk::LossChunk& chunk) const {
+    const at::Tensor ce = loss::ce_rows(chunk);
+    return {ce, {{"ce", ce.detach()}}};
   }
-
-  // fp32 logits, their log-softmax for backward and the gradient.
-  sdk::MemoryEstimate estimate_memory(const sdk::LossShape& s) const {
-    const uint64_t nv = static_cast<uint64_t>(s.rows) * static_cast<uint64_t>(s.vocab);
-    const uint64_t elem = static_cast<uint64_t>(loss::math_bytes(s.element_bytes));
-    return {nv * (elem * 3 + static_cast<uint64_t>(s.element_bytes)), nv * elem * 2};
-  }
-
- private:
-  loss::LossSettings settings_;
 };
 
 }  // namespace

@@ -25,6 +25,12 @@ struct Bounds {
   static Bounds above(double v) { Bounds b; b.exclusive_minimum = v; return b; }
   static Bounds at_most(double v) { Bounds b; b.maximum = v; return b; }
   static Bounds between(double lo, double hi) { Bounds b; b.minimum = lo; b.maximum = hi; return b; }
+  static Bounds strictly_between(double lo, double hi) {
+    Bounds b;
+    b.exclusive_minimum = lo;
+    b.exclusive_maximum = hi;
+    return b;
+  }
   // Bounds of an integer property are written as integers (3, not 3.0),
   // clamped to int64_t (converting a double outside it is undefined).
   void write(nlohmann::json& property, bool integer) const {
