@@ -125,11 +125,11 @@ class FusedCheckpointedKl : public sdk::ChunkedLoss<FusedCheckpointedKl> {
   bool logits_in_input_dtype(const at::Tensor& hidden) const { return cuda_path_applies(hidden); }
 
   // Bytes alive per logit: the GPU path keeps z (and u) in the input dtype;
-  // the reference path about six math-dtype buffers.
+  // the reference path about 8 math-dtype buffers (measured on CPU).
   double logit_bytes(const sdk::LossShape& shape) const {
     const bool teacher = this->teacher() == sdk::Teacher::kHidden;
     if (kCudaKernels && on_gpu_ && shape.element_bytes <= 4) return shape.element_bytes * (teacher ? 2.0 : 1.0);
-    return 6.0 * (shape.element_bytes >= 8 ? 8.0 : 4.0);
+    return loss::math_buffers(shape, 9);
   }
 
  private:

@@ -279,14 +279,16 @@ DFLASH_SDK_DETECT(has_logits_in_input_dtype, std::declval<const T&>().logits_in_
 DFLASH_SDK_DETECT(has_logit_bytes, std::declval<const T&>().logit_bytes(std::declval<const LossShape&>()))
 DFLASH_SDK_DETECT(has_reports_correct, T::reports_correct)
 
-// Bytes per [chunk, V] logit element when the author does not say: the math
-// dtype's logits plus the buffers autograd keeps for a softmax-shaped graph
-// (about seven more; measured in tests/losses/chunked_loss_memory_test.cpp),
-// or about three for a closed form; one more for the teacher's logits.
-inline double default_logit_bytes(const LossShape& shape, bool closed_form, Teacher teacher) {
+// Bytes per [chunk, V] logit element when the author does not say: sixteen
+// math-dtype buffers for a graph differentiated by autograd, ten for a
+// closed form, the teacher's logits included. Measured on CPU
+// (tests/losses/loss_memory_test.cpp), the SDK's examples need up to 14
+// (JSD: both log-softmaxes, the mixture, its stack and their gradients) and
+// 8 (reverse KL). A loss that needs fewer declares logit_bytes() and gets
+// larger chunks; one that needs more must.
+inline double default_logit_bytes(const LossShape& shape, bool closed_form) {
   const double math = shape.element_bytes >= 8 ? 8.0 : 4.0;
-  const double buffers = (closed_form ? 3.0 : 8.0) + (teacher == Teacher::kHidden ? 1.0 : 0.0);
-  return buffers * math;
+  return (closed_form ? 10.0 : 16.0) * math;
 }
 
 }  // namespace detail
@@ -350,14 +352,16 @@ class ChunkedLoss : public Loss {
   }
 
   // One chunk's workspace, and dh [N, H] (with dW [V, H] in the math dtype
-  // when the lm_head trains), the only things kept for backward. Backward
-  // then makes the gradient handed back beside dh.
+  // when the lm_head trains) and the per-row outputs, the only things kept
+  // for backward. Backward then makes the gradient handed back beside dh.
   MemoryEstimate estimate_memory(const LossShape& shape) const {
     const double per_logit = logit_bytes_of(shape);
     const auto chunk = static_cast<double>(detail::chunk_rows_for(settings_, shape.rows, shape.vocab, per_logit));
     const auto workspace = static_cast<uint64_t>(chunk * static_cast<double>(shape.vocab) * per_logit);
     const auto dh = static_cast<uint64_t>(shape.rows * shape.hidden * shape.element_bytes);
-    uint64_t saved = dh;
+    // Per-row tensors: targets, mask, weights, coefficients, hits, metrics.
+    const auto per_row = static_cast<uint64_t>(shape.rows) * 16 * 8;
+    uint64_t saved = dh + per_row;
     if (shape.weight_trainable) saved += static_cast<uint64_t>(shape.vocab * shape.hidden * (shape.element_bytes >= 8 ? 8 : 4));
     return {saved + std::max(workspace, dh), saved};
   }
@@ -376,7 +380,7 @@ class ChunkedLoss : public Loss {
     if constexpr (detail::has_logit_bytes<Derived>::value)
       return static_cast<const Derived&>(*this).logit_bytes(shape);
     else
-      return detail::default_logit_bytes(shape, detail::has_rows_and_grad<Derived>::value, teacher_);
+      return detail::default_logit_bytes(shape, detail::has_rows_and_grad<Derived>::value);
   }
 
   // c_i: the row weight over the total weight of supervised rows ("mean"),
