@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iomanip>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -72,6 +73,22 @@ std::map<std::string, double> figures_of(const ArmRun& run) {
   f["peak_memory_bytes"] = peak;
   if (run.final_eval.is_object() && run.final_eval.contains("tau_mean")) f["eval_tau"] = run.final_eval["tau_mean"].get<double>();
   return f;
+}
+
+std::string padded(const std::string& text, size_t width) {
+  const size_t have = display_width(text);
+  return have >= width ? text : text + std::string(width - have, ' ');
+}
+
+// The loss metrics of a metrics record, flattened to "<plugin>.<metric>".
+std::map<std::string, double> loss_metrics_of(const nlohmann::json& record) {
+  std::map<std::string, double> out;
+  if (!record.contains("loss_metrics") || !record["loss_metrics"].is_object()) return out;
+  for (const auto& [plugin, metrics] : record["loss_metrics"].items())
+    if (metrics.is_object())
+      for (const auto& [name, value] : metrics.items())
+        if (value.is_number()) out[plugin + "." + name] = value.get<double>();
+  return out;
 }
 
 std::string number(double x, int digits = 4) {
@@ -160,6 +177,13 @@ std::string svg_chart(const std::string& title, const std::vector<std::string>& 
 }
 
 }  // namespace
+
+// The labels hold Σ, Π, τ, ±, –: several bytes in UTF-8, one column wide.
+size_t display_width(const std::string& text) {
+  size_t width = 0;
+  for (unsigned char c : text) width += (c & 0xC0) != 0x80;  // not a continuation byte
+  return width;
+}
 
 nlohmann::json summarize(const std::vector<std::string>& arms, const std::vector<ArmRun>& runs,
                          const std::vector<GradientCheck>& checks, const nlohmann::json& settings) {
@@ -255,9 +279,16 @@ void write_report(const std::string& dir, const nlohmann::json& summary, const s
     size_t slots = 1;
     for (const ArmRun& r : runs)
       for (const auto& m : r.metrics) slots = std::max(slots, m.value("slot_accuracy", nlohmann::json::array()).size());
+    // Every metric any arm's loss logged, "<plugin>.<metric>", after the host's own.
+    std::set<std::string> loss_columns;
+    for (const ArmRun& r : runs)
+      for (const auto& m : r.metrics)
+        for (const auto& [name, value] : loss_metrics_of(m)) loss_columns.insert(name);
     out << "arm,seed,step,loss";
     for (size_t k = 1; k <= slots; ++k) out << ",acc" << k;
-    out << ",acceptance_length_sim,eval_tau,lr,grad_norm,tokens_per_s,step_seconds,memory_peak_bytes\n";
+    out << ",acceptance_length_sim,eval_tau,lr,grad_norm,tokens_per_s,step_seconds,memory_peak_bytes";
+    for (const std::string& name : loss_columns) out << "," << name;
+    out << "\n";
     out << std::setprecision(10);
     for (const ArmRun& r : runs)
       for (const auto& m : r.metrics) {
@@ -269,7 +300,13 @@ void write_report(const std::string& dir, const nlohmann::json& summary, const s
         for (size_t k = 0; k < slots; ++k) out << "," << (k < acc.size() ? number(acc[k].get<double>(), 8) : std::string());
         out << "," << field("acceptance_length_sim") << ","
             << field("eval_tau") << "," << field("lr") << "," << field("grad_norm") << "," << field("tokens_per_s") << ","
-            << field("step_seconds") << "," << field("memory_peak_bytes") << "\n";
+            << field("step_seconds") << "," << field("memory_peak_bytes");
+        const std::map<std::string, double> loss_values = loss_metrics_of(m);
+        for (const std::string& name : loss_columns) {
+          const auto it = loss_values.find(name);
+          out << "," << (it == loss_values.end() ? std::string() : number(it->second, 8));
+        }
+        out << "\n";
       }
   }
   std::vector<std::string> arms;
@@ -295,24 +332,36 @@ void write_report(const std::string& dir, const nlohmann::json& summary, const s
 std::string format_summary(const nlohmann::json& summary) {
   std::ostringstream out;
   const auto& arms = summary["arms"];
-  out << std::left << std::setw(44) << "figure (mean ± spread over seeds)";
-  for (const auto& a : arms) out << "  " << std::setw(22) << a["name"].get<std::string>().substr(0, 22);
-  out << "\n";
+  // Every cell of the table, so each column is as wide as its widest cell:
+  // an arm's name is never cut (a cut name can read as another valid arm).
+  const std::string title = "figure (mean ± spread over seeds)";
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({title});
+  for (const auto& a : arms) rows.back().push_back(a["name"].get<std::string>());
   for (const Figure& f : kFigures) {
-    out << std::setw(44) << f.label;
+    rows.push_back({f.label});
     for (const auto& a : arms) {
       std::string cell = "–";
       if (!a[f.key].is_null()) {
         cell = number(a[f.key]["mean"].get<double>());
         if (!a[f.key]["spread"].is_null()) cell += " ± " + number(a[f.key]["spread"].get<double>());
       }
-      out << "  " << std::setw(22) << cell;
+      rows.back().push_back(cell);
     }
-    out << "\n";
   }
-  out << std::setw(44) << "seeds completed";
-  for (const auto& a : arms) out << "  " << std::setw(22) << std::to_string(a["seeds"].size()) + (a["failed"].empty() ? "" : " (+" + std::to_string(a["failed"].size()) + " failed)");
-  out << "\n";
+  rows.push_back({"seeds completed"});
+  for (const auto& a : arms)
+    rows.back().push_back(std::to_string(a["seeds"].size()) +
+                          (a["failed"].empty() ? "" : " (+" + std::to_string(a["failed"].size()) + " failed)"));
+  std::vector<size_t> widths(arms.size() + 1, 0);
+  for (const auto& row : rows)
+    for (size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], display_width(row[c]));
+  for (const auto& row : rows) {
+    std::string line = padded(row[0], widths[0]);
+    for (size_t c = 1; c < row.size(); ++c) line += "  " + padded(row[c], widths[c]);
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << "\n";
+  }
   for (const auto& a : arms)
     for (const auto& f : a["failed"])
       out << "FAILED: " << a["name"].get<std::string>() << " seed " << f["seed"] << ": " << f["reason"].get<std::string>() << "\n";

@@ -36,7 +36,11 @@ nlohmann::json summarize(const std::vector<std::string>& arms, const std::vector
 // arm, seed and step) and report.html (inline SVG, no network) in `dir`.
 void write_report(const std::string& dir, const nlohmann::json& summary, const std::vector<ArmRun>& runs);
 
-// The summary table the console prints.
+// The summary table the console prints: columns as wide as their widest
+// cell (arm names whole), aligned by display width.
 std::string format_summary(const nlohmann::json& summary);
+
+// Terminal columns of UTF-8 text: one per code point.
+size_t display_width(const std::string& text);
 
 }  // namespace dflash::ab

@@ -8,6 +8,7 @@
 #include "config/config_file.h"
 #include "eval/evaluation.h"
 #include "log/log.h"
+#include "plugin/plugin_identity.h"
 #include "train/trainer.h"
 
 #include <ATen/ATen.h>
@@ -174,7 +175,14 @@ int run_ab(const CliOptions& options) {
   nlohmann::json arm_specs = nlohmann::json::array();
   for (const ArmSpec& arm : arms) {
     arm_names.push_back(arm.name);
-    arm_specs.push_back({{"name", arm.name}, {"loss", arm.loss}, {"overrides", arm.overrides}});
+    // The library compared, exactly: file, version and hash of its bytes.
+    nlohmann::json plugin = nullptr;
+    try {
+      plugin = host::plugin_identity(registry.find(DFLASH_KIND_LOSS, arm.loss));
+    } catch (const std::exception& e) {
+      plugin = {{"error", e.what()}};
+    }
+    arm_specs.push_back({{"name", arm.name}, {"loss", arm.loss}, {"overrides", arm.overrides}, {"plugin", plugin}});
   }
   const nlohmann::json settings = {{"config", *options.config_file}, {"overrides", options.overrides}, {"arms", arm_specs},
                                    {"seeds", options.seeds}, {"base_seed", base_seed}, {"steps", options.steps},
@@ -183,9 +191,14 @@ int run_ab(const CliOptions& options) {
   const nlohmann::json summary = ab::summarize(arm_names, runs, checks, settings);
   ab::write_report(out, summary, runs);
   std::cout << ab::format_summary(summary) << "\nreport: " << out << "/report.html (results.json, curves.csv beside it)\n";
-  bool any_ok = false;
-  for (const auto& a : summary["arms"]) any_ok = any_ok || !a["seeds"].empty();
-  return any_ok ? kExitOk : kExitFailure;
+  // The report is written either way; the status says whether every arm and seed trained.
+  bool any_ok = false, any_failed = false;
+  for (const auto& a : summary["arms"]) {
+    any_ok = any_ok || !a["seeds"].empty();
+    any_failed = any_failed || !a["failed"].empty();
+  }
+  if (!any_ok) return kExitFailure;
+  return any_failed ? kExitSomeArmsFailed : kExitOk;
 }
 
 }  // namespace dflash::cli

@@ -17,6 +17,8 @@ inline constexpr int kExitUsage = 2;
 inline constexpr int kExitUnavailable = 3;
 // train::kNonFinite = 4 and train::kOutOfMemory = 5 come from the trainer.
 inline constexpr int kExitDoesNotFit = 6;  // the memory plan says the run will not fit
+// train::kStoppedOnRequest = 7 comes from the trainer.
+inline constexpr int kExitSomeArmsFailed = 8;  // ab: the report is written, and an arm or seed failed
 
 int run_command(const CliOptions& options);
 

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include "train/batch_lookahead.h"
+#include "train/loss_metrics.h"
 #include "train/phase_timer.h"
 #include "train/stop_request.h"
 
@@ -303,6 +304,7 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   std::string phase;
   bool updating = false;
   PhaseTimer timer(t.at("profile_phases").get<bool>(), device);
+  LossMetrics loss_metrics(p.loss.record().name);
   const StopRequest stop_request;
   for (; step < total_steps; ++step) {
     if (run.stop_after > 0 && step - first_step >= run.stop_after) break;
@@ -344,9 +346,9 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
         loss_sum += value;
         target_tokens += require_tensor(*batch, "input_ids", "the data source").numel();
         block_rows += call.hidden.size(0);
-        const at::Tensor accuracy = find_tensor(out.metrics, "accuracy"), slot = find_tensor(drafted, "slot");
-        if (accuracy.defined() && slot.defined() && accuracy.numel() == slot.numel())
-          tally.add(slot, accuracy, call.targets.ne(-100), block_size);
+        loss_metrics.add(call, out);
+        if (const at::Tensor slot = find_tensor(drafted, "slot"); slot.defined())
+          tally.add(slot, loss_metrics.top1_hits(call, out), call.targets.ne(call.ignore_index), block_size);
         timer.end("slot accuracy (host read)");
         live = MicroBatch{};
       }
@@ -397,7 +399,8 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
                      {"step_seconds", seconds},
                      {"memory_current_bytes", mem.current_bytes},
                      {"memory_peak_bytes", mem.peak_bytes},
-                     {"memory_source", mem.source}});
+                     {"memory_source", mem.source},
+                     {"loss_metrics", loss_metrics.take()}});
       if (run.memory_plan) record["memory_planned_peak_bytes"] = run.memory_plan->peak_bytes;
       if (timer.enabled()) {
         timer.end("other");

@@ -11,6 +11,8 @@
 #include <dflash/sdk/safetensors_torch.hpp>
 
 #include <gtest/gtest.h>
+
+#include <filesystem>
 #include <torch/torch.h>
 
 #include <sys/stat.h>
@@ -370,7 +372,7 @@ TEST(AbComparison, IdenticalArmsMatchADifferentLossDiffersAFailedArmIsReported) 
   Result r = host("ab --config " + config + " --loss fused_ckpt_kl --loss fused_ckpt_kl --loss ce --loss throwing_loss --seeds 2 --out " +
                       dir + "/ab",
                   dir);
-  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.status, 8) << "an arm failed: the report is written and the status says so\n" << r.err;
   std::ifstream in(dir + "/ab/results.json");
   const auto results = nlohmann::json::parse(in);
   std::vector<std::string> names;
@@ -414,6 +416,16 @@ TEST(AbComparison, IdenticalArmsMatchADifferentLossDiffersAFailedArmIsReported) 
     }
   }
   EXPECT_TRUE(saw_equal && saw_different);
+  // Each arm's library, exactly: file, version and the hash of its bytes.
+  for (const auto& arm : results.at("settings").at("arms")) {
+    const auto& plugin = arm.at("plugin");
+    EXPECT_EQ(plugin.at("name"), arm.at("loss"));
+    EXPECT_EQ(plugin.at("kind"), "loss");
+    EXPECT_EQ(plugin.at("xxh64").get<std::string>().size(), 16u) << plugin;
+    EXPECT_GT(plugin.at("bytes").get<int64_t>(), 0) << plugin;
+    EXPECT_TRUE(std::filesystem::exists(plugin.at("file").get<std::string>())) << plugin;
+    EXPECT_FALSE(plugin.at("version").get<std::string>().empty());
+  }
   const auto& failed = results.at("arms")[3];
   EXPECT_EQ(failed.at("status"), "failed");
   EXPECT_EQ(failed.at("failed").size(), 2u);
@@ -426,6 +438,8 @@ TEST(AbComparison, IdenticalArmsMatchADifferentLossDiffersAFailedArmIsReported) 
   std::string line;
   std::getline(csv, line);
   EXPECT_EQ(line.rfind("arm,seed,step,loss,acc1,acc2,acc3,acceptance_length_sim", 0), 0u) << line;
+  EXPECT_CONTAINS(line, ",ce.ce,");
+  EXPECT_CONTAINS(line, ",fused_ckpt_kl.ce,");
   std::map<std::string, int> rows;
   while (std::getline(csv, line)) ++rows[line.substr(1, line.find('"', 1) - 1)];
   EXPECT_EQ(rows, (std::map<std::string, int>{{"ce", 8}, {"fused_ckpt_kl", 8}, {"fused_ckpt_kl#2", 8}}));
@@ -510,6 +524,58 @@ TEST(TrainEndToEnd, NonFiniteLossesAreSkippedThenStopTheRun) {
   EXPECT_EQ(stop.status, 4);
   EXPECT_CONTAINS(stop.err, "(train.on_nonfinite = stop)");
   EXPECT_EQ(metrics_of(dir + "/stop").size(), 4u);
+}
+
+}  // namespace
+
+namespace {
+
+// Papercut 1: slot accuracy, acc1 and τsim are the host's, from one
+// definition (top-1 hit of the student's logits): a loss that reports no
+// per-row "accuracy" gets the same figures, computed by the host, and a
+// warning; one that reports a malformed "accuracy" is refused by name.
+TEST(TrainEndToEnd, SlotAccuracyIsTheSameWhetherTheLossReportsItOrNot) {
+  test::TempDir temp("dflash_accuracy");
+  const std::string dir = temp.path().string();
+  Result with = host("--config " + small_config(dir, dir + "/with", 3, {{"plugin", "test_loss"}}), dir);
+  ASSERT_EQ(with.status, 0) << with.err;
+  Result without = host("--config " + small_config(dir, dir + "/without", 3, {{"plugin", "test_loss"}, {"accuracy", "none"}}), dir);
+  ASSERT_EQ(without.status, 0) << without.err;
+  EXPECT_CONTAINS(without.err, "loss plugin 'test_loss' reports no per-row 'accuracy', so the host computes the top-1 hits");
+  const auto a = metrics_of(dir + "/with"), b = metrics_of(dir + "/without");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(a[i].at("slot_accuracy"), b[i].at("slot_accuracy")) << "step " << i;
+    EXPECT_EQ(a[i].at("acceptance_length_sim"), b[i].at("acceptance_length_sim")) << "step " << i;
+    EXPECT_EQ(a[i].at("slot_accuracy").size(), 3u) << "block 4: slots 1 to 3";
+  }
+  Result scalar = host("--config " + small_config(dir, dir + "/scalar", 3, {{"plugin", "test_loss"}, {"accuracy", "scalar"}}), dir);
+  EXPECT_NE(scalar.status, 0);
+  EXPECT_CONTAINS(scalar.err, "loss plugin 'test_loss' returned metric 'accuracy' of shape []; 'accuracy' is reserved");
+}
+
+// Papercut 2: every metric the loss returns is logged under the plugin's
+// name, a per-row one as its weighted mean over supervised rows.
+TEST(TrainEndToEnd, EveryLossMetricIsLoggedUnderThePluginsName) {
+  test::TempDir temp("dflash_loss_metrics");
+  const std::string dir = temp.path().string();
+  Result r = host("--config " + small_config(dir, dir + "/out", 2) + " --set train.grad_accumulation=1", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto m = metrics_of(dir + "/out");
+  ASSERT_EQ(m.size(), 2u);
+  const auto& logged = m[0].at("loss_metrics").at("fused_ckpt_kl");
+  for (const char* name : {"ce", "kl", "accuracy", "chunk_rows"}) EXPECT_TRUE(logged.contains(name)) << name << " in " << logged;
+  EXPECT_GT(logged.at("ce").get<double>(), 0.0);
+  EXPECT_GE(logged.at("kl").get<double>(), 0.0);
+  EXPECT_GE(logged.at("accuracy").get<double>(), 0.0);
+  EXPECT_LE(logged.at("accuracy").get<double>(), 1.0) << "a weighted mean of hits";
+  // Blend α = 0.5 at T = 1 and the mean reduction: the loss is the mean of ½·CE + ½·KL.
+  EXPECT_NEAR(m[0].at("loss").get<double>(), 0.5 * logged.at("ce").get<double>() + 0.5 * logged.at("kl").get<double>(), 1e-4);
+  Result test_loss = host("--config " + small_config(dir, dir + "/scalar_metric", 1, {{"plugin", "test_loss"}}), dir);
+  ASSERT_EQ(test_loss.status, 0) << test_loss.err;
+  EXPECT_GT(metrics_of(dir + "/scalar_metric")[0].at("loss_metrics").at("test_loss").at("rows").get<double>(), 0.0)
+      << "a 0-dim metric is logged as its mean over the micro-batches";
 }
 
 }  // namespace

@@ -21,12 +21,15 @@ class TestLoss : public dflash::sdk::Loss {
         .integer("nan_from_call", 0, "from this call on (1-based) the loss is NaN; 0 = never", Bounds::at_least(0))
         .integer("oom_at_call", 0, "this call (1-based) fails as out of memory, as a CUDA allocation would; 0 = never",
                  Bounds::at_least(0))
+        .string("accuracy", "per_row", "the 'accuracy' metric it reports: per_row (the contract), none, or scalar (a "
+                "contract breach)", {"per_row", "none", "scalar"})
         .dump();
   }
   explicit TestLoss(const CreateContext& context)
       : scale_(context.config().at("scale").get<double>()),
         nan_from_call_(context.config().value("nan_from_call", int64_t{0})),
-        oom_at_call_(context.config().value("oom_at_call", int64_t{0})) {}
+        oom_at_call_(context.config().value("oom_at_call", int64_t{0})),
+        accuracy_(context.config().value("accuracy", std::string("per_row"))) {}
 
   dflash::sdk::LossResult compute(const dflash::sdk::LossInputs& in) {
     if (in.hidden.dim() != 2 || in.hidden.size(1) != in.lm_head_weight.size(1))
@@ -48,7 +51,9 @@ class TestLoss : public dflash::sdk::Loss {
     result.loss = scale_ * (nll * w).sum() / w.sum().clamp_min(1e-12);
     if (nan_from_call_ > 0 && ++calls_ >= nan_from_call_) result.loss = result.loss * std::numeric_limits<double>::quiet_NaN();
     torch::NoGradGuard no_grad;
-    result.metrics.set("accuracy", logits.argmax(-1).eq(in.targets).to(torch::kFloat));
+    const torch::Tensor hits = logits.argmax(-1).eq(in.targets).to(torch::kFloat);
+    if (accuracy_ == "per_row") result.metrics.set("accuracy", hits);
+    if (accuracy_ == "scalar") result.metrics.set("accuracy", hits.mean());
     result.metrics.set("rows", torch::tensor(static_cast<double>(in.hidden.size(0))));
     return result;
   }
@@ -59,6 +64,7 @@ class TestLoss : public dflash::sdk::Loss {
  private:
   double scale_;
   int64_t nan_from_call_ = 0, calls_ = 0, oom_at_call_ = 0, oom_calls_ = 0;
+  std::string accuracy_;
 };
 
 // --- loss whose construction fails with a plain C++ exception.
