@@ -149,6 +149,19 @@ std::string first_line(const std::exception& e) {
   return end == std::string::npos ? text : text.substr(0, end);
 }
 
+// A failure inside a step, said with where it happened: "step 12,
+// micro-batch 2 of 4, drafter forward + loss: ...". A plugin's error keeps
+// its code (the exit status depends on it); usage errors keep their type.
+[[noreturn]] void rethrow_at_step(const std::exception& e, int64_t step, int64_t micro, int64_t micro_batches,
+                                  const std::string& phase) {
+  if (dynamic_cast<const std::invalid_argument*>(&e) != nullptr) throw;
+  std::string where = "step " + std::to_string(step);
+  if (micro_batches > 1) where += ", micro-batch " + std::to_string(micro + 1) + " of " + std::to_string(micro_batches);
+  if (!phase.empty()) where += ", " + phase;
+  if (const auto* call = dynamic_cast<const host::PluginCallError*>(&e)) throw host::PluginCallError(call->code(), where + ": " + e.what());
+  throw std::runtime_error(where + ": " + first_line(e));
+}
+
 }  // namespace
 
 host::NamedTensors first_step_gradients(TrainPlugins& p, const TrainRun& run) {
@@ -302,6 +315,7 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   // the emergency checkpoint exactly the last completed step.
   MicroBatch live;
   std::string phase;
+  int64_t micro_at = 0;
   bool updating = false;
   PhaseTimer timer(t.at("profile_phases").get<bool>(), device);
   LossMetrics loss_metrics(p.loss.record().name);
@@ -327,12 +341,14 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
       bool data_ended = false, finite = true;
       for (int64_t micro = 0; micro < accumulation; ++micro) {
         timer.end("other");
+        phase = "next batch from the data source";
         std::optional<host::NamedTensors> batch = batches.next();
         timer.end("data");
         if (!batch) {
           data_ended = true;
           break;
         }
+        micro_at = micro;
         micro_batch(p, wiring, *batch, device, want_teacher, seed, step, micro, live, phase, timer);
         const host::LossCall& call = live.call;
         const host::NamedTensors& drafted = live.drafted;
@@ -449,7 +465,7 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
       }
       if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < total_steps) save(step + 1);
     } catch (const std::exception& e) {
-      if (!memory::is_out_of_memory(e)) throw;
+      if (!memory::is_out_of_memory(e)) rethrow_at_step(e, step, micro_at, accumulation, phase);
       // Out of memory: report while the step's tensors are still alive, then
       // free them and save the last completed step.
       progress.finish();

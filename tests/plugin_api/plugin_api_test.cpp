@@ -2,7 +2,9 @@
 // built by the SDK (tests/plugins/good). The central property: tensors cross
 // as handles, so autograd survives drafter -> loss -> backward.
 #include "plugin/host_api.h"
+#include "log/log.h"
 #include "plugin/instances.h"
+#include "support/expect.h"
 #include "plugin/registry.h"
 
 #include <gtest/gtest.h>
@@ -88,14 +90,26 @@ TEST_F(PluginApi, LossErrorsBecomePluginCallErrors) {
     EXPECT_NE(std::string(e.what()).find("compute failed (invalid argument)"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("hidden must be [N, H]"), std::string::npos) << e.what();
   }
-  // A LibTorch error inside the plugin arrives as a short message, no backtrace.
+  // A LibTorch error inside the plugin is the plugin's bug: an internal
+  // error, a short message with where LibTorch raised it, no backtrace; the
+  // backtrace goes to the log at debug level.
+  dflash::log::set_level("debug");
+  testing::internal::CaptureStderr();
   try {
     loss.compute({torch::randn({4, 3}), torch::randn({7, 3}), torch::zeros({5}, torch::kLong)});
-    FAIL();
+    ADD_FAILURE() << "accepted";
   } catch (const PluginCallError& e) {
-    EXPECT_EQ(e.code(), DFLASH_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(e.code(), DFLASH_ERR_INTERNAL);
+    EXPECT_CONTAINS(e.what(), "compute failed (internal error)");
+    EXPECT_CONTAINS(e.what(), "test_loss: LibTorch error: ");
+    EXPECT_CONTAINS(e.what(), " [raised from ");
+    EXPECT_CONTAINS(e.what(), "(--log-level debug logs its backtrace)");
     EXPECT_EQ(std::string(e.what()).find("frame #"), std::string::npos) << e.what();
   }
+  const std::string logged = testing::internal::GetCapturedStderr();
+  dflash::log::set_level("info");
+  EXPECT_CONTAINS(logged, "exception: ");
+  EXPECT_CONTAINS(logged, "Exception raised from ");
 }
 
 TEST_F(PluginApi, LossMemoryEstimateIsOptional) {

@@ -578,4 +578,19 @@ TEST(TrainEndToEnd, EveryLossMetricIsLoggedUnderThePluginsName) {
       << "a 0-dim metric is logged as its mean over the micro-batches";
 }
 
+// Papercut 4: a plugin's failure in a step says where (step, micro-batch,
+// phase), is classed as the plugin's internal error, and keeps where
+// LibTorch raised it.
+TEST(TrainEndToEnd, APluginBugInAStepNamesTheStepAndWhereLibTorchRaisedIt) {
+  test::TempDir temp("dflash_plugin_bug");
+  const std::string dir = temp.path().string();
+  // Call 4 is step 1's second micro-batch (two a step).
+  Result r = host("--config " + small_config(dir, dir + "/out", 3, {{"plugin", "test_loss"}, {"torch_error_at_call", 4}}), dir);
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "step 1, micro-batch 2 of 2, drafter forward + loss: loss plugin 'test_loss'");
+  EXPECT_CONTAINS(r.err, "compute failed (internal error): test_loss: LibTorch error: ");
+  EXPECT_CONTAINS(r.err, "[raised from ");
+  EXPECT_EQ(r.err.find("frame #"), std::string::npos) << "no backtrace without --log-level debug:\n" << r.err;
+}
+
 }  // namespace

@@ -21,6 +21,8 @@ class TestLoss : public dflash::sdk::Loss {
         .integer("nan_from_call", 0, "from this call on (1-based) the loss is NaN; 0 = never", Bounds::at_least(0))
         .integer("oom_at_call", 0, "this call (1-based) fails as out of memory, as a CUDA allocation would; 0 = never",
                  Bounds::at_least(0))
+        .integer("torch_error_at_call", 0, "this call (1-based) fails inside LibTorch (a plugin bug); 0 = never",
+                 Bounds::at_least(0))
         .string("accuracy", "per_row", "the 'accuracy' metric it reports: per_row (the contract), none, or scalar (a "
                 "contract breach)", {"per_row", "none", "scalar"})
         .dump();
@@ -29,6 +31,7 @@ class TestLoss : public dflash::sdk::Loss {
       : scale_(context.config().at("scale").get<double>()),
         nan_from_call_(context.config().value("nan_from_call", int64_t{0})),
         oom_at_call_(context.config().value("oom_at_call", int64_t{0})),
+        torch_error_at_call_(context.config().value("torch_error_at_call", int64_t{0})),
         accuracy_(context.config().value("accuracy", std::string("per_row"))) {}
 
   dflash::sdk::LossResult compute(const dflash::sdk::LossInputs& in) {
@@ -36,6 +39,8 @@ class TestLoss : public dflash::sdk::Loss {
       throw dflash::sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "hidden must be [N, H] with H = lm_head_weight.size(1)");
     if (oom_at_call_ > 0 && ++oom_calls_ == oom_at_call_)
       throw dflash::sdk::Error(DFLASH_ERR_OUT_OF_MEMORY, "out of memory: tried to allocate 3.79 GiB (test_loss.oom_at_call)");
+    if (torch_error_at_call_ > 0 && ++torch_error_calls_ == torch_error_at_call_)
+      (void)torch::matmul(in.hidden, in.lm_head_weight);  // [N, H]·[V, H]: a shape error LibTorch raises
     torch::Tensor logits = torch::matmul(in.hidden, in.lm_head_weight.t());
     torch::Tensor valid = in.targets.ne(in.ignore_index);
     torch::Tensor safe = torch::where(valid, in.targets, torch::zeros_like(in.targets));
@@ -64,6 +69,7 @@ class TestLoss : public dflash::sdk::Loss {
  private:
   double scale_;
   int64_t nan_from_call_ = 0, calls_ = 0, oom_at_call_ = 0, oom_calls_ = 0;
+  int64_t torch_error_at_call_ = 0, torch_error_calls_ = 0;
   std::string accuracy_;
 };
 

@@ -75,6 +75,10 @@ dflash_error* guard(const dflash_host_api* host, const char* plugin_name,
   } catch (const std::exception& e) {
     dflash_error_code code = DFLASH_ERR_INTERNAL;
     std::string message = e.what();
+    // The whole text (LibTorch's has its backtrace) goes to the host's log at
+    // debug level before the translator shortens it for the error.
+    if (host != nullptr && host->log != nullptr)
+      host->log(DFLASH_LOG_DEBUG, plugin_name ? plugin_name : "?", (std::string("exception: ") + e.what()).c_str());
     if (translate != nullptr) translate(e, &code, &message);
     return to_abi_error(host, code, who + message);
   } catch (...) {

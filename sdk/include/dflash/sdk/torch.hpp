@@ -40,8 +40,26 @@ inline const dflash_torch_build* this_binary_torch_build() noexcept {
   return &build;
 }
 
-// LibTorch's exceptions carry a backtrace in what(); the ABI gets the short
-// message, and out-of-memory keeps its own code so the host can explain it.
+// Where LibTorch says it raised an error: "checked_cast_variable at
+// ./torch/csrc/autograd/VariableTypeManual.cpp:53", from the first line of
+// the backtrace its what() carries; empty when there is none.
+inline std::string torch_error_origin(const c10::Error& error) {
+  const std::string full = error.what();
+  const std::string marker = "Exception raised from ";
+  const size_t at = full.find(marker);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + marker.size();
+  size_t end = full.find(" (most recent call first)", begin);
+  if (end == std::string::npos) end = full.find('\n', begin);
+  return full.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
+// LibTorch's exceptions carry a backtrace in what(): the ABI gets the short
+// message and where LibTorch raised it (the guard logs the whole text at
+// debug level: --log-level debug). A LibTorch error inside a plugin is the
+// plugin's bug or an input it did not check, so it is an internal error;
+// invalid input is what a plugin reports itself (sdk::Error). Out of memory
+// keeps its own code so the host can explain it.
 inline bool translate_torch_exception(const std::exception& e, dflash_error_code* code,
                                       std::string* message) {
   if (const auto* oom = dynamic_cast<const c10::OutOfMemoryError*>(&e)) {
@@ -50,8 +68,12 @@ inline bool translate_torch_exception(const std::exception& e, dflash_error_code
     return true;
   }
   if (const auto* error = dynamic_cast<const c10::Error*>(&e)) {
-    *code = DFLASH_ERR_INVALID_ARGUMENT;
-    *message = error->what_without_backtrace();
+    *code = DFLASH_ERR_INTERNAL;
+    std::string text = error->what_without_backtrace();
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+    const std::string origin = torch_error_origin(*error);
+    *message = "LibTorch error: " + text + (origin.empty() ? "" : " [raised from " + origin + "]") +
+               " (--log-level debug logs its backtrace)";
     return true;
   }
   return false;
