@@ -56,6 +56,8 @@ ResumeState read_trainer_state(const checkpoint::Checkpoint& saved) {
   if (!state.contains("data_state")) throw bad_field(saved, "data_state", "is missing");
   out.data_state = state["data_state"].dump();
   if (state.contains("scheduler_state")) out.scheduler_state = state["scheduler_state"].dump();
+  if (state.contains("plugins") && !state["plugins"].is_object())
+    throw bad_field(saved, "plugins", "is " + shown(state["plugins"]) + "; expected the run's plugins (an object)");
   if (state.contains("config") && !state["config"].is_object())
     throw bad_field(saved, "config", "is " + shown(state["config"]) + "; expected the run's resolved config (an object)");
   return out;
@@ -77,6 +79,61 @@ std::vector<std::string> config_changes(const nlohmann::json& saved, const nlohm
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+namespace {
+
+std::vector<std::string> allowed_config_changes(const nlohmann::json& saved, const nlohmann::json& current) {
+  std::vector<std::string> out;
+  for (const auto& op : nlohmann::json::diff(saved, current)) {
+    const std::string path = op.at("path");
+    const bool changeable = std::any_of(kChangeableOnResume.begin(), kChangeableOnResume.end(), [&](const std::string& key) {
+      return path == key || path.rfind(key + "/", 0) == 0;
+    });
+    if (!changeable) continue;
+    const std::string kind = op.at("op");
+    const std::string before = kind == "add" ? "(unset)" : shown(saved.at(nlohmann::json::json_pointer(path)));
+    const std::string after = kind == "remove" ? "(unset)" : shown(op.at("value"));
+    out.push_back(dotted(path) + ": " + before + " → " + after);
+  }
+  return out;
+}
+
+// The plugins' identities: another plugin or another version is refused
+// (it may compute something else); the same version rebuilt is allowed.
+void compare_plugins(const nlohmann::json& saved, const nlohmann::json& current, ResumeChanges& changes) {
+  for (const auto& [section, now] : current.items()) {
+    if (!saved.contains(section)) continue;
+    const nlohmann::json& then = saved.at(section);
+    const std::string who = section + " plugin '" + now.value("name", std::string("?")) + "'";
+    if (then.value("name", "") != now.value("name", "")) {
+      changes.refused.push_back(section + " plugin: '" + then.value("name", std::string("?")) + "' → '" +
+                                now.value("name", std::string("?")) + "'");
+    } else if (then.value("version", "") != now.value("version", "")) {
+      changes.refused.push_back(who + ": version " + then.value("version", std::string("?")) + " → " +
+                                now.value("version", std::string("?")) + " (" + now.value("file", std::string()) + ")");
+    } else if (then.value("xxh64", "") != now.value("xxh64", "")) {
+      changes.allowed.push_back(who + ": library rebuilt at the same version " + now.value("version", std::string()) +
+                                " (xxh64 " + then.value("xxh64", std::string("?")) + " → " +
+                                now.value("xxh64", std::string("?")) + ", " + now.value("file", std::string()) + ")");
+    }
+  }
+}
+
+}  // namespace
+
+ResumeChanges resume_changes(const nlohmann::json& saved_state, const nlohmann::json& config,
+                             const nlohmann::json& plugins) {
+  ResumeChanges changes;
+  if (saved_state.contains("config")) {
+    changes.refused = config_changes(saved_state.at("config"), config);
+    changes.allowed = allowed_config_changes(saved_state.at("config"), config);
+  }
+  if (saved_state.contains("plugins") && saved_state.at("plugins").is_object())
+    compare_plugins(saved_state.at("plugins"), plugins, changes);
+  std::sort(changes.refused.begin(), changes.refused.end());
+  std::sort(changes.allowed.begin(), changes.allowed.end());
+  return changes;
 }
 
 }  // namespace dflash::train

@@ -28,6 +28,19 @@ ResumeState read_trainer_state(const checkpoint::Checkpoint& saved);
 // and this run's, as "train.seed: 3 → 4" lines.
 std::vector<std::string> config_changes(const nlohmann::json& saved, const nlohmann::json& current);
 
+// What differs between the run a checkpoint recorded and this one, sorted:
+// `refused` alters what the run computes (a setting that shapes it, another
+// plugin, another version of one), `allowed` does not (a setting in
+// kChangeableOnResume, a library rebuilt at the same version). Each line
+// says what changed, e.g. "loss plugin 'kl': version 1.0.0 → 1.1.0".
+struct ResumeChanges {
+  std::vector<std::string> refused, allowed;
+};
+// `saved_state`: the checkpoint's trainer state ("config", and "plugins" as
+// {section: plugin_identity}); either may be absent in older checkpoints.
+ResumeChanges resume_changes(const nlohmann::json& saved_state, const nlohmann::json& config,
+                             const nlohmann::json& plugins);
+
 // Settings a resumed run may change without changing what it computes
 // (paths to results, logging, evaluation) or that extend it (steps).
 extern const std::vector<std::string> kChangeableOnResume;

@@ -2,6 +2,7 @@
 
 #include "train/batch_lookahead.h"
 #include "train/loss_metrics.h"
+#include "plugin/plugin_identity.h"
 #include "train/phase_timer.h"
 #include "train/stop_request.h"
 
@@ -149,6 +150,27 @@ std::string first_line(const std::exception& e) {
   return end == std::string::npos ? text : text.substr(0, end);
 }
 
+// Refuses a resume whose changes alter what the run computes (unless
+// --allow-config-change), saying which changes are refused and which are
+// allowed; logs the allowed ones.
+void check_resume_changes(const ResumeChanges& changes, const std::string& checkpoint_dir, bool allow_config_change) {
+  auto listed = [](const std::vector<std::string>& lines) {
+    std::string out;
+    for (const auto& line : lines) out += "\n  " + line;
+    return out;
+  };
+  if (!changes.refused.empty() && !allow_config_change)
+    throw std::invalid_argument(
+        "the run differs from the one that wrote " + checkpoint_dir + " in what shapes it (settings, plugins, their "
+        "versions):" + listed(changes.refused) +
+        (changes.allowed.empty() ? "" : "\nthese changes would be allowed (they do not change what it computes):" +
+                                            listed(changes.allowed)) +
+        "\nresuming would not continue that run. Restore those settings and plugins, give this run another "
+        "train.output_dir, or pass --allow-config-change to resume with them anyway");
+  if (!changes.refused.empty()) log::warn("resuming with changes that shape the run (--allow-config-change):" + listed(changes.refused));
+  if (!changes.allowed.empty()) log::info("resuming with changes that do not alter what it computes:" + listed(changes.allowed));
+}
+
 // A failure inside a step, said with where it happened: "step 12,
 // micro-batch 2 of 4, drafter forward + loss: ...". A plugin's error keeps
 // its code (the exit status depends on it); usage errors keep their type.
@@ -216,6 +238,13 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   adam.fp32_master = t.at("precision").get<std::string>() == "fp32_master";
   AdamW optimizer(parameters, adam);
 
+  // Which libraries this run trains with (recorded in checkpoints, compared on resume).
+  const nlohmann::json plugins_record = {{"data", host::plugin_identity(p.data.record())},
+                                         {"target", host::plugin_identity(p.target.record())},
+                                         {"drafter", host::plugin_identity(p.drafter.record())},
+                                         {"loss", host::plugin_identity(p.loss.record())},
+                                         {"scheduler", host::plugin_identity(p.scheduler.record())}};
+
   // Resume.
   int64_t first_step = 0;
   int64_t nonfinite_total = 0;
@@ -227,17 +256,8 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   if (const auto folder = checkpoint::resume_folder(checkpoint_root)) {
     const checkpoint::Checkpoint saved = checkpoint::load(*folder);
     const ResumeState state = read_trainer_state(saved);
-    if (saved.trainer_state.contains("config")) {
-      const std::vector<std::string> changes = config_changes(saved.trainer_state.at("config"), run.resolved_config);
-      std::string listed;
-      for (const auto& change : changes) listed += "\n  " + change;
-      if (!changes.empty() && !run.allow_config_change)
-        throw std::invalid_argument(
-            "the config differs from the one that wrote " + saved.dir + " in settings that shape the run:" + listed +
-            "\nresuming would not continue that run. Restore those settings, give this run another train.output_dir, "
-            "or pass --allow-config-change to resume with them anyway");
-      if (!changes.empty()) log::warn("resuming with changed settings (--allow-config-change):" + listed);
-    }
+    check_resume_changes(resume_changes(saved.trainer_state, run.resolved_config, plugins_record), saved.dir,
+                         run.allow_config_change);
     const c10::NoGradGuard no_grad;
     std::map<std::string, at::Tensor> weights(saved.weights.begin(), saved.weights.end());
     for (const auto& [name, tensor] : parameters) {
@@ -295,7 +315,8 @@ int run_training(TrainPlugins& p, const TrainRun& run) {
   auto save = [&](int64_t next_step, const std::string& data_state = "", const std::string& scheduler_state = "") {
     nlohmann::json state = {{"step", next_step}, {"seed", seed},
                             {"data_state", nlohmann::json::parse(data_state.empty() ? batches.position() : data_state)},
-                            {"nonfinite_steps", nonfinite_total}, {"config", run.resolved_config}};
+                            {"nonfinite_steps", nonfinite_total}, {"config", run.resolved_config},
+                            {"plugins", plugins_record}};
     if (p.scheduler.has_state())
       state["scheduler_state"] = nlohmann::json::parse(scheduler_state.empty() ? p.scheduler.save_state() : scheduler_state);
     const std::string dir = checkpoint::save(checkpoint_root, next_step, drafter_config, parameters, optimizer.state(), state,

@@ -543,19 +543,57 @@ TEST(CrashSafety, ResumingWithSettingsThatShapeTheRunChangedIsRefused) {
   test::TempDir temp("dflash_change");
   const std::string dir = temp.path().string(), run = dir + "/run";
   ASSERT_EQ(host("--config " + small_config(dir, run, 6) + " --stop-after 2", dir).status, 0);
-  Result seed = host("--config " + small_config(dir, run, 6) + " --set train.seed=4 --set data.tokens_per_batch=256", dir);
+  // The checkpoint records the libraries the run trained with.
+  const auto state = nlohmann::json::parse(test::file_bytes(run + "/checkpoints/step-00000002/trainer_state.json"));
+  for (const char* section : {"data", "target", "drafter", "loss", "scheduler"}) {
+    const auto& plugin = state.at("plugins").at(section);
+    EXPECT_EQ(plugin.at("kind"), section);
+    EXPECT_EQ(plugin.at("xxh64").get<std::string>().size(), 16u) << plugin;
+    EXPECT_FALSE(plugin.at("version").get<std::string>().empty()) << plugin;
+  }
+  EXPECT_EQ(state.at("plugins").at("loss").at("name"), "fused_ckpt_kl");
+  Result seed = host("--config " + small_config(dir, run, 6) +
+                         " --set train.seed=4 --set data.tokens_per_batch=256 --set train.log_every=3",
+                     dir);
   EXPECT_EQ(seed.status, 2) << seed.err;
-  EXPECT_CONTAINS(seed.err, "in settings that shape the run:");
+  EXPECT_CONTAINS(seed.err, "in what shapes it (settings, plugins, their versions):");
   EXPECT_CONTAINS(seed.err, "train.seed: 3 → 4");
   EXPECT_CONTAINS(seed.err, "data.tokens_per_batch: 128 → 256");
+  EXPECT_CONTAINS(seed.err, "these changes would be allowed (they do not change what it computes):\n  train.log_every: ");
   EXPECT_CONTAINS(seed.err, "--allow-config-change");
-  // Logging, evaluation and the length of the run may change.
+  // Another loss plugin is another run.
+  Result other_loss = host("--config " + small_config(dir, run, 6, {{"plugin", "kl"}, {"kl_weight", 0.5}}), dir);
+  EXPECT_EQ(other_loss.status, 2) << other_loss.err;
+  EXPECT_CONTAINS(other_loss.err, "loss plugin: 'fused_ckpt_kl' → 'kl'");
+  // Logging, evaluation and the length of the run may change, and are said to.
   Result longer = host("--config " + small_config(dir, run, 7) + " --set train.log_every=3 --stop-after 1", dir);
   EXPECT_EQ(longer.status, 0) << longer.err;
+  EXPECT_CONTAINS(longer.err, "resuming with changes that do not alter what it computes:\n  train.log_every: ");
   Result forced = host("--config " + small_config(dir, run, 7) + " --set train.seed=4 --allow-config-change", dir);
   EXPECT_EQ(forced.status, 0) << forced.err;
-  EXPECT_CONTAINS(forced.err, "resuming with changed settings (--allow-config-change):");
+  EXPECT_CONTAINS(forced.err, "resuming with changes that shape the run (--allow-config-change):");
   EXPECT_CONTAINS(forced.err, "train.seed: 3 → 4");
+}
+
+TEST(ResumeState, AnotherPluginVersionIsRefusedTheSameVersionRebuiltIsAllowed) {
+  const nlohmann::json kl = {{"kind", "loss"}, {"name", "kl"}, {"version", "1.0.0"}, {"file", "/p/libkl.so"},
+                             {"xxh64", "0123456789abcdef"}};
+  const nlohmann::json saved = {{"config", {{"train", {{"seed", 3}}}}}, {"plugins", {{"loss", kl}}}};
+  nlohmann::json rebuilt = kl;
+  rebuilt["xxh64"] = "fedcba9876543210";
+  auto changes = train::resume_changes(saved, saved.at("config"), {{"loss", rebuilt}});
+  EXPECT_TRUE(changes.refused.empty());
+  ASSERT_EQ(changes.allowed.size(), 1u);
+  EXPECT_EQ(changes.allowed[0], "loss plugin 'kl': library rebuilt at the same version 1.0.0 (xxh64 0123456789abcdef → "
+                                "fedcba9876543210, /p/libkl.so)");
+  nlohmann::json newer = rebuilt;
+  newer["version"] = "1.1.0";
+  changes = train::resume_changes(saved, saved.at("config"), {{"loss", newer}});
+  ASSERT_EQ(changes.refused.size(), 1u);
+  EXPECT_EQ(changes.refused[0], "loss plugin 'kl': version 1.0.0 → 1.1.0 (/p/libkl.so)");
+  EXPECT_TRUE(train::resume_changes(saved, saved.at("config"), {{"loss", kl}}).refused.empty());
+  // A checkpoint written before plugins were recorded compares its config only.
+  EXPECT_TRUE(train::resume_changes({{"config", saved.at("config")}}, saved.at("config"), {{"loss", newer}}).refused.empty());
 }
 
 TEST(ResumeState, ConfigChangesListOnlyTheSettingsThatShapeTheRun) {
