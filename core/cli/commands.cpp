@@ -234,9 +234,11 @@ memory::Capacity capacity_for(const CliOptions& options, const std::string& devi
 
 namespace {
 
-// The plugins of a run from its already resolved config.
+// The plugins of a run from its already resolved config; `loss` when the
+// caller made it already (train: for the memory plan), so it is made once.
 std::unique_ptr<TrainSet> train_set_from(const CliOptions& options, const PluginRegistry& registry,
-                                         const config::ResolvedConfig& resolved) {
+                                         const config::ResolvedConfig& resolved,
+                                         std::unique_ptr<host::LossInstance> loss = nullptr) {
   auto section = [&](dflash_kind kind) { return config::plugin_config_of(resolved, host::kind_section(kind)); };
   // Every plugin is created before anything long-running begins, so one that
   // cannot start says so at once. The target comes first: a data source's
@@ -249,7 +251,7 @@ std::unique_ptr<TrainSet> train_set_from(const CliOptions& options, const Plugin
     data_config["vocab_size"] = target_info.at("vocab_size");
   auto data = instantiate<host::DataSourceInstance>(registry, resolved, DFLASH_KIND_DATA_SOURCE, data_config);
   auto drafter = instantiate<host::DrafterInstance>(registry, resolved, DFLASH_KIND_DRAFTER, section(DFLASH_KIND_DRAFTER));
-  auto loss = instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS, section(DFLASH_KIND_LOSS));
+  if (!loss) loss = instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS, section(DFLASH_KIND_LOSS));
   auto scheduler = instantiate<host::SchedulerInstance>(registry, resolved, DFLASH_KIND_SCHEDULER, section(DFLASH_KIND_SCHEDULER));
   auto set = std::make_unique<TrainSet>();
   set->data = std::move(data);
@@ -302,10 +304,14 @@ std::optional<int64_t> resume_step(const CliOptions& options) {
 int train(const CliOptions& options) {
   require_run_config(options);
   const PluginRegistry registry = load_plugins(options);
-  // The memory check comes before any plugin is created: nothing is
-  // allocated for a run that cannot fit.
+  // The memory check comes before any other plugin is created: nothing is
+  // allocated for a run that cannot fit. The loss comes first because it
+  // answers the plan from an instance (estimate_memory); the same instance
+  // then trains, so every plugin's constructor runs once.
   const config::ResolvedConfig resolved = resolve(options, registry, all_sections());
-  const memory::DevicePlan plan = memory::plan_run(registry, resolved.root);
+  auto loss = instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS,
+                                              config::plugin_config_of(resolved, host::kind_section(DFLASH_KIND_LOSS)));
+  const memory::DevicePlan plan = memory::plan_run(registry, resolved.root, loss.get());
   if (!plan.complete()) {
     for (const std::string& missing : plan.missing) log::warn("memory plan incomplete: " + missing + "; not checked");
   } else {
@@ -332,7 +338,7 @@ int train(const CliOptions& options) {
   // takes minutes): a second run on the same directory is refused at once.
   std::shared_ptr<checkpoint::RunLock> output_lock =
       train::claim_output_dir(resolved.root.at("train").at("output_dir").get<std::string>());
-  auto set = train_set_from(options, registry, resolved);
+  auto set = train_set_from(options, registry, resolved, std::move(loss));
   set->run.memory_plan = plan;
   set->run.output_lock = std::move(output_lock);
   set->run.resume_from = resume_from;

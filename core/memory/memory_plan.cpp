@@ -6,6 +6,7 @@
 #include <dflash/sdk/torch_compat.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <cctype>
 #include <cmath>
 #include <fstream>
@@ -215,7 +216,7 @@ DevicePlan compute_plan(const PlanInputs& in) {
   return plan;
 }
 
-DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& root) {
+DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& root, const host::LossInstance* loss_instance) {
   const nlohmann::json& train = root.at("train");
   host::InstanceOptions options;
   options.device = train.at("device").get<std::string>();
@@ -256,7 +257,9 @@ DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& 
     in.drafter = host::plan_memory(drafter, section(DFLASH_KIND_DRAFTER), options, context);
   }
   if (in.drafter.available) {
-    const host::LossInstance instance(loss, section(DFLASH_KIND_LOSS), options);
+    std::optional<host::LossInstance> made;
+    if (loss_instance == nullptr) made.emplace(loss, section(DFLASH_KIND_LOSS), options);
+    const host::LossInstance& instance = loss_instance != nullptr ? *loss_instance : *made;
     dflash_loss_shape shape{};
     shape.struct_size = sizeof(shape);
     shape.rows = fact(in.drafter.facts, "loss_rows");

@@ -76,10 +76,14 @@ struct PlanInputs {
 DevicePlan compute_plan(const PlanInputs& in);
 
 // Asks every plugin of the resolved config (a `config`-style root with train,
-// data, target, drafter, loss sections) and computes the plan. Creates only
-// the loss instance (for estimate_memory: no device memory); throws
-// PluginCallError / std::runtime_error naming the plugin when one fails.
-DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& root);
+// data, target, drafter, loss sections) and computes the plan. The loss
+// answers through estimate_memory, an instance method: `loss` is the run's
+// own instance (train passes the one it then trains with, so its
+// constructor runs once); without it a loss instance is created for the
+// plan. Throws PluginCallError / std::runtime_error naming the plugin when
+// one fails.
+DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& root,
+                    const host::LossInstance* loss = nullptr);
 
 // How much the device has: the CUDA driver's free and total memory (the
 // process's own CUDA context already taken), or the host's MemAvailable for

@@ -593,4 +593,18 @@ TEST(TrainEndToEnd, APluginBugInAStepNamesTheStepAndWhereLibTorchRaisedIt) {
   EXPECT_EQ(r.err.find("frame #"), std::string::npos) << "no backtrace without --log-level debug:\n" << r.err;
 }
 
+// Papercut 7: train plans the run's memory with the loss instance it then
+// trains with, so a plugin's constructor runs once.
+TEST(TrainEndToEnd, EveryPluginIsConstructedOnceInARun) {
+  test::TempDir temp("dflash_once");
+  const std::string dir = temp.path().string();
+  Result r = host("--config " + small_config(dir, dir + "/out", 1, {{"plugin", "test_loss"}}), dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_CONTAINS(r.err, "memory plan: predicted peak") << "the plan was made (and asked the loss)";
+  size_t constructions = 0;
+  const std::string mark = "[test_loss] constructed";
+  for (size_t at = r.err.find(mark); at != std::string::npos; at = r.err.find(mark, at + 1)) ++constructions;
+  EXPECT_EQ(constructions, 1u) << r.err;
+}
+
 }  // namespace

@@ -32,7 +32,9 @@ class TestLoss : public dflash::sdk::Loss {
         nan_from_call_(context.config().value("nan_from_call", int64_t{0})),
         oom_at_call_(context.config().value("oom_at_call", int64_t{0})),
         torch_error_at_call_(context.config().value("torch_error_at_call", int64_t{0})),
-        accuracy_(context.config().value("accuracy", std::string("per_row"))) {}
+        accuracy_(context.config().value("accuracy", std::string("per_row"))) {
+    context.log(DFLASH_LOG_INFO, "constructed");  // tests count constructions
+  }
 
   dflash::sdk::LossResult compute(const dflash::sdk::LossInputs& in) {
     if (in.hidden.dim() != 2 || in.hidden.size(1) != in.lm_head_weight.size(1))
