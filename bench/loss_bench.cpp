@@ -3,7 +3,7 @@
 // floor), and reports time, ratio to the floor, useful TFLOP/s and extra peak
 // memory. A program, not a test: see docs/performance.md for the figures.
 //
-//   loss_bench --plugin-dir build-gpu/lib/dflash-host/plugins [--rows 32768 --hidden 5120 --vocab 248320]
+//   loss_bench --plugin-dir build-gpu/lib/dflash-host/plugins [--plugin-dir more …] [--rows 32768 --hidden 5120 --vocab 248320]
 //              [--repeats 5 --warmup 2 --topk 64 --json out.jsonl]
 #include "bench_args.h"
 #include "plugin/instances.h"
@@ -28,7 +28,7 @@ using dflash::bench::Measurement;
 using dflash::bench::measure;
 
 struct Args {
-  std::string plugin_dir;
+  std::vector<std::string> plugin_dirs;  // --plugin-dir DIR (repeatable)
   int64_t rows = 32768, hidden = 5120, vocab = 248320, topk = 64;
   int repeats = 5, warmup = 2;
   std::string json;
@@ -39,7 +39,7 @@ Args parse(int argc, char** argv) {
   Args a;
   dflash::bench::FlagReader r(argc, argv);
   while (r.next()) {
-    if (r.is("--plugin-dir")) a.plugin_dir = r.text();
+    if (r.is("--plugin-dir")) a.plugin_dirs.push_back(r.text());
     else if (r.is("--rows")) a.rows = r.integer();
     else if (r.is("--hidden")) a.hidden = r.integer();
     else if (r.is("--vocab")) a.vocab = r.integer();
@@ -50,7 +50,7 @@ Args parse(int argc, char** argv) {
     else if (r.is("--only")) a.only.push_back(r.text());
     else r.unknown();
   }
-  if (a.plugin_dir.empty()) throw std::invalid_argument("--plugin-dir DIR is required");
+  if (a.plugin_dirs.empty()) throw std::invalid_argument("--plugin-dir DIR is required");
   return a;
 }
 
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   PluginRegistry registry;
-  registry.add_directory(args.plugin_dir);
+  for (const std::string& dir : args.plugin_dirs) registry.add_directory(dir);
 
   const auto device = torch::Device(torch::kCUDA, 0);
   const auto bf16 = torch::TensorOptions().device(device).dtype(torch::kBFloat16);
@@ -123,6 +123,10 @@ int main(int argc, char** argv) {
       {"fused_ckpt_kl CE+KL (blend 0.5)", "fused_ckpt_kl",
        {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", 0}, {"chunk_memory_mb", 1024}},
        DFLASH_TEACHER_HIDDEN, 3},
+      // The SDK's example losses (sdk/examples; --plugin-dir build-gpu/test-plugins/sdk-examples), defaults only.
+      {"example_weighted_ce (toolkit, autograd)", "example_weighted_ce", {{"temperature", 1.0}}, DFLASH_TEACHER_NONE, 2},
+      {"example_reverse_kl (toolkit, closed form)", "example_reverse_kl", {{"temperature", 1.0}}, DFLASH_TEACHER_HIDDEN, 3},
+      {"example_jsd (toolkit, autograd)", "example_jsd", {{"beta", 0.5}, {"temperature", 1.0}}, DFLASH_TEACHER_HIDDEN, 3},
   };
 
   std::ofstream json;
@@ -172,7 +176,18 @@ int main(int argc, char** argv) {
   }
   for (const Arm& arm : arms) {
     if (!args.only.empty() && std::find(args.only.begin(), args.only.end(), arm.plugin) == args.only.end()) continue;
-    LossInstance loss(registry.find(DFLASH_KIND_LOSS, arm.plugin), arm.config, {"cuda:0", "bfloat16", 0});
+    const PluginRecord* plugin = nullptr;
+    try {
+      plugin = &registry.find(DFLASH_KIND_LOSS, arm.plugin);
+    } catch (const std::exception&) {
+      std::cout << std::left << std::setw(36) << arm.label << "skipped: no plugin '" << arm.plugin << "' in --plugin-dir\n";
+      continue;
+    }
+    // The plugin's defaults, then the arm's settings (as the host fills them).
+    nlohmann::json config = arm.config;
+    for (auto& [key, property] : plugin->schema.at("properties").items())
+      if (!config.contains(key)) config[key] = property.at("default");
+    LossInstance loss(*plugin, config, {"cuda:0", "bfloat16", 0});
     LossCall call{hidden, weight, targets, -100, row_weights, arm.teacher};
     if (arm.teacher == DFLASH_TEACHER_HIDDEN) call.teacher_hidden = teacher_hidden;
     if (arm.teacher == DFLASH_TEACHER_TOPK) {
