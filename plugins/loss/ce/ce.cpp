@@ -1,6 +1,7 @@
 // loss/ce: cross-entropy with row weights and an ignore index, on the SDK's
-// chunked-loss toolkit: ℓ_i = lse(z_i) − z_i[y_i], differentiated by autograd
-// one chunk at a time, so no [N, V] tensor outlives its chunk.
+// chunked-loss toolkit: ℓ_i = lse(z_i) − z_i[y_i] with its closed-form
+// gradient c·(softmax(z) − onehot(y)), one chunk at a time, so no [N, V]
+// tensor outlives its chunk. The blend of loss/kl at α = 0, by the same code.
 #include "loss_support.h"
 
 namespace {
@@ -12,13 +13,14 @@ class CrossEntropy : public sdk::ChunkedLoss<CrossEntropy> {
   static std::string config_schema() { return sdk::chunked_loss_schema().dump(); }
   explicit CrossEntropy(const sdk::CreateContext& context) : ChunkedLoss(context) {}
 
-  sdk::ChunkRows rows(const sdk::LossChunk& chunk) const {
-    const at::Tensor ce = loss::ce_rows(chunk);
-    return {ce, {{"ce", ce.detach()}}};
+  static constexpr bool reports_correct = true;
+
+  sdk::ChunkRows rows_and_grad(const sdk::LossChunk& chunk) const {
+    return loss::blend_rows_and_grad(chunk, {0.0, 1.0});
   }
 
-  // The chunk's logits, their softmax and its gradient (about 3.5 measured).
-  double logit_bytes(const sdk::LossShape& shape) const { return loss::math_buffers(shape, 5); }
+  // The chunk's logits and their gradient, with temporaries (measured).
+  double logit_bytes(const sdk::LossShape& shape) const { return loss::math_buffers(shape, 3); }
 };
 
 }  // namespace

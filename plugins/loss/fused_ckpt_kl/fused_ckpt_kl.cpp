@@ -6,8 +6,9 @@
 //   ∂(c·ℓ)/∂z = c·[(1 − α)·(softmax(z) − onehot(y)) + α·T·(softmax(z/T) − softmax(u/T))]
 // (c: the row's reduction coefficient). On CUDA in fp32 / bf16 / fp16 two
 // kernel passes compute it over the logits in their input dtype and write it
-// over them in place, so a chunk holds only z (and u); elsewhere LibTorch
-// operators compute it in the math dtype.
+// over them in place, so a chunk holds only z (and u); elsewhere the
+// blend's LibTorch closed form (loss_support, shared with ce and kl) runs in
+// the math dtype.
 #include "loss_support.h"
 
 #ifdef DFLASH_FUSED_CUDA
@@ -30,36 +31,6 @@ constexpr bool kCudaKernels = false;
 bool cuda_path_applies(const at::Tensor& h) {
   const auto t = h.scalar_type();
   return kCudaKernels && h.is_cuda() && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf);
-}
-
-// The reference path (any device, any float dtype): LibTorch operators on
-// math-dtype logits.
-sdk::ChunkRows aten_chunk(const sdk::LossChunk& c, const loss::BlendSettings& s) {
-  const double alpha = s.kl_weight, t = s.temperature;
-  const at::Tensor& z = c.logits;
-  const at::Tensor y = c.targets.unsqueeze(1), coefficient = c.coefficient.unsqueeze(1);
-  const at::Tensor lse = z.logsumexp(1, true);
-  const at::Tensor ce = (lse - z.gather(1, y)).squeeze(1);
-  at::Tensor kl, grad;
-  if (c.need_grad && alpha < 1.0) {
-    grad = (z - lse).exp_().mul_((1.0 - alpha) * coefficient);
-    grad.scatter_add_(1, y, -(1.0 - alpha) * coefficient);
-  }
-  if (c.teacher_logits.defined()) {
-    const at::Tensor teacher_log_p = c.teacher_logits.div(t).log_softmax(1);
-    const at::Tensor student_log_q = (t == 1.0 ? z : z / t).log_softmax(1);
-    const at::Tensor teacher_p = teacher_log_p.exp();
-    kl = (teacher_p * (teacher_log_p - student_log_q)).sum(1);
-    if (c.need_grad) {
-      at::Tensor kl_grad = student_log_q.exp().sub_(teacher_p).mul_((alpha * t) * coefficient);
-      grad = grad.defined() ? grad.add_(kl_grad) : kl_grad;
-    }
-  }
-  if (c.need_grad && !grad.defined()) grad = at::zeros_like(z);
-  sdk::ChunkRows out = loss::blend_rows(s, ce, kl);
-  out.grad = grad;
-  out.correct = z.argmax(1).eq(c.targets);
-  return out;
 }
 
 #ifdef DFLASH_FUSED_CUDA
@@ -118,7 +89,7 @@ class FusedCheckpointedKl : public sdk::ChunkedLoss<FusedCheckpointedKl> {
 #ifdef DFLASH_FUSED_CUDA
     if (cuda_path_applies(chunk.logits)) return cuda_chunk(chunk, s_);
 #endif
-    return aten_chunk(chunk, s_);
+    return loss::blend_rows_and_grad(chunk, s_);
   }
 
   // The kernels read and write the logits in the input dtype.

@@ -1,9 +1,9 @@
 // loss/kl: full-vocabulary KL(teacher ‖ student) at temperature T, blended
 // with CE: ℓ = (1 − α)·CE + α·T²·KL. The teacher's logits come from its hidden
 // states through the same lm_head, without gradient. On the SDK's
-// chunked-loss toolkit, differentiated by autograd chunk by chunk: the plain
-// formula, memory-bounded. fused_ckpt_kl computes the same loss with a
-// closed-form gradient and CUDA kernels.
+// chunked-loss toolkit with the blend's closed-form gradient in LibTorch
+// operators (loss_support), any device and dtype; fused_ckpt_kl runs the
+// same code off the GPU and its CUDA kernels on it.
 #include "loss_support.h"
 
 namespace {
@@ -21,12 +21,11 @@ class KlDivergence : public sdk::ChunkedLoss<KlDivergence> {
       : ChunkedLoss(context, loss::BlendSettings::read(context.config()).teacher(sdk::Teacher::kHidden)),
         s_(loss::BlendSettings::read(context.config())) {}
 
-  sdk::ChunkRows rows(const sdk::LossChunk& chunk) const {
-    const at::Tensor kl = s_.kl_weight > 0 ? loss::kl_rows(chunk, s_.temperature) : at::Tensor();
-    return loss::blend_rows(s_, loss::ce_rows(chunk), kl);
-  }
+  static constexpr bool reports_correct = true;
 
-  // z, u, both log-softmaxes, their gradients (about 6.3 measured).
+  sdk::ChunkRows rows_and_grad(const sdk::LossChunk& chunk) const { return loss::blend_rows_and_grad(chunk, s_); }
+
+  // z, u, both log-softmaxes, the gradient and temporaries (measured).
   double logit_bytes(const sdk::LossShape& shape) const { return loss::math_buffers(shape, 8); }
 
  private:

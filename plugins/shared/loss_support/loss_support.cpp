@@ -14,14 +14,32 @@ sdk::Schema& add_distillation(sdk::Schema& schema, double default_kl_weight) {
       .number("temperature", 1.0, "T of the distillation term (CE stays at temperature 1)", Bounds::above(0));
 }
 
-at::Tensor ce_rows(const sdk::LossChunk& chunk) {
-  return chunk.logits.logsumexp(1) - chunk.logits.gather(1, chunk.targets.unsqueeze(1)).squeeze(1);
-}
-
-at::Tensor kl_rows(const sdk::LossChunk& chunk, double temperature) {
-  const at::Tensor teacher_log_p = (chunk.teacher_logits / temperature).log_softmax(1);
-  const at::Tensor student_log_q = (chunk.logits / temperature).log_softmax(1);
-  return (teacher_log_p.exp() * (teacher_log_p - student_log_q)).sum(1);
+sdk::ChunkRows blend_rows_and_grad(const sdk::LossChunk& c, const BlendSettings& s) {
+  const double alpha = s.kl_weight, t = s.temperature;
+  const at::Tensor& z = c.logits;
+  const at::Tensor y = c.targets.unsqueeze(1), coefficient = c.coefficient.unsqueeze(1);
+  const at::Tensor lse = z.logsumexp(1, true);
+  const at::Tensor ce = (lse - z.gather(1, y)).squeeze(1);
+  at::Tensor kl, grad;
+  if (c.need_grad && alpha < 1.0) {
+    grad = (z - lse).exp_().mul_((1.0 - alpha) * coefficient);
+    grad.scatter_add_(1, y, -(1.0 - alpha) * coefficient);
+  }
+  if (alpha > 0 && c.teacher_logits.defined()) {
+    const at::Tensor teacher_log_p = c.teacher_logits.div(t).log_softmax(1);
+    const at::Tensor student_log_q = (t == 1.0 ? z : z / t).log_softmax(1);
+    const at::Tensor teacher_p = teacher_log_p.exp();
+    kl = (teacher_p * (teacher_log_p - student_log_q)).sum(1);
+    if (c.need_grad) {
+      at::Tensor kl_grad = student_log_q.exp().sub_(teacher_p).mul_((alpha * t) * coefficient);
+      grad = grad.defined() ? grad.add_(kl_grad) : kl_grad;
+    }
+  }
+  if (c.need_grad && !grad.defined()) grad = at::zeros_like(z);
+  sdk::ChunkRows out = blend_rows(s, ce, kl);
+  out.grad = grad;
+  out.correct = z.argmax(1).eq(c.targets);
+  return out;
 }
 
 sdk::ChunkRows blend_rows(const BlendSettings& s, const at::Tensor& ce, const at::Tensor& kl) {

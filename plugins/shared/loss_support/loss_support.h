@@ -23,11 +23,13 @@ struct BlendSettings {
 // blend spells them the same way.
 sdk::Schema& add_distillation(sdk::Schema& schema, double default_kl_weight);
 
-// Per-row CE of a chunk: lse(z) − z[y], in the logits' dtype.
-at::Tensor ce_rows(const sdk::LossChunk& chunk);
-
-// Per-row KL(softmax(u/T) ‖ softmax(z/T)) of a chunk with teacher logits u.
-at::Tensor kl_rows(const sdk::LossChunk& chunk, double temperature);
+// The blend on one chunk with its gradient in closed form, by LibTorch
+// operators in the logits' dtype (any device): per-row losses, the metrics
+// "ce" (and "kl"), the top-1 hits and, when chunk.need_grad,
+//   ∂(Σ c·ℓ)/∂z = c·[(1 − α)·(softmax(z) − onehot(y)) + α·T·(softmax(z/T) − softmax(u/T))].
+// The one implementation of the blend's mathematics: ce (α = 0), kl, and
+// fused_ckpt_kl off its CUDA kernels.
+sdk::ChunkRows blend_rows_and_grad(const sdk::LossChunk& chunk, const BlendSettings& s);
 
 // The blend's rows from per-row CE and KL (undefined when α = 0), with the
 // per-row metrics "ce" (and "kl").
