@@ -261,6 +261,26 @@ TEST(FusedCkptKlLoss, CudaKernelsMatchTheTruth) {
   }
 }
 
+// On the GPU machine: the closed forms of ce, kl and topk_kl (LibTorch
+// operators on CUDA) against the same fp64 truth.
+TEST(AllLosses, ClosedFormsMatchTheTruthOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    std::vector<Case> cases = {{"ce", {{"chunk_size", 100}}, spec(0, 1, TeacherSignal::kNone)},
+                               {"kl", {{"kl_weight", 0.3}, {"temperature", 2.0}, {"chunk_size", 0}},
+                                spec(0.3, 2, TeacherSignal::kHidden)},
+                               {"topk_kl", {{"kl_weight", 0.5}, {"temperature", 1.5}, {"chunk_size", 64}},
+                                spec(0.5, 1.5, TeacherSignal::kTopK)}};
+    for (Case& c : cases) {
+      c.dtype = dtype;
+      c.device = torch::Device(torch::kCUDA, 0);
+      c.trainable = true;
+      c.upstream = 1.5;
+      check_case(c);
+    }
+  }
+}
+
 TEST(FusedCkptKlLoss, EqualsTheKlPluginsBlend) {
   for (double alpha : {0.0, 0.4, 1.0}) {
     Case c{"fused_ckpt_kl", {}, spec(alpha, 1.5, alpha > 0 ? TeacherSignal::kHidden : TeacherSignal::kNone)};
