@@ -120,7 +120,7 @@ std::string usage_text() {
          "5 out of device memory (an emergency checkpoint and a report were written),\n"
          "6 the memory plan says the run does not fit (train without --skip-memory-check),\n"
          "7 training stopped on SIGTERM or SIGINT (a checkpoint of every step done was written;\n"
-         "  the same command resumes).\n\n"
+         "  the same command resumes), 8 ab: an arm or seed failed (the report is written).\n\n"
       << "Example:\n  dflash-host --plugin-dir build/lib/dflash-host/plugins --loss fused_ckpt_kl --config configs/quickstart.json\n";
   return out.str();
 }

@@ -63,40 +63,22 @@ ResumeState read_trainer_state(const checkpoint::Checkpoint& saved) {
   return out;
 }
 
-std::vector<std::string> config_changes(const nlohmann::json& saved, const nlohmann::json& current) {
-  std::vector<std::string> out;
-  for (const auto& op : nlohmann::json::diff(saved, current)) {
-    const std::string path = op.at("path");
-    const bool changeable = std::any_of(kChangeableOnResume.begin(), kChangeableOnResume.end(), [&](const std::string& key) {
-      return path == key || path.rfind(key + "/", 0) == 0;
-    });
-    if (changeable) continue;
-    const std::string kind = op.at("op");
-    const nlohmann::json::json_pointer pointer(path);
-    const std::string before = kind == "add" ? "(unset)" : shown(saved.at(pointer));
-    const std::string after = kind == "remove" ? "(unset)" : shown(op.at("value"));
-    out.push_back(dotted(path) + ": " + before + " → " + after);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 namespace {
 
-std::vector<std::string> allowed_config_changes(const nlohmann::json& saved, const nlohmann::json& current) {
-  std::vector<std::string> out;
+// Each difference between two configs as "train.seed: 3 → 4", into
+// `allowed` when kChangeableOnResume holds its setting, else into `refused`.
+void partition_config_changes(const nlohmann::json& saved, const nlohmann::json& current, std::vector<std::string>& refused,
+                              std::vector<std::string>& allowed) {
   for (const auto& op : nlohmann::json::diff(saved, current)) {
     const std::string path = op.at("path");
     const bool changeable = std::any_of(kChangeableOnResume.begin(), kChangeableOnResume.end(), [&](const std::string& key) {
       return path == key || path.rfind(key + "/", 0) == 0;
     });
-    if (!changeable) continue;
     const std::string kind = op.at("op");
     const std::string before = kind == "add" ? "(unset)" : shown(saved.at(nlohmann::json::json_pointer(path)));
     const std::string after = kind == "remove" ? "(unset)" : shown(op.at("value"));
-    out.push_back(dotted(path) + ": " + before + " → " + after);
+    (changeable ? allowed : refused).push_back(dotted(path) + ": " + before + " → " + after);
   }
-  return out;
 }
 
 // The plugins' identities: another plugin or another version is refused
@@ -122,13 +104,17 @@ void compare_plugins(const nlohmann::json& saved, const nlohmann::json& current,
 
 }  // namespace
 
+std::vector<std::string> config_changes(const nlohmann::json& saved, const nlohmann::json& current) {
+  std::vector<std::string> refused, allowed;
+  partition_config_changes(saved, current, refused, allowed);
+  std::sort(refused.begin(), refused.end());
+  return refused;
+}
+
 ResumeChanges resume_changes(const nlohmann::json& saved_state, const nlohmann::json& config,
                              const nlohmann::json& plugins) {
   ResumeChanges changes;
-  if (saved_state.contains("config")) {
-    changes.refused = config_changes(saved_state.at("config"), config);
-    changes.allowed = allowed_config_changes(saved_state.at("config"), config);
-  }
+  if (saved_state.contains("config")) partition_config_changes(saved_state.at("config"), config, changes.refused, changes.allowed);
   if (saved_state.contains("plugins") && saved_state.at("plugins").is_object())
     compare_plugins(saved_state.at("plugins"), plugins, changes);
   std::sort(changes.refused.begin(), changes.refused.end());
