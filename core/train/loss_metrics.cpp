@@ -68,8 +68,9 @@ void LossMetrics::add(const host::LossCall& call, const host::LossOutput& out) {
   const at::Tensor weight = call.row_weights.defined() ? valid * call.row_weights.detach().to(at::kDouble) : valid;
   const at::Tensor total_weight = weight.sum();
   for (const auto& [name, metric] : out.metrics) {
-    if (!metric.defined() || !at::isFloatingType(metric.scalar_type()) && metric.scalar_type() != at::kBool &&
-                                 !at::isIntegralType(metric.scalar_type(), false))
+    // Numbers only (floating, integral or boolean); anything else has no mean.
+    if (!metric.defined() || !(at::isFloatingType(metric.scalar_type()) ||
+                               at::isIntegralType(metric.scalar_type(), /*includeBool=*/true)))
       continue;
     const at::Tensor value = metric.detach().to(call.hidden.device(), at::kDouble);
     Sum add;
