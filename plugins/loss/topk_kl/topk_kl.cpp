@@ -35,39 +35,14 @@ class TopKKl : public sdk::ChunkedLoss<TopKKl> {
 
   static constexpr bool reports_correct = true;
 
-  // The blend with the bucket KL, and its gradient in closed form:
-  //   ∂(c·ℓ)/∂z = c·[(1 − α)·(softmax(z) − onehot(y)) + α·T·(scatter_ids(−t_k + ρ·s_k) − q·G)]
+  // The blend with the bucket KL, its gradient in closed form (the blend's
+  // code, loss_support, with this KL term):
+  //   T·∂KL/∂z = scatter_ids(−t_k + ρ·s_k) − q·G
   // with q = softmax(z/T), s_k = q[id_k], s_r = 1 − Σ s_k, ρ = t_r / s_r (0
   // where the teacher has no rest) and G = −Σ t_k + ρ·Σ s_k: the chain rule
   // through the buckets (∂KL/∂s_k = −t_k/s_k + ρ) and the softmax.
   sdk::ChunkRows rows_and_grad(const sdk::LossChunk& chunk) const {
-    const double alpha = s_.kl_weight, temperature = s_.temperature;
-    const at::Tensor& z = chunk.logits;
-    const at::Tensor y = chunk.targets.unsqueeze(1), coefficient = chunk.coefficient.unsqueeze(1);
-    const at::Tensor lse = z.logsumexp(1, true);
-    const at::Tensor ce = (lse - z.gather(1, y)).squeeze(1);
-    const at::Tensor correct = z.argmax(1).eq(chunk.targets);
-    at::Tensor grad, kl;
-    if (chunk.need_grad && alpha < 1.0) {
-      grad = (z - lse).exp_().mul_((1.0 - alpha) * coefficient);
-      grad.scatter_add_(1, y, -(1.0 - alpha) * coefficient);
-    }
-    if (alpha > 0) {
-      Buckets b = buckets(chunk);
-      kl = b.kl;
-      if (chunk.need_grad) {
-        const at::Tensor g = b.rho * b.student_topk.sum(1, true) - b.teacher_topk.sum(1, true);
-        at::Tensor kl_grad = b.q.mul_(-g);  // b.q is this chunk's own buffer
-        kl_grad.scatter_add_(1, b.ids, b.rho * b.student_topk - b.teacher_topk);
-        kl_grad.mul_((alpha * temperature) * coefficient);
-        grad = grad.defined() ? grad.add_(kl_grad) : kl_grad;
-      }
-    }
-    if (chunk.need_grad && !grad.defined()) grad = at::zeros_like(z);
-    sdk::ChunkRows out = loss::blend_rows(s_, ce, kl);
-    out.grad = grad;
-    out.correct = correct;
-    return out;
+    return loss::blend_rows_and_grad(chunk, s_, [this](const sdk::LossChunk& c) { return bucket_kl_term(c); });
   }
 
   // z, q, the gradient and temporaries (measured).
@@ -82,6 +57,18 @@ class TopKKl : public sdk::ChunkedLoss<TopKKl> {
     at::Tensor student_topk;  // [r, K] s_k = q[id_k]
     at::Tensor rho;           // [r, 1] t_r / s_r, 0 where the teacher has no rest
   };
+
+  loss::KlTerm bucket_kl_term(const sdk::LossChunk& chunk) const {
+    Buckets b = buckets(chunk);
+    loss::KlTerm term;
+    term.rows = b.kl;
+    if (chunk.need_grad) {
+      const at::Tensor g = b.rho * b.student_topk.sum(1, true) - b.teacher_topk.sum(1, true);
+      term.t_grad = b.q.mul_(-g);  // b.q is this chunk's own buffer
+      term.t_grad.scatter_add_(1, b.ids, b.rho * b.student_topk - b.teacher_topk);
+    }
+    return term;
+  }
 
   // The teacher's and the student's K + 1 buckets of one chunk and their KL.
   Buckets buckets(const sdk::LossChunk& chunk) const {

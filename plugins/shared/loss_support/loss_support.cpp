@@ -14,7 +14,17 @@ sdk::Schema& add_distillation(sdk::Schema& schema, double default_kl_weight) {
       .number("temperature", 1.0, "T of the distillation term (CE stays at temperature 1)", Bounds::above(0));
 }
 
-sdk::ChunkRows blend_rows_and_grad(const sdk::LossChunk& c, const BlendSettings& s) {
+KlTerm full_kl_term(const sdk::LossChunk& c, double t) {
+  const at::Tensor teacher_log_p = c.teacher_logits.div(t).log_softmax(1);
+  const at::Tensor student_log_q = (t == 1.0 ? c.logits : c.logits / t).log_softmax(1);
+  const at::Tensor teacher_p = teacher_log_p.exp();
+  KlTerm term;
+  term.rows = (teacher_p * (teacher_log_p - student_log_q)).sum(1);
+  if (c.need_grad) term.t_grad = student_log_q.exp().sub_(teacher_p);
+  return term;
+}
+
+sdk::ChunkRows blend_rows_and_grad(const sdk::LossChunk& c, const BlendSettings& s, const KlTermFn& kl_term) {
   const double alpha = s.kl_weight, t = s.temperature;
   const at::Tensor& z = c.logits;
   const at::Tensor y = c.targets.unsqueeze(1), coefficient = c.coefficient.unsqueeze(1);
@@ -25,13 +35,11 @@ sdk::ChunkRows blend_rows_and_grad(const sdk::LossChunk& c, const BlendSettings&
     grad = (z - lse).exp_().mul_((1.0 - alpha) * coefficient);
     grad.scatter_add_(1, y, -(1.0 - alpha) * coefficient);
   }
-  if (alpha > 0 && c.teacher_logits.defined()) {
-    const at::Tensor teacher_log_p = c.teacher_logits.div(t).log_softmax(1);
-    const at::Tensor student_log_q = (t == 1.0 ? z : z / t).log_softmax(1);
-    const at::Tensor teacher_p = teacher_log_p.exp();
-    kl = (teacher_p * (teacher_log_p - student_log_q)).sum(1);
+  if (alpha > 0) {
+    KlTerm term = kl_term ? kl_term(c) : full_kl_term(c, t);
+    kl = term.rows;
     if (c.need_grad) {
-      at::Tensor kl_grad = student_log_q.exp().sub_(teacher_p).mul_((alpha * t) * coefficient);
+      at::Tensor kl_grad = term.t_grad.mul_((alpha * t) * coefficient);
       grad = grad.defined() ? grad.add_(kl_grad) : kl_grad;
     }
   }

@@ -9,6 +9,8 @@
 
 #include <dflash/sdk/chunked_loss.hpp>
 
+#include <functional>
+
 namespace dflash::loss {
 
 struct BlendSettings {
@@ -23,13 +25,25 @@ struct BlendSettings {
 // blend spells them the same way.
 sdk::Schema& add_distillation(sdk::Schema& schema, double default_kl_weight);
 
+// The KL term of a blend on one chunk: per-row KL and, when the chunk wants
+// a gradient, T·∂KL/∂z [r, V] in a buffer of the term's own (the blend
+// scales it in place by α·T·c, making α·T²·∂KL/∂z row by row).
+struct KlTerm {
+  at::Tensor rows, t_grad;
+};
+using KlTermFn = std::function<KlTerm(const sdk::LossChunk&)>;
+
+// The full-vocabulary KL(softmax(u/T) ‖ softmax(z/T)): T·∂KL/∂z = softmax(z/T) − softmax(u/T).
+KlTerm full_kl_term(const sdk::LossChunk& chunk, double temperature);
+
 // The blend on one chunk with its gradient in closed form, by LibTorch
 // operators in the logits' dtype (any device): per-row losses, the metrics
 // "ce" (and "kl"), the top-1 hits and, when chunk.need_grad,
-//   ∂(Σ c·ℓ)/∂z = c·[(1 − α)·(softmax(z) − onehot(y)) + α·T·(softmax(z/T) − softmax(u/T))].
-// The one implementation of the blend's mathematics: ce (α = 0), kl, and
-// fused_ckpt_kl off its CUDA kernels.
-sdk::ChunkRows blend_rows_and_grad(const sdk::LossChunk& chunk, const BlendSettings& s);
+//   ∂(Σ c·ℓ)/∂z = c·[(1 − α)·(softmax(z) − onehot(y)) + α·T·(T·∂KL/∂z)].
+// `kl_term` (read when α > 0) is the full-vocabulary KL unless given (topk_kl
+// gives its bucket KL). The one implementation of the blend's mathematics:
+// ce (α = 0), kl, topk_kl, and fused_ckpt_kl off its CUDA kernels.
+sdk::ChunkRows blend_rows_and_grad(const sdk::LossChunk& chunk, const BlendSettings& s, const KlTermFn& kl_term = {});
 
 // The blend's rows from per-row CE and KL (undefined when α = 0), with the
 // per-row metrics "ce" (and "kl").
