@@ -53,12 +53,13 @@ at::Tensor LossMetrics::top1_hits(const host::LossCall& call, const host::LossOu
                              "; 'accuracy' is reserved for the per-row top-1 hits [N] = [" + std::to_string(n) +
                              "] (argmax of the logits == target) that slot accuracy and τ are built on. "
                              "Return it per row, or under another name");
-  const at::Tensor as_double = reported.detach().to(at::kDouble);
-  if (as_double.ne(0).logical_and(as_double.ne(1)).any().item<bool>())
+  // Checked on the host copy the slot tally reads anyway: one device read, not two.
+  const at::Tensor hits = reported.detach().to(at::kCPU, at::kDouble);
+  if (hits.ne(0).logical_and(hits.ne(1)).any().item<bool>())
     throw std::runtime_error("loss plugin '" + plugin_ + "' returned metric 'accuracy' with values other than 0 and 1; "
                              "'accuracy' is reserved for the per-row top-1 hits (argmax of the logits == target). "
                              "Return other scores under another name");
-  return reported.detach();
+  return hits;
 }
 
 void LossMetrics::add(const host::LossCall& call, const host::LossOutput& out) {

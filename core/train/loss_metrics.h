@@ -26,8 +26,10 @@ class LossMetrics {
  public:
   explicit LossMetrics(std::string plugin_name) : plugin_(std::move(plugin_name)) {}
 
-  // The per-row top-1 hits [N] of one micro-batch (see above). Throws naming
-  // the plugin when its "accuracy" is not [N] of zeros and ones.
+  // The per-row top-1 hits [N] of one micro-batch (see above): the loss's
+  // own on the host in fp64 (the copy the slot tally reads), else the
+  // host's on the device. Throws naming the plugin when its "accuracy" is
+  // not [N] of zeros and ones.
   at::Tensor top1_hits(const host::LossCall& call, const host::LossOutput& out);
 
   // Adds one micro-batch's metrics (on the device; nothing is read yet).
