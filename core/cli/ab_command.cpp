@@ -72,16 +72,15 @@ int run_ab(const CliOptions& options) {
     names.insert(arm.name);
     arms.push_back(arm);
   }
-  const nlohmann::json raw = user_config(options);
-  const nlohmann::json train = raw.value("train", nlohmann::json::object());
-  const int64_t base_seed = train.value("seed", int64_t{0});
-  const std::string out = options.out_dir.value_or(train.value("output_dir", std::string("runs/default")) + "/ab");
+  const host::PluginRegistry registry = find_plugins(options);
+  const train::TrainSettings train = train_settings(options, registry);
+  const int64_t base_seed = static_cast<int64_t>(train.seed);
+  const std::string out = options.out_dir.value_or(train.output_dir + "/ab");
   std::error_code ec;
   if (fs::exists(out, ec) && !fs::is_empty(out, ec))
     throw std::invalid_argument(out + " exists and is not empty; an A/B run starts every arm fresh there. Choose another --out "
                                 "or move that folder away");
   fs::create_directories(out);
-  const host::PluginRegistry registry = find_plugins(options);
 
   auto arm_options = [&](const ArmSpec& arm, int64_t seed) {
     CliOptions o = options;
@@ -101,10 +100,9 @@ int run_ab(const CliOptions& options) {
   std::vector<std::pair<std::string, at::Tensor>> gradients;
   for (const ArmSpec& arm : arms) {
     try {
-      auto set = make_train_set(arm_options(arm, 0), registry);
-      train::TrainPlugins plugins = set->plugins();
+      const std::unique_ptr<train::Run> run = make_run(arm_options(arm, 0), registry);
       std::vector<at::Tensor> flat;
-      for (const auto& [name, g] : train::first_step_gradients(plugins, set->run))
+      for (const auto& [name, g] : train::first_step_gradients(*run))
         flat.push_back(g.detach().to(at::kCPU, at::kDouble).flatten());
       gradients.emplace_back(arm.name, at::cat(flat));
     } catch (const std::exception& e) {
@@ -128,7 +126,7 @@ int run_ab(const CliOptions& options) {
 
   // The arms, seed after seed.
   eval::EvalSettings eval_settings;
-  eval_settings.prompts_file = options.prompts.value_or(train.value("eval_prompts", std::string()));
+  eval_settings.prompts_file = options.prompts.value_or(train.eval_prompts);
   eval_settings.max_new_tokens = options.max_new_tokens;
   eval_settings.prompt_tokens = options.prompt_tokens;
   eval_settings.max_prompts = options.max_prompts > 0 ? options.max_prompts : 32;
@@ -143,9 +141,8 @@ int run_ab(const CliOptions& options) {
       const std::string dir = out + "/" + arm.name + "/seed-" + std::to_string(seed);
       log::info("ab: arm " + arm.name + ", seed " + std::to_string(run.seed));
       try {
-        auto set = make_train_set(arm_options(arm, seed), registry);
-        train::TrainPlugins plugins = set->plugins();
-        const int code = train::run_training(plugins, set->run);
+        const std::unique_ptr<train::Run> arm_run = make_run(arm_options(arm, seed), registry);
+        const int code = train::run_training(*arm_run, train::RunOptions{});
         if (code == train::kStoppedOnRequest) {  // the user or the scheduler ends the comparison, not one arm
           log::warn("ab: stopped by a signal in arm " + arm.name + ", seed " + std::to_string(run.seed) +
                     "; no report written; that arm's checkpoints are in " + dir);
@@ -156,10 +153,10 @@ int run_ab(const CliOptions& options) {
           run.failure = code == train::kNonFinite ? "stopped on non-finite losses (exit status 4)"
                                                   : "training ended with exit status " + std::to_string(code);
         } else if (!eval_settings.prompts_file.empty()) {
-          const nlohmann::json target_info = set->target->describe();
-          set->drafter->set_training(false);
-          run.final_eval = eval::evaluate(*set->target, *set->drafter, eval::read_prompts(eval_settings, target_info),
-                                          eval_settings, target_info);
+          const nlohmann::json& target_info = arm_run->target_info();
+          arm_run->drafter().set_training(false);
+          run.final_eval = eval::evaluate(arm_run->target(), arm_run->drafter(), arm_run->drafter_facts(),
+                                          eval::read_prompts(eval_settings, target_info), eval_settings, target_info);
           run.final_eval.erase("per_prompt");
         }
       } catch (const std::exception& e) {

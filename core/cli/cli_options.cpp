@@ -36,6 +36,8 @@ po::options_description visible_options() {
       ("json", "list, plan: print JSON instead of a table")
       ("gpu-memory", po::value<std::string>(), "plan, train: the device's memory to plan against (e.g. 96GiB, 80GB) "
        "instead of what the driver reports free now")
+      ("world-size", po::value<int64_t>(), "plan: the memory of one rank of a data-parallel run of this many ranks "
+       "(its share of the global batch, of the optimizer under train.shard_optimizer, the gradient buckets)")
       ("skip-memory-check", "train: start even when the memory plan says the run will not fit")
       ("stop-after", po::value<int64_t>(), "train: stop after this many steps of this run, with a checkpoint "
        "(run again to resume from it)")
@@ -146,6 +148,10 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   options.version = vm.count("version") > 0;
   options.json = vm.count("json") > 0;
   if (vm.count("gpu-memory")) options.device_memory = vm["gpu-memory"].as<std::string>();
+  if (vm.count("world-size")) {
+    options.world_size = vm["world-size"].as<int64_t>();
+    if (options.world_size < 1) throw std::invalid_argument("--world-size " + std::to_string(options.world_size) + ": expected 1 or more");
+  }
   options.skip_memory_check = vm.count("skip-memory-check") > 0;
   options.default_plugin_dirs = vm.count("no-default-plugin-dirs") == 0;
   options.allow_world_writable_plugins = vm.count("allow-world-writable-plugins") > 0;

@@ -23,6 +23,7 @@ struct CliOptions {
   bool json = false;                       // --json (list, plan)
   // plan, train: the device's capacity (--gpu-memory), and --skip-memory-check
   std::optional<std::string> device_memory;
+  int64_t world_size = 1;  // plan --world-size
   bool skip_memory_check = false;
   int64_t stop_after = 0;                  // --stop-after N (train)
   std::optional<std::string> resume_from;  // --resume-from step-N (train)

@@ -1,6 +1,8 @@
 #include "cli/commands.h"
 
 #include "config/config_file.h"
+#include "dist/process_group.h"
+#include "dist/rank_agreement.h"
 #include "config/config_schema.h"
 #include "config/host_config.h"
 #include "log/log.h"
@@ -14,6 +16,7 @@
 
 #include <dflash/sdk/torch.hpp>
 #include "train/train_schema.h"
+#include "train/train_settings.h"
 #include "train/trainer.h"
 #include "train/run_directory.h"
 #include "checkpoint/checkpoint.h"
@@ -193,17 +196,17 @@ int print_config(const CliOptions& options) {
   return kExitOk;
 }
 
+// The "train" section, typed (parsed from the resolved config, once per use).
+train::TrainSettings settings_of(const config::ResolvedConfig& resolved) {
+  return train::parse_train_settings(resolved.root.at("train"));
+}
+
 template <class Instance>
 std::unique_ptr<Instance> instantiate(const PluginRegistry& registry, const config::ResolvedConfig& resolved,
                                       dflash_kind kind, nlohmann::json plugin_config) {
   const std::string section = host::kind_section(kind);
   const PluginRecord& record = registry.find(kind, resolved.root.at(section).at("plugin").get<std::string>());
-  host::InstanceOptions options;
-  const nlohmann::json& train = resolved.root.at("train");
-  options.device = train.at("device").get<std::string>();
-  options.dtype = train.at("dtype").get<std::string>();
-  options.seed = train.at("seed").get<uint64_t>();
-  return std::make_unique<Instance>(record, plugin_config, options);
+  return std::make_unique<Instance>(record, plugin_config, train::instance_options(settings_of(resolved)));
 }
 
 }  // namespace
@@ -234,44 +237,40 @@ memory::Capacity capacity_for(const CliOptions& options, const std::string& devi
 
 namespace {
 
-// The plugins of a run from its already resolved config; `loss` when the
-// caller made it already (train: for the memory plan), so it is made once.
-std::unique_ptr<TrainSet> train_set_from(const CliOptions& options, const PluginRegistry& registry,
-                                         const config::ResolvedConfig& resolved,
-                                         std::unique_ptr<host::LossInstance> loss = nullptr) {
+// The run from its already resolved config; `loss` when the caller made it
+// already (train: for the memory plan), so it is made once.
+std::unique_ptr<train::Run> run_from(const PluginRegistry& registry, const config::ResolvedConfig& resolved,
+                                     std::unique_ptr<host::LossInstance> loss = nullptr) {
   auto section = [&](dflash_kind kind) { return config::plugin_config_of(resolved, host::kind_section(kind)); };
   // Every plugin is created before anything long-running begins, so one that
   // cannot start says so at once. The target comes first: a data source's
   // vocab_size of 0 means the target's.
-  auto target = instantiate<host::TargetModelInstance>(registry, resolved, DFLASH_KIND_TARGET_MODEL, section(DFLASH_KIND_TARGET_MODEL));
-  const nlohmann::json target_info = target->describe();
+  train::RunPlugins plugins;
+  plugins.target = instantiate<host::TargetModelInstance>(registry, resolved, DFLASH_KIND_TARGET_MODEL, section(DFLASH_KIND_TARGET_MODEL));
+  const nlohmann::json target_info = plugins.target->describe();
   nlohmann::json data_config = section(DFLASH_KIND_DATA_SOURCE);
   if (data_config.contains("vocab_size") && data_config["vocab_size"].is_number_integer() &&
       data_config["vocab_size"].get<int64_t>() == 0)
     data_config["vocab_size"] = target_info.at("vocab_size");
-  auto data = instantiate<host::DataSourceInstance>(registry, resolved, DFLASH_KIND_DATA_SOURCE, data_config);
-  auto drafter = instantiate<host::DrafterInstance>(registry, resolved, DFLASH_KIND_DRAFTER, section(DFLASH_KIND_DRAFTER));
-  if (!loss) loss = instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS, section(DFLASH_KIND_LOSS));
-  auto scheduler = instantiate<host::SchedulerInstance>(registry, resolved, DFLASH_KIND_SCHEDULER, section(DFLASH_KIND_SCHEDULER));
-  auto set = std::make_unique<TrainSet>();
-  set->data = std::move(data);
-  set->target = std::move(target);
-  set->drafter = std::move(drafter);
-  set->loss = std::move(loss);
-  set->scheduler = std::move(scheduler);
-  set->run.train = resolved.root.at("train");
-  set->run.resolved_config = resolved.root;
-  set->run.stop_after = options.stop_after;
-  return set;
+  plugins.data = instantiate<host::DataSourceInstance>(registry, resolved, DFLASH_KIND_DATA_SOURCE, data_config);
+  plugins.drafter = instantiate<host::DrafterInstance>(registry, resolved, DFLASH_KIND_DRAFTER, section(DFLASH_KIND_DRAFTER));
+  plugins.loss = loss ? std::move(loss)
+                      : instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS, section(DFLASH_KIND_LOSS));
+  plugins.scheduler = instantiate<host::SchedulerInstance>(registry, resolved, DFLASH_KIND_SCHEDULER, section(DFLASH_KIND_SCHEDULER));
+  return std::make_unique<train::Run>(std::move(plugins), resolved.root);
 }
 
 }  // namespace
 
-std::unique_ptr<TrainSet> make_train_set(const CliOptions& options, const PluginRegistry& registry) {
+train::TrainSettings train_settings(const CliOptions& options, const PluginRegistry& registry) {
+  return settings_of(resolve(options, registry, {}));
+}
+
+std::unique_ptr<train::Run> make_run(const CliOptions& options, const PluginRegistry& registry) {
   require_run_config(options);
   const config::ResolvedConfig resolved = resolve(options, registry, all_sections());
-  memory::require_device(resolved.root.at("train").at("device").get<std::string>());
-  return train_set_from(options, registry, resolved);
+  memory::require_device(settings_of(resolved).device);
+  return run_from(registry, resolved);
 }
 
 namespace {
@@ -281,7 +280,7 @@ int plan(const CliOptions& options) {
   require_run_config(options);
   const PluginRegistry registry = load_plugins(options);
   const config::ResolvedConfig resolved = resolve(options, registry, all_sections());
-  const memory::DevicePlan plan = memory::plan_run(registry, resolved.root);
+  const memory::DevicePlan plan = memory::plan_run(registry, resolved.root, nullptr, options.world_size);
   const memory::Capacity capacity = capacity_for(options, plan.device);
   std::optional<memory::Verdict> verdict;
   if (plan.complete()) verdict = memory::check_fit(registry, resolved.root, plan, capacity.free_bytes);
@@ -301,50 +300,75 @@ std::optional<int64_t> resume_step(const CliOptions& options) {
   return step;
 }
 
-int train(const CliOptions& options) {
-  require_run_config(options);
-  const PluginRegistry registry = load_plugins(options);
-  // The memory check comes before any other plugin is created: nothing is
-  // allocated for a run that cannot fit. The loss comes first because it
-  // answers the plan from an instance (estimate_memory); the same instance
-  // then trains, so every plugin's constructor runs once.
-  const config::ResolvedConfig resolved = resolve(options, registry, all_sections());
-  auto loss = instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS,
-                                              config::plugin_config_of(resolved, host::kind_section(DFLASH_KIND_LOSS)));
-  const memory::DevicePlan plan = memory::plan_run(registry, resolved.root, loss.get());
+// The memory check comes before any other plugin is created: nothing is
+// allocated for a run that cannot fit. The loss comes first because it
+// answers the plan from an instance (estimate_memory); the same instance
+// then trains, so every plugin's constructor runs once. Returns the exit
+// status when the run must not start.
+std::optional<int> check_memory(const CliOptions& options, const PluginRegistry& registry,
+                                const config::ResolvedConfig& resolved, const host::LossInstance& loss,
+                                std::optional<memory::DevicePlan>& plan_out) {
+  const std::optional<dist::LaunchEnvironment> launch = dist::launch_environment();
+  const memory::DevicePlan plan = memory::plan_run(registry, resolved.root, &loss, launch ? launch->world_size : 1);
+  plan_out = plan;
   if (!plan.complete()) {
     for (const std::string& missing : plan.missing) log::warn("memory plan incomplete: " + missing + "; not checked");
-  } else {
-    const memory::Capacity capacity = capacity_for(options, plan.device);
-    const memory::Verdict verdict = memory::check_fit(registry, resolved.root, plan, capacity.free_bytes);
-    if (!verdict.fits) {
-      std::cerr << memory::format_plan(plan, capacity, verdict) << std::flush;
-      if (!options.skip_memory_check) {
-        log::error("the run does not fit on " + plan.device + ": it needs " + memory::format_bytes(plan.total_bytes) + ", " +
-                   memory::format_bytes(capacity.free_bytes) + " available (" + capacity.source + "); use a setting above, or "
-                   "--skip-memory-check to start anyway");
-        return kExitDoesNotFit;
-      }
-      log::warn("the memory plan says the run does not fit; starting anyway (--skip-memory-check)");
-    } else {
-      log::info("memory plan: predicted peak " + memory::format_bytes(plan.peak_bytes) + " (" +
-                memory::phase_name(plan.peak_phase) + "), " + memory::format_bytes(plan.total_bytes) + " with slack, of " +
-                memory::format_bytes(capacity.free_bytes) + " available on " + plan.device + " (`dflash-host plan` for the table)");
-    }
+    return std::nullopt;
   }
-  const std::optional<int64_t> resume_from = resume_step(options);
-  memory::require_device(resolved.root.at("train").at("device").get<std::string>());  // also with --gpu-memory
+  const memory::Capacity capacity = capacity_for(options, plan.device);
+  const memory::Verdict verdict = memory::check_fit(registry, resolved.root, plan, capacity.free_bytes);
+  if (!verdict.fits) {
+    std::cerr << memory::format_plan(plan, capacity, verdict) << std::flush;
+    if (!options.skip_memory_check) {
+      log::error("the run does not fit on " + plan.device + ": it needs " + memory::format_bytes(plan.total_bytes) + ", " +
+                 memory::format_bytes(capacity.free_bytes) + " available (" + capacity.source + "); use a setting above, or "
+                 "--skip-memory-check to start anyway");
+      return kExitDoesNotFit;
+    }
+    log::warn("the memory plan says the run does not fit; starting anyway (--skip-memory-check)");
+  } else {
+    log::info("memory plan: predicted peak " + memory::format_bytes(plan.peak_bytes) + " (" +
+              memory::phase_name(plan.peak_phase) + "), " + memory::format_bytes(plan.total_bytes) + " with slack, of " +
+              memory::format_bytes(capacity.free_bytes) + " available on " + plan.device + " (`dflash-host plan` for the table)");
+  }
+  return std::nullopt;
+}
+
+int train(const CliOptions& options) {
+  require_run_config(options);
+  // A rank of several (torchrun's environment, or `dflash-host launch`):
+  // its lines say which from the first one on.
+  const std::optional<dist::LaunchEnvironment> launch = dist::launch_environment();
+  if (launch) log::set_rank(launch->rank, launch->world_size);
+  const PluginRegistry registry = load_plugins(options);
+  config::ResolvedConfig resolved = resolve(options, registry, all_sections());
+  // What every rank must agree on is the config as resolved; this rank's
+  // device ("cuda" → cuda:LOCAL_RANK) is its own.
+  const nlohmann::json shared_config = resolved.root;
+  if (launch) resolved.root["train"]["device"] = dist::rank_device(settings_of(resolved).device, *launch);
+  const train::TrainSettings settings = settings_of(resolved);
+  auto loss = instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS,
+                                              config::plugin_config_of(resolved, host::kind_section(DFLASH_KIND_LOSS)));
+  train::RunOptions run_options;
+  if (const auto refused = check_memory(options, registry, resolved, *loss, run_options.memory_plan)) return *refused;
+  run_options.resume_from = resume_step(options);
+  run_options.stop_after = options.stop_after;
+  run_options.allow_config_change = options.allow_config_change;
+  memory::require_device(settings.device);  // also with --gpu-memory
   // The output directory is claimed before the plugins load (a large target
   // takes minutes): a second run on the same directory is refused at once.
-  std::shared_ptr<checkpoint::RunLock> output_lock =
-      train::claim_output_dir(resolved.root.at("train").at("output_dir").get<std::string>());
-  auto set = train_set_from(options, registry, resolved, std::move(loss));
-  set->run.memory_plan = plan;
-  set->run.output_lock = std::move(output_lock);
-  set->run.resume_from = resume_from;
-  set->run.allow_config_change = options.allow_config_change;
-  train::TrainPlugins plugins = set->plugins();
-  return train::run_training(plugins, set->run);
+  // Rank 0 writes there, and holds it.
+  if (!launch || launch->rank == 0) run_options.output_lock = train::claim_output_dir(settings.output_dir);
+  const std::unique_ptr<dist::Collective> group =
+      launch ? dist::join(*launch, settings.device, settings.collective_timeout_s) : dist::single_process();
+  try {
+    const std::unique_ptr<train::Run> run = run_from(registry, resolved, std::move(loss));
+    dist::check_ranks_agree(*group, dist::run_fingerprint(shared_config, run->plugin_identities()));
+    return train::run_training(*run, run_options, *group);
+  } catch (const std::exception& e) {
+    group->announce_failure(e.what());
+    throw;
+  }
 }
 
 int evaluate(const CliOptions& options) {
@@ -355,17 +379,16 @@ int evaluate(const CliOptions& options) {
   if (options.report) eval::check_report_file(*options.report);
   PluginRegistry registry = load_plugins(options);
   const config::ResolvedConfig resolved = resolve(options, registry, {"target", "drafter"});
-  memory::require_device(resolved.root.at("train").at("device").get<std::string>());
-  auto target = instantiate<host::TargetModelInstance>(registry, resolved, DFLASH_KIND_TARGET_MODEL,
-                                                       config::plugin_config_of(resolved, "target"));
-  const nlohmann::json target_info = target->describe();
-  auto drafter = instantiate<host::DrafterInstance>(registry, resolved, DFLASH_KIND_DRAFTER,
-                                                    config::plugin_config_of(resolved, "drafter"));
-  const nlohmann::json& train = resolved.root.at("train");
-  drafter->bind_target(target_info, host::place_frozen_weights(target->frozen_weights(), target->record().name,
-                                                               c10::Device(train.at("device").get<std::string>()),
-                                                               dflash::sdk::parse_dtype(train.at("dtype").get<std::string>())));
-  drafter->set_training(false);
+  memory::require_device(settings_of(resolved).device);
+  train::RunPlugins plugins;
+  plugins.target = instantiate<host::TargetModelInstance>(registry, resolved, DFLASH_KIND_TARGET_MODEL,
+                                                          config::plugin_config_of(resolved, "target"));
+  plugins.drafter = instantiate<host::DrafterInstance>(registry, resolved, DFLASH_KIND_DRAFTER,
+                                                       config::plugin_config_of(resolved, "drafter"));
+  train::Run run(std::move(plugins), resolved.root);
+  run.bind();
+  const nlohmann::json& target_info = run.target_info();
+  run.drafter().set_training(false);
   eval::EvalSettings settings;
   settings.prompts_file = *options.prompts;
   settings.drafter_checkpoint = options.drafter_checkpoint.value_or("");
@@ -375,9 +398,9 @@ int evaluate(const CliOptions& options) {
   settings.max_prompts = options.max_prompts;
   settings.baseline = options.baseline;
   settings.warmup = options.warmup;
-  if (!settings.drafter_checkpoint.empty()) eval::load_drafter_checkpoint(settings.drafter_checkpoint, *drafter, target_info);
+  if (!settings.drafter_checkpoint.empty()) eval::load_drafter_checkpoint(settings.drafter_checkpoint, run.drafter(), target_info);
   const std::vector<eval::Prompt> prompts = eval::read_prompts(settings, target_info);
-  const nlohmann::json report = eval::evaluate(*target, *drafter, prompts, settings, target_info);
+  const nlohmann::json report = eval::evaluate(run.target(), run.drafter(), run.drafter_facts(), prompts, settings, target_info);
   std::cout << eval::format_report(report);
   if (options.report) {
     std::ofstream out(*options.report);
@@ -393,22 +416,18 @@ PluginRegistry find_plugins(const CliOptions& options) { return load_plugins(opt
 
 TargetOnly make_target(const CliOptions& options, const PluginRegistry& registry) {
   const config::ResolvedConfig resolved = resolve(options, registry, {"target"});
-  memory::require_device(resolved.root.at("train").at("device").get<std::string>());
+  const train::TrainSettings settings = settings_of(resolved);
+  memory::require_device(settings.device);
   return {instantiate<host::TargetModelInstance>(registry, resolved, DFLASH_KIND_TARGET_MODEL,
                                                  config::plugin_config_of(resolved, "target")),
-          resolved.root.at("train")};
+          settings};
 }
-nlohmann::json user_config(const CliOptions& options) { return raw_config(options); }
 
 nlohmann::json target_facts(const CliOptions& options, const PluginRegistry& registry) {
   const config::ResolvedConfig resolved = resolve(options, registry, {"target"});
-  const nlohmann::json& train = resolved.root.at("train");
   const PluginRecord& record =
       registry.find(DFLASH_KIND_TARGET_MODEL, resolved.root.at("target").at("plugin").get<std::string>());
-  host::InstanceOptions instance;
-  instance.device = train.at("device").get<std::string>();
-  instance.dtype = train.at("dtype").get<std::string>();
-  instance.seed = train.at("seed").get<uint64_t>();
+  const host::InstanceOptions instance = train::instance_options(settings_of(resolved));
   const nlohmann::json batch{{"rows", 1}, {"row_length", 1}};
   return host::plan_memory(record, config::plugin_config_of(resolved, "target"), instance, batch).facts;
 }

@@ -22,21 +22,16 @@ inline constexpr int kExitSomeArmsFailed = 8;  // ab: the report is written, and
 
 int run_command(const CliOptions& options);
 
-// The plugins of one training run, created from the command line's config
-// (file, --loss & co., --set) and owned together.
-struct TrainSet {
-  std::unique_ptr<host::DataSourceInstance> data;
-  std::unique_ptr<host::TargetModelInstance> target;
-  std::unique_ptr<host::DrafterInstance> drafter;
-  std::unique_ptr<host::LossInstance> loss;
-  std::unique_ptr<host::SchedulerInstance> scheduler;
-  train::TrainRun run;
-  train::TrainPlugins plugins() { return {*data, *target, *drafter, *loss, *scheduler}; }
-};
+// `dflash-host launch --nproc-per-node N [--] ARGS…` (cli/launch_command.cpp):
+// the whole command line, as main() got it.
+int run_launch(int argc, char** argv);
+
 host::PluginRegistry find_plugins(const CliOptions& options);
-// The config as written (file, plugin flags, --set), before validation.
-nlohmann::json user_config(const CliOptions& options);
-std::unique_ptr<TrainSet> make_train_set(const CliOptions& options, const host::PluginRegistry& registry);
+// The command line's "train" section, resolved (defaults filled) and typed.
+train::TrainSettings train_settings(const CliOptions& options, const host::PluginRegistry& registry);
+// The run of the command line's config (file, --loss & co., --set): its
+// five plugins created, the device checked.
+std::unique_ptr<train::Run> make_run(const CliOptions& options, const host::PluginRegistry& registry);
 
 // `dflash-host ab` (cli/ab_command.cpp).
 int run_ab(const CliOptions& options);
@@ -45,7 +40,7 @@ int run_ab(const CliOptions& options);
 // required), the device checked, the plugin created.
 struct TargetOnly {
   std::unique_ptr<host::TargetModelInstance> target;
-  nlohmann::json train;  // the resolved "train" section (device, dtype, seed)
+  train::TrainSettings settings;  // the resolved "train" section
 };
 TargetOnly make_target(const CliOptions& options, const host::PluginRegistry& registry);
 

@@ -43,7 +43,7 @@ void check_generate_flags(const CliOptions& options) {
 }
 
 generate::GenerateSettings settings_of(const CliOptions& options, const nlohmann::json& target_info,
-                                       const nlohmann::json& train) {
+                                       const train::TrainSettings& train) {
   generate::GenerateSettings s;
   s.limits.max_new_tokens = options.max_new_tokens;
   s.limits.max_length = options.max_length > 0 ? options.max_length : target_info.value("max_position_embeddings", int64_t{0});
@@ -51,7 +51,7 @@ generate::GenerateSettings settings_of(const CliOptions& options, const nlohmann
   s.batch_size = options.batch_size;
   s.sampling.temperature = options.temperature.value_or(0);
   s.sampling.top_p = options.top_p.value_or(1);
-  s.sampling.seed = options.seed ? static_cast<uint64_t>(*options.seed) : train.at("seed").get<uint64_t>();
+  s.sampling.seed = options.seed ? static_cast<uint64_t>(*options.seed) : train.seed;
   return s;
 }
 
@@ -67,7 +67,7 @@ int run_generate(const CliOptions& options) {
   const std::vector<eval::Prompt> prompts = eval::read_prompts(
       eval::PromptSettings{*options.prompts, options.prompt_tokens, options.max_prompts, /*split_at_loss_mask=*/true},
       target_info);
-  const generate::GenerateSettings settings = settings_of(options, target_info, made.train);
+  const generate::GenerateSettings settings = settings_of(options, target_info, made.settings);
 
   generate::LinesFile lines(*options.out_dir);
   int64_t short_answers = 0;

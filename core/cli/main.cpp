@@ -23,6 +23,9 @@ int main(int argc, char** argv) {
   // CPU quickstart's system time by more than half.
   ::mallopt(M_MMAP_THRESHOLD, 512 << 20);
   ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // `launch` starts the ranks; its arguments after the launcher's own are
+  // theirs, not parsed here.
+  if (argc > 1 && std::string(argv[1]) == "launch") return cli::run_launch(argc, argv);
   cli::CliOptions options;
   try {
     options = cli::parse_command_line(argc, argv);
@@ -44,19 +47,19 @@ int main(int argc, char** argv) {
   try {
     return cli::run_command(options);
   } catch (const config::ConfigError& e) {
-    std::cerr << "dflash-host: config error: " << e.what() << "\n";
+    std::cerr << log::program_prefix() << "config error: " << e.what() << "\n";
     return cli::kExitUsage;
   } catch (const host::PluginLookupError& e) {
-    std::cerr << "dflash-host: " << e.what() << "\n";
+    std::cerr << log::program_prefix() << e.what() << "\n";
     return cli::kExitUsage;
   } catch (const std::invalid_argument& e) {
-    std::cerr << "dflash-host: " << e.what() << "\n";
+    std::cerr << log::program_prefix() << e.what() << "\n";
     return cli::kExitUsage;
   } catch (const host::PluginCallError& e) {
-    std::cerr << "dflash-host: " << e.what() << "\n";
+    std::cerr << log::program_prefix() << e.what() << "\n";
     return cli::kExitFailure;
   } catch (const std::exception& e) {
-    std::cerr << "dflash-host: " << e.what() << "\n";
+    std::cerr << log::program_prefix() << e.what() << "\n";
     return cli::kExitFailure;
   }
 }

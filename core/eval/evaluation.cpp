@@ -65,16 +65,17 @@ void load_drafter_checkpoint(const std::string& path, const host::DrafterInstanc
 }
 
 nlohmann::json evaluate(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,
-                        const std::vector<Prompt>& prompts, const EvalSettings& s, const nlohmann::json& target_info) {
+                        const host::DrafterFacts& facts, const std::vector<Prompt>& prompts, const EvalSettings& s,
+                        const nlohmann::json& target_info) {
   if (!target.can_decode())
     throw std::invalid_argument(target.record().label() + " cannot decode incrementally (no decode_* slots); eval needs a target that can");
   if (!drafter.can_draft())
     throw std::invalid_argument(drafter.record().label() + " cannot propose tokens (no draft_* slots); eval needs a drafter that can");
-  const nlohmann::json drafter_info = drafter.export_config().value_or(nlohmann::json::object());
-  const int64_t block_size = drafter_info.value("block_size", int64_t{0});
+  const int64_t block_size = facts.block_size;
   if (block_size < 2)
-    throw std::invalid_argument(drafter.record().label() + ": its export_config gives no block_size ≥ 2");
-  const std::vector<int64_t> layer_ids = drafter_info.value("target_layer_ids", std::vector<int64_t>{});
+    throw std::invalid_argument(drafter.record().label() + ": its block_size is " + std::to_string(block_size) +
+                                "; speculative decoding needs blocks of 2 tokens or more");
+  const std::vector<int64_t>& layer_ids = facts.target_layer_ids;
   DecodeLimits limits;
   limits.max_new_tokens = s.max_new_tokens;
   limits.max_length = s.max_length > 0 ? s.max_length : target_info.value("max_position_embeddings", int64_t{0});

@@ -5,6 +5,7 @@
 
 #include "eval/prompts.h"
 #include "eval/speculative.h"
+#include "plugin/drafter_facts.h"
 
 #include <nlohmann/json.hpp>
 
@@ -49,8 +50,10 @@ void load_drafter_checkpoint(const std::string& path, const host::DrafterInstanc
 // its row gets the first divergence, measured by one extra (untimed) target
 // pass and classified near-tie or other (divergence.h), and the report the
 // lossless summary (lossless_summary).
+// `facts`: the drafter's (plugin/drafter_facts.h), read after bind_target.
 nlohmann::json evaluate(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,
-                        const std::vector<Prompt>& prompts, const EvalSettings& settings, const nlohmann::json& target_info);
+                        const host::DrafterFacts& facts, const std::vector<Prompt>& prompts, const EvalSettings& settings,
+                        const nlohmann::json& target_info);
 
 // The report as a console table.
 std::string format_report(const nlohmann::json& report);

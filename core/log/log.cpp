@@ -20,6 +20,11 @@ spdlog::logger& logger() {
   return *instance;
 }
 
+std::string& program_prefix_storage() {
+  static std::string prefix = "dflash-host: ";
+  return prefix;
+}
+
 spdlog::level::level_enum from_abi(int32_t level) {
   switch (level) {
     case DFLASH_LOG_TRACE: return spdlog::level::trace;
@@ -44,6 +49,13 @@ void set_level(const std::string& level) {
   }
   throw std::invalid_argument("--log-level " + level + ": expected trace, debug, info, warn, error or off");
 }
+
+void set_rank(int rank, int world_size) {
+  logger().set_pattern("[%H:%M:%S.%e] [rank " + std::to_string(rank) + "/" + std::to_string(world_size) + "] [%^%l%$] %v");
+  program_prefix_storage() = "dflash-host [rank " + std::to_string(rank) + "/" + std::to_string(world_size) + "]: ";
+}
+
+const std::string& program_prefix() { return program_prefix_storage(); }
 
 void plugin_message(int32_t level, const std::string& plugin_name, const std::string& message) {
   logger().log(from_abi(level), "[{}] {}", plugin_name, message);

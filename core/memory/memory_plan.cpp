@@ -1,5 +1,7 @@
 #include "memory/memory_plan.h"
 
+#include "train/run.h"
+
 #include "plugin/plugin_kind.h"
 
 #include <dflash/sdk/torch.hpp>
@@ -116,6 +118,7 @@ DevicePlan compute_plan(const PlanInputs& in) {
   DevicePlan plan;
   plan.device = in.device;
   plan.dtype = in.dtype;
+  plan.world_size = std::max<int64_t>(1, in.world_size);
   plan.slack_fraction = in.slack_fraction;
   const int64_t e = element_bytes(in.dtype);
   auto add = [&](std::string category, std::string source, Bytes bytes, unsigned phases, std::string note = "") {
@@ -161,9 +164,21 @@ DevicePlan compute_plan(const PlanInputs& in) {
   // Gradients are dropped after every update and arrive during backward (the
   // drafter's backward item counts the share alive at its peak); with
   // accumulation they stay from the first micro-batch on.
-  add("drafter gradients", "host", Bytes(parameters) * e, in.grad_accumulation > 1 ? kEveryPhase : kOptimizer);
-  add("AdamW states (exp_avg, exp_avg_sq)", "host", Bytes(2) * parameters * state_bytes, kEveryPhase);
-  if (in.fp32_master) add("fp32 master weights", "host", Bytes(parameters) * 4, kEveryPhase);
+  // A rank of a data-parallel run accumulates its share of the global batch.
+  const int64_t world = std::max<int64_t>(1, in.world_size);
+  const int64_t micro_batches_here = (in.grad_accumulation + world - 1) / world;
+  add("drafter gradients", "host", Bytes(parameters) * e, micro_batches_here > 1 ? kEveryPhase : kOptimizer);
+  // ZeRO-1: a rank keeps the optimizer state of about 1/N of the parameters.
+  const bool sharded = in.shard_optimizer && world > 1;
+  const int64_t owned = sharded ? (parameters + world - 1) / world + largest : parameters;
+  const std::string share = sharded ? "its share under shard_optimizer, ≤ 1/" + std::to_string(world) + " + the largest tensor" : "";
+  add("AdamW states (exp_avg, exp_avg_sq)", "host", Bytes(2) * std::min(owned, parameters) * state_bytes, kEveryPhase, share);
+  if (in.fp32_master) add("fp32 master weights", "host", Bytes(std::min(owned, parameters)) * 4, kEveryPhase, share);
+  // The gradient buckets the ranks all-reduce: one flat copy of the gradients
+  // in the reduction dtype, from the backward on.
+  if (world > 1)
+    add("gradient buckets (all-reduce across ranks)", "host", Bytes(parameters) * state_bytes, kBackward | kOptimizer,
+        in.fp32_master ? "fp32 (fp32_master)" : "the parameters' dtype");
   Bytes optimizer_working = 0;
   if (in.fused_adamw)
     optimizer_working = in.fp32_master ? Bytes(std::min(parameters, (Bytes(int64_t{256} << 20) + largest).value)) * 4 : 0;
@@ -216,12 +231,10 @@ DevicePlan compute_plan(const PlanInputs& in) {
   return plan;
 }
 
-DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& root, const host::LossInstance* loss_instance) {
-  const nlohmann::json& train = root.at("train");
-  host::InstanceOptions options;
-  options.device = train.at("device").get<std::string>();
-  options.dtype = train.at("dtype").get<std::string>();
-  options.seed = train.at("seed").get<uint64_t>();
+DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& root, const host::LossInstance* loss_instance,
+                    int64_t world_size) {
+  const train::TrainSettings train = train::parse_train_settings(root.at("train"));
+  const host::InstanceOptions options = train::instance_options(train);
   auto record = [&](dflash_kind kind) -> const host::PluginRecord& {
     return registry.find(kind, root.at(host::kind_section(kind)).at("plugin").get<std::string>());
   };
@@ -233,11 +246,13 @@ DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& 
   PlanInputs in;
   in.device = options.device;
   in.dtype = options.dtype;
-  in.fp32_master = train.at("precision").get<std::string>() == "fp32_master";
+  in.fp32_master = train.fp32_master();
   in.fused_adamw = c10::Device(options.device).is_cuda() && DFLASH_TORCH_AT_LEAST(2, 1);
-  in.grad_accumulation = train.at("grad_accumulation").get<int64_t>();
-  in.teacher = train.at("teacher").get<std::string>() == "hidden";
-  in.slack_fraction = train.value("memory_slack", 0.05);
+  in.grad_accumulation = train.grad_accumulation;
+  in.teacher = train.wants_teacher();
+  in.slack_fraction = train.memory_slack;
+  in.shard_optimizer = train.shard_optimizer;
+  in.world_size = world_size;
   const auto& data = record(DFLASH_KIND_DATA_SOURCE);
   const auto& target = record(DFLASH_KIND_TARGET_MODEL);
   const auto& drafter = record(DFLASH_KIND_DRAFTER);
@@ -395,7 +410,7 @@ Verdict check_fit(const host::PluginRegistry& registry, const nlohmann::json& ro
         candidate[section][key] = value;
         int verdict = -1;
         try {
-          const DevicePlan p = plan_run(registry, candidate);
+          const DevicePlan p = plan_run(registry, candidate, nullptr, plan.world_size);
           verdict = p.complete() && p.total_bytes <= available_bytes ? 1 : 0;
           if (verdict == 1) effective[value] = p.facts.at("effective");
         } catch (const std::exception&) {
@@ -437,7 +452,8 @@ std::string format_plan(const DevicePlan& plan, const Capacity& capacity, const 
   width = std::min<size_t>(width, 72);
   size_t bytes_width = 11;  // wider for "more than 8 EiB (overflow)"
   for (const PlanLine& line : plan.lines) bytes_width = std::max(bytes_width, format_bytes(line.bytes).size());
-  out << "memory plan for " << plan.device << " (target and drafter), " << plan.dtype << "; batch "
+  out << "memory plan for " << plan.device << " (target and drafter), " << plan.dtype
+      << (plan.world_size > 1 ? ", one rank of " + std::to_string(plan.world_size) : std::string()) << "; batch "
       << plan.facts.value("rows", int64_t{0}) << " × " << plan.facts.value("row_length", int64_t{0}) << " tokens, "
       << plan.facts.value("block_tokens", int64_t{0}) << " block tokens, " << plan.facts.value("loss_rows", int64_t{0})
       << " loss rows\n\n";
@@ -500,6 +516,7 @@ nlohmann::json plan_to_json(const DevicePlan& plan, const Capacity& capacity, co
   for (int i = 0; i < 4; ++i) phases[phase_name(kPhases[i])] = plan.phase_bytes[i];
   nlohmann::json out{{"device", plan.device},
                      {"dtype", plan.dtype},
+                     {"world_size", plan.world_size},
                      {"lines", lines},
                      {"phases", phases},
                      {"peak_bytes", plan.peak_bytes},

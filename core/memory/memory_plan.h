@@ -44,6 +44,7 @@ constexpr int64_t kTooManyBytes = INT64_MAX;
 
 struct DevicePlan {
   std::string device, dtype;
+  int64_t world_size = 1;  // the plan is one rank's of this many
   std::vector<PlanLine> lines;
   int64_t phase_bytes[4] = {0, 0, 0, 0};  // by phase, in PhaseBit order
   int64_t peak_bytes = 0;                 // the largest phase: the allocator's predicted peak
@@ -66,7 +67,9 @@ struct PlanInputs {
   std::string device = "cpu", dtype = "float32";
   bool fp32_master = false;
   bool fused_adamw = false;  // ATen's fused AdamW will run (CUDA, LibTorch ≥ 2.1)
-  int64_t grad_accumulation = 1;
+  int64_t grad_accumulation = 1;  // the global batch, in data-source batches
+  int64_t world_size = 1;         // ranks of a data-parallel run: the plan is one rank's
+  bool shard_optimizer = false;
   bool teacher = false;
   double slack_fraction = 0.05;
   std::string data_label = "data", target_label = "target", drafter_label = "drafter", loss_label = "loss";
@@ -82,8 +85,11 @@ DevicePlan compute_plan(const PlanInputs& in);
 // constructor runs once); without it a loss instance is created for the
 // plan. Throws PluginCallError / std::runtime_error naming the plugin when
 // one fails.
+// `world_size`: the ranks of a data-parallel run; the plan is then one rank's
+// (its share of the global batch, of the optimizer under shard_optimizer,
+// and the gradient buckets).
 DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& root,
-                    const host::LossInstance* loss = nullptr);
+                    const host::LossInstance* loss = nullptr, int64_t world_size = 1);
 
 // How much the device has: the CUDA driver's free and total memory (the
 // process's own CUDA context already taken), or the host's MemAvailable for

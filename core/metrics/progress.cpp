@@ -109,10 +109,13 @@ std::string format_duration(double seconds) {
 }
 
 ConsoleProgress::ConsoleProgress(const std::string& mode, int64_t first_step, int64_t total_steps, int64_t log_every)
-    : mode_(mode == "bar" || (mode == "auto" && ::isatty(STDERR_FILENO)) ? Mode::kBar : Mode::kLines),
+    : mode_(mode == "quiet" ? Mode::kQuiet
+            : mode == "bar" || (mode == "auto" && ::isatty(STDERR_FILENO)) ? Mode::kBar
+                                                                           : Mode::kLines),
       first_step_(first_step), total_(total_steps), log_every_(log_every), start_(std::chrono::steady_clock::now()) {}
 
 void ConsoleProgress::update(const nlohmann::json& r) {
+  if (mode_ == Mode::kQuiet) return;
   const int64_t step = r.at("step").get<int64_t>();
   const int64_t done = step + 1 - first_step_;
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -138,6 +141,7 @@ void ConsoleProgress::update(const nlohmann::json& r) {
 }
 
 void ConsoleProgress::message(const std::string& line) {
+  if (mode_ == Mode::kQuiet) return;
   if (bar_drawn_) std::fprintf(stderr, "\n");
   bar_drawn_ = false;
   std::fprintf(stderr, "%s\n", line.c_str());

@@ -41,8 +41,9 @@ class MetricsFile {
 
 class ConsoleProgress {
  public:
-  enum class Mode { kBar, kLines };
-  // mode "auto": a bar when stderr is a terminal.
+  enum class Mode { kBar, kLines, kQuiet };
+  // mode "auto": a bar when stderr is a terminal; "quiet": nothing (the
+  // ranks other than 0 of a data-parallel run).
   ConsoleProgress(const std::string& mode, int64_t first_step, int64_t total_steps, int64_t log_every);
   void update(const nlohmann::json& record);
   void message(const std::string& line);  // a line that does not disturb the bar

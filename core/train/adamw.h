@@ -6,6 +6,7 @@
 #pragma once
 
 #include "plugin/host_api.h"
+#include "train/optimizer.h"
 
 #include <cstdint>
 
@@ -19,20 +20,23 @@ struct AdamWOptions {
   bool fused = true;
 };
 
-class AdamW {
+class AdamW final : public Optimizer {
  public:
   // `parameters`: the drafter's live leaves (name → tensor), updated in place.
   AdamW(host::NamedTensors parameters, const AdamWOptions& options);
 
   // One update with learning rate lr from the gradients now in .grad();
   // parameters without a gradient are left alone.
-  void step(double lr);
-  void zero_grad();
+  void step(double lr) override;
+  void zero_grad() override;
   // Every state tensor under a stable name ("exp_avg.<param>", "exp_avg_sq.<param>",
   // "master.<param>"), plus "step" as a 0-dim int64 tensor: what a checkpoint stores.
   host::NamedTensors state() const;
-  // Restores state(); throws naming any tensor that is missing or misshapen.
-  void load_state(const host::NamedTensors& state);
+  host::NamedTensors state() override { return static_cast<const AdamW&>(*this).state(); }
+  host::NamedTensors local_state() const override { return state(); }
+  // Restores state() (names of other parameters are ignored); throws naming
+  // any tensor of its own parameters that is missing or misshapen.
+  void load_state(const host::NamedTensors& state) override;
   int64_t steps_taken() const { return steps_; }
   const host::NamedTensors& parameters() const { return parameters_; }
 

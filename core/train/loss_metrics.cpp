@@ -1,5 +1,8 @@
 #include "train/loss_metrics.h"
 
+#include <set>
+#include <sstream>
+
 #include "log/log.h"
 #include "plugin/host_api.h"
 
@@ -90,18 +93,37 @@ void LossMetrics::add(const host::LossCall& call, const host::LossOutput& out) {
   }
 }
 
-nlohmann::json LossMetrics::take() {
+nlohmann::json LossMetrics::take(dist::Collective* ranks) {
   nlohmann::json figures = nlohmann::json::object();
-  if (sums_.empty()) return {{plugin_, figures}};
-  std::vector<at::Tensor> parts;
-  for (const auto& [name, sum] : sums_) {
-    parts.push_back(sum.numerator.reshape({1}));
-    parts.push_back(sum.denominator.reshape({1}));
+  std::vector<std::string> names;
+  for (const auto& [name, sum] : sums_) names.push_back(name);
+  if (ranks != nullptr && ranks->world_size() > 1) {
+    // Every rank reduces the same names in the same order: the union of theirs.
+    std::string mine;
+    for (const std::string& name : names) mine += name + '\n';
+    std::set<std::string> all;
+    for (const std::string& text : ranks->all_gather_text(mine, "the loss metrics' names")) {
+      std::stringstream lines(text);
+      for (std::string name; std::getline(lines, name);) all.insert(name);
+    }
+    names.assign(all.begin(), all.end());
   }
-  const at::Tensor values = at::cat(parts).to(at::kCPU);
+  if (names.empty()) return {{plugin_, figures}};
+  std::vector<at::Tensor> parts;
+  for (const std::string& name : names) {
+    const auto it = sums_.find(name);
+    if (it == sums_.end()) {
+      parts.push_back(at::zeros({2}, at::kDouble));
+      continue;
+    }
+    parts.push_back(it->second.numerator.reshape({1}).to(at::kCPU));
+    parts.push_back(it->second.denominator.reshape({1}).to(at::kCPU));
+  }
+  at::Tensor values = at::cat(parts);
+  if (ranks != nullptr && ranks->world_size() > 1) ranks->all_reduce_sum(values, "the loss metrics");
   const double* v = values.data_ptr<double>();
   size_t i = 0;
-  for (const auto& [name, sum] : sums_) {
+  for (const std::string& name : names) {
     const double numerator = v[i++], denominator = v[i++];
     // No supervised row this step: the weighted mean is undefined, logged as null.
     figures[name] = denominator > 0 ? nlohmann::json(numerator / denominator) : nlohmann::json(nullptr);

@@ -12,6 +12,7 @@
 // row weight), a 0-dim one as its mean over the step's micro-batches.
 #pragma once
 
+#include "dist/collective.h"
 #include "plugin/instances.h"
 
 #include <ATen/core/Tensor.h>
@@ -36,8 +37,9 @@ class LossMetrics {
   void add(const host::LossCall& call, const host::LossOutput& out);
 
   // The step's figures as {plugin: {metric: value}}, read from the device in
-  // one copy; starts the next step.
-  nlohmann::json take();
+  // one copy and, with `ranks`, summed over the ranks first (every rank
+  // calls it); starts the next step.
+  nlohmann::json take(dist::Collective* ranks = nullptr);
 
  private:
   struct Sum {

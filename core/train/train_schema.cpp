@@ -19,7 +19,10 @@ const nlohmann::json& train_schema() {
           .integer("steps", 1000, "optimizer steps of the run", Bounds::at_least(1))
           .number("lr", 6e-4, "peak learning rate handed to the scheduler", Bounds::above(0))
           .string("output_dir", "runs/default", "where checkpoints and metrics.jsonl are written")
-          .integer("grad_accumulation", 1, "micro-batches per optimizer step", Bounds::at_least(1))
+          .integer("grad_accumulation", 1,
+                   "data-source batches per optimizer step, over all ranks together: the global batch, the same "
+                   "whatever the world size (each rank takes every world-size-th batch; docs/distributed.md)",
+                   Bounds::at_least(1))
           .number("grad_clip", 1.0, "clip the global gradient norm to this (0 = no clipping)", Bounds::at_least(0))
           .number("weight_decay", 0.0, "AdamW's decoupled weight decay", Bounds::at_least(0))
           .number("adam_beta1", 0.9, "AdamW β1", Bounds::between(0, 1))
@@ -28,6 +31,13 @@ const nlohmann::json& train_schema() {
           .string("precision", "same",
                   "same: weights, gradients and AdamW states in dtype; fp32_master: fp32 master weights and states",
                   {"same", "fp32_master"})
+          .boolean("shard_optimizer", false,
+                   "ZeRO-1 with several ranks: each rank keeps the AdamW states (and fp32 masters) of 1/N of the "
+                   "parameters, updates that slice, and the ranks all-gather the updated parameters")
+          .number("collective_timeout_s", 600,
+                  "with several ranks: a collective (start-up, gradient reduction, checkpoint) that waits longer than "
+                  "this for a rank stops the run with an error naming that rank",
+                  Bounds::above(0))
           .string("teacher", "hidden",
                   "what the loss gets from the target: hidden = its last hidden states (for KL through the lm_head); "
                   "none = hard labels only",

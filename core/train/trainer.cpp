@@ -1,21 +1,20 @@
 #include "train/trainer.h"
 
-#include "train/batch_lookahead.h"
-#include "train/loss_metrics.h"
-#include "plugin/plugin_identity.h"
-#include "train/phase_timer.h"
-#include "train/stop_request.h"
-
 #include "checkpoint/checkpoint.h"
+#include "dist/gradient_reducer.h"
+#include "eval/evaluation.h"
 #include "log/log.h"
 #include "memory/memory_stats.h"
 #include "memory/oom_report.h"
 #include "metrics/progress.h"
 #include "train/adamw.h"
-#include "eval/evaluation.h"
-#include "train/frozen_weights.h"
+#include "train/sharded_adamw.h"
+#include "train/batch_lookahead.h"
+#include "train/loss_metrics.h"
+#include "train/phase_timer.h"
 #include "train/resume.h"
 #include "train/run_directory.h"
+#include "train/stop_request.h"
 
 #include <dflash/sdk/splitmix.hpp>
 #include <dflash/sdk/torch.hpp>
@@ -23,20 +22,18 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
-
 #include <chrono>
-#include <fstream>
-#include <iostream>
-#include <iomanip>
-#include <sstream>
 #include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 
 namespace dflash::train {
 namespace {
-
 
 using host::find_tensor;
 using host::require_tensor;
@@ -59,76 +56,63 @@ struct SlotTally {
   }
 };
 
-// The target wired to the drafter: the drafter gets the target's facts and
-// its own copies of the frozen weights on the drafter device; the loss needs
-// the lm_head; the drafter keeps what else it needs (and where: e.g. its
-// embedding in host memory), so the host drops its other copies.
-struct Wiring {
-  nlohmann::json target_info, drafter_config;
-  at::Tensor lm_head;
-  std::vector<int64_t> layer_ids;
-  int64_t block_size = 1;
-};
-Wiring wire(TrainPlugins& p, const c10::Device& device, c10::ScalarType dtype) {
-  Wiring w;
-  w.target_info = p.target.describe();
-  host::NamedTensors frozen = host::place_frozen_weights(p.target.frozen_weights(), p.target.record().name, device, dtype);
-  p.drafter.bind_target(w.target_info, frozen);
-  w.lm_head = find_tensor(frozen, "lm_head");
-  frozen.clear();
-  w.drafter_config = p.drafter.export_config().value_or(nlohmann::json::object());
-  w.layer_ids = w.drafter_config.contains("target_layer_ids")
-                    ? w.drafter_config.at("target_layer_ids").get<std::vector<int64_t>>()
-                    : w.target_info.at("default_layer_ids").get<std::vector<int64_t>>();
-  w.block_size = w.drafter_config.value("block_size", int64_t{1});
-  return w;
-}
-
-// One micro-batch through target → drafter → loss (the loss not yet
-// backpropagated). The anchors' seed is fixed by (run seed, step, micro), so
-// resume and A/B arms see the same blocks. Everything it makes lives in `mb`,
-// which the caller owns: an out-of-memory report can still name the batch
-// and the features when the failure comes half-way.
+// One micro-batch as it passes through the stages. Everything it holds
+// lives here, owned by the caller: an out-of-memory report can still name the
+// batch and the features when the failure comes half-way.
 struct MicroBatch {
-  host::NamedTensors on_device, hidden;  // the batch on the device; the target's outputs
+  host::NamedTensors batch;              // as the data source made it (CPU)
+  host::NamedTensors on_device, hidden;  // the batch on the device; the target's outputs (the hidden-state item)
   host::NamedTensors drafted;
   host::LossCall call;
   host::LossOutput out;
 };
-void micro_batch(TrainPlugins& p, const Wiring& w, const host::NamedTensors& batch, const c10::Device& device,
-                 bool want_teacher, uint64_t seed, int64_t step, int64_t micro, MicroBatch& mb, std::string& phase,
-                 PhaseTimer& timer) {
-  mb = MicroBatch{};
+
+// produce: the batch to the device and the target's forward. The result is
+// the hidden-state item a drafter consumes.
+void produce(Run& run, MicroBatch& mb, std::string& phase, PhaseTimer& timer) {
+  const c10::Device device(run.settings().device);
   phase = "target forward";
-  for (const auto& [name, tensor] : batch) mb.on_device.emplace_back(name, tensor.to(device));
+  for (const auto& [name, tensor] : mb.batch) mb.on_device.emplace_back(name, tensor.to(device));
   timer.end("batch to device");
-  mb.hidden = p.target.forward(mb.on_device, w.layer_ids, want_teacher, /*want_logits=*/false);
+  mb.hidden = run.target().forward(mb.on_device, run.drafter_facts().target_layer_ids, run.settings().wants_teacher(),
+                                   /*want_logits=*/false);
   timer.end("target forward");
+}
+
+// The anchors' seed of micro-batch `micro` (its index in the global batch)
+// of `step`: the same blocks whatever the rank, on resume and in every A/B arm.
+uint64_t sample_seed(uint64_t seed, int64_t step, int64_t micro) {
+  return sdk::splitmix64(seed ^ sdk::splitmix64(static_cast<uint64_t>(step) * 4096 + static_cast<uint64_t>(micro)));
+}
+
+// consume, first half: the drafter's forward and the loss on one item (not
+// yet backpropagated). The features are dropped once read: the drafter keeps
+// what its backward needs.
+void draft_and_score(Run& run, MicroBatch& mb, int64_t step, int64_t micro, std::string& phase, PhaseTimer& timer) {
   phase = "drafter forward + loss";
-  host::NamedTensors inputs = batch;
+  host::NamedTensors inputs = mb.batch;
   for (const auto& entry : mb.hidden) inputs.push_back(entry);
-  const uint64_t sample_seed = sdk::splitmix64(seed ^ sdk::splitmix64(static_cast<uint64_t>(step) * 4096 + static_cast<uint64_t>(micro)));
-  inputs.emplace_back("sample_seed", at::scalar_tensor(static_cast<int64_t>(sample_seed >> 1), at::kLong));
-  mb.drafted = p.drafter.forward(inputs);
+  inputs.emplace_back("sample_seed",
+                      at::scalar_tensor(static_cast<int64_t>(sample_seed(run.settings().seed, step, micro) >> 1), at::kLong));
+  mb.drafted = run.drafter().forward(inputs);
   timer.end("drafter forward");
   mb.call.hidden = require_tensor(mb.drafted, "hidden", "the drafter");
-  mb.call.lm_head_weight = w.lm_head;
+  mb.call.lm_head_weight = run.lm_head();
   mb.call.targets = require_tensor(mb.drafted, "targets", "the drafter");
   mb.call.row_weights = find_tensor(mb.drafted, "row_weights");
-  if (want_teacher && find_tensor(mb.drafted, "teacher_hidden").defined()) {
+  if (run.settings().wants_teacher() && find_tensor(mb.drafted, "teacher_hidden").defined()) {
     mb.call.teacher = DFLASH_TEACHER_HIDDEN;
     mb.call.teacher_hidden = find_tensor(mb.drafted, "teacher_hidden");
   }
-  mb.out = p.loss.compute(mb.call);
+  mb.out = run.loss().compute(mb.call);
   timer.end("loss");
-  // The features have been read; the drafter keeps what its backward needs.
   mb.on_device.clear();
   mb.hidden.clear();
 }
 
 // The tensors the host can name for an out-of-memory report, grouped under
 // the plan's category names.
-std::vector<memory::NamedGroup> nameable_tensors(const host::NamedTensors& parameters, const AdamW& optimizer,
+std::vector<memory::NamedGroup> nameable_tensors(const host::NamedTensors& parameters, const Optimizer& optimizer,
                                                  const MicroBatch& live, const at::Tensor& lm_head) {
   memory::NamedGroup weights{"drafter weights"}, grads{"drafter gradients"}, states{"AdamW states"},
       masters{"fp32 master weights"}, batch{"batch on the device", live.on_device},
@@ -138,7 +122,7 @@ std::vector<memory::NamedGroup> nameable_tensors(const host::NamedTensors& param
     weights.tensors.emplace_back(name, tensor);
     if (tensor.grad().defined()) grads.tensors.emplace_back(name + ".grad", tensor.grad());
   }
-  for (const auto& [name, tensor] : optimizer.state())
+  for (const auto& [name, tensor] : optimizer.local_state())
     (name.rfind("master.", 0) == 0 ? masters : states).tensors.emplace_back(name, tensor);
   return {weights, grads, states, masters, batch, features, frozen};
 }
@@ -177,6 +161,7 @@ void check_resume_changes(const ResumeChanges& changes, const std::string& check
 [[noreturn]] void rethrow_at_step(const std::exception& e, int64_t step, int64_t micro, int64_t micro_batches,
                                   const std::string& phase) {
   if (dynamic_cast<const std::invalid_argument*>(&e) != nullptr) throw;
+  if (dynamic_cast<const dist::CollectiveError*>(&e) != nullptr) throw;
   std::string where = "step " + std::to_string(step);
   if (micro_batches > 1) where += ", micro-batch " + std::to_string(micro + 1) + " of " + std::to_string(micro_batches);
   if (!phase.empty()) where += ", " + phase;
@@ -184,363 +169,554 @@ void check_resume_changes(const ResumeChanges& changes, const std::string& check
   throw std::runtime_error(where + ": " + first_line(e));
 }
 
+// What one step adds up to on this rank, then (reduce) over all ranks.
+struct StepFigures {
+  double loss_sum = 0;  // Σ of the micro-batches' loss values
+  int64_t micro_batches = 0, target_tokens = 0, block_rows = 0;
+  bool data_ended = false;
+  SlotTally tally;
+  bool slots_seen = false;
+};
+
+// The finite-loss check, the metrics' sums and the slot tally over the
+// ranks, in one all-reduce; and every rank's own figures, for the record.
+struct RankFigures {
+  std::vector<nlohmann::json> ranks;  // rank order; empty on one process
+};
+void reduce_figures(StepFigures& f, int64_t block_size, dist::Collective& group, double seconds, int64_t peak_bytes,
+                    RankFigures& out) {
+  if (group.world_size() == 1) return;
+  const int64_t k = block_size;
+  at::Tensor v = at::zeros({6 + 2 * k}, at::kDouble);
+  double* p = v.data_ptr<double>();
+  p[0] = f.loss_sum;
+  p[1] = static_cast<double>(f.micro_batches);
+  p[2] = static_cast<double>(f.target_tokens);
+  p[3] = static_cast<double>(f.block_rows);
+  p[4] = f.data_ended ? 1 : 0;
+  p[5] = f.slots_seen ? 1 : 0;
+  for (int64_t i = 0; i < k && i < static_cast<int64_t>(f.tally.correct.size()); ++i) {
+    p[6 + i] = f.tally.correct[static_cast<size_t>(i)];
+    p[6 + k + i] = f.tally.total[static_cast<size_t>(i)];
+  }
+  const at::Tensor mine = at::tensor({f.loss_sum, static_cast<double>(f.micro_batches),
+                                      static_cast<double>(f.target_tokens), seconds, static_cast<double>(peak_bytes)},
+                                     at::kDouble);
+  group.all_reduce_sum(v, "the step's figures");
+  std::vector<at::Tensor> each;
+  group.all_gather(each, mine, "every rank's figures");
+  f.loss_sum = p[0];
+  f.micro_batches = static_cast<int64_t>(p[1]);
+  f.target_tokens = static_cast<int64_t>(p[2]);
+  f.block_rows = static_cast<int64_t>(p[3]);
+  f.data_ended = p[4] > 0;
+  f.slots_seen = p[5] > 0;
+  if (f.slots_seen) {
+    f.tally.correct.assign(p + 6, p + 6 + k);
+    f.tally.total.assign(p + 6 + k, p + 6 + 2 * k);
+  }
+  for (size_t r = 0; r < each.size(); ++r) {
+    const at::Tensor e = each[r].to(at::kCPU, at::kDouble);
+    const double* q = e.data_ptr<double>();
+    out.ranks.push_back({{"rank", r},
+                         {"loss", q[1] > 0 ? nlohmann::json(q[0] / q[1]) : nlohmann::json(nullptr)},
+                         {"micro_batches", static_cast<int64_t>(q[1])},
+                         {"tokens", static_cast<int64_t>(q[2])},
+                         {"step_seconds", q[3]},
+                         {"memory_peak_bytes", static_cast<int64_t>(q[4])}});
+  }
+}
+
+class Trainer {
+ public:
+  Trainer(Run& run, const RunOptions& options, dist::Collective& group)
+      : run_(run),
+        s_(run.settings()),
+        options_(options),
+        group_(group),
+        device_(s_.device),
+        output_dir_(s_.output_dir),
+        checkpoint_root_(output_dir_ + "/checkpoints"),
+        timer_(s_.profile_phases, device_),
+        loss_metrics_(run.loss().record().name) {}
+
+  int train();
+
+ private:
+  bool root() const { return group_.is_root(); }
+  // Before the first step: the drafter's parameters and the optimizer,
+  // resumed from the newest checkpoint when there is one.
+  void set_up();
+  void resume();
+  void set_up_evaluation();
+  // One step: every stage. What comes next:
+  enum class Next {
+    kStep,         // the next step
+    kEndAfter,     // the data ended with this step: it counts as done
+    kEndBefore,    // the data ended before this step trained anything
+    kStop          // stopped (exit_code_ says why: non-finite losses, out of memory)
+  };
+  Next step(int64_t step);
+  void consume(MicroBatch& mb, int64_t step, int64_t micro, bool last_on_rank, StepFigures& f);
+  void reduce(int64_t step);
+  // Clipping and the optimizer (the scheduler's rate); false when skipped (non-finite).
+  bool update(int64_t step, double grad_norm, double lr, bool finite);
+  // The step's record: metrics.jsonl, the console, evaluation; checkpoint.
+  bool record(int64_t step, StepFigures& f, const RankFigures& ranks, double lr, double grad_norm, bool finite,
+              double seconds, const memory::MemoryFigures& mem);
+  std::string save(int64_t next_step, const std::string& data_state = "", const std::string& scheduler_state = "");
+  int out_of_memory(const std::exception& e, int64_t step, const std::string& data_state_at_start,
+                    const std::string& scheduler_state_at_start);
+
+  Run& run_;
+  const TrainSettings& s_;
+  const RunOptions& options_;
+  dist::Collective& group_;
+  const c10::Device device_;
+  const std::string output_dir_, checkpoint_root_;
+  std::unique_ptr<checkpoint::RunLock> own_lock_;
+  host::NamedTensors parameters_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<dist::GradientReducer> reducer_;
+  nlohmann::json plugins_record_;
+  int64_t first_step_ = 0, nonfinite_total_ = 0, consecutive_nonfinite_ = 0;
+  int64_t last_checkpoint_step_ = -1;
+  eval::EvalSettings eval_settings_;
+  std::vector<eval::Prompt> eval_prompts_;
+  std::unique_ptr<metrics::MetricsFile> metrics_file_;
+  std::unique_ptr<metrics::ConsoleProgress> progress_;
+  std::unique_ptr<BatchLookahead> batches_;
+  PhaseTimer timer_;
+  LossMetrics loss_metrics_;
+  // The micro-batch in flight and where the step is: an out-of-memory error
+  // is reported against them, and the positions at the step's start make
+  // the emergency checkpoint exactly the last completed step.
+  MicroBatch live_;
+  std::string phase_;
+  int64_t micro_at_ = 0;
+  bool updating_ = false;
+  int exit_code_ = 0;
+};
+
+void Trainer::set_up() {
+  // Nothing is written into the output directory before it is checked and
+  // this run holds it alone; only rank 0 writes there.
+  if (root() && !options_.output_lock) own_lock_ = claim_output_dir(output_dir_);
+  run_.bind();
+  parameters_ = run_.drafter().parameters();
+  AdamWOptions adam;
+  adam.beta1 = s_.adam_beta1;
+  adam.beta2 = s_.adam_beta2;
+  adam.eps = s_.adam_eps;
+  adam.weight_decay = s_.weight_decay;
+  adam.fp32_master = s_.fp32_master();
+  if (s_.shard_optimizer && group_.world_size() > 1) optimizer_ = std::make_unique<ShardedAdamW>(parameters_, adam, group_);
+  else optimizer_ = std::make_unique<AdamW>(parameters_, adam);
+  plugins_record_ = run_.plugin_identities();
+  if (group_.world_size() > 1) {
+    const c10::ScalarType reduce_dtype = s_.fp32_master() ? at::kFloat : sdk::parse_dtype(s_.dtype);
+    reducer_ = std::make_unique<dist::GradientReducer>(parameters_, group_, reduce_dtype);
+  }
+}
+
+void Trainer::resume() {
+  if (options_.resume_from && root()) {
+    for (const std::string& aside : checkpoint::resume_from(checkpoint_root_, *options_.resume_from))
+      log::warn("--resume-from " + checkpoint::step_name(*options_.resume_from) + ": moved the newer checkpoint aside to " +
+                checkpoint_root_ + "/" + aside + " (kept; delete it when it is no longer wanted)");
+  }
+  // Rank 0 settles which checkpoint is the newest (moving newer ones aside
+  // for --resume-from, recovering `latest`); the others read it after.
+  std::optional<std::string> folder;
+  if (root()) folder = checkpoint::resume_folder(checkpoint_root_);
+  if (group_.world_size() > 1) group_.barrier("the choice of the checkpoint to resume from");
+  if (!root()) folder = checkpoint::resume_folder(checkpoint_root_);
+  if (!folder) return;
+  const checkpoint::Checkpoint saved = checkpoint::load(*folder);
+  const ResumeState state = read_trainer_state(saved);
+  check_resume_changes(resume_changes(saved.trainer_state, run_.resolved_config(), plugins_record_), saved.dir,
+                       options_.allow_config_change);
+  const c10::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> weights(saved.weights.begin(), saved.weights.end());
+  for (const auto& [name, tensor] : parameters_) {
+    auto it = weights.find(name);
+    if (it == weights.end() || it->second.sizes() != tensor.sizes())
+      throw std::runtime_error(saved.dir + "/model.safetensors: '" + name +
+                               "' is missing or misshapen for this drafter; resume with the configuration that wrote it");
+    tensor.copy_(it->second);
+  }
+  optimizer_->load_state(saved.optimizer);
+  first_step_ = state.step;
+  nonfinite_total_ = state.nonfinite_steps;
+  run_.data().load_state(state.data_state);
+  if (run_.scheduler().has_state() && state.scheduler_state) run_.scheduler().load_state(*state.scheduler_state);
+  log::info("resumed from " + saved.dir + " at step " + std::to_string(first_step_));
+}
+
+// Periodic speculative decoding on held-out prompts (the drafter as it is
+// at that step; nothing it does changes the training).
+void Trainer::set_up_evaluation() {
+  if (s_.eval_every == 0) return;
+  eval_settings_.prompts_file = s_.eval_prompts;
+  if (eval_settings_.prompts_file.empty())
+    throw std::invalid_argument("train.eval_every is " + std::to_string(s_.eval_every) +
+                                " but train.eval_prompts names no prompts file; set it or set eval_every to 0");
+  if (!run_.target().can_decode() || !run_.drafter().can_draft())
+    throw std::invalid_argument("train.eval_every needs a target that decodes and a drafter that drafts (ABI 1.1); " +
+                                (run_.target().can_decode() ? run_.drafter().record().label() : run_.target().record().label()) +
+                                " does not; set eval_every to 0");
+  eval_settings_.max_prompts = s_.eval_max_prompts;
+  eval_settings_.max_new_tokens = s_.eval_max_new_tokens;
+  eval_settings_.prompt_tokens = s_.eval_prompt_tokens;
+  eval_settings_.baseline = false;
+  eval_settings_.warmup = false;
+  if (root()) eval_prompts_ = eval::read_prompts(eval_settings_, run_.target_info());
+}
+
+std::string Trainer::save(int64_t next_step, const std::string& data_state, const std::string& scheduler_state) {
+  nlohmann::json state = {{"step", next_step}, {"seed", s_.seed},
+                          {"data_state", nlohmann::json::parse(data_state.empty() ? batches_->position() : data_state)},
+                          {"nonfinite_steps", nonfinite_total_}, {"config", run_.resolved_config()},
+                          {"plugins", plugins_record_}};
+  if (run_.scheduler().has_state())
+    state["scheduler_state"] = nlohmann::json::parse(scheduler_state.empty() ? run_.scheduler().save_state() : scheduler_state);
+  last_checkpoint_step_ = next_step;
+  const host::NamedTensors optimizer_state = optimizer_->state();  // sharded: gathered from every rank
+  if (!root()) return "";
+  const std::string dir = checkpoint::save(checkpoint_root_, next_step, run_.drafter_config(), parameters_,
+                                           optimizer_state, state, s_.keep_checkpoints);
+  progress_->message("checkpoint: " + dir);
+  return dir;
+}
+
+void Trainer::consume(MicroBatch& mb, int64_t step, int64_t micro, bool last_on_rank, StepFigures& f) {
+  draft_and_score(run_, mb, step, micro, phase_, timer_);
+  const host::LossCall& call = mb.call;
+  const host::LossOutput& out = mb.out;
+  const double value = out.loss.item<double>();
+  phase_ = "drafter backward";
+  timer_.end("loss value (host read)");
+  // This rank's last backward of the step reduces its buckets as it goes.
+  if (last_on_rank && reducer_) reducer_->arm(step);
+  (out.loss / static_cast<double>(s_.grad_accumulation)).backward();
+  timer_.end("backward");
+  f.loss_sum += value;
+  f.micro_batches += 1;
+  f.target_tokens += require_tensor(mb.batch, "input_ids", "the data source").numel();
+  f.block_rows += call.hidden.size(0);
+  loss_metrics_.add(call, out);
+  if (const at::Tensor slot = find_tensor(mb.drafted, "slot"); slot.defined()) {
+    f.tally.add(slot, loss_metrics_.top1_hits(call, out), call.targets.ne(call.ignore_index), run_.drafter_facts().block_size);
+    f.slots_seen = true;
+  }
+  timer_.end("slot accuracy (host read)");
+}
+
+void Trainer::reduce(int64_t step) {
+  if (!reducer_) return;
+  phase_ = "gradient reduction";
+  // A rank whose last micro-batch of the step never came (the data ended)
+  // armed nothing: it reduces what .grad holds.
+  if (!reducer_->armed()) reducer_->arm(step);
+  reducer_->finish();
+  timer_.end("gradient reduction");
+}
+
+bool Trainer::update(int64_t step, double grad_norm, double lr, bool finite) {
+  if (!finite) {
+    ++consecutive_nonfinite_;
+    ++nonfinite_total_;
+    optimizer_->zero_grad();
+    return false;
+  }
+  consecutive_nonfinite_ = 0;
+  phase_ = "optimizer step";
+  if (s_.grad_clip > 0 && grad_norm > s_.grad_clip) scale_gradients(parameters_, s_.grad_clip / (grad_norm + 1e-6));
+  updating_ = true;
+  optimizer_->step(lr);
+  updating_ = false;
+  timer_.end("grad norm + optimizer");
+  (void)step;
+  return true;
+}
+
+bool Trainer::record(int64_t step, StepFigures& f, const RankFigures& ranks, double lr, double grad_norm, bool finite,
+                     double seconds, const memory::MemoryFigures& mem) {
+  nlohmann::json record;
+  if (!finite) record["skipped"] = true;
+  std::vector<double> slot_accuracy;
+  double acceptance = 0, running = 1;
+  for (size_t k = 1; k < f.tally.total.size(); ++k) {
+    const double acc = f.tally.total[k] > 0 ? f.tally.correct[k] / f.tally.total[k] : 0.0;
+    slot_accuracy.push_back(acc);
+    running *= acc;
+    acceptance += running;  // Σ_k Π_{i≤k} acc_i
+  }
+  record.update({{"step", step},
+                 {"loss", f.loss_sum / static_cast<double>(s_.grad_accumulation)},
+                 {"slot_accuracy", slot_accuracy},
+                 {"acceptance_length_sim", acceptance},
+                 {"lr", lr},
+                 {"grad_norm", grad_norm},
+                 {"tokens_per_s", static_cast<double>(f.target_tokens) / seconds},
+                 {"block_tokens_per_s", static_cast<double>(f.block_rows) / seconds},
+                 {"step_seconds", seconds},
+                 {"memory_current_bytes", mem.current_bytes},
+                 {"memory_peak_bytes", mem.peak_bytes},
+                 {"memory_source", mem.source},
+                 {"loss_metrics", loss_metrics_.take(&group_)}});
+  if (options_.memory_plan) record["memory_planned_peak_bytes"] = options_.memory_plan->peak_bytes;
+  if (!ranks.ranks.empty()) {
+    record["world_size"] = group_.world_size();
+    record["ranks"] = ranks.ranks;
+  }
+  if (timer_.enabled()) {
+    timer_.end("other");
+    record["phase_seconds"] = timer_.take();
+  }
+  const bool evaluate_now = s_.eval_every > 0 && finite && (step + 1) % s_.eval_every == 0;
+  if (evaluate_now && root()) {
+    run_.drafter().set_training(false);
+    const nlohmann::json report = eval::evaluate(run_.target(), run_.drafter(), run_.drafter_facts(), eval_prompts_,
+                                                 eval_settings_, run_.target_info());
+    run_.drafter().set_training(true);
+    record["eval_tau"] = report.at("tau_mean");
+    record["eval_acceptance_by_position"] = report.at("acceptance_by_position");
+  }
+  if (root()) {
+    try {
+      metrics_file_->write(record);
+    } catch (const metrics::MetricsWriteError& e) {
+      progress_->finish();
+      throw std::runtime_error(std::string(e.what()) + "; training stopped at step " + std::to_string(step) + ". " +
+                               (last_checkpoint_step_ >= 0 ? "The checkpoint of step " + std::to_string(last_checkpoint_step_) +
+                                                                " holds the last good state: free space and run again to resume from it"
+                                                          : std::string("No checkpoint was written yet: free space and run again")));
+    }
+  }
+  progress_->update(record);
+  if (evaluate_now && root()) {
+    std::ostringstream line;
+    line << "step " << step + 1 << ": speculative decoding on " << eval_prompts_.size() << " held-out prompts, τ = "
+         << std::fixed << std::setprecision(3) << record.at("eval_tau").get<double>();
+    progress_->message(line.str());
+  }
+  if (!finite) {
+    const std::string what = "step " + std::to_string(step) + ": non-finite loss or gradient";
+    const bool stop_on_nonfinite = s_.on_nonfinite == OnNonfinite::kStop;
+    if (stop_on_nonfinite || consecutive_nonfinite_ >= s_.max_nonfinite) {
+      progress_->message(what + (stop_on_nonfinite ? " (train.on_nonfinite = stop)"
+                                                   : "; " + std::to_string(consecutive_nonfinite_) +
+                                                         " in a row reached train.max_nonfinite") +
+                         "; stopping. The last checkpoint holds the last good state.");
+      exit_code_ = kNonFinite;
+      return false;
+    }
+    progress_->message(what + "; its update was skipped (train.on_nonfinite = skip)");
+  }
+  return true;
+}
+
+Trainer::Next Trainer::step(int64_t step) {
+  const int64_t per_step = s_.grad_accumulation;
+  const int world = group_.world_size(), rank = group_.rank();
+  timer_.start();
+  const std::string data_state_at_start = batches_->position();
+  const std::string scheduler_state_at_start = run_.scheduler().has_state() ? run_.scheduler().save_state() : "";
+  try {
+    const auto start = std::chrono::steady_clock::now();
+    memory::reset_peak(device_);
+    optimizer_->zero_grad();
+    StepFigures f;
+    bool finite = true;
+    // The global batch: micro-batch i of the step is rank i mod W's; every
+    // rank passes over the others' in the data source's order, so the data
+    // position is the same on every rank (and at every world size).
+    const int64_t last_mine = per_step - 1 - ((per_step - 1 - rank) % world + world) % world;
+    for (int64_t micro = 0; micro < per_step; ++micro) {
+      timer_.end("other");
+      phase_ = "next batch from the data source";
+      std::optional<host::NamedTensors> batch = batches_->next();
+      timer_.end("data");
+      if (!batch) {
+        f.data_ended = true;
+        break;
+      }
+      if (micro % world != rank) continue;
+      micro_at_ = micro;
+      live_.batch = std::move(*batch);
+      produce(run_, live_, phase_, timer_);
+      consume(live_, step, micro, micro == last_mine, f);
+      if (!std::isfinite(f.loss_sum)) finite = false;
+      live_ = MicroBatch{};
+    }
+    reduce(step);
+    const double seconds_so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    RankFigures ranks;
+    reduce_figures(f, run_.drafter_facts().block_size, group_, seconds_so_far, memory::memory_now(device_).peak_bytes, ranks);
+    if (!std::isfinite(f.loss_sum)) finite = false;
+    if (f.data_ended && f.target_tokens == 0) {
+      if (step == 0)
+        throw std::runtime_error(run_.data().record().label() + " yielded no batch at all: nothing was trained and nothing "
+                                 "was saved. Check its data (`dflash-host config` shows the data section)");
+      progress_->message("the data source has ended (its epochs are done) before train.steps = " + std::to_string(s_.steps));
+      return Next::kEndBefore;
+    }
+    phase_ = "optimizer step";
+    const double grad_norm = global_grad_norm(parameters_);
+    if (!std::isfinite(grad_norm)) finite = false;
+    const double lr = run_.scheduler().lr_at(step, s_.steps, s_.lr);
+    update(step, grad_norm, lr, finite);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!record(step, f, ranks, lr, grad_norm, finite, seconds, memory::memory_now(device_))) return Next::kStop;
+    if (f.data_ended) {
+      progress_->message("the data source has ended (its epochs are done)");
+      return Next::kEndAfter;
+    }
+    if (s_.checkpoint_every > 0 && (step + 1) % s_.checkpoint_every == 0 && step + 1 < s_.steps) save(step + 1);
+    return Next::kStep;
+  } catch (const std::exception& e) {
+    if (!memory::is_out_of_memory(e)) rethrow_at_step(e, step, micro_at_, per_step, phase_);
+    exit_code_ = out_of_memory(e, step, data_state_at_start, scheduler_state_at_start);
+    return Next::kStop;
+  }
+}
+
+// Out of memory: report while the step's tensors are still alive, then free
+// them and save the last completed step.
+int Trainer::out_of_memory(const std::exception& e, int64_t step, const std::string& data_state_at_start,
+                           const std::string& scheduler_state_at_start) {
+  progress_->finish();
+  memory::OomEvent event;
+  event.device = device_.str();
+  event.step = step;
+  event.phase = phase_.empty() ? "step" : phase_;
+  event.error = first_line(e);
+  event.figures = memory::memory_now(device_);
+  event.plan = options_.memory_plan;
+  event.groups = nameable_tensors(parameters_, *optimizer_, live_, run_.lm_head());
+  const std::string report = memory::format_oom_report(event);
+  std::cerr << report << std::flush;
+  if (root()) {
+    std::ofstream file(output_dir_ + "/oom_report.txt");
+    file << report;
+    metrics_file_->write({{"step", step}, {"out_of_memory", event.error}, {"phase", event.phase},
+                          {"memory_current_bytes", event.figures.current_bytes}, {"memory_peak_bytes", event.figures.peak_bytes}});
+  }
+  // Drop every reference to the step's tensors before saving.
+  live_ = MicroBatch{};
+  event.groups.clear();
+  optimizer_->zero_grad();
+  std::string saved;
+  if (updating_) {
+    saved = "no emergency checkpoint: the update was half applied (the newest consistent state is " +
+            (last_checkpoint_step_ >= 0 ? "checkpoint step " + std::to_string(last_checkpoint_step_) : std::string("the start")) + ")";
+  } else if (step == last_checkpoint_step_ || step == 0) {
+    saved = step == 0 ? "no steps completed, nothing to save"
+                      : "the checkpoint of step " + std::to_string(step) + " already holds the last completed step";
+  } else if (group_.world_size() > 1) {
+    // The other ranks are not at a collective: nothing can be gathered.
+    saved = "no emergency checkpoint with several ranks (the newest consistent state is " +
+            (last_checkpoint_step_ >= 0 ? "checkpoint step " + std::to_string(last_checkpoint_step_) : std::string("the start")) + ")";
+  } else {
+    try {
+      saved = "emergency checkpoint of the last completed step: " + save(step, data_state_at_start, scheduler_state_at_start);
+    } catch (const std::exception& save_error) {
+      saved = std::string("emergency checkpoint failed: ") + save_error.what();
+    }
+  }
+  std::ostringstream summary;
+  summary << "out of memory on " << device_.str() << " at step " << step << " (" << event.phase
+          << "): " << memory::short_oom_message(event.error) << "; measured peak " << memory::format_bytes(event.figures.peak_bytes);
+  if (options_.memory_plan) summary << " vs predicted " << memory::format_bytes(options_.memory_plan->peak_bytes);
+  summary << "; " << saved << "; report in " << output_dir_ << "/oom_report.txt; `dflash-host plan` proposes settings that fit";
+  log::error(summary.str());
+  return kOutOfMemory;
+}
+
+int Trainer::train() {
+  if (group_.world_size() > s_.grad_accumulation)
+    throw std::invalid_argument("train.grad_accumulation is " + std::to_string(s_.grad_accumulation) +
+                                " data-source batches per step over all ranks, fewer than the " +
+                                std::to_string(group_.world_size()) + " ranks: a rank would have nothing to train on. "
+                                "Set train.grad_accumulation to at least the world size (a multiple of it keeps the "
+                                "ranks equally busy)");
+  set_up();
+  resume();
+  if (first_step_ >= s_.steps) {
+    log::info("the run already reached train.steps = " + std::to_string(s_.steps) + "; nothing to do");
+    return 0;
+  }
+  set_up_evaluation();
+  if (root()) metrics_file_ = std::make_unique<metrics::MetricsFile>(output_dir_ + "/metrics.jsonl", first_step_);
+  // Only rank 0 draws progress; the others' console lines are their logs.
+  progress_ = std::make_unique<metrics::ConsoleProgress>(root() ? s_.progress : "quiet", first_step_, s_.steps, s_.log_every);
+  int64_t parameter_count = 0;
+  for (const auto& [name, tensor] : parameters_) parameter_count += tensor.numel();
+  if (root())
+    log::info("training " + std::to_string(parameter_count) + " drafter parameters on " + device_.str() +
+              (group_.world_size() > 1 ? " × " + std::to_string(group_.world_size()) + " ranks" : std::string()) +
+              " for steps " + std::to_string(first_step_) + "…" + std::to_string(s_.steps - 1) + "; target layers " +
+              nlohmann::json(run_.drafter_facts().target_layer_ids).dump() + "; metrics in " + output_dir_ + "/metrics.jsonl");
+  last_checkpoint_step_ = first_step_ > 0 ? first_step_ : -1;
+  // Every batch comes through the lookahead, and every data position from
+  // it: a batch fetched ahead is not yet consumed.
+  batches_ = std::make_unique<BatchLookahead>(run_.data(), s_.prefetch);
+  const StopRequest stop_request;
+  int64_t step = first_step_;
+  for (; step < s_.steps; ++step) {
+    if (options_.stop_after > 0 && step - first_step_ >= options_.stop_after) break;
+    if (const int sig = stop_request.signal()) {
+      progress_->message(std::string(stop_signal_name(sig)) + ": stopping before step " + std::to_string(step) +
+                         " with a checkpoint of the steps done; run the same command to resume");
+      exit_code_ = kStoppedOnRequest;
+      break;
+    }
+    const Next next = this->step(step);
+    if (exit_code_ == kOutOfMemory) return exit_code_;
+    if (next == Next::kEndAfter) ++step;
+    if (next != Next::kStep) break;
+  }
+  progress_->finish();
+  // A step already saved (--stop-after at a checkpoint_every step, or a
+  // resumed run whose data had ended) is not written again.
+  if ((exit_code_ == 0 || exit_code_ == kStoppedOnRequest) && step != last_checkpoint_step_) save(step);
+  batches_->settle();
+  if (root())
+    if (auto facts = run_.data().describe()) log::info("data: " + facts->dump());
+  return exit_code_;
+}
+
 }  // namespace
 
-host::NamedTensors first_step_gradients(TrainPlugins& p, const TrainRun& run) {
-  const nlohmann::json& t = run.train;
-  const c10::Device device(t.at("device").get<std::string>());
-  const Wiring w = wire(p, device, dflash::sdk::parse_dtype(t.at("dtype").get<std::string>()));
-  std::optional<host::NamedTensors> batch = p.data.next_batch();
-  if (!batch) throw std::runtime_error(p.data.record().label() + " yielded no batch");
-  const host::NamedTensors parameters = p.drafter.parameters();
+int run_training(Run& run, const RunOptions& options, dist::Collective& group) {
+  Trainer trainer(run, options, group);
+  return trainer.train();
+}
+
+int run_training(Run& run, const RunOptions& options) {
+  const std::unique_ptr<dist::Collective> one = dist::single_process();
+  return run_training(run, options, *one);
+}
+
+host::NamedTensors first_step_gradients(Run& run) {
+  run.bind();
+  std::optional<host::NamedTensors> batch = run.data().next_batch();
+  if (!batch) throw std::runtime_error(run.data().record().label() + " yielded no batch");
+  const host::NamedTensors parameters = run.drafter().parameters();
   for (const auto& [name, tensor] : parameters)
     if (tensor.grad().defined()) tensor.mutable_grad() = at::Tensor();
   MicroBatch mb;
+  mb.batch = std::move(*batch);
   std::string phase;
-  PhaseTimer untimed(false, device);
-  micro_batch(p, w, *batch, device, t.at("teacher").get<std::string>() == "hidden", t.at("seed"), 0, 0, mb, phase, untimed);
+  PhaseTimer untimed(false, c10::Device(run.settings().device));
+  produce(run, mb, phase, untimed);
+  draft_and_score(run, mb, 0, 0, phase, untimed);
   mb.out.loss.backward();
   host::NamedTensors grads;
   for (const auto& [name, tensor] : parameters)
     grads.emplace_back(name, tensor.grad().defined() ? tensor.grad().detach().clone() : at::zeros_like(tensor));
   return grads;
-}
-
-int run_training(TrainPlugins& p, const TrainRun& run) {
-  const nlohmann::json& t = run.train;
-  const c10::Device device(t.at("device").get<std::string>());
-  const c10::ScalarType dtype = dflash::sdk::parse_dtype(t.at("dtype").get<std::string>());
-  const int64_t total_steps = t.at("steps"), accumulation = t.at("grad_accumulation");
-  const uint64_t seed = t.at("seed");
-  const double base_lr = t.at("lr"), clip = t.at("grad_clip");
-  const bool want_teacher = t.at("teacher").get<std::string>() == "hidden";
-  const std::string output_dir = t.at("output_dir");
-  const std::string checkpoint_root = output_dir + "/checkpoints";
-  // Nothing is written into the output directory before it is checked and
-  // this run holds it alone.
-  const std::unique_ptr<checkpoint::RunLock> own_lock = run.output_lock ? nullptr : claim_output_dir(output_dir);
-
-  const Wiring wiring = wire(p, device, dtype);
-  const nlohmann::json& target_info = wiring.target_info;
-  const nlohmann::json& drafter_config = wiring.drafter_config;
-  const at::Tensor& lm_head = wiring.lm_head;
-  const std::vector<int64_t>& layer_ids = wiring.layer_ids;
-  const int64_t block_size = wiring.block_size;
-  const host::NamedTensors parameters = p.drafter.parameters();
-  int64_t parameter_count = 0;
-  for (const auto& [name, tensor] : parameters) parameter_count += tensor.numel();
-
-  AdamWOptions adam;
-  adam.beta1 = t.at("adam_beta1");
-  adam.beta2 = t.at("adam_beta2");
-  adam.eps = t.at("adam_eps");
-  adam.weight_decay = t.at("weight_decay");
-  adam.fp32_master = t.at("precision").get<std::string>() == "fp32_master";
-  AdamW optimizer(parameters, adam);
-
-  // Which libraries this run trains with (recorded in checkpoints, compared on resume).
-  const nlohmann::json plugins_record = {{"data", host::plugin_identity(p.data.record())},
-                                         {"target", host::plugin_identity(p.target.record())},
-                                         {"drafter", host::plugin_identity(p.drafter.record())},
-                                         {"loss", host::plugin_identity(p.loss.record())},
-                                         {"scheduler", host::plugin_identity(p.scheduler.record())}};
-
-  // Resume.
-  int64_t first_step = 0;
-  int64_t nonfinite_total = 0;
-  if (run.resume_from) {
-    for (const std::string& aside : checkpoint::resume_from(checkpoint_root, *run.resume_from))
-      log::warn("--resume-from " + checkpoint::step_name(*run.resume_from) + ": moved the newer checkpoint aside to " +
-                checkpoint_root + "/" + aside + " (kept; delete it when it is no longer wanted)");
-  }
-  if (const auto folder = checkpoint::resume_folder(checkpoint_root)) {
-    const checkpoint::Checkpoint saved = checkpoint::load(*folder);
-    const ResumeState state = read_trainer_state(saved);
-    check_resume_changes(resume_changes(saved.trainer_state, run.resolved_config, plugins_record), saved.dir,
-                         run.allow_config_change);
-    const c10::NoGradGuard no_grad;
-    std::map<std::string, at::Tensor> weights(saved.weights.begin(), saved.weights.end());
-    for (const auto& [name, tensor] : parameters) {
-      auto it = weights.find(name);
-      if (it == weights.end() || it->second.sizes() != tensor.sizes())
-        throw std::runtime_error(saved.dir + "/model.safetensors: '" + name +
-                                 "' is missing or misshapen for this drafter; resume with the configuration that wrote it");
-      tensor.copy_(it->second);
-    }
-    optimizer.load_state(saved.optimizer);
-    first_step = state.step;
-    nonfinite_total = state.nonfinite_steps;
-    p.data.load_state(state.data_state);
-    if (p.scheduler.has_state() && state.scheduler_state) p.scheduler.load_state(*state.scheduler_state);
-    log::info("resumed from " + saved.dir + " at step " + std::to_string(first_step));
-  }
-  if (first_step >= total_steps) {
-    log::info("the run already reached train.steps = " + std::to_string(total_steps) + "; nothing to do");
-    return 0;
-  }
-
-  // Periodic speculative decoding on held-out prompts (the drafter as it is
-  // at that step; nothing it does changes the training).
-  const int64_t eval_every = t.at("eval_every");
-  eval::EvalSettings eval_settings;
-  std::vector<eval::Prompt> eval_prompts;
-  if (eval_every > 0) {
-    eval_settings.prompts_file = t.at("eval_prompts").get<std::string>();
-    if (eval_settings.prompts_file.empty())
-      throw std::invalid_argument("train.eval_every is " + std::to_string(eval_every) +
-                                  " but train.eval_prompts names no prompts file; set it or set eval_every to 0");
-    if (!p.target.can_decode() || !p.drafter.can_draft())
-      throw std::invalid_argument("train.eval_every needs a target that decodes and a drafter that drafts (ABI 1.1); " +
-                                  (p.target.can_decode() ? p.drafter.record().label() : p.target.record().label()) +
-                                  " does not; set eval_every to 0");
-    eval_settings.max_prompts = t.at("eval_max_prompts");
-    eval_settings.max_new_tokens = t.at("eval_max_new_tokens");
-    eval_settings.prompt_tokens = t.at("eval_prompt_tokens");
-    eval_settings.baseline = false;
-    eval_settings.warmup = false;
-    eval_prompts = eval::read_prompts(eval_settings, target_info);
-  }
-
-  metrics::MetricsFile metrics_file(output_dir + "/metrics.jsonl", first_step);
-  metrics::ConsoleProgress progress(t.at("progress"), first_step, total_steps, t.at("log_every"));
-  log::info("training " + std::to_string(parameter_count) + " drafter parameters on " + device.str() + " for steps " +
-            std::to_string(first_step) + "…" + std::to_string(total_steps - 1) + "; target layers " +
-            nlohmann::json(layer_ids).dump() + "; metrics in " + output_dir + "/metrics.jsonl");
-
-  int64_t last_checkpoint_step = first_step > 0 ? first_step : -1;
-  // Every batch comes through the lookahead, and every data position from
-  // it: a batch fetched ahead is not yet consumed.
-  BatchLookahead batches(p.data, t.at("prefetch").get<bool>());
-  // data_state / scheduler_state: the positions to record (default: now).
-  auto save = [&](int64_t next_step, const std::string& data_state = "", const std::string& scheduler_state = "") {
-    nlohmann::json state = {{"step", next_step}, {"seed", seed},
-                            {"data_state", nlohmann::json::parse(data_state.empty() ? batches.position() : data_state)},
-                            {"nonfinite_steps", nonfinite_total}, {"config", run.resolved_config},
-                            {"plugins", plugins_record}};
-    if (p.scheduler.has_state())
-      state["scheduler_state"] = nlohmann::json::parse(scheduler_state.empty() ? p.scheduler.save_state() : scheduler_state);
-    const std::string dir = checkpoint::save(checkpoint_root, next_step, drafter_config, parameters, optimizer.state(), state,
-                                             t.at("keep_checkpoints"));
-    last_checkpoint_step = next_step;
-    progress.message("checkpoint: " + dir);
-    return dir;
-  };
-
-  const int64_t checkpoint_every = t.at("checkpoint_every"), max_nonfinite = t.at("max_nonfinite");
-  const bool stop_on_nonfinite = t.at("on_nonfinite").get<std::string>() == "stop";
-  int64_t consecutive_nonfinite = 0;
-  int64_t step = first_step;
-  int exit_code = 0;
-  // The micro-batch in flight and where the step is: an out-of-memory error
-  // is reported against them, and the positions at the step's start make
-  // the emergency checkpoint exactly the last completed step.
-  MicroBatch live;
-  std::string phase;
-  int64_t micro_at = 0;
-  bool updating = false;
-  PhaseTimer timer(t.at("profile_phases").get<bool>(), device);
-  LossMetrics loss_metrics(p.loss.record().name);
-  const StopRequest stop_request;
-  for (; step < total_steps; ++step) {
-    if (run.stop_after > 0 && step - first_step >= run.stop_after) break;
-    if (const int sig = stop_request.signal()) {
-      progress.message(std::string(stop_signal_name(sig)) + ": stopping before step " + std::to_string(step) +
-                       " with a checkpoint of the steps done; run the same command to resume");
-      exit_code = kStoppedOnRequest;
-      break;
-    }
-    timer.start();
-    const std::string data_state_at_start = batches.position();
-    const std::string scheduler_state_at_start = p.scheduler.has_state() ? p.scheduler.save_state() : "";
-    try {
-      const auto start = std::chrono::steady_clock::now();
-      memory::reset_peak(device);
-      optimizer.zero_grad();
-      double loss_sum = 0;
-      int64_t target_tokens = 0, block_rows = 0;
-      SlotTally tally;
-      bool data_ended = false, finite = true;
-      for (int64_t micro = 0; micro < accumulation; ++micro) {
-        timer.end("other");
-        phase = "next batch from the data source";
-        std::optional<host::NamedTensors> batch = batches.next();
-        timer.end("data");
-        if (!batch) {
-          data_ended = true;
-          break;
-        }
-        micro_at = micro;
-        micro_batch(p, wiring, *batch, device, want_teacher, seed, step, micro, live, phase, timer);
-        const host::LossCall& call = live.call;
-        const host::NamedTensors& drafted = live.drafted;
-        const host::LossOutput& out = live.out;
-        const double value = out.loss.item<double>();
-        if (!std::isfinite(value)) finite = false;
-        phase = "drafter backward";
-        timer.end("loss value (host read)");
-        (out.loss / static_cast<double>(accumulation)).backward();
-        timer.end("backward");
-        loss_sum += value;
-        target_tokens += require_tensor(*batch, "input_ids", "the data source").numel();
-        block_rows += call.hidden.size(0);
-        loss_metrics.add(call, out);
-        if (const at::Tensor slot = find_tensor(drafted, "slot"); slot.defined())
-          tally.add(slot, loss_metrics.top1_hits(call, out), call.targets.ne(call.ignore_index), block_size);
-        timer.end("slot accuracy (host read)");
-        live = MicroBatch{};
-      }
-      if (data_ended && target_tokens == 0) {
-        if (step == 0)
-          throw std::runtime_error(p.data.record().label() + " yielded no batch at all: nothing was trained and nothing "
-                                   "was saved. Check its data (`dflash-host config` shows the data section)");
-        progress.message("the data source has ended (its epochs are done) before train.steps = " + std::to_string(total_steps));
-        break;
-      }
-      phase = "optimizer step";
-      const double grad_norm = global_grad_norm(parameters);
-      if (!std::isfinite(grad_norm)) finite = false;
-      const double lr = p.scheduler.lr_at(step, total_steps, base_lr);
-      nlohmann::json record;
-      if (finite) {
-        consecutive_nonfinite = 0;
-        phase = "optimizer step";
-        if (clip > 0 && grad_norm > clip) scale_gradients(parameters, clip / (grad_norm + 1e-6));
-        updating = true;
-        optimizer.step(lr);
-        updating = false;
-        timer.end("grad norm + optimizer");
-      } else {
-        ++consecutive_nonfinite;
-        ++nonfinite_total;
-        optimizer.zero_grad();
-        record["skipped"] = true;
-      }
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const memory::MemoryFigures mem = memory::memory_now(device);
-      std::vector<double> slot_accuracy;
-      double acceptance = 0, running = 1;
-      for (size_t k = 1; k < tally.total.size(); ++k) {
-        const double acc = tally.total[k] > 0 ? tally.correct[k] / tally.total[k] : 0.0;
-        slot_accuracy.push_back(acc);
-        running *= acc;
-        acceptance += running;  // Σ_k Π_{i≤k} acc_i
-      }
-      record.update({{"step", step},
-                     {"loss", loss_sum / static_cast<double>(accumulation)},
-                     {"slot_accuracy", slot_accuracy},
-                     {"acceptance_length_sim", acceptance},
-                     {"lr", lr},
-                     {"grad_norm", grad_norm},
-                     {"tokens_per_s", static_cast<double>(target_tokens) / seconds},
-                     {"block_tokens_per_s", static_cast<double>(block_rows) / seconds},
-                     {"step_seconds", seconds},
-                     {"memory_current_bytes", mem.current_bytes},
-                     {"memory_peak_bytes", mem.peak_bytes},
-                     {"memory_source", mem.source},
-                     {"loss_metrics", loss_metrics.take()}});
-      if (run.memory_plan) record["memory_planned_peak_bytes"] = run.memory_plan->peak_bytes;
-      if (timer.enabled()) {
-        timer.end("other");
-        record["phase_seconds"] = timer.take();
-      }
-      const bool evaluate_now = eval_every > 0 && finite && (step + 1) % eval_every == 0;
-      if (evaluate_now) {
-        p.drafter.set_training(false);
-        const nlohmann::json report = eval::evaluate(p.target, p.drafter, eval_prompts, eval_settings, target_info);
-        p.drafter.set_training(true);
-        record["eval_tau"] = report.at("tau_mean");
-        record["eval_acceptance_by_position"] = report.at("acceptance_by_position");
-      }
-      try {
-        metrics_file.write(record);
-      } catch (const metrics::MetricsWriteError& e) {
-        progress.finish();
-        throw std::runtime_error(std::string(e.what()) + "; training stopped at step " + std::to_string(step) + ". " +
-                                 (last_checkpoint_step >= 0 ? "The checkpoint of step " + std::to_string(last_checkpoint_step) +
-                                                                  " holds the last good state: free space and run again to resume from it"
-                                                            : std::string("No checkpoint was written yet: free space and run again")));
-      }
-      progress.update(record);
-      if (evaluate_now) {
-        std::ostringstream line;
-        line << "step " << step + 1 << ": speculative decoding on " << eval_prompts.size() << " held-out prompts, τ = "
-             << std::fixed << std::setprecision(3) << record.at("eval_tau").get<double>();
-        progress.message(line.str());
-      }
-      if (!finite) {
-        const std::string what = "step " + std::to_string(step) + ": non-finite loss or gradient";
-        if (stop_on_nonfinite || consecutive_nonfinite >= max_nonfinite) {
-          progress.message(what + (stop_on_nonfinite ? " (train.on_nonfinite = stop)"
-                                                     : "; " + std::to_string(consecutive_nonfinite) +
-                                                           " in a row reached train.max_nonfinite") +
-                           "; stopping. The last checkpoint holds the last good state.");
-          exit_code = kNonFinite;
-          break;
-        }
-        progress.message(what + "; its update was skipped (train.on_nonfinite = skip)");
-      }
-      if (data_ended) {
-        progress.message("the data source has ended (its epochs are done)");
-        ++step;
-        break;
-      }
-      if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && step + 1 < total_steps) save(step + 1);
-    } catch (const std::exception& e) {
-      if (!memory::is_out_of_memory(e)) rethrow_at_step(e, step, micro_at, accumulation, phase);
-      // Out of memory: report while the step's tensors are still alive, then
-      // free them and save the last completed step.
-      progress.finish();
-      memory::OomEvent event;
-      event.device = device.str();
-      event.step = step;
-      event.phase = phase.empty() ? "step" : phase;
-      event.error = first_line(e);
-      event.figures = memory::memory_now(device);
-      event.plan = run.memory_plan;
-      event.groups = nameable_tensors(parameters, optimizer, live, lm_head);
-      const std::string report = memory::format_oom_report(event);
-      std::cerr << report << std::flush;
-      {
-        std::ofstream file(output_dir + "/oom_report.txt");
-        file << report;
-      }
-      metrics_file.write({{"step", step}, {"out_of_memory", event.error}, {"phase", event.phase},
-                          {"memory_current_bytes", event.figures.current_bytes}, {"memory_peak_bytes", event.figures.peak_bytes}});
-      // Drop every reference to the step's tensors before saving.
-      live = MicroBatch{};
-      event.groups.clear();
-      optimizer.zero_grad();
-      std::string saved;
-      if (updating) {
-        saved = "no emergency checkpoint: the update was half applied (the newest consistent state is " +
-                (last_checkpoint_step >= 0 ? "checkpoint step " + std::to_string(last_checkpoint_step) : std::string("the start")) + ")";
-      } else if (step == last_checkpoint_step || step == 0) {
-        saved = step == 0 ? "no steps completed, nothing to save"
-                          : "the checkpoint of step " + std::to_string(step) + " already holds the last completed step";
-      } else {
-        try {
-          saved = "emergency checkpoint of the last completed step: " + save(step, data_state_at_start, scheduler_state_at_start);
-        } catch (const std::exception& save_error) {
-          saved = std::string("emergency checkpoint failed: ") + save_error.what();
-        }
-      }
-      std::ostringstream summary;
-      summary << "out of memory on " << device.str() << " at step " << step << " (" << event.phase
-              << "): " << memory::short_oom_message(event.error)
-              << "; measured peak " << memory::format_bytes(event.figures.peak_bytes);
-      if (run.memory_plan) summary << " vs predicted " << memory::format_bytes(run.memory_plan->peak_bytes);
-      summary << "; " << saved << "; report in " << output_dir << "/oom_report.txt; `dflash-host plan` proposes settings that fit";
-      log::error(summary.str());
-      return kOutOfMemory;
-    }
-  }
-  progress.finish();
-  // A step already saved (--stop-after at a checkpoint_every step, or a
-  // resumed run whose data had ended) is not written again.
-  if ((exit_code == 0 || exit_code == kStoppedOnRequest) && step != last_checkpoint_step) save(step);
-  batches.settle();
-  if (auto facts = p.data.describe()) log::info("data: " + facts->dump());
-  return exit_code;
 }
 
 }  // namespace dflash::train

@@ -1,14 +1,21 @@
 // The training loop: data → target → drafter → loss → AdamW, with gradient
 // accumulation and clipping, per-step metrics, a non-finite policy, atomic
-// checkpoints and exact resume. Plugins are reached only through the
-// instance wrappers (the C ABI).
+// checkpoints and exact resume, on one process or on the ranks of a
+// data-parallel run. Plugins are reached only through the Run (the C ABI).
+//
+// A step is five stages, named as the pipeline between target ranks and
+// drafter ranks will split them:
+//   produce  data → target forward → a hidden-state item
+//   consume  drafter forward, loss, backward of one item
+//   reduce   gradients summed across ranks (nothing on one process)
+//   update   clipping, AdamW (a shard of it with train.shard_optimizer), LR
+//   record   metrics, evaluation, checkpoint
 #pragma once
 
 #include "checkpoint/run_lock.h"
+#include "dist/collective.h"
 #include "memory/memory_plan.h"
-#include "plugin/instances.h"
-
-#include <nlohmann/json.hpp>
+#include "train/run.h"
 
 #include <memory>
 #include <optional>
@@ -16,24 +23,15 @@
 
 namespace dflash::train {
 
-struct TrainPlugins {
-  host::DataSourceInstance& data;
-  host::TargetModelInstance& target;
-  host::DrafterInstance& drafter;
-  host::LossInstance& loss;
-  host::SchedulerInstance& scheduler;
-};
-
-struct TrainRun {
-  nlohmann::json train;            // the resolved "train" section
-  nlohmann::json resolved_config;  // the whole resolved config, recorded in checkpoints
-  int64_t stop_after = 0;          // stop (with a checkpoint) after this many steps of this run; 0 = run to the end
+// What the command line adds to a run's config.
+struct RunOptions {
+  int64_t stop_after = 0;  // stop (with a checkpoint) after this many steps of this run; 0 = run to the end
   // The memory plan made before the plugins were created (memory/memory_plan.h):
   // its predicted peak goes to the metrics, and an out-of-memory report
   // compares it with what was allocated.
   std::optional<memory::DevicePlan> memory_plan;
   // The output directory's lock when the caller already holds it
-  // (train/run_directory.h); run_training takes it otherwise.
+  // (train/run_directory.h); rank 0 takes it otherwise.
   std::shared_ptr<checkpoint::RunLock> output_lock;
   // --resume-from: the step whose checkpoint to resume from instead of `latest`.
   std::optional<int64_t> resume_from;
@@ -52,12 +50,14 @@ inline constexpr int kStoppedOnRequest = 7;
 
 // Resumes from <output_dir>/checkpoints/latest when present (checked: see
 // checkpoint/checkpoint.h and train/resume.h). Returns the process exit
-// code. Throws for errors that leave nothing to save.
-int run_training(TrainPlugins& plugins, const TrainRun& run);
+// code. Throws for errors that leave nothing to save. `group`: the ranks of
+// a data-parallel run (each rank calls this with its own Run).
+int run_training(Run& run, const RunOptions& options, dist::Collective& group);
+int run_training(Run& run, const RunOptions& options);  // one process
 
 // The drafter's parameter gradients from the run's first micro-batch at step
 // 0 (the anchors of step 0, micro-batch 0), backpropagated once; nothing is
 // updated or written. A/B comparisons check arms against each other with it.
-host::NamedTensors first_step_gradients(TrainPlugins& plugins, const TrainRun& run);
+host::NamedTensors first_step_gradients(Run& run);
 
 }  // namespace dflash::train

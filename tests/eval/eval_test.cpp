@@ -648,7 +648,7 @@ TEST(Divergence, Bf16EvalIsLosslessUpToTies) {
   s.max_prompts = 3;
   s.max_new_tokens = 96;
   const auto info = target->describe();
-  const nlohmann::json r = eval::evaluate(*target, lookup, eval::read_prompts(s, info), s, info);
+  const nlohmann::json r = eval::evaluate(*target, lookup, host::drafter_facts(lookup), eval::read_prompts(s, info), s, info);
   EXPECT_TRUE(r.at("lossless_up_to_ties").get<bool>()) << eval::format_report(r);
   EXPECT_EQ(r.at("other_divergences"), 0);
   EXPECT_EQ(r.at("identical_prompts").get<int64_t>() + r.at("near_tie_divergences").get<int64_t>(), 3);
@@ -683,9 +683,9 @@ TEST(Eval, TheWarmupChangesNoResult) {
   const auto info = target->describe();
   const auto prompts = eval::read_prompts(s, info);
   s.warmup = false;
-  const nlohmann::json cold = eval::evaluate(*target, *d, prompts, s, info);
+  const nlohmann::json cold = eval::evaluate(*target, *d, host::drafter_facts(*d), prompts, s, info);
   s.warmup = true;
-  const nlohmann::json warm = eval::evaluate(*target, *d, prompts, s, info);
+  const nlohmann::json warm = eval::evaluate(*target, *d, host::drafter_facts(*d), prompts, s, info);
   EXPECT_EQ(cold.at("warmup_prompts"), 0);
   EXPECT_EQ(warm.at("warmup_prompts"), 1);
   ASSERT_EQ(warm.at("per_prompt").size(), 2u);

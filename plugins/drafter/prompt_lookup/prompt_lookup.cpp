@@ -47,6 +47,7 @@ class PromptLookupDrafter : public sdk::Drafter {
     return {{"architectures", {"PromptLookup"}},
             {"block_size", block_size_},
             {"target_layer_ids", nlohmann::json::array()},
+            {"mask_token_id", nullptr},  // proposals come from the context, not from mask tokens
             {"vocab_size", vocab_},
             {"max_ngram", max_ngram_},
             {"min_ngram", min_ngram_}};

@@ -208,7 +208,10 @@ class TestDrafter : public dflash::sdk::Drafter {
     return {{"hidden", hidden}, {"targets", targets.flatten()},
             {"row_weights", torch::ones({hidden.size(0)})}, {"slot", torch::zeros({hidden.size(0)}, torch::kLong)}};
   }
-  nlohmann::json export_config() const { return {{"layer_ids", layer_ids_}, {"architecture", "test"}}; }
+  nlohmann::json export_config() const {
+    return {{"layer_ids", layer_ids_}, {"architecture", "test"}, {"block_size", 1}, {"target_layer_ids", layer_ids_},
+            {"mask_token_id", nullptr}};
+  }
   void set_training(bool training) { training_ = training; }
 
  private:

@@ -1,0 +1,61 @@
+// The ranks of a run and the few collectives the trainer needs, behind one
+// small interface so that the trainer's translation units never include
+// c10d: process_group.cpp implements it over c10d's ProcessGroupNCCL (CUDA
+// tensors) and ProcessGroupGloo (CPU tensors) after a TCPStore rendezvous;
+// single_process() is the world of one, where every collective is the
+// identity and nothing is communicated.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dflash::dist {
+
+// A collective that failed or waited past train.collective_timeout_s: the
+// message names the collective and the ranks that did not reach it (dead or
+// hung), and says what to do.
+class CollectiveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A collective begun, not yet waited for.
+class Pending {
+ public:
+  virtual ~Pending() = default;
+  virtual void wait() = 0;
+};
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  bool is_root() const { return rank() == 0; }
+
+  // Σ over ranks, in place. Every rank passes a tensor of the same shape and
+  // dtype, in the same order of calls; `what` names it in errors ("gradient
+  // bucket 3 of step 12"). The async form returns at once.
+  virtual std::unique_ptr<Pending> all_reduce_sum_async(at::Tensor tensor, const std::string& what) = 0;
+  void all_reduce_sum(at::Tensor tensor, const std::string& what) { all_reduce_sum_async(std::move(tensor), what)->wait(); }
+  // Rank r's `mine` lands in out[r]; every rank's `mine` has the same shape.
+  virtual void all_gather(std::vector<at::Tensor>& out, const at::Tensor& mine, const std::string& what) = 0;
+  // Rank `root`'s tensor, into every rank's, in place.
+  virtual void broadcast(at::Tensor tensor, int root, const std::string& what) = 0;
+  // Every rank's text (any length), in rank order.
+  std::vector<std::string> all_gather_text(const std::string& mine, const std::string& what);
+  virtual void barrier(const std::string& what) = 0;
+  // This rank is failing (`reason`: its error): the other ranks' errors
+  // quote it. Best effort; nothing on one process.
+  virtual void announce_failure(const std::string& reason) { (void)reason; }
+};
+
+// The world of one process: rank 0 of 1.
+std::unique_ptr<Collective> single_process();
+
+}  // namespace dflash::dist

@@ -1,0 +1,276 @@
+#include "dist/process_group.h"
+
+#include "dist/c10d_collective.h"
+#include "log/log.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#if DFLASH_HOST_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace dflash::dist {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::optional<std::string> variable(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+int whole(const char* name, const std::string& text, int least, int most) {
+  size_t used = 0;
+  long value = -1;
+  try {
+    value = std::stol(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || value < least || value > most)
+    throw std::invalid_argument("$" + std::string(name) + " is '" + text + "'; expected a whole number from " +
+                                std::to_string(least) + " to " + std::to_string(most) +
+                                " (set by torchrun or `dflash-host launch`)");
+  return static_cast<int>(value);
+}
+
+std::string key(const std::string& what, int rank) { return "dflash/" + what + "/" + std::to_string(rank); }
+
+std::string as_text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+
+c10::intrusive_ptr<c10d::Store> connect(const LaunchEnvironment& env, bool serve, milliseconds timeout) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(env.master_port);
+  options.isServer = serve;
+  if (serve) options.numWorkers = static_cast<size_t>(env.world_size);
+  options.waitWorkers = false;  // the join below names the ranks that are missing
+  options.timeout = timeout;
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+  // torchrun's agent store is shared by every attempt of the group: each
+  // attempt works under its own prefix, as torch.distributed does.
+  if (env.agent_store)
+    store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count), store);
+  return store;
+}
+
+// Every rank checks in; the ranks that have not within the timeout are named.
+void await_ranks(c10d::Store& store, const LaunchEnvironment& env, milliseconds timeout, const std::string& address) {
+  store.set(key("joined", env.rank), std::vector<uint8_t>{'1'});
+  store.add("dflash/joined", 1);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (store.add("dflash/joined", 0) < env.world_size) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::string missing;
+      for (int r = 0; r < env.world_size; ++r)
+        if (!store.check({key("joined", r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      throw CollectiveError("rank " + std::to_string(env.rank) + ": rank" + (missing.find(',') == std::string::npos ? " " : "s ") +
+                            missing + " did not join the run at " + address + " within train.collective_timeout_s (" +
+                            std::to_string(timeout.count() / 1000) + " s); start all " + std::to_string(env.world_size) +
+                            " ranks with the same MASTER_ADDR and MASTER_PORT");
+    }
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+}
+
+#if DFLASH_HOST_GLOO
+std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
+  // As torch.distributed: the interface GLOO_SOCKET_IFNAME names, else the
+  // address this host's name resolves to; a single host falls back to loopback.
+  if (const auto ifname = variable("GLOO_SOCKET_IFNAME")) return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
+  try {
+    return c10d::ProcessGroupGloo::createDefaultDevice();
+  } catch (const std::exception& e) {
+    if (env.local_world_size != env.world_size) throw;
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+}
+#endif
+
+}  // namespace
+
+std::optional<LaunchEnvironment> launch_environment() {
+  const char* const names[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  std::vector<std::string> set, unset;
+  for (const char* name : names) (variable(name) ? set : unset).push_back(name);
+  if (set.empty()) return std::nullopt;
+  if (!unset.empty()) {
+    std::string have, lack;
+    for (const auto& n : set) have += (have.empty() ? "$" : ", $") + n;
+    for (const auto& n : unset) lack += (lack.empty() ? "$" : ", $") + n;
+    throw std::invalid_argument(have + " set but " + lack +
+                                " not: a rank of a multi-process run needs all of RANK, WORLD_SIZE, MASTER_ADDR and "
+                                "MASTER_PORT (torchrun and `dflash-host launch` set them); unset them to run one process");
+  }
+  LaunchEnvironment env;
+  env.world_size = whole("WORLD_SIZE", *variable("WORLD_SIZE"), 1, 1 << 20);
+  env.rank = whole("RANK", *variable("RANK"), 0, env.world_size - 1);
+  env.master_addr = *variable("MASTER_ADDR");
+  env.master_port = whole("MASTER_PORT", *variable("MASTER_PORT"), 1, 65535);
+  env.local_world_size = variable("LOCAL_WORLD_SIZE") ? whole("LOCAL_WORLD_SIZE", *variable("LOCAL_WORLD_SIZE"), 1, env.world_size)
+                                                      : env.world_size;
+  env.local_rank = variable("LOCAL_RANK") ? whole("LOCAL_RANK", *variable("LOCAL_RANK"), 0, env.local_world_size - 1)
+                                          : env.rank % env.local_world_size;
+  env.agent_store = variable("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  env.restart_count = variable("TORCHELASTIC_RESTART_COUNT")
+                          ? whole("TORCHELASTIC_RESTART_COUNT", *variable("TORCHELASTIC_RESTART_COUNT"), 0, 1 << 20)
+                          : 0;
+  return env;
+}
+
+std::string rank_device(const std::string& device, const LaunchEnvironment& env) {
+  const c10::Device d(device);
+  if (!d.is_cuda()) return device;
+  if (!d.has_index()) return "cuda:" + std::to_string(env.local_rank);
+  if (env.local_world_size > 1)
+    throw std::invalid_argument("train.device is " + device + " but " + std::to_string(env.local_world_size) +
+                                " ranks run on this node: they would share one GPU. Write \"cuda\": rank r then uses "
+                                "cuda:LOCAL_RANK");
+  return device;
+}
+
+std::unique_ptr<Collective> join(const LaunchEnvironment& env, const std::string& device, double timeout_s) {
+  const milliseconds timeout(static_cast<int64_t>(timeout_s * 1000));
+  const std::string address = env.master_addr + ":" + std::to_string(env.master_port);
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = connect(env, env.rank == 0 && !env.agent_store, timeout);
+    await_ranks(*store, env, timeout, address);
+  } catch (const CollectiveError&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string text = e.what();
+    text = text.substr(0, text.find('\n'));
+    throw CollectiveError("rank " + std::to_string(env.rank) + ": the rendezvous at " + address + " failed: " + text +
+                          (env.rank == 0 && !env.agent_store ? " (rank 0 serves it: is the port free?)"
+                                                             : " (is rank 0 running, and MASTER_ADDR reachable from here?)"));
+  }
+  // The watch's own client: its heartbeats never wait behind a collective's
+  // store traffic.
+  auto watch = std::make_unique<detail::Watch>(connect(env, false, timeout), env.rank, env.world_size, address);
+  const c10::Device where(device);
+  const auto group_store = c10::make_intrusive<c10d::PrefixStore>("dflash_group", store);
+  if (where.is_cuda()) {
+    if (!detail::nccl_available())
+      throw std::invalid_argument("train.device is " + device + " but this build of dflash-host has no NCCL (a CPU "
+                                  "LibTorch): several ranks on CUDA need a CUDA build");
+    return detail::join_nccl(group_store, env, where, timeout, std::move(watch));
+  }
+#if DFLASH_HOST_GLOO
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(gloo_device(env));
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+  try {
+    group = c10::make_intrusive<c10d::ProcessGroupGloo>(group_store, env.rank, env.world_size, options);
+  } catch (const std::exception& e) {
+    throw CollectiveError(watch->diagnose("the Gloo process group's connections", e.what()));
+  }
+  log::info("rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) + " joined at " + address +
+            " (Gloo, " + device + ")");
+  return std::make_unique<detail::C10dCollective<c10d::ProcessGroupGloo>>(group, env.rank, env.world_size, std::nullopt,
+                                                                         std::move(watch));
+#else
+  throw std::invalid_argument("train.device is " + device + " but this build of dflash-host has no Gloo (its LibTorch "
+                              "came without Gloo's headers): several ranks on the CPU are not available");
+#endif
+}
+
+namespace detail {
+
+Watch::Watch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, std::string store_address)
+    : store_(std::move(store)), rank_(rank), world_size_(world_size), store_address_(std::move(store_address)) {
+  thread_ = std::thread([this] { beat_loop(); });
+}
+
+Watch::~Watch() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Watch::beat_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (int64_t beat = 0; !stop_; ++beat) {
+    const std::string value = std::to_string(beat) + " " + std::to_string(collectives_.load());
+    lock.unlock();
+    try {
+      store_->set(key("heartbeat", rank_), std::vector<uint8_t>(value.begin(), value.end()));
+    } catch (const std::exception&) {
+      // The store is gone (its host exited): the collective that fails says so.
+    }
+    lock.lock();
+    stop_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stop_; });
+  }
+}
+
+void Watch::announce_failure(const std::string& reason) {
+  try {
+    const std::string text = reason.substr(0, 400);
+    store_->set(key("failed", rank_), std::vector<uint8_t>(text.begin(), text.end()));
+  } catch (const std::exception&) {
+  }
+}
+
+std::string Watch::diagnose(const std::string& what, const std::string& error) {
+  const std::string me = "rank " + std::to_string(rank_);
+  const std::string first = error.substr(0, error.find('\n'));
+  std::string head = me + ": " + what + " failed (" + first + ")";
+  const std::string advice =
+      ". The last checkpoint is intact; relaunch to resume from it (torchrun --max-restarts does so by itself)";
+  try {
+    // Two readings of every heartbeat, 2.5 beats apart.
+    std::map<int, std::string> before, after, failed;
+    auto read = [&](std::map<int, std::string>& into) {
+      for (int r = 0; r < world_size_; ++r) {
+        if (r == rank_) continue;
+        if (store_->check({key("heartbeat", r)})) into[r] = as_text(store_->get(key("heartbeat", r)));
+      }
+    };
+    read(before);
+    std::this_thread::sleep_for(milliseconds(2500));
+    read(after);
+    for (int r = 0; r < world_size_; ++r)
+      if (r != rank_ && store_->check({key("failed", r)})) failed[r] = as_text(store_->get(key("failed", r)));
+    std::vector<std::string> findings;
+    for (int r = 0; r < world_size_; ++r) {
+      if (r == rank_) continue;
+      const std::string who = "rank " + std::to_string(r);
+      if (failed.count(r)) {
+        findings.push_back(who + " failed: " + failed[r]);
+      } else if (!after.count(r)) {
+        findings.push_back(who + " never started its heartbeat");
+      } else if (before[r] == after[r]) {
+        findings.push_back(who + " stopped responding (it exited, was killed or is stopped)");
+      } else {
+        std::istringstream in(after[r]);
+        int64_t beat = 0, begun = 0;
+        in >> beat >> begun;
+        if (begun < collectives_.load())
+          findings.push_back(who + " is alive but did not reach this collective (it has begun " + std::to_string(begun) +
+                             " collectives, this rank " + std::to_string(collectives_.load()) + ")");
+      }
+    }
+    if (findings.empty()) return head + "; every other rank is alive and reached it" + advice;
+    std::string out = head + ": ";
+    for (size_t i = 0; i < findings.size(); ++i) out += (i ? "; " : "") + findings[i];
+    return out + advice;
+  } catch (const std::exception&) {
+    return head + ": the rendezvous store at " + store_address_ +
+           " is unreachable, so rank 0 (which serves it) has exited or is stopped" + advice;
+  }
+}
+
+}  // namespace detail
+}  // namespace dflash::dist

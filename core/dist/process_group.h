@@ -1,0 +1,42 @@
+// Joining the ranks of a run the way the PyTorch ecosystem does: the
+// torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT) and a c10d TCPStore rendezvous at
+// MASTER_ADDR:MASTER_PORT, then c10d's ProcessGroupNCCL for CUDA devices or
+// ProcessGroupGloo for the CPU. `torchrun --no-python … dflash-host …` and
+// `dflash-host launch` set that environment; with none of it the host is
+// one process, exactly as before.
+#pragma once
+
+#include "dist/collective.h"
+
+#include <optional>
+#include <string>
+
+namespace dflash::dist {
+
+struct LaunchEnvironment {
+  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+  std::string master_addr;
+  int master_port = 0;
+  // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True):
+  // every rank is a client; otherwise rank 0 hosts it.
+  bool agent_store = false;
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: which attempt of the group this is
+};
+
+// nullopt when none of the variables is set. Throws std::invalid_argument
+// naming the variable when some are set but not all, or one is malformed
+// (RANK ≥ WORLD_SIZE, a port outside 1…65535).
+std::optional<LaunchEnvironment> launch_environment();
+
+// This rank's device: "cuda" becomes "cuda:LOCAL_RANK" (one GPU per local
+// rank); "cpu" stays. Throws std::invalid_argument for "cuda:N" with several
+// local ranks (they would share one GPU).
+std::string rank_device(const std::string& device, const LaunchEnvironment& env);
+
+// The rendezvous and the process group; `device` chooses the backend.
+// Failures name MASTER_ADDR:MASTER_PORT and the ranks that did not join
+// within `timeout_s`.
+std::unique_ptr<Collective> join(const LaunchEnvironment& env, const std::string& device, double timeout_s);
+
+}  // namespace dflash::dist

@@ -1,0 +1,79 @@
+// One run: its typed settings, its five plugin instances (created once, by
+// the caller, from the resolved config), the target bound to the drafter
+// once, and the drafter's facts. train, eval, ab and first-step gradients
+// all work on a Run; the trainer's stages (train/trainer.cpp) read it.
+#pragma once
+
+#include "plugin/drafter_facts.h"
+#include "plugin/instances.h"
+#include "train/train_settings.h"
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include <memory>
+
+namespace dflash::train {
+
+// The instances; eval leaves data, loss and scheduler empty.
+struct RunPlugins {
+  std::unique_ptr<host::DataSourceInstance> data;
+  std::unique_ptr<host::TargetModelInstance> target;
+  std::unique_ptr<host::DrafterInstance> drafter;
+  std::unique_ptr<host::LossInstance> loss;
+  std::unique_ptr<host::SchedulerInstance> scheduler;
+};
+
+// How the host creates every instance of a run: device, dtype, seed.
+host::InstanceOptions instance_options(const TrainSettings& settings);
+
+class Run {
+ public:
+  // `resolved_config`: the whole resolved config (recorded in checkpoints);
+  // its "train" section is parsed here, once.
+  Run(RunPlugins plugins, nlohmann::json resolved_config);
+
+  const TrainSettings& settings() const { return settings_; }
+  const nlohmann::json& resolved_config() const { return resolved_config_; }
+
+  // The instances; each throws std::logic_error when this run has none.
+  host::DataSourceInstance& data() const;
+  host::TargetModelInstance& target() const;
+  host::DrafterInstance& drafter() const;
+  host::LossInstance& loss() const;
+  host::SchedulerInstance& scheduler() const;
+
+  // Binds the target to the drafter on the settings' device and dtype: the
+  // drafter gets the target's facts and its own copies of the frozen weights;
+  // the run keeps the lm_head (for the loss) and drops the other copies (the
+  // drafter keeps what it needs, where it wants it). Then reads the drafter's
+  // facts, refusing a drafter that does not state them. Once: a second call
+  // does nothing.
+  void bind();
+  bool bound() const { return bound_; }
+
+  // The target's describe() (available before bind).
+  const nlohmann::json& target_info() const { return target_info_; }
+  // After bind: the drafter's export_config, its typed facts, the lm_head.
+  const nlohmann::json& drafter_config() const;
+  const host::DrafterFacts& drafter_facts() const;
+  const at::Tensor& lm_head() const;
+
+  // The libraries of the instances, {section: plugin_identity}: recorded in
+  // checkpoints, compared on resume and across ranks.
+  nlohmann::json plugin_identities() const;
+
+ private:
+  void require_bound(const char* what) const;
+
+  RunPlugins plugins_;
+  nlohmann::json resolved_config_;
+  TrainSettings settings_;
+  nlohmann::json target_info_;
+  bool bound_ = false;
+  nlohmann::json drafter_config_;
+  host::DrafterFacts facts_;
+  at::Tensor lm_head_;
+};
+
+}  // namespace dflash::train

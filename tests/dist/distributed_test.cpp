@@ -1,0 +1,247 @@
+// Data-parallel training on the CPU with Gloo and real processes: the ranks
+// started by `dflash-host launch` and by hand with the torchrun variables,
+// against one process with gradient accumulation over the same global
+// batches; resume at another world size; a rank killed mid-step; ranks whose
+// configs differ.
+#include "support/expect.h"
+#include "support/temp_dir.h"
+#include "train/run_support.h"
+
+#include <dflash/sdk/safetensors_torch.hpp>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <thread>
+
+namespace dflash {
+namespace {
+
+namespace fs = std::filesystem;
+using test::file_bytes;
+using test::host;
+using test::metrics_of;
+using test::Result;
+
+// The small run (train/run_support.h) with a global batch of 6 data-source
+// batches: 6 micro-batches on one process, 3 per rank on two, 2 on three.
+std::string dp_config(const std::string& dir, const std::string& output, int steps, const std::string& name = "config") {
+  const std::string path = test::small_config(dir, output, steps);
+  nlohmann::json config = nlohmann::json::parse(file_bytes(path));
+  config["train"]["grad_accumulation"] = 6;
+  config["train"]["collective_timeout_s"] = 60;
+  const std::string mine = dir + "/" + name + ".json";
+  std::ofstream(mine) << config.dump(2);
+  return mine;
+}
+
+std::map<std::string, at::Tensor> weights_of(const std::string& checkpoint) {
+  auto file = sdk::safetensors::File::open(checkpoint + "/model.safetensors");
+  std::map<std::string, at::Tensor> out;
+  for (const auto& info : file->tensors()) out[info.name] = sdk::safetensors::load_tensor(file, info).to(at::kDouble);
+  return out;
+}
+
+// max |a − b| / max |b| over each tensor; the largest over the drafter.
+double largest_relative_difference(const std::string& a, const std::string& b) {
+  const auto wa = weights_of(a), wb = weights_of(b);
+  EXPECT_EQ(wa.size(), wb.size());
+  double worst = 0;
+  for (const auto& [name, tb] : wb) {
+    const auto it = wa.find(name);
+    if (it == wa.end()) {
+      ADD_FAILURE() << name << " is missing from " << a;
+      continue;
+    }
+    const double scale = std::max(1e-30, tb.abs().max().item<double>());
+    worst = std::max(worst, (it->second - tb).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+std::string launch(int ranks) { return "launch --nproc-per-node " + std::to_string(ranks) + " -- "; }
+
+TEST(DataParallel, TwoAndThreeRanksMatchOneProcessAccumulatingTheSameGlobalBatches) {
+  test::TempDir temp("dflash_dp");
+  const std::string dir = temp.path().string();
+  Result one = host("--config " + dp_config(dir, dir + "/one", 3), dir);
+  ASSERT_EQ(one.status, 0) << one.err;
+  for (const std::string& sharded : {"false", "true"})
+    for (int ranks : {2, 3}) {
+      const std::string out = dir + "/ranks" + std::to_string(ranks) + "-" + sharded;
+      Result many = host(launch(ranks) + "--config " + dp_config(dir, out, 3) + " --set train.shard_optimizer=" + sharded, dir);
+      ASSERT_EQ(many.status, 0) << many.err;
+      EXPECT_CONTAINS(many.err, "[rank 1/" + std::to_string(ranks) + "]");
+      const double difference = largest_relative_difference(out + "/checkpoints/step-00000003", dir + "/one/checkpoints/step-00000003");
+      EXPECT_LE(difference, 1e-6) << ranks << " ranks, shard_optimizer " << sharded;
+      // One metrics file (rank 0's), with every rank's figures inside.
+      const auto m1 = metrics_of(dir + "/one"), mn = metrics_of(out);
+      ASSERT_EQ(mn.size(), 3u);
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_NEAR(mn[i].at("loss").get<double>(), m1[i].at("loss").get<double>(), 1e-5 * std::abs(m1[i].at("loss").get<double>()));
+        EXPECT_EQ(mn[i].at("world_size"), ranks);
+        ASSERT_EQ(mn[i].at("ranks").size(), static_cast<size_t>(ranks));
+        int64_t micro = 0;
+        for (const auto& r : mn[i].at("ranks")) micro += r.at("micro_batches").get<int64_t>();
+        EXPECT_EQ(micro, 6) << "the global batch is 6 data-source batches whatever the world size";
+      }
+      // The optimizer state is whole in the checkpoint whether it was sharded or not.
+      EXPECT_EQ(file_bytes(out + "/checkpoints/step-00000003/trainer_state.json").empty(), false);
+      const double state_difference = [&] {
+        auto a = sdk::safetensors::File::open(out + "/checkpoints/step-00000003/optimizer.safetensors");
+        auto b = sdk::safetensors::File::open(dir + "/one/checkpoints/step-00000003/optimizer.safetensors");
+        EXPECT_EQ(a->tensors().size(), b->tensors().size());
+        double worst = 0;
+        for (const auto& info : b->tensors()) {
+          const at::Tensor tb = sdk::safetensors::load_tensor(b, info).to(at::kDouble);
+          const at::Tensor ta = sdk::safetensors::load_tensor(a, info.name).to(at::kDouble);
+          worst = std::max(worst, (ta - tb).abs().max().item<double>() / std::max(1e-30, tb.abs().max().item<double>()));
+        }
+        return worst;
+      }();
+      EXPECT_LE(state_difference, 1e-4) << "AdamW's moments, " << ranks << " ranks, shard_optimizer " << sharded;
+    }
+}
+
+// Ranks started by hand with the variables torchrun sets, each its own process.
+TEST(DataParallel, ATorchrunEnvironmentSetByHandTrainsAsTheLauncherDoes) {
+  test::TempDir temp("dflash_dp_env");
+  const std::string dir = temp.path().string();
+  const std::string config = dp_config(dir, dir + "/by-hand", 2);
+  const std::string base = std::string(DFLASH_HOST_EXE) + " --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR +
+                           " --config " + config;
+  const int port = 20000 + static_cast<int>(::getpid() % 20000);
+  std::string script;
+  for (int r = 0; r < 2; ++r)
+    script += "(RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
+              " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + base + " > /dev/null 2> " +
+              dir + "/err" + std::to_string(r) + ".txt; echo $? > " + dir + "/status" + std::to_string(r) + ") & ";
+  script += "wait";
+  ASSERT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(file_bytes(dir + "/status" + std::to_string(r)), "0\n") << file_bytes(dir + "/err" + std::to_string(r) + ".txt");
+  Result launched = host(launch(2) + "--config " + dp_config(dir, dir + "/launched", 2, "launched"), dir);
+  ASSERT_EQ(launched.status, 0) << launched.err;
+  EXPECT_EQ(largest_relative_difference(dir + "/by-hand/checkpoints/step-00000002", dir + "/launched/checkpoints/step-00000002"), 0.0)
+      << "the same ranks, the same result";
+}
+
+TEST(DataParallel, RanksWithDifferentConfigsAreRefusedNamingTheRankAndTheSetting) {
+  test::TempDir temp("dflash_dp_mismatch");
+  const std::string dir = temp.path().string();
+  const std::string config = dp_config(dir, dir + "/run", 2);
+  const std::string base = std::string(DFLASH_HOST_EXE) + " --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR +
+                           " --config " + config;
+  const int port = 20000 + static_cast<int>((::getpid() + 7) % 20000);
+  std::string script;
+  for (int r = 0; r < 2; ++r)
+    script += "(RANK=" + std::to_string(r) + " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " +
+              base + (r == 1 ? " --set train.lr=0.002" : "") + " > /dev/null 2> " + dir + "/err" + std::to_string(r) +
+              ".txt; echo $? > " + dir + "/status" + std::to_string(r) + ") & ";
+  script += "wait";
+  ASSERT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0);
+  for (int r = 0; r < 2; ++r) {
+    const std::string err = file_bytes(dir + "/err" + std::to_string(r) + ".txt");
+    EXPECT_EQ(file_bytes(dir + "/status" + std::to_string(r)), "2\n") << err;
+    EXPECT_CONTAINS(err, "rank 1 differs from rank 0");
+    EXPECT_CONTAINS(err, "/config/train/lr: 0.003 on rank 0, 0.002 on rank 1");
+  }
+  EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl")) << "nothing trained";
+}
+
+// Resuming at another world size continues the same run: the data position
+// and the losses of a run that went 1 → 2 → 3 ranks are those of one that
+// never stopped.
+TEST(DataParallel, ResumingAtAnotherWorldSizeContinuesTheRun) {
+  test::TempDir temp("dflash_dp_resume");
+  const std::string dir = temp.path().string();
+  const std::string every = " --set train.checkpoint_every=2 --set train.keep_checkpoints=10";
+  Result whole = host("--config " + dp_config(dir, dir + "/whole", 6) + every, dir);
+  ASSERT_EQ(whole.status, 0) << whole.err;
+  const std::string parts = dp_config(dir, dir + "/parts", 6, "parts");
+  Result a = host("--config " + parts + every + " --stop-after 2", dir);
+  ASSERT_EQ(a.status, 0) << a.err;
+  Result b = host(launch(2) + "--config " + parts + every + " --stop-after 2", dir);
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_CONTAINS(b.err, "resumed from");
+  Result c = host(launch(3) + "--config " + parts + every + " --set train.shard_optimizer=true", dir);
+  ASSERT_EQ(c.status, 0) << c.err;
+  const auto mw = metrics_of(dir + "/whole"), mp = metrics_of(dir + "/parts");
+  ASSERT_EQ(mw.size(), 6u);
+  ASSERT_EQ(mp.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(mp[i].at("step"), mw[i].at("step"));
+    EXPECT_NEAR(mp[i].at("loss").get<double>(), mw[i].at("loss").get<double>(), 1e-5 * std::abs(mw[i].at("loss").get<double>()))
+        << "step " << i;
+  }
+  for (const std::string step : {"step-00000002", "step-00000004", "step-00000006"}) {
+    const auto state = [&](const std::string& run) {
+      return nlohmann::json::parse(file_bytes(dir + "/" + run + "/checkpoints/" + step + "/trainer_state.json"));
+    };
+    EXPECT_EQ(state("parts").at("data_state"), state("whole").at("data_state"))
+        << step << ": the same data position, no sequence read twice or skipped";
+  }
+  EXPECT_LE(largest_relative_difference(dir + "/parts/checkpoints/step-00000006", dir + "/whole/checkpoints/step-00000006"), 1e-5);
+}
+
+// A rank killed in the middle of training: the others stop within the
+// collective timeout naming it, the checkpoint before is whole, and the same
+// command resumes from it.
+TEST(DataParallel, ARankKilledMidStepStopsTheOthersNamingItAndARelaunchResumes) {
+  test::TempDir temp("dflash_dp_kill");
+  const std::string dir = temp.path().string();
+  const std::string config = dp_config(dir, dir + "/run", 400);
+  const std::string args = " --set train.checkpoint_every=2 --set train.keep_checkpoints=3 --set train.collective_timeout_s=30";
+  const std::string err_file = dir + "/launch.txt";
+  const pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    const std::string command = std::string(DFLASH_HOST_EXE) + " launch --nproc-per-node 2 -- --no-default-plugin-dirs --plugin-dir " +
+                                DFLASH_INTREE_PLUGIN_DIR + " --config " + config + args + " > /dev/null 2> " + err_file;
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Rank 1's pid from the launcher's log, once a checkpoint exists.
+  const auto start = std::chrono::steady_clock::now();
+  pid_t rank1 = 0;
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
+    std::smatch m;
+    const std::string log = file_bytes(err_file);
+    if (rank1 == 0 && std::regex_search(log, m, std::regex("rank 1 is pid ([0-9]+)"))) rank1 = std::stoi(m[1]);
+    if (rank1 != 0 && fs::exists(dir + "/run/checkpoints/step-00000004")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_NE(rank1, 0) << file_bytes(err_file);
+  ASSERT_TRUE(fs::exists(dir + "/run/checkpoints/step-00000004")) << file_bytes(err_file);
+  ASSERT_EQ(::kill(rank1, SIGKILL), 0);
+  const auto killed_at = std::chrono::steady_clock::now();
+  int status = 0;
+  ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  const std::string log = file_bytes(err_file);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0) << log;
+  EXPECT_LT(seconds, 30.0) << "within train.collective_timeout_s";
+  EXPECT_CONTAINS(log, "[rank 0/2]");
+  EXPECT_CONTAINS(log, "rank 1 stopped responding");
+  EXPECT_NOT_CONTAINS(log, "Traceback");
+  // The newest checkpoint is whole: the same command resumes from it.
+  Result again = host(launch(2) + "--config " + config + args + " --set train.steps=12", dir);
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_CONTAINS(again.err, "resumed from");
+  const auto m = metrics_of(dir + "/run");
+  ASSERT_FALSE(m.empty());
+  EXPECT_EQ(m.back().at("step"), 11);
+}
+
+}  // namespace
+}  // namespace dflash
