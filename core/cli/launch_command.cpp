@@ -203,7 +203,7 @@ int run_launch(int argc, char** argv) {
       const int rank = it->second;
       ranks.erase(it);
       if (exit_code(status) != 0) {
-        log::warn("launch: rank " + std::to_string(rank) + " ended with " + exit_text(status));
+        log::warn("launch: rank " + std::to_string(rank) + " ended: " + exit_text(status));
         if (!first_failure) {
           first_failure = exit_code(status);
           stop_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_s * 1000));
