@@ -31,6 +31,10 @@ const nlohmann::json& train_schema() {
           .string("precision", "same",
                   "same: weights, gradients and AdamW states in dtype; fp32_master: fp32 master weights and states",
                   {"same", "fp32_master"})
+          .string("mode", "colocated",
+                  "how ranks share the work: colocated = every rank holds the target and a drafter replica and "
+                  "trains on its share of each global batch (one process: the same, alone)",
+                  {"colocated"})
           .boolean("shard_optimizer", false,
                    "ZeRO-1 with several ranks: each rank keeps the AdamW states (and fp32 masters) of 1/N of the "
                    "parameters, updates that slice, and the ranks all-gather the updated parameters")

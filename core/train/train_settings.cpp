@@ -44,6 +44,7 @@ TrainSettings parse_train_settings(const nlohmann::json& train) {
   s.adam_eps = read<double>(train, "adam_eps");
   s.precision = choice<Precision>(train, "precision", {{"same", Precision::kSame}, {"fp32_master", Precision::kFp32Master}});
   s.teacher = choice<Teacher>(train, "teacher", {{"hidden", Teacher::kHidden}, {"none", Teacher::kNone}});
+  s.mode = choice<Mode>(train, "mode", {{"colocated", Mode::kColocated}});
   s.shard_optimizer = read<bool>(train, "shard_optimizer");
   s.on_nonfinite = choice<OnNonfinite>(train, "on_nonfinite", {{"skip", OnNonfinite::kSkip}, {"stop", OnNonfinite::kStop}});
   s.max_nonfinite = read<int64_t>(train, "max_nonfinite");

@@ -15,6 +15,9 @@ namespace dflash::train {
 enum class Precision { kSame, kFp32Master };
 enum class Teacher { kHidden, kNone };
 enum class OnNonfinite { kSkip, kStop };
+// What each rank does; the disaggregated pipeline (target ranks → drafter
+// ranks) comes as a second mode.
+enum class Mode { kColocated };
 
 struct TrainSettings {
   // What the run computes.
@@ -29,6 +32,7 @@ struct TrainSettings {
   double grad_clip = 0, weight_decay = 0, adam_beta1 = 0, adam_beta2 = 0, adam_eps = 0;
   Precision precision = Precision::kSame;
   Teacher teacher = Teacher::kHidden;
+  Mode mode = Mode::kColocated;
   bool shard_optimizer = false;  // ZeRO-1: each rank keeps the AdamW states of 1/N of the parameters
 
   // Faults and checkpoints.

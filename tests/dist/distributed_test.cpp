@@ -70,6 +70,17 @@ double largest_relative_difference(const std::string& a, const std::string& b) {
   return worst;
 }
 
+// Several ranks on the CPU need Gloo (the torch wheel of the GPU machine has
+// no Gloo headers; Debian's LibTorch has them).
+class DataParallel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#if !DFLASH_TEST_HAVE_GLOO
+    GTEST_SKIP() << "this build has no Gloo";
+#endif
+  }
+};
+
 // `dflash-host launch --nproc-per-node N -- <the test's plugin folders> ARGS`.
 Result launched(int ranks, const std::string& args, const std::string& scratch) {
   const std::string err_file = scratch + "/stderr.txt";
@@ -80,7 +91,7 @@ Result launched(int ranks, const std::string& args, const std::string& scratch) 
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, file_bytes(err_file)};
 }
 
-TEST(DataParallel, TwoAndThreeRanksMatchOneProcessAccumulatingTheSameGlobalBatches) {
+TEST_F(DataParallel, TwoAndThreeRanksMatchOneProcessAccumulatingTheSameGlobalBatches) {
   test::TempDir temp("dflash_dp");
   const std::string dir = temp.path().string();
   Result one = host("--config " + dp_config(dir, dir + "/one", 3), dir);
@@ -123,7 +134,7 @@ TEST(DataParallel, TwoAndThreeRanksMatchOneProcessAccumulatingTheSameGlobalBatch
 }
 
 // Ranks started by hand with the variables torchrun sets, each its own process.
-TEST(DataParallel, ATorchrunEnvironmentSetByHandTrainsAsTheLauncherDoes) {
+TEST_F(DataParallel, ATorchrunEnvironmentSetByHandTrainsAsTheLauncherDoes) {
   test::TempDir temp("dflash_dp_env");
   const std::string dir = temp.path().string();
   const std::string config = dp_config(dir, dir + "/by-hand", 2);
@@ -145,7 +156,7 @@ TEST(DataParallel, ATorchrunEnvironmentSetByHandTrainsAsTheLauncherDoes) {
       << "the same ranks, the same result";
 }
 
-TEST(DataParallel, RanksWithDifferentConfigsAreRefusedNamingTheRankAndTheSetting) {
+TEST_F(DataParallel, RanksWithDifferentConfigsAreRefusedNamingTheRankAndTheSetting) {
   test::TempDir temp("dflash_dp_mismatch");
   const std::string dir = temp.path().string();
   const std::string config = dp_config(dir, dir + "/run", 2);
@@ -171,7 +182,7 @@ TEST(DataParallel, RanksWithDifferentConfigsAreRefusedNamingTheRankAndTheSetting
 // Resuming at another world size continues the same run: the data position
 // and the losses of a run that went 1 → 2 → 3 ranks are those of one that
 // never stopped.
-TEST(DataParallel, ResumingAtAnotherWorldSizeContinuesTheRun) {
+TEST_F(DataParallel, ResumingAtAnotherWorldSizeContinuesTheRun) {
   test::TempDir temp("dflash_dp_resume");
   const std::string dir = temp.path().string();
   const std::string every = " --set train.checkpoint_every=2 --set train.keep_checkpoints=10";
@@ -206,7 +217,7 @@ TEST(DataParallel, ResumingAtAnotherWorldSizeContinuesTheRun) {
 // A rank killed in the middle of training: the others stop within the
 // collective timeout naming it, the checkpoint before is whole, and the same
 // command resumes from it.
-TEST(DataParallel, ARankKilledMidStepStopsTheOthersNamingItAndARelaunchResumes) {
+TEST_F(DataParallel, ARankKilledMidStepStopsTheOthersNamingItAndARelaunchResumes) {
   test::TempDir temp("dflash_dp_kill");
   const std::string dir = temp.path().string();
   const std::string config = dp_config(dir, dir + "/run", 400);

@@ -3,6 +3,8 @@
 // command and the check before `train`, and the out-of-memory report with
 // its emergency checkpoint.
 #include "memory/memory_plan.h"
+#include "config/config_schema.h"
+#include "train/train_schema.h"
 #include "memory/oom_report.h"
 #include "plugin/instances.h"
 #include "plugin/registry.h"
@@ -46,6 +48,8 @@ nlohmann::json small_root(const std::string& output = "runs/plan-test") {
 // Fills every plugin section with its schema's defaults, as the host's
 // config resolution does.
 nlohmann::json with_defaults(const host::PluginRegistry& registry, nlohmann::json root) {
+  for (const auto& [key, value] : config::defaults_of(train::train_schema()).items())
+    if (!root["train"].contains(key)) root["train"][key] = value;
   for (dflash_kind kind : {DFLASH_KIND_DATA_SOURCE, DFLASH_KIND_TARGET_MODEL, DFLASH_KIND_DRAFTER, DFLASH_KIND_LOSS}) {
     const char* section = kind == DFLASH_KIND_DATA_SOURCE ? "data" : kind == DFLASH_KIND_TARGET_MODEL ? "target"
                           : kind == DFLASH_KIND_DRAFTER ? "drafter" : "loss";
@@ -201,6 +205,34 @@ TEST(MemoryPlan, PhasesAccumulationPrecisionAndFrozenCopies) {
   plan = memory::compute_plan(in);
   EXPECT_FALSE(plan.complete());
   EXPECT_CONTAINS(plan.missing.front(), "drafter my_drafter does not estimate its memory");
+}
+
+// One rank of a data-parallel run: its share of the global batch decides
+// whether gradients stay alive across phases; under shard_optimizer its
+// AdamW states and masters are about 1/N (at most 1/N + the largest tensor);
+// the gradient buckets appear, in fp32 under fp32_master.
+TEST(MemoryPlan, OneRankOfSeveralWithAndWithoutAShardedOptimizer) {
+  memory::PlanInputs in = synthetic_inputs();
+  in.fp32_master = true;
+  in.grad_accumulation = 4;
+  const memory::DevicePlan alone = memory::compute_plan(in);
+  EXPECT_EQ(alone.bytes_of("gradient buckets"), 0) << "one process reduces nothing";
+  in.world_size = 4;
+  const memory::DevicePlan replicated = memory::compute_plan(in);
+  EXPECT_EQ(replicated.world_size, 4);
+  EXPECT_EQ(replicated.bytes_of("AdamW states"), alone.bytes_of("AdamW states"));
+  EXPECT_EQ(replicated.bytes_of("gradient buckets"), 4 * 10000);
+  // One micro-batch per rank: the gradients live only from the backward on.
+  EXPECT_EQ(replicated.phase_bytes[1] - alone.phase_bytes[1], -2 * 10000) << "no gradients held through the forward";
+  in.shard_optimizer = true;
+  const memory::DevicePlan sharded = memory::compute_plan(in);
+  const int64_t share = 10000 / 4 + 4000;  // ≤ 1/N + the largest tensor
+  EXPECT_EQ(sharded.bytes_of("AdamW states"), 2 * 4 * share);
+  EXPECT_EQ(sharded.bytes_of("fp32 master weights"), 4 * share);
+  EXPECT_LT(sharded.peak_bytes, replicated.peak_bytes);
+  const std::string table = memory::format_plan(sharded, memory::Capacity{}, std::nullopt);
+  EXPECT_CONTAINS(table, "one rank of 4");
+  EXPECT_CONTAINS(table, "its share under shard_optimizer");
 }
 
 // tokens_per_batch = INT64_MAX printed negative byte counts (the products
