@@ -15,7 +15,7 @@ grep -E "dflash-host: (NCCL|no)|Gloo" "$out/build.txt" || true
 bin="$root/build-gpu/bin"
 "$bin/dist_tests" > "$out/dist_tests.txt" 2>&1 || true
 "$bin/run_settings_tests" > "$out/run_settings_tests.txt" 2>&1 || true
-tail -5 "$out/dist_tests.txt" "$out/run_settings_tests.txt"
+for f in dist_tests run_settings_tests; do grep -v "info\]" "$out/$f.txt" | tail -n 12; done
 
 # A target of the 27B drafter's width and vocabulary (8 random layers).
 target=/tmp/dist_target

@@ -57,9 +57,17 @@ class Watch {
 template <class Group>
 class C10dCollective final : public Collective {
  public:
+  // `close`: what ends the group cleanly (NCCL's shutdown), before the watch stops.
   C10dCollective(c10::intrusive_ptr<Group> group, int rank, int world_size, std::optional<c10::Device> staging,
-                 std::unique_ptr<Watch> watch)
-      : group_(std::move(group)), rank_(rank), world_size_(world_size), staging_(staging), watch_(std::move(watch)) {}
+                 std::unique_ptr<Watch> watch, std::function<void(Group&)> close = {})
+      : group_(std::move(group)), rank_(rank), world_size_(world_size), staging_(staging), watch_(std::move(watch)),
+        close_(std::move(close)) {}
+  ~C10dCollective() override {
+    try {
+      if (close_) close_(*group_);
+    } catch (const std::exception&) {
+    }
+  }
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
@@ -132,6 +140,7 @@ class C10dCollective final : public Collective {
   int rank_, world_size_;
   std::optional<c10::Device> staging_;
   std::unique_ptr<Watch> watch_;
+  std::function<void(Group&)> close_;
 };
 
 }  // namespace dflash::dist::detail

@@ -5,6 +5,7 @@
 #if DFLASH_HOST_NCCL
 #include "log/log.h"
 
+#include <dflash/sdk/torch_compat.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include <c10/cuda/CUDAFunctions.h>
@@ -32,7 +33,16 @@ std::unique_ptr<Collective> join_nccl(const c10::intrusive_ptr<c10d::Store>& sto
     throw CollectiveError(watch->diagnose("the NCCL process group", e.what()));
   }
   log::info("rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) + " joined (NCCL, " + device.str() + ")");
-  return std::make_unique<C10dCollective<c10d::ProcessGroupNCCL>>(group, env.rank, env.world_size, device, std::move(watch));
+  // Its communicators end with the run, not at exit (NCCL warns otherwise).
+  auto close = [](c10d::ProcessGroupNCCL& g) {
+#if DFLASH_TORCH_AT_LEAST(2, 4)
+    g.shutdown();
+#else
+    (void)g;
+#endif
+  };
+  return std::make_unique<C10dCollective<c10d::ProcessGroupNCCL>>(group, env.rank, env.world_size, device, std::move(watch),
+                                                                  close);
 }
 
 #else

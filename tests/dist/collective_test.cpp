@@ -57,14 +57,18 @@ void on_ranks(int world, const std::string& device, const std::function<void(dis
     if (e) std::rethrow_exception(e);
 }
 
-void skip_without_gloo() {
-#if !DFLASH_TEST_HAVE_GLOO
-  GTEST_SKIP() << "this build has no Gloo";
+#if DFLASH_TEST_HAVE_GLOO
+constexpr bool kHaveGloo = true;
+#else
+constexpr bool kHaveGloo = false;
 #endif
-}
+// Several ranks on the CPU need Gloo (Debian's LibTorch has its headers; the
+// GPU machine's torch wheel does not).
+#define SKIP_WITHOUT_GLOO() \
+  if (!kHaveGloo) GTEST_SKIP() << "this build has no Gloo"
 
 TEST(Collectives, TwoRanksSumGatherBroadcastAndExchangeText) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
   on_ranks(2, "cpu", [](dist::Collective& g) {
     const int r = g.rank();
     at::Tensor x = torch::full({3}, static_cast<float>(r + 1));
@@ -126,20 +130,21 @@ void reducer_case(dist::Collective& g, const torch::Device& device) {
     reducer.finish();
     EXPECT_TRUE(torch::allclose(a.grad(), expected_a, 1e-5, 1e-6)) << "step " << step;
     EXPECT_TRUE(torch::allclose(b.grad(), expected_b, 1e-5, 1e-6));
-    ASSERT_TRUE(only_rank1.grad().defined()) << "rank 1's gradient reaches every rank";
-    EXPECT_TRUE(torch::allclose(only_rank1.grad(), expected_only, 1e-5, 1e-6));
+    // Rank 1's gradient reaches every rank (with one rank there is none).
+    ASSERT_EQ(only_rank1.grad().defined(), g.world_size() > 1);
+    if (g.world_size() > 1) EXPECT_TRUE(torch::allclose(only_rank1.grad(), expected_only, 1e-5, 1e-6));
     EXPECT_FALSE(unused.grad().defined()) << "no rank has one: AdamW must leave it alone";
   }
 }
 
 TEST(GradientReducer, BucketsSumTheRanksGradientsAsTheBackwardRuns) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
   on_ranks(2, "cpu", [](dist::Collective& g) { reducer_case(g, torch::kCPU); });
 }
 
 // ZeRO-1 on two ranks against AdamW on one: the same update.
 TEST(ShardedOptimizer, TwoRanksUpdateAsOneAdamWDoes) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
   auto make = [] {
     host::NamedTensors p = {{"w", fixed({40, 30}, 0.11).requires_grad_(true)},
                             {"v", fixed({30}, 0.7).requires_grad_(true)},
