@@ -214,7 +214,11 @@ int run_launch(int argc, char** argv) {
     const auto now = std::chrono::steady_clock::now();
     if (stop_by && now > *stop_by && !terminated) {
       log::warn("launch: the other ranks did not stop within --stop-grace-s; sending them SIGTERM");
-      for (const auto& [child, r] : ranks) ::kill(child, SIGTERM);
+      // SIGCONT too: a stopped rank acts on SIGTERM only once it runs again.
+      for (const auto& [child, r] : ranks) {
+        ::kill(child, SIGTERM);
+        ::kill(child, SIGCONT);
+      }
       terminated = true;
       stop_by = now + std::chrono::seconds(10);
     } else if (stop_by && now > *stop_by && terminated && !killed) {

@@ -68,7 +68,7 @@ PluginMemoryPlan plan_memory(const PluginRecord& record, const nlohmann::json& c
 // --- loss ---
 struct LossCall {
   at::Tensor hidden, lm_head_weight, targets;
-  int64_t ignore_index = -100;
+  int64_t ignore_index = DFLASH_IGNORE_INDEX;  // what drafters write (dflash/abi.h)
   at::Tensor row_weights;  // undefined = all ones
   dflash_teacher_kind teacher = DFLASH_TEACHER_NONE;
   at::Tensor teacher_hidden, teacher_topk_ids, teacher_topk_logprobs;

@@ -264,5 +264,85 @@ TEST_F(DataParallel, ARankKilledMidStepStopsTheOthersNamingItAndARelaunchResumes
   EXPECT_EQ(m.back().at("step"), 11);
 }
 
+// A rank that hangs (stopped: SIGSTOP) rather than dies: the others' next
+// collective waits train.collective_timeout_s, then names it.
+TEST_F(DataParallel, ARankThatHangsIsNamedWhenTheCollectiveTimesOut) {
+  test::TempDir temp("dflash_dp_hang");
+  const std::string dir = temp.path().string();
+  const std::string config = dp_config(dir, dir + "/run", 400);
+  const std::string err_file = dir + "/launch.txt";
+  const pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    const std::string command = std::string(DFLASH_HOST_EXE) + " launch --nproc-per-node 2 --stop-grace-s 1 -- " +
+                                "--no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR + " --config " + config +
+                                " --set train.checkpoint_every=2 --set train.collective_timeout_s=4 > /dev/null 2> " + err_file;
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  pid_t rank1 = 0;
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
+    std::smatch m;
+    const std::string log = file_bytes(err_file);
+    if (rank1 == 0 && std::regex_search(log, m, std::regex("rank 1 is pid ([0-9]+)"))) rank1 = std::stoi(m[1]);
+    if (rank1 != 0 && fs::exists(dir + "/run/checkpoints/step-00000002")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_NE(rank1, 0) << file_bytes(err_file);
+  ASSERT_EQ(::kill(rank1, SIGSTOP), 0);
+  const auto stopped_at = std::chrono::steady_clock::now();
+  int status = 0;
+  ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  const std::string log = file_bytes(err_file);
+  EXPECT_NE(WEXITSTATUS(status), 0) << log;
+  EXPECT_CONTAINS(log, "rank 1 stopped responding");
+  EXPECT_LT(seconds, 4 + 3 + 1 + 10 + 10) << "timeout, diagnosis, grace, SIGTERM's wait";
+  EXPECT_TRUE(fs::exists(dir + "/run/checkpoints/latest"));
+}
+
+// One rank under the launcher is the single process: the same metrics, bit
+// for bit (only times and memory figures differ), and the same drafter.
+TEST_F(DataParallel, OneRankUnderTheLauncherTrainsBitwiseAsOneProcess) {
+  test::TempDir temp("dflash_dp_one");
+  const std::string dir = temp.path().string();
+  Result plain = host("--config " + test::small_config(dir, dir + "/plain", 4), dir);
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  Result one = launched(1, "--config " + test::small_config(dir, dir + "/one", 4), dir);
+  ASSERT_EQ(one.status, 0) << one.err;
+  const auto a = metrics_of(dir + "/plain"), b = metrics_of(dir + "/one");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    for (const char* key : {"loss", "grad_norm", "lr", "slot_accuracy", "acceptance_length_sim", "loss_metrics"})
+      EXPECT_EQ(b[i].at(key), a[i].at(key)) << "step " << i << ": " << key;
+  EXPECT_EQ(file_bytes(dir + "/one/checkpoints/step-00000004/model.safetensors"),
+            file_bytes(dir + "/plain/checkpoints/step-00000004/model.safetensors"));
+}
+
+// `plan --world-size N`: one rank's memory, with and without ZeRO-1.
+TEST_F(DataParallel, PlanWithAWorldSizeShowsOneRanksShare) {
+  test::TempDir temp("dflash_dp_plan");
+  const std::string dir = temp.path().string();
+  const std::string config = dp_config(dir, dir + "/run", 2);
+  const std::string command = std::string(DFLASH_HOST_EXE) + " plan --no-default-plugin-dirs --plugin-dir " +
+                              DFLASH_INTREE_PLUGIN_DIR + " --config " + config + " --json --world-size 4";
+  auto plan = [&](const std::string& extra) {
+    const std::string out = dir + "/plan.json";
+    EXPECT_EQ(std::system((command + extra + " > " + out + " 2>/dev/null").c_str()), 0);
+    return nlohmann::json::parse(file_bytes(out));
+  };
+  auto bytes = [](const nlohmann::json& p, const std::string& prefix) {
+    int64_t total = 0;
+    for (const auto& line : p.at("lines"))
+      if (line.at("category").get<std::string>().rfind(prefix, 0) == 0) total += line.at("bytes").get<int64_t>();
+    return total;
+  };
+  const nlohmann::json replicated = plan(""), sharded = plan(" --set train.shard_optimizer=true");
+  EXPECT_EQ(replicated.at("world_size"), 4);
+  EXPECT_GT(bytes(replicated, "gradient buckets"), 0);
+  EXPECT_LT(bytes(sharded, "AdamW states"), bytes(replicated, "AdamW states"));
+}
+
 }  // namespace
 }  // namespace dflash

@@ -1,5 +1,6 @@
 #include "block_layout.h"
 
+#include <dflash/abi.h>
 #include <dflash/sdk/splitmix.hpp>
 #include <algorithm>
 #include <cmath>
@@ -60,7 +61,7 @@ BlockLayout layout_blocks(const at::Tensor& input_ids_in, const at::Tensor& posi
   out.anchor = anchors;
   out.slot_ids = at::full({rows, slots}, mask_token_id, at::kLong);
   out.slot_positions = at::zeros({rows, slots}, at::kLong);
-  out.targets = at::full({rows, slots}, -100, at::kLong);
+  out.targets = at::full({rows, slots}, DFLASH_IGNORE_INDEX, at::kLong);
   out.teacher_index = at::zeros({rows, slots}, at::kLong);
   out.block_valid = at::zeros({rows, slots}, at::kBool);
   auto id = ids.accessor<int64_t, 2>();

@@ -55,6 +55,11 @@
 #define DFLASH_HAS_FIELD(type, ptr, field) \
   ((ptr)->struct_size >= DFLASH_SIZE_THROUGH(type, field))
 
+/* The target id of a row that nothing supervises: the drafter writes it into
+ * "targets", the host passes it to the loss as dflash_loss_inputs.ignore_index
+ * (PyTorch's convention). */
+#define DFLASH_IGNORE_INDEX (-100)
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -429,14 +434,17 @@ typedef struct dflash_drafter_vtable {
   /* Training forward. `inputs`: the batch plus the target's "hidden.<id>"
    * tensors. Fills `out` with what a loss consumes:
    *   "hidden"      [N, H] after the final norm (carries the grad graph)
-   *   "targets"     [N] int64, the ignore index (-100) where nothing is supervised
+   *   "targets"     [N] int64, DFLASH_IGNORE_INDEX (-100) where nothing is supervised
    *   "row_weights" [N] float
    *   "slot"        [N] int64, position of the row inside its block
    * and optionally "teacher_hidden" [N, H]. */
   dflash_error* (*forward)(dflash_instance* self, const dflash_tensor_map* inputs,
                            dflash_tensor_map* out);
   /* (optional) *out_json: borrowed(the next call on self): the fields a
-   * checkpoint's config.json needs (block_size, target_layer_ids, ...). */
+   * checkpoint's config.json needs. The host reads three facts from it and
+   * trains or evaluates no drafter that lacks them: "block_size" (integer
+   * ≥ 1), "target_layer_ids" (the target layers it reads, in order) and
+   * "mask_token_id" (an integer, or null when it uses no mask token). */
   dflash_error* (*export_config)(dflash_instance* self, const char** out_json);
   /* (optional) Switches dropout and the like; training is the default. */
   dflash_error* (*set_training)(dflash_instance* self, int32_t training);

@@ -12,6 +12,7 @@
 //   DFLASH_PLUGINS(MyLoss)
 #pragma once
 
+#include <dflash/abi.h>
 #include <dflash/sdk/schema.hpp>
 #include <dflash/sdk/torch.hpp>
 
@@ -28,7 +29,7 @@ struct LossInputs {
   at::Tensor hidden;          // [N, H], requires grad
   at::Tensor lm_head_weight;  // [V, H]
   at::Tensor targets;         // [N] int64
-  int64_t ignore_index = -100;
+  int64_t ignore_index = DFLASH_IGNORE_INDEX;
   at::Tensor row_weights;     // [N] or undefined (all ones)
   Teacher teacher = Teacher::kNone;
   at::Tensor teacher_hidden;          // [N, H] when teacher == kHidden
