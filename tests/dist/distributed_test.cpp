@@ -214,6 +214,35 @@ TEST_F(DataParallel, ResumingAtAnotherWorldSizeContinuesTheRun) {
   EXPECT_LE(largest_relative_difference(dir + "/parts/checkpoints/step-00000006", dir + "/whole/checkpoints/step-00000006"), 1e-6);
 }
 
+// Two ranks under the launcher in the background, with its log in
+// `err_file`; once `checkpoint` exists, rank 1's pid (from the launcher's
+// log). pid 0: it never came.
+struct Background {
+  pid_t launcher = -1, rank1 = 0;
+};
+Background launch_in_background(const std::string& launcher_flags, const std::string& args, const std::string& err_file,
+                                const std::string& checkpoint) {
+  Background b;
+  b.launcher = ::fork();
+  if (b.launcher == 0) {
+    const std::string command = std::string(DFLASH_HOST_EXE) + " launch --nproc-per-node 2 " + launcher_flags +
+                                " -- --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR + " " + args +
+                                " > /dev/null 2> " + err_file;
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  while (b.launcher > 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
+    std::smatch m;
+    const std::string log = file_bytes(err_file);
+    if (b.rank1 == 0 && std::regex_search(log, m, std::regex("rank 1 is pid ([0-9]+)"))) b.rank1 = std::stoi(m[1]);
+    if (b.rank1 != 0 && fs::exists(checkpoint)) return b;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  b.rank1 = 0;
+  return b;
+}
+
 // A rank killed in the middle of training: the others stop within the
 // collective timeout naming it, the checkpoint before is whole, and the same
 // command resumes from it.
@@ -223,26 +252,10 @@ TEST_F(DataParallel, ARankKilledMidStepStopsTheOthersNamingItAndARelaunchResumes
   const std::string config = dp_config(dir, dir + "/run", 400);
   const std::string args = " --set train.checkpoint_every=2 --set train.keep_checkpoints=3 --set train.collective_timeout_s=30";
   const std::string err_file = dir + "/launch.txt";
-  const pid_t launcher = ::fork();
-  ASSERT_GE(launcher, 0);
-  if (launcher == 0) {
-    const std::string command = std::string(DFLASH_HOST_EXE) + " launch --nproc-per-node 2 -- --no-default-plugin-dirs --plugin-dir " +
-                                DFLASH_INTREE_PLUGIN_DIR + " --config " + config + args + " > /dev/null 2> " + err_file;
-    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  // Rank 1's pid from the launcher's log, once a checkpoint exists.
-  const auto start = std::chrono::steady_clock::now();
-  pid_t rank1 = 0;
-  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
-    std::smatch m;
-    const std::string log = file_bytes(err_file);
-    if (rank1 == 0 && std::regex_search(log, m, std::regex("rank 1 is pid ([0-9]+)"))) rank1 = std::stoi(m[1]);
-    if (rank1 != 0 && fs::exists(dir + "/run/checkpoints/step-00000004")) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const Background run = launch_in_background("", "--config " + config + args, err_file, dir + "/run/checkpoints/step-00000004");
+  ASSERT_GT(run.launcher, 0);
+  const pid_t launcher = run.launcher, rank1 = run.rank1;
   ASSERT_NE(rank1, 0) << file_bytes(err_file);
-  ASSERT_TRUE(fs::exists(dir + "/run/checkpoints/step-00000004")) << file_bytes(err_file);
   ASSERT_EQ(::kill(rank1, SIGKILL), 0);
   const auto killed_at = std::chrono::steady_clock::now();
   int status = 0;
@@ -255,13 +268,19 @@ TEST_F(DataParallel, ARankKilledMidStepStopsTheOthersNamingItAndARelaunchResumes
   EXPECT_CONTAINS(log, "[rank 0/2]");
   EXPECT_CONTAINS(log, "rank 1 stopped responding");
   EXPECT_NOT_CONTAINS(log, "Traceback");
-  // The newest checkpoint is whole: the same command resumes from it.
-  Result again = launched(2, "--config " + config + args + " --set train.steps=12", dir);
+  // The newest checkpoint is whole: the same command resumes from it (and
+  // trains 4 steps more; the ranks may have gone on for a few steps before
+  // the kill).
+  std::string latest = file_bytes(dir + "/run/checkpoints/latest");
+  latest = latest.substr(0, latest.find('\n'));
+  ASSERT_EQ(latest.rfind("step-", 0), 0u) << latest;
+  const int64_t resumed_at = std::stoll(latest.substr(5));
+  Result again = launched(2, "--config " + config + args + " --set train.steps=" + std::to_string(resumed_at + 4), dir);
   ASSERT_EQ(again.status, 0) << again.err;
-  EXPECT_CONTAINS(again.err, "resumed from");
+  EXPECT_CONTAINS(again.err, "resumed from " + dir + "/run/checkpoints/" + latest);
   const auto m = metrics_of(dir + "/run");
   ASSERT_FALSE(m.empty());
-  EXPECT_EQ(m.back().at("step"), 11);
+  EXPECT_EQ(m.back().at("step"), resumed_at + 3);
 }
 
 // A rank that hangs (stopped: SIGSTOP) rather than dies: the others' next
@@ -271,24 +290,11 @@ TEST_F(DataParallel, ARankThatHangsIsNamedWhenTheCollectiveTimesOut) {
   const std::string dir = temp.path().string();
   const std::string config = dp_config(dir, dir + "/run", 400);
   const std::string err_file = dir + "/launch.txt";
-  const pid_t launcher = ::fork();
-  ASSERT_GE(launcher, 0);
-  if (launcher == 0) {
-    const std::string command = std::string(DFLASH_HOST_EXE) + " launch --nproc-per-node 2 --stop-grace-s 1 -- " +
-                                "--no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR + " --config " + config +
-                                " --set train.checkpoint_every=2 --set train.collective_timeout_s=4 > /dev/null 2> " + err_file;
-    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  const auto start = std::chrono::steady_clock::now();
-  pid_t rank1 = 0;
-  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
-    std::smatch m;
-    const std::string log = file_bytes(err_file);
-    if (rank1 == 0 && std::regex_search(log, m, std::regex("rank 1 is pid ([0-9]+)"))) rank1 = std::stoi(m[1]);
-    if (rank1 != 0 && fs::exists(dir + "/run/checkpoints/step-00000002")) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const Background run = launch_in_background(
+      "--stop-grace-s 1", "--config " + config + " --set train.checkpoint_every=2 --set train.collective_timeout_s=4", err_file,
+      dir + "/run/checkpoints/step-00000002");
+  ASSERT_GT(run.launcher, 0);
+  const pid_t launcher = run.launcher, rank1 = run.rank1;
   ASSERT_NE(rank1, 0) << file_bytes(err_file);
   ASSERT_EQ(::kill(rank1, SIGSTOP), 0);
   const auto stopped_at = std::chrono::steady_clock::now();

@@ -48,7 +48,8 @@ nlohmann::json small_root(const std::string& output = "runs/plan-test") {
 // Fills every plugin section with its schema's defaults, as the host's
 // config resolution does.
 nlohmann::json with_defaults(const host::PluginRegistry& registry, nlohmann::json root) {
-  for (const auto& [key, value] : config::defaults_of(train::train_schema()).items())
+  const nlohmann::json train_defaults = config::defaults_of(train::train_schema());
+  for (const auto& [key, value] : train_defaults.items())
     if (!root["train"].contains(key)) root["train"][key] = value;
   for (dflash_kind kind : {DFLASH_KIND_DATA_SOURCE, DFLASH_KIND_TARGET_MODEL, DFLASH_KIND_DRAFTER, DFLASH_KIND_LOSS}) {
     const char* section = kind == DFLASH_KIND_DATA_SOURCE ? "data" : kind == DFLASH_KIND_TARGET_MODEL ? "target"
