@@ -306,10 +306,9 @@ std::optional<int64_t> resume_step(const CliOptions& options) {
 // then trains, so every plugin's constructor runs once. Returns the exit
 // status when the run must not start.
 std::optional<int> check_memory(const CliOptions& options, const PluginRegistry& registry,
-                                const config::ResolvedConfig& resolved, const host::LossInstance& loss,
+                                const config::ResolvedConfig& resolved, const host::LossInstance& loss, int64_t world_size,
                                 std::optional<memory::DevicePlan>& plan_out) {
-  const std::optional<dist::LaunchEnvironment> launch = dist::launch_environment();
-  const memory::DevicePlan plan = memory::plan_run(registry, resolved.root, &loss, launch ? launch->world_size : 1);
+  const memory::DevicePlan plan = memory::plan_run(registry, resolved.root, &loss, world_size);
   plan_out = plan;
   if (!plan.complete()) {
     for (const std::string& missing : plan.missing) log::warn("memory plan incomplete: " + missing + "; not checked");
@@ -350,7 +349,8 @@ int train(const CliOptions& options) {
   auto loss = instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS,
                                               config::plugin_config_of(resolved, host::kind_section(DFLASH_KIND_LOSS)));
   train::RunOptions run_options;
-  if (const auto refused = check_memory(options, registry, resolved, *loss, run_options.memory_plan)) return *refused;
+  if (const auto refused = check_memory(options, registry, resolved, *loss, launch ? launch->world_size : 1,
+                                             run_options.memory_plan)) return *refused;
   run_options.resume_from = resume_step(options);
   run_options.stop_after = options.stop_after;
   run_options.allow_config_change = options.allow_config_change;

@@ -6,6 +6,7 @@
 // --stop-grace-s to stop on their own (they name the failed rank) before it
 // stops them. Its exit status is the first failing rank's.
 #include "cli/commands.h"
+#include "dist/process_group.h"
 #include "log/log.h"
 
 #include <boost/dll/runtime_symbol_info.hpp>
@@ -43,17 +44,11 @@ const char* const kLaunchUsage =
     "  starts N ranks of `dflash-host ARGS...` on this machine, as torchrun --no-python would\n";
 
 int whole(const std::string& flag, const std::string& text, int least, int most) {
-  size_t used = 0;
-  long value = -1;
-  try {
-    value = std::stol(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || value < least || value > most)
+  const std::optional<int> value = dist::parse_bounded_int(text, least, most);
+  if (!value)
     throw std::invalid_argument(flag + " " + text + ": expected a whole number from " + std::to_string(least) + " to " +
                                 std::to_string(most));
-  return static_cast<int>(value);
+  return *value;
 }
 
 LaunchOptions parse_launch(int argc, char** argv) {

@@ -30,18 +30,12 @@ std::optional<std::string> variable(const char* name) {
 }
 
 int whole(const char* name, const std::string& text, int least, int most) {
-  size_t used = 0;
-  long value = -1;
-  try {
-    value = std::stol(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || value < least || value > most)
+  const std::optional<int> value = parse_bounded_int(text, least, most);
+  if (!value)
     throw std::invalid_argument("$" + std::string(name) + " is '" + text + "'; expected a whole number from " +
                                 std::to_string(least) + " to " + std::to_string(most) +
                                 " (set by torchrun or `dflash-host launch`)");
-  return static_cast<int>(value);
+  return *value;
 }
 
 std::string key(const std::string& what, int rank) { return "dflash/" + what + "/" + std::to_string(rank); }
@@ -97,6 +91,18 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& 
 #endif
 
 }  // namespace
+
+std::optional<int> parse_bounded_int(const std::string& text, int least, int most) {
+  size_t used = 0;
+  long value = -1;
+  try {
+    value = std::stol(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != text.size() || value < least || value > most) return std::nullopt;
+  return static_cast<int>(value);
+}
 
 std::optional<LaunchEnvironment> launch_environment() {
   const char* const names[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};

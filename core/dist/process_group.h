@@ -24,6 +24,11 @@ struct LaunchEnvironment {
   int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: which attempt of the group this is
 };
 
+// `text` as a whole number in [least, most]; nullopt when it is not one (the
+// callers name the flag or variable). The launcher's flags and the
+// environment both read their numbers with it.
+std::optional<int> parse_bounded_int(const std::string& text, int least, int most);
+
 // nullopt when none of the variables is set. Throws std::invalid_argument
 // naming the variable when some are set but not all, or one is malformed
 // (RANK ≥ WORLD_SIZE, a port outside 1…65535).

@@ -260,7 +260,7 @@ class Trainer {
   void consume(MicroBatch& mb, int64_t step, int64_t micro, bool last_on_rank, StepFigures& f);
   void reduce(int64_t step);
   // Clipping and the optimizer (the scheduler's rate); false when skipped (non-finite).
-  bool update(int64_t step, double grad_norm, double lr, bool finite);
+  bool update(double grad_norm, double lr, bool finite);
   // The step's record: metrics.jsonl, the console, evaluation; checkpoint.
   bool record(int64_t step, StepFigures& f, const RankFigures& ranks, double lr, double grad_norm, bool finite,
               double seconds, const memory::MemoryFigures& mem);
@@ -422,7 +422,7 @@ void Trainer::reduce(int64_t step) {
   timer_.end("gradient reduction");
 }
 
-bool Trainer::update(int64_t step, double grad_norm, double lr, bool finite) {
+bool Trainer::update(double grad_norm, double lr, bool finite) {
   if (!finite) {
     ++consecutive_nonfinite_;
     ++nonfinite_total_;
@@ -436,7 +436,6 @@ bool Trainer::update(int64_t step, double grad_norm, double lr, bool finite) {
   optimizer_->step(lr);
   updating_ = false;
   timer_.end("grad norm + optimizer");
-  (void)step;
   return true;
 }
 
@@ -566,7 +565,7 @@ Trainer::Next Trainer::step(int64_t step) {
     const double grad_norm = global_grad_norm(parameters_);
     if (!std::isfinite(grad_norm)) finite = false;
     const double lr = run_.scheduler().lr_at(step, s_.steps, s_.lr);
-    update(step, grad_norm, lr, finite);
+    update(grad_norm, lr, finite);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (!record(step, f, ranks, lr, grad_norm, finite, seconds, memory::memory_now(device_))) return Next::kStop;
     if (f.data_ended) {
