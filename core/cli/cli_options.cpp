@@ -38,6 +38,13 @@ po::options_description visible_options() {
        "instead of what the driver reports free now")
       ("world-size", po::value<int64_t>(), "plan: the memory of one rank of a data-parallel run of this many ranks "
        "(its share of the global batch, of the optimizer under train.shard_optimizer, the gradient buckets)")
+      ("target-ranks", po::value<int64_t>(), "train, plan: a disaggregated run with this many target ranks "
+       "(sets train.mode = disaggregated and train.topology.target_ranks; docs/distributed.md)")
+      ("drafter-ranks", po::value<int64_t>(), "train, plan: a disaggregated run with this many drafter ranks "
+       "(sets train.mode = disaggregated and train.topology.drafter_ranks)")
+      ("queue-depth", po::value<int64_t>(), "train, plan: hidden-state items a drafter rank holds at most (sets train.queue_depth)")
+      ("tokens-per-batch", po::value<int64_t>(), "train, plan: the data source's token budget per batch (sets "
+       "data.tokens_per_batch)")
       ("skip-memory-check", "train: start even when the memory plan says the run will not fit")
       ("stop-after", po::value<int64_t>(), "train: stop after this many steps of this run, with a checkpoint "
        "(run again to resume from it)")
@@ -158,6 +165,21 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   if (vm.count("plugin-dir")) options.plugin_dirs = vm["plugin-dir"].as<std::vector<std::string>>();
   if (vm.count("config")) options.config_file = vm["config"].as<std::string>();
   if (vm.count("set")) options.overrides = vm["set"].as<std::vector<std::string>>();
+  // The topology flags are --set lines of their own, after the user's.
+  auto count_flag = [&](const char* flag, const char* key, int64_t least) {
+    if (!vm.count(flag)) return false;
+    const int64_t value = vm[flag].as<int64_t>();
+    if (value < least)
+      throw std::invalid_argument(std::string("--") + flag + " " + std::to_string(value) + ": expected " +
+                                  std::to_string(least) + " or more");
+    options.overrides.push_back(std::string(key) + "=" + std::to_string(value));
+    return true;
+  };
+  const bool targets = count_flag("target-ranks", "train.topology.target_ranks", 1);
+  const bool drafters = count_flag("drafter-ranks", "train.topology.drafter_ranks", 1);
+  if (targets || drafters) options.overrides.push_back("train.mode=disaggregated");
+  count_flag("queue-depth", "train.queue_depth", 1);
+  count_flag("tokens-per-batch", "data.tokens_per_batch", 1);
   if (vm.count("kind")) options.kind = vm["kind"].as<std::string>();
   if (vm.count("stop-after")) {
     options.stop_after = vm["stop-after"].as<int64_t>();

@@ -20,6 +20,11 @@
 #include "train/trainer.h"
 #include "train/run_directory.h"
 #include "checkpoint/checkpoint.h"
+#include "pipeline/drafter_feed.h"
+#include "pipeline/frozen_transfer.h"
+#include "pipeline/target_rank.h"
+#include "pipeline/topology.h"
+#include "plugin/plugin_identity.h"
 
 #include <boost/dll/runtime_symbol_info.hpp>
 
@@ -237,26 +242,55 @@ memory::Capacity capacity_for(const CliOptions& options, const std::string& devi
 
 namespace {
 
-// The run from its already resolved config; `loss` when the caller made it
-// already (train: for the memory plan), so it is made once.
-std::unique_ptr<train::Run> run_from(const PluginRegistry& registry, const config::ResolvedConfig& resolved,
-                                     std::unique_ptr<host::LossInstance> loss = nullptr) {
-  auto section = [&](dflash_kind kind) { return config::plugin_config_of(resolved, host::kind_section(kind)); };
-  // Every plugin is created before anything long-running begins, so one that
-  // cannot start says so at once. The target comes first: a data source's
-  // vocab_size of 0 means the target's.
-  train::RunPlugins plugins;
-  plugins.target = instantiate<host::TargetModelInstance>(registry, resolved, DFLASH_KIND_TARGET_MODEL, section(DFLASH_KIND_TARGET_MODEL));
+nlohmann::json section_config(const config::ResolvedConfig& resolved, dflash_kind kind) {
+  return config::plugin_config_of(resolved, host::kind_section(kind));
+}
+
+// The target and the data source (a target rank's plugins). The target comes
+// first: a data source's vocab_size of 0 means the target's.
+void add_target_side(const PluginRegistry& registry, const config::ResolvedConfig& resolved, train::RunPlugins& plugins) {
+  plugins.target = instantiate<host::TargetModelInstance>(registry, resolved, DFLASH_KIND_TARGET_MODEL,
+                                                          section_config(resolved, DFLASH_KIND_TARGET_MODEL));
   const nlohmann::json target_info = plugins.target->describe();
-  nlohmann::json data_config = section(DFLASH_KIND_DATA_SOURCE);
+  nlohmann::json data_config = section_config(resolved, DFLASH_KIND_DATA_SOURCE);
   if (data_config.contains("vocab_size") && data_config["vocab_size"].is_number_integer() &&
       data_config["vocab_size"].get<int64_t>() == 0)
     data_config["vocab_size"] = target_info.at("vocab_size");
   plugins.data = instantiate<host::DataSourceInstance>(registry, resolved, DFLASH_KIND_DATA_SOURCE, data_config);
-  plugins.drafter = instantiate<host::DrafterInstance>(registry, resolved, DFLASH_KIND_DRAFTER, section(DFLASH_KIND_DRAFTER));
+}
+
+// The drafter, the loss (`loss` when made already) and the scheduler (a drafter rank's plugins).
+void add_drafter_side(const PluginRegistry& registry, const config::ResolvedConfig& resolved, train::RunPlugins& plugins,
+                      std::unique_ptr<host::LossInstance> loss) {
+  plugins.drafter = instantiate<host::DrafterInstance>(registry, resolved, DFLASH_KIND_DRAFTER,
+                                                       section_config(resolved, DFLASH_KIND_DRAFTER));
   plugins.loss = loss ? std::move(loss)
-                      : instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS, section(DFLASH_KIND_LOSS));
-  plugins.scheduler = instantiate<host::SchedulerInstance>(registry, resolved, DFLASH_KIND_SCHEDULER, section(DFLASH_KIND_SCHEDULER));
+                      : instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS, section_config(resolved, DFLASH_KIND_LOSS));
+  plugins.scheduler = instantiate<host::SchedulerInstance>(registry, resolved, DFLASH_KIND_SCHEDULER,
+                                                           section_config(resolved, DFLASH_KIND_SCHEDULER));
+}
+
+// Every section's plugin identity, from the registry: what a rank that
+// instantiates only some of them records and compares.
+nlohmann::json registry_identities(const PluginRegistry& registry, const config::ResolvedConfig& resolved) {
+  nlohmann::json out = nlohmann::json::object();
+  for (dflash_kind kind : host::kAllKinds) {
+    const std::string section = host::kind_section(kind);
+    out[section] = host::plugin_identity(registry.find(kind, resolved.root.at(section).at("plugin").get<std::string>()));
+  }
+  return out;
+}
+
+// The run from its already resolved config; `loss` when the caller made it
+// already (train: for the memory plan), so it is made once.
+std::unique_ptr<train::Run> run_from(const PluginRegistry& registry, const config::ResolvedConfig& resolved,
+                                     std::unique_ptr<host::LossInstance> loss = nullptr) {
+  // Every plugin is created before anything long-running begins, so one that
+  // cannot start says so at once. The target comes first: a data source's
+  // vocab_size of 0 means the target's.
+  train::RunPlugins plugins;
+  add_target_side(registry, resolved, plugins);
+  add_drafter_side(registry, resolved, plugins, std::move(loss));
   return std::make_unique<train::Run>(std::move(plugins), resolved.root);
 }
 
@@ -333,6 +367,49 @@ std::optional<int> check_memory(const CliOptions& options, const PluginRegistry&
   return std::nullopt;
 }
 
+// train.mode = disaggregated: this rank's role (pipeline/topology.h) decides
+// which plugins it creates; target rank 0 hands the target's frozen weights
+// to the drafter ranks, which train among themselves on a group of their own.
+int train_disaggregated(const CliOptions& options, const PluginRegistry& registry, const config::ResolvedConfig& resolved,
+                        const nlohmann::json& shared_config, const std::optional<dist::LaunchEnvironment>& launch) {
+  const train::TrainSettings settings = settings_of(resolved);
+  if (!launch)
+    throw std::invalid_argument("train.mode is disaggregated, which needs " +
+                                std::to_string(settings.target_ranks + settings.drafter_ranks) +
+                                " ranks (train.topology): start it with `dflash-host launch --nproc-per-node " +
+                                std::to_string(settings.target_ranks + settings.drafter_ranks) +
+                                " -- train …` or torchrun, or set train.mode to colocated");
+  const pipeline::Topology topology(settings, launch->world_size);
+  const bool target = topology.role_of(launch->rank) == pipeline::Role::kTarget;
+  log::info(pipeline::describe_rank(topology, launch->rank) + " of " + std::to_string(topology.target_ranks()) + " target + " +
+            std::to_string(topology.drafter_ranks()) + " drafter ranks");
+  train::RunOptions run_options;
+  run_options.resume_from = resume_step(options);
+  run_options.stop_after = options.stop_after;
+  run_options.allow_config_change = options.allow_config_change;
+  memory::require_device(settings.device);
+  if (launch->rank == 0) run_options.output_lock = train::claim_output_dir(settings.output_dir);
+  const std::unique_ptr<dist::Collective> world = dist::join(*launch, settings.device, settings.collective_timeout_s);
+  try {
+    train::RunPlugins plugins;
+    plugins.identities_elsewhere = registry_identities(registry, resolved);
+    if (target) add_target_side(registry, resolved, plugins);
+    else add_drafter_side(registry, resolved, plugins, nullptr);
+    train::Run run(std::move(plugins), resolved.root);
+    dist::check_ranks_agree(*world, dist::run_fingerprint(shared_config, run.plugin_identities()));
+    pipeline::exchange_at_start(run, *world, topology);
+    if (target) return pipeline::run_target_rank(run, run_options, *world, topology);
+    const std::unique_ptr<dist::Collective> drafters = world->subgroup(topology.drafter_world_ranks(), "drafters");
+    train::TrainingRanks ranks{*world, *drafters, [&](int64_t first_step) {
+                                 return pipeline::make_drafter_feed(*world, topology, run.settings(), first_step);
+                               }};
+    return train::run_training(run, run_options, ranks);
+  } catch (const std::exception& e) {
+    world->announce_failure(e.what());
+    throw;
+  }
+}
+
 int train(const CliOptions& options) {
   require_run_config(options);
   // A rank of several (torchrun's environment, or `dflash-host launch`):
@@ -346,6 +423,7 @@ int train(const CliOptions& options) {
   const nlohmann::json shared_config = resolved.root;
   if (launch) resolved.root["train"]["device"] = dist::rank_device(settings_of(resolved).device, *launch);
   const train::TrainSettings settings = settings_of(resolved);
+  if (settings.disaggregated()) return train_disaggregated(options, registry, resolved, shared_config, launch);
   auto loss = instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS,
                                               config::plugin_config_of(resolved, host::kind_section(DFLASH_KIND_LOSS)));
   train::RunOptions run_options;

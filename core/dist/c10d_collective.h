@@ -9,6 +9,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/util/intrusive_ptr.h>
@@ -19,8 +20,10 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace dflash::dist::detail {
 
@@ -29,22 +32,32 @@ namespace dflash::dist::detail {
 // client). A collective that fails reads them: a rank whose heartbeat stands
 // still has died or been stopped; one whose count lags is alive but did not
 // reach the collective.
+//
+// A subgroup has a watch of its own (`scope` keeps its keys apart); its
+// messages name world ranks (`world_ranks[r]` for its rank r).
 class Watch {
  public:
-  Watch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, std::string store_address);
+  Watch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, std::string store_address,
+        std::string scope = "", std::vector<int> world_ranks = {});
   ~Watch();
   void begun() { ++collectives_; }
   int64_t collectives() const { return collectives_; }
   // A rank that fails says why, for the others' messages.
   void announce_failure(const std::string& reason);
   // The error to throw for collective `what` failing with `error` here.
-  std::string diagnose(const std::string& what, const std::string& error);
+  // `peer`: a point-to-point message with that rank (of this group), the
+  // only one examined; its collective count says nothing then.
+  std::string diagnose(const std::string& what, const std::string& error, std::optional<int> peer = std::nullopt);
 
  private:
   void beat_loop();
+  std::string key(const std::string& what, int rank) const;
+  std::string failed_key(int rank) const;
+  std::string name(int rank) const;
   c10::intrusive_ptr<c10d::Store> store_;
   const int rank_, world_size_;
-  const std::string store_address_;
+  const std::string store_address_, scope_;
+  const std::vector<int> world_ranks_;
   std::atomic<int64_t> collectives_{0};
   std::mutex mutex_;
   std::condition_variable stop_cv_;
@@ -58,10 +71,11 @@ template <class Group>
 class C10dCollective final : public Collective {
  public:
   // `close`: what ends the group cleanly (NCCL's shutdown), before the watch stops.
+  // `make_subgroup`: how this group's members make a group of their own.
   C10dCollective(c10::intrusive_ptr<Group> group, int rank, int world_size, std::optional<c10::Device> staging,
-                 std::unique_ptr<Watch> watch, std::function<void(Group&)> close = {})
+                 std::unique_ptr<Watch> watch, std::function<void(Group&)> close = {}, SubgroupMaker make_subgroup = {})
       : group_(std::move(group)), rank_(rank), world_size_(world_size), staging_(staging), watch_(std::move(watch)),
-        close_(std::move(close)) {}
+        close_(std::move(close)), make_subgroup_(std::move(make_subgroup)) {}
   ~C10dCollective() override {
     try {
       if (close_) close_(*group_);
@@ -122,17 +136,59 @@ class C10dCollective final : public Collective {
 
   void announce_failure(const std::string& reason) override { watch_->announce_failure(reason); }
 
+  std::unique_ptr<Pending> send_async(at::Tensor tensor, int to, int tag, const std::string& what) override {
+    auto r = std::make_unique<PointToPoint>(this, what, to);
+    r->tensors = {stage(tensor.contiguous())};
+    guarded(what, [&] { r->work = group_->send(r->tensors, to, tag); }, to);
+    return r;
+  }
+
+  std::unique_ptr<Pending> recv_async(at::Tensor tensor, int from, int tag, const std::string& what) override {
+    auto r = std::make_unique<PointToPoint>(this, what, from);
+    r->user = tensor;
+    r->tensors = {stage(tensor)};
+    guarded(what, [&] { r->work = group_->recv(r->tensors, from, tag); }, from);
+    return r;
+  }
+
+  std::unique_ptr<Collective> subgroup(const std::vector<int>& members, const std::string& name) override {
+    if (!make_subgroup_) return Collective::subgroup(members, name);
+    return make_subgroup_(members, name);
+  }
+
+  void set_key_value_maker(std::function<std::unique_ptr<KeyValue>()> maker) { make_key_value_ = std::move(maker); }
+  std::unique_ptr<KeyValue> key_value() override {
+    if (!make_key_value_) return Collective::key_value();
+    return make_key_value_();
+  }
+
  private:
+  // A send or a receive: its errors name the peer. A received tensor that
+  // was staged on the device comes back to the caller's.
+  struct PointToPoint final : Pending {
+    PointToPoint(C10dCollective* s, std::string w, int p) : self(s), what(std::move(w)), peer(p) {}
+    C10dCollective* self;
+    std::string what;
+    int peer;
+    at::Tensor user;
+    std::vector<at::Tensor> tensors;
+    c10::intrusive_ptr<c10d::Work> work;
+    void wait() override {
+      self->guarded(what, [&] { work->wait(); }, peer);
+      if (user.defined() && !tensors[0].is_same(user)) user.copy_(tensors[0]);
+    }
+  };
+
   at::Tensor stage(const at::Tensor& t) const {
     if (!staging_ || t.device() == *staging_) return t;
     return t.to(*staging_);
   }
   template <class F>
-  void guarded(const std::string& what, F&& f) {
+  void guarded(const std::string& what, F&& f, std::optional<int> peer = std::nullopt) {
     try {
       f();
     } catch (const std::exception& e) {
-      throw CollectiveError(watch_->diagnose(what, e.what()));
+      throw CollectiveError(watch_->diagnose(what, e.what(), peer));
     }
   }
 
@@ -141,6 +197,8 @@ class C10dCollective final : public Collective {
   std::optional<c10::Device> staging_;
   std::unique_ptr<Watch> watch_;
   std::function<void(Group&)> close_;
+  SubgroupMaker make_subgroup_;
+  std::function<std::unique_ptr<KeyValue>()> make_key_value_;
 };
 
 }  // namespace dflash::dist::detail
@@ -149,8 +207,10 @@ namespace dflash::dist::detail {
 
 // The NCCL process group (nccl_group.cpp, in CUDA builds only).
 bool nccl_available();
-std::unique_ptr<Collective> join_nccl(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnvironment& env,
+// `rank` of `world_size` on `store` (a prefix of its own per group).
+std::unique_ptr<Collective> join_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
                                       const c10::Device& device, std::chrono::milliseconds timeout,
-                                      std::unique_ptr<Watch> watch);
+                                      std::unique_ptr<Watch> watch, SubgroupMaker make_subgroup,
+                                      std::function<std::unique_ptr<KeyValue>()> make_key_value);
 
 }  // namespace dflash::dist::detail

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 namespace dflash::dist {
 namespace {
@@ -26,6 +27,26 @@ class Alone final : public Collective {
 }  // namespace
 
 std::unique_ptr<Collective> single_process() { return std::make_unique<Alone>(); }
+
+std::unique_ptr<Pending> Collective::send_async(at::Tensor, int to, int, const std::string& what) {
+  throw std::logic_error("send " + what + " to rank " + std::to_string(to) + ": this group of " +
+                         std::to_string(world_size()) + " has no point-to-point transport");
+}
+
+std::unique_ptr<Pending> Collective::recv_async(at::Tensor, int from, int, const std::string& what) {
+  throw std::logic_error("receive " + what + " from rank " + std::to_string(from) + ": this group of " +
+                         std::to_string(world_size()) + " has no point-to-point transport");
+}
+
+std::unique_ptr<KeyValue> Collective::key_value() {
+  throw std::logic_error("this group of " + std::to_string(world_size()) + " has no key-value store");
+}
+
+std::unique_ptr<Collective> Collective::subgroup(const std::vector<int>& members, const std::string& name) {
+  if (members.size() == 1 && members[0] == rank()) return single_process();
+  throw std::logic_error("subgroup '" + name + "' of " + std::to_string(members.size()) + " ranks: this group of " +
+                         std::to_string(world_size()) + " cannot make one");
+}
 
 // Two rounds: the lengths, then every text padded to the longest.
 std::vector<std::string> Collective::all_gather_text(const std::string& mine, const std::string& what) {

@@ -9,7 +9,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -29,6 +31,17 @@ class Pending {
  public:
   virtual ~Pending() = default;
   virtual void wait() = 0;
+};
+
+// The group's key-value store (the rendezvous store), for small control
+// messages between ranks: the pipeline's credits and stops. Each is its own
+// connection: use it from one thread.
+class KeyValue {
+ public:
+  virtual ~KeyValue() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  virtual std::optional<std::string> get_if_set(const std::string& key) = 0;  // at once, without waiting
+  virtual void erase(const std::string& key) = 0;
 };
 
 class Collective {
@@ -53,7 +66,32 @@ class Collective {
   // This rank is failing (`reason`: its error): the other ranks' errors
   // quote it. Best effort; nothing on one process.
   virtual void announce_failure(const std::string& reason) { (void)reason; }
+
+  // Point to point, for the pipeline's items and credits (pipeline/): this
+  // rank's `tensor` to rank `to`; rank `from`'s into `tensor`, whose shape
+  // and dtype must be the sender's. Messages between two ranks with one tag
+  // arrive in the order sent; `tag` keeps channels apart. `what` names the
+  // message in errors, which name the peer when it has died or hung. The
+  // group's other operations may run on another thread meanwhile. One
+  // process has no peer: both throw std::logic_error.
+  virtual std::unique_ptr<Pending> send_async(at::Tensor tensor, int to, int tag, const std::string& what);
+  virtual std::unique_ptr<Pending> recv_async(at::Tensor tensor, int from, int tag, const std::string& what);
+  void send(at::Tensor tensor, int to, int tag, const std::string& what) { send_async(std::move(tensor), to, tag, what)->wait(); }
+  void recv(at::Tensor tensor, int from, int tag, const std::string& what) { recv_async(std::move(tensor), from, tag, what)->wait(); }
+
+  // The ranks `members` (ranks of this group, ascending, this rank among
+  // them) as a group of their own, renumbered 0…n−1 in that order, with its
+  // own collectives (the drafter ranks' gradient reduction). Called by the
+  // members only, each once per `name`. Its errors name world ranks.
+  virtual std::unique_ptr<Collective> subgroup(const std::vector<int>& members, const std::string& name);
+
+  // A new connection to the group's store. One process has none: throws
+  // std::logic_error.
+  virtual std::unique_ptr<KeyValue> key_value();
 };
+
+// How a c10d-backed group makes a subgroup (process_group.cpp).
+using SubgroupMaker = std::function<std::unique_ptr<Collective>(const std::vector<int>& members, const std::string& name)>;
 
 // The world of one process: rank 0 of 1.
 std::unique_ptr<Collective> single_process();

@@ -19,20 +19,21 @@ namespace dflash::dist::detail {
 
 bool nccl_available() { return true; }
 
-std::unique_ptr<Collective> join_nccl(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnvironment& env,
+std::unique_ptr<Collective> join_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
                                       const c10::Device& device, std::chrono::milliseconds timeout,
-                                      std::unique_ptr<Watch> watch) {
+                                      std::unique_ptr<Watch> watch, SubgroupMaker make_subgroup,
+                                      std::function<std::unique_ptr<KeyValue>()> make_key_value) {
   // NCCL's communicator lives on the current device: this rank's.
   c10::cuda::set_device(device.index());
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> group;
   try {
-    group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.world_size, options);
+    group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
   } catch (const std::exception& e) {
     throw CollectiveError(watch->diagnose("the NCCL process group", e.what()));
   }
-  log::info("rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) + " joined (NCCL, " + device.str() + ")");
+  log::info("rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " joined (NCCL, " + device.str() + ")");
   // Its communicators end with the run, not at exit (NCCL warns otherwise).
   auto close = [](c10d::ProcessGroupNCCL& g) {
 #if DFLASH_TORCH_AT_LEAST(2, 4)
@@ -41,16 +42,19 @@ std::unique_ptr<Collective> join_nccl(const c10::intrusive_ptr<c10d::Store>& sto
     (void)g;
 #endif
   };
-  return std::make_unique<C10dCollective<c10d::ProcessGroupNCCL>>(group, env.rank, env.world_size, device, std::move(watch),
-                                                                  close);
+  auto out = std::make_unique<C10dCollective<c10d::ProcessGroupNCCL>>(group, rank, world_size, device, std::move(watch),
+                                                                      close, std::move(make_subgroup));
+  out->set_key_value_maker(std::move(make_key_value));
+  return out;
 }
 
 #else
 
 bool nccl_available() { return false; }
 
-std::unique_ptr<Collective> join_nccl(const c10::intrusive_ptr<c10d::Store>&, const LaunchEnvironment&, const c10::Device&,
-                                      std::chrono::milliseconds, std::unique_ptr<Watch>) {
+std::unique_ptr<Collective> join_nccl(const c10::intrusive_ptr<c10d::Store>&, int, int, const c10::Device&,
+                                      std::chrono::milliseconds, std::unique_ptr<Watch>, SubgroupMaker,
+                                      std::function<std::unique_ptr<KeyValue>()>) {
   throw std::logic_error("join_nccl without NCCL");
 }
 

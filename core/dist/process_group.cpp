@@ -11,6 +11,7 @@
 
 #include <c10/core/Device.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -144,56 +145,117 @@ std::string rank_device(const std::string& device, const LaunchEnvironment& env)
   return device;
 }
 
-std::unique_ptr<Collective> join(const LaunchEnvironment& env, const std::string& device, double timeout_s) {
-  const milliseconds timeout(static_cast<int64_t>(timeout_s * 1000));
-  const std::string address = env.master_addr + ":" + std::to_string(env.master_port);
+namespace {
+
+class StoreKeyValue final : public KeyValue {
+ public:
+  explicit StoreKeyValue(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  std::optional<std::string> get_if_set(const std::string& key) override {
+    if (!store_->check({key})) return std::nullopt;
+    return as_text(store_->get(key));
+  }
+  void erase(const std::string& key) override { store_->deleteKey(key); }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+// What every group of a run shares: the rendezvous and the device.
+struct GroupContext {
   c10::intrusive_ptr<c10d::Store> store;
+  LaunchEnvironment env;
+  std::string address, device;
+  milliseconds timeout;
+};
+
+// The group of the world ranks `members` (ascending; this rank among them),
+// named `name` ("" for the world): its own store prefix, its own watch, and
+// the way its members make subgroups of it.
+std::unique_ptr<Collective> make_group(const std::shared_ptr<const GroupContext>& ctx, const std::vector<int>& members,
+                                       const std::string& name) {
+  const LaunchEnvironment& env = ctx->env;
+  const auto at = std::find(members.begin(), members.end(), env.rank);
+  if (at == members.end())
+    throw std::logic_error("group '" + name + "' made on rank " + std::to_string(env.rank) + ", not one of its members");
+  const int rank = static_cast<int>(at - members.begin()), size = static_cast<int>(members.size());
+  const std::string scope = name.empty() ? "" : name + "/";
+  // The watch's own client: its heartbeats never wait behind a collective's
+  // store traffic.
+  auto watch = std::make_unique<detail::Watch>(connect(env, false, ctx->timeout), rank, size, ctx->address, scope, members);
+  const auto group_store = c10::make_intrusive<c10d::PrefixStore>(name.empty() ? "dflash_group" : "dflash_group/" + name, ctx->store);
+  SubgroupMaker make_subgroup = [ctx, members](const std::vector<int>& sub, const std::string& sub_name) {
+    std::vector<int> world;
+    for (int r : sub) world.push_back(members.at(static_cast<size_t>(r)));
+    return make_group(ctx, world, sub_name);
+  };
+  auto make_key_value = [ctx]() -> std::unique_ptr<KeyValue> {
+    return std::make_unique<StoreKeyValue>(connect(ctx->env, false, ctx->timeout));
+  };
+  const c10::Device where(ctx->device);
+  if (where.is_cuda()) {
+    if (!detail::nccl_available())
+      throw std::invalid_argument("train.device is " + ctx->device + " but this build of dflash-host has no NCCL (a CPU "
+                                  "LibTorch): several ranks on CUDA need a CUDA build");
+    return detail::join_nccl(group_store, rank, size, where, ctx->timeout, std::move(watch), std::move(make_subgroup),
+                             make_key_value);
+  }
+#if DFLASH_HOST_GLOO
+  auto options = c10d::ProcessGroupGloo::Options::create(ctx->timeout);
+  options->devices.push_back(gloo_device(env));
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   try {
-    store = connect(env, env.rank == 0 && !env.agent_store, timeout);
-    await_ranks(*store, env, timeout, address);
+    group = c10::make_intrusive<c10d::ProcessGroupGloo>(group_store, rank, size, options);
+  } catch (const std::exception& e) {
+    throw CollectiveError(watch->diagnose("the Gloo process group's connections", e.what()));
+  }
+  log::info("rank " + std::to_string(env.rank) + (name.empty() ? " of " + std::to_string(size) + " joined at " + ctx->address
+                                                                : " joined group '" + name + "' as its rank " + std::to_string(rank) +
+                                                                      " of " + std::to_string(size)) +
+            " (Gloo, " + ctx->device + ")");
+  auto out = std::make_unique<detail::C10dCollective<c10d::ProcessGroupGloo>>(
+      group, rank, size, std::nullopt, std::move(watch), std::function<void(c10d::ProcessGroupGloo&)>{}, std::move(make_subgroup));
+  out->set_key_value_maker(make_key_value);
+  return out;
+#else
+  throw std::invalid_argument("train.device is " + ctx->device + " but this build of dflash-host has no Gloo (its LibTorch "
+                              "came without Gloo's headers): several ranks on the CPU are not available");
+#endif
+}
+
+}  // namespace
+
+std::unique_ptr<Collective> join(const LaunchEnvironment& env, const std::string& device, double timeout_s) {
+  auto ctx = std::make_shared<GroupContext>();
+  ctx->env = env;
+  ctx->device = device;
+  ctx->timeout = milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  ctx->address = env.master_addr + ":" + std::to_string(env.master_port);
+  try {
+    ctx->store = connect(env, env.rank == 0 && !env.agent_store, ctx->timeout);
+    await_ranks(*ctx->store, env, ctx->timeout, ctx->address);
   } catch (const CollectiveError&) {
     throw;
   } catch (const std::exception& e) {
     std::string text = e.what();
     text = text.substr(0, text.find('\n'));
-    throw CollectiveError("rank " + std::to_string(env.rank) + ": the rendezvous at " + address + " failed: " + text +
+    throw CollectiveError("rank " + std::to_string(env.rank) + ": the rendezvous at " + ctx->address + " failed: " + text +
                           (env.rank == 0 && !env.agent_store ? " (rank 0 serves it: is the port free?)"
                                                              : " (is rank 0 running, and MASTER_ADDR reachable from here?)"));
   }
-  // The watch's own client: its heartbeats never wait behind a collective's
-  // store traffic.
-  auto watch = std::make_unique<detail::Watch>(connect(env, false, timeout), env.rank, env.world_size, address);
-  const c10::Device where(device);
-  const auto group_store = c10::make_intrusive<c10d::PrefixStore>("dflash_group", store);
-  if (where.is_cuda()) {
-    if (!detail::nccl_available())
-      throw std::invalid_argument("train.device is " + device + " but this build of dflash-host has no NCCL (a CPU "
-                                  "LibTorch): several ranks on CUDA need a CUDA build");
-    return detail::join_nccl(group_store, env, where, timeout, std::move(watch));
-  }
-#if DFLASH_HOST_GLOO
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  options->devices.push_back(gloo_device(env));
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
-  try {
-    group = c10::make_intrusive<c10d::ProcessGroupGloo>(group_store, env.rank, env.world_size, options);
-  } catch (const std::exception& e) {
-    throw CollectiveError(watch->diagnose("the Gloo process group's connections", e.what()));
-  }
-  log::info("rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) + " joined at " + address +
-            " (Gloo, " + device + ")");
-  return std::make_unique<detail::C10dCollective<c10d::ProcessGroupGloo>>(group, env.rank, env.world_size, std::nullopt,
-                                                                         std::move(watch));
-#else
-  throw std::invalid_argument("train.device is " + device + " but this build of dflash-host has no Gloo (its LibTorch "
-                              "came without Gloo's headers): several ranks on the CPU are not available");
-#endif
+  std::vector<int> everyone(static_cast<size_t>(env.world_size));
+  for (int r = 0; r < env.world_size; ++r) everyone[static_cast<size_t>(r)] = r;
+  return make_group(ctx, everyone, "");
 }
 
 namespace detail {
 
-Watch::Watch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, std::string store_address)
-    : store_(std::move(store)), rank_(rank), world_size_(world_size), store_address_(std::move(store_address)) {
+Watch::Watch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, std::string store_address, std::string scope,
+             std::vector<int> world_ranks)
+    : store_(std::move(store)), rank_(rank), world_size_(world_size), store_address_(std::move(store_address)),
+      scope_(std::move(scope)), world_ranks_(std::move(world_ranks)) {
   thread_ = std::thread([this] { beat_loop(); });
 }
 
@@ -204,6 +266,19 @@ Watch::~Watch() {
   }
   stop_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+}
+
+std::string Watch::key(const std::string& what, int rank) const {
+  return "dflash/" + scope_ + what + "/" + std::to_string(rank);
+}
+
+// A failure is announced once, under the world rank: every group's watch reads it.
+std::string Watch::failed_key(int rank) const {
+  return "dflash/failed/" + std::to_string(world_ranks_.empty() ? rank : world_ranks_.at(static_cast<size_t>(rank)));
+}
+
+std::string Watch::name(int rank) const {
+  return "rank " + std::to_string(world_ranks_.empty() ? rank : world_ranks_.at(static_cast<size_t>(rank)));
 }
 
 void Watch::beat_loop() {
@@ -224,13 +299,13 @@ void Watch::beat_loop() {
 void Watch::announce_failure(const std::string& reason) {
   try {
     const std::string text = reason.substr(0, 400);
-    store_->set(key("failed", rank_), std::vector<uint8_t>(text.begin(), text.end()));
+    store_->set(failed_key(rank_), std::vector<uint8_t>(text.begin(), text.end()));
   } catch (const std::exception&) {
   }
 }
 
-std::string Watch::diagnose(const std::string& what, const std::string& error) {
-  const std::string me = "rank " + std::to_string(rank_);
+std::string Watch::diagnose(const std::string& what, const std::string& error, std::optional<int> peer) {
+  const std::string me = name(rank_);
   const std::string first = error.substr(0, error.find('\n'));
   std::string head = me + ": " + what + " failed (" + first + ")";
   const std::string advice =
@@ -238,9 +313,10 @@ std::string Watch::diagnose(const std::string& what, const std::string& error) {
   try {
     // Two readings of every heartbeat, 2.5 beats apart.
     std::map<int, std::string> before, after, failed;
+    auto examined = [&](int r) { return r != rank_ && (!peer || r == *peer); };
     auto read = [&](std::map<int, std::string>& into) {
       for (int r = 0; r < world_size_; ++r) {
-        if (r == rank_) continue;
+        if (!examined(r)) continue;
         if (store_->check({key("heartbeat", r)})) into[r] = as_text(store_->get(key("heartbeat", r)));
       }
     };
@@ -248,17 +324,19 @@ std::string Watch::diagnose(const std::string& what, const std::string& error) {
     std::this_thread::sleep_for(milliseconds(2500));
     read(after);
     for (int r = 0; r < world_size_; ++r)
-      if (r != rank_ && store_->check({key("failed", r)})) failed[r] = as_text(store_->get(key("failed", r)));
+      if (examined(r) && store_->check({failed_key(r)})) failed[r] = as_text(store_->get(failed_key(r)));
     std::vector<std::string> findings;
     for (int r = 0; r < world_size_; ++r) {
-      if (r == rank_) continue;
-      const std::string who = "rank " + std::to_string(r);
+      if (!examined(r)) continue;
+      const std::string who = name(r);
       if (failed.count(r)) {
         findings.push_back(who + " failed: " + failed[r]);
       } else if (!after.count(r)) {
         findings.push_back(who + " never started its heartbeat");
       } else if (before[r] == after[r]) {
         findings.push_back(who + " stopped responding (it exited, was killed or is stopped)");
+      } else if (peer) {
+        findings.push_back(who + " is alive but did not take part in time (train.collective_timeout_s)");
       } else {
         std::istringstream in(after[r]);
         int64_t beat = 0, begun = 0;
@@ -268,7 +346,8 @@ std::string Watch::diagnose(const std::string& what, const std::string& error) {
                              " collectives, this rank " + std::to_string(collectives_.load()) + ")");
       }
     }
-    if (findings.empty()) return head + "; every other rank is alive and reached it" + advice;
+    if (findings.empty())
+      return head + (peer ? "; " + name(*peer) + " is alive" : std::string("; every other rank is alive and reached it")) + advice;
     std::string out = head + ": ";
     for (size_t i = 0; i < findings.size(); ++i) out += (i ? "; " : "") + findings[i];
     return out + advice;

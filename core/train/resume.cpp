@@ -1,5 +1,7 @@
 #include "train/resume.h"
 
+#include "log/log.h"
+
 #include <algorithm>
 
 namespace dflash::train {
@@ -10,7 +12,7 @@ const std::vector<std::string> kChangeableOnResume = {
     "/train/eval_max_prompts", "/train/eval_max_new_tokens", "/train/eval_prompt_tokens", "/train/memory_slack",
     "/train/on_nonfinite",  "/train/max_nonfinite",      "/train/device",
     "/train/profile_phases", "/train/prefetch",        "/train/shard_optimizer", "/train/collective_timeout_s",
-    "/train/mode"};
+    "/train/mode", "/train/topology", "/train/queue_depth"};
 
 namespace {
 
@@ -121,6 +123,39 @@ ResumeChanges resume_changes(const nlohmann::json& saved_state, const nlohmann::
   std::sort(changes.refused.begin(), changes.refused.end());
   std::sort(changes.allowed.begin(), changes.allowed.end());
   return changes;
+}
+
+void check_resume_changes(const ResumeChanges& changes, const std::string& checkpoint_dir, bool allow_config_change) {
+  auto listed = [](const std::vector<std::string>& lines) {
+    std::string out;
+    for (const auto& line : lines) out += "\n  " + line;
+    return out;
+  };
+  if (!changes.refused.empty() && !allow_config_change)
+    throw std::invalid_argument(
+        "the run differs from the one that wrote " + checkpoint_dir + " in what shapes it (settings, plugins, their "
+        "versions):" + listed(changes.refused) +
+        (changes.allowed.empty() ? "" : "\nthese changes would be allowed (they do not change what it computes):" +
+                                            listed(changes.allowed)) +
+        "\nresuming would not continue that run. Restore those settings and plugins, give this run another "
+        "train.output_dir, or pass --allow-config-change to resume with them anyway");
+  if (!changes.refused.empty()) log::warn("resuming with changes that shape the run (--allow-config-change):" + listed(changes.refused));
+  if (!changes.allowed.empty()) log::info("resuming with changes that do not alter what it computes:" + listed(changes.allowed));
+}
+
+std::optional<checkpoint::Checkpoint> load_resume_checkpoint(dist::Collective& world, const std::string& checkpoint_root,
+                                                             std::optional<int64_t> resume_from) {
+  if (resume_from && world.is_root()) {
+    for (const std::string& aside : checkpoint::resume_from(checkpoint_root, *resume_from))
+      log::warn("--resume-from " + checkpoint::step_name(*resume_from) + ": moved the newer checkpoint aside to " +
+                checkpoint_root + "/" + aside + " (kept; delete it when it is no longer wanted)");
+  }
+  std::optional<std::string> folder;
+  if (world.is_root()) folder = checkpoint::resume_folder(checkpoint_root);
+  if (world.world_size() > 1) world.barrier("the choice of the checkpoint to resume from");
+  if (!world.is_root()) folder = checkpoint::resume_folder(checkpoint_root);
+  if (!folder) return std::nullopt;
+  return checkpoint::load(*folder);
 }
 
 }  // namespace dflash::train

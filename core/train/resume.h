@@ -4,6 +4,7 @@
 #pragma once
 
 #include "checkpoint/checkpoint.h"
+#include "dist/collective.h"
 
 #include <nlohmann/json.hpp>
 
@@ -44,5 +45,17 @@ ResumeChanges resume_changes(const nlohmann::json& saved_state, const nlohmann::
 // Settings a resumed run may change without changing what it computes
 // (paths to results, logging, evaluation) or that extend it (steps).
 extern const std::vector<std::string> kChangeableOnResume;
+
+// Refuses a resume whose changes alter what the run computes (unless
+// `allow_config_change`), saying which changes are refused and which are
+// allowed; logs the allowed ones.
+void check_resume_changes(const ResumeChanges& changes, const std::string& checkpoint_dir, bool allow_config_change);
+
+// The checkpoint a run resumes from, on every rank of `world` (each calls
+// this): rank 0 settles which is the newest (moving newer ones aside for
+// --resume-from, recovering `latest`); the others read it after. nullopt
+// when there is none.
+std::optional<checkpoint::Checkpoint> load_resume_checkpoint(dist::Collective& world, const std::string& checkpoint_root,
+                                                             std::optional<int64_t> resume_from);
 
 }  // namespace dflash::train

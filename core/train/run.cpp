@@ -42,14 +42,46 @@ host::SchedulerInstance& Run::scheduler() const { return present(plugins_.schedu
 
 void Run::bind() {
   if (bound_) return;
-  host::NamedTensors frozen = host::place_frozen_weights(target().frozen_weights(), target().record().name,
-                                                         c10::Device(settings_.device), sdk::parse_dtype(settings_.dtype));
-  drafter().bind_target(target_info_, frozen);
-  lm_head_ = host::find_tensor(frozen, "lm_head");
-  frozen.clear();
+  bind_drafter(host::place_frozen_weights(target().frozen_weights(), target().record().name, c10::Device(settings_.device),
+                                          sdk::parse_dtype(settings_.dtype)));
+}
+
+void Run::bind_to_remote_target(nlohmann::json target_info, const host::NamedTensors& frozen) {
+  if (bound_) return;
+  target_info_ = std::move(target_info);
+  bind_drafter(host::place_frozen_weights(frozen, "the target on the target ranks", c10::Device(settings_.device),
+                                          sdk::parse_dtype(settings_.dtype)));
+}
+
+void Run::bind_drafter(const host::NamedTensors& frozen_on_device) {
+  drafter().bind_target(target_info_, frozen_on_device);
+  lm_head_ = host::find_tensor(frozen_on_device, "lm_head");
   drafter_config_ = drafter().export_config().value_or(nlohmann::json::object());
   facts_ = host::drafter_facts(drafter());
+  verify_placement();
   bound_ = true;
+}
+
+void Run::adopt_remote_drafter(nlohmann::json exported, const std::string& label) {
+  if (bound_) return;
+  facts_ = host::parse_drafter_facts(exported, label);
+  drafter_config_ = std::move(exported);
+  bound_ = true;
+}
+
+void Run::verify_placement() const {
+  const c10::Device device(settings_.device);
+  auto refuse = [&](const std::string& what, const at::Tensor& t) {
+    throw std::invalid_argument(drafter().record().label() + ": " + what + " is on " + t.device().str() +
+                                ", but this rank trains on " + device.str() +
+                                " (train.device). Every tensor a step uses must live on the rank's own device: one "
+                                "left on another device (the seed's frozen verifier weights on the wrong GPU) costs a "
+                                "copy per step and memory on a GPU that has none to spare. Fix the plugin: keep what "
+                                "bind_target hands over on its device");
+  };
+  if (lm_head_.defined() && !host::same_device(lm_head_.device(), device)) refuse("the lm_head", lm_head_);
+  for (const auto& [name, tensor] : drafter().parameters())
+    if (!host::same_device(tensor.device(), device)) refuse("parameter '" + name + "'", tensor);
 }
 
 void Run::require_bound(const char* what) const {
@@ -69,7 +101,7 @@ const at::Tensor& Run::lm_head() const {
 }
 
 nlohmann::json Run::plugin_identities() const {
-  nlohmann::json out = nlohmann::json::object();
+  nlohmann::json out = plugins_.identities_elsewhere.is_object() ? plugins_.identities_elsewhere : nlohmann::json::object();
   auto add = [&](const host::PluginInstance* instance) {
     if (instance) out[host::kind_section(instance->record().kind)] = host::plugin_identity(instance->record());
   };

@@ -22,6 +22,10 @@ struct RunPlugins {
   std::unique_ptr<host::DrafterInstance> drafter;
   std::unique_ptr<host::LossInstance> loss;
   std::unique_ptr<host::SchedulerInstance> scheduler;
+  // {section: plugin_identity} of plugins this process does not instantiate
+  // (a disaggregated run's target ranks hold no drafter, its drafter ranks
+  // no target): recorded and compared like the instances' own.
+  nlohmann::json identities_elsewhere = nlohmann::json::object();
 };
 
 // How the host creates every instance of a run: device, dtype, seed.
@@ -51,6 +55,19 @@ class Run {
   // does nothing.
   void bind();
   bool bound() const { return bound_; }
+  // A drafter rank of a disaggregated run binds its drafter to a target that
+  // lives on other ranks: `target_info` is that target's describe(),
+  // `frozen` its frozen weights as received (placed here on this run's
+  // device and dtype).
+  void bind_to_remote_target(nlohmann::json target_info, const host::NamedTensors& frozen);
+  // A target rank of a disaggregated run learns the drafter's facts from
+  // the drafter ranks: `exported` is the drafter's export_config, `label`
+  // names the plugin.
+  void adopt_remote_drafter(nlohmann::json exported, const std::string& label);
+
+  bool has_data() const { return plugins_.data != nullptr; }
+  bool has_target() const { return plugins_.target != nullptr; }
+  bool has_drafter() const { return plugins_.drafter != nullptr; }
 
   // The target's describe() (available before bind).
   const nlohmann::json& target_info() const { return target_info_; }
@@ -65,6 +82,10 @@ class Run {
 
  private:
   void require_bound(const char* what) const;
+  void bind_drafter(const host::NamedTensors& frozen_on_device);
+  // Refuses a drafter that keeps its parameters, or a lm_head, off this
+  // run's device (the seed's verifier weights left on another GPU).
+  void verify_placement() const;
 
   RunPlugins plugins_;
   nlohmann::json resolved_config_;

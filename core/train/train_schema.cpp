@@ -33,8 +33,22 @@ const nlohmann::json& train_schema() {
                   {"same", "fp32_master"})
           .string("mode", "colocated",
                   "how ranks share the work: colocated = every rank holds the target and a drafter replica and "
-                  "trains on its share of each global batch (one process: the same, alone)",
-                  {"colocated"})
+                  "trains on its share of each global batch (one process: the same, alone); disaggregated = "
+                  "train.topology's target ranks run the target and send hidden-state items to its drafter ranks, "
+                  "which train (docs/distributed.md)",
+                  {"colocated", "disaggregated"})
+          .object("topology",
+                  sdk::Schema()
+                      .integer("target_ranks", 1, "ranks 0…T−1: the frozen target only", Bounds::at_least(1))
+                      .integer("drafter_ranks", 1, "ranks T…T+D−1: a drafter replica each, data-parallel among themselves",
+                               Bounds::at_least(1)),
+                  "with mode = disaggregated: how the world splits into target ranks and drafter ranks (T + D = the "
+                  "world size); the console's pipeline line says which side bounds the run")
+          .integer("queue_depth", 2,
+                   "with mode = disaggregated: hidden-state items a drafter rank holds at most (received, not yet "
+                   "trained on); target ranks send only against the free slots it grants, so its memory for items is "
+                   "queue_depth × the item size whatever the number of target ranks",
+                   Bounds::at_least(1))
           .boolean("shard_optimizer", false,
                    "ZeRO-1 with several ranks: each rank keeps the AdamW states (and fp32 masters) of 1/N of the "
                    "parameters, updates that slice, and the ranks all-gather the updated parameters")

@@ -8,14 +8,14 @@ namespace {
 // One key of the resolved section; a missing key or a wrong type is a bug of
 // the caller (resolve_config fills and checks every key), said plainly.
 template <class T>
-T read(const nlohmann::json& train, const char* key) {
+T read(const nlohmann::json& train, const char* key, const char* section = "train.") {
   const auto it = train.find(key);
   if (it == train.end())
-    throw std::invalid_argument(std::string("train.") + key + " is missing from the resolved config (resolve it first)");
+    throw std::invalid_argument(std::string(section) + key + " is missing from the resolved config (resolve it first)");
   try {
     return it->get<T>();
   } catch (const nlohmann::json::exception&) {
-    throw std::invalid_argument(std::string("train.") + key + ": " + it->dump() + " has the wrong type");
+    throw std::invalid_argument(std::string(section) + key + ": " + it->dump() + " has the wrong type");
   }
 }
 
@@ -44,7 +44,11 @@ TrainSettings parse_train_settings(const nlohmann::json& train) {
   s.adam_eps = read<double>(train, "adam_eps");
   s.precision = choice<Precision>(train, "precision", {{"same", Precision::kSame}, {"fp32_master", Precision::kFp32Master}});
   s.teacher = choice<Teacher>(train, "teacher", {{"hidden", Teacher::kHidden}, {"none", Teacher::kNone}});
-  s.mode = choice<Mode>(train, "mode", {{"colocated", Mode::kColocated}});
+  s.mode = choice<Mode>(train, "mode", {{"colocated", Mode::kColocated}, {"disaggregated", Mode::kDisaggregated}});
+  const nlohmann::json& topology = read<nlohmann::json>(train, "topology");
+  s.target_ranks = read<int>(topology, "target_ranks", "train.topology.");
+  s.drafter_ranks = read<int>(topology, "drafter_ranks", "train.topology.");
+  s.queue_depth = read<int64_t>(train, "queue_depth");
   s.shard_optimizer = read<bool>(train, "shard_optimizer");
   s.on_nonfinite = choice<OnNonfinite>(train, "on_nonfinite", {{"skip", OnNonfinite::kSkip}, {"stop", OnNonfinite::kStop}});
   s.max_nonfinite = read<int64_t>(train, "max_nonfinite");

@@ -15,9 +15,10 @@ namespace dflash::train {
 enum class Precision { kSame, kFp32Master };
 enum class Teacher { kHidden, kNone };
 enum class OnNonfinite { kSkip, kStop };
-// What each rank does; the disaggregated pipeline (target ranks → drafter
-// ranks) comes as a second mode.
-enum class Mode { kColocated };
+// What each rank does: colocated = the target and a drafter replica on every
+// rank; disaggregated = target ranks send hidden-state items to drafter
+// ranks (pipeline/).
+enum class Mode { kColocated, kDisaggregated };
 
 struct TrainSettings {
   // What the run computes.
@@ -33,7 +34,11 @@ struct TrainSettings {
   Precision precision = Precision::kSame;
   Teacher teacher = Teacher::kHidden;
   Mode mode = Mode::kColocated;
-  bool shard_optimizer = false;  // ZeRO-1: each rank keeps the AdamW states of 1/N of the parameters
+  bool shard_optimizer = false;
+  // mode = disaggregated: ranks [0, target_ranks) run the target, the next
+  // drafter_ranks train; each drafter rank holds at most queue_depth items.
+  int target_ranks = 1, drafter_ranks = 1;
+  int64_t queue_depth = 0;  // ZeRO-1: each rank keeps the AdamW states of 1/N of the parameters
 
   // Faults and checkpoints.
   OnNonfinite on_nonfinite = OnNonfinite::kSkip;
@@ -57,6 +62,7 @@ struct TrainSettings {
 
   bool fp32_master() const { return precision == Precision::kFp32Master; }
   bool wants_teacher() const { return teacher == Teacher::kHidden; }
+  bool disaggregated() const { return mode == Mode::kDisaggregated; }
 };
 
 // `train`: the resolved section (every key the schema has is present).

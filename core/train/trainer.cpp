@@ -14,9 +14,9 @@
 #include "train/phase_timer.h"
 #include "train/resume.h"
 #include "train/run_directory.h"
+#include "train/stages.h"
 #include "train/stop_request.h"
 
-#include <dflash/sdk/splitmix.hpp>
 #include <dflash/sdk/torch.hpp>
 
 #include <ATen/ATen.h>
@@ -56,60 +56,6 @@ struct SlotTally {
   }
 };
 
-// One micro-batch as it passes through the stages. Everything it holds
-// lives here, owned by the caller: an out-of-memory report can still name the
-// batch and the features when the failure comes half-way.
-struct MicroBatch {
-  host::NamedTensors batch;              // as the data source made it (CPU)
-  host::NamedTensors on_device, hidden;  // the batch on the device; the target's outputs (the hidden-state item)
-  host::NamedTensors drafted;
-  host::LossCall call;
-  host::LossOutput out;
-};
-
-// produce: the batch to the device and the target's forward. The result is
-// the hidden-state item a drafter consumes.
-void produce(Run& run, MicroBatch& mb, std::string& phase, PhaseTimer& timer) {
-  const c10::Device device(run.settings().device);
-  phase = "target forward";
-  for (const auto& [name, tensor] : mb.batch) mb.on_device.emplace_back(name, tensor.to(device));
-  timer.end("batch to device");
-  mb.hidden = run.target().forward(mb.on_device, run.drafter_facts().target_layer_ids, run.settings().wants_teacher(),
-                                   /*want_logits=*/false);
-  timer.end("target forward");
-}
-
-// The anchors' seed of micro-batch `micro` (its index in the global batch)
-// of `step`: the same blocks whatever the rank, on resume and in every A/B arm.
-uint64_t sample_seed(uint64_t seed, int64_t step, int64_t micro) {
-  return sdk::splitmix64(seed ^ sdk::splitmix64(static_cast<uint64_t>(step) * 4096 + static_cast<uint64_t>(micro)));
-}
-
-// consume, first half: the drafter's forward and the loss on one item (not
-// yet backpropagated). The features are dropped once read: the drafter keeps
-// what its backward needs.
-void draft_and_score(Run& run, MicroBatch& mb, int64_t step, int64_t micro, std::string& phase, PhaseTimer& timer) {
-  phase = "drafter forward + loss";
-  host::NamedTensors inputs = mb.batch;
-  for (const auto& entry : mb.hidden) inputs.push_back(entry);
-  inputs.emplace_back("sample_seed",
-                      at::scalar_tensor(static_cast<int64_t>(sample_seed(run.settings().seed, step, micro) >> 1), at::kLong));
-  mb.drafted = run.drafter().forward(inputs);
-  timer.end("drafter forward");
-  mb.call.hidden = require_tensor(mb.drafted, "hidden", "the drafter");
-  mb.call.lm_head_weight = run.lm_head();
-  mb.call.targets = require_tensor(mb.drafted, "targets", "the drafter");
-  mb.call.row_weights = find_tensor(mb.drafted, "row_weights");
-  if (run.settings().wants_teacher() && find_tensor(mb.drafted, "teacher_hidden").defined()) {
-    mb.call.teacher = DFLASH_TEACHER_HIDDEN;
-    mb.call.teacher_hidden = find_tensor(mb.drafted, "teacher_hidden");
-  }
-  mb.out = run.loss().compute(mb.call);
-  timer.end("loss");
-  mb.on_device.clear();
-  mb.hidden.clear();
-}
-
 // The tensors the host can name for an out-of-memory report, grouped under
 // the plan's category names.
 std::vector<memory::NamedGroup> nameable_tensors(const host::NamedTensors& parameters, const Optimizer& optimizer,
@@ -134,27 +80,6 @@ std::string first_line(const std::exception& e) {
   return end == std::string::npos ? text : text.substr(0, end);
 }
 
-// Refuses a resume whose changes alter what the run computes (unless
-// --allow-config-change), saying which changes are refused and which are
-// allowed; logs the allowed ones.
-void check_resume_changes(const ResumeChanges& changes, const std::string& checkpoint_dir, bool allow_config_change) {
-  auto listed = [](const std::vector<std::string>& lines) {
-    std::string out;
-    for (const auto& line : lines) out += "\n  " + line;
-    return out;
-  };
-  if (!changes.refused.empty() && !allow_config_change)
-    throw std::invalid_argument(
-        "the run differs from the one that wrote " + checkpoint_dir + " in what shapes it (settings, plugins, their "
-        "versions):" + listed(changes.refused) +
-        (changes.allowed.empty() ? "" : "\nthese changes would be allowed (they do not change what it computes):" +
-                                            listed(changes.allowed)) +
-        "\nresuming would not continue that run. Restore those settings and plugins, give this run another "
-        "train.output_dir, or pass --allow-config-change to resume with them anyway");
-  if (!changes.refused.empty()) log::warn("resuming with changes that shape the run (--allow-config-change):" + listed(changes.refused));
-  if (!changes.allowed.empty()) log::info("resuming with changes that do not alter what it computes:" + listed(changes.allowed));
-}
-
 // A failure inside a step, said with where it happened: "step 12,
 // micro-batch 2 of 4, drafter forward + loss: ...". A plugin's error keeps
 // its code (the exit status depends on it); usage errors keep their type.
@@ -174,6 +99,7 @@ struct StepFigures {
   double loss_sum = 0;  // Σ of the micro-batches' loss values
   int64_t micro_batches = 0, target_tokens = 0, block_rows = 0;
   bool data_ended = false;
+  int stop_signal = 0;  // SIGTERM/SIGINT seen by this rank (then by any: the largest)
   SlotTally tally;
   bool slots_seen = false;
 };
@@ -199,10 +125,14 @@ void reduce_figures(StepFigures& f, int64_t block_size, dist::Collective& group,
     p[6 + i] = f.tally.correct[static_cast<size_t>(i)];
     p[6 + k + i] = f.tally.total[static_cast<size_t>(i)];
   }
+  at::Tensor signal = at::tensor({static_cast<int64_t>(f.stop_signal)}, at::kLong);
   const at::Tensor mine = at::tensor({f.loss_sum, static_cast<double>(f.micro_batches),
                                       static_cast<double>(f.target_tokens), seconds, static_cast<double>(peak_bytes)},
                                      at::kDouble);
   group.all_reduce_sum(v, "the step's figures");
+  std::vector<at::Tensor> signals;
+  group.all_gather(signals, signal, "the ranks' stop signals");
+  for (const at::Tensor& sig : signals) f.stop_signal = std::max<int>(f.stop_signal, static_cast<int>(sig.to(at::kCPU).item<int64_t>()));
   std::vector<at::Tensor> each;
   group.all_gather(each, mine, "every rank's figures");
   f.loss_sum = p[0];
@@ -227,13 +157,42 @@ void reduce_figures(StepFigures& f, int64_t block_size, dist::Collective& group,
   }
 }
 
+// Colocated: every rank reads every batch of the step in the data source's
+// order (so the data position is the same on every rank, and at every world
+// size); micro-batch i of the step is rank i mod W's, which runs its own
+// target on it.
+class ColocatedFeed final : public MicroBatchFeed {
+ public:
+  ColocatedFeed(const Run& run, dist::Collective& group) : run_(run), group_(group), batches_(run.data(), run.settings().prefetch) {}
+  ~ColocatedFeed() override { batches_.settle(); }
+  Got next(int64_t, int64_t micro, MicroBatch& mb, std::string& phase, PhaseTimer& timer) override {
+    phase = "next batch from the data source";
+    std::optional<host::NamedTensors> batch = batches_.next();
+    timer.end("data");
+    if (!batch) return Got::kEnded;
+    if (micro % group_.world_size() != group_.rank()) return Got::kOthers;
+    mb.batch = std::move(*batch);
+    produce(run_, mb, phase, timer);
+    return Got::kMine;
+  }
+  std::string position_after(int64_t) override { return batches_.position(); }
+  void finish() override { batches_.settle(); }
+
+ private:
+  const Run& run_;
+  dist::Collective& group_;
+  BatchLookahead batches_;
+};
+
 class Trainer {
  public:
-  Trainer(Run& run, const RunOptions& options, dist::Collective& group)
+  Trainer(Run& run, const RunOptions& options, const TrainingRanks& ranks)
       : run_(run),
         s_(run.settings()),
         options_(options),
-        group_(group),
+        world_(ranks.world),
+        group_(ranks.trainers),
+        make_feed_(ranks.feed),
         device_(s_.device),
         output_dir_(s_.output_dir),
         checkpoint_root_(output_dir_ + "/checkpoints"),
@@ -271,7 +230,9 @@ class Trainer {
   Run& run_;
   const TrainSettings& s_;
   const RunOptions& options_;
-  dist::Collective& group_;
+  dist::Collective& world_;  // every rank of the run
+  dist::Collective& group_;  // the ranks that train (colocated: the world)
+  std::function<std::unique_ptr<MicroBatchFeed>(int64_t)> make_feed_;
   const c10::Device device_;
   const std::string output_dir_, checkpoint_root_;
   std::unique_ptr<checkpoint::RunLock> own_lock_;
@@ -285,7 +246,8 @@ class Trainer {
   std::vector<eval::Prompt> eval_prompts_;
   std::unique_ptr<metrics::MetricsFile> metrics_file_;
   std::unique_ptr<metrics::ConsoleProgress> progress_;
-  std::unique_ptr<BatchLookahead> batches_;
+  std::unique_ptr<MicroBatchFeed> feed_;
+  int agreed_stop_signal_ = 0;  // with several ranks: a stop signal any rank saw by the end of the last step
   PhaseTimer timer_;
   LossMetrics loss_metrics_;
   // The micro-batch in flight and where the step is: an out-of-memory error
@@ -296,12 +258,14 @@ class Trainer {
   int64_t micro_at_ = 0;
   bool updating_ = false;
   int exit_code_ = 0;
+  const StopRequest* stop_request_ = nullptr;
+  nlohmann::json pipeline_figures_;
 };
 
 void Trainer::set_up() {
   // Nothing is written into the output directory before it is checked and
   // this run holds it alone; only rank 0 writes there.
-  if (root() && !options_.output_lock) own_lock_ = claim_output_dir(output_dir_);
+  if (world_.is_root() && !options_.output_lock) own_lock_ = claim_output_dir(output_dir_);
   run_.bind();
   parameters_ = run_.drafter().parameters();
   AdamWOptions adam;
@@ -320,19 +284,9 @@ void Trainer::set_up() {
 }
 
 void Trainer::resume() {
-  if (options_.resume_from && root()) {
-    for (const std::string& aside : checkpoint::resume_from(checkpoint_root_, *options_.resume_from))
-      log::warn("--resume-from " + checkpoint::step_name(*options_.resume_from) + ": moved the newer checkpoint aside to " +
-                checkpoint_root_ + "/" + aside + " (kept; delete it when it is no longer wanted)");
-  }
-  // Rank 0 settles which checkpoint is the newest (moving newer ones aside
-  // for --resume-from, recovering `latest`); the others read it after.
-  std::optional<std::string> folder;
-  if (root()) folder = checkpoint::resume_folder(checkpoint_root_);
-  if (group_.world_size() > 1) group_.barrier("the choice of the checkpoint to resume from");
-  if (!root()) folder = checkpoint::resume_folder(checkpoint_root_);
-  if (!folder) return;
-  const checkpoint::Checkpoint saved = checkpoint::load(*folder);
+  const std::optional<checkpoint::Checkpoint> found = load_resume_checkpoint(world_, checkpoint_root_, options_.resume_from);
+  if (!found) return;
+  const checkpoint::Checkpoint& saved = *found;
   const ResumeState state = read_trainer_state(saved);
   check_resume_changes(resume_changes(saved.trainer_state, run_.resolved_config(), plugins_record_), saved.dir,
                        options_.allow_config_change);
@@ -348,7 +302,7 @@ void Trainer::resume() {
   optimizer_->load_state(saved.optimizer);
   first_step_ = state.step;
   nonfinite_total_ = state.nonfinite_steps;
-  run_.data().load_state(state.data_state);
+  if (run_.has_data()) run_.data().load_state(state.data_state);
   if (run_.scheduler().has_state() && state.scheduler_state) run_.scheduler().load_state(*state.scheduler_state);
   log::info("resumed from " + saved.dir + " at step " + std::to_string(first_step_));
 }
@@ -374,15 +328,15 @@ void Trainer::set_up_evaluation() {
 }
 
 std::string Trainer::save(int64_t next_step, const std::string& data_state, const std::string& scheduler_state) {
+  last_checkpoint_step_ = next_step;
+  const host::NamedTensors optimizer_state = optimizer_->state();  // sharded: gathered from every rank
+  if (!root()) return "";
   nlohmann::json state = {{"step", next_step}, {"seed", s_.seed},
-                          {"data_state", nlohmann::json::parse(data_state.empty() ? batches_->position() : data_state)},
+                          {"data_state", nlohmann::json::parse(data_state.empty() ? feed_->position_after(next_step - 1) : data_state)},
                           {"nonfinite_steps", nonfinite_total_}, {"config", run_.resolved_config()},
                           {"plugins", plugins_record_}};
   if (run_.scheduler().has_state())
     state["scheduler_state"] = nlohmann::json::parse(scheduler_state.empty() ? run_.scheduler().save_state() : scheduler_state);
-  last_checkpoint_step_ = next_step;
-  const host::NamedTensors optimizer_state = optimizer_->state();  // sharded: gathered from every rank
-  if (!root()) return "";
   const std::string dir = checkpoint::save(checkpoint_root_, next_step, run_.drafter_config(), parameters_,
                                            optimizer_state, state, s_.keep_checkpoints);
   progress_->message("checkpoint: " + dir);
@@ -465,10 +419,11 @@ bool Trainer::record(int64_t step, StepFigures& f, const RankFigures& ranks, dou
                  {"memory_source", mem.source},
                  {"loss_metrics", loss_metrics_.take(&group_)}});
   if (options_.memory_plan) record["memory_planned_peak_bytes"] = options_.memory_plan->peak_bytes;
-  if (!ranks.ranks.empty()) {
-    record["world_size"] = group_.world_size();
-    record["ranks"] = ranks.ranks;
+  if (!ranks.ranks.empty() || world_.world_size() > 1) {
+    record["world_size"] = world_.world_size();
+    if (!ranks.ranks.empty()) record["ranks"] = ranks.ranks;
   }
+  if (!pipeline_figures_.is_null()) record["pipeline"] = pipeline_figures_;
   if (timer_.enabled()) {
     timer_.end("other");
     record["phase_seconds"] = timer_.take();
@@ -494,6 +449,8 @@ bool Trainer::record(int64_t step, StepFigures& f, const RankFigures& ranks, dou
     }
   }
   progress_->update(record);
+  if (root() && pipeline_figures_.contains("advice") && (step + 1) % s_.log_every == 0)
+    progress_->message(pipeline_figures_.at("advice").get<std::string>());
   if (evaluate_now && root()) {
     std::ostringstream line;
     line << "step " << step + 1 << ": speculative decoding on " << eval_prompts_.size() << " held-out prompts, τ = "
@@ -520,7 +477,8 @@ Trainer::Next Trainer::step(int64_t step) {
   const int64_t per_step = s_.grad_accumulation;
   const int world = group_.world_size(), rank = group_.rank();
   timer_.start();
-  const std::string data_state_at_start = batches_->position();
+  // For an emergency checkpoint, which only a run of one process writes.
+  const std::string data_state_at_start = world_.world_size() == 1 ? feed_->position_after(step - 1) : std::string();
   const std::string scheduler_state_at_start = run_.scheduler().has_state() ? run_.scheduler().save_state() : "";
   try {
     const auto start = std::chrono::steady_clock::now();
@@ -528,31 +486,30 @@ Trainer::Next Trainer::step(int64_t step) {
     optimizer_->zero_grad();
     StepFigures f;
     bool finite = true;
-    // The global batch: micro-batch i of the step is rank i mod W's; every
-    // rank passes over the others' in the data source's order, so the data
-    // position is the same on every rank (and at every world size).
+    // The global batch: micro-batch i of the step is training rank i mod W's
+    // (the feed says which are this rank's).
     const int64_t last_mine = per_step - 1 - ((per_step - 1 - rank) % world + world) % world;
     for (int64_t micro = 0; micro < per_step; ++micro) {
       timer_.end("other");
-      phase_ = "next batch from the data source";
-      std::optional<host::NamedTensors> batch = batches_->next();
-      timer_.end("data");
-      if (!batch) {
+      micro_at_ = micro;
+      const MicroBatchFeed::Got got = feed_->next(step, micro, live_, phase_, timer_);
+      if (got == MicroBatchFeed::Got::kEnded) {
         f.data_ended = true;
         break;
       }
-      if (micro % world != rank) continue;
-      micro_at_ = micro;
-      live_.batch = std::move(*batch);
-      produce(run_, live_, phase_, timer_);
+      if (got == MicroBatchFeed::Got::kOthers) continue;
       consume(live_, step, micro, micro == last_mine, f);
       if (!std::isfinite(f.loss_sum)) finite = false;
       live_ = MicroBatch{};
+      feed_->done();
     }
     reduce(step);
     const double seconds_so_far = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     RankFigures ranks;
+    f.stop_signal = stop_request_ ? stop_request_->signal() : 0;
     reduce_figures(f, run_.drafter_facts().block_size, group_, seconds_so_far, memory::memory_now(device_).peak_bytes, ranks);
+    agreed_stop_signal_ = f.stop_signal;
+    pipeline_figures_ = feed_->step_figures(group_, step);
     if (!std::isfinite(f.loss_sum)) finite = false;
     if (f.data_ended && f.target_tokens == 0) {
       if (step == 0)
@@ -613,7 +570,7 @@ int Trainer::out_of_memory(const std::exception& e, int64_t step, const std::str
   } else if (step == last_checkpoint_step_ || step == 0) {
     saved = step == 0 ? "no steps completed, nothing to save"
                       : "the checkpoint of step " + std::to_string(step) + " already holds the last completed step";
-  } else if (group_.world_size() > 1) {
+  } else if (world_.world_size() > 1) {
     // The other ranks are not at a collective: nothing can be gathered.
     saved = "no emergency checkpoint with several ranks (the newest consistent state is " +
             (last_checkpoint_step_ >= 0 ? "checkpoint step " + std::to_string(last_checkpoint_step_) : std::string("the start")) + ")";
@@ -634,7 +591,7 @@ int Trainer::out_of_memory(const std::exception& e, int64_t step, const std::str
 }
 
 int Trainer::train() {
-  if (group_.world_size() > s_.grad_accumulation)
+  if (!make_feed_ && group_.world_size() > s_.grad_accumulation)
     throw std::invalid_argument("train.grad_accumulation is " + std::to_string(s_.grad_accumulation) +
                                 " data-source batches per step over all ranks, fewer than the " +
                                 std::to_string(group_.world_size()) + " ranks: a rank would have nothing to train on. "
@@ -660,12 +617,15 @@ int Trainer::train() {
   last_checkpoint_step_ = first_step_ > 0 ? first_step_ : -1;
   // Every batch comes through the lookahead, and every data position from
   // it: a batch fetched ahead is not yet consumed.
-  batches_ = std::make_unique<BatchLookahead>(run_.data(), s_.prefetch);
+  feed_ = make_feed_ ? make_feed_(first_step_) : std::make_unique<ColocatedFeed>(run_, group_);
   const StopRequest stop_request;
+  stop_request_ = &stop_request;
   int64_t step = first_step_;
   for (; step < s_.steps; ++step) {
     if (options_.stop_after > 0 && step - first_step_ >= options_.stop_after) break;
-    if (const int sig = stop_request.signal()) {
+    // With several ranks every rank stops after the same step: the one at
+    // which any of them saw the signal (the step's figures carry it).
+    if (const int sig = group_.world_size() > 1 ? agreed_stop_signal_ : stop_request.signal()) {
       progress_->message(std::string(stop_signal_name(sig)) + ": stopping before step " + std::to_string(step) +
                          " with a checkpoint of the steps done; run the same command to resume");
       exit_code_ = kStoppedOnRequest;
@@ -680,7 +640,11 @@ int Trainer::train() {
   // A step already saved (--stop-after at a checkpoint_every step, or a
   // resumed run whose data had ended) is not written again.
   if ((exit_code_ == 0 || exit_code_ == kStoppedOnRequest) && step != last_checkpoint_step_) save(step);
-  batches_->settle();
+  feed_->finish();
+  stop_request_ = nullptr;
+  // The target ranks of a disaggregated run wait for the end (rank 0 serves
+  // the store every rank still uses).
+  if (make_feed_) world_.barrier("the end of the run");
   if (root())
     if (auto facts = run_.data().describe()) log::info("data: " + facts->dump());
   return exit_code_;
@@ -688,9 +652,13 @@ int Trainer::train() {
 
 }  // namespace
 
-int run_training(Run& run, const RunOptions& options, dist::Collective& group) {
-  Trainer trainer(run, options, group);
+int run_training(Run& run, const RunOptions& options, const TrainingRanks& ranks) {
+  Trainer trainer(run, options, ranks);
   return trainer.train();
+}
+
+int run_training(Run& run, const RunOptions& options, dist::Collective& group) {
+  return run_training(run, options, TrainingRanks{group, group, {}});
 }
 
 int run_training(Run& run, const RunOptions& options) {

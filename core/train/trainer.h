@@ -15,8 +15,10 @@
 #include "checkpoint/run_lock.h"
 #include "dist/collective.h"
 #include "memory/memory_plan.h"
+#include "train/micro_batch_feed.h"
 #include "train/run.h"
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,12 +50,22 @@ inline constexpr int kOutOfMemory = 5;
 // the step in progress finished and was checkpointed; the same command resumes.
 inline constexpr int kStoppedOnRequest = 7;
 
+// The ranks a training rank works with.
+struct TrainingRanks {
+  dist::Collective& world;     // every rank of the run
+  dist::Collective& trainers;  // the ranks that train a drafter replica: colocated, the world
+  // Where this rank's micro-batches come from, made once the first step is
+  // known; empty: its own data source and target (colocated).
+  std::function<std::unique_ptr<MicroBatchFeed>(int64_t first_step)> feed;
+};
+
 // Resumes from <output_dir>/checkpoints/latest when present (checked: see
 // checkpoint/checkpoint.h and train/resume.h). Returns the process exit
-// code. Throws for errors that leave nothing to save. `group`: the ranks of
-// a data-parallel run (each rank calls this with its own Run).
-int run_training(Run& run, const RunOptions& options, dist::Collective& group);
-int run_training(Run& run, const RunOptions& options);  // one process
+// code. Throws for errors that leave nothing to save. Each rank calls this
+// with its own Run; the trainers' rank 0 writes metrics and checkpoints.
+int run_training(Run& run, const RunOptions& options, const TrainingRanks& ranks);
+int run_training(Run& run, const RunOptions& options, dist::Collective& group);  // colocated ranks
+int run_training(Run& run, const RunOptions& options);                          // one process
 
 // The drafter's parameter gradients from the run's first micro-batch at step
 // 0 (the anchors of step 0, micro-batch 0), backpropagated once; nothing is
