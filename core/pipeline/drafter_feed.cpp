@@ -20,7 +20,7 @@ std::string percent(double fraction) { return std::to_string(static_cast<int>(st
 constexpr int kTargetFields = 6;  // tokens, items, stall_s, forward_s, wall_s, memory_peak_bytes
 const char* const kTargetKeys[kTargetFields] = {"tokens", "items", "stall_s", "forward_s", "wall_s", "memory_peak_bytes"};
 // A drafter rank's figures of one step.
-constexpr int kDrafterFields = 7;  // wait_s, wall_s, taken, tokens, held_sum, held_max, memory_peak_bytes
+// wait_s, wall_s, taken, tokens, held_sum, held_max, memory_peak_bytes, most held ever
 
 class DrafterFeed final : public train::MicroBatchFeed {
  public:
@@ -71,7 +71,8 @@ nlohmann::json DrafterFeed::step_figures(dist::Collective& trainers, int64_t ste
   // (-1: nothing yet); gathered to all, read on the first.
   at::Tensor own = at::tensor({mine.wait_seconds, wall, static_cast<double>(mine.taken), static_cast<double>(mine.tokens),
                                mine.held_sum, static_cast<double>(mine.held_max),
-                               static_cast<double>(memory::memory_now(device_).peak_bytes)},
+                               static_cast<double>(memory::memory_now(device_).peak_bytes),
+                               static_cast<double>(inbox_->most_held())},
                               at::kDouble);
   at::Tensor heard = at::full({T, kTargetFields}, -1.0, at::kDouble);
   for (const auto& [rank, figures] : mine.targets)
@@ -117,7 +118,8 @@ nlohmann::json DrafterFeed::step_figures(dist::Collective& trainers, int64_t ste
     step_drafter_wall += q[1];
     drafter_list.push_back({{"rank", T + d}, {"tokens_per_s", q[1] > 0 ? q[3] / q[1] : 0.0},
                             {"stall_fraction", q[1] > 0 ? q[0] / q[1] : 0.0}, {"queue_mean", q[2] > 0 ? q[4] / q[2] : 0.0},
-                            {"queue_max", static_cast<int64_t>(q[5])}, {"memory_peak_bytes", static_cast<int64_t>(q[6])}});
+                            {"queue_max", static_cast<int64_t>(q[5])}, {"queue_most_held", static_cast<int64_t>(q[7])},
+                            {"memory_peak_bytes", static_cast<int64_t>(q[6])}});
   }
   out["targets"] = target_list;
   out["drafters"] = drafter_list;

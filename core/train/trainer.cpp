@@ -513,7 +513,7 @@ Trainer::Next Trainer::step(int64_t step) {
     if (!std::isfinite(f.loss_sum)) finite = false;
     if (f.data_ended && f.target_tokens == 0) {
       if (step == 0)
-        throw std::runtime_error(run_.data().record().label() + " yielded no batch at all: nothing was trained and nothing "
+        throw std::runtime_error((run_.has_data() ? run_.data().record().label() : std::string("the data source")) + " yielded no batch at all: nothing was trained and nothing "
                                  "was saved. Check its data (`dflash-host config` shows the data section)");
       progress_->message("the data source has ended (its epochs are done) before train.steps = " + std::to_string(s_.steps));
       return Next::kEndBefore;
@@ -645,7 +645,7 @@ int Trainer::train() {
   // The target ranks of a disaggregated run wait for the end (rank 0 serves
   // the store every rank still uses).
   if (make_feed_) world_.barrier("the end of the run");
-  if (root())
+  if (root() && run_.has_data())
     if (auto facts = run_.data().describe()) log::info("data: " + facts->dump());
   return exit_code_;
 }

@@ -5,6 +5,7 @@
 // configs differ.
 #include "support/expect.h"
 #include "support/temp_dir.h"
+#include "dist/dist_support.h"
 #include "train/run_support.h"
 
 #include <dflash/sdk/safetensors_torch.hpp>
@@ -31,44 +32,11 @@ using test::file_bytes;
 using test::host;
 using test::metrics_of;
 using test::Result;
-
-// The small run (train/run_support.h) with a global batch of 6 data-source
-// batches: 6 micro-batches on one process, 3 per rank on two, 2 on three.
-std::string dp_config(const std::string& dir, const std::string& output, int steps, const std::string& name = "config") {
-  const std::string path = test::small_config(dir, output, steps);
-  nlohmann::json config = nlohmann::json::parse(file_bytes(path));
-  config["train"]["grad_accumulation"] = 6;
-  config["train"]["collective_timeout_s"] = 60;
-  const std::string mine = dir + "/" + name + ".json";
-  std::ofstream(mine) << config.dump(2);
-  return mine;
-}
-
-std::map<std::string, at::Tensor> weights_of(const std::string& checkpoint) {
-  auto file = sdk::safetensors::File::open(checkpoint + "/model.safetensors");
-  std::map<std::string, at::Tensor> out;
-  for (const auto& info : file->tensors()) out[info.name] = sdk::safetensors::load_tensor(file, info).to(at::kDouble);
-  return out;
-}
-
-// The relative error of each tensor, ‖a − b‖₂ / ‖b‖₂; the largest over the
-// drafter. (Summed in another order, fp32 gradients differ in their last
-// bits; elements near zero then differ by more than 1e-6 of themselves,
-// tensors do not.)
-double largest_relative_difference(const std::string& a, const std::string& b) {
-  const auto wa = weights_of(a), wb = weights_of(b);
-  EXPECT_EQ(wa.size(), wb.size());
-  double worst = 0;
-  for (const auto& [name, tb] : wb) {
-    const auto it = wa.find(name);
-    if (it == wa.end()) {
-      ADD_FAILURE() << name << " is missing from " << a;
-      continue;
-    }
-    worst = std::max(worst, (it->second - tb).norm().item<double>() / std::max(1e-30, tb.norm().item<double>()));
-  }
-  return worst;
-}
+using test::dp_config;
+using test::largest_relative_difference;
+using test::launched;
+using test::launch_in_background;
+using test::Background;
 
 // Several ranks on the CPU need Gloo (the torch wheel of the GPU machine has
 // no Gloo headers; Debian's LibTorch has them).
@@ -80,16 +48,6 @@ class DataParallel : public ::testing::Test {
 #endif
   }
 };
-
-// `dflash-host launch --nproc-per-node N -- <the test's plugin folders> ARGS`.
-Result launched(int ranks, const std::string& args, const std::string& scratch) {
-  const std::string err_file = scratch + "/stderr.txt";
-  const std::string command = std::string(DFLASH_HOST_EXE) + " launch --nproc-per-node " + std::to_string(ranks) +
-                              " -- --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR + " " + args +
-                              " > /dev/null 2>" + err_file;
-  const int status = std::system(command.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, file_bytes(err_file)};
-}
 
 TEST_F(DataParallel, TwoAndThreeRanksMatchOneProcessAccumulatingTheSameGlobalBatches) {
   test::TempDir temp("dflash_dp");
@@ -212,35 +170,6 @@ TEST_F(DataParallel, ResumingAtAnotherWorldSizeContinuesTheRun) {
         << step << ": the same data position, no sequence read twice or skipped";
   }
   EXPECT_LE(largest_relative_difference(dir + "/parts/checkpoints/step-00000006", dir + "/whole/checkpoints/step-00000006"), 1e-6);
-}
-
-// Two ranks under the launcher in the background, with its log in
-// `err_file`; once `checkpoint` exists, rank 1's pid (from the launcher's
-// log). pid 0: it never came.
-struct Background {
-  pid_t launcher = -1, rank1 = 0;
-};
-Background launch_in_background(const std::string& launcher_flags, const std::string& args, const std::string& err_file,
-                                const std::string& checkpoint) {
-  Background b;
-  b.launcher = ::fork();
-  if (b.launcher == 0) {
-    const std::string command = std::string(DFLASH_HOST_EXE) + " launch --nproc-per-node 2 " + launcher_flags +
-                                " -- --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR + " " + args +
-                                " > /dev/null 2> " + err_file;
-    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  const auto start = std::chrono::steady_clock::now();
-  while (b.launcher > 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
-    std::smatch m;
-    const std::string log = file_bytes(err_file);
-    if (b.rank1 == 0 && std::regex_search(log, m, std::regex("rank 1 is pid ([0-9]+)"))) b.rank1 = std::stoi(m[1]);
-    if (b.rank1 != 0 && fs::exists(checkpoint)) return b;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  b.rank1 = 0;
-  return b;
 }
 
 // A rank killed in the middle of training: the others stop within the

@@ -5,6 +5,9 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
+#include <thread>
+
 namespace {
 using dflash::sdk::Bounds;
 using dflash::sdk::CreateContext;
@@ -143,9 +146,10 @@ class TestTarget : public dflash::sdk::TargetModel {
         .integer("layers", 4, "decoder layers", Bounds::at_least(1))
         .integer("hidden", 8, "hidden size", Bounds::at_least(1))
         .integer("vocab", 11, "vocabulary size", Bounds::at_least(2))
+        .string("frozen_device", "", "tests: hand the frozen weights over on this device instead (a misplaced one)")
         .dump();
   }
-  explicit TestTarget(const CreateContext& c) {
+  explicit TestTarget(const CreateContext& c) : frozen_device_(c.config().at("frozen_device").get<std::string>()) {
     torch::manual_seed(c.seed());
     const int64_t layers = c.config().at("layers"), hidden = c.config().at("hidden"), vocab = c.config().at("vocab");
     embed_ = torch::randn({vocab, hidden});
@@ -173,9 +177,14 @@ class TestTarget : public dflash::sdk::TargetModel {
     if (request.want_logits) out.set("logits", torch::matmul(h, lm_head_.t()));
     return out;
   }
-  TensorDict frozen_weights() { return {{"embed_tokens", embed_}, {"lm_head", lm_head_}, {"final_norm", norm_}}; }
+  TensorDict frozen_weights() {
+    if (!frozen_device_.empty())
+      return {{"embed_tokens", embed_}, {"lm_head", lm_head_.to(torch::Device(frozen_device_))}, {"final_norm", norm_}};
+    return {{"embed_tokens", embed_}, {"lm_head", lm_head_}, {"final_norm", norm_}};
+  }
 
  private:
+  std::string frozen_device_;
   torch::Tensor embed_, lm_head_, norm_;
   std::vector<torch::Tensor> weights_;
 };
@@ -185,9 +194,16 @@ class TestDrafter : public dflash::sdk::Drafter {
  public:
   static constexpr dflash::sdk::PluginInfo info{"test_drafter", "1.0.0", "one linear map"};
   static std::string config_schema() {
-    return Schema().integer_array("layer_ids", {1, 3}, "target layers it reads", Bounds::at_least(0)).dump();
+    return Schema()
+        .integer_array("layer_ids", {1, 3}, "target layers it reads", Bounds::at_least(0))
+        .integer("delay_ms", 0, "tests: sleep this long in every forward (a slow drafter)", Bounds::at_least(0))
+        .string("parameter_device", "", "tests: keep the parameter on this device instead (a misplaced one)")
+        .dump();
   }
-  explicit TestDrafter(const CreateContext& c) : layer_ids_(c.config().at("layer_ids").get<std::vector<int64_t>>()) {
+  explicit TestDrafter(const CreateContext& c)
+      : layer_ids_(c.config().at("layer_ids").get<std::vector<int64_t>>()),
+        delay_ms_(c.config().at("delay_ms").get<int64_t>()),
+        parameter_device_(c.config().at("parameter_device").get<std::string>()) {
     torch::manual_seed(c.seed() + 1);
   }
   TensorDict parameters() { return {{"proj.weight", weight_}}; }
@@ -195,9 +211,11 @@ class TestDrafter : public dflash::sdk::Drafter {
     const int64_t hidden = target.at("hidden_size");
     lm_head_ = frozen.at("lm_head");
     weight_ = (torch::randn({hidden * static_cast<int64_t>(layer_ids_.size()), hidden}) * 0.1).requires_grad_(true);
+    if (!parameter_device_.empty()) weight_ = weight_.detach().to(torch::Device(parameter_device_)).requires_grad_(true);
   }
   TensorDict forward(const TensorDict& inputs) {
     if (!weight_.defined()) throw dflash::sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "bind_target was not called");
+    if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
     std::vector<torch::Tensor> features;
     for (int64_t id : layer_ids_) features.push_back(inputs.at("hidden." + std::to_string(id)));
     torch::Tensor x = torch::cat(features, -1);
@@ -216,6 +234,8 @@ class TestDrafter : public dflash::sdk::Drafter {
 
  private:
   std::vector<int64_t> layer_ids_;
+  int64_t delay_ms_;
+  std::string parameter_device_;
   torch::Tensor weight_, lm_head_;
   bool training_ = true;
 };

@@ -1,0 +1,108 @@
+// What the multi-process tests share: the small data-parallel config, the
+// launcher (in the foreground and in the background), and the comparison of
+// two checkpoints' drafters.
+#pragma once
+
+#include "train/run_support.h"
+
+#include <dflash/sdk/safetensors_torch.hpp>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <thread>
+
+namespace dflash::test {
+
+namespace fs = std::filesystem;
+
+// The small run (train/run_support.h) with a global batch of 6 data-source
+// batches: 6 micro-batches on one process, 3 per rank on two, 2 on three.
+inline std::string dp_config(const std::string& dir, const std::string& output, int steps, const std::string& name = "config") {
+  const std::string path = test::small_config(dir, output, steps);
+  nlohmann::json config = nlohmann::json::parse(file_bytes(path));
+  config["train"]["grad_accumulation"] = 6;
+  config["train"]["collective_timeout_s"] = 60;
+  const std::string mine = dir + "/" + name + ".json";
+  std::ofstream(mine) << config.dump(2);
+  return mine;
+}
+
+inline std::map<std::string, at::Tensor> weights_of(const std::string& checkpoint) {
+  auto file = sdk::safetensors::File::open(checkpoint + "/model.safetensors");
+  std::map<std::string, at::Tensor> out;
+  for (const auto& info : file->tensors()) out[info.name] = sdk::safetensors::load_tensor(file, info).to(at::kDouble);
+  return out;
+}
+
+// The relative error of each tensor, ‖a − b‖₂ / ‖b‖₂; the largest over the
+// drafter. (Summed in another order, fp32 gradients differ in their last
+// bits; elements near zero then differ by more than 1e-6 of themselves,
+// tensors do not.)
+inline double largest_relative_difference(const std::string& a, const std::string& b) {
+  const auto wa = weights_of(a), wb = weights_of(b);
+  EXPECT_EQ(wa.size(), wb.size());
+  double worst = 0;
+  for (const auto& [name, tb] : wb) {
+    const auto it = wa.find(name);
+    if (it == wa.end()) {
+      ADD_FAILURE() << name << " is missing from " << a;
+      continue;
+    }
+    worst = std::max(worst, (it->second - tb).norm().item<double>() / std::max(1e-30, tb.norm().item<double>()));
+  }
+  return worst;
+}
+
+// `dflash-host launch --nproc-per-node N -- <the test's plugin folders> ARGS`.
+inline Result launched(int ranks, const std::string& args, const std::string& scratch) {
+  const std::string err_file = scratch + "/stderr.txt";
+  const std::string command = std::string(DFLASH_HOST_EXE) + " launch --nproc-per-node " + std::to_string(ranks) +
+                              " -- --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR + " --plugin-dir " +
+                              DFLASH_GOOD_PLUGIN_DIR + " " + args +
+                              " > /dev/null 2>" + err_file;
+  const int status = std::system(command.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, file_bytes(err_file)};
+}
+
+// Two ranks under the launcher in the background, with its log in
+// `err_file`; once `checkpoint` exists, rank 1's pid (from the launcher's
+// log). pid 0: it never came.
+struct Background {
+  pid_t launcher = -1, rank1 = 0;
+};
+inline Background launch_in_background(const std::string& launcher_flags, const std::string& args, const std::string& err_file,
+                                       const std::string& checkpoint, int ranks = 2) {
+  Background b;
+  b.launcher = ::fork();
+  if (b.launcher == 0) {
+    const std::string command = std::string(DFLASH_HOST_EXE) + " launch --nproc-per-node " + std::to_string(ranks) + " " + launcher_flags +
+                                " -- --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR + " --plugin-dir " +
+                                DFLASH_GOOD_PLUGIN_DIR + " " + args +
+                                " > /dev/null 2> " + err_file;
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  while (b.launcher > 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
+    std::smatch m;
+    const std::string log = file_bytes(err_file);
+    if (b.rank1 == 0 && std::regex_search(log, m, std::regex("rank 1 is pid ([0-9]+)"))) b.rank1 = std::stoi(m[1]);
+    if (b.rank1 != 0 && fs::exists(checkpoint)) return b;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  b.rank1 = 0;
+  return b;
+}
+
+}  // namespace dflash::test

@@ -1,0 +1,187 @@
+// The disaggregated pipeline on the CPU with Gloo and real processes:
+// target ranks → hidden-state items → drafter ranks, against one process
+// accumulating the same global batches; the credits that bound a drafter
+// rank's queue; a target rank killed mid-run; refusals at start-up.
+#include "dist/dist_support.h"
+#include "support/expect.h"
+#include "support/temp_dir.h"
+
+#include <gtest/gtest.h>
+
+namespace dflash {
+namespace {
+
+namespace fs = std::filesystem;
+using test::dp_config;
+using test::file_bytes;
+using test::host;
+using test::largest_relative_difference;
+using test::launched;
+using test::metrics_of;
+using test::Result;
+
+class Pipeline : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#if !DFLASH_TEST_HAVE_GLOO
+    GTEST_SKIP() << "this build has no Gloo";
+#endif
+  }
+};
+
+std::string split(int targets, int drafters) {
+  return " --target-ranks " + std::to_string(targets) + " --drafter-ranks " + std::to_string(drafters);
+}
+
+nlohmann::json trainer_state(const std::string& checkpoint) {
+  return nlohmann::json::parse(file_bytes(checkpoint + "/trainer_state.json"));
+}
+
+TEST_F(Pipeline, OneOneTwoOneAndOneTwoTrainTheDrafterAsOneProcessDoes) {
+  test::TempDir temp("dflash_pipe");
+  const std::string dir = temp.path().string();
+  Result one = host("--config " + dp_config(dir, dir + "/one", 3), dir);
+  ASSERT_EQ(one.status, 0) << one.err;
+  const auto m1 = metrics_of(dir + "/one");
+  for (const auto& [targets, drafters] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}}) {
+    const std::string name = std::to_string(targets) + "-" + std::to_string(drafters);
+    const std::string out = dir + "/split" + name;
+    Result run = launched(targets + drafters, "--config " + dp_config(dir, out, 3) + split(targets, drafters), dir);
+    ASSERT_EQ(run.status, 0) << name << "\n" << run.err;
+    EXPECT_CONTAINS(run.err, "target rank 0 (rank 0) of " + std::to_string(targets) + " target + " + std::to_string(drafters));
+    EXPECT_CONTAINS(run.err, "hidden-state item: ");
+    EXPECT_LE(largest_relative_difference(out + "/checkpoints/step-00000003", dir + "/one/checkpoints/step-00000003"), 1e-6)
+        << name;
+    EXPECT_EQ(trainer_state(out + "/checkpoints/step-00000003").at("data_state"),
+              trainer_state(dir + "/one/checkpoints/step-00000003").at("data_state"))
+        << name << ": the target ranks read the data as one process does";
+    const auto mn = metrics_of(out);
+    ASSERT_EQ(mn.size(), 3u) << name;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_NEAR(mn[i].at("loss").get<double>(), m1[i].at("loss").get<double>(), 1e-5 * std::abs(m1[i].at("loss").get<double>()));
+      EXPECT_EQ(mn[i].at("world_size"), targets + drafters);
+      const nlohmann::json& p = mn[i].at("pipeline");
+      EXPECT_EQ(p.at("targets").size(), static_cast<size_t>(targets));
+      EXPECT_EQ(p.at("drafters").size(), static_cast<size_t>(drafters));
+      EXPECT_GT(p.at("produced_tokens_per_s").get<double>(), 0);
+      EXPECT_GT(p.at("consumed_tokens_per_s").get<double>(), 0);
+      EXPECT_GT(p.at("item_bytes").get<int64_t>(), 0);
+      for (const char* key : {"target_stall_fraction", "drafter_stall_fraction"}) {
+        EXPECT_GE(p.at(key).get<double>(), 0) << key;
+        EXPECT_LE(p.at(key).get<double>(), 1) << key;
+      }
+      for (const auto& d : p.at("drafters")) EXPECT_LE(d.at("queue_most_held").get<int64_t>(), 2) << "train.queue_depth's default";
+      int64_t micro = 0;
+      if (drafters > 1)
+        for (const auto& r : mn[i].at("ranks")) micro += r.at("micro_batches").get<int64_t>();
+      if (drafters > 1) EXPECT_EQ(micro, 6) << "the drafter ranks share the global batch";
+    }
+  }
+}
+
+// The test plugins (test_data → test_target → a test_drafter that sleeps in
+// every forward): target ranks far faster than the one drafter rank.
+std::string slow_drafter_config(const std::string& dir, const std::string& output, int queue_depth, int steps) {
+  const nlohmann::json config = {
+      {"train", {{"seed", 1}, {"steps", steps}, {"lr", 1e-2}, {"output_dir", output}, {"progress", "lines"},
+                 {"grad_accumulation", 4}, {"queue_depth", queue_depth}, {"collective_timeout_s", 60}}},
+      {"data", {{"plugin", "test_data"}, {"batches", 1000}, {"rows", 2}, {"length", 6}}},
+      {"target", {{"plugin", "test_target"}}},
+      {"drafter", {{"plugin", "test_drafter"}, {"delay_ms", 40}}},
+      {"loss", {{"plugin", "ce"}}},
+      {"scheduler", {{"plugin", "constant"}}}};
+  const std::string path = dir + "/slow" + std::to_string(queue_depth) + ".json";
+  std::ofstream(path) << config.dump(2);
+  return path;
+}
+
+TEST_F(Pipeline, CreditsBoundTheItemsADrafterRankHoldsAndTheTargetsStallIsReported) {
+  test::TempDir temp("dflash_pipe_credit");
+  const std::string dir = temp.path().string();
+  for (int depth : {1, 3}) {
+    const std::string out = dir + "/depth" + std::to_string(depth);
+    Result run = launched(3, "--config " + slow_drafter_config(dir, out, depth, 4) + split(2, 1), dir);
+    ASSERT_EQ(run.status, 0) << run.err;
+    const auto m = metrics_of(out);
+    ASSERT_EQ(m.size(), 4u);
+    int64_t most = 0;
+    for (const auto& record : m) {
+      const nlohmann::json& p = record.at("pipeline");
+      most = std::max(most, p.at("drafters")[0].at("queue_most_held").get<int64_t>());
+      EXPECT_LE(p.at("queue_max").get<int64_t>(), depth);
+    }
+    EXPECT_EQ(most, depth) << "two fast target ranks keep the drafter rank's queue full, never fuller";
+    // The last steps: both target ranks wait for slots most of the time.
+    const nlohmann::json& last = m.back().at("pipeline");
+    EXPECT_GT(last.at("target_stall_fraction").get<double>(), 0.5) << last.dump();
+    EXPECT_LT(last.at("drafter_stall_fraction").get<double>(), 0.5) << last.dump();
+    EXPECT_EQ(last.at("bound"), "drafter");
+    EXPECT_CONTAINS(run.err, "pipeline drafter-bound: target ranks waited");
+    EXPECT_CONTAINS(run.err, "try --target-ranks 1 --drafter-ranks 2");
+  }
+}
+
+TEST_F(Pipeline, ATargetRankKilledStopsTheDrafterNamingItAndResumeWorksWithAnotherSplit) {
+  test::TempDir temp("dflash_pipe_kill");
+  const std::string dir = temp.path().string();
+  const std::string config = dp_config(dir, dir + "/run", 400);
+  const std::string args = " --set train.checkpoint_every=2 --set train.keep_checkpoints=3 --set train.collective_timeout_s=30";
+  const std::string err_file = dir + "/launch.txt";
+  const test::Background run =
+      test::launch_in_background("", "--config " + config + args + split(2, 1), err_file, dir + "/run/checkpoints/step-00000004", 3);
+  ASSERT_GT(run.launcher, 0);
+  ASSERT_NE(run.rank1, 0) << file_bytes(err_file);
+  ASSERT_EQ(::kill(run.rank1, SIGKILL), 0);  // target rank 1
+  const auto killed_at = std::chrono::steady_clock::now();
+  int status = 0;
+  ASSERT_EQ(::waitpid(run.launcher, &status, 0), run.launcher);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  const std::string log = file_bytes(err_file);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0) << log;
+  EXPECT_LT(seconds, 30.0) << "within train.collective_timeout_s";
+  EXPECT_CONTAINS(log, "[rank 2/3]");
+  EXPECT_CONTAINS(log, "rank 1 stopped responding");
+  std::string latest = file_bytes(dir + "/run/checkpoints/latest");
+  latest = latest.substr(0, latest.find('\n'));
+  ASSERT_EQ(latest.rfind("step-", 0), 0u) << latest;
+  const int64_t resumed_at = std::stoll(latest.substr(5));
+  // Resumed with the other split: 1 target rank, 2 drafter ranks.
+  Result again = launched(3, "--config " + config + args + split(1, 2) + " --set train.steps=" + std::to_string(resumed_at + 4), dir);
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_CONTAINS(again.err, "resumed from " + dir + "/run/checkpoints/" + latest);
+  const auto m = metrics_of(dir + "/run");
+  ASSERT_FALSE(m.empty());
+  EXPECT_EQ(m.back().at("step"), resumed_at + 3);
+  EXPECT_EQ(m.back().at("pipeline").at("drafter_ranks"), 2);
+}
+
+TEST_F(Pipeline, MisplacedWeightsAndTopologiesThatDoNotAddUpAreRefused) {
+  test::TempDir temp("dflash_pipe_refuse");
+  const std::string dir = temp.path().string();
+  const std::string config = slow_drafter_config(dir, dir + "/run", 2, 2);
+  // A target that hands its lm_head over on another device.
+  Result frozen = launched(2, "--config " + config + split(1, 1) + " --set target.frozen_device=meta --set drafter.delay_ms=0", dir);
+  EXPECT_EQ(frozen.status, 2) << frozen.err;
+  EXPECT_CONTAINS(frozen.err, "test_target");
+  EXPECT_CONTAINS(frozen.err, "its frozen weight 'lm_head' is on meta, but this target rank runs on cpu");
+  // A drafter that keeps its parameter on another device.
+  Result parameter =
+      launched(2, "--config " + config + split(1, 1) + " --set drafter.parameter_device=meta --set drafter.delay_ms=0", dir);
+  EXPECT_NE(parameter.status, 0) << parameter.err;
+  EXPECT_CONTAINS(parameter.err, "parameter 'proj.weight' is on meta, but this rank trains on cpu");
+  // Topologies that do not add up.
+  Result world = launched(2, "--config " + config + split(2, 1), dir);
+  EXPECT_EQ(world.status, 2) << world.err;
+  EXPECT_CONTAINS(world.err, "train.topology is 2 target + 1 drafter ranks = 3 ranks, but this run has 2");
+  Result batch = launched(4, "--config " + config + split(3, 1) + " --set train.grad_accumulation=2", dir);
+  EXPECT_EQ(batch.status, 2) << batch.err;
+  EXPECT_CONTAINS(batch.err, "train.grad_accumulation is 2 data-source batches per step, fewer than the 3 target ranks");
+  Result alone = host("--config " + config + split(1, 1), dir);
+  EXPECT_EQ(alone.status, 2) << alone.err;
+  EXPECT_CONTAINS(alone.err, "train.mode is disaggregated, which needs 2 ranks");
+  EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl")) << "nothing trained";
+}
+
+}  // namespace
+}  // namespace dflash
