@@ -309,11 +309,56 @@ std::unique_ptr<train::Run> make_run(const CliOptions& options, const PluginRegi
 
 namespace {
 
+// Both kinds of rank of a disaggregated run, each against the device's
+// capacity (every GPU of the run is taken to be like this rank's, or
+// --gpu-memory).
+struct RolePlans {
+  std::vector<std::pair<memory::DevicePlan, std::optional<memory::Verdict>>> roles;
+  memory::Capacity capacity;
+  bool fits() const {
+    for (const auto& [plan, verdict] : roles)
+      if (verdict && !verdict->fits) return false;
+    return true;
+  }
+};
+RolePlans plan_roles(const CliOptions& options, const PluginRegistry& registry, const config::ResolvedConfig& resolved,
+                     const host::LossInstance* loss = nullptr) {
+  RolePlans out;
+  for (memory::PlanRole role : {memory::PlanRole::kTargetRank, memory::PlanRole::kDrafterRank}) {
+    memory::DevicePlan plan = memory::plan_role(registry, resolved.root, role, loss);
+    if (out.roles.empty()) out.capacity = capacity_for(options, plan.device);
+    std::optional<memory::Verdict> verdict;
+    if (plan.complete()) verdict = memory::check_fit(registry, resolved.root, plan, out.capacity.free_bytes);
+    out.roles.emplace_back(std::move(plan), verdict);
+  }
+  return out;
+}
+
+void print_role_plans(const RolePlans& plans, const train::TrainSettings& s, bool json, std::ostream& out) {
+  if (json) {
+    nlohmann::json roles = nlohmann::json::object();
+    for (const auto& [plan, verdict] : plans.roles) roles[memory::role_name(plan.role)] = memory::plan_to_json(plan, plans.capacity, verdict);
+    out << nlohmann::json{{"mode", "disaggregated"}, {"target_ranks", s.target_ranks}, {"drafter_ranks", s.drafter_ranks},
+                          {"queue_depth", s.queue_depth}, {"roles", roles}}.dump(2) << "\n";
+    return;
+  }
+  out << "disaggregated: " << s.target_ranks << " target + " << s.drafter_ranks << " drafter ranks, queue_depth "
+      << s.queue_depth << "\n\n";
+  for (const auto& [plan, verdict] : plans.roles) out << memory::format_plan(plan, plans.capacity, verdict) << "\n";
+}
+
+int plan_pipeline(const CliOptions& options, const PluginRegistry& registry, const config::ResolvedConfig& resolved) {
+  const RolePlans plans = plan_roles(options, registry, resolved);
+  print_role_plans(plans, settings_of(resolved), options.json, std::cout);
+  return plans.fits() ? kExitOk : kExitDoesNotFit;
+}
+
 // `dflash-host plan`: the memory plan, the device, and what fits.
 int plan(const CliOptions& options) {
   require_run_config(options);
   const PluginRegistry registry = load_plugins(options);
   const config::ResolvedConfig resolved = resolve(options, registry, all_sections());
+  if (settings_of(resolved).disaggregated()) return plan_pipeline(options, registry, resolved);
   const memory::DevicePlan plan = memory::plan_run(registry, resolved.root, nullptr, options.world_size);
   const memory::Capacity capacity = capacity_for(options, plan.device);
   std::optional<memory::Verdict> verdict;
@@ -381,6 +426,24 @@ int train_disaggregated(const CliOptions& options, const PluginRegistry& registr
                                 " -- train …` or torchrun, or set train.mode to colocated");
   const pipeline::Topology topology(settings, launch->world_size);
   const bool target = topology.role_of(launch->rank) == pipeline::Role::kTarget;
+  // Every rank plans both roles, so that all refuse together before any joins.
+  {
+    const RolePlans plans = plan_roles(options, registry, resolved);
+    for (const auto& [plan, verdict] : plans.roles)
+      for (const std::string& missing : plan.missing)
+        if (launch->rank == 0) log::warn(std::string("memory plan (") + memory::role_name(plan.role) + ") incomplete: " + missing);
+    if (!plans.fits()) {
+      if (launch->rank == 0) print_role_plans(plans, settings, false, std::cerr);
+      if (!options.skip_memory_check) {
+        log::error("the run does not fit: a " + std::string(memory::role_name(
+                       plans.roles[0].second && !plans.roles[0].second->fits ? plans.roles[0].first.role : plans.roles[1].first.role)) +
+                   " needs more than the " + memory::format_bytes(plans.capacity.free_bytes) + " available (" +
+                   plans.capacity.source + "); use a setting above, or --skip-memory-check to start anyway");
+        return kExitDoesNotFit;
+      }
+      log::warn("the memory plan says the run does not fit; starting anyway (--skip-memory-check)");
+    }
+  }
   log::info(pipeline::describe_rank(topology, launch->rank) + " of " + std::to_string(topology.target_ranks()) + " target + " +
             std::to_string(topology.drafter_ranks()) + " drafter ranks");
   train::RunOptions run_options;

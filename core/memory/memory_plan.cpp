@@ -114,8 +114,18 @@ int64_t DevicePlan::bytes_of(const std::string& prefix) const {
   return total;
 }
 
+const char* role_name(PlanRole role) {
+  switch (role) {
+    case PlanRole::kTargetRank: return "target rank";
+    case PlanRole::kDrafterRank: return "drafter rank";
+    default: return "target and drafter";
+  }
+}
+
 DevicePlan compute_plan(const PlanInputs& in) {
   DevicePlan plan;
+  plan.role = in.role;
+  const bool holds_target = in.role != PlanRole::kDrafterRank, holds_drafter = in.role != PlanRole::kTargetRank;
   plan.device = in.device;
   plan.dtype = in.dtype;
   plan.world_size = std::max<int64_t>(1, in.world_size);
@@ -142,11 +152,16 @@ DevicePlan compute_plan(const PlanInputs& in) {
   plan.facts["effective"] = {{"data", in.data.facts.value("effective", nlohmann::json::object())}};
 
   // The target.
-  add_items(in.target, in.target_label);
+  if (holds_target) add_items(in.target, in.target_label);
   // The frozen verifier weights on the drafter's device: the host's copies
   // alias the target's own where device and dtype agree (one device here).
+  // A drafter rank received its own copy from target rank 0.
   const std::string target_dtype = in.target.facts.value("weights_dtype", in.dtype);
-  if (in.target.available) {
+  if (in.target.available && in.role == PlanRole::kDrafterRank) {
+    const bool tied = in.target.facts.value("tied_embeddings", false);
+    add("frozen verifier weights (embed_tokens, lm_head, final_norm)", "host",
+        (Bytes(tied ? 1 : 2) * vocab * hidden + hidden) * e, kEveryPhase, "received from target rank 0");
+  } else if (in.target.available && holds_drafter) {
     const bool tied = in.target.facts.value("tied_embeddings", false);
     if (target_dtype == in.dtype)
       add("frozen verifier weights (embed_tokens, lm_head, final_norm)", "host", 0, kEveryPhase,
@@ -156,51 +171,66 @@ DevicePlan compute_plan(const PlanInputs& in) {
           (Bytes(tied ? 1 : 2) * vocab * hidden + hidden) * e, kEveryPhase, "copied from the target's " + target_dtype);
   }
 
-  // The drafter's parameters and what the host keeps for them.
-  const int64_t parameters = fact(in.drafter.facts, "parameters");
+  // The drafter's parameters and what the host keeps for them (a target rank has none).
+  const int64_t parameters = holds_drafter ? fact(in.drafter.facts, "parameters") : 0;
   const int64_t largest = fact(in.drafter.facts, "largest_parameter", parameters);
   const int64_t state_bytes = in.fp32_master ? 4 : e;
-  add("drafter weights", in.drafter_label, Bytes(parameters) * e, kEveryPhase);
-  // Gradients are dropped after every update and arrive during backward (the
-  // drafter's backward item counts the share alive at its peak); with
-  // accumulation they stay from the first micro-batch on.
-  // A rank of a data-parallel run accumulates its share of the global batch.
-  const int64_t world = std::max<int64_t>(1, in.world_size);
-  const int64_t micro_batches_here = (in.grad_accumulation + world - 1) / world;
-  add("drafter gradients", "host", Bytes(parameters) * e, micro_batches_here > 1 ? kEveryPhase : kOptimizer);
-  // ZeRO-1: a rank keeps the optimizer state of about 1/N of the parameters.
-  const bool sharded = in.shard_optimizer && world > 1;
-  const int64_t owned = sharded ? (parameters + world - 1) / world + largest : parameters;
-  const std::string share = sharded ? "its share under shard_optimizer, ≤ 1/" + std::to_string(world) + " + the largest tensor" : "";
-  add("AdamW states (exp_avg, exp_avg_sq)", "host", Bytes(2) * std::min(owned, parameters) * state_bytes, kEveryPhase, share);
-  if (in.fp32_master) add("fp32 master weights", "host", Bytes(std::min(owned, parameters)) * 4, kEveryPhase, share);
-  // The gradient buckets the ranks all-reduce: one flat copy of the gradients
-  // in the reduction dtype, from the backward on.
-  if (world > 1)
-    add("gradient buckets (all-reduce across ranks)", "host", Bytes(parameters) * state_bytes, kBackward | kOptimizer,
-        in.fp32_master ? "fp32 (fp32_master)" : "the parameters' dtype");
-  Bytes optimizer_working = 0;
-  if (in.fused_adamw)
-    optimizer_working = in.fp32_master ? Bytes(std::min(parameters, (Bytes(int64_t{256} << 20) + largest).value)) * 4 : 0;
-  else
-    optimizer_working = Bytes(5) * largest * 4;  // the per-tensor loop's fp32 temporaries
-  add("optimizer working memory", "host", optimizer_working, kOptimizer,
-      in.fused_adamw ? (in.fp32_master ? "fused AdamW, gradients cast to fp32 in 256 M-element batches" : "fused AdamW")
-                     : "per-tensor loop");
-  add_items(in.drafter, in.drafter_label);
+  if (holds_drafter) {
+    add("drafter weights", in.drafter_label, Bytes(parameters) * e, kEveryPhase);
+    // Gradients are dropped after every update and arrive during backward (the
+    // drafter's backward item counts the share alive at its peak); with
+    // accumulation they stay from the first micro-batch on.
+    // A rank of a data-parallel run accumulates its share of the global batch.
+    const int64_t world = std::max<int64_t>(1, in.world_size);
+    const int64_t micro_batches_here = (in.grad_accumulation + world - 1) / world;
+    add("drafter gradients", "host", Bytes(parameters) * e, micro_batches_here > 1 ? kEveryPhase : kOptimizer);
+    // ZeRO-1: a rank keeps the optimizer state of about 1/N of the parameters.
+    const bool sharded = in.shard_optimizer && world > 1;
+    const int64_t owned = sharded ? (parameters + world - 1) / world + largest : parameters;
+    const std::string share = sharded ? "its share under shard_optimizer, ≤ 1/" + std::to_string(world) + " + the largest tensor" : "";
+    add("AdamW states (exp_avg, exp_avg_sq)", "host", Bytes(2) * std::min(owned, parameters) * state_bytes, kEveryPhase, share);
+    if (in.fp32_master) add("fp32 master weights", "host", Bytes(std::min(owned, parameters)) * 4, kEveryPhase, share);
+    // The gradient buckets the ranks all-reduce: one flat copy of the gradients
+    // in the reduction dtype, from the backward on.
+    if (world > 1)
+      add("gradient buckets (all-reduce across ranks)", "host", Bytes(parameters) * state_bytes, kBackward | kOptimizer,
+          in.fp32_master ? "fp32 (fp32_master)" : "the parameters' dtype");
+    Bytes optimizer_working = 0;
+    if (in.fused_adamw)
+      optimizer_working = in.fp32_master ? Bytes(std::min(parameters, (Bytes(int64_t{256} << 20) + largest).value)) * 4 : 0;
+    else
+      optimizer_working = Bytes(5) * largest * 4;  // the per-tensor loop's fp32 temporaries
+    add("optimizer working memory", "host", optimizer_working, kOptimizer,
+        in.fused_adamw ? (in.fp32_master ? "fused AdamW, gradients cast to fp32 in 256 M-element batches" : "fused AdamW")
+                       : "per-tensor loop");
+    add_items(in.drafter, in.drafter_label);
+  }
 
-  // The micro-batch on the device and the target's outputs: one item in
-  // flight (the trainer runs the target and the drafter one after the other).
+  // The micro-batch on the device and the target's outputs, the hidden-state
+  // item. Colocated: one in flight (the trainer runs the target and the
+  // drafter one after the other). A target rank: the one its forward makes,
+  // held until a drafter rank grants it a slot. A drafter rank: at most
+  // train.queue_depth, granted, queued or trained on, in every phase.
   const auto& layer_ids = in.drafter.facts.contains("target_layer_ids") ? in.drafter.facts.at("target_layer_ids")
                                                                        : nlohmann::json::array();
   const int64_t feature_tensors = static_cast<int64_t>(layer_ids.size()) + (in.teacher ? 1 : 0);
-  add("batch on the device (ids, masks, positions, documents)", "host", Bytes(4 * 8) * tokens, kTargetForward | kLossForward);
-  add("hidden-state items in flight: 1 × " + std::to_string(feature_tensors) + " × [" + std::to_string(rows) + ", " +
-          std::to_string(row_length) + ", " + std::to_string(hidden) + "]",
-      "host", Bytes(feature_tensors) * tokens * hidden * e, kTargetForward | kLossForward);
+  const Bytes item = Bytes(feature_tensors) * tokens * hidden * e;
+  plan.item_bytes = item.value;
+  const std::string item_shape = std::to_string(feature_tensors) + " × [" + std::to_string(rows) + ", " +
+                                 std::to_string(row_length) + ", " + std::to_string(hidden) + "]";
+  add("batch on the device (ids, masks, positions, documents)", "host", Bytes(4 * 8) * tokens,
+      in.role == PlanRole::kTargetRank ? kTargetForward : in.role == PlanRole::kDrafterRank ? kLossForward
+                                                                                            : kTargetForward | kLossForward);
+  if (in.role == PlanRole::kDrafterRank)
+    add("hidden-state items queued: " + std::to_string(in.queue_depth) + " × " + item_shape, "host",
+        Bytes(in.queue_depth) * item.value, kEveryPhase, "train.queue_depth items, whatever the number of target ranks");
+  else
+    add("hidden-state items in flight: 1 × " + item_shape, "host", item,
+        in.role == PlanRole::kTargetRank ? kTargetForward : kTargetForward | kLossForward,
+        in.role == PlanRole::kTargetRank ? "the item its forward makes, held until a drafter rank grants a slot" : "");
 
   // The loss at the drafter's rows.
-  if (in.loss) {
+  if (in.loss && holds_drafter) {
     const Bytes saved = Bytes::of_plugin(in.loss->saved_for_backward_bytes);
     const Bytes peak = Bytes::of_plugin(in.loss->peak_bytes);
     add("loss: kept for backward", in.loss_label, saved, kLossForward | kBackward);
@@ -231,8 +261,25 @@ DevicePlan compute_plan(const PlanInputs& in) {
   return plan;
 }
 
+namespace {
+DevicePlan plan_for(const host::PluginRegistry& registry, const nlohmann::json& root, const host::LossInstance* loss_instance,
+                    int64_t world_size, PlanRole role);
+}  // namespace
+
 DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& root, const host::LossInstance* loss_instance,
                     int64_t world_size) {
+  return plan_for(registry, root, loss_instance, world_size, PlanRole::kColocated);
+}
+
+DevicePlan plan_role(const host::PluginRegistry& registry, const nlohmann::json& root, PlanRole role,
+                     const host::LossInstance* loss_instance) {
+  const train::TrainSettings train = train::parse_train_settings(root.at("train"));
+  return plan_for(registry, root, loss_instance, role == PlanRole::kDrafterRank ? train.drafter_ranks : 1, role);
+}
+
+namespace {
+DevicePlan plan_for(const host::PluginRegistry& registry, const nlohmann::json& root, const host::LossInstance* loss_instance,
+                    int64_t world_size, PlanRole role) {
   const train::TrainSettings train = train::parse_train_settings(root.at("train"));
   const host::InstanceOptions options = train::instance_options(train);
   auto record = [&](dflash_kind kind) -> const host::PluginRecord& {
@@ -253,6 +300,8 @@ DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& 
   in.slack_fraction = train.memory_slack;
   in.shard_optimizer = train.shard_optimizer;
   in.world_size = world_size;
+  in.role = role;
+  in.queue_depth = train.queue_depth;
   const auto& data = record(DFLASH_KIND_DATA_SOURCE);
   const auto& target = record(DFLASH_KIND_TARGET_MODEL);
   const auto& drafter = record(DFLASH_KIND_DRAFTER);
@@ -287,6 +336,7 @@ DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& 
   }
   return compute_plan(in);
 }
+}  // namespace
 
 void require_device(const std::string& device_text) {
   const c10::Device device(device_text);
@@ -410,7 +460,7 @@ Verdict check_fit(const host::PluginRegistry& registry, const nlohmann::json& ro
         candidate[section][key] = value;
         int verdict = -1;
         try {
-          const DevicePlan p = plan_run(registry, candidate, nullptr, plan.world_size);
+          const DevicePlan p = plan_for(registry, candidate, nullptr, plan.world_size, plan.role);
           verdict = p.complete() && p.total_bytes <= available_bytes ? 1 : 0;
           if (verdict == 1) effective[value] = p.facts.at("effective");
         } catch (const std::exception&) {
@@ -452,8 +502,11 @@ std::string format_plan(const DevicePlan& plan, const Capacity& capacity, const 
   width = std::min<size_t>(width, 72);
   size_t bytes_width = 11;  // wider for "more than 8 EiB (overflow)"
   for (const PlanLine& line : plan.lines) bytes_width = std::max(bytes_width, format_bytes(line.bytes).size());
-  out << "memory plan for " << plan.device << " (target and drafter), " << plan.dtype
-      << (plan.world_size > 1 ? ", one rank of " + std::to_string(plan.world_size) : std::string()) << "; batch "
+  out << "memory plan for " << plan.device << " (" << role_name(plan.role) << "), " << plan.dtype
+      << (plan.world_size > 1 ? std::string(", one ") + (plan.role == PlanRole::kDrafterRank ? "drafter rank" : "rank") +
+                                    " of " + std::to_string(plan.world_size)
+                              : std::string())
+      << "; batch "
       << plan.facts.value("rows", int64_t{0}) << " × " << plan.facts.value("row_length", int64_t{0}) << " tokens, "
       << plan.facts.value("block_tokens", int64_t{0}) << " block tokens, " << plan.facts.value("loss_rows", int64_t{0})
       << " loss rows\n\n";
@@ -517,6 +570,8 @@ nlohmann::json plan_to_json(const DevicePlan& plan, const Capacity& capacity, co
   nlohmann::json out{{"device", plan.device},
                      {"dtype", plan.dtype},
                      {"world_size", plan.world_size},
+                     {"role", role_name(plan.role)},
+                     {"item_bytes", plan.item_bytes},
                      {"lines", lines},
                      {"phases", phases},
                      {"peak_bytes", plan.peak_bytes},

@@ -29,6 +29,15 @@ enum PhaseBit : unsigned {
 };
 const char* phase_name(unsigned bit);
 
+// Which rank a plan is for. A disaggregated run (train.mode =
+// disaggregated) has two kinds: a target rank holds the target, its batch
+// and the item it is about to send; a drafter rank holds the frozen
+// verifier weights it received, the drafter, its optimizer (sharded over
+// the drafter ranks with shard_optimizer), train.queue_depth items and the
+// step.
+enum class PlanRole { kColocated, kTargetRank, kDrafterRank };
+const char* role_name(PlanRole role);  // "target and drafter", "target rank", "drafter rank"
+
 struct PlanLine {
   std::string category;
   std::string source;  // "host", or the plugin ("drafter dflash")
@@ -44,7 +53,9 @@ constexpr int64_t kTooManyBytes = INT64_MAX;
 
 struct DevicePlan {
   std::string device, dtype;
-  int64_t world_size = 1;  // the plan is one rank's of this many
+  int64_t world_size = 1;  // the plan is one rank's of this many (a drafter rank's: of the drafter ranks)
+  PlanRole role = PlanRole::kColocated;
+  int64_t item_bytes = 0;  // one hidden-state item on the device: the target's outputs for one batch
   std::vector<PlanLine> lines;
   int64_t phase_bytes[4] = {0, 0, 0, 0};  // by phase, in PhaseBit order
   int64_t peak_bytes = 0;                 // the largest phase: the allocator's predicted peak
@@ -71,6 +82,8 @@ struct PlanInputs {
   int64_t world_size = 1;         // ranks of a data-parallel run: the plan is one rank's
   bool shard_optimizer = false;
   bool teacher = false;
+  PlanRole role = PlanRole::kColocated;
+  int64_t queue_depth = 1;  // a drafter rank's items at most
   double slack_fraction = 0.05;
   std::string data_label = "data", target_label = "target", drafter_label = "drafter", loss_label = "loss";
   host::PluginMemoryPlan data, target, drafter;
@@ -90,6 +103,11 @@ DevicePlan compute_plan(const PlanInputs& in);
 // and the gradient buckets).
 DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& root,
                     const host::LossInstance* loss = nullptr, int64_t world_size = 1);
+// A rank of a disaggregated run (train.mode = disaggregated): `role` is
+// kTargetRank or kDrafterRank; a drafter rank's plan is one of
+// train.topology.drafter_ranks.
+DevicePlan plan_role(const host::PluginRegistry& registry, const nlohmann::json& root, PlanRole role,
+                     const host::LossInstance* loss = nullptr);
 
 // How much the device has: the CUDA driver's free and total memory (the
 // process's own CUDA context already taken), or the host's MemAvailable for

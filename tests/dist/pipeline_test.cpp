@@ -181,6 +181,15 @@ TEST_F(Pipeline, MisplacedWeightsAndTopologiesThatDoNotAddUpAreRefused) {
   EXPECT_EQ(alone.status, 2) << alone.err;
   EXPECT_CONTAINS(alone.err, "train.mode is disaggregated, which needs 2 ranks");
   EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl")) << "nothing trained";
+  // A split whose drafter rank cannot hold its queue is refused by every
+  // rank before any joins, with both roles' plans.
+  const std::string small = dp_config(dir, dir + "/small", 2);
+  Result short_of = launched(2, "--config " + small + split(1, 1) + " --gpu-memory 2MiB --queue-depth 4", dir);
+  EXPECT_EQ(short_of.status, 6) << short_of.err;
+  EXPECT_CONTAINS(short_of.err, "memory plan for cpu (drafter rank)");
+  EXPECT_CONTAINS(short_of.err, "hidden-state items queued: 4 × ");
+  EXPECT_CONTAINS(short_of.err, "the run does not fit");
+  EXPECT_FALSE(fs::exists(dir + "/small/metrics.jsonl")) << "nothing trained";
 }
 
 }  // namespace

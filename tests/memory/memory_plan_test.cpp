@@ -10,6 +10,8 @@
 #include "plugin/registry.h"
 #include "train/frozen_weights.h"
 
+#include <dflash/sdk/safetensors_torch.hpp>
+
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 
@@ -462,6 +464,96 @@ TEST(PlanCommand, TrainRefusesARunThatDoesNotFitUnlessForced) {
 
 // tokens_per_batch = INT64_MAX: `plan` printed negative byte counts. Now it
 // says the figures overflow, does not fit, and proposes a budget that does.
+// The seed's 3-target + 1-drafter case (recipe.md): a Qwen3.6-27B-shaped
+// target (64 layers, H 5120, V 248,320: its config and placeholder tensor
+// names, no weights), the 27B drafter (5 layers, 128 anchors × 16 per row, no
+// activation checkpointing), 65,536 tokens per batch, queue depth 5, cards
+// of 96 GiB. The drafter rank does not fit; the plan says so by category
+// and proposes the largest token budget that does, before anything trains.
+std::string seed_config(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path model = fs::path(dir) / "qwen3.6-27b-shape";
+  fs::create_directories(model);
+  std::ofstream(model / "config.json") << nlohmann::json{
+      {"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}, {"num_hidden_layers", 64}, {"hidden_size", 5120},
+      {"intermediate_size", 17408}, {"num_attention_heads", 32}, {"num_key_value_heads", 8}, {"head_dim", 128},
+      {"vocab_size", 248320}, {"max_position_embeddings", 65536}, {"rms_norm_eps", 1e-6}, {"rope_theta", 1e6},
+      {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}}.dump(2);
+  // The planner reads tensor names only (is there an lm_head, q/k/v biases?).
+  sdk::safetensors::save_tensors(model / "model.safetensors", {{"model.embed_tokens.weight", at::zeros({1}, at::kBFloat16)},
+                                                               {"lm_head.weight", at::zeros({1}, at::kBFloat16)}});
+  nlohmann::json root = {
+      {"train", {{"device", "cuda"}, {"dtype", "bfloat16"}, {"steps", 1000}, {"grad_accumulation", 3},
+                 {"output_dir", dir + "/run"}, {"progress", "lines"}}},
+      {"data", {{"plugin", "synthetic"}, {"row_length", 4096}, {"tokens_per_batch", 65536}}},
+      {"target", {{"plugin", "hf_decoder"}, {"path", model.string()}}},
+      {"drafter", {{"plugin", "dflash"}, {"num_layers", 5}, {"block_size", 16}, {"max_anchors", 128}}},
+      {"loss", {{"plugin", "fused_ckpt_kl"}, {"kl_weight", 0.5}}},
+      {"scheduler", {{"plugin", "warmup_cosine"}}}};
+  return write_config(dir, root);
+}
+
+TEST(PlanCommand, TheSeedsThreeTargetOneDrafterSplitIsRefusedWithTheTokenBudgetThatFits) {
+  test::TempDir temp("dflash_plan_seed");
+  const std::string dir = temp.path().string();
+  const std::string config = seed_config(dir);
+  const std::string seed = "plan --json --config " + config + " --gpu-memory 96GiB --queue-depth 5";
+  const Result r = host_run(seed + " --target-ranks 3 --drafter-ranks 1 --tokens-per-batch 65536", dir);
+  ASSERT_EQ(r.status, 6) << r.err << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& target = j.at("roles").at("target rank");
+  const auto& drafter = j.at("roles").at("drafter rank");
+  auto line_of = [](const nlohmann::json& plan, const std::string& prefix) -> int64_t {
+    for (const auto& l : plan.at("lines"))
+      if (l.at("category").get<std::string>().rfind(prefix, 0) == 0) return l.at("bytes").get<int64_t>();
+    return -1;
+  };
+  // By hand: an item is the 5 fed layers and the teacher's last hidden state,
+  // 6 × 65,536 tokens × 5,120 × 2 bytes (bf16).
+  const int64_t item = int64_t{6} * 65536 * 5120 * 2;
+  EXPECT_EQ(drafter.at("item_bytes").get<int64_t>(), item);
+  EXPECT_EQ(line_of(drafter, "hidden-state items queued: 5 × 6 × [16, 4096, 5120]"), 5 * item) << "18.75 GiB";
+  EXPECT_EQ(line_of(target, "hidden-state items in flight: 1 × 6 × [16, 4096, 5120]"), item) << "3.75 GiB";
+  // The frozen embed_tokens and lm_head (untied) and final_norm, copied to the drafter rank.
+  EXPECT_EQ(line_of(drafter, "frozen verifier weights"), (int64_t{2} * 248320 * 5120 + 5120) * 2);
+  // Each role holds its own: no drafter on a target rank, no target on a drafter rank.
+  EXPECT_EQ(line_of(target, "drafter weights"), -1);
+  EXPECT_EQ(line_of(target, "AdamW states"), -1);
+  EXPECT_EQ(line_of(target, "loss:"), -1);
+  EXPECT_EQ(line_of(drafter, "target weights"), -1);
+  const int64_t parameters = drafter.at("facts").at("drafter_parameters").get<int64_t>();
+  EXPECT_EQ(line_of(drafter, "AdamW states"), 2 * parameters * 2);
+  EXPECT_EQ(line_of(drafter, "drafter weights"), parameters * 2);
+  EXPECT_TRUE(target.at("verdict").at("fits").get<bool>());
+  EXPECT_FALSE(drafter.at("verdict").at("fits").get<bool>());
+  // The largest token budget that fits, proposed; it fits, one row more does not.
+  int64_t budget = 0;
+  for (const auto& s : drafter.at("verdict").at("suggestions"))
+    if (s.at("key") == "tokens_per_batch") budget = s.at("value").get<int64_t>();
+  ASSERT_GT(budget, 0) << drafter.at("verdict").dump();
+  EXPECT_LT(budget, 65536);
+  EXPECT_EQ(budget % 4096, 0) << "whole rows of 4,096";
+  const Result at_budget = host_run(seed + " --target-ranks 3 --drafter-ranks 1 --tokens-per-batch " + std::to_string(budget), dir);
+  EXPECT_EQ(at_budget.status, 0) << at_budget.out;
+  const Result one_row_more =
+      host_run(seed + " --target-ranks 3 --drafter-ranks 1 --tokens-per-batch " + std::to_string(budget + 4096), dir);
+  EXPECT_EQ(one_row_more.status, 6);
+  // The queue is bounded by its depth, not by the number of target ranks.
+  const Result two_two = host_run(seed + " --target-ranks 2 --drafter-ranks 2 --tokens-per-batch 65536", dir);
+  const auto j2 = nlohmann::json::parse(two_two.out);
+  EXPECT_EQ(line_of(j2.at("roles").at("drafter rank"), "hidden-state items queued"), 5 * item);
+  // The table a person reads names the split and the categories.
+  const Result table = host_run("plan --config " + config + " --gpu-memory 96GiB --tokens-per-batch 65536 --queue-depth 5 "
+                                "--target-ranks 3 --drafter-ranks 1", dir);
+  EXPECT_EQ(table.status, 6);
+  const std::vector<std::string> parts = {"disaggregated: 3 target + 1 drafter ranks, queue_depth 5",
+                                         "memory plan for cuda (target rank)", "memory plan for cuda (drafter rank)",
+                                         "received from target rank 0", "18.75 GiB", "verdict: does NOT fit",
+                                         "--set data.tokens_per_batch=" + std::to_string(budget)};
+  for (const std::string& part : parts)
+    EXPECT_CONTAINS(table.out, part);
+}
+
 TEST(PlanCommand, AnOverflowingTokenBudgetIsRefusedAndTheLargestOneIsPlannedSanely) {
   test::TempDir temp("dflash_plan_overflow");
   const std::string dir = temp.path().string();
