@@ -43,6 +43,8 @@ po::options_description visible_options() {
       ("drafter-ranks", po::value<int64_t>(), "train, plan: a disaggregated run with this many drafter ranks "
        "(sets train.mode = disaggregated and train.topology.drafter_ranks)")
       ("queue-depth", po::value<int64_t>(), "train, plan: hidden-state items a drafter rank holds at most (sets train.queue_depth)")
+      ("calibrate", po::value<int64_t>(), "plan, with --target-ranks/--drafter-ranks: time this many batches of the "
+       "target's forward and of the drafter's step on this device, and forecast every split of the world")
       ("tokens-per-batch", po::value<int64_t>(), "train, plan: the data source's token budget per batch (sets "
        "data.tokens_per_batch)")
       ("skip-memory-check", "train: start even when the memory plan says the run will not fit")
@@ -179,6 +181,11 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   const bool drafters = count_flag("drafter-ranks", "train.topology.drafter_ranks", 1);
   if (targets || drafters) options.overrides.push_back("train.mode=disaggregated");
   count_flag("queue-depth", "train.queue_depth", 1);
+  if (vm.count("calibrate")) {
+    options.calibrate = vm["calibrate"].as<int64_t>();
+    if (options.calibrate < 1 || options.calibrate > 1000)
+      throw std::invalid_argument("--calibrate " + std::to_string(options.calibrate) + ": expected a number of batches from 1 to 1000");
+  }
   count_flag("tokens-per-batch", "data.tokens_per_batch", 1);
   if (vm.count("kind")) options.kind = vm["kind"].as<std::string>();
   if (vm.count("stop-after")) {

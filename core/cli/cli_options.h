@@ -24,6 +24,7 @@ struct CliOptions {
   // plan, train: the device's capacity (--gpu-memory), and --skip-memory-check
   std::optional<std::string> device_memory;
   int64_t world_size = 1;  // plan --world-size
+  int64_t calibrate = 0;   // plan --calibrate N: batches timed for the throughput forecast
   bool skip_memory_check = false;
   int64_t stop_after = 0;                  // --stop-after N (train)
   std::optional<std::string> resume_from;  // --resume-from step-N (train)

@@ -20,6 +20,7 @@
 #include "train/trainer.h"
 #include "train/run_directory.h"
 #include "checkpoint/checkpoint.h"
+#include "pipeline/calibration.h"
 #include "pipeline/drafter_feed.h"
 #include "pipeline/frozen_transfer.h"
 #include "pipeline/target_rank.h"
@@ -349,7 +350,28 @@ void print_role_plans(const RolePlans& plans, const train::TrainSettings& s, boo
 
 int plan_pipeline(const CliOptions& options, const PluginRegistry& registry, const config::ResolvedConfig& resolved) {
   const RolePlans plans = plan_roles(options, registry, resolved);
-  print_role_plans(plans, settings_of(resolved), options.json, std::cout);
+  const train::TrainSettings settings = settings_of(resolved);
+  if (options.calibrate == 0) {
+    print_role_plans(plans, settings, options.json, std::cout);
+    return plans.fits() ? kExitOk : kExitDoesNotFit;
+  }
+  // The measured forecast: every plugin in this process, on this device.
+  memory::require_device(settings.device);
+  const std::unique_ptr<train::Run> run = run_from(registry, resolved);
+  const pipeline::Calibration calibration = pipeline::calibrate(*run, static_cast<int>(options.calibrate));
+  const int world = settings.target_ranks + settings.drafter_ranks;
+  const auto splits = pipeline::forecast_splits(calibration, world, settings.grad_accumulation);
+  const auto chosen = pipeline::forecast_split(calibration, settings.target_ranks, settings.drafter_ranks, settings.grad_accumulation);
+  if (options.json) {
+    std::ostringstream plan_text;
+    print_role_plans(plans, settings, true, plan_text);
+    nlohmann::json out = nlohmann::json::parse(plan_text.str());
+    out["throughput"] = pipeline::calibration_to_json(calibration, splits, chosen);
+    std::cout << out.dump(2) << "\n";
+  } else {
+    print_role_plans(plans, settings, false, std::cout);
+    std::cout << pipeline::format_calibration(calibration, splits, chosen);
+  }
   return plans.fits() ? kExitOk : kExitDoesNotFit;
 }
 
@@ -359,6 +381,9 @@ int plan(const CliOptions& options) {
   const PluginRegistry registry = load_plugins(options);
   const config::ResolvedConfig resolved = resolve(options, registry, all_sections());
   if (settings_of(resolved).disaggregated()) return plan_pipeline(options, registry, resolved);
+  if (options.calibrate > 0)
+    throw std::invalid_argument("--calibrate forecasts the splits of a disaggregated run: give --target-ranks and "
+                                "--drafter-ranks (or train.mode = disaggregated) too");
   const memory::DevicePlan plan = memory::plan_run(registry, resolved.root, nullptr, options.world_size);
   const memory::Capacity capacity = capacity_for(options, plan.device);
   std::optional<memory::Verdict> verdict;
@@ -426,6 +451,7 @@ int train_disaggregated(const CliOptions& options, const PluginRegistry& registr
                                 " -- train …` or torchrun, or set train.mode to colocated");
   const pipeline::Topology topology(settings, launch->world_size);
   const bool target = topology.role_of(launch->rank) == pipeline::Role::kTarget;
+  train::RunOptions run_options;
   // Every rank plans both roles, so that all refuse together before any joins.
   {
     const RolePlans plans = plan_roles(options, registry, resolved);
@@ -443,10 +469,10 @@ int train_disaggregated(const CliOptions& options, const PluginRegistry& registr
       }
       log::warn("the memory plan says the run does not fit; starting anyway (--skip-memory-check)");
     }
+    run_options.memory_plan = plans.roles[target ? 0 : 1].first;
   }
   log::info(pipeline::describe_rank(topology, launch->rank) + " of " + std::to_string(topology.target_ranks()) + " target + " +
             std::to_string(topology.drafter_ranks()) + " drafter ranks");
-  train::RunOptions run_options;
   run_options.resume_from = resume_step(options);
   run_options.stop_after = options.stop_after;
   run_options.allow_config_change = options.allow_config_change;

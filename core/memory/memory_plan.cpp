@@ -492,6 +492,25 @@ Verdict check_fit(const host::PluginRegistry& registry, const nlohmann::json& ro
       v.suggestions.push_back(s);
     }
   }
+  // A drafter rank's queue is the host's own knob: the deepest that fits.
+  if (plan.role == PlanRole::kDrafterRank) {
+    const int64_t depth = root.at("train").at("queue_depth").get<int64_t>();
+    auto fits_at = [&](int64_t d) {
+      nlohmann::json candidate = root;
+      candidate["train"]["queue_depth"] = d;
+      const DevicePlan p = plan_for(registry, candidate, nullptr, plan.world_size, plan.role);
+      return p.complete() && p.total_bytes <= available_bytes;
+    };
+    if (depth > 1 && fits_at(1)) {
+      int64_t lo = 1, hi = depth - 1;
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (fits_at(mid)) lo = mid;
+        else hi = mid - 1;
+      }
+      v.suggestions.push_back(Suggestion{"train", "queue_depth", "queue depth", depth, lo});
+    }
+  }
   return v;
 }
 

@@ -3,6 +3,7 @@
 #include "log/log.h"
 #include "memory/memory_plan.h"
 #include "memory/memory_stats.h"
+#include "memory/oom_report.h"
 #include "pipeline/credits.h"
 #include "pipeline/item.h"
 #include "train/batch_lookahead.h"
@@ -279,7 +280,21 @@ int TargetRank::run() {
 
 int run_target_rank(train::Run& run, const train::RunOptions& options, dist::Collective& world, const Topology& topology) {
   TargetRank rank(run, options, world, topology);
-  return rank.run();
+  try {
+    return rank.run();
+  } catch (const std::exception& e) {
+    if (!memory::is_out_of_memory(e)) throw;
+    // Nothing of the drafter's lives here: the target rank's plan is the one to compare.
+    const c10::Device device(run.settings().device);
+    std::string line = describe_rank(topology, world.rank()) + ": out of memory on " + device.str() + ": " +
+                       memory::short_oom_message(e.what()) + "; measured peak " +
+                       memory::format_bytes(memory::memory_now(device).peak_bytes);
+    if (options.memory_plan) line += " vs predicted " + memory::format_bytes(options.memory_plan->peak_bytes) + " (the target rank's plan)";
+    log::error(line + "; the drafter ranks' last checkpoint is intact. `dflash-host plan` shows each role's memory; a "
+               "smaller data token budget (--tokens-per-batch) shrinks the target's forward and its items");
+    world.announce_failure(line);
+    return train::kOutOfMemory;
+  }
 }
 
 }  // namespace dflash::pipeline

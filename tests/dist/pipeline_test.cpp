@@ -37,16 +37,24 @@ nlohmann::json trainer_state(const std::string& checkpoint) {
   return nlohmann::json::parse(file_bytes(checkpoint + "/trainer_state.json"));
 }
 
+// 1-2 also with the drafter ranks' optimizer sharded (ZeRO-1 over their group).
 TEST_F(Pipeline, OneOneTwoOneAndOneTwoTrainTheDrafterAsOneProcessDoes) {
   test::TempDir temp("dflash_pipe");
   const std::string dir = temp.path().string();
   Result one = host("--config " + dp_config(dir, dir + "/one", 3), dir);
   ASSERT_EQ(one.status, 0) << one.err;
   const auto m1 = metrics_of(dir + "/one");
-  for (const auto& [targets, drafters] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}}) {
-    const std::string name = std::to_string(targets) + "-" + std::to_string(drafters);
-    const std::string out = dir + "/split" + name;
-    Result run = launched(targets + drafters, "--config " + dp_config(dir, out, 3) + split(targets, drafters), dir);
+  struct Case {
+    int targets, drafters;
+    bool sharded;
+  };
+  for (const auto& [targets, drafters, sharded] : {Case{1, 1, false}, Case{2, 1, false}, Case{1, 2, false}, Case{1, 2, true}}) {
+    const std::string name = std::to_string(targets) + "-" + std::to_string(drafters) + (sharded ? " sharded" : "");
+    const std::string out = dir + "/split" + std::to_string(targets) + std::to_string(drafters) + (sharded ? "s" : "");
+    Result run = launched(targets + drafters,
+                          "--config " + dp_config(dir, out, 3) + split(targets, drafters) +
+                              (sharded ? " --set train.shard_optimizer=true" : ""),
+                          dir);
     ASSERT_EQ(run.status, 0) << name << "\n" << run.err;
     EXPECT_CONTAINS(run.err, "target rank 0 (rank 0) of " + std::to_string(targets) + " target + " + std::to_string(drafters));
     EXPECT_CONTAINS(run.err, "hidden-state item: ");

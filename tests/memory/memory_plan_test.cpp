@@ -23,6 +23,7 @@
 
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <regex>
@@ -538,6 +539,14 @@ TEST(PlanCommand, TheSeedsThreeTargetOneDrafterSplitIsRefusedWithTheTokenBudgetT
   const Result one_row_more =
       host_run(seed + " --target-ranks 3 --drafter-ranks 1 --tokens-per-batch " + std::to_string(budget + 4096), dir);
   EXPECT_EQ(one_row_more.status, 6);
+  // The deepest queue that fits is proposed too (the host's own knob).
+  int64_t depth = 0;
+  for (const auto& sg : drafter.at("verdict").at("suggestions"))
+    if (sg.at("key") == "queue_depth") depth = sg.at("value").get<int64_t>();
+  ASSERT_GE(depth, 1) << drafter.at("verdict").dump();
+  const std::string budget_65k = " --target-ranks 3 --drafter-ranks 1 --tokens-per-batch 65536";
+  EXPECT_EQ(host_run("plan --config " + config + " --gpu-memory 96GiB --queue-depth " + std::to_string(depth) + budget_65k, dir).status, 0);
+  EXPECT_EQ(host_run("plan --config " + config + " --gpu-memory 96GiB --queue-depth " + std::to_string(depth + 1) + budget_65k, dir).status, 6);
   // The queue is bounded by its depth, not by the number of target ranks.
   const Result two_two = host_run(seed + " --target-ranks 2 --drafter-ranks 2 --tokens-per-batch 65536", dir);
   const auto j2 = nlohmann::json::parse(two_two.out);
@@ -552,6 +561,51 @@ TEST(PlanCommand, TheSeedsThreeTargetOneDrafterSplitIsRefusedWithTheTokenBudgetT
                                          "--set data.tokens_per_batch=" + std::to_string(budget)};
   for (const std::string& part : parts)
     EXPECT_CONTAINS(table.out, part);
+}
+
+// `plan --calibrate N` times the two sides on this device and forecasts
+// every split of the world by the model it states (calibration.h).
+TEST(PlanCommand, CalibrationTimesBothSidesAndForecastsEverySplit) {
+  test::TempDir temp("dflash_plan_calibrate");
+  const std::string dir = temp.path().string();
+  const std::string config = write_config(dir, small_root(dir + "/run"));
+  const Result r = host_run("plan --json --config " + config + " --gpu-memory 1GiB --target-ranks 1 --drafter-ranks 3 "
+                            "--calibrate 2 --set train.grad_accumulation=6", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto t = nlohmann::json::parse(r.out).at("throughput");
+  EXPECT_EQ(t.at("batches"), 2);
+  EXPECT_EQ(t.at("tokens_per_batch").get<double>(), 128.0) << "2 rows × 64 tokens";
+  const double target = t.at("target_seconds_per_batch"), drafter = t.at("drafter_seconds_per_batch"),
+               optimizer = t.at("optimizer_seconds");
+  EXPECT_GT(target, 0);
+  EXPECT_GT(drafter, 0);
+  EXPECT_GT(optimizer, 0);
+  const auto& splits = t.at("splits");
+  ASSERT_EQ(splits.size(), 3u) << "1 + 3, 2 + 2, 3 + 1";
+  for (size_t i = 0; i < splits.size(); ++i) {
+    const auto& f = splits[i];
+    const int T = f.at("target_ranks"), D = f.at("drafter_ranks");
+    EXPECT_EQ(T + D, 4);
+    // The stated model: per step ⌈6/T⌉ forwards on a target rank, ⌈6/D⌉
+    // drafter passes and one optimizer step on a drafter rank; the slower sets the pace.
+    const double target_rate = 6 * 128 / (std::ceil(6.0 / T) * target);
+    const double drafter_rate = 6 * 128 / (std::ceil(6.0 / D) * drafter + optimizer);
+    EXPECT_NEAR(f.at("target_tokens_per_s").get<double>(), target_rate, 1e-9 * target_rate);
+    EXPECT_NEAR(f.at("drafter_tokens_per_s").get<double>(), drafter_rate, 1e-9 * drafter_rate);
+    EXPECT_NEAR(f.at("tokens_per_s").get<double>(), std::min(target_rate, drafter_rate), 1e-9 * target_rate);
+    EXPECT_EQ(f.at("bound"), target_rate < drafter_rate ? "target" : "drafter");
+    if (i > 0) EXPECT_GE(splits[i - 1].at("tokens_per_s").get<double>(), f.at("tokens_per_s").get<double>()) << "fastest first";
+  }
+  EXPECT_EQ(t.at("this_split").at("target_ranks"), 1);
+  const Result text = host_run("plan --config " + config + " --gpu-memory 1GiB --target-ranks 1 --drafter-ranks 3 "
+                               "--calibrate 1 --set train.grad_accumulation=6", dir);
+  ASSERT_EQ(text.status, 0) << text.err;
+  for (const char* part : {"throughput, measured on cpu over 1 batches of 128 tokens", "a target rank:", "a drafter rank:",
+                           "1 + 3 (this)", "2 + 2", "3 + 1", "transfers and the drafter ranks' gradient reduction left out"})
+    EXPECT_CONTAINS(text.out, part);
+  const Result bad = host_run("plan --config " + config + " --target-ranks 1 --drafter-ranks 1 --calibrate 0", dir);
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_CONTAINS(bad.err, "--calibrate 0: expected a number of batches from 1 to 1000");
 }
 
 TEST(PlanCommand, AnOverflowingTokenBudgetIsRefusedAndTheLargestOneIsPlannedSanely) {
