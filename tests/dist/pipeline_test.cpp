@@ -164,6 +164,39 @@ TEST_F(Pipeline, ATargetRankKilledStopsTheDrafterNamingItAndResumeWorksWithAnoth
   EXPECT_EQ(m.back().at("pipeline").at("drafter_ranks"), 2);
 }
 
+// SIGTERM to the drafter rank (a scheduler's time limit): it finishes the
+// step, checkpoints and says stop; the target rank answers what was granted,
+// and both exit cleanly; the same command resumes.
+TEST_F(Pipeline, SigtermStopsTheDrafterRankWithACheckpointAndTheTargetRankFollows) {
+  test::TempDir temp("dflash_pipe_term");
+  const std::string dir = temp.path().string();
+  const std::string config = dp_config(dir, dir + "/run", 400);
+  const std::string args = " --set train.checkpoint_every=2 --set train.collective_timeout_s=30" + split(1, 1);
+  const std::string err_file = dir + "/launch.txt";
+  const test::Background run =
+      test::launch_in_background("", "--config " + config + args, err_file, dir + "/run/checkpoints/step-00000002", 2);
+  ASSERT_GT(run.launcher, 0);
+  ASSERT_NE(run.rank1, 0) << file_bytes(err_file);
+  ASSERT_EQ(::kill(run.rank1, SIGTERM), 0);  // the drafter rank
+  int status = 0;
+  ASSERT_EQ(::waitpid(run.launcher, &status, 0), run.launcher);
+  const std::string log = file_bytes(err_file);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 7) << log;
+  EXPECT_CONTAINS(log, "SIGTERM: stopping before step");
+  EXPECT_CONTAINS(log, "target rank 0 (rank 0): ");  // its totals: it ended on its own
+  EXPECT_NOT_CONTAINS(log, "rank 0 ended: killed");
+  std::string latest = file_bytes(dir + "/run/checkpoints/latest");
+  latest = latest.substr(0, latest.find('\n'));
+  ASSERT_EQ(latest.rfind("step-", 0), 0u) << latest;
+  const int64_t stopped_at = std::stoll(latest.substr(5));
+  EXPECT_EQ(metrics_of(dir + "/run").back().at("step"), stopped_at - 1) << "the checkpoint holds every step trained";
+  Result again = launched(2, "--config " + config + args + " --set train.steps=" + std::to_string(stopped_at + 2), dir);
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_CONTAINS(again.err, "resumed from " + dir + "/run/checkpoints/" + latest);
+  EXPECT_EQ(metrics_of(dir + "/run").back().at("step"), stopped_at + 1);
+}
+
 TEST_F(Pipeline, MisplacedWeightsAndTopologiesThatDoNotAddUpAreRefused) {
   test::TempDir temp("dflash_pipe_refuse");
   const std::string dir = temp.path().string();
