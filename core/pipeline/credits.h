@@ -26,8 +26,9 @@ enum class Answer { kNone, kGrant, kStop };
 class CreditBoard {
  public:
   explicit CreditBoard(std::unique_ptr<dist::KeyValue> store) : store_(std::move(store)) {}
-  void grant(int drafter_rank, const Element& e) { store_->set(key(drafter_rank, e), "grant"); }
-  void stop(int drafter_rank, const Element& e) { store_->set(key(drafter_rank, e), "stop"); }
+  // Each throws dist::CollectiveError when the store is gone (rank 0 exited).
+  void grant(int drafter_rank, const Element& e);
+  void stop(int drafter_rank, const Element& e);
   // What drafter rank `drafter_rank` said about `e` so far; a said answer is
   // erased once read.
   Answer poll(int drafter_rank, const Element& e);

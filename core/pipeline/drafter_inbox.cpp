@@ -1,5 +1,9 @@
 #include "pipeline/drafter_inbox.h"
 
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
@@ -75,6 +79,17 @@ void DrafterInbox::grant_what_fits() {
 }
 
 void DrafterInbox::receive_loop() {
+  // On a GPU the items arrive on a stream of this thread's own, never the
+  // training loop's: waiting for the next item must not queue the step's
+  // kernels behind it. Each item is complete (its stream synchronized)
+  // before the loop gets it.
+  const c10::DeviceGuard device_guard(device_);
+  std::optional<c10::StreamGuard> stream_guard;
+  std::optional<c10::Stream> stream;
+  if (device_.is_cuda()) {
+    stream = c10::impl::getDeviceGuardImpl(device_.type())->getStreamFromGlobalPool(device_);
+    stream_guard.emplace(*stream);
+  }
   try {
     for (;;) {
       Element e;
@@ -85,6 +100,7 @@ void DrafterInbox::receive_loop() {
         e = granted_.front();
       }
       Item item = receive_item(world_, e.source, device_, element_name(e) + " from " + describe_rank(topology_, e.source));
+      if (stream) c10::impl::getDeviceGuardImpl(device_.type())->synchronizeStream(*stream);
       std::lock_guard<std::mutex> lock(mutex_);
       granted_.pop_front();
       if (item.meta.contains("figures")) figures_.targets[e.source] = item.meta["figures"];
@@ -127,6 +143,13 @@ std::optional<Item> DrafterInbox::take(int64_t step, int64_t micro) {
   if (!queue_.empty()) {
     Item item = std::move(queue_.front());
     queue_.pop_front();
+    // Its memory came from the receiving stream; the training loop's stream
+    // uses it now, so it is not reused before that stream is done with it.
+    if (device_.is_cuda()) {
+      const c10::Stream current = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
+      for (const auto& [name, t] : item.features)
+        if (t.is_cuda()) t.record_stream(current);
+    }
     if (item.step != step || item.micro != micro)
       throw std::logic_error("the inbox holds step " + std::to_string(item.step) + ", micro-batch " +
                              std::to_string(item.micro) + " where the trainer wants step " + std::to_string(step) +
