@@ -129,6 +129,45 @@ TEST_F(Pipeline, CreditsBoundTheItemsADrafterRankHoldsAndTheTargetsStallIsReport
   }
 }
 
+// The data ends in the middle of a step (10 batches, 4 per step): every
+// rank learns it, the partial step trains as on one process, and the final
+// checkpoint records the position at the end.
+TEST_F(Pipeline, DataThatEndsMidStepEndsTheRunAsOnOneProcess) {
+  test::TempDir temp("dflash_pipe_end");
+  const std::string dir = temp.path().string();
+  auto config = [&](const std::string& name) {
+    const std::string path = slow_drafter_config(dir, dir + "/" + name, 2, 100);
+    nlohmann::json c = nlohmann::json::parse(file_bytes(path));
+    c["data"]["batches"] = 10;
+    c["drafter"]["delay_ms"] = 0;
+    const std::string mine = dir + "/" + name + ".json";
+    std::ofstream(mine) << c.dump(2);
+    return mine;
+  };
+  Result one = host("--config " + config("one"), dir);
+  ASSERT_EQ(one.status, 0) << one.err;
+  EXPECT_CONTAINS(one.err, "the data source has ended");
+  const auto m1 = metrics_of(dir + "/one");
+  ASSERT_EQ(m1.size(), 3u) << "steps 0, 1 and the partial step 2";
+  for (const auto& [targets, drafters] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
+    const std::string name = "split" + std::to_string(targets) + std::to_string(drafters);
+    Result run = launched(targets + drafters, "--config " + config(name) + split(targets, drafters), dir);
+    ASSERT_EQ(run.status, 0) << name << "\n" << run.err;
+    EXPECT_CONTAINS(run.err, "the data source has ended");
+    const auto m = metrics_of(dir + "/" + name);
+    ASSERT_EQ(m.size(), m1.size()) << name;
+    for (size_t i = 0; i < m.size(); ++i)
+      EXPECT_NEAR(m[i].at("loss").get<double>(), m1[i].at("loss").get<double>(), 1e-5 * std::abs(m1[i].at("loss").get<double>()))
+          << name << " step " << i;
+    EXPECT_EQ(trainer_state(dir + "/" + name + "/checkpoints/step-00000003").at("data_state"),
+              trainer_state(dir + "/one/checkpoints/step-00000003").at("data_state"))
+        << name;
+    EXPECT_LE(largest_relative_difference(dir + "/" + name + "/checkpoints/step-00000003", dir + "/one/checkpoints/step-00000003"),
+              1e-6)
+        << name;
+  }
+}
+
 TEST_F(Pipeline, ATargetRankKilledStopsTheDrafterNamingItAndResumeWorksWithAnotherSplit) {
   test::TempDir temp("dflash_pipe_kill");
   const std::string dir = temp.path().string();
