@@ -128,7 +128,8 @@ std::string format_calibration(const Calibration& c, const std::vector<SplitFore
   };
   for (const auto& f : splits)
     row(f, f.target_ranks == chosen.target_ranks && f.drafter_ranks == chosen.drafter_ranks ? " (this)" : "");
-  if (!splits.empty() && (splits.front().target_ranks != chosen.target_ranks))
+  // A tie is no reason to move: only a split forecast faster is proposed.
+  if (!splits.empty() && splits.front().tokens_per_s > chosen.tokens_per_s * 1.001)
     out << "\n  fastest forecast: --target-ranks " << splits.front().target_ranks << " --drafter-ranks "
         << splits.front().drafter_ranks << " (" << std::setprecision(2)
         << splits.front().tokens_per_s / std::max(1e-9, chosen.tokens_per_s) << "× this split)\n";
