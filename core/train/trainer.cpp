@@ -632,7 +632,10 @@ int Trainer::train() {
       break;
     }
     const Next next = this->step(step);
-    if (exit_code_ == kOutOfMemory) return exit_code_;
+    if (exit_code_ == kOutOfMemory) {
+      feed_->finish();  // a target rank waiting for a grant hears "stop"
+      return exit_code_;
+    }
     if (next == Next::kEndAfter) ++step;
     if (next != Next::kStep) break;
   }
