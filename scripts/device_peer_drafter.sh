@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Our drafter step and the peer's, side by side in one run on the GPU
+# machine, at the peer's three published shapes (issue 20): bench/drafter_bench
+# and scripts/peer_drafter_step.py, each shape ours then the peer's.
+#   scripts/device_peer_drafter.sh [OUTDIR]   (carry .deps/debs and .peer)
+# The peer's code is not part of this repository: put a copy of SpecForge's
+# `specforge` package under .peer/ (ignored by git) and carry it:
+#   mkdir -p .peer && git -C <SpecForge clone> archive HEAD specforge | tar -x -C .peer
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-${OUT:-/tmp/peer_drafter}}
+mkdir -p "$out"
+[ -d "$root/.peer/specforge" ] || { echo "no .peer/specforge: see this script's header" >&2; exit 2; }
+[ "${SKIP_BUILD:-0}" = 1 ] || DFLASH_DEVICE_NO_TESTS=1 "$root/scripts/device_build.sh" > "$out/build.txt" 2>&1
+date -u +%Y-%m-%dT%H:%MZ > "$out/date.txt"
+nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv > "$out/gpu.txt" || true
+for shape in "4096 512 16" "8192 1024 16" "3072 1024 32"; do
+  set -- $shape
+  "$root/build-gpu/bin/drafter_bench" --plugin-dir "$root/build-gpu/lib/dflash-host/plugins" --context "$1" --anchors "$2" \
+    --block "$3" --json "$out/ours.jsonl" >> "$out/ours.txt" 2>&1 || echo "ours $shape failed" >> "$out/ours.txt"
+  python3 "$root/scripts/peer_drafter_step.py" --specforge "$root/.peer" --context "$1" --anchors "$2" --block "$3" \
+    --json "$out/peer.jsonl" >> "$out/peer.txt" 2>&1 || echo "peer $shape failed" >> "$out/peer.txt"
+done
+tail -n 3 "$out/ours.txt" "$out/peer.txt"
