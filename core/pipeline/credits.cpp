@@ -17,7 +17,7 @@ auto guarded(const char* what, F&& f) {
     std::string text = e.what();
     throw dist::CollectiveError(std::string("the pipeline's credits (") + what + "): the run's store is unreachable (" +
                                 text.substr(0, text.find('\n')) +
-                                "), so rank 0, which serves it, has exited or is stopped. The last checkpoint is intact; "
+                                "), so rank 0 (which serves it) has exited or is stopped. The last checkpoint is intact; "
                                 "relaunch to resume from it");
   }
 }

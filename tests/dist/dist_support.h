@@ -79,7 +79,7 @@ inline Result launched(int ranks, const std::string& args, const std::string& sc
 // `err_file`; once `checkpoint` exists, rank 1's pid (from the launcher's
 // log). pid 0: it never came.
 struct Background {
-  pid_t launcher = -1, rank1 = 0;
+  pid_t launcher = -1, rank1 = 0, rank0 = 0;
 };
 inline Background launch_in_background(const std::string& launcher_flags, const std::string& args, const std::string& err_file,
                                        const std::string& checkpoint, int ranks = 2) {
@@ -98,6 +98,7 @@ inline Background launch_in_background(const std::string& launcher_flags, const 
     std::smatch m;
     const std::string log = file_bytes(err_file);
     if (b.rank1 == 0 && std::regex_search(log, m, std::regex("rank 1 is pid ([0-9]+)"))) b.rank1 = std::stoi(m[1]);
+    if (b.rank0 == 0 && std::regex_search(log, m, std::regex("rank 0 is pid ([0-9]+)"))) b.rank0 = std::stoi(m[1]);
     if (b.rank1 != 0 && fs::exists(checkpoint)) return b;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

@@ -203,6 +203,31 @@ TEST_F(Pipeline, ATargetRankKilledStopsTheDrafterNamingItAndResumeWorksWithAnoth
   EXPECT_EQ(m.back().at("pipeline").at("drafter_ranks"), 2);
 }
 
+// Target rank 0 also serves the run's store: killing it stops the drafter
+// ranks at once, naming it, with the checkpoint before intact.
+TEST_F(Pipeline, KillingTargetRankZeroWhichServesTheStoreIsNamedToo) {
+  test::TempDir temp("dflash_pipe_kill0");
+  const std::string dir = temp.path().string();
+  const std::string config = dp_config(dir, dir + "/run", 400);
+  const std::string args = " --set train.checkpoint_every=2 --set train.collective_timeout_s=30" + split(1, 2);
+  const std::string err_file = dir + "/launch.txt";
+  const test::Background run =
+      test::launch_in_background("", "--config " + config + args, err_file, dir + "/run/checkpoints/step-00000002", 3);
+  ASSERT_GT(run.launcher, 0);
+  ASSERT_NE(run.rank0, 0) << file_bytes(err_file);
+  ASSERT_EQ(::kill(run.rank0, SIGKILL), 0);
+  const auto killed_at = std::chrono::steady_clock::now();
+  int status = 0;
+  ASSERT_EQ(::waitpid(run.launcher, &status, 0), run.launcher);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  const std::string log = file_bytes(err_file);
+  EXPECT_NE(WEXITSTATUS(status), 0) << log;
+  EXPECT_LT(seconds, 30.0);
+  // Whether a drafter rank was receiving an item or granting a slot, it names rank 0.
+  EXPECT_CONTAINS(log, "so rank 0 (which serves it) has exited or is stopped");
+  EXPECT_TRUE(fs::exists(dir + "/run/checkpoints/latest"));
+}
+
 // SIGTERM to the drafter rank (a scheduler's time limit): it finishes the
 // step, checkpoints and says stop; the target rank answers what was granted,
 // and both exit cleanly; the same command resumes.
