@@ -335,12 +335,16 @@ RolePlans plan_roles(const CliOptions& options, const PluginRegistry& registry, 
   return out;
 }
 
+nlohmann::json role_plans_json(const RolePlans& plans, const train::TrainSettings& s) {
+  nlohmann::json roles = nlohmann::json::object();
+  for (const auto& [plan, verdict] : plans.roles) roles[memory::role_name(plan.role)] = memory::plan_to_json(plan, plans.capacity, verdict);
+  return {{"mode", "disaggregated"}, {"target_ranks", s.target_ranks}, {"drafter_ranks", s.drafter_ranks},
+          {"queue_depth", s.queue_depth}, {"roles", roles}};
+}
+
 void print_role_plans(const RolePlans& plans, const train::TrainSettings& s, bool json, std::ostream& out) {
   if (json) {
-    nlohmann::json roles = nlohmann::json::object();
-    for (const auto& [plan, verdict] : plans.roles) roles[memory::role_name(plan.role)] = memory::plan_to_json(plan, plans.capacity, verdict);
-    out << nlohmann::json{{"mode", "disaggregated"}, {"target_ranks", s.target_ranks}, {"drafter_ranks", s.drafter_ranks},
-                          {"queue_depth", s.queue_depth}, {"roles", roles}}.dump(2) << "\n";
+    out << role_plans_json(plans, s).dump(2) << "\n";
     return;
   }
   out << "disaggregated: " << s.target_ranks << " target + " << s.drafter_ranks << " drafter ranks, queue_depth "
@@ -363,9 +367,7 @@ int plan_pipeline(const CliOptions& options, const PluginRegistry& registry, con
   const auto splits = pipeline::forecast_splits(calibration, world, settings.grad_accumulation);
   const auto chosen = pipeline::forecast_split(calibration, settings.target_ranks, settings.drafter_ranks, settings.grad_accumulation);
   if (options.json) {
-    std::ostringstream plan_text;
-    print_role_plans(plans, settings, true, plan_text);
-    nlohmann::json out = nlohmann::json::parse(plan_text.str());
+    nlohmann::json out = role_plans_json(plans, settings);
     out["throughput"] = pipeline::calibration_to_json(calibration, splits, chosen);
     std::cout << out.dump(2) << "\n";
   } else {

@@ -67,7 +67,7 @@ class Collective {
   // quote it. Best effort; nothing on one process.
   virtual void announce_failure(const std::string& reason) { (void)reason; }
 
-  // Point to point, for the pipeline's items and credits (pipeline/): this
+  // Point to point, for the pipeline's items (pipeline/item.h): this
   // rank's `tensor` to rank `to`; rank `from`'s into `tensor`, whose shape
   // and dtype must be the sender's. Messages between two ranks with one tag
   // arrive in the order sent; `tag` keeps channels apart. `what` names the

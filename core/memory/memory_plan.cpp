@@ -8,6 +8,7 @@
 #include <dflash/sdk/torch_compat.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <cctype>
 #include <cmath>
@@ -157,18 +158,12 @@ DevicePlan compute_plan(const PlanInputs& in) {
   // alias the target's own where device and dtype agree (one device here).
   // A drafter rank received its own copy from target rank 0.
   const std::string target_dtype = in.target.facts.value("weights_dtype", in.dtype);
-  if (in.target.available && in.role == PlanRole::kDrafterRank) {
-    const bool tied = in.target.facts.value("tied_embeddings", false);
-    add("frozen verifier weights (embed_tokens, lm_head, final_norm)", "host",
-        (Bytes(tied ? 1 : 2) * vocab * hidden + hidden) * e, kEveryPhase, "received from target rank 0");
-  } else if (in.target.available && holds_drafter) {
-    const bool tied = in.target.facts.value("tied_embeddings", false);
-    if (target_dtype == in.dtype)
-      add("frozen verifier weights (embed_tokens, lm_head, final_norm)", "host", 0, kEveryPhase,
-          "shared with the target's weights: same device and dtype");
-    else
-      add("frozen verifier weights (embed_tokens, lm_head, final_norm)", "host",
-          (Bytes(tied ? 1 : 2) * vocab * hidden + hidden) * e, kEveryPhase, "copied from the target's " + target_dtype);
+  if (in.target.available && holds_drafter) {
+    const char* frozen = "frozen verifier weights (embed_tokens, lm_head, final_norm)";
+    const Bytes copy = (Bytes(in.target.facts.value("tied_embeddings", false) ? 1 : 2) * vocab * hidden + hidden) * e;
+    if (in.role == PlanRole::kDrafterRank) add(frozen, "host", copy, kEveryPhase, "received from target rank 0");
+    else if (target_dtype == in.dtype) add(frozen, "host", 0, kEveryPhase, "shared with the target's weights: same device and dtype");
+    else add(frozen, "host", copy, kEveryPhase, "copied from the target's " + target_dtype);
   }
 
   // The drafter's parameters and what the host keeps for them (a target rank has none).
@@ -429,6 +424,21 @@ std::string format_bytes(int64_t bytes) {
 
 std::string Suggestion::override_flag() const { return "--set " + section + "." + key + "=" + std::to_string(value); }
 
+namespace {
+
+// The largest value in [lo, hi] that fits, by bisection: `lo` fits, and
+// whatever fits lies below whatever does not.
+int64_t largest_that_fits(int64_t lo, int64_t hi, const std::function<bool(int64_t)>& fits) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+}  // namespace
+
 Verdict check_fit(const host::PluginRegistry& registry, const nlohmann::json& root, const DevicePlan& plan,
                   int64_t available_bytes) {
   Verdict v;
@@ -479,12 +489,7 @@ Verdict check_fit(const host::PluginRegistry& registry, const nlohmann::json& ro
         lo = good;
       }
       if (lo > highest || try_value(lo) != 1) continue;
-      int64_t hi = highest;  // lo fits; find the largest that does
-      while (lo < hi) {
-        const int64_t mid = lo + (hi - lo + 1) / 2;
-        if (try_value(mid) == 1) lo = mid;
-        else hi = mid - 1;
-      }
+      lo = largest_that_fits(lo, highest, [&](int64_t value) { return try_value(value) == 1; });
       Suggestion s{section, key, property.at("memoryKnob").get<std::string>(), current, lo};
       // A plugin that rounds the value (rows = budget / row length) says what it uses.
       const nlohmann::json& used = effective.at(lo);
@@ -501,15 +506,8 @@ Verdict check_fit(const host::PluginRegistry& registry, const nlohmann::json& ro
       const DevicePlan p = plan_for(registry, candidate, nullptr, plan.world_size, plan.role);
       return p.complete() && p.total_bytes <= available_bytes;
     };
-    if (depth > 1 && fits_at(1)) {
-      int64_t lo = 1, hi = depth - 1;
-      while (lo < hi) {
-        const int64_t mid = lo + (hi - lo + 1) / 2;
-        if (fits_at(mid)) lo = mid;
-        else hi = mid - 1;
-      }
-      v.suggestions.push_back(Suggestion{"train", "queue_depth", "queue depth", depth, lo});
-    }
+    if (depth > 1 && fits_at(1))
+      v.suggestions.push_back(Suggestion{"train", "queue_depth", "queue depth", depth, largest_that_fits(1, depth - 1, fits_at)});
   }
   return v;
 }

@@ -41,7 +41,7 @@ class TargetRank {
  private:
   // The order of elements in a step: its micro-batches, then its end.
   int64_t order(const Element& e) const { return e.step * (topology_.global_batch() + 1) + (e.step_end() ? topology_.global_batch() : e.micro); }
-  // This rank's elements for drafter rank `d` from `from` on (in order), one step at a time.
+  // This rank's elements of `step` for drafter rank `d`, in order.
   std::vector<Element> mine_for(int d, int64_t step) const;
   // Waits for drafter rank `d`'s word on `e`; the wait is the stall.
   Answer await(int d, const Element& e);
@@ -232,7 +232,7 @@ int TargetRank::run() {
   bool logged_size = false;
   for (int64_t step = first_step_; step < s.steps; ++step) {
     bool over = false;
-    for (int64_t micro = 0; micro < per_step && !over; ++micro) {
+    for (int64_t micro = 0; micro < per_step; ++micro) {
       std::optional<host::NamedTensors> batch = batches_->next();
       if (!batch) {
         stopped_at = {step, micro, rank_};

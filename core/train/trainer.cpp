@@ -125,14 +125,11 @@ void reduce_figures(StepFigures& f, int64_t block_size, dist::Collective& group,
     p[6 + i] = f.tally.correct[static_cast<size_t>(i)];
     p[6 + k + i] = f.tally.total[static_cast<size_t>(i)];
   }
-  at::Tensor signal = at::tensor({static_cast<int64_t>(f.stop_signal)}, at::kLong);
-  const at::Tensor mine = at::tensor({f.loss_sum, static_cast<double>(f.micro_batches),
-                                      static_cast<double>(f.target_tokens), seconds, static_cast<double>(peak_bytes)},
+  // Every rank's own figures, and the stop signal it saw (any rank's stops all).
+  const at::Tensor mine = at::tensor({f.loss_sum, static_cast<double>(f.micro_batches), static_cast<double>(f.target_tokens),
+                                      seconds, static_cast<double>(peak_bytes), static_cast<double>(f.stop_signal)},
                                      at::kDouble);
   group.all_reduce_sum(v, "the step's figures");
-  std::vector<at::Tensor> signals;
-  group.all_gather(signals, signal, "the ranks' stop signals");
-  for (const at::Tensor& sig : signals) f.stop_signal = std::max<int>(f.stop_signal, static_cast<int>(sig.to(at::kCPU).item<int64_t>()));
   std::vector<at::Tensor> each;
   group.all_gather(each, mine, "every rank's figures");
   f.loss_sum = p[0];
@@ -148,6 +145,7 @@ void reduce_figures(StepFigures& f, int64_t block_size, dist::Collective& group,
   for (size_t r = 0; r < each.size(); ++r) {
     const at::Tensor e = each[r].to(at::kCPU, at::kDouble);
     const double* q = e.data_ptr<double>();
+    f.stop_signal = std::max(f.stop_signal, static_cast<int>(q[5]));
     out.ranks.push_back({{"rank", r},
                          {"loss", q[1] > 0 ? nlohmann::json(q[0] / q[1]) : nlohmann::json(nullptr)},
                          {"micro_batches", static_cast<int64_t>(q[1])},
@@ -164,7 +162,6 @@ void reduce_figures(StepFigures& f, int64_t block_size, dist::Collective& group,
 class ColocatedFeed final : public MicroBatchFeed {
  public:
   ColocatedFeed(const Run& run, dist::Collective& group) : run_(run), group_(group), batches_(run.data(), run.settings().prefetch) {}
-  ~ColocatedFeed() override { batches_.settle(); }
   Got next(int64_t, int64_t micro, MicroBatch& mb, std::string& phase, PhaseTimer& timer) override {
     phase = "next batch from the data source";
     std::optional<host::NamedTensors> batch = batches_.next();
@@ -615,8 +612,8 @@ int Trainer::train() {
               " for steps " + std::to_string(first_step_) + "…" + std::to_string(s_.steps - 1) + "; target layers " +
               nlohmann::json(run_.drafter_facts().target_layer_ids).dump() + "; metrics in " + output_dir_ + "/metrics.jsonl");
   last_checkpoint_step_ = first_step_ > 0 ? first_step_ : -1;
-  // Every batch comes through the lookahead, and every data position from
-  // it: a batch fetched ahead is not yet consumed.
+  // Every micro-batch comes through the feed, and every data position from
+  // it (colocated: the lookahead, where a batch fetched ahead is not yet consumed).
   feed_ = make_feed_ ? make_feed_(first_step_) : std::make_unique<ColocatedFeed>(run_, group_);
   const StopRequest stop_request;
   stop_request_ = &stop_request;
