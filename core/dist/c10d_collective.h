@@ -51,7 +51,6 @@ class Watch {
 
  private:
   void beat_loop();
-  std::string key(const std::string& what, int rank) const;
   std::string failed_key(int rank) const;
   std::string name(int rank) const;
   c10::intrusive_ptr<c10d::Store> store_;

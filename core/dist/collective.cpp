@@ -28,6 +28,9 @@ class Alone final : public Collective {
 
 std::unique_ptr<Collective> single_process() { return std::make_unique<Alone>(); }
 
+std::string heartbeat_key(int rank, const std::string& scope) { return "dflash/" + scope + "heartbeat/" + std::to_string(rank); }
+std::string failure_key(int world_rank) { return "dflash/failed/" + std::to_string(world_rank); }
+
 std::unique_ptr<Pending> Collective::send_async(at::Tensor, int to, int, const std::string& what) {
   throw std::logic_error("send " + what + " to rank " + std::to_string(to) + ": this group of " +
                          std::to_string(world_size()) + " has no point-to-point transport");

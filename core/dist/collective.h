@@ -90,6 +90,13 @@ class Collective {
   virtual std::unique_ptr<KeyValue> key_value();
 };
 
+// The store keys every rank's watch writes (process_group.cpp), for whoever
+// must tell a live rank from a dead one: its heartbeat, "<beat> <collectives
+// begun>" every second (`scope`: a subgroup's, "" for the world's), and the
+// error it announced when it failed (by world rank).
+std::string heartbeat_key(int rank, const std::string& scope = "");
+std::string failure_key(int world_rank);
+
 // How a c10d-backed group makes a subgroup (process_group.cpp).
 using SubgroupMaker = std::function<std::unique_ptr<Collective>(const std::vector<int>& members, const std::string& name)>;
 

@@ -268,13 +268,9 @@ Watch::~Watch() {
   if (thread_.joinable()) thread_.join();
 }
 
-std::string Watch::key(const std::string& what, int rank) const {
-  return "dflash/" + scope_ + what + "/" + std::to_string(rank);
-}
-
 // A failure is announced once, under the world rank: every group's watch reads it.
 std::string Watch::failed_key(int rank) const {
-  return "dflash/failed/" + std::to_string(world_ranks_.empty() ? rank : world_ranks_.at(static_cast<size_t>(rank)));
+  return failure_key(world_ranks_.empty() ? rank : world_ranks_.at(static_cast<size_t>(rank)));
 }
 
 std::string Watch::name(int rank) const {
@@ -287,7 +283,7 @@ void Watch::beat_loop() {
     const std::string value = std::to_string(beat) + " " + std::to_string(collectives_.load());
     lock.unlock();
     try {
-      store_->set(key("heartbeat", rank_), std::vector<uint8_t>(value.begin(), value.end()));
+      store_->set(heartbeat_key(rank_, scope_), std::vector<uint8_t>(value.begin(), value.end()));
     } catch (const std::exception&) {
       // The store is gone (its host exited): the collective that fails says so.
     }
@@ -317,7 +313,7 @@ std::string Watch::diagnose(const std::string& what, const std::string& error, s
     auto read = [&](std::map<int, std::string>& into) {
       for (int r = 0; r < world_size_; ++r) {
         if (!examined(r)) continue;
-        if (store_->check({key("heartbeat", r)})) into[r] = as_text(store_->get(key("heartbeat", r)));
+        if (store_->check({heartbeat_key(r, scope_)})) into[r] = as_text(store_->get(heartbeat_key(r, scope_)));
       }
     };
     read(before);

@@ -47,11 +47,11 @@ Answer CreditBoard::poll(int drafter_rank, const Element& e) {
 }
 
 std::optional<std::string> CreditBoard::failure_of(int rank) {
-  return guarded("a rank's failure", [&] { return store_->get_if_set("dflash/failed/" + std::to_string(rank)); });
+  return guarded("a rank's failure", [&] { return store_->get_if_set(dist::failure_key(rank)); });
 }
 
 std::optional<std::string> CreditBoard::heartbeat_of(int rank) {
-  return guarded("a rank's heartbeat", [&] { return store_->get_if_set("dflash/heartbeat/" + std::to_string(rank)); });
+  return guarded("a rank's heartbeat", [&] { return store_->get_if_set(dist::heartbeat_key(rank)); });
 }
 
 }  // namespace dflash::pipeline
