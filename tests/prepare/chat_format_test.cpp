@@ -22,17 +22,6 @@
 
 #include <sys/wait.h>
 
-// The statement throws `type` with `needle` in its message.
-#define EXPECT_THROW_WITH(statement, type, needle)                 \
-  do {                                                             \
-    try {                                                          \
-      statement;                                                   \
-      ADD_FAILURE() << "expected " #type " from: " #statement;     \
-    } catch (const type& e) {                                      \
-      EXPECT_CONTAINS(e.what(), needle);                           \
-    }                                                              \
-  } while (0)
-
 namespace {
 namespace fs = std::filesystem;
 using dflash::prepare::ChatFormat;
