@@ -67,6 +67,12 @@ class DFlashDrafter : public sdk::Drafter {
                 "auto: cuDNN's fused attention on CUDA in bf16/fp16 where it runs and matches SDPA (checked once), "
                 "SDPA elsewhere; sdpa: always SDPA",
                 {"auto", "sdpa"})
+        .string("layer_ops", "fused",
+                "training's norms, q/k norm + RoPE and MLP: fused = autograd functions that keep only their inputs and "
+                "statistics for backward (recomputing the normalised tensors and silu(gate)·up there), on the CUDA "
+                "kernels shared with the hf_decoder target in bf16/fp16 and as closed forms elsewhere; aten = Hugging "
+                "Face's op-by-op arithmetic through autograd (the reference; more memory)",
+                {"fused", "aten"})
         .boolean("embedding_on_cpu", false,
                  "keep the frozen embedding in host memory and send only the block slots' rows to the device each "
                  "step (saves vocab × hidden elements of device memory)")
@@ -125,6 +131,8 @@ class DFlashDrafter : public sdk::Drafter {
     model_->set_attention_kernel(config_.value("attention_kernel", std::string("auto")) == "sdpa"
                                      ? drafter::DFlashModel::AttentionKernel::kSdpa
                                      : drafter::DFlashModel::AttentionKernel::kAuto);
+    model_->set_layer_ops(config_.value("layer_ops", std::string("fused")) == "aten" ? drafter::DFlashModel::LayerOps::kAten
+                                                                                : drafter::DFlashModel::LayerOps::kFused);
     group_blocks_ = group_blocks_of(config_);
     group_key_multiple_ = config_.at("attention_group_key_multiple").get<int64_t>();
     weights_ = drafter::slot_weights(block_size_, gamma_);
@@ -162,6 +170,7 @@ class DFlashDrafter : public sdk::Drafter {
     step.cudnn = step.cuda && DFLASH_TORCH_AT_LEAST(2, 5) && config.at("attention_kernel").get<std::string>() == "auto" &&
                  (request.dtype() == "bfloat16" || request.dtype() == "float16");
     step.checkpointing = config.at("activation_checkpointing").get<bool>();
+    step.fused = config.value("layer_ops", std::string("fused")) == "fused";
     step.teacher = context.value("teacher", false);
     sdk::MemoryPlan plan = drafter::step_memory(shape, step);
     const int64_t q_out = shape.heads * shape.head_dim;

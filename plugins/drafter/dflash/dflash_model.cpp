@@ -3,6 +3,7 @@
 #include "drafting_fast_path.h"
 
 #include <dflash/sdk/torch_compat.hpp>
+#include <trainable_ops.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -37,16 +38,22 @@ at::Tensor rotate_half(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-// cos and sin of every position's rotary angles, [B, L, 1, d] in `dtype`:
-// computed once per step in fp64 and shared by all layers.
+// cos and sin of every position's rotary angles, computed once per step and
+// shared by all layers. Op-by-op (decoding, layer_ops aten): [B, L, 1, d] in
+// the activations' dtype, rounded from fp64. Fused training: the halves
+// [B, L, d/2] in trainable_ops::rotary_dtype.
 struct Rotary {
   at::Tensor cos, sin;
 };
 Rotary rotary_tables(const at::Tensor& positions, int64_t d, double theta, const at::TensorOptions& options) {
-  const at::Tensor inv = 1.0 / at::pow(theta, at::arange(0, d, 2, options.dtype(at::kDouble)) / static_cast<double>(d));
-  const at::Tensor angles = positions.to(options.device(), at::kDouble).unsqueeze(-1) * inv;  // [B, L, d/2]
-  const at::Tensor emb = at::cat({angles, angles}, -1).unsqueeze(2);                           // [B, L, 1, d]
-  return {emb.cos().to(options.dtype()), emb.sin().to(options.dtype())};
+  const trainable_ops::RotaryHalves halves = trainable_ops::rotary_halves(positions, d, theta, options.device(), at::kDouble);
+  auto full = [&](const at::Tensor& half) { return at::cat({half, half}, -1).unsqueeze(2).to(options.dtype()); };
+  return {full(halves.cos), full(halves.sin)};
+}
+Rotary rotary_half_tables(const at::Tensor& positions, int64_t d, double theta, const at::TensorOptions& options) {
+  const trainable_ops::RotaryHalves halves = trainable_ops::rotary_halves(
+      positions, d, theta, options.device(), trainable_ops::rotary_dtype(c10::typeMetaToScalarType(options.dtype())));
+  return {halves.cos, halves.sin};
 }
 
 // x [B, L, heads, d] rotated by its positions' tables.
@@ -103,7 +110,15 @@ namespace {
 struct LayerSettings {
   int64_t heads, kv_heads, head_dim;
   double eps;
+  // trainable_ops' autograd functions (rotary tables as halves) rather than
+  // Hugging Face's op-by-op chain (full tables): DFlashModel::LayerOps.
+  bool fused;
 };
+
+// The norms outside the layers (context, final), the way the layers run theirs.
+at::Tensor norm_of(const LayerSettings& s, const at::Tensor& x, const at::Tensor& weight) {
+  return s.fused ? trainable_ops::rms_norm(x, weight, s.eps) : rms_norm(x, weight, s.eps);
+}
 
 // How a layer's queries see its keys [context S | block slots Q]:
 //   dense   — one SDPA call per batch with the additive mask [B, 1, Q, S + Q];
@@ -211,14 +226,18 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
   const at::Tensor &input_norm = w[0], &wq = w[1], &wk = w[2], &wv = w[3], &wo = w[4], &q_norm = w[5], &k_norm = w[6];
   const at::Tensor &post_norm = w[7], &gate = w[8], &up = w[9], &down = w[10];
   const int64_t b = x.size(0), q_len = x.size(1), ctx_len = context.size(1);
-  const at::Tensor h = rms_norm(x, input_norm, s.eps);
-  at::Tensor q = rms_norm(at::linear(h, wq).view({b, q_len, s.heads, s.head_dim}), q_norm, s.eps);
+  const at::Tensor h = norm_of(s, x, input_norm);
+  at::Tensor q = at::linear(h, wq).view({b, q_len, s.heads, s.head_dim});
   // Keys and values: the context's (injected) and the block slots' own, through the same projections.
   at::Tensor k = at::cat({at::linear(context, wk), at::linear(h, wk)}, 1).view({b, ctx_len + q_len, s.kv_heads, s.head_dim});
   at::Tensor v = at::cat({at::linear(context, wv), at::linear(h, wv)}, 1).view({b, ctx_len + q_len, s.kv_heads, s.head_dim});
-  k = rms_norm(k, k_norm, s.eps);
-  q = rope(q, rotary_q.cos, rotary_q.sin);  // [B, Q, heads, d]
-  k = rope(k, rotary_k.cos, rotary_k.sin);  // [B, S + Q, kv, d]
+  if (s.fused) {
+    q = trainable_ops::head_norm_rope(q, q_norm, {rotary_q.cos, rotary_q.sin}, s.eps);  // [B, Q, heads, d]
+    k = trainable_ops::head_norm_rope(k, k_norm, {rotary_k.cos, rotary_k.sin}, s.eps);  // [B, S + Q, kv, d]
+  } else {
+    q = rope(rms_norm(q, q_norm, s.eps), rotary_q.cos, rotary_q.sin);
+    k = rope(rms_norm(k, k_norm, s.eps), rotary_k.cos, rotary_k.sin);
+  }
   at::Tensor attention;
   if (plan.grouped()) {
     const auto g = plan.groups.accessor<int64_t, 2>();
@@ -248,6 +267,7 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
                     .reshape({b, q_len, s.heads * s.head_dim});
   }
   const at::Tensor y = x + at::linear(attention, wo);
+  if (s.fused) return trainable_ops::mlp_block(y, post_norm, gate, up, down, s.eps);
   const at::Tensor m = rms_norm(y, post_norm, s.eps);
   return y + at::linear(at::silu(at::linear(m, gate)) * at::linear(m, up), down);
 }
@@ -263,14 +283,15 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
                                                 at::Tensor cos_k, at::Tensor sin_k, at::Tensor w0, at::Tensor w1,
                                                 at::Tensor w2, at::Tensor w3, at::Tensor w4, at::Tensor w5, at::Tensor w6,
                                                 at::Tensor w7, at::Tensor w8, at::Tensor w9, at::Tensor w10, int64_t heads,
-                                                int64_t kv_heads, int64_t head_dim, double eps, bool cudnn) {
+                                                int64_t kv_heads, int64_t head_dim, double eps, bool cudnn, bool fused) {
     ctx->save_for_backward({x, context, bias, groups, index, cos_q, sin_q, cos_k, sin_k, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["kv_heads"] = kv_heads;
     ctx->saved_data["head_dim"] = head_dim;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["cudnn"] = cudnn;
-    const LayerSettings s{heads, kv_heads, head_dim, eps};
+    ctx->saved_data["fused"] = fused;
+    const LayerSettings s{heads, kv_heads, head_dim, eps, fused};
     return {layer_forward(s, {w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10}, x, context, {bias, groups, index, cudnn},
                           {cos_q, sin_q}, {cos_k, sin_k})};
   }
@@ -279,7 +300,8 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
                                                  torch::autograd::variable_list grad_output) {
     const auto saved = ctx->get_saved_variables();
     const LayerSettings s{ctx->saved_data["heads"].toInt(), ctx->saved_data["kv_heads"].toInt(),
-                          ctx->saved_data["head_dim"].toInt(), ctx->saved_data["eps"].toDouble()};
+                          ctx->saved_data["head_dim"].toInt(), ctx->saved_data["eps"].toDouble(),
+                          ctx->saved_data["fused"].toBool()};
     const c10::AutoGradMode enable(true);
     // Fresh leaves for every differentiable input; the gradients returned
     // here are what autograd accumulates into the real ones.
@@ -299,7 +321,7 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     torch::autograd::variable_list out = {grads[0], grads[1]};
     for (int i = 0; i < 7; ++i) out.emplace_back();
     for (size_t i = 2; i < grads.size(); ++i) out.push_back(grads[i]);
-    for (int i = 0; i < 5; ++i) out.emplace_back();  // heads, kv_heads, head_dim, eps, cudnn
+    for (int i = 0; i < 6; ++i) out.emplace_back();  // heads, kv_heads, head_dim, eps, cudnn, fused
     return out;
   }
 };
@@ -370,29 +392,30 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
                                 const BlockMasks& masks) const {
   const DrafterShape& s = shape_;
   const double eps = s.rms_norm_eps;
+  const LayerSettings settings{s.heads, s.kv_heads, s.head_dim, eps, layer_ops_ == LayerOps::kFused};
   // The context, once: fc + RMSNorm over the concatenated target features.
-  const at::Tensor context = rms_norm(at::linear(features.to(fc_.scalar_type()), fc_), hidden_norm_, eps);  // [B, S, H]
+  const at::Tensor context = norm_of(settings, at::linear(features.to(fc_.scalar_type()), fc_), hidden_norm_);  // [B, S, H]
   const at::Tensor key_positions = at::cat({context_positions, slot_positions}, 1);
   const auto options = slot_embeddings.options();
   Attention plan = attention_plan(masks, options);
   plan.cudnn = attention_kernel_ == AttentionKernel::kAuto && options.device().is_cuda() &&
                (options.dtype() == at::kBFloat16 || options.dtype() == at::kHalf) &&
                cudnn_attention_works(options, s.heads, s.kv_heads, s.head_dim);
-  const Rotary rotary_q = rotary_tables(slot_positions, s.head_dim, s.rope_theta, options);
-  const Rotary rotary_k = rotary_tables(key_positions, s.head_dim, s.rope_theta, options);
-  const LayerSettings settings{s.heads, s.kv_heads, s.head_dim, eps};
+  const auto tables = settings.fused ? rotary_half_tables : rotary_tables;
+  const Rotary rotary_q = tables(slot_positions, s.head_dim, s.rope_theta, options);
+  const Rotary rotary_k = tables(key_positions, s.head_dim, s.rope_theta, options);
   at::Tensor x = slot_embeddings;
   for (const Layer& l : layers_) {
     if (activation_checkpointing_ && c10::GradMode::is_enabled()) {
       x = CheckpointedLayer::apply(x, context, plan.bias, plan.groups, plan.index, rotary_q.cos, rotary_q.sin, rotary_k.cos,
                                    rotary_k.sin, l.input_norm, l.q, l.k, l.v, l.o, l.q_norm, l.k_norm, l.post_norm, l.gate,
-                                   l.up, l.down, s.heads, s.kv_heads, s.head_dim, eps, plan.cudnn)[0];
+                                   l.up, l.down, s.heads, s.kv_heads, s.head_dim, eps, plan.cudnn, settings.fused)[0];
     } else {
       x = layer_forward(settings, {l.input_norm, l.q, l.k, l.v, l.o, l.q_norm, l.k_norm, l.post_norm, l.gate, l.up, l.down},
                         x, context, plan, rotary_q, rotary_k);
     }
   }
-  return rms_norm(x, final_norm_, eps);
+  return norm_of(settings, x, final_norm_);
 }
 
 namespace {

@@ -96,6 +96,13 @@ class DFlashModel {
   // bf16/fp16, LibTorch ≥ 2.5; checked once per process), SDPA elsewhere.
   enum class AttentionKernel { kAuto, kSdpa };
   void set_attention_kernel(AttentionKernel kernel) { attention_kernel_ = kernel; }
+  // How training's forward runs the norms, q/k norm + RoPE and the MLP.
+  // kFused: trainable_ops' autograd functions (the shared CUDA kernels on a
+  // GPU in bf16/fp16, closed forms elsewhere), which save only their inputs
+  // and statistics; kAten: Hugging Face's op-by-op arithmetic through
+  // autograd, the reference.
+  enum class LayerOps { kFused, kAten };
+  void set_layer_ops(LayerOps ops) { layer_ops_ = ops; }
 
   // features [B, S, F·Ht]; context_positions [B, S]; slot_embeddings [B, Q, H];
   // slot_positions [B, Q]; masks: the pattern. Returns the slots' hidden states after the final norm, [B, Q, H].
@@ -171,6 +178,7 @@ class DFlashModel {
                        int64_t host_keys, const at::Tensor& base) const;
   bool activation_checkpointing_ = false;
   AttentionKernel attention_kernel_ = AttentionKernel::kAuto;
+  LayerOps layer_ops_ = LayerOps::kFused;
   // The fused drafting path when it runs here and is on, else null.
   DraftingFastPath* drafting_fast_path() const;
   bool drafting_kernels_ = true;

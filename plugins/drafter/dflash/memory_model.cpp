@@ -113,20 +113,36 @@ sdk::MemoryPlan step_memory(const DrafterShape& s, const StepShape& step) {
   // RoPE multiplies by constant tables, so autograd keeps only the tables;
   // the rotated q is kept by the attention kernel, the rotated k only through
   // the kernel's per-group copies.
-  const double attention = rms(Q, H) + e * Q * H          // input norm; h (read by q, k, v)
-                           + (f + 2 * e) * Q * HQ         // q: its norm, and the rotated q the kernel keeps
-                           + (f + e) * Q * HKV            // the slots' k: its norm
-                           + 2 * e * Q * kv_width         // the slots' k and v as the kernel keeps them
-                           + 2 * e * Q * HQ + 4 * heads * Q  // kernel output and its copy for o_proj; log-sum-exp
-                           + (step.cuda ? 0.0 : e * heads * score_elements + e * Q * HQ);  // SDPA math: probabilities
-  const double context_kv = (f + e) * C * HKV                 // the context's k: its norm
-                            + 2 * e * context_keys * kv_width;  // its k and v as the kernel keeps them
-  const double mlp = rms(Q, H) + e * Q * H + 4 * e * Q * I;     // post norm; m; gate, silu, up, product
+  const double kernel_saves = 2 * e * Q * kv_width                                   // the slots' k and v as the kernel keeps them
+                              + 2 * e * Q * HQ + 4 * heads * Q                       // kernel output and its copy for o_proj; log-sum-exp
+                              + (step.cuda ? 0.0 : e * heads * score_elements + e * Q * HQ);  // SDPA math: probabilities
+  const double kv_heads = static_cast<double>(s.kv_heads);
+  double attention = 0, context_kv = 0, mlp = 0;
+  if (step.fused) {
+    // trainable_ops: each norm keeps its input and an fp32 rsqrt per
+    // normalised vector; the MLP block keeps y, its rsqrt and gate|up.
+    attention = e * Q * H + 4 * Q + e * Q * H              // input norm: x, rsqrt; h (read by q, k, v)
+                + e * Q * HQ + 4 * Q * heads + e * Q * HQ  // q before its norm, rsqrt; the rotated q the kernel keeps
+                + e * Q * HKV + 4 * Q * kv_heads           // the slots' k before its norm, rsqrt
+                + kernel_saves;
+    context_kv = e * C * HKV + 4 * C * kv_heads + 2 * e * context_keys * kv_width;
+    mlp = e * Q * H + 4 * Q + 2 * e * Q * I;
+  } else {
+    attention = rms(Q, H) + e * Q * H        // input norm; h (read by q, k, v)
+                + (f + 2 * e) * Q * HQ       // q: its norm, and the rotated q the kernel keeps
+                + (f + e) * Q * HKV          // the slots' k: its norm
+                + kernel_saves;
+    context_kv = (f + e) * C * HKV                  // the context's k: its norm
+                 + 2 * e * context_keys * kv_width;  // its k and v as the kernel keeps them
+    mlp = rms(Q, H) + e * Q * H + 4 * e * Q * I;    // post norm; m; gate, silu, up, product
+  }
   const double layer_full = attention + context_kv + mlp;
 
   sdk::MemoryPlan plan;
+  // A norm outside the layers (the context's, the final one).
+  auto outer_norm = [&](double n, double D) { return step.fused ? e * n * D + 4 * n : rms(n, D); };
   plan.add("drafter context: fc input, fc + norm", e * C * static_cast<double>(s.feature_layers * s.target_hidden) +
-                                                       rms(C, H) + e * C * H,
+                                                       outer_norm(C, H) + e * C * H,
            MemoryPhase::kActivations);
   for (int64_t i = 0; i < s.layers; ++i) {
     const std::string layer = "drafter layer " + std::to_string(i) + ": ";
@@ -140,13 +156,16 @@ sdk::MemoryPlan step_memory(const DrafterShape& s, const StepShape& step) {
   }
   plan.add("attention workspace: masks, rotary tables", e * bias_elements + 2 * e * (Q + C + Q) * d,
            MemoryPhase::kActivations);
-  plan.add("final norm and the loss's inputs", rms(Q, H) + e * N * H + 20 * N + (step.teacher ? e * N * H : 0.0),
+  plan.add("final norm and the loss's inputs", outer_norm(Q, H) + e * N * H + 20 * N + (step.teacher ? e * N * H : 0.0),
            MemoryPhase::kActivations);
   // Backward: the peak comes in the first layer it reaches (the last one),
   // while every activation is still alive: in its MLP, the product's and
   // silu's gradients [Q, I] beside the hidden-state gradient and the down
   // projection's weight gradient (the product itself is freed as they come).
-  const double mlp_backward = 2 * e * Q * I + e * H * I + e * Q * H;
+  // Fused: the MLP block's backward holds the recomputed product's gradient
+  // [Q, I] and gate|up's [Q, 2I] beside the incoming gradient and the down
+  // projection's weight gradient.
+  const double mlp_backward = step.fused ? 3 * e * Q * I + e * H * I + e * Q * H : 2 * e * Q * I + e * H * I + e * Q * H;
   if (step.checkpointing) {
     // The layer runs again with grad, then its backward returns every
     // gradient of the layer at once: its weights', x's and the context's,

@@ -44,6 +44,7 @@ struct StepShape {
   bool cuda = true;            // fused attention kernels; false = SDPA's math path (scores materialised)
   bool cudnn = true;           // cuDNN attention (GQA native) rather than SDPA with repeated K/V
   bool checkpointing = false;  // activation checkpointing per layer
+  bool fused = true;           // layer_ops fused (trainable_ops) rather than aten (op-by-op autograd)
   bool teacher = false;        // the target's last hidden state feeds teacher rows
 };
 

@@ -69,7 +69,7 @@ constexpr int kRowThreads = 256;
 // One block per row; the row is read twice (the second time from L1/L2).
 template <class T, int kVec>
 __global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ weight, T* __restrict__ out,
-                                int64_t width, float eps) {
+                                float* __restrict__ rstd, int64_t width, float eps) {
   using P = Pack<T, kVec>;
   const P* row = reinterpret_cast<const P*>(x + static_cast<int64_t>(blockIdx.x) * width);
   P* dst = reinterpret_cast<P*>(out + static_cast<int64_t>(blockIdx.x) * width);
@@ -85,6 +85,7 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ w
     }
   }
   const float scale = rsqrtf(block_sum(squares) / static_cast<float>(width) + eps);
+  if (rstd != nullptr && threadIdx.x == 0) rstd[blockIdx.x] = scale;
   for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
     const P v = row[p];
     const P g = w[p];
@@ -106,8 +107,8 @@ __global__ void qk_norm_rope_kernel(const T* __restrict__ qkv, const T* __restri
                                     const T* __restrict__ k_norm, const float* __restrict__ cos_table,
                                     const float* __restrict__ sin_table, const int64_t* __restrict__ positions,
                                     const int64_t* __restrict__ slots, T* __restrict__ q, T* __restrict__ k,
-                                    T* __restrict__ v, int64_t tokens, int heads, int kv_heads, int head_dim,
-                                    float eps) {
+                                    T* __restrict__ v, float* __restrict__ rstd, int64_t tokens, int heads,
+                                    int kv_heads, int head_dim, float eps) {
   extern __shared__ float staged[];  // [kWarpsPerBlock][head_dim]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int per_token = heads + 2 * kv_heads;
@@ -133,6 +134,7 @@ __global__ void qk_norm_rope_kernel(const T* __restrict__ qkv, const T* __restri
       squares += f * f;
     }
     const float scale = rsqrtf(warp_sum(squares) / static_cast<float>(head_dim) + eps);
+    if (rstd != nullptr && lane == 0) rstd[vector] = scale;
     for (int j = lane; j < head_dim; j += 32)
       y[j] = rounded<T>(to_float(norm[j]) * rounded<T>(to_float(src[j]) * scale));
   } else {
@@ -170,6 +172,121 @@ __global__ void swiglu_kernel(const T* __restrict__ gate_up, T* __restrict__ out
     y.v[i] = from_float<T>(rounded<T>(x / (1.f + __expf(-x))) * to_float(u.v[i]));
   }
   reinterpret_cast<P*>(out + row * width)[col] = y;
+}
+
+
+// ---- Backward kernels (training) -------------------------------------------
+
+// rms_norm's dx: one warp per row (rows of a few thousand elements read twice,
+// the second time from L1/L2).
+template <class T, int kVec>
+__global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ weight,
+                                         const float* __restrict__ rstd, T* __restrict__ dx, int64_t rows, int64_t width) {
+  using P = Pack<T, kVec>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (row >= rows) return;
+  const P* xr = reinterpret_cast<const P*>(x + row * width);
+  const P* gr = reinterpret_cast<const P*>(dy + row * width);
+  const P* w = reinterpret_cast<const P*>(weight);
+  P* out = reinterpret_cast<P*>(dx + row * width);
+  const float r = rstd[row];
+  const int64_t packs = width / kVec;
+  float dot = 0.f;
+  for (int64_t p = lane; p < packs; p += 32) {
+    const P xv = xr[p], gv = gr[p], wv = w[p];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) dot += to_float(gv.v[i]) * to_float(wv.v[i]) * (to_float(xv.v[i]) * r);
+  }
+  const float mean = warp_sum(dot) / static_cast<float>(width);
+  for (int64_t p = lane; p < packs; p += 32) {
+    const P xv = xr[p], gv = gr[p], wv = w[p];
+    P y;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i)
+      y.v[i] = from_float<T>(r * (to_float(gv.v[i]) * to_float(wv.v[i]) - to_float(xv.v[i]) * r * mean));
+    out[p] = y;
+  }
+}
+
+// The norm weight's gradient, Σ_rows dy ⊙ round(x·rstd), in fp32 partial sums:
+// block (x, y) sums columns [blockDim.x·x, +blockDim.x) over chunk y's rows
+// into partial[y, column] (coalesced: a warp reads consecutive columns of a row).
+template <class T>
+__global__ void rms_norm_weight_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ rstd,
+                                            float* __restrict__ partial, int64_t rows, int64_t width,
+                                            int64_t rows_per_chunk) {
+  const int64_t column = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (column >= width) return;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
+  float sum = 0.f;
+  for (int64_t r = begin; r < end; ++r)
+    sum += to_float(dy[r * width + column]) * rounded<T>(to_float(x[r * width + column]) * rstd[r]);
+  partial[static_cast<int64_t>(blockIdx.y) * width + column] = sum;
+}
+
+// head_norm_rope's backward, one warp per head vector: undo the rotation
+// (dn = dout·cos + rotate_halfᵀ(dout·sin), rounded to T as autograd's bf16
+// chain rounds it), then the norm's dx from dn ⊙ weight. dn is written out
+// for the weight's gradient.
+template <class T>
+__global__ void head_norm_rope_backward_kernel(const T* __restrict__ dout, const T* __restrict__ x,
+                                               const T* __restrict__ weight, const float* __restrict__ rstd,
+                                               const float* __restrict__ cos_table, const float* __restrict__ sin_table,
+                                               T* __restrict__ dx, T* __restrict__ dn_out, int64_t vectors, int heads,
+                                               int head_dim) {
+  extern __shared__ float staged[];  // [kWarpsPerBlock][head_dim]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t vector = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (vector >= vectors) return;
+  const int64_t token = vector / heads;
+  const int half = head_dim / 2;
+  const T* g = dout + vector * head_dim;
+  const T* xv = x + vector * head_dim;
+  const float* c = cos_table + token * half;
+  const float* s = sin_table + token * half;
+  float* dn = staged + warp * head_dim;
+  for (int j = lane; j < head_dim; j += 32) {
+    const int i = j < half ? j : j - half;
+    float v = to_float(g[j]) * rounded<T>(c[i]);
+    if (j < half) v += to_float(g[j + half]) * rounded<T>(s[i]);
+    else v -= to_float(g[j - half]) * rounded<T>(s[i]);
+    dn[j] = rounded<T>(v);
+  }
+  __syncwarp();
+  const float r = rstd[vector];
+  float dot = 0.f;
+  for (int j = lane; j < head_dim; j += 32) dot += dn[j] * to_float(weight[j]) * (to_float(xv[j]) * r);
+  const float mean = warp_sum(dot) / static_cast<float>(head_dim);
+  for (int j = lane; j < head_dim; j += 32) {
+    const float xf = to_float(xv[j]);
+    dx[vector * head_dim + j] = from_float<T>(r * (dn[j] * to_float(weight[j]) - xf * r * mean));
+    dn_out[vector * head_dim + j] = from_float<T>(dn[j]);
+  }
+}
+
+template <class T, int kVec>
+__global__ void swiglu_backward_kernel(const T* __restrict__ gate_up, const T* __restrict__ d_out, T* __restrict__ d_gate_up,
+                                       int64_t rows, int64_t width) {
+  using P = Pack<T, kVec>;
+  const int64_t packs_per_row = width / kVec;
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= rows * packs_per_row) return;
+  const int64_t row = index / packs_per_row, col = index % packs_per_row;
+  const P g = reinterpret_cast<const P*>(gate_up + row * 2 * width)[col];
+  const P u = reinterpret_cast<const P*>(gate_up + row * 2 * width + width)[col];
+  const P d = reinterpret_cast<const P*>(d_out + row * width)[col];
+  P dg, du;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    const float x = to_float(g.v[i]), up = to_float(u.v[i]), grad = to_float(d.v[i]);
+    const float sigmoid = 1.f / (1.f + __expf(-x));
+    du.v[i] = from_float<T>(grad * rounded<T>(x * sigmoid));
+    dg.v[i] = from_float<T>(grad * up * sigmoid * (1.f + x * (1.f - sigmoid)));
+  }
+  reinterpret_cast<P*>(d_gate_up + row * 2 * width)[col] = dg;
+  reinterpret_cast<P*>(d_gate_up + row * 2 * width + width)[col] = du;
 }
 
 
@@ -358,22 +475,24 @@ void check_launch(const char* what) {
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <class T>
-void rms_norm_typed(const void* x, const void* w, void* out, int64_t rows, int64_t width, float eps, cudaStream_t stream) {
+void rms_norm_typed(const void* x, const void* w, void* out, float* rstd, int64_t rows, int64_t width, float eps,
+                    cudaStream_t stream) {
   if (rows == 0) return;
   const auto* xt = static_cast<const T*>(x);
   const auto* wt = static_cast<const T*>(w);
   auto* ot = static_cast<T*>(out);
   if (width % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(out))
-    rms_norm_kernel<T, 8><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(xt, wt, ot, width, eps);
+    rms_norm_kernel<T, 8><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(xt, wt, ot, rstd, width, eps);
   else
-    rms_norm_kernel<T, 1><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(xt, wt, ot, width, eps);
+    rms_norm_kernel<T, 1><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(xt, wt, ot, rstd, width, eps);
   check_launch("rms_norm");
 }
 
 template <class T>
 void qk_norm_rope_typed(const void* qkv, const void* qn, const void* kn, const float* cos, const float* sin,
-                        const int64_t* positions, const int64_t* slots, void* q, void* k, void* v, int64_t tokens,
-                        int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, cudaStream_t stream) {
+                        const int64_t* positions, const int64_t* slots, void* q, void* k, void* v, float* rstd,
+                        int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, float eps,
+                        cudaStream_t stream) {
   const int64_t vectors = tokens * (heads + 2 * kv_heads);
   if (vectors == 0) return;
   const auto blocks = static_cast<unsigned>((vectors + kWarpsPerBlock - 1) / kWarpsPerBlock);
@@ -381,7 +500,7 @@ void qk_norm_rope_typed(const void* qkv, const void* qn, const void* kn, const f
   qk_norm_rope_kernel<T><<<blocks, kWarpsPerBlock * 32, shared, stream>>>(
       static_cast<const T*>(qkv), static_cast<const T*>(qn), static_cast<const T*>(kn), cos, sin, positions, slots,
       static_cast<T*>(q),
-      static_cast<T*>(k), static_cast<T*>(v), tokens, static_cast<int>(heads), static_cast<int>(kv_heads),
+      static_cast<T*>(k), static_cast<T*>(v), rstd, tokens, static_cast<int>(heads), static_cast<int>(kv_heads),
       static_cast<int>(head_dim), eps);
   check_launch("qk_norm_rope");
 }
@@ -400,6 +519,86 @@ void swiglu_typed(const void* gate_up, void* out, int64_t rows, int64_t width, c
     swiglu_kernel<T, 1><<<static_cast<unsigned>((packs + kThreads - 1) / kThreads), kThreads, 0, stream>>>(in, o, rows, width);
   }
   check_launch("swiglu");
+}
+
+
+constexpr int kWeightGradThreads = 128;
+
+int64_t weight_chunks(int64_t rows, int64_t width) {
+  const int64_t column_blocks = (width + kWeightGradThreads - 1) / kWeightGradThreads;
+  // About 2048 blocks in all, each chunk at least 16 rows.
+  int64_t chunks = 2048 / column_blocks;
+  if (chunks < 1) chunks = 1;
+  const int64_t by_rows = (rows + 15) / 16;
+  if (chunks > by_rows) chunks = by_rows;
+  return chunks < 1 ? 1 : chunks;
+}
+
+template <class T>
+void rms_norm_weight_grad_typed(const void* dy, const void* x, const float* rstd, float* partial, int64_t rows,
+                                int64_t width, cudaStream_t stream) {
+  const int64_t chunks = weight_chunks(rows, width);
+  if (rows == 0) {
+    cudaMemsetAsync(partial, 0, sizeof(float) * static_cast<size_t>(chunks * width), stream);
+    return;
+  }
+  const int64_t per_chunk = (rows + chunks - 1) / chunks;
+  const dim3 grid(static_cast<unsigned>((width + kWeightGradThreads - 1) / kWeightGradThreads), static_cast<unsigned>(chunks));
+  rms_norm_weight_grad_kernel<T><<<grid, kWeightGradThreads, 0, stream>>>(
+      static_cast<const T*>(dy), static_cast<const T*>(x), rstd, partial, rows, width, per_chunk);
+  check_launch("rms_norm_weight_grad");
+}
+
+template <class T>
+void rms_norm_backward_typed(const void* dy, const void* x, const void* w, const float* rstd, void* dx, float* partial,
+                             int64_t rows, int64_t width, cudaStream_t stream) {
+  if (rows > 0) {
+    const auto blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    const auto* g = static_cast<const T*>(dy);
+    const auto* xt = static_cast<const T*>(x);
+    const auto* wt = static_cast<const T*>(w);
+    auto* out = static_cast<T*>(dx);
+    if (width % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(w) && aligned16(dx))
+      rms_norm_backward_kernel<T, 8><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(g, xt, wt, rstd, out, rows, width);
+    else
+      rms_norm_backward_kernel<T, 1><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(g, xt, wt, rstd, out, rows, width);
+    check_launch("rms_norm_backward");
+  }
+  rms_norm_weight_grad_typed<T>(dy, x, rstd, partial, rows, width, stream);
+}
+
+template <class T>
+void head_norm_rope_backward_typed(const void* dout, const void* x, const void* w, const float* rstd, const float* cos,
+                                   const float* sin, void* dx, void* dn, int64_t tokens, int64_t heads, int64_t head_dim,
+                                   cudaStream_t stream) {
+  const int64_t vectors = tokens * heads;
+  if (vectors == 0) return;
+  const auto blocks = static_cast<unsigned>((vectors + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const size_t shared = sizeof(float) * kWarpsPerBlock * static_cast<size_t>(head_dim);
+  head_norm_rope_backward_kernel<T><<<blocks, kWarpsPerBlock * 32, shared, stream>>>(
+      static_cast<const T*>(dout), static_cast<const T*>(x), static_cast<const T*>(w), rstd, cos, sin, static_cast<T*>(dx),
+      static_cast<T*>(dn), vectors, static_cast<int>(heads), static_cast<int>(head_dim));
+  check_launch("head_norm_rope_backward");
+}
+
+template <class T>
+void swiglu_backward_typed(const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows, int64_t width,
+                           cudaStream_t stream) {
+  if (rows * width == 0) return;
+  const auto* in = static_cast<const T*>(gate_up);
+  const auto* d = static_cast<const T*>(d_out);
+  auto* o = static_cast<T*>(d_gate_up);
+  constexpr int kThreads = 256;
+  if (width % 8 == 0 && aligned16(gate_up) && aligned16(d_out) && aligned16(d_gate_up)) {
+    const int64_t packs = rows * (width / 8);
+    swiglu_backward_kernel<T, 8><<<static_cast<unsigned>((packs + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        in, d, o, rows, width);
+  } else {
+    const int64_t packs = rows * width;
+    swiglu_backward_kernel<T, 1><<<static_cast<unsigned>((packs + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        in, d, o, rows, width);
+  }
+  check_launch("swiglu_backward");
 }
 
 
@@ -444,25 +643,57 @@ void invariant_decode_attention_typed(const void* q, const void* keys, const voi
 }  // namespace
 
 void rms_norm(Element e, const void* x, const void* w, void* out, int64_t rows, int64_t width, float eps,
-              cudaStream_t stream) {
-  if (e == Element::kBFloat16) rms_norm_typed<__nv_bfloat16>(x, w, out, rows, width, eps, stream);
-  else rms_norm_typed<__half>(x, w, out, rows, width, eps, stream);
+              cudaStream_t stream, float* rstd) {
+  if (e == Element::kBFloat16) rms_norm_typed<__nv_bfloat16>(x, w, out, rstd, rows, width, eps, stream);
+  else rms_norm_typed<__half>(x, w, out, rstd, rows, width, eps, stream);
 }
 
 void qk_norm_rope(Element e, const void* qkv, const void* q_norm, const void* k_norm, const float* cos,
                   const float* sin, const int64_t* positions, const int64_t* slots, void* q, void* k, void* v,
-                  int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, cudaStream_t stream) {
+                  int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, cudaStream_t stream,
+                  float* rstd) {
   if (e == Element::kBFloat16)
-    qk_norm_rope_typed<__nv_bfloat16>(qkv, q_norm, k_norm, cos, sin, positions, slots, q, k, v, tokens, heads, kv_heads,
-                                      head_dim, eps, stream);
+    qk_norm_rope_typed<__nv_bfloat16>(qkv, q_norm, k_norm, cos, sin, positions, slots, q, k, v, rstd, tokens, heads,
+                                      kv_heads, head_dim, eps, stream);
   else
-    qk_norm_rope_typed<__half>(qkv, q_norm, k_norm, cos, sin, positions, slots, q, k, v, tokens, heads, kv_heads,
+    qk_norm_rope_typed<__half>(qkv, q_norm, k_norm, cos, sin, positions, slots, q, k, v, rstd, tokens, heads, kv_heads,
                                head_dim, eps, stream);
 }
 
 void swiglu(Element e, const void* gate_up, void* out, int64_t rows, int64_t width, cudaStream_t stream) {
   if (e == Element::kBFloat16) swiglu_typed<__nv_bfloat16>(gate_up, out, rows, width, stream);
   else swiglu_typed<__half>(gate_up, out, rows, width, stream);
+}
+
+void rms_norm_backward(Element e, const void* dy, const void* x, const void* weight, const float* rstd, void* dx,
+                       float* weight_partial, int64_t rows, int64_t width, cudaStream_t stream) {
+  if (e == Element::kBFloat16)
+    rms_norm_backward_typed<__nv_bfloat16>(dy, x, weight, rstd, dx, weight_partial, rows, width, stream);
+  else
+    rms_norm_backward_typed<__half>(dy, x, weight, rstd, dx, weight_partial, rows, width, stream);
+}
+
+int64_t rms_norm_weight_chunks(int64_t rows, int64_t width) { return weight_chunks(rows, width); }
+
+void rms_norm_weight_grad(Element e, const void* dy, const void* x, const float* rstd, float* weight_partial, int64_t rows,
+                          int64_t width, cudaStream_t stream) {
+  if (e == Element::kBFloat16) rms_norm_weight_grad_typed<__nv_bfloat16>(dy, x, rstd, weight_partial, rows, width, stream);
+  else rms_norm_weight_grad_typed<__half>(dy, x, rstd, weight_partial, rows, width, stream);
+}
+
+void head_norm_rope_backward(Element e, const void* dout, const void* x, const void* weight, const float* rstd,
+                             const float* cos, const float* sin, void* dx, void* dn, int64_t tokens, int64_t heads,
+                             int64_t head_dim, cudaStream_t stream) {
+  if (e == Element::kBFloat16)
+    head_norm_rope_backward_typed<__nv_bfloat16>(dout, x, weight, rstd, cos, sin, dx, dn, tokens, heads, head_dim, stream);
+  else
+    head_norm_rope_backward_typed<__half>(dout, x, weight, rstd, cos, sin, dx, dn, tokens, heads, head_dim, stream);
+}
+
+void swiglu_backward(Element e, const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows, int64_t width,
+                     cudaStream_t stream) {
+  if (e == Element::kBFloat16) swiglu_backward_typed<__nv_bfloat16>(gate_up, d_out, d_gate_up, rows, width, stream);
+  else swiglu_backward_typed<__half>(gate_up, d_out, d_gate_up, rows, width, stream);
 }
 
 void invariant_linear(Element e, const void* x, const void* weight, const void* bias, const void* residual, void* out,

@@ -22,18 +22,54 @@ namespace dflash::cuda_kernels {
 enum class Element { kBFloat16, kFloat16 };
 
 // out[r, :] = weight ⊙ round(x[r, :] · rsqrt(mean(x[r, :]²) + eps)), rows × width, contiguous.
+// rstd (optional, fp32 [rows]) receives each row's rsqrt(mean(x²) + eps), for the backward.
 void rms_norm(Element element, const void* x, const void* weight, void* out, int64_t rows, int64_t width, float eps,
-              cudaStream_t stream);
+              cudaStream_t stream, float* rstd = nullptr);
 
 // From the fused projection qkv [tokens, (heads + 2·kv_heads)·head_dim] (q, then k, then v):
 // q [tokens, heads, head_dim] and k with the optional per-head RMSNorm (q_norm / k_norm may be
 // null) and then the rotary embedding (cos/sin: fp32 [positions, head_dim/2]; token t takes row
 // positions[t], or row t where positions is null); v copied as is. k and v go to rows slots[t] of
 // [rows, kv_heads, head_dim] buffers (a KV cache; row t where slots is null). positions and slots
-// are int64 on the device. heads may be 0 (a [k; v] projection: q and q_norm are then never touched).
+// are int64 on the device. heads may be 0 (a [k; v] projection: q and q_norm are then never touched);
+// kv_heads may be 0 (any [tokens, heads, head_dim] tensor as "q": training's separate q and k).
+// rstd (optional, fp32 [tokens, heads + 2·kv_heads]) receives each normalised vector's
+// rsqrt(mean(x²) + eps), for the backward (v's entries are left as they are).
 void qk_norm_rope(Element element, const void* qkv, const void* q_norm, const void* k_norm, const float* cos,
                   const float* sin, const int64_t* positions, const int64_t* slots, void* q, void* k, void* v,
-                  int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, cudaStream_t stream);
+                  int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, cudaStream_t stream,
+                  float* rstd = nullptr);
+
+// ---- Backward kernels (training: the dflash drafter's layers) ----------------
+// Each treats the forward's roundings to the activation dtype as identity, as
+// autograd through transformers' bf16 arithmetic does, and accumulates in fp32.
+
+// rms_norm's backward from its saved input x, weight and rstd (fp32 [rows]):
+// dx[r, :] = rstd·(g − x̂·mean(g ⊙ x̂)), g = dy ⊙ weight, x̂ = x·rstd; and the
+// weight's gradient as fp32 partial sums weight_partial [chunks, width]
+// (Σ over each chunk's rows of dy ⊙ round(x̂); chunks = rms_norm_weight_chunks(rows, width)).
+void rms_norm_backward(Element element, const void* dy, const void* x, const void* weight, const float* rstd, void* dx,
+                       float* weight_partial, int64_t rows, int64_t width, cudaStream_t stream);
+int64_t rms_norm_weight_chunks(int64_t rows, int64_t width);
+
+// head_norm_rope's backward: the forward is qk_norm_rope with kv_heads 0 on x
+// [tokens, heads, head_dim] (norm weight [head_dim], tables fp32 [tokens,
+// head_dim/2], row t for token t). From dout, x, weight and rstd (fp32
+// [tokens·heads]): dx, and the gradient at the norm's output dn (T, [tokens,
+// heads, head_dim]), from which rms_norm_weight_grad gives the weight's.
+void head_norm_rope_backward(Element element, const void* dout, const void* x, const void* weight, const float* rstd,
+                             const float* cos, const float* sin, void* dx, void* dn, int64_t tokens, int64_t heads,
+                             int64_t head_dim, cudaStream_t stream);
+// weight_partial [chunks, width] = Σ over each chunk's rows of dy ⊙ round(x·rstd)
+// (the second half of rms_norm_backward, alone).
+void rms_norm_weight_grad(Element element, const void* dy, const void* x, const float* rstd, float* weight_partial,
+                          int64_t rows, int64_t width, cudaStream_t stream);
+
+// swiglu's backward: from gate_up [rows, 2·width] and d_out [rows, width],
+// d_gate_up [rows, 2·width]: d_up = d_out ⊙ round(silu(gate)), d_gate =
+// d_out ⊙ up ⊙ σ(gate)·(1 + gate·(1 − σ(gate))).
+void swiglu_backward(Element element, const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows, int64_t width,
+                     cudaStream_t stream);
 
 // out[r, j] = round(silu(gate_up[r, j])) · gate_up[r, width + j] for j < width.
 void swiglu(Element element, const void* gate_up, void* out, int64_t rows, int64_t width, cudaStream_t stream);

@@ -101,6 +101,87 @@ at::Tensor swiglu(const at::Tensor& gate_up_in) {
   return out;
 }
 
+NormForward rms_norm_with_rstd(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous(), w = weight.contiguous();
+  const int64_t width = x.size(-1), rows = x.numel() / width;
+  NormForward result{at::empty_like(x), at::empty({rows}, x.options().dtype(at::kFloat))};
+  cuda_kernels::rms_norm(element_of(x), x.data_ptr(), w.data_ptr(), result.out.data_ptr(), rows, width,
+                         static_cast<float>(eps), stream_of(x), result.rstd.data_ptr<float>());
+  return result;
+}
+
+namespace {
+// The weight's gradient from the kernels' fp32 partial sums [chunks, width].
+at::Tensor weight_grad_from(const at::Tensor& partial, const at::Tensor& weight) {
+  return partial.sum(0).to(weight.scalar_type());
+}
+}  // namespace
+
+NormBackward rms_norm_backward(const at::Tensor& dy_in, const at::Tensor& x_in, const at::Tensor& weight,
+                               const at::Tensor& rstd) {
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous(), dy = dy_in.contiguous().to(x.scalar_type()), w = weight.contiguous();
+  const int64_t width = x.size(-1), rows = x.numel() / width;
+  at::Tensor dx = at::empty_like(x);
+  at::Tensor partial = at::empty({cuda_kernels::rms_norm_weight_chunks(rows, width), width}, x.options().dtype(at::kFloat));
+  cuda_kernels::rms_norm_backward(element_of(x), dy.data_ptr(), x.data_ptr(), w.data_ptr(),
+                                  rstd.contiguous().data_ptr<float>(), dx.data_ptr(), partial.data_ptr<float>(), rows, width,
+                                  stream_of(x));
+  return {dx, weight_grad_from(partial, weight)};
+}
+
+namespace {
+void check_head_tables(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t tokens = x.size(0), half = x.size(2) / 2;
+  for (const at::Tensor* t : {&cos, &sin})
+    if (t->scalar_type() != at::kFloat || !t->is_contiguous() || t->numel() != tokens * half || t->device() != x.device())
+      throw std::invalid_argument("head_norm_rope: the rotary tables must be contiguous fp32 [" + std::to_string(tokens) +
+                                  ", " + std::to_string(half) + "] on x's device; got " + c10::str(t->sizes()));
+}
+}  // namespace
+
+NormForward head_norm_rope(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+                           double eps) {
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous(), w = weight.contiguous();
+  check_head_tables(x, cos, sin);
+  const int64_t tokens = x.size(0), heads = x.size(1), head_dim = x.size(2);
+  NormForward result{at::empty_like(x), at::empty({tokens, heads}, x.options().dtype(at::kFloat))};
+  cuda_kernels::qk_norm_rope(element_of(x), x.data_ptr(), w.data_ptr(), nullptr, cos.data_ptr<float>(),
+                             sin.data_ptr<float>(), nullptr, nullptr, result.out.data_ptr(), nullptr, nullptr, tokens, heads,
+                             /*kv_heads=*/0, head_dim, static_cast<float>(eps), stream_of(x), result.rstd.data_ptr<float>());
+  return result;
+}
+
+NormBackward head_norm_rope_backward(const at::Tensor& dout_in, const at::Tensor& x_in, const at::Tensor& weight,
+                                     const at::Tensor& rstd, const at::Tensor& cos, const at::Tensor& sin) {
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous(), dout = dout_in.contiguous().to(x.scalar_type()), w = weight.contiguous();
+  check_head_tables(x, cos, sin);
+  const int64_t tokens = x.size(0), heads = x.size(1), head_dim = x.size(2);
+  at::Tensor dx = at::empty_like(x), dn = at::empty_like(x);
+  const at::Tensor r = rstd.contiguous();
+  cuda_kernels::head_norm_rope_backward(element_of(x), dout.data_ptr(), x.data_ptr(), w.data_ptr(), r.data_ptr<float>(),
+                                        cos.data_ptr<float>(), sin.data_ptr<float>(), dx.data_ptr(), dn.data_ptr(), tokens,
+                                        heads, head_dim, stream_of(x));
+  const int64_t rows = tokens * heads;
+  at::Tensor partial = at::empty({cuda_kernels::rms_norm_weight_chunks(rows, head_dim), head_dim}, x.options().dtype(at::kFloat));
+  cuda_kernels::rms_norm_weight_grad(element_of(x), dn.data_ptr(), x.data_ptr(), r.data_ptr<float>(),
+                                     partial.data_ptr<float>(), rows, head_dim, stream_of(x));
+  return {dx, weight_grad_from(partial, weight)};
+}
+
+at::Tensor swiglu_backward(const at::Tensor& gate_up_in, const at::Tensor& d_out_in) {
+  const c10::cuda::CUDAGuard guard(gate_up_in.device());
+  const at::Tensor gate_up = gate_up_in.contiguous(), d_out = d_out_in.contiguous().to(gate_up.scalar_type());
+  const int64_t width = gate_up.size(-1) / 2, rows = gate_up.numel() / gate_up.size(-1);
+  at::Tensor d_gate_up = at::empty_like(gate_up);
+  cuda_kernels::swiglu_backward(element_of(gate_up), gate_up.data_ptr(), d_out.data_ptr(), d_gate_up.data_ptr(), rows, width,
+                                stream_of(gate_up));
+  return d_gate_up;
+}
+
 bool invariant_linear_fits(const at::Tensor& x, const at::Tensor& weight) {
   return runs_on(x) && x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && x.is_contiguous() &&
          weight.is_contiguous() && weight.scalar_type() == x.scalar_type() &&
@@ -176,6 +257,16 @@ at::Tensor qk_norm_rope_into_cache(const at::Tensor&, const at::Tensor&, const a
   unavailable();
 }
 at::Tensor swiglu(const at::Tensor&) { unavailable(); }
+NormForward rms_norm_with_rstd(const at::Tensor&, const at::Tensor&, double) { unavailable(); }
+NormBackward rms_norm_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
+NormForward head_norm_rope(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {
+  unavailable();
+}
+NormBackward head_norm_rope_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                     const at::Tensor&, const at::Tensor&) {
+  unavailable();
+}
+at::Tensor swiglu_backward(const at::Tensor&, const at::Tensor&) { unavailable(); }
 bool invariant_linear_fits(const at::Tensor&, const at::Tensor&) { return false; }
 at::Tensor invariant_linear(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
 void invariant_add_linear_(at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }

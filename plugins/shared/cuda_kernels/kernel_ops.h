@@ -51,6 +51,29 @@ at::Tensor qk_norm_rope_into_cache(const at::Tensor& qkv, const at::Tensor& q_no
 // gate_up [rows, 2·width] → silu(gate) ⊙ up [rows, width].
 at::Tensor swiglu(const at::Tensor& gate_up);
 
+// ---- Training (the dflash drafter's layers; trainable_ops.h wraps them in
+// autograd): forwards that also return what their backward needs, and the
+// backwards. Inputs are made contiguous; weights are the activations' dtype.
+struct NormForward {
+  at::Tensor out;   // like x
+  at::Tensor rstd;  // fp32, one per normalised vector: [rows] or [tokens, heads]
+};
+struct NormBackward {
+  at::Tensor dx, dweight;
+};
+// rms_norm, and each row's rsqrt(mean(x²) + eps).
+NormForward rms_norm_with_rstd(const at::Tensor& x, const at::Tensor& weight, double eps);
+NormBackward rms_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& rstd);
+// x [tokens, heads, head_dim] → the per-head RMSNorm (weight [head_dim]) then
+// the rotary embedding (cos/sin fp32 [tokens, head_dim/2], row t for token t),
+// qk_norm_rope's arithmetic; rstd [tokens, heads].
+NormForward head_norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+                           double eps);
+NormBackward head_norm_rope_backward(const at::Tensor& dout, const at::Tensor& x, const at::Tensor& weight,
+                                     const at::Tensor& rstd, const at::Tensor& cos, const at::Tensor& sin);
+// gate_up [rows, 2·width], d_out [rows, width] → d_gate_up [rows, 2·width].
+at::Tensor swiglu_backward(const at::Tensor& gate_up, const at::Tensor& d_out);
+
 // Exact decoding's row-invariant kernels (cuda_kernels.h says why): a row's
 // result is bitwise the same whether it is computed alone or among up to
 // kInvariantMaxRows rows.

@@ -1,0 +1,241 @@
+#include "trainable_ops.h"
+
+#include "kernel_ops.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <vector>
+
+namespace dflash::trainable_ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool kernels_for(const at::Tensor& x, Path path) { return path == Path::kAuto && kernel_ops::runs_on(x); }
+// fp64 stays fp64; everything else is normalised in fp32 (Hugging Face's arithmetic).
+at::ScalarType statistics_type(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+// ---- The closed forms (ATen) ------------------------------------------------
+
+struct Normalised {
+  at::Tensor out, rstd;  // rstd: x's shape without its last dimension
+};
+
+Normalised rms_forward(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor f = x.to(statistics_type(x));
+  const at::Tensor rstd = at::rsqrt(f.pow(2).mean(-1) + eps);
+  return {weight * (f * rstd.unsqueeze(-1)).to(x.scalar_type()), rstd};
+}
+
+// The normalised x̂ = x·rstd in the statistics dtype.
+at::Tensor normalised(const at::Tensor& x, const at::Tensor& rstd) {
+  return x.to(rstd.scalar_type()) * rstd.unsqueeze(-1);
+}
+
+// x's gradient from x̂'s (g, statistics dtype): rstd·(g − x̂·mean(g ⊙ x̂)).
+at::Tensor through_normalisation(const at::Tensor& g, const at::Tensor& xhat, const at::Tensor& rstd) {
+  return rstd.unsqueeze(-1) * (g - xhat * (g * xhat).mean(-1, true));
+}
+
+// The gradients of weight ⊙ round(x̂) given the output's gradient dy.
+kernel_ops::NormBackward rms_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
+                                      const at::Tensor& rstd) {
+  const at::Tensor xhat = normalised(x, rstd), g = dy.to(rstd.scalar_type());
+  const at::Tensor dx = through_normalisation(g * weight.to(rstd.scalar_type()), xhat, rstd).to(x.scalar_type());
+  const at::Tensor dweight =
+      (g * xhat.to(x.scalar_type()).to(rstd.scalar_type())).reshape({-1, x.size(-1)}).sum(0).to(weight.scalar_type());
+  return {dx, dweight};
+}
+
+// rotate_half(x) = (−x₂, x₁) and its transpose (z₂, −z₁).
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+at::Tensor rotate_half_transposed(const at::Tensor& z) {
+  const int64_t half = z.size(-1) / 2;
+  return at::cat({z.narrow(-1, half, half), -z.narrow(-1, 0, half)}, -1);
+}
+// [..., d/2] halves → [..., 1, d] in the activations' dtype (broadcast over heads).
+at::Tensor full_table(const at::Tensor& half, c10::ScalarType dtype) {
+  return at::cat({half, half}, -1).unsqueeze(-2).to(dtype);
+}
+
+Normalised head_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+                        double eps) {
+  const Normalised n = rms_forward(x, weight, eps);
+  const at::Tensor c = full_table(cos, x.scalar_type()), s = full_table(sin, x.scalar_type());
+  return {n.out * c + rotate_half(n.out) * s, n.rstd};
+}
+
+kernel_ops::NormBackward head_backward(const at::Tensor& dout, const at::Tensor& x, const at::Tensor& weight,
+                                       const at::Tensor& rstd, const at::Tensor& cos, const at::Tensor& sin) {
+  const at::Tensor c = full_table(cos, x.scalar_type()), s = full_table(sin, x.scalar_type());
+  const at::Tensor dn = dout * c + rotate_half_transposed(dout * s);  // the norm's output gradient, in x's dtype
+  return rms_backward(dn, x, weight, rstd);
+}
+
+at::Tensor swiglu_forward(const at::Tensor& gate_up) {
+  const int64_t width = gate_up.size(-1) / 2;
+  return at::silu(gate_up.narrow(-1, 0, width)) * gate_up.narrow(-1, width, width);
+}
+
+at::Tensor swiglu_backward(const at::Tensor& gate_up, const at::Tensor& d_out) {
+  const int64_t width = gate_up.size(-1) / 2;
+  const at::ScalarType f = statistics_type(gate_up);
+  const at::Tensor gate = gate_up.narrow(-1, 0, width).to(f), up = gate_up.narrow(-1, width, width).to(f);
+  const at::Tensor d = d_out.to(f), sigmoid = at::sigmoid(gate);
+  const at::Tensor d_up = d * (gate * sigmoid).to(gate_up.scalar_type()).to(f);
+  const at::Tensor d_gate = d * up * sigmoid * (1 + gate * (1 - sigmoid));
+  return at::cat({d_gate, d_up}, -1).to(gate_up.scalar_type());
+}
+
+// ---- Dispatch: kernels or closed forms ----------------------------------------
+
+Normalised norm_forward(const at::Tensor& x2d, const at::Tensor& weight, double eps, bool kernels) {
+  if (!kernels) return rms_forward(x2d, weight, eps);
+  kernel_ops::NormForward r = kernel_ops::rms_norm_with_rstd(x2d, weight, eps);
+  return {r.out, r.rstd};
+}
+kernel_ops::NormBackward norm_backward(const at::Tensor& dy, const at::Tensor& x2d, const at::Tensor& weight,
+                                       const at::Tensor& rstd, bool kernels) {
+  return kernels ? kernel_ops::rms_norm_backward(dy, x2d, weight, rstd) : rms_backward(dy, x2d, weight, rstd);
+}
+at::Tensor swiglu_of(const at::Tensor& gate_up, bool kernels) {
+  return kernels ? kernel_ops::swiglu(gate_up) : swiglu_forward(gate_up);
+}
+
+// ---- The autograd functions -----------------------------------------------------
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps,
+                               bool kernels) {
+    const at::Tensor rows = x.reshape({-1, x.size(-1)});
+    const Normalised n = norm_forward(rows, weight, eps, kernels);
+    ctx->save_for_backward({rows, weight, n.rstd});
+    ctx->saved_data["kernels"] = kernels;
+    return {n.out.view(x.sizes())};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& rows = saved[0];
+    const kernel_ops::NormBackward g =
+        norm_backward(grad[0].reshape(rows.sizes()), rows, saved[1], saved[2], ctx->saved_data["kernels"].toBool());
+    return {g.dx.view(grad[0].sizes()), g.dweight, at::Tensor(), at::Tensor()};
+  }
+};
+
+class HeadNormRopeFunction : public torch::autograd::Function<HeadNormRopeFunction> {
+ public:
+  // x [tokens, heads, d]; cos/sin [tokens, d/2].
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
+                               const at::Tensor& sin, double eps, bool kernels) {
+    Normalised n;
+    if (kernels) {
+      kernel_ops::NormForward r = kernel_ops::head_norm_rope(x, weight, cos, sin, eps);
+      n = {r.out, r.rstd};
+    } else {
+      n = head_forward(x, weight, cos, sin, eps);
+    }
+    ctx->save_for_backward({x, weight, n.rstd, cos, sin});
+    ctx->saved_data["kernels"] = kernels;
+    return {n.out};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto s = ctx->get_saved_variables();
+    const kernel_ops::NormBackward g = ctx->saved_data["kernels"].toBool()
+                                           ? kernel_ops::head_norm_rope_backward(grad[0], s[0], s[1], s[2], s[3], s[4])
+                                           : head_backward(grad[0], s[0], s[1], s[2], s[3], s[4]);
+    return {g.dx, g.dweight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// m [rows, H] → [m·gateᵀ | m·upᵀ] in one [rows, 2·I] buffer (two GEMMs
+// writing its halves in place: no concatenated weight, no copy).
+at::Tensor gate_up_of(const at::Tensor& m, const at::Tensor& gate, const at::Tensor& up) {
+  const int64_t width = gate.size(0);
+  at::Tensor gate_up = at::empty({m.size(0), 2 * width}, m.options());
+  at::Tensor gate_half = gate_up.narrow(1, 0, width), up_half = gate_up.narrow(1, width, width);
+  at::mm_out(gate_half, m, gate.t());
+  at::mm_out(up_half, m, up.t());
+  return gate_up;
+}
+
+class MlpBlockFunction : public torch::autograd::Function<MlpBlockFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& y, const at::Tensor& norm_weight,
+                               const at::Tensor& gate, const at::Tensor& up, const at::Tensor& down, double eps,
+                               bool kernels) {
+    const at::Tensor rows = y.reshape({-1, y.size(-1)});
+    const Normalised m = norm_forward(rows, norm_weight, eps, kernels);
+    const at::Tensor gate_up = gate_up_of(m.out, gate, up);
+    const at::Tensor out = at::addmm(rows, swiglu_of(gate_up, kernels), down.t());
+    ctx->save_for_backward({rows, norm_weight, m.rstd, gate_up, gate, up, down});
+    ctx->saved_data["kernels"] = kernels;
+    ctx->saved_data["eps"] = eps;
+    return {out.view(y.sizes())};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor &rows = s[0], &norm_weight = s[1], &rstd = s[2], &gate_up = s[3], &gate = s[4], &up = s[5],
+                     &down = s[6];
+    const bool kernels = ctx->saved_data["kernels"].toBool();
+    const int64_t width = gate.size(0);
+    const at::Tensor d = grad[0].reshape(rows.sizes()).to(rows.scalar_type());
+    at::Tensor d_down, d_gate_up;
+    {
+      // The product silu(gate) ⊙ up again, only for the down projection's weight gradient.
+      const at::Tensor product = swiglu_of(gate_up, kernels);
+      d_down = at::mm(d.t(), product);
+    }
+    {
+      const at::Tensor d_product = at::mm(d, down);
+      d_gate_up = kernels ? kernel_ops::swiglu_backward(gate_up, d_product) : swiglu_backward(gate_up, d_product);
+    }
+    // m again, from the saved statistics.
+    const at::Tensor m = kernels ? kernel_ops::rms_norm(rows, norm_weight, ctx->saved_data["eps"].toDouble())
+                                 : norm_weight * normalised(rows, rstd).to(rows.scalar_type());
+    const at::Tensor d_gate_half = d_gate_up.narrow(1, 0, width), d_up_half = d_gate_up.narrow(1, width, width);
+    const at::Tensor d_gate = at::mm(d_gate_half.t(), m), d_up = at::mm(d_up_half.t(), m);
+    at::Tensor dm = at::mm(d_gate_half, gate);
+    dm.addmm_(d_up_half, up);
+    const kernel_ops::NormBackward n = norm_backward(dm, rows, norm_weight, rstd, kernels);
+    return {(d + n.dx).view(grad[0].sizes()), n.dweight, d_gate, d_up, d_down, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+c10::ScalarType rotary_dtype(c10::ScalarType activations) {
+  return activations == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+RotaryHalves rotary_halves(const at::Tensor& positions, int64_t head_dim, double theta, c10::Device device,
+                           c10::ScalarType dtype) {
+  const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device);
+  const at::Tensor inv = 1.0 / at::pow(theta, at::arange(0, head_dim, 2, f64) / static_cast<double>(head_dim));
+  const at::Tensor angles = positions.to(device, at::kDouble).unsqueeze(-1) * inv;  // [..., d/2]
+  return {angles.cos().to(dtype).contiguous(), angles.sin().to(dtype).contiguous()};
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, Path path) {
+  return RmsNormFunction::apply(x, weight, eps, kernels_for(x, path))[0];
+}
+
+at::Tensor head_norm_rope(const at::Tensor& x, const at::Tensor& weight, const RotaryHalves& rotary, double eps, Path path) {
+  const int64_t heads = x.size(-2), head_dim = x.size(-1), tokens = x.numel() / (heads * head_dim);
+  const at::Tensor cos = rotary.cos.reshape({tokens, head_dim / 2}), sin = rotary.sin.reshape({tokens, head_dim / 2});
+  const bool kernels = kernels_for(x, path) && cos.scalar_type() == at::kFloat;
+  return HeadNormRopeFunction::apply(x.reshape({tokens, heads, head_dim}), weight, cos, sin, eps, kernels)[0].view(x.sizes());
+}
+
+at::Tensor mlp_block(const at::Tensor& y, const at::Tensor& norm_weight, const at::Tensor& gate, const at::Tensor& up,
+                     const at::Tensor& down, double eps, Path path) {
+  return MlpBlockFunction::apply(y, norm_weight, gate, up, down, eps, kernels_for(y, path))[0];
+}
+
+}  // namespace dflash::trainable_ops
