@@ -332,8 +332,10 @@ TEST(DFlashDrafter, StepLossAndGradientsMatchANaivePerBlockImplementation) {
 }
 
 // Activation checkpointing recomputes each layer in backward, the embedding
-// may live in host memory, and attention may run grouped (any group size) or
-// as one dense call: the same loss and the same gradients every way.
+// may live in host memory, attention may run grouped (any group size) or as
+// one dense call, and the layers' norms, RoPE and MLP may run as the fused
+// autograd functions (the default) or op by op: the same loss and the same
+// gradients every way.
 TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
   PluginRegistry registry;
   registry.add_directory(DFLASH_INTREE_PLUGIN_DIR);
@@ -356,8 +358,8 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
   std::vector<NamedTensors> grads;
   std::vector<double> losses;
   // Plain (grouped attention, default group size); checkpointed (groups of
-  // one block); embedding kept in host memory; dense attention.
-  for (int variant : {0, 1, 2, 3}) {
+  // one block); embedding kept in host memory; dense attention; op-by-op layers.
+  for (int variant : {0, 1, 2, 3, 4}) {
     const bool checkpointing = variant == 1;
     config["activation_checkpointing"] = checkpointing;
     config["embedding_on_cpu"] = variant == 2;
@@ -365,6 +367,7 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
     // Exact context ranges, ranges widened to multiples of 4 keys, and of 128 (the whole row here).
     config["attention_group_key_multiple"] = variant == 1 ? 1 : variant == 0 ? 4 : 128;
     config["attention"] = variant == 3 ? "dense" : "grouped";
+    config["layer_ops"] = variant == 4 ? "aten" : "fused";
     DrafterInstance drafter(record, config, {"cpu", "float64", 3});
     drafter.bind_target(target, frozen);
     const auto hidden = get(drafter.forward(inputs), "hidden");
@@ -379,7 +382,7 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
     }
     grads.push_back(g);
   }
-  for (int variant : {1, 2, 3}) {
+  for (int variant : {1, 2, 3, 4}) {
     EXPECT_NEAR(losses[0], losses[variant], 1e-12 * std::abs(losses[0]));
     for (size_t i = 0; i < grads[0].size(); ++i)
       EXPECT_TRUE(torch::allclose(grads[0][i].second, grads[variant][i].second, 1e-12, 1e-12)) << grads[0][i].first;
@@ -428,6 +431,51 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
       const double gscale = grads[2][i].second.abs().max().item<double>();
       EXPECT_LE((grads[variant][i].second - grads[2][i].second).abs().max().item<double>(), 5e-2 * gscale + 1e-6)
           << grads[2][i].first;
+    }
+  }
+}
+
+// On a GPU in bf16 the fused layer ops (the CUDA kernels and their
+// backwards) must give the op-by-op chain's hidden states and gradients within
+// bf16 noise (the tolerances of GroupedAttentionOnTheGpuMatchesTheDenseMask),
+// with and without activation checkpointing.
+TEST(DFlashDrafter, FusedLayerOpsOnTheGpuMatchTheOpByOpChain) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  PluginRegistry registry;
+  registry.add_directory(DFLASH_INTREE_PLUGIN_DIR);
+  const PluginRecord& record = registry.find(DFLASH_KIND_DRAFTER, "dflash");
+  const dd::testing::GpuTarget gpu = dd::testing::small_gpu_target(12);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const SmallBatch b = small_batch(48, 17);
+  NamedTensors inputs = {{"input_ids", b.ids}, {"loss_mask", b.loss_mask}, {"position_ids", b.positions},
+                         {"document_ids", b.documents}, {"sample_seed", torch::tensor(int64_t{2})}};
+  for (int64_t id : {1, 5}) inputs.emplace_back("hidden." + std::to_string(id), torch::randn({2, 48, 64}, cuda));
+  for (bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "checkpointed" : "plain");
+    std::vector<torch::Tensor> outputs;
+    std::vector<NamedTensors> grads;
+    for (const char* ops : {"fused", "aten"}) {  // the reference last
+      const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
+                                     {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", 4}, {"max_anchors", 6},
+                                     {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", {1, 5}}, {"init_std", 0.1},
+                                     {"rope_theta", 0.0}, {"activation_checkpointing", checkpointing},
+                                     {"attention", "grouped"}, {"attention_group_blocks", 2},
+                                     {"attention_group_key_multiple", 4}, {"layer_ops", ops}};
+      DrafterInstance drafter(record, config, {"cuda:0", "bfloat16", 3});
+      drafter.bind_target(gpu.info, gpu.frozen);
+      const auto hidden = get(drafter.forward(inputs), "hidden");
+      (hidden.to(torch::kFloat).pow(2).sum()).backward();
+      outputs.push_back(hidden.to(torch::kCPU, torch::kFloat));
+      NamedTensors g;
+      for (const auto& [name, p] : drafter.parameters()) g.emplace_back(name, p.grad().to(torch::kCPU, torch::kFloat));
+      grads.push_back(g);
+    }
+    const double scale = outputs[1].abs().max().item<double>();
+    EXPECT_LE((outputs[0] - outputs[1]).abs().max().item<double>(), 3e-2 * scale);
+    for (size_t i = 0; i < grads[1].size(); ++i) {
+      const double gscale = grads[1][i].second.abs().max().item<double>();
+      EXPECT_LE((grads[0][i].second - grads[1][i].second).abs().max().item<double>(), 5e-2 * gscale + 1e-6)
+          << grads[1][i].first;
     }
   }
 }
