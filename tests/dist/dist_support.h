@@ -33,6 +33,15 @@ inline std::string dp_config(const std::string& dir, const std::string& output, 
   nlohmann::json config = nlohmann::json::parse(file_bytes(path));
   config["train"]["grad_accumulation"] = 6;
   config["train"]["collective_timeout_s"] = 60;
+  // AdamW's ε at its default (1e-8) turns the summation-order difference of
+  // an element whose gradient cancels to about ε (~1e-10 absolute) into a
+  // parameter difference of ~lr/10: one element in 10⁴ then differed by 2e-6
+  // and lifted its tensor to 1.2e-6 relative. At 1e-6 the update is linear
+  // in such gradients, so the comparison measures the engine (a lost or
+  // doubly counted micro-batch changes every gradient, not one element's
+  // last bits), not that
+  // amplification.
+  config["train"]["adam_eps"] = 1e-6;
   const std::string mine = dir + "/" + name + ".json";
   std::ofstream(mine) << config.dump(2);
   return mine;

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -87,6 +88,9 @@ std::vector<Case> cases(const torch::TensorOptions& o, int64_t width, int64_t he
   const tops::RotaryHalves rotary =
       tops::rotary_halves(positions, head_dim, 1e6, o.device(), tops::rotary_dtype(c10::typeMetaToScalarType(o.dtype())));
   const int64_t inter = 2 * width + 8;
+  // Projections scaled by 1/√fan-in (activations of order one, as trained
+  // layers have): a fixed scale overflowed fp16 at width 5120.
+  const auto in_scale = [](int64_t fan_in) { return 1.0 / std::sqrt(static_cast<double>(fan_in)); };
   std::vector<Case> all;
   all.push_back({"rms_norm", [=](const Inputs& in, tops::Path path) { return tops::rms_norm(in[0], in[1], kEps, path); },
                  [=](const Inputs& in) { return chain_rms_norm(in[0], in[1], kEps); },
@@ -100,8 +104,8 @@ std::vector<Case> cases(const torch::TensorOptions& o, int64_t width, int64_t he
                    return tops::mlp_block(in[0], in[1], in[2], in[3], in[4], kEps, path);
                  },
                  [=](const Inputs& in) { return chain_mlp_block(in[0], in[1], in[2], in[3], in[4], kEps); },
-                 {torch::randn({2, 9, width}, o), norm_weight(width), 0.3 * torch::randn({inter, width}, o),
-                  0.3 * torch::randn({inter, width}, o), 0.3 * torch::randn({width, inter}, o)}});
+                 {torch::randn({2, 9, width}, o), norm_weight(width), in_scale(width) * torch::randn({inter, width}, o),
+                  in_scale(width) * torch::randn({inter, width}, o), in_scale(inter) * torch::randn({width, inter}, o)}});
   return all;
 }
 

@@ -101,26 +101,49 @@ TEST(MemoryPlan, EveryCategoryMatchesTheHandComputedValueForASmallConfig) {
   EXPECT_EQ(line(plan, "hidden-state items in flight: 1 × 2 × [2, 64, 72]"), 2 * 128 * 72 * 4);
 
   // The drafter's step: Q = 2·8·4 = 64 slots, C = 128 context positions,
-  // N = 2·8·3 = 48 loss rows; e = 4, an rms_norm over [n, D] keeps 8·n·D.
-  // Context: fc input 4·128·72 + norm 8·128·72 + context 4·128·72.
-  EXPECT_EQ(line(plan, "drafter context: fc input, fc + norm"), 36864 + 73728 + 36864);
+  // N = 2·8·3 = 48 loss rows; e = 4. The layer ops are fused (the default):
+  // a norm keeps its input and an fp32 rsqrt per normalised vector.
+  // Context: fc input 4·128·72 + the norm's input 4·128·72 and rsqrt 4·128 + context 4·128·72.
+  EXPECT_EQ(line(plan, "drafter context: fc input, fc + norm"), 36864 + 37376 + 36864);
   // Attention (the CPU's SDPA math path, K/V repeated to 6 heads):
-  //   input norm 36,864 + h 18,432 + q's norm and rotated q 12·64·96 + slots' k norm 8·64·32 + slots' k/v 8·64·96
+  //   input norm x 18,432 + rsqrt 256 + h 18,432 + q before its norm 4·64·96 + its rsqrt 4·64·6
+  //   + rotated q 4·64·96 + slots' k before its norm 4·64·32 + its rsqrt 4·64·2 + slots' k/v 8·64·96
   //   + output and copy 8·64·96 + log-sum-exp 4·6·64 + probabilities 4·6·(2·32·96) + scaled q 4·64·96.
-  EXPECT_EQ(line(plan, "drafter layer 0: attention"),
-            36864 + 18432 + 73728 + 16384 + 49152 + 49152 + 1536 + 147456 + 24576);
-  // Context K/V: k's norm 8·128·32, K and V repeated 8·128·96 (RoPE keeps only its tables).
-  EXPECT_EQ(line(plan, "drafter layer 0: context K/V projections"), 32768 + 98304);
-  // MLP: post norm 36,864 + m 18,432 + gate, silu, up, product 16·64·100.
-  EXPECT_EQ(line(plan, "drafter layer 0: MLP"), 36864 + 18432 + 102400);
+  EXPECT_EQ(line(plan, "drafter layer 0: attention"), 18432 + 256 + 18432 + 24576 + 1536 + 24576 + 8192 + 512 + 49152 +
+                                                          49152 + 1536 + 147456 + 24576);
+  // Context K/V: k before its norm 4·128·32 and its rsqrt 4·128·2, K and V repeated 8·128·96.
+  EXPECT_EQ(line(plan, "drafter layer 0: context K/V projections"), 16384 + 1024 + 98304);
+  // MLP block: y 4·64·72, its rsqrt 4·64, gate|up 8·64·100.
+  EXPECT_EQ(line(plan, "drafter layer 0: MLP"), 18432 + 256 + 51200);
   // Masks: one group per row, 32 queries × 96 keys (already a multiple of 16),
   // fp32; rotary tables 8·(64 + 128 + 64)·16.
   EXPECT_EQ(line(plan, "attention workspace: masks, rotary tables"), 4 * 2 * 32 * 96 + 32768);
-  // Final norm 36,864 + hidden rows 4·48·72 + targets/weights/slots 20·48 + teacher rows 4·48·72.
-  EXPECT_EQ(line(plan, "final norm and the loss's inputs"), 36864 + 13824 + 960 + 13824);
-  // Backward, in the last layer's MLP: two [Q, I] gradients 8·64·100, the down
-  // weight's gradient 4·72·100, the hidden-state gradient 4·64·72.
-  EXPECT_EQ(line(plan, "backward working memory (largest layer)"), 51200 + 28800 + 18432);
+  // Final norm 18,432 + 256 + hidden rows 4·48·72 + targets/weights/slots 20·48 + teacher rows 4·48·72.
+  EXPECT_EQ(line(plan, "final norm and the loss's inputs"), 18432 + 256 + 13824 + 960 + 13824);
+  // Backward, in the last layer's MLP block: the product's gradient and
+  // gate|up's, 12·64·100, the down weight's gradient 4·72·100, the
+  // hidden-state gradient 4·64·72.
+  EXPECT_EQ(line(plan, "backward working memory (largest layer)"), 76800 + 28800 + 18432);
+  {
+    // layer_ops aten (Hugging Face's op-by-op arithmetic): an rms_norm over
+    // [n, D] keeps 8·n·D (its fp32 copy and the normalised tensor).
+    nlohmann::json aten_root = root;
+    aten_root["drafter"]["layer_ops"] = "aten";
+    const memory::DevicePlan aten = memory::plan_run(plugins, aten_root);
+    // Context: fc input 4·128·72 + norm 8·128·72 + context 4·128·72.
+    EXPECT_EQ(line(aten, "drafter context: fc input, fc + norm"), 36864 + 73728 + 36864);
+    // Attention: input norm 36,864 + h 18,432 + q's norm and rotated q 12·64·96 + slots' k norm 8·64·32 + slots'
+    // k/v 8·64·96 + output and copy 8·64·96 + log-sum-exp 4·6·64 + probabilities 4·6·(2·32·96) + scaled q 4·64·96.
+    EXPECT_EQ(line(aten, "drafter layer 0: attention"),
+              36864 + 18432 + 73728 + 16384 + 49152 + 49152 + 1536 + 147456 + 24576);
+    // Context K/V: k's norm 8·128·32, K and V repeated 8·128·96 (RoPE keeps only its tables).
+    EXPECT_EQ(line(aten, "drafter layer 0: context K/V projections"), 32768 + 98304);
+    // MLP: post norm 36,864 + m 18,432 + gate, silu, up, product 16·64·100.
+    EXPECT_EQ(line(aten, "drafter layer 0: MLP"), 36864 + 18432 + 102400);
+    EXPECT_EQ(line(aten, "final norm and the loss's inputs"), 36864 + 13824 + 960 + 13824);
+    // Two [Q, I] gradients 8·64·100, the down weight's gradient, the hidden-state gradient.
+    EXPECT_EQ(line(aten, "backward working memory (largest layer)"), 51200 + 28800 + 18432);
+  }
   // Target forward (ATen path on the CPU): residual + larger half 4·128·(72 + 488),
   // angles 8·128·16, cos/sin 4·128·16, fp32 norm temporaries 8·128·72,
   // repeated K/V 2·4·128·96, SDPA math probabilities 2 rows·6 heads·64²·4·2.
@@ -140,12 +163,12 @@ TEST(MemoryPlan, EveryCategoryMatchesTheHandComputedValueForASmallConfig) {
 
   // Phases: resident = target + drafter weights + AdamW; the step's phases on top.
   const int64_t resident = 204248 * 4 + 45536 * 4 + 2 * 45536 * 4;
-  const int64_t activations = 147456 + 417280 + 131072 + 157696 + 57344 + 65472;
+  const int64_t activations = 111104 + 368384 + 115712 + 69888 + 57344 + 47296;
   const int64_t features = 4096 + 73728;
   const auto saved = static_cast<int64_t>(estimate->saved_for_backward_bytes);
   EXPECT_EQ(plan.phase_bytes[0], resident + features + 876544);
   EXPECT_EQ(plan.phase_bytes[1], resident + features + activations + static_cast<int64_t>(estimate->peak_bytes));
-  EXPECT_EQ(plan.phase_bytes[2], resident + activations + saved + 98432);
+  EXPECT_EQ(plan.phase_bytes[2], resident + activations + saved + 124032);
   EXPECT_EQ(plan.phase_bytes[3], resident + 45536 * 4 + 144000);
   EXPECT_EQ(plan.peak_bytes, *std::max_element(plan.phase_bytes, plan.phase_bytes + 4));
   EXPECT_EQ(plan.slack_bytes, std::llround(plan.peak_bytes * 0.05));
@@ -488,7 +511,9 @@ std::string seed_config(const std::string& dir) {
                  {"output_dir", dir + "/run"}, {"progress", "lines"}}},
       {"data", {{"plugin", "synthetic"}, {"row_length", 4096}, {"tokens_per_batch", 65536}}},
       {"target", {{"plugin", "hf_decoder"}, {"path", model.string()}}},
-      {"drafter", {{"plugin", "dflash"}, {"num_layers", 5}, {"block_size", 16}, {"max_anchors", 128}}},
+      // The op-by-op layers (Hugging Face's arithmetic, as the seed's trainer
+      // ran them); the default fused layer ops fit this split (below).
+      {"drafter", {{"plugin", "dflash"}, {"num_layers", 5}, {"block_size", 16}, {"max_anchors", 128}, {"layer_ops", "aten"}}},
       {"loss", {{"plugin", "fused_ckpt_kl"}, {"kl_weight", 0.5}}},
       {"scheduler", {{"plugin", "warmup_cosine"}}}};
   return write_config(dir, root);
@@ -547,6 +572,11 @@ TEST(PlanCommand, TheSeedsThreeTargetOneDrafterSplitIsRefusedWithTheTokenBudgetT
   const std::string budget_65k = " --target-ranks 3 --drafter-ranks 1 --tokens-per-batch 65536";
   EXPECT_EQ(host_run("plan --config " + config + " --gpu-memory 96GiB --queue-depth " + std::to_string(depth) + budget_65k, dir).status, 0);
   EXPECT_EQ(host_run("plan --config " + config + " --gpu-memory 96GiB --queue-depth " + std::to_string(depth + 1) + budget_65k, dir).status, 6);
+  // With the fused layer ops (the default) the drafter keeps less per token
+  // and the seed's split fits as asked.
+  const Result fused = host_run(seed + budget_65k + " --set drafter.layer_ops=fused", dir);
+  EXPECT_EQ(fused.status, 0) << fused.out;
+  EXPECT_TRUE(nlohmann::json::parse(fused.out).at("roles").at("drafter rank").at("verdict").at("fits").get<bool>());
   // The queue is bounded by its depth, not by the number of target ranks.
   const Result two_two = host_run(seed + " --target-ranks 2 --drafter-ranks 2 --tokens-per-batch 65536", dir);
   const auto j2 = nlohmann::json::parse(two_two.out);

@@ -82,14 +82,18 @@ at::Tensor swiglu_forward(const at::Tensor& gate_up) {
   return at::silu(gate_up.narrow(-1, 0, width)) * gate_up.narrow(-1, width, width);
 }
 
-at::Tensor swiglu_backward(const at::Tensor& gate_up, const at::Tensor& d_out) {
+// The gradients of gate and of up, each its own contiguous [rows, width].
+struct GateUpGrads {
+  at::Tensor gate, up;
+};
+GateUpGrads swiglu_backward(const at::Tensor& gate_up, const at::Tensor& d_out) {
   const int64_t width = gate_up.size(-1) / 2;
   const at::ScalarType f = statistics_type(gate_up);
   const at::Tensor gate = gate_up.narrow(-1, 0, width).to(f), up = gate_up.narrow(-1, width, width).to(f);
   const at::Tensor d = d_out.to(f), sigmoid = at::sigmoid(gate);
   const at::Tensor d_up = d * (gate * sigmoid).to(gate_up.scalar_type()).to(f);
   const at::Tensor d_gate = d * up * sigmoid * (1 + gate * (1 - sigmoid));
-  return at::cat({d_gate, d_up}, -1).to(gate_up.scalar_type());
+  return {d_gate.to(gate_up.scalar_type()), d_up.to(gate_up.scalar_type())};
 }
 
 // ---- Dispatch: kernels or closed forms ----------------------------------------
@@ -186,23 +190,28 @@ class MlpBlockFunction : public torch::autograd::Function<MlpBlockFunction> {
     const bool kernels = ctx->saved_data["kernels"].toBool();
     const int64_t width = gate.size(0);
     const at::Tensor d = grad[0].reshape(rows.sizes()).to(rows.scalar_type());
-    at::Tensor d_down, d_gate_up;
+    at::Tensor d_down;
     {
       // The product silu(gate) ⊙ up again, only for the down projection's weight gradient.
       const at::Tensor product = swiglu_of(gate_up, kernels);
       d_down = at::mm(d.t(), product);
     }
+    GateUpGrads d_gate_up;
     {
       const at::Tensor d_product = at::mm(d, down);
-      d_gate_up = kernels ? kernel_ops::swiglu_backward(gate_up, d_product) : swiglu_backward(gate_up, d_product);
+      if (kernels) {  // one [rows, 2·I] buffer; cuBLAS reads its halves in place
+        const at::Tensor both = kernel_ops::swiglu_backward(gate_up, d_product);
+        d_gate_up = {both.narrow(1, 0, width), both.narrow(1, width, width)};
+      } else {
+        d_gate_up = swiglu_backward(gate_up, d_product);
+      }
     }
     // m again, from the saved statistics.
     const at::Tensor m = kernels ? kernel_ops::rms_norm(rows, norm_weight, ctx->saved_data["eps"].toDouble())
                                  : norm_weight * normalised(rows, rstd).to(rows.scalar_type());
-    const at::Tensor d_gate_half = d_gate_up.narrow(1, 0, width), d_up_half = d_gate_up.narrow(1, width, width);
-    const at::Tensor d_gate = at::mm(d_gate_half.t(), m), d_up = at::mm(d_up_half.t(), m);
-    at::Tensor dm = at::mm(d_gate_half, gate);
-    dm.addmm_(d_up_half, up);
+    const at::Tensor d_gate = at::mm(d_gate_up.gate.t(), m), d_up = at::mm(d_gate_up.up.t(), m);
+    at::Tensor dm = at::mm(d_gate_up.gate, gate);
+    dm.addmm_(d_gate_up.up, up);
     const kernel_ops::NormBackward n = norm_backward(dm, rows, norm_weight, rstd, kernels);
     return {(d + n.dx).view(grad[0].sizes()), n.dweight, d_gate, d_up, d_down, at::Tensor(), at::Tensor()};
   }
