@@ -242,7 +242,11 @@ int main(int argc, char** argv) {
   // with like: step peak against its step peak, total against its total.
   const double step_peak_gib = (mem.peak_bytes - before_step) / double(1 << 30), total_peak_gib = mem.peak_bytes / double(1 << 30);
   const PeerFigures* peer = peer_at(a.context, a.anchors, a.block);
-  const bool like_with_like = peer != nullptr && a.precision == "same" && !a.embedding_on_cpu;
+  // Like with like: the peer's shape and state precision (bf16 weights,
+  // gradients, AdamW states). Where the frozen embedding lives is ours to
+  // choose: with embedding_on_cpu it is simply not on the device, and the
+  // total says so.
+  const bool like_with_like = peer != nullptr && a.precision == "same";
 
   std::cout << std::fixed << std::setprecision(1);
   std::cout << "drafter_bench: " << a.layers << " layers, H " << a.hidden << ", " << a.heads << "/" << a.kv_heads << " heads x "
@@ -260,10 +264,10 @@ int main(int argc, char** argv) {
   if (like_with_like)
     std::cout << "vs the peer at this shape (" << kPeerSource << "): speed " << peer->step_ms / step_ms << " x, step peak "
               << step_peak_gib / peer->step_peak_gib << " x its " << peer->step_peak_gib << " GiB, total peak "
-              << total_peak_gib / peer->total_peak_gib << " x its " << peer->total_peak_gib << " GiB\n";
+              << total_peak_gib / peer->total_peak_gib << " x its " << peer->total_peak_gib << " GiB"
+              << (a.embedding_on_cpu ? " (our frozen embedding in host memory, the peer's on its device)" : "") << "\n";
   else if (peer != nullptr)
-    std::cout << "the peer published this shape with bf16 states and the embedding on the device; this run differs, so no "
-                 "ratio is printed\n";
+    std::cout << "the peer published this shape with bf16 states; this run's differ, so no ratio is printed\n";
   std::cout << std::setprecision(1) << "useful FLOP " << flop / 1e12 << " T per step (layers " << flop_layers / 1e12 << ", lm_head "
             << flop_head / 1e12 << ", context " << flop_context / 1e12 << ", attention " << flop_attention / 1e12 << ") = "
             << std::setprecision(0) << tflops << " TFLOP/s; same-run GEMM floor " << gemm_tflops << " TFLOP/s ("

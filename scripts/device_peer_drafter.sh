@@ -6,6 +6,8 @@
 # The peer's code is not part of this repository: put a copy of SpecForge's
 # `specforge` package under .peer/ (ignored by git) and carry it:
 #   mkdir -p .peer && git -C <SpecForge clone> archive HEAD specforge | tar -x -C .peer
+# OURS_VARIANTS="--embedding-on-cpu;--layer-ops aten" runs ours once more per
+# ';'-separated flag set at each shape (the default configuration always runs).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-${OUT:-/tmp/peer_drafter}}
@@ -16,8 +18,14 @@ date -u +%Y-%m-%dT%H:%MZ > "$out/date.txt"
 nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv > "$out/gpu.txt" || true
 for shape in "4096 512 16" "8192 1024 16" "3072 1024 32"; do
   set -- $shape
-  "$root/build-gpu/bin/drafter_bench" --plugin-dir "$root/build-gpu/lib/dflash-host/plugins" --context "$1" --anchors "$2" \
-    --block "$3" --json "$out/ours.jsonl" >> "$out/ours.txt" 2>&1 || echo "ours $shape failed" >> "$out/ours.txt"
+  IFS=';' read -ra variants <<< "${OURS_VARIANTS:-}"
+  for flags in "" "${variants[@]}"; do
+    echo "== ours $shape ${flags}" >> "$out/ours.txt"
+    # shellcheck disable=SC2086
+    "$root/build-gpu/bin/drafter_bench" --plugin-dir "$root/build-gpu/lib/dflash-host/plugins" --context "$1" --anchors "$2" \
+      --block "$3" $flags --json "$out/ours.jsonl" 2>&1 | grep -v "\[info\] loading" >> "$out/ours.txt" ||
+      echo "ours $shape $flags failed" >> "$out/ours.txt"
+  done
   python3 "$root/scripts/peer_drafter_step.py" --specforge "$root/.peer" --context "$1" --anchors "$2" --block "$3" \
     --json "$out/peer.jsonl" >> "$out/peer.txt" 2>&1 || echo "peer $shape failed" >> "$out/peer.txt"
 done

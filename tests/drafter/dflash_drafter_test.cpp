@@ -438,7 +438,8 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
 // On a GPU in bf16 the fused layer ops (the CUDA kernels and their
 // backwards) must give the op-by-op chain's hidden states and gradients within
 // bf16 noise (the tolerances of GroupedAttentionOnTheGpuMatchesTheDenseMask),
-// with and without activation checkpointing.
+// with and without activation checkpointing; with the embedding in host
+// memory, exactly what they give with it on the device.
 TEST(DFlashDrafter, FusedLayerOpsOnTheGpuMatchTheOpByOpChain) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   PluginRegistry registry;
@@ -454,13 +455,17 @@ TEST(DFlashDrafter, FusedLayerOpsOnTheGpuMatchTheOpByOpChain) {
     SCOPED_TRACE(checkpointing ? "checkpointed" : "plain");
     std::vector<torch::Tensor> outputs;
     std::vector<NamedTensors> grads;
-    for (const char* ops : {"fused", "aten"}) {  // the reference last
+    // Fused with the embedding in host memory (only the distinct slot rows
+    // travel), fused, and the op-by-op reference last.
+    const std::vector<std::pair<const char*, bool>> variants = {{"fused", true}, {"fused", false}, {"aten", false}};
+    for (const auto& [ops, embedding_on_cpu] : variants) {
       const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
                                      {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", 4}, {"max_anchors", 6},
                                      {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", {1, 5}}, {"init_std", 0.1},
                                      {"rope_theta", 0.0}, {"activation_checkpointing", checkpointing},
                                      {"attention", "grouped"}, {"attention_group_blocks", 2},
-                                     {"attention_group_key_multiple", 4}, {"layer_ops", ops}};
+                                     {"attention_group_key_multiple", 4}, {"layer_ops", ops},
+                                     {"embedding_on_cpu", embedding_on_cpu}};
       DrafterInstance drafter(record, config, {"cuda:0", "bfloat16", 3});
       drafter.bind_target(gpu.info, gpu.frozen);
       const auto hidden = get(drafter.forward(inputs), "hidden");
@@ -470,12 +475,15 @@ TEST(DFlashDrafter, FusedLayerOpsOnTheGpuMatchTheOpByOpChain) {
       for (const auto& [name, p] : drafter.parameters()) g.emplace_back(name, p.grad().to(torch::kCPU, torch::kFloat));
       grads.push_back(g);
     }
-    const double scale = outputs[1].abs().max().item<double>();
-    EXPECT_LE((outputs[0] - outputs[1]).abs().max().item<double>(), 3e-2 * scale);
-    for (size_t i = 0; i < grads[1].size(); ++i) {
-      const double gscale = grads[1][i].second.abs().max().item<double>();
-      EXPECT_LE((grads[0][i].second - grads[1][i].second).abs().max().item<double>(), 5e-2 * gscale + 1e-6)
-          << grads[1][i].first;
+    // The embedding's placement changes no arithmetic: the same bits.
+    EXPECT_TRUE(torch::equal(outputs[0], outputs[1]));
+    for (size_t i = 0; i < grads[1].size(); ++i) EXPECT_TRUE(torch::equal(grads[0][i].second, grads[1][i].second)) << grads[1][i].first;
+    const double scale = outputs[2].abs().max().item<double>();
+    EXPECT_LE((outputs[1] - outputs[2]).abs().max().item<double>(), 3e-2 * scale);
+    for (size_t i = 0; i < grads[2].size(); ++i) {
+      const double gscale = grads[2][i].second.abs().max().item<double>();
+      EXPECT_LE((grads[1][i].second - grads[2][i].second).abs().max().item<double>(), 5e-2 * gscale + 1e-6)
+          << grads[2][i].first;
     }
   }
 }

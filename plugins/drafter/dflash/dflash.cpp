@@ -143,6 +143,17 @@ class DFlashDrafter : public sdk::Drafter {
     model_->set_drafting_kernels(config_.value("kernels", std::string("auto")) == "auto");
   }
 
+  // The embeddings of a batch's block slots [B, Q] on the drafter's device.
+  // From host memory (embedding_on_cpu) only the distinct rows travel — the
+  // anchors' tokens and the mask token, a few hundred of Q's thousands — and
+  // the device expands them; otherwise one gather on the device.
+  at::Tensor slot_embeddings_of(const at::Tensor& slot_ids) const {
+    const at::Tensor ids = slot_ids.flatten();
+    if (embed_.device() == device_) return embed_.index_select(0, ids.to(device_));
+    const auto [distinct, where] = at::_unique(ids.to(at::kCPU), /*sorted=*/false, /*return_inverse=*/true);
+    return embed_.index_select(0, distinct).to(device_).index_select(0, where.to(device_));
+  }
+
   // Blocks per attention call: attention_group_blocks when grouped, 0 = dense.
   static int64_t group_blocks_of(const nlohmann::json& config) {
     return config.at("attention").get<std::string>() == "grouped" ? config.at("attention_group_blocks").get<int64_t>() : 0;
@@ -210,8 +221,7 @@ class DFlashDrafter : public sdk::Drafter {
     std::vector<at::Tensor> features;
     for (int64_t id : layer_ids_) features.push_back(inputs.at("hidden." + std::to_string(id)).to(device_));
     const int64_t slots = layout.slot_ids.size(1), hidden = model.shape().hidden;
-    const at::Tensor slot_embeddings =
-        embed_.index_select(0, layout.slot_ids.flatten().to(embed_.device())).to(device_).view({rows, slots, hidden});
+    const at::Tensor slot_embeddings = slot_embeddings_of(layout.slot_ids).view({rows, slots, hidden});
     const at::Tensor out = model.forward(at::cat(features, -1), positions.to(device_), slot_embeddings,
                                          layout.slot_positions.to(device_), masks);  // [B, Q, H]
 
