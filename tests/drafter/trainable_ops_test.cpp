@@ -99,6 +99,18 @@ std::vector<Case> cases(const torch::TensorOptions& o, int64_t width, int64_t he
                  [=](const Inputs& in, tops::Path path) { return tops::head_norm_rope(in[0], in[1], rotary, kEps, path); },
                  [=](const Inputs& in) { return chain_head_norm_rope(in[0], in[1], rotary, kEps); },
                  {torch::randn({2, 9, 4, head_dim}, o), norm_weight(head_dim)}});
+  // The three projections concatenated, so one output gradient reaches all of them.
+  all.push_back({"norm_projections",
+                 [=](const Inputs& in, tops::Path path) {
+                   const tops::Projections p = tops::norm_projections(in[0], in[1], in[2], in[3], in[4], kEps, path);
+                   return torch::cat({p.first, p.second, p.third}, -1);
+                 },
+                 [=](const Inputs& in) {
+                   const auto h = chain_rms_norm(in[0], in[1], kEps);
+                   return torch::cat({torch::linear(h, in[2]), torch::linear(h, in[3]), torch::linear(h, in[4])}, -1);
+                 },
+                 {torch::randn({2, 9, width}, o), norm_weight(width), in_scale(width) * torch::randn({width, width}, o),
+                  in_scale(width) * torch::randn({width / 2, width}, o), in_scale(width) * torch::randn({width / 2, width}, o)}});
   all.push_back({"mlp_block",
                  [=](const Inputs& in, tops::Path path) {
                    return tops::mlp_block(in[0], in[1], in[2], in[3], in[4], kEps, path);

@@ -226,11 +226,20 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
   const at::Tensor &input_norm = w[0], &wq = w[1], &wk = w[2], &wv = w[3], &wo = w[4], &q_norm = w[5], &k_norm = w[6];
   const at::Tensor &post_norm = w[7], &gate = w[8], &up = w[9], &down = w[10];
   const int64_t b = x.size(0), q_len = x.size(1), ctx_len = context.size(1);
-  const at::Tensor h = norm_of(s, x, input_norm);
-  at::Tensor q = at::linear(h, wq).view({b, q_len, s.heads, s.head_dim});
+  // The slots' q, k and v from the input norm (fused: h is not kept for
+  // backward but recomputed there).
+  at::Tensor q_slots, k_slots, v_slots;
+  if (s.fused) {
+    const trainable_ops::Projections p = trainable_ops::norm_projections(x, input_norm, wq, wk, wv, s.eps);
+    q_slots = p.first, k_slots = p.second, v_slots = p.third;
+  } else {
+    const at::Tensor h = rms_norm(x, input_norm, s.eps);
+    q_slots = at::linear(h, wq), k_slots = at::linear(h, wk), v_slots = at::linear(h, wv);
+  }
+  at::Tensor q = q_slots.view({b, q_len, s.heads, s.head_dim});
   // Keys and values: the context's (injected) and the block slots' own, through the same projections.
-  at::Tensor k = at::cat({at::linear(context, wk), at::linear(h, wk)}, 1).view({b, ctx_len + q_len, s.kv_heads, s.head_dim});
-  at::Tensor v = at::cat({at::linear(context, wv), at::linear(h, wv)}, 1).view({b, ctx_len + q_len, s.kv_heads, s.head_dim});
+  at::Tensor k = at::cat({at::linear(context, wk), k_slots}, 1).view({b, ctx_len + q_len, s.kv_heads, s.head_dim});
+  at::Tensor v = at::cat({at::linear(context, wv), v_slots}, 1).view({b, ctx_len + q_len, s.kv_heads, s.head_dim});
   if (s.fused) {
     q = trainable_ops::head_norm_rope(q, q_norm, {rotary_q.cos, rotary_q.sin}, s.eps);  // [B, Q, heads, d]
     k = trainable_ops::head_norm_rope(k, k_norm, {rotary_k.cos, rotary_k.sin}, s.eps);  // [B, S + Q, kv, d]
@@ -238,7 +247,7 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
     q = rope(rms_norm(q, q_norm, s.eps), rotary_q.cos, rotary_q.sin);
     k = rope(rms_norm(k, k_norm, s.eps), rotary_k.cos, rotary_k.sin);
   }
-  at::Tensor attention;
+  at::Tensor projected;  // the attention's output through o_proj, [B, Q, H]
   if (plan.grouped()) {
     const auto g = plan.groups.accessor<int64_t, 2>();
     const at::Tensor q_rows = q.reshape({b * q_len, s.heads, s.head_dim});
@@ -258,15 +267,21 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
           plan.bias.narrow(0, bias_at, count * queries * stride).view({count, 1, queries, stride}).narrow(3, 0, keys);
       const at::Tensor out = attend(gather(q_rows, query_index, queries, s.heads), gather(k_rows, key_index, keys, s.kv_heads),
                                     gather(v_rows, key_index, keys, s.kv_heads), bias, s.heads, s.kv_heads, plan.cudnn);
-      parts.push_back(out.transpose(1, 2).reshape({count * queries, s.heads * s.head_dim}));  // [n, heads, queries, d] →
+      // o_proj per call, on the kernel's output as it is laid out ([n,
+      // queries, heads·d] is a view of cuDNN's): autograd keeps that one
+      // tensor for both backwards, where projecting the reordered concatenation
+      // kept a second copy of every output.
+      parts.push_back(at::linear(out.transpose(1, 2).reshape({count * queries, s.heads * s.head_dim}), wo));
     }
-    attention = at::cat(parts).index_select(0, plan.index.narrow(0, 0, b * q_len)).view({b, q_len, s.heads * s.head_dim});
+    projected = at::cat(parts).index_select(0, plan.index.narrow(0, 0, b * q_len)).view({b, q_len, x.size(-1)});
   } else {
-    attention = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), plan.bias, s.heads, s.kv_heads, plan.cudnn)
-                    .transpose(1, 2)
-                    .reshape({b, q_len, s.heads * s.head_dim});
+    projected = at::linear(attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), plan.bias, s.heads, s.kv_heads,
+                                  plan.cudnn)
+                               .transpose(1, 2)
+                               .reshape({b, q_len, s.heads * s.head_dim}),
+                           wo);
   }
-  const at::Tensor y = x + at::linear(attention, wo);
+  const at::Tensor y = x + projected;
   if (s.fused) return trainable_ops::mlp_block(y, post_norm, gate, up, down, s.eps);
   const at::Tensor m = rms_norm(y, post_norm, s.eps);
   return y + at::linear(at::silu(at::linear(m, gate)) * at::linear(m, up), down);

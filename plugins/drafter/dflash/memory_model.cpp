@@ -113,15 +113,20 @@ sdk::MemoryPlan step_memory(const DrafterShape& s, const StepShape& step) {
   // RoPE multiplies by constant tables, so autograd keeps only the tables;
   // the rotated q is kept by the attention kernel, the rotated k only through
   // the kernel's per-group copies.
+  // o_proj reads each attention call's output as a view of it on CUDA (the
+  // fused kernels write [n, queries, heads, d]), so autograd keeps one
+  // tensor for both; SDPA's math path writes [n, heads, queries, d] and the
+  // view becomes a copy.
+  const double outputs_kept = step.cuda ? 1.0 : 2.0;
   const double kernel_saves = 2 * e * Q * kv_width                                   // the slots' k and v as the kernel keeps them
-                              + 2 * e * Q * HQ + 4 * heads * Q                       // kernel output and its copy for o_proj; log-sum-exp
+                              + outputs_kept * e * Q * HQ + 4 * heads * Q            // kernel output (o_proj's input); log-sum-exp
                               + (step.cuda ? 0.0 : e * heads * score_elements + e * Q * HQ);  // SDPA math: probabilities
   const double kv_heads = static_cast<double>(s.kv_heads);
   double attention = 0, context_kv = 0, mlp = 0;
   if (step.fused) {
     // trainable_ops: each norm keeps its input and an fp32 rsqrt per
     // normalised vector; the MLP block keeps y, its rsqrt and gate|up.
-    attention = e * Q * H + 4 * Q + e * Q * H              // input norm: x, rsqrt; h (read by q, k, v)
+    attention = e * Q * H + 4 * Q                          // input norm + q/k/v: x, rsqrt (h is recomputed)
                 + e * Q * HQ + 4 * Q * heads + e * Q * HQ  // q before its norm, rsqrt; the rotated q the kernel keeps
                 + e * Q * HKV + 4 * Q * kv_heads           // the slots' k before its norm, rsqrt
                 + kernel_saves;

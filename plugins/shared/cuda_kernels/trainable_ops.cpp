@@ -157,6 +157,53 @@ class HeadNormRopeFunction : public torch::autograd::Function<HeadNormRopeFuncti
   }
 };
 
+// The norm of x [rows, H] again from its saved rsqrt.
+at::Tensor renormalised(const at::Tensor& rows, const at::Tensor& weight, const at::Tensor& rstd, double eps, bool kernels) {
+  return kernels ? kernel_ops::rms_norm(rows, weight, eps) : weight * normalised(rows, rstd).to(rows.scalar_type());
+}
+
+class NormProjectionsFunction : public torch::autograd::Function<NormProjectionsFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& norm_weight, const at::Tensor& w1,
+                               const at::Tensor& w2, const at::Tensor& w3, double eps, bool kernels) {
+    const at::Tensor rows = x.reshape({-1, x.size(-1)});
+    const Normalised h = norm_forward(rows, norm_weight, eps, kernels);
+    ctx->save_for_backward({rows, norm_weight, h.rstd, w1, w2, w3});
+    ctx->saved_data["kernels"] = kernels;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    auto shaped = [&](const at::Tensor& out) {
+      std::vector<int64_t> sizes = x.sizes().vec();
+      sizes.back() = out.size(-1);
+      return out.view(sizes);
+    };
+    return {shaped(at::mm(h.out, w1.t())), shaped(at::mm(h.out, w2.t())), shaped(at::mm(h.out, w3.t()))};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor &rows = s[0], &norm_weight = s[1], &rstd = s[2];
+    const bool kernels = ctx->saved_data["kernels"].toBool();
+    const at::Tensor h = renormalised(rows, norm_weight, rstd, ctx->saved_data["eps"].toDouble(), kernels);
+    at::Tensor dh;
+    variable_list weight_grads;
+    for (size_t i = 0; i < 3; ++i) {
+      const at::Tensor& w = s[3 + i];
+      if (!grad[i].defined()) {  // that output was not used
+        weight_grads.emplace_back(at::zeros_like(w));
+        continue;
+      }
+      const at::Tensor g = grad[i].reshape({rows.size(0), w.size(0)}).to(rows.scalar_type());
+      weight_grads.push_back(at::mm(g.t(), h));
+      dh = dh.defined() ? dh.addmm_(g, w) : at::mm(g, w);
+    }
+    if (!dh.defined()) dh = at::zeros_like(rows);
+    const kernel_ops::NormBackward n = norm_backward(dh, rows, norm_weight, rstd, kernels);
+    return {n.dx.view(ctx->saved_data["x_sizes"].toIntVector()), n.dweight, weight_grads[0], weight_grads[1],
+            weight_grads[2], at::Tensor(), at::Tensor()};
+  }
+};
+
 // m [rows, H] → [m·gateᵀ | m·upᵀ] in one [rows, 2·I] buffer (two GEMMs
 // writing its halves in place: no concatenated weight, no copy).
 at::Tensor gate_up_of(const at::Tensor& m, const at::Tensor& gate, const at::Tensor& up) {
@@ -207,8 +254,7 @@ class MlpBlockFunction : public torch::autograd::Function<MlpBlockFunction> {
       }
     }
     // m again, from the saved statistics.
-    const at::Tensor m = kernels ? kernel_ops::rms_norm(rows, norm_weight, ctx->saved_data["eps"].toDouble())
-                                 : norm_weight * normalised(rows, rstd).to(rows.scalar_type());
+    const at::Tensor m = renormalised(rows, norm_weight, rstd, ctx->saved_data["eps"].toDouble(), kernels);
     const at::Tensor d_gate = at::mm(d_gate_up.gate.t(), m), d_up = at::mm(d_gate_up.up.t(), m);
     at::Tensor dm = at::mm(d_gate_up.gate, gate);
     dm.addmm_(d_gate_up.up, up);
@@ -240,6 +286,12 @@ at::Tensor head_norm_rope(const at::Tensor& x, const at::Tensor& weight, const R
   const at::Tensor cos = rotary.cos.reshape({tokens, head_dim / 2}), sin = rotary.sin.reshape({tokens, head_dim / 2});
   const bool kernels = kernels_for(x, path) && cos.scalar_type() == at::kFloat;
   return HeadNormRopeFunction::apply(x.reshape({tokens, heads, head_dim}), weight, cos, sin, eps, kernels)[0].view(x.sizes());
+}
+
+Projections norm_projections(const at::Tensor& x, const at::Tensor& norm_weight, const at::Tensor& w1, const at::Tensor& w2,
+                             const at::Tensor& w3, double eps, Path path) {
+  const variable_list out = NormProjectionsFunction::apply(x, norm_weight, w1, w2, w3, eps, kernels_for(x, path));
+  return {out[0], out[1], out[2]};
 }
 
 at::Tensor mlp_block(const at::Tensor& y, const at::Tensor& norm_weight, const at::Tensor& gate, const at::Tensor& up,

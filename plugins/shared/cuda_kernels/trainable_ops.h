@@ -46,6 +46,15 @@ c10::ScalarType rotary_dtype(c10::ScalarType activations);
 at::Tensor head_norm_rope(const at::Tensor& x, const at::Tensor& weight, const RotaryHalves& rotary, double eps,
                           Path path = Path::kAuto);
 
+// The input norm and the projections that read it: h = rms_norm(x,
+// norm_weight), then h·Wᵢᵀ for each of the three weights (a layer's q, k
+// and v). Saves x and the per-row rsqrt, not h: h is recomputed in backward.
+struct Projections {
+  at::Tensor first, second, third;  // [..., out_i]
+};
+Projections norm_projections(const at::Tensor& x, const at::Tensor& norm_weight, const at::Tensor& w1, const at::Tensor& w2,
+                             const at::Tensor& w3, double eps, Path path = Path::kAuto);
+
 // A Qwen3-style MLP with its norm and residual: y + down(silu(gate·m) ⊙ up·m),
 // m = rms_norm(y, norm_weight). gate and up are computed into one [rows, 2·I]
 // buffer, the down projection adds the residual in its GEMM. Saves y, the
