@@ -406,6 +406,17 @@ std::optional<int64_t> resume_step(const CliOptions& options) {
   return step;
 }
 
+// A run whose plan does not fit (`shortfall` says by how much): refused
+// with its exit status, or started with a warning under --skip-memory-check.
+std::optional<int> refuse_unless_skipped(const CliOptions& options, const std::string& shortfall) {
+  if (!options.skip_memory_check) {
+    log::error(shortfall + "; use a setting above, or --skip-memory-check to start anyway");
+    return kExitDoesNotFit;
+  }
+  log::warn("the memory plan says the run does not fit; starting anyway (--skip-memory-check)");
+  return std::nullopt;
+}
+
 // The memory check comes before any other plugin is created: nothing is
 // allocated for a run that cannot fit. The loss comes first because it
 // answers the plan from an instance (estimate_memory); the same instance
@@ -424,13 +435,9 @@ std::optional<int> check_memory(const CliOptions& options, const PluginRegistry&
   const memory::Verdict verdict = memory::check_fit(registry, resolved.root, plan, capacity.free_bytes);
   if (!verdict.fits) {
     std::cerr << memory::format_plan(plan, capacity, verdict) << std::flush;
-    if (!options.skip_memory_check) {
-      log::error("the run does not fit on " + plan.device + ": it needs " + memory::format_bytes(plan.total_bytes) + ", " +
-                 memory::format_bytes(capacity.free_bytes) + " available (" + capacity.source + "); use a setting above, or "
-                 "--skip-memory-check to start anyway");
-      return kExitDoesNotFit;
-    }
-    log::warn("the memory plan says the run does not fit; starting anyway (--skip-memory-check)");
+    return refuse_unless_skipped(options, "the run does not fit on " + plan.device + ": it needs " +
+                                              memory::format_bytes(plan.total_bytes) + ", " +
+                                              memory::format_bytes(capacity.free_bytes) + " available (" + capacity.source + ")");
   } else {
     log::info("memory plan: predicted peak " + memory::format_bytes(plan.peak_bytes) + " (" +
               memory::phase_name(plan.peak_phase) + "), " + memory::format_bytes(plan.total_bytes) + " with slack, of " +
@@ -462,14 +469,13 @@ int train_disaggregated(const CliOptions& options, const PluginRegistry& registr
         if (launch->rank == 0) log::warn(std::string("memory plan (") + memory::role_name(plan.role) + ") incomplete: " + missing);
     if (!plans.fits()) {
       if (launch->rank == 0) print_role_plans(plans, settings, false, std::cerr);
-      if (!options.skip_memory_check) {
-        log::error("the run does not fit: a " + std::string(memory::role_name(
-                       plans.roles[0].second && !plans.roles[0].second->fits ? plans.roles[0].first.role : plans.roles[1].first.role)) +
-                   " needs more than the " + memory::format_bytes(plans.capacity.free_bytes) + " available (" +
-                   plans.capacity.source + "); use a setting above, or --skip-memory-check to start anyway");
-        return kExitDoesNotFit;
-      }
-      log::warn("the memory plan says the run does not fit; starting anyway (--skip-memory-check)");
+      const memory::PlanRole short_role =
+          plans.roles[0].second && !plans.roles[0].second->fits ? plans.roles[0].first.role : plans.roles[1].first.role;
+      if (const auto refused = refuse_unless_skipped(options, "the run does not fit: a " + std::string(memory::role_name(short_role)) +
+                                                                  " needs more than the " +
+                                                                  memory::format_bytes(plans.capacity.free_bytes) +
+                                                                  " available (" + plans.capacity.source + ")"))
+        return *refused;
     }
     run_options.memory_plan = plans.roles[target ? 0 : 1].first;
   }
