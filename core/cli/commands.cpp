@@ -461,9 +461,13 @@ int train_disaggregated(const CliOptions& options, const PluginRegistry& registr
   const pipeline::Topology topology(settings, launch->world_size);
   const bool target = topology.role_of(launch->rank) == pipeline::Role::kTarget;
   train::RunOptions run_options;
+  // The loss answers the drafter role's plan from an instance; a drafter
+  // rank then trains with that same instance (its constructor runs once).
+  auto loss = instantiate<host::LossInstance>(registry, resolved, DFLASH_KIND_LOSS,
+                                              config::plugin_config_of(resolved, host::kind_section(DFLASH_KIND_LOSS)));
   // Every rank plans both roles, so that all refuse together before any joins.
   {
-    const RolePlans plans = plan_roles(options, registry, resolved);
+    const RolePlans plans = plan_roles(options, registry, resolved, loss.get());
     for (const auto& [plan, verdict] : plans.roles)
       for (const std::string& missing : plan.missing)
         if (launch->rank == 0) log::warn(std::string("memory plan (") + memory::role_name(plan.role) + ") incomplete: " + missing);
@@ -491,7 +495,7 @@ int train_disaggregated(const CliOptions& options, const PluginRegistry& registr
     train::RunPlugins plugins;
     plugins.identities_elsewhere = registry_identities(registry, resolved);
     if (target) add_target_side(registry, resolved, plugins);
-    else add_drafter_side(registry, resolved, plugins, nullptr);
+    else add_drafter_side(registry, resolved, plugins, std::move(loss));
     train::Run run(std::move(plugins), resolved.root);
     dist::check_ranks_agree(*world, dist::run_fingerprint(shared_config, run.plugin_identities()));
     pipeline::exchange_at_start(run, *world, topology);
