@@ -70,11 +70,11 @@ template <class Group>
 class C10dCollective final : public Collective {
  public:
   // `close`: what ends the group cleanly (NCCL's shutdown), before the watch stops.
-  // `make_subgroup`: how this group's members make a group of their own.
+  // `makers`: how this group's members make a group of their own, and store clients.
   C10dCollective(c10::intrusive_ptr<Group> group, int rank, int world_size, std::optional<c10::Device> staging,
-                 std::unique_ptr<Watch> watch, std::function<void(Group&)> close = {}, SubgroupMaker make_subgroup = {})
+                 std::unique_ptr<Watch> watch, std::function<void(Group&)> close = {}, GroupMakers makers = {})
       : group_(std::move(group)), rank_(rank), world_size_(world_size), staging_(staging), watch_(std::move(watch)),
-        close_(std::move(close)), make_subgroup_(std::move(make_subgroup)) {}
+        close_(std::move(close)), makers_(std::move(makers)) {}
   ~C10dCollective() override {
     try {
       if (close_) close_(*group_);
@@ -151,14 +151,13 @@ class C10dCollective final : public Collective {
   }
 
   std::unique_ptr<Collective> subgroup(const std::vector<int>& members, const std::string& name) override {
-    if (!make_subgroup_) return Collective::subgroup(members, name);
-    return make_subgroup_(members, name);
+    if (!makers_.subgroup) return Collective::subgroup(members, name);
+    return makers_.subgroup(members, name);
   }
 
-  void set_key_value_maker(std::function<std::unique_ptr<KeyValue>()> maker) { make_key_value_ = std::move(maker); }
   std::unique_ptr<KeyValue> key_value() override {
-    if (!make_key_value_) return Collective::key_value();
-    return make_key_value_();
+    if (!makers_.key_value) return Collective::key_value();
+    return makers_.key_value();
   }
 
  private:
@@ -196,8 +195,7 @@ class C10dCollective final : public Collective {
   std::optional<c10::Device> staging_;
   std::unique_ptr<Watch> watch_;
   std::function<void(Group&)> close_;
-  SubgroupMaker make_subgroup_;
-  std::function<std::unique_ptr<KeyValue>()> make_key_value_;
+  GroupMakers makers_;
 };
 
 }  // namespace dflash::dist::detail
@@ -209,7 +207,6 @@ bool nccl_available();
 // `rank` of `world_size` on `store` (a prefix of its own per group).
 std::unique_ptr<Collective> join_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
                                       const c10::Device& device, std::chrono::milliseconds timeout,
-                                      std::unique_ptr<Watch> watch, SubgroupMaker make_subgroup,
-                                      std::function<std::unique_ptr<KeyValue>()> make_key_value);
+                                      std::unique_ptr<Watch> watch, GroupMakers makers);
 
 }  // namespace dflash::dist::detail

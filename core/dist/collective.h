@@ -99,6 +99,14 @@ std::string failure_key(int world_rank);
 
 // How a c10d-backed group makes a subgroup (process_group.cpp).
 using SubgroupMaker = std::function<std::unique_ptr<Collective>(const std::vector<int>& members, const std::string& name)>;
+using KeyValueMaker = std::function<std::unique_ptr<KeyValue>()>;
+// How a backend's group makes what belongs to its run beside it: a group of
+// some of its members, and a client of the run's key-value store. Either
+// may be empty (then Collective's defaults answer).
+struct GroupMakers {
+  SubgroupMaker subgroup;
+  KeyValueMaker key_value;
+};
 
 // The world of one process: rank 0 of 1.
 std::unique_ptr<Collective> single_process();

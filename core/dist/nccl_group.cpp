@@ -21,8 +21,7 @@ bool nccl_available() { return true; }
 
 std::unique_ptr<Collective> join_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
                                       const c10::Device& device, std::chrono::milliseconds timeout,
-                                      std::unique_ptr<Watch> watch, SubgroupMaker make_subgroup,
-                                      std::function<std::unique_ptr<KeyValue>()> make_key_value) {
+                                      std::unique_ptr<Watch> watch, GroupMakers makers) {
   // NCCL's communicator lives on the current device: this rank's.
   c10::cuda::set_device(device.index());
   auto options = c10d::ProcessGroupNCCL::Options::create();
@@ -42,10 +41,8 @@ std::unique_ptr<Collective> join_nccl(const c10::intrusive_ptr<c10d::Store>& sto
     (void)g;
 #endif
   };
-  auto out = std::make_unique<C10dCollective<c10d::ProcessGroupNCCL>>(group, rank, world_size, device, std::move(watch),
-                                                                      close, std::move(make_subgroup));
-  out->set_key_value_maker(std::move(make_key_value));
-  return out;
+  return std::make_unique<C10dCollective<c10d::ProcessGroupNCCL>>(group, rank, world_size, device, std::move(watch), close,
+                                                                  std::move(makers));
 }
 
 #else
@@ -53,8 +50,7 @@ std::unique_ptr<Collective> join_nccl(const c10::intrusive_ptr<c10d::Store>& sto
 bool nccl_available() { return false; }
 
 std::unique_ptr<Collective> join_nccl(const c10::intrusive_ptr<c10d::Store>&, int, int, const c10::Device&,
-                                      std::chrono::milliseconds, std::unique_ptr<Watch>, SubgroupMaker,
-                                      std::function<std::unique_ptr<KeyValue>()>) {
+                                      std::chrono::milliseconds, std::unique_ptr<Watch>, GroupMakers) {
   throw std::logic_error("join_nccl without NCCL");
 }
 

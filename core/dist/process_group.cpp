@@ -186,12 +186,13 @@ std::unique_ptr<Collective> make_group(const std::shared_ptr<const GroupContext>
   // store traffic.
   auto watch = std::make_unique<detail::Watch>(connect(env, false, ctx->timeout), rank, size, ctx->address, scope, members);
   const auto group_store = c10::make_intrusive<c10d::PrefixStore>(name.empty() ? "dflash_group" : "dflash_group/" + name, ctx->store);
-  SubgroupMaker make_subgroup = [ctx, members](const std::vector<int>& sub, const std::string& sub_name) {
+  GroupMakers makers;
+  makers.subgroup = [ctx, members](const std::vector<int>& sub, const std::string& sub_name) {
     std::vector<int> world;
     for (int r : sub) world.push_back(members.at(static_cast<size_t>(r)));
     return make_group(ctx, world, sub_name);
   };
-  auto make_key_value = [ctx]() -> std::unique_ptr<KeyValue> {
+  makers.key_value = [ctx]() -> std::unique_ptr<KeyValue> {
     return std::make_unique<StoreKeyValue>(connect(ctx->env, false, ctx->timeout));
   };
   const c10::Device where(ctx->device);
@@ -199,8 +200,7 @@ std::unique_ptr<Collective> make_group(const std::shared_ptr<const GroupContext>
     if (!detail::nccl_available())
       throw std::invalid_argument("train.device is " + ctx->device + " but this build of dflash-host has no NCCL (a CPU "
                                   "LibTorch): several ranks on CUDA need a CUDA build");
-    return detail::join_nccl(group_store, rank, size, where, ctx->timeout, std::move(watch), std::move(make_subgroup),
-                             make_key_value);
+    return detail::join_nccl(group_store, rank, size, where, ctx->timeout, std::move(watch), std::move(makers));
   }
 #if DFLASH_HOST_GLOO
   auto options = c10d::ProcessGroupGloo::Options::create(ctx->timeout);
@@ -215,10 +215,8 @@ std::unique_ptr<Collective> make_group(const std::shared_ptr<const GroupContext>
                                                                 : " joined group '" + name + "' as its rank " + std::to_string(rank) +
                                                                       " of " + std::to_string(size)) +
             " (Gloo, " + ctx->device + ")");
-  auto out = std::make_unique<detail::C10dCollective<c10d::ProcessGroupGloo>>(
-      group, rank, size, std::nullopt, std::move(watch), std::function<void(c10d::ProcessGroupGloo&)>{}, std::move(make_subgroup));
-  out->set_key_value_maker(make_key_value);
-  return out;
+  return std::make_unique<detail::C10dCollective<c10d::ProcessGroupGloo>>(
+      group, rank, size, std::nullopt, std::move(watch), std::function<void(c10d::ProcessGroupGloo&)>{}, std::move(makers));
 #else
   throw std::invalid_argument("train.device is " + ctx->device + " but this build of dflash-host has no Gloo (its LibTorch "
                               "came without Gloo's headers): several ranks on the CPU are not available");
