@@ -40,26 +40,32 @@ bool fused_available(const at::Tensor& like) {
 #endif
 }
 
+// grad_scale: undefined, or a one-element fp32 tensor on the device by which
+// the kernel divides each gradient (AMP's unscale, here 1 / the clip factor).
 void fused_adamw(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, std::vector<at::Tensor> m,
-                 std::vector<at::Tensor> v, std::vector<at::Tensor> steps, double lr, const AdamWOptions& o) {
+                 std::vector<at::Tensor> v, std::vector<at::Tensor> steps, double lr, const AdamWOptions& o,
+                 const at::Tensor& grad_scale) {
 #if DFLASH_TORCH_AT_LEAST(2, 1)
   at::_fused_adamw_(params, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, o.beta1, o.beta2, o.weight_decay, o.eps,
-                    /*amsgrad=*/false, /*maximize=*/false);
+                    /*amsgrad=*/false, /*maximize=*/false,
+                    grad_scale.defined() ? c10::optional<at::Tensor>(grad_scale) : c10::nullopt);
 #else
-  (void)params, (void)grads, (void)m, (void)v, (void)steps, (void)lr, (void)o;
+  (void)params, (void)grads, (void)m, (void)v, (void)steps, (void)lr, (void)o, (void)grad_scale;
   throw std::logic_error("fused AdamW needs LibTorch 2.1 or later");
 #endif
 }
 
 }  // namespace
 
-void AdamW::fused_step(double lr) {
+void AdamW::fused_step(double lr, double grad_factor) {
   // The step counters, one fp32 scalar per tensor (views of one buffer).
   if (!step_buffer_.defined()) {
     step_buffer_ = at::zeros({static_cast<int64_t>(parameters_.size())}, parameters_.front().second.options().dtype(at::kFloat));
     step_views_ = step_buffer_.unbind();
   }
   step_buffer_.fill_(static_cast<double>(steps_));
+  const at::Tensor grad_scale =
+      grad_factor == 1.0 ? at::Tensor() : at::full({1}, 1.0 / grad_factor, step_buffer_.options());
   // Tensors in batches of ~256 M elements: fp32_master casts each batch's
   // gradients to fp32 (the kernel wants one dtype) and never all at once.
   constexpr int64_t kBatchElements = int64_t{256} << 20;
@@ -68,7 +74,7 @@ void AdamW::fused_step(double lr) {
   int64_t elements = 0;
   auto flush = [&] {
     if (params.empty()) return;
-    fused_adamw(params, grads, m, v, steps, lr, options_);
+    fused_adamw(params, grads, m, v, steps, lr, options_, grad_scale);
     if (options_.fp32_master)
       for (size_t i : members) parameters_[i].second.detach().copy_(master_[i]);  // rounds to the live dtype once
     params.clear(), grads.clear(), m.clear(), v.clear(), steps.clear(), members.clear();
@@ -89,11 +95,11 @@ void AdamW::fused_step(double lr) {
   flush();
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double grad_factor) {
   const c10::NoGradGuard no_grad;
   ++steps_;
   if (fused_available(parameters_.empty() ? at::Tensor() : parameters_.front().second) && options_.fused) {
-    fused_step(lr);
+    fused_step(lr, grad_factor);
     return;
   }
   const double b1 = options_.beta1, b2 = options_.beta2;
@@ -102,7 +108,8 @@ void AdamW::step(double lr) {
   for (size_t i = 0; i < parameters_.size(); ++i) {
     at::Tensor p = parameters_[i].second;
     if (!p.grad().defined()) continue;
-    const at::Tensor g = p.grad().to(at::kFloat);
+    at::Tensor g = p.grad().to(at::kFloat);
+    if (grad_factor != 1.0) g = g * grad_factor;
     at::Tensor m = exp_avg_[i].to(at::kFloat), v = exp_avg_sq_[i].to(at::kFloat);
     m.mul_(b1).add_(g, 1.0 - b1);
     v.mul_(b2).addcmul_(g, g, 1.0 - b2);
@@ -176,21 +183,6 @@ double global_grad_norm(const host::NamedTensors& parameters) {
     total = total.defined() ? total + sq : sq;
   }
   return std::sqrt(total.item<double>());
-}
-
-void scale_gradients(const host::NamedTensors& parameters, double factor) {
-  const c10::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
-  for (const auto& [name, p] : parameters)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return;
-#if DFLASH_TORCH_AT_LEAST(2, 1)
-  if (grads.front().is_cuda()) {
-    at::_foreach_mul_(grads, factor);
-    return;
-  }
-#endif
-  for (at::Tensor& g : grads) g.mul_(factor);
 }
 
 }  // namespace dflash::train

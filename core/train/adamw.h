@@ -25,9 +25,9 @@ class AdamW final : public Optimizer {
   // `parameters`: the drafter's live leaves (name → tensor), updated in place.
   AdamW(host::NamedTensors parameters, const AdamWOptions& options);
 
-  // One update with learning rate lr from the gradients now in .grad();
-  // parameters without a gradient are left alone.
-  void step(double lr) override;
+  // Optimizer::step: on the fused kernel the factor is its grad_scale (the
+  // gradients are scaled inside the update, not in a pass of their own).
+  void step(double lr, double grad_factor = 1.0) override;
   void zero_grad() override;
   // Every state tensor under a stable name ("exp_avg.<param>", "exp_avg_sq.<param>",
   // "master.<param>"), plus "step" as a 0-dim int64 tensor: what a checkpoint stores.
@@ -43,7 +43,7 @@ class AdamW final : public Optimizer {
  private:
   host::NamedTensors parameters_;
   AdamWOptions options_;
-  void fused_step(double lr);
+  void fused_step(double lr, double grad_factor);
 
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_, master_;
   at::Tensor step_buffer_;              // fused: the step number per tensor (fp32, on the device)
@@ -53,7 +53,5 @@ class AdamW final : public Optimizer {
 
 // sqrt(Σ ||grad||²) over the parameters (fp32 accumulation).
 double global_grad_norm(const host::NamedTensors& parameters);
-// Multiplies every gradient by factor.
-void scale_gradients(const host::NamedTensors& parameters, double factor);
 
 }  // namespace dflash::train

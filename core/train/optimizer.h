@@ -10,9 +10,11 @@ namespace dflash::train {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // One update with learning rate lr from the gradients now in .grad();
-  // parameters without a gradient are left alone.
-  virtual void step(double lr) = 0;
+  // One update with learning rate lr from the gradients now in .grad(),
+  // each multiplied by grad_factor first (global-norm clipping; in the same
+  // pass as the update where the kernel allows); parameters without a
+  // gradient are left alone.
+  virtual void step(double lr, double grad_factor = 1.0) = 0;
   virtual void zero_grad() = 0;
   // The whole state, under the names a checkpoint stores ("exp_avg.<param>",
   // "exp_avg_sq.<param>", "master.<param>", "step"). Sharded: a collective

@@ -34,8 +34,8 @@ ShardedAdamW::ShardedAdamW(host::NamedTensors parameters, const AdamWOptions& op
   local_ = std::make_unique<AdamW>(mine, options_);
 }
 
-void ShardedAdamW::step(double lr) {
-  local_->step(lr);
+void ShardedAdamW::step(double lr, double grad_factor) {
+  local_->step(lr, grad_factor);
   // Every rank's share, to every rank: one flat broadcast per owner.
   const c10::NoGradGuard no_grad;
   for (int r = 0; r < group_.world_size(); ++r) {

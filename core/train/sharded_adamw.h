@@ -23,7 +23,7 @@ class ShardedAdamW final : public Optimizer {
  public:
   ShardedAdamW(host::NamedTensors parameters, const AdamWOptions& options, dist::Collective& group);
 
-  void step(double lr) override;
+  void step(double lr, double grad_factor = 1.0) override;
   void zero_grad() override;
   host::NamedTensors state() override;  // a collective
   host::NamedTensors local_state() const override { return local_->state(); }

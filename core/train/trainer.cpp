@@ -382,9 +382,9 @@ bool Trainer::update(double grad_norm, double lr, bool finite) {
   }
   consecutive_nonfinite_ = 0;
   phase_ = "optimizer step";
-  if (s_.grad_clip > 0 && grad_norm > s_.grad_clip) scale_gradients(parameters_, s_.grad_clip / (grad_norm + 1e-6));
+  const double clip = s_.grad_clip > 0 && grad_norm > s_.grad_clip ? s_.grad_clip / (grad_norm + 1e-6) : 1.0;
   updating_ = true;
-  optimizer_->step(lr);
+  optimizer_->step(lr, clip);
   updating_ = false;
   timer_.end("grad norm + optimizer");
   return true;
