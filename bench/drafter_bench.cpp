@@ -188,10 +188,11 @@ int main(int argc, char** argv) {
     mark("loss forward", since);
     result.loss.backward();
     mark("backward", since);
+    // Clipping at 1.0, as the peer clips and the trainer does: the norm here,
+    // the factor inside the optimizer's update.
     const double norm = train::global_grad_norm(parameters);
-    if (norm > 1.0) train::scale_gradients(parameters, 1.0 / (norm + 1e-6));
     mark("clip", since);
-    optimizer.step(1e-4);
+    optimizer.step(1e-4, train::clip_factor(norm, 1.0));
     mark("adamw", since);
   };
   // Warm-up; then the timed steps' peak, as the peer measures it: the

@@ -185,4 +185,8 @@ double global_grad_norm(const host::NamedTensors& parameters) {
   return std::sqrt(total.item<double>());
 }
 
+double clip_factor(double grad_norm, double max_norm) {
+  return max_norm > 0 && grad_norm > max_norm ? max_norm / (grad_norm + 1e-6) : 1.0;
+}
+
 }  // namespace dflash::train

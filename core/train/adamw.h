@@ -53,5 +53,9 @@ class AdamW final : public Optimizer {
 
 // sqrt(Σ ||grad||²) over the parameters (fp32 accumulation).
 double global_grad_norm(const host::NamedTensors& parameters);
+// The factor global-norm clipping to max_norm applies to the gradients
+// (Optimizer::step's grad_factor): max_norm / (norm + 1e-6) above it, 1
+// otherwise; max_norm 0 = no clipping.
+double clip_factor(double grad_norm, double max_norm);
 
 }  // namespace dflash::train

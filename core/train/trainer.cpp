@@ -382,9 +382,8 @@ bool Trainer::update(double grad_norm, double lr, bool finite) {
   }
   consecutive_nonfinite_ = 0;
   phase_ = "optimizer step";
-  const double clip = s_.grad_clip > 0 && grad_norm > s_.grad_clip ? s_.grad_clip / (grad_norm + 1e-6) : 1.0;
   updating_ = true;
-  optimizer_->step(lr, clip);
+  optimizer_->step(lr, clip_factor(grad_norm, s_.grad_clip));
   updating_ = false;
   timer_.end("grad norm + optimizer");
   return true;
