@@ -115,4 +115,46 @@ inline Background launch_in_background(const std::string& launcher_flags, const 
   return b;
 }
 
+// Sends `signal` to `pid` and waits for the launcher to end. exit_status:
+// the launcher's, or -1 when it did not exit (or the signal could not be
+// sent: a failure is added); seconds: from the signal to its end.
+struct Ended {
+  int exit_status = -1;
+  double seconds = 0;
+};
+inline Ended signal_and_wait(pid_t pid, int signal, pid_t launcher) {
+  Ended e;
+  if (::kill(pid, signal) != 0) {
+    ADD_FAILURE() << "could not signal pid " << pid;
+    return e;
+  }
+  const auto sent = std::chrono::steady_clock::now();
+  int status = 0;
+  if (::waitpid(launcher, &status, 0) != launcher) {
+    ADD_FAILURE() << "the launcher (pid " << launcher << ") could not be waited for";
+    return e;
+  }
+  e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  if (WIFEXITED(status)) e.exit_status = WEXITSTATUS(status);
+  return e;
+}
+
+// The newest checkpoint of `checkpoints` (the folder its "latest" names) and
+// its step; step -1 (and a failure) when there is none.
+struct Latest {
+  std::string name;
+  int64_t step = -1;
+};
+inline Latest latest_checkpoint(const std::string& checkpoints) {
+  Latest l;
+  l.name = file_bytes(checkpoints + "/latest");
+  l.name = l.name.substr(0, l.name.find('\n'));
+  if (l.name.rfind("step-", 0) != 0) {
+    ADD_FAILURE() << checkpoints << "/latest does not name a step: '" << l.name << "'";
+    return l;
+  }
+  l.step = std::stoll(l.name.substr(5));
+  return l;
+}
+
 }  // namespace dflash::test

@@ -37,6 +37,10 @@ using test::largest_relative_difference;
 using test::launched;
 using test::launch_in_background;
 using test::Background;
+using test::Ended;
+using test::Latest;
+using test::latest_checkpoint;
+using test::signal_and_wait;
 
 // Several ranks on the CPU need Gloo (the torch wheel of the GPU machine has
 // no Gloo headers; Debian's LibTorch has them).
@@ -183,33 +187,25 @@ TEST_F(DataParallel, ARankKilledMidStepStopsTheOthersNamingItAndARelaunchResumes
   const std::string err_file = dir + "/launch.txt";
   const Background run = launch_in_background("", "--config " + config + args, err_file, dir + "/run/checkpoints/step-00000004");
   ASSERT_GT(run.launcher, 0);
-  const pid_t launcher = run.launcher, rank1 = run.rank1;
-  ASSERT_NE(rank1, 0) << file_bytes(err_file);
-  ASSERT_EQ(::kill(rank1, SIGKILL), 0);
-  const auto killed_at = std::chrono::steady_clock::now();
-  int status = 0;
-  ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  ASSERT_NE(run.rank1, 0) << file_bytes(err_file);
+  const Ended ended = signal_and_wait(run.rank1, SIGKILL, run.launcher);
   const std::string log = file_bytes(err_file);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_NE(WEXITSTATUS(status), 0) << log;
-  EXPECT_LT(seconds, 30.0) << "within train.collective_timeout_s";
+  ASSERT_GT(ended.exit_status, 0) << log;
+  EXPECT_LT(ended.seconds, 30.0) << "within train.collective_timeout_s";
   EXPECT_CONTAINS(log, "[rank 0/2]");
   EXPECT_CONTAINS(log, "rank 1 stopped responding");
   EXPECT_NOT_CONTAINS(log, "Traceback");
   // The newest checkpoint is whole: the same command resumes from it (and
   // trains 4 steps more; the ranks may have gone on for a few steps before
   // the kill).
-  std::string latest = file_bytes(dir + "/run/checkpoints/latest");
-  latest = latest.substr(0, latest.find('\n'));
-  ASSERT_EQ(latest.rfind("step-", 0), 0u) << latest;
-  const int64_t resumed_at = std::stoll(latest.substr(5));
-  Result again = launched(2, "--config " + config + args + " --set train.steps=" + std::to_string(resumed_at + 4), dir);
+  const Latest latest = latest_checkpoint(dir + "/run/checkpoints");
+  ASSERT_GE(latest.step, 0);
+  Result again = launched(2, "--config " + config + args + " --set train.steps=" + std::to_string(latest.step + 4), dir);
   ASSERT_EQ(again.status, 0) << again.err;
-  EXPECT_CONTAINS(again.err, "resumed from " + dir + "/run/checkpoints/" + latest);
+  EXPECT_CONTAINS(again.err, "resumed from " + dir + "/run/checkpoints/" + latest.name);
   const auto m = metrics_of(dir + "/run");
   ASSERT_FALSE(m.empty());
-  EXPECT_EQ(m.back().at("step"), resumed_at + 3);
+  EXPECT_EQ(m.back().at("step"), latest.step + 3);
 }
 
 // A rank that hangs (stopped: SIGSTOP) rather than dies: the others' next
@@ -223,17 +219,12 @@ TEST_F(DataParallel, ARankThatHangsIsNamedWhenTheCollectiveTimesOut) {
       "--stop-grace-s 1", "--config " + config + " --set train.checkpoint_every=2 --set train.collective_timeout_s=4", err_file,
       dir + "/run/checkpoints/step-00000002");
   ASSERT_GT(run.launcher, 0);
-  const pid_t launcher = run.launcher, rank1 = run.rank1;
-  ASSERT_NE(rank1, 0) << file_bytes(err_file);
-  ASSERT_EQ(::kill(rank1, SIGSTOP), 0);
-  const auto stopped_at = std::chrono::steady_clock::now();
-  int status = 0;
-  ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  ASSERT_NE(run.rank1, 0) << file_bytes(err_file);
+  const Ended ended = signal_and_wait(run.rank1, SIGSTOP, run.launcher);
   const std::string log = file_bytes(err_file);
-  EXPECT_NE(WEXITSTATUS(status), 0) << log;
+  EXPECT_NE(ended.exit_status, 0) << log;
   EXPECT_CONTAINS(log, "rank 1 stopped responding");
-  EXPECT_LT(seconds, 4 + 3 + 1 + 10 + 10) << "timeout, diagnosis, grace, SIGTERM's wait";
+  EXPECT_LT(ended.seconds, 4 + 3 + 1 + 10 + 10) << "timeout, diagnosis, grace, SIGTERM's wait";
   EXPECT_TRUE(fs::exists(dir + "/run/checkpoints/latest"));
 }
 

@@ -178,28 +178,21 @@ TEST_F(Pipeline, ATargetRankKilledStopsTheDrafterNamingItAndResumeWorksWithAnoth
       test::launch_in_background("", "--config " + config + args + split(2, 1), err_file, dir + "/run/checkpoints/step-00000004", 3);
   ASSERT_GT(run.launcher, 0);
   ASSERT_NE(run.rank1, 0) << file_bytes(err_file);
-  ASSERT_EQ(::kill(run.rank1, SIGKILL), 0);  // target rank 1
-  const auto killed_at = std::chrono::steady_clock::now();
-  int status = 0;
-  ASSERT_EQ(::waitpid(run.launcher, &status, 0), run.launcher);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  const test::Ended ended = test::signal_and_wait(run.rank1, SIGKILL, run.launcher);  // target rank 1
   const std::string log = file_bytes(err_file);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_NE(WEXITSTATUS(status), 0) << log;
-  EXPECT_LT(seconds, 30.0) << "within train.collective_timeout_s";
+  ASSERT_GT(ended.exit_status, 0) << log;
+  EXPECT_LT(ended.seconds, 30.0) << "within train.collective_timeout_s";
   EXPECT_CONTAINS(log, "[rank 2/3]");
   EXPECT_CONTAINS(log, "rank 1 stopped responding");
-  std::string latest = file_bytes(dir + "/run/checkpoints/latest");
-  latest = latest.substr(0, latest.find('\n'));
-  ASSERT_EQ(latest.rfind("step-", 0), 0u) << latest;
-  const int64_t resumed_at = std::stoll(latest.substr(5));
+  const test::Latest latest = test::latest_checkpoint(dir + "/run/checkpoints");
+  ASSERT_GE(latest.step, 0);
   // Resumed with the other split: 1 target rank, 2 drafter ranks.
-  Result again = launched(3, "--config " + config + args + split(1, 2) + " --set train.steps=" + std::to_string(resumed_at + 4), dir);
+  Result again = launched(3, "--config " + config + args + split(1, 2) + " --set train.steps=" + std::to_string(latest.step + 4), dir);
   ASSERT_EQ(again.status, 0) << again.err;
-  EXPECT_CONTAINS(again.err, "resumed from " + dir + "/run/checkpoints/" + latest);
+  EXPECT_CONTAINS(again.err, "resumed from " + dir + "/run/checkpoints/" + latest.name);
   const auto m = metrics_of(dir + "/run");
   ASSERT_FALSE(m.empty());
-  EXPECT_EQ(m.back().at("step"), resumed_at + 3);
+  EXPECT_EQ(m.back().at("step"), latest.step + 3);
   EXPECT_EQ(m.back().at("pipeline").at("drafter_ranks"), 2);
 }
 
@@ -215,14 +208,10 @@ TEST_F(Pipeline, KillingTargetRankZeroWhichServesTheStoreIsNamedToo) {
       test::launch_in_background("", "--config " + config + args, err_file, dir + "/run/checkpoints/step-00000002", 3);
   ASSERT_GT(run.launcher, 0);
   ASSERT_NE(run.rank0, 0) << file_bytes(err_file);
-  ASSERT_EQ(::kill(run.rank0, SIGKILL), 0);
-  const auto killed_at = std::chrono::steady_clock::now();
-  int status = 0;
-  ASSERT_EQ(::waitpid(run.launcher, &status, 0), run.launcher);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  const test::Ended ended = test::signal_and_wait(run.rank0, SIGKILL, run.launcher);
   const std::string log = file_bytes(err_file);
-  EXPECT_NE(WEXITSTATUS(status), 0) << log;
-  EXPECT_LT(seconds, 30.0);
+  EXPECT_NE(ended.exit_status, 0) << log;
+  EXPECT_LT(ended.seconds, 30.0);
   // Whether a drafter rank was receiving an item or granting a slot, it names rank 0.
   EXPECT_CONTAINS(log, "so rank 0 (which serves it) has exited or is stopped");
   EXPECT_TRUE(fs::exists(dir + "/run/checkpoints/latest"));
@@ -241,24 +230,19 @@ TEST_F(Pipeline, SigtermStopsTheDrafterRankWithACheckpointAndTheTargetRankFollow
       test::launch_in_background("", "--config " + config + args, err_file, dir + "/run/checkpoints/step-00000002", 2);
   ASSERT_GT(run.launcher, 0);
   ASSERT_NE(run.rank1, 0) << file_bytes(err_file);
-  ASSERT_EQ(::kill(run.rank1, SIGTERM), 0);  // the drafter rank
-  int status = 0;
-  ASSERT_EQ(::waitpid(run.launcher, &status, 0), run.launcher);
+  const test::Ended ended = test::signal_and_wait(run.rank1, SIGTERM, run.launcher);  // the drafter rank
   const std::string log = file_bytes(err_file);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 7) << log;
+  EXPECT_EQ(ended.exit_status, 7) << log;
   EXPECT_CONTAINS(log, "SIGTERM: stopping before step");
   EXPECT_CONTAINS(log, "target rank 0 (rank 0): ");  // its totals: it ended on its own
   EXPECT_NOT_CONTAINS(log, "rank 0 ended: killed");
-  std::string latest = file_bytes(dir + "/run/checkpoints/latest");
-  latest = latest.substr(0, latest.find('\n'));
-  ASSERT_EQ(latest.rfind("step-", 0), 0u) << latest;
-  const int64_t stopped_at = std::stoll(latest.substr(5));
-  EXPECT_EQ(metrics_of(dir + "/run").back().at("step"), stopped_at - 1) << "the checkpoint holds every step trained";
-  Result again = launched(2, "--config " + config + args + " --set train.steps=" + std::to_string(stopped_at + 2), dir);
+  const test::Latest latest = test::latest_checkpoint(dir + "/run/checkpoints");
+  ASSERT_GE(latest.step, 0);
+  EXPECT_EQ(metrics_of(dir + "/run").back().at("step"), latest.step - 1) << "the checkpoint holds every step trained";
+  Result again = launched(2, "--config " + config + args + " --set train.steps=" + std::to_string(latest.step + 2), dir);
   ASSERT_EQ(again.status, 0) << again.err;
-  EXPECT_CONTAINS(again.err, "resumed from " + dir + "/run/checkpoints/" + latest);
-  EXPECT_EQ(metrics_of(dir + "/run").back().at("step"), stopped_at + 1);
+  EXPECT_CONTAINS(again.err, "resumed from " + dir + "/run/checkpoints/" + latest.name);
+  EXPECT_EQ(metrics_of(dir + "/run").back().at("step"), latest.step + 1);
 }
 
 TEST_F(Pipeline, MisplacedWeightsAndTopologiesThatDoNotAddUpAreRefused) {
