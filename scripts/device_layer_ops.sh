@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The drafter's fused layer ops on the GPU machine, one command: builds, runs
 # the GPU tests of the kernels and of the drafter (fused against op by op,
-# forward and backward), then drafter_bench with --layer-ops fused and aten,
+# forward and backward; AdamW with a clip factor), then drafter_bench with
+# --layer-ops fused and aten,
 # in the same run, at each shape.
 #   scripts/device_layer_ops.sh [OUTDIR]      (carry .deps/debs)
 #   SHAPES="4096:512:16 8192:1024:16 3072:1024:32" (context:anchors:block; default the first)
@@ -14,7 +15,7 @@ if ! DFLASH_DEVICE_SKIP_TESTS=1 "$root/scripts/device_build.sh" > "$out/build.tx
   grep -E "error|Error" "$out/build.txt" | head -40
   exit 1
 fi
-ctest --test-dir "$root/build-gpu" -R "TrainableOps|DFlashDrafter|DFlashFusedDrafting|HfDecoder.Cuda" -j 4 --output-on-failure \
+ctest --test-dir "$root/build-gpu" -R "TrainableOps|DFlashDrafter|DFlashFusedDrafting|HfDecoder.Cuda|AdamW" -j 4 --output-on-failure \
   > "$out/gpu_tests.txt" 2>&1 || true
 grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)" "$out/gpu_tests.txt" | head -30 || true
 bench="$root/build-gpu/bin/drafter_bench --plugin-dir $root/build-gpu/lib/dflash-host/plugins --json $out/drafter_bench.jsonl"
