@@ -2,8 +2,7 @@
 # The drafter's fused layer ops on the GPU machine, one command: builds, runs
 # the GPU tests of the kernels and of the drafter (fused against op by op,
 # forward and backward; AdamW with a clip factor), then drafter_bench with
-# --layer-ops fused and aten,
-# in the same run, at each shape.
+# --layer-ops fused and aten in the same run, at each shape.
 #   scripts/device_layer_ops.sh [OUTDIR]      (carry .deps/debs)
 #   SHAPES="4096:512:16 8192:1024:16 3072:1024:32" (context:anchors:block; default the first)
 #   BENCH_ARGS="--precision fp32_master" adds flags to every bench run
