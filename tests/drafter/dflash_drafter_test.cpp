@@ -358,14 +358,17 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
   std::vector<NamedTensors> grads;
   std::vector<double> losses;
   // Plain (grouped attention, default group size); checkpointed (groups of
-  // one block); embedding kept in host memory; dense attention; op-by-op layers.
-  for (int variant : {0, 1, 2, 3, 4}) {
-    const bool checkpointing = variant == 1;
+  // one block); embedding kept in host memory; dense attention; op-by-op
+  // layers; each block's own slots apart from its group's call (groups of
+  // two blocks), plain and checkpointed.
+  for (int variant : {0, 1, 2, 3, 4, 5, 6}) {
+    const bool checkpointing = variant == 1 || variant == 6;
     config["activation_checkpointing"] = checkpointing;
     config["embedding_on_cpu"] = variant == 2;
-    config["attention_group_blocks"] = variant == 1 ? 1 : 16;
+    config["attention_own_blocks"] = variant >= 5 ? "apart" : "in_group";
+    config["attention_group_blocks"] = variant == 1 ? 1 : variant >= 5 ? 2 : 16;
     // Exact context ranges, ranges widened to multiples of 4 keys, and of 128 (the whole row here).
-    config["attention_group_key_multiple"] = variant == 1 ? 1 : variant == 0 ? 4 : 128;
+    config["attention_group_key_multiple"] = variant == 1 ? 1 : variant == 0 || variant >= 5 ? 4 : 128;
     config["attention"] = variant == 3 ? "dense" : "grouped";
     config["layer_ops"] = variant == 4 ? "aten" : "fused";
     DrafterInstance drafter(record, config, {"cpu", "float64", 3});
@@ -382,15 +385,17 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
     }
     grads.push_back(g);
   }
-  for (int variant : {1, 2, 3, 4}) {
+  for (int variant : {1, 2, 3, 4, 5, 6}) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
     EXPECT_NEAR(losses[0], losses[variant], 1e-12 * std::abs(losses[0]));
     for (size_t i = 0; i < grads[0].size(); ++i)
       EXPECT_TRUE(torch::allclose(grads[0][i].second, grads[variant][i].second, 1e-12, 1e-12)) << grads[0][i].first;
   }
 }
 
-// On a GPU (bf16) grouped attention (the fused kernels, per group) must give
-// the dense path's outputs and gradients within bf16 noise.
+// On a GPU (bf16) grouped attention (the fused kernels, per group; with each
+// block's own slots in the group's call or apart) must give the dense path's
+// outputs and gradients within bf16 noise.
 TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   PluginRegistry registry;
@@ -406,14 +411,20 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
   for (int64_t id : {1, 5}) inputs.emplace_back("hidden." + std::to_string(id), torch::randn({2, 48, 64}, cuda));
   std::vector<torch::Tensor> outputs;
   std::vector<NamedTensors> grads;
-  // grouped through cuDNN (where it runs); grouped through SDPA; dense through SDPA (the reference, last).
-  const std::vector<std::pair<const char*, const char*>> variants = {{"grouped", "auto"}, {"grouped", "sdpa"}, {"dense", "sdpa"}};
-  for (const auto& [attention, kernel] : variants) {
+  // grouped through cuDNN (where it runs), in group and with each block's
+  // own slots apart; grouped through SDPA; dense through SDPA (the reference, last).
+  struct Variant {
+    const char *attention, *kernel, *own_blocks;
+  };
+  const std::vector<Variant> variants = {
+      {"grouped", "auto", "in_group"}, {"grouped", "auto", "apart"}, {"grouped", "sdpa", "in_group"}, {"dense", "sdpa", "in_group"}};
+  for (const auto& [attention, kernel, own_blocks] : variants) {
     const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
                                    {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", 4}, {"max_anchors", 6},
                                    {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", {1, 5}}, {"init_std", 0.1},
                                    {"rope_theta", 0.0}, {"activation_checkpointing", true}, {"attention", attention},
-                                   {"attention_group_blocks", 2}, {"attention_group_key_multiple", 4}, {"attention_kernel", kernel}};
+                                   {"attention_group_blocks", 2}, {"attention_group_key_multiple", 4}, {"attention_kernel", kernel},
+                                   {"attention_own_blocks", own_blocks}};
     DrafterInstance drafter(record, config, {"cuda:0", "bfloat16", 3});
     drafter.bind_target(target, frozen);
     const auto hidden = get(drafter.forward(inputs), "hidden");
@@ -423,14 +434,16 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
     for (const auto& [name, p] : drafter.parameters()) g.emplace_back(name, p.grad().to(torch::kCPU, torch::kFloat));
     grads.push_back(g);
   }
-  for (size_t variant : {size_t{0}, size_t{1}}) {
-    SCOPED_TRACE(std::string(variants[variant].first) + " via " + variants[variant].second);
-    const double scale = outputs[2].abs().max().item<double>();
-    EXPECT_LE((outputs[variant] - outputs[2]).abs().max().item<double>(), 3e-2 * scale);
-    for (size_t i = 0; i < grads[2].size(); ++i) {
-      const double gscale = grads[2][i].second.abs().max().item<double>();
-      EXPECT_LE((grads[variant][i].second - grads[2][i].second).abs().max().item<double>(), 5e-2 * gscale + 1e-6)
-          << grads[2][i].first;
+  const size_t reference = variants.size() - 1;
+  for (size_t variant = 0; variant < reference; ++variant) {
+    SCOPED_TRACE(std::string(variants[variant].attention) + " via " + variants[variant].kernel + ", own blocks " +
+                 variants[variant].own_blocks);
+    const double scale = outputs[reference].abs().max().item<double>();
+    EXPECT_LE((outputs[variant] - outputs[reference]).abs().max().item<double>(), 3e-2 * scale);
+    for (size_t i = 0; i < grads[reference].size(); ++i) {
+      const double gscale = grads[reference][i].second.abs().max().item<double>();
+      EXPECT_LE((grads[variant][i].second - grads[reference][i].second).abs().max().item<double>(), 5e-2 * gscale + 1e-6)
+          << grads[reference][i].first;
     }
   }
 }
