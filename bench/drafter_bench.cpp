@@ -10,7 +10,11 @@
 //                 [--loss fused_ckpt_kl] [--attention grouped|dense] [--group-blocks 64]
 //                 [--attention-kernel auto|sdpa] [--layer-ops fused|aten] [--own-blocks in_group|apart]
 //                 [--checkpointing] [--embedding-on-cpu]
-//                 [--repeats 5 --warmup 2 --json out.jsonl]
+//                 [--repeats 5 --warmup 2 --json out.jsonl] [--trace step.json]
+//
+// --trace FILE: one more step under LibTorch's profiler, written as a Chrome
+// trace (kineto_trace.h); scripts/trace_kernels.py sums its device time by
+// kernel and by kind (GEMM, attention, element-wise, optimizer).
 #include "bench_args.h"
 #include "config/config_schema.h"
 #include "memory/memory_stats.h"
@@ -19,6 +23,7 @@
 #include "train/adamw.h"
 
 #include "bench_support.h"
+#include "kineto_trace.h"
 
 #include <torch/torch.h>
 
@@ -55,7 +60,7 @@ const PeerFigures* peer_at(int64_t context, int64_t anchors, int64_t block) {
 }
 
 struct Args {
-  std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, attention = "grouped", kernel = "auto";
+  std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, trace, attention = "grouped", kernel = "auto";
   std::string layer_ops = "fused", own_blocks = "in_group";
   bool checkpointing = false, embedding_on_cpu = false;
   int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
@@ -71,6 +76,7 @@ Args parse(int argc, char** argv) {
     else if (r.is("--loss")) a.loss = r.text();
     else if (r.is("--precision")) a.precision = r.text();
     else if (r.is("--json")) a.json = r.text();
+    else if (r.is("--trace")) a.trace = r.text();
     else if (r.is("--attention")) a.attention = r.text();
     else if (r.is("--group-blocks")) a.group_blocks = r.integer();
     else if (r.is("--attention-kernel")) a.kernel = r.text();
@@ -212,6 +218,14 @@ int main(int argc, char** argv) {
   phases = &phase_ms;
   step();
   phases = nullptr;
+  if (!a.trace.empty()) {
+    std::string why;
+    if (!bench::trace_to(a.trace, [&] {
+          step();
+          torch::cuda::synchronize();
+        }, why))
+      std::cerr << "drafter_bench: no trace written to " << a.trace << ": " << why << "\n";
+  }
 
   // Useful FLOP per step: the layers (fwd + bwd: 6 per parameter per block
   // token), the frozen lm_head (logits + dX: 4·H·V per supervised row), fc and
