@@ -359,13 +359,12 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
   std::vector<double> losses;
   // Plain (grouped attention, default group size); checkpointed (groups of
   // one block); embedding kept in host memory; dense attention; op-by-op
-  // layers; each block's own slots apart from its group's call (groups of
-  // two blocks), plain and checkpointed.
+  // layers; groups of two blocks (many calls sharing context rows, whose
+  // gradients row_gather.h sums), plain and checkpointed.
   for (int variant : {0, 1, 2, 3, 4, 5, 6}) {
     const bool checkpointing = variant == 1 || variant == 6;
     config["activation_checkpointing"] = checkpointing;
     config["embedding_on_cpu"] = variant == 2;
-    config["attention_own_blocks"] = variant >= 5 ? "apart" : "in_group";
     config["attention_group_blocks"] = variant == 1 ? 1 : variant >= 5 ? 2 : 16;
     // Exact context ranges, ranges widened to multiples of 4 keys, and of 128 (the whole row here).
     config["attention_group_key_multiple"] = variant == 1 ? 1 : variant == 0 || variant >= 5 ? 4 : 128;
@@ -411,20 +410,18 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
   for (int64_t id : {1, 5}) inputs.emplace_back("hidden." + std::to_string(id), torch::randn({2, 48, 64}, cuda));
   std::vector<torch::Tensor> outputs;
   std::vector<NamedTensors> grads;
-  // grouped through cuDNN (where it runs), in group and with each block's
-  // own slots apart; grouped through SDPA; dense through SDPA (the reference, last).
+  // grouped through cuDNN (where it runs); grouped through SDPA; dense
+  // through SDPA (the reference, last).
   struct Variant {
-    const char *attention, *kernel, *own_blocks;
+    const char *attention, *kernel;
   };
-  const std::vector<Variant> variants = {
-      {"grouped", "auto", "in_group"}, {"grouped", "auto", "apart"}, {"grouped", "sdpa", "in_group"}, {"dense", "sdpa", "in_group"}};
-  for (const auto& [attention, kernel, own_blocks] : variants) {
+  const std::vector<Variant> variants = {{"grouped", "auto"}, {"grouped", "sdpa"}, {"dense", "sdpa"}};
+  for (const auto& [attention, kernel] : variants) {
     const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
                                    {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", 4}, {"max_anchors", 6},
                                    {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", {1, 5}}, {"init_std", 0.1},
                                    {"rope_theta", 0.0}, {"activation_checkpointing", true}, {"attention", attention},
-                                   {"attention_group_blocks", 2}, {"attention_group_key_multiple", 4}, {"attention_kernel", kernel},
-                                   {"attention_own_blocks", own_blocks}};
+                                   {"attention_group_blocks", 2}, {"attention_group_key_multiple", 4}, {"attention_kernel", kernel}};
     DrafterInstance drafter(record, config, {"cuda:0", "bfloat16", 3});
     drafter.bind_target(target, frozen);
     const auto hidden = get(drafter.forward(inputs), "hidden");
@@ -436,8 +433,7 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
   }
   const size_t reference = variants.size() - 1;
   for (size_t variant = 0; variant < reference; ++variant) {
-    SCOPED_TRACE(std::string(variants[variant].attention) + " via " + variants[variant].kernel + ", own blocks " +
-                 variants[variant].own_blocks);
+    SCOPED_TRACE(std::string(variants[variant].attention) + " via " + variants[variant].kernel);
     const double scale = outputs[reference].abs().max().item<double>();
     EXPECT_LE((outputs[variant] - outputs[reference]).abs().max().item<double>(), 3e-2 * scale);
     for (size_t i = 0; i < grads[reference].size(); ++i) {

@@ -63,12 +63,6 @@ class DFlashDrafter : public sdk::Drafter {
                  "masked) so the attention calls come in few shapes: groups of one shape share a call, and fused "
                  "kernels (cuDNN's) plan each new shape once, which with exact ranges happens nearly every step",
                  Bounds::at_least(1))
-        .string("attention_own_blocks", "in_group",
-                "grouped attention: in_group = a group's call takes every slot of its blocks as keys (a query may see "
-                "its own block's, the rest are masked); apart = each block's own slots in a small dense product beside "
-                "the group's context call, merged by log-sum-exp (cuDNN on CUDA, the math path on the CPU; elsewhere "
-                "in_group)",
-                {"in_group", "apart"})
         .string("attention_kernel", "auto",
                 "auto: cuDNN's fused attention on CUDA in bf16/fp16 where it runs and matches SDPA (checked once), "
                 "SDPA elsewhere; sdpa: always SDPA",
@@ -139,7 +133,6 @@ class DFlashDrafter : public sdk::Drafter {
                                      : drafter::DFlashModel::AttentionKernel::kAuto);
     model_->set_layer_ops(config_.value("layer_ops", std::string("fused")) == "aten" ? drafter::DFlashModel::LayerOps::kAten
                                                                                 : drafter::DFlashModel::LayerOps::kFused);
-    model_->set_own_blocks_apart(config_.value("attention_own_blocks", std::string("in_group")) == "apart");
     group_blocks_ = group_blocks_of(config_);
     group_key_multiple_ = config_.at("attention_group_key_multiple").get<int64_t>();
     weights_ = drafter::slot_weights(block_size_, gamma_);

@@ -1,6 +1,7 @@
 #include "dflash_model.h"
 
 #include "drafting_fast_path.h"
+#include "row_gather.h"
 
 #include <dflash/sdk/torch_compat.hpp>
 #include <trainable_ops.h>
@@ -19,7 +20,6 @@
 #if DFLASH_TORCH_AT_LEAST(2, 5)
 #include <ATen/ops/_flash_attention_forward.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
-#include <ATen/ops/_scaled_dot_product_cudnn_attention_backward.h>
 #define DFLASH_DRAFTER_CUDNN_ATTENTION 1
 #else
 #define DFLASH_DRAFTER_CUDNN_ATTENTION 0
@@ -138,10 +138,6 @@ at::Tensor norm_of(const LayerSettings& s, const at::Tensor& x, const at::Tensor
 struct Attention {
   at::Tensor bias, groups, index;
   bool cudnn = false;  // cuDNN's kernel (cudnn_attention_works) instead of SDPA
-  // Grouped: each block's own slots apart from the group's call
-  // (SplitBlockAttention), blocks of `block` slots.
-  bool own_blocks_apart = false;
-  int64_t block = 0;
   bool grouped() const { return groups.defined() && groups.numel() > 0; }
 };
 
@@ -171,157 +167,6 @@ at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Ten
   return compat::scaled_dot_product_attention(q, k, v, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt,
                                               /*is_causal=*/false);
 }
-
-// ---- Attention with each block's own slots apart ---------------------------
-// A group's queries see its context range (under the group's mask) and their
-// own block's slots, all of them (both directions). The grouped call gives
-// the kernel the group's every slot as keys, of which a query may see
-// block_size: the rest is computed and masked. Here the two parts run apart —
-// the context under its mask (cuDNN on CUDA), each block against its own
-// slots as a small dense product — and merge by their log-sum-exps. Backward
-// takes the merged output and log-sum-exp, which gives each part its exact
-// gradients (the same merge as attention split over devices).
-
-struct PartGrads {
-  at::Tensor dq, dk, dv;
-};
-
-// q [..., Q, d] against k, v [..., K, d] (heads already matched): the scores.
-at::Tensor part_scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bias, double scale) {
-  at::Tensor s = at::matmul(q, k.transpose(-1, -2)) * scale;
-  return bias.defined() ? s + bias : s;
-}
-
-// One part's gradients from the merged log-sum-exp and D = rowsum(dO ⊙ O),
-// all in the math dtype: P = exp(S − lse), dV = Pᵀ·dO, dS = P ⊙ (dO·Vᵀ − D).
-PartGrads part_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
-                        const at::Tensor& lse, const at::Tensor& d, const at::Tensor& grad, double scale) {
-  const at::Tensor p = at::exp(part_scores(q, k, bias, scale) - lse.unsqueeze(-1));
-  const at::Tensor ds = p * (at::matmul(grad, v.transpose(-1, -2)) - d.unsqueeze(-1));
-  return {at::matmul(ds, k) * scale, at::matmul(ds.transpose(-1, -2), q) * scale, at::matmul(p.transpose(-1, -2), grad)};
-}
-
-// [n, kv, ...] → [n, kv·group, ...] (each KV head serves `group` query heads), and back by summing.
-at::Tensor to_query_heads(const at::Tensor& t, int64_t group) { return group == 1 ? t : t.repeat_interleave(group, 1); }
-at::Tensor to_kv_heads(const at::Tensor& t, int64_t group) {
-  if (group == 1) return t;
-  std::vector<int64_t> sizes = t.sizes().vec();
-  sizes[1] /= group;
-  sizes.insert(sizes.begin() + 2, group);
-  return t.view(sizes).sum(2);
-}
-
-// The kernels' sequence lengths, whether LibTorch returns them as SymInt or int64.
-[[maybe_unused]] int64_t as_int(int64_t v) { return v; }
-[[maybe_unused]] int64_t as_int(const c10::SymInt& v) { return v.expect_int(); }
-
-class SplitBlockAttention : public torch::autograd::Function<SplitBlockAttention> {
- public:
-  // q [n, heads, Q, d]; k_ctx, v_ctx [n, kv, L, d] with bias_ctx [n, 1, Q, L]
-  // (additive); k_own, v_own [n, kv, Q, d]: the queries' own slots, in
-  // blocks of `block` along Q. Returns [n, heads, Q, d].
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
-                                                const at::Tensor& k_ctx, const at::Tensor& v_ctx, const at::Tensor& bias_ctx,
-                                                const at::Tensor& k_own, const at::Tensor& v_own, int64_t block, bool cudnn) {
-    const int64_t n = q.size(0), heads = q.size(1), queries = q.size(2), dim = q.size(3), group = heads / k_ctx.size(1);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
-    const at::ScalarType f = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    // The context part.
-    at::Tensor o1, lse1, cudnn_lse, cudnn_out;
-    std::vector<at::Tensor> cudnn_saved;
-    int64_t max_q = 0, max_k = 0;
-#if DFLASH_DRAFTER_CUDNN_ATTENTION
-    if (cudnn) {
-      auto r = at::_scaled_dot_product_cudnn_attention(q, k_ctx, v_ctx, bias_ctx, /*compute_log_sumexp=*/true,
-                                                       /*dropout_p=*/0.0, /*is_causal=*/false, /*return_debug_mask=*/false,
-                                                       scale);
-      cudnn_out = std::get<0>(r);  // its layout is the one the backward is given again
-      o1 = cudnn_out.to(f);
-      cudnn_lse = std::get<1>(r);
-      lse1 = cudnn_lse.reshape({n, heads, queries}).to(f);
-      max_q = as_int(std::get<4>(r));
-      max_k = as_int(std::get<5>(r));
-      cudnn_saved = {cudnn_lse, std::get<2>(r), std::get<3>(r), std::get<6>(r), std::get<7>(r)};
-    }
-#endif
-    if (!o1.defined()) {
-      const at::Tensor scores = part_scores(q.to(f), to_query_heads(k_ctx, group).to(f), bias_ctx.to(f), scale);
-      lse1 = at::logsumexp(scores, -1);
-      o1 = at::matmul(at::exp(scores - lse1.unsqueeze(-1)), to_query_heads(v_ctx, group).to(f));
-    }
-    // Each block against its own slots: [n, heads, blocks, block, ·].
-    const int64_t blocks = queries / block;
-    auto by_block = [&](const at::Tensor& t) { return t.to(f).reshape({n, heads, blocks, block, dim}); };
-    const at::Tensor q5 = by_block(q);
-    const at::Tensor own_scores = part_scores(q5, by_block(to_query_heads(k_own, group)), at::Tensor(), scale);
-    const at::Tensor lse2 = at::logsumexp(own_scores, -1);                                              // [n, h, B, block]
-    const at::Tensor o2 = at::matmul(at::exp(own_scores - lse2.unsqueeze(-1)), by_block(to_query_heads(v_own, group)));
-    // The merge; a query with no context (an anchor at its document's start) takes its own part alone.
-    lse1 = at::where(at::isnan(lse1), at::full({}, -std::numeric_limits<double>::infinity(), lse1.options()), lse1);
-    const at::Tensor lse2q = lse2.reshape({n, heads, queries});
-    const at::Tensor lse = at::logaddexp(lse1, lse2q);
-    const at::Tensor w1 = at::exp(lse1 - lse).unsqueeze(-1), w2 = at::exp(lse2q - lse).unsqueeze(-1);
-    const at::Tensor merged = w1 * at::nan_to_num(o1, 0.0, 0.0, 0.0) + w2 * o2.reshape({n, heads, queries, dim});
-    at::Tensor out = cudnn_out.defined() ? at::empty_like(cudnn_out) : at::empty_like(q, at::MemoryFormat::Contiguous);
-    out.copy_(merged);
-    std::vector<at::Tensor> saved = {q, k_ctx, v_ctx, bias_ctx, k_own, v_own, out, lse};
-    saved.insert(saved.end(), cudnn_saved.begin(), cudnn_saved.end());
-    ctx->save_for_backward(saved);
-    ctx->saved_data["block"] = block;
-    ctx->saved_data["cudnn"] = !cudnn_saved.empty();
-    ctx->saved_data["max_q"] = max_q;
-    ctx->saved_data["max_k"] = max_k;
-    return {out};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
-    const auto s = ctx->get_saved_variables();
-    const at::Tensor &q = s[0], &k_ctx = s[1], &v_ctx = s[2], &bias_ctx = s[3], &k_own = s[4], &v_own = s[5], &out = s[6],
-                     &lse = s[7];
-    const int64_t block = ctx->saved_data["block"].toInt();
-    const int64_t n = q.size(0), heads = q.size(1), queries = q.size(2), dim = q.size(3), group = heads / k_ctx.size(1);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
-    const at::ScalarType f = lse.scalar_type();
-    at::Tensor grad = at::empty_like(out);  // laid out as the output (cuDNN's backward reads both alike)
-    grad.copy_(grads[0]);
-    const at::Tensor d = (grad.to(f) * out.to(f)).sum(-1);  // [n, h, Q]
-    // The context part.
-    PartGrads c;
-#if DFLASH_DRAFTER_CUDNN_ATTENTION
-    if (ctx->saved_data["cudnn"].toBool()) {
-      // The merged log-sum-exp in the layout the forward's had.
-      at::Tensor cudnn_lse = at::empty_strided(s[8].sizes(), s[8].strides(), s[8].options());
-      cudnn_lse.copy_(lse.reshape(s[8].sizes()));
-      auto r = at::_scaled_dot_product_cudnn_attention_backward(
-          grad, q, k_ctx, v_ctx, out, cudnn_lse, s[11], s[12], bias_ctx, s[9], s[10], ctx->saved_data["max_q"].toInt(),
-          ctx->saved_data["max_k"].toInt(), /*dropout_p=*/0.0, /*is_causal=*/false, scale);
-      c = {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
-    }
-#endif
-    if (!c.dq.defined()) {
-      c = part_backward(q.to(f), to_query_heads(k_ctx, group).to(f), to_query_heads(v_ctx, group).to(f), bias_ctx.to(f), lse,
-                        d, grad.to(f), scale);
-      c.dk = to_kv_heads(c.dk, group);
-      c.dv = to_kv_heads(c.dv, group);
-    }
-    // The own part, by blocks.
-    const int64_t blocks = queries / block;
-    auto by_block = [&](const at::Tensor& t) { return t.to(f).reshape({t.size(0), t.size(1), blocks, block, dim}); };
-    PartGrads o = part_backward(by_block(q), by_block(to_query_heads(k_own, group)), by_block(to_query_heads(v_own, group)),
-                                at::Tensor(), lse.reshape({n, heads, blocks, block}), d.reshape({n, heads, blocks, block}),
-                                by_block(grad), scale);
-    auto flat = [&](const at::Tensor& t) { return t.reshape({t.size(0), t.size(1), queries, dim}); };
-    const at::Tensor dq = (c.dq.to(f) + flat(o.dq)).to(q.scalar_type());
-    return {dq,
-            c.dk.to(k_ctx.scalar_type()),
-            c.dv.to(v_ctx.scalar_type()),
-            at::Tensor(),
-            to_kv_heads(flat(o.dk), group).to(k_own.scalar_type()),
-            to_kv_heads(flat(o.dv), group).to(v_own.scalar_type()),
-            at::Tensor(),
-            at::Tensor()};
-  }
-};
 
 // An additive mask (0 where allowed, −inf elsewhere) whose rows are padded to
 // a multiple of 16 elements, returned as the unpadded view: the fused kernels
@@ -409,41 +254,39 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
     const at::Tensor q_rows = q.reshape({b * q_len, s.heads, s.head_dim});
     const at::Tensor k_rows = k.reshape({b * (ctx_len + q_len), s.kv_heads, s.head_dim});
     const at::Tensor v_rows = v.reshape({b * (ctx_len + q_len), s.kv_heads, s.head_dim});
+    // Every call's rows, gathered at once (row_gather.h): its queries, and
+    // its keys and values (the group's context range, then its own slots).
+    std::vector<at::Tensor> query_index, key_index;
+    for (int64_t i = 0; i < g.size(0); ++i) {
+      const int64_t count = g[i][0], queries = g[i][1], keys = g[i][2] + queries, index_at = g[i][4];
+      query_index.push_back(plan.index.narrow(0, index_at, count * queries));
+      key_index.push_back(plan.index.narrow(0, index_at + count * queries, count * keys));
+    }
+    const std::vector<at::Tensor> q_calls = gather_rows(q_rows, query_index, /*disjoint=*/true);
+    const std::vector<at::Tensor> k_calls = gather_rows(k_rows, key_index, /*disjoint=*/false);
+    const std::vector<at::Tensor> v_calls = gather_rows(v_rows, key_index, /*disjoint=*/false);
     std::vector<at::Tensor> parts;
     parts.reserve(static_cast<size_t>(g.size(0)));
     for (int64_t i = 0; i < g.size(0); ++i) {
-      const int64_t count = g[i][0], queries = g[i][1], keys = g[i][2] + queries, bias_at = g[i][3], index_at = g[i][4];
-      const at::Tensor query_index = plan.index.narrow(0, index_at, count * queries);
-      const at::Tensor key_index = plan.index.narrow(0, index_at + count * queries, count * keys);
-      auto gather = [&](const at::Tensor& rows, const at::Tensor& index, int64_t length, int64_t heads) {
-        return rows.index_select(0, index).view({count, length, heads, s.head_dim}).transpose(1, 2);  // [n, heads, length, d]
+      const int64_t count = g[i][0], queries = g[i][1], keys = g[i][2] + queries, bias_at = g[i][3];
+      auto by_call = [&](const at::Tensor& rows, int64_t length) {  // [count·length, heads, d] → [n, heads, length, d]
+        return rows.view({count, length, rows.size(1), s.head_dim}).transpose(1, 2);
       };
       const int64_t stride = (keys + 15) / 16 * 16;  // additive_mask's padded rows
       const at::Tensor bias =
           plan.bias.narrow(0, bias_at, count * queries * stride).view({count, 1, queries, stride}).narrow(3, 0, keys);
-      const int64_t context_length = g[i][2];
-      at::Tensor out;
-      if (plan.own_blocks_apart && context_length > 0) {
-        // Each group's key rows: its context range, then its own slots.
-        const at::Tensor rows_of = key_index.view({count, keys});
-        const at::Tensor context_index = rows_of.narrow(1, 0, context_length).reshape({-1});
-        const at::Tensor own_index = rows_of.narrow(1, context_length, queries).reshape({-1});
-        out = SplitBlockAttention::apply(gather(q_rows, query_index, queries, s.heads),
-                                         gather(k_rows, context_index, context_length, s.kv_heads),
-                                         gather(v_rows, context_index, context_length, s.kv_heads),
-                                         bias.narrow(3, 0, context_length), gather(k_rows, own_index, queries, s.kv_heads),
-                                         gather(v_rows, own_index, queries, s.kv_heads), plan.block, plan.cudnn)[0];
-      } else {
-        out = attend(gather(q_rows, query_index, queries, s.heads), gather(k_rows, key_index, keys, s.kv_heads),
-                     gather(v_rows, key_index, keys, s.kv_heads), bias, s.heads, s.kv_heads, plan.cudnn);
-      }
+      const size_t call = static_cast<size_t>(i);
+      const at::Tensor out = attend(by_call(q_calls[call], queries), by_call(k_calls[call], keys),
+                                    by_call(v_calls[call], keys), bias, s.heads, s.kv_heads, plan.cudnn);
       // o_proj per call, on the kernel's output as it is laid out ([n,
       // queries, heads·d] is a view of cuDNN's): autograd keeps that one
       // tensor for both backwards, where projecting the reordered concatenation
       // kept a second copy of every output.
       parts.push_back(at::linear(out.transpose(1, 2).reshape({count * queries, s.heads * s.head_dim}), wo));
     }
-    projected = at::cat(parts).index_select(0, plan.index.narrow(0, 0, b * q_len)).view({b, q_len, x.size(-1)});
+    // Back to the slots' order: a permutation of the concatenated rows.
+    projected = gather_rows(at::cat(parts), {plan.index.narrow(0, 0, b * q_len)}, /*disjoint=*/true)[0].view(
+        {b, q_len, x.size(-1)});
   } else {
     projected = at::linear(attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), plan.bias, s.heads, s.kv_heads,
                                   plan.cudnn)
@@ -468,8 +311,7 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
                                                 at::Tensor cos_k, at::Tensor sin_k, at::Tensor w0, at::Tensor w1,
                                                 at::Tensor w2, at::Tensor w3, at::Tensor w4, at::Tensor w5, at::Tensor w6,
                                                 at::Tensor w7, at::Tensor w8, at::Tensor w9, at::Tensor w10, int64_t heads,
-                                                int64_t kv_heads, int64_t head_dim, double eps, bool cudnn, bool fused,
-                                                int64_t own_block) {
+                                                int64_t kv_heads, int64_t head_dim, double eps, bool cudnn, bool fused) {
     ctx->save_for_backward({x, context, bias, groups, index, cos_q, sin_q, cos_k, sin_k, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["kv_heads"] = kv_heads;
@@ -477,10 +319,9 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["cudnn"] = cudnn;
     ctx->saved_data["fused"] = fused;
-    ctx->saved_data["own_block"] = own_block;
     const LayerSettings s{heads, kv_heads, head_dim, eps, fused};
     return {layer_forward(s, {w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10}, x, context,
-                          {bias, groups, index, cudnn, own_block > 0, own_block}, {cos_q, sin_q}, {cos_k, sin_k})};
+                          {bias, groups, index, cudnn}, {cos_q, sin_q}, {cos_k, sin_k})};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -500,8 +341,7 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     };
     const at::Tensor x = leaf(saved[0]), context = leaf(saved[1]);
     for (size_t i = 9; i < 20; ++i) weights.push_back(leaf(saved[i]));
-    const int64_t own_block = ctx->saved_data["own_block"].toInt();
-    const Attention plan{saved[2], saved[3], saved[4], ctx->saved_data["cudnn"].toBool(), own_block > 0, own_block};
+    const Attention plan{saved[2], saved[3], saved[4], ctx->saved_data["cudnn"].toBool()};
     const at::Tensor y = layer_forward(s, weights, x, context, plan, {saved[5], saved[6]}, {saved[7], saved[8]});
     const auto grads = torch::autograd::grad({y}, leaves, {grad_output[0]}, /*retain_graph=*/false,
                                              /*create_graph=*/false, /*allow_unused=*/true);
@@ -509,7 +349,7 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     torch::autograd::variable_list out = {grads[0], grads[1]};
     for (int i = 0; i < 7; ++i) out.emplace_back();
     for (size_t i = 2; i < grads.size(); ++i) out.push_back(grads[i]);
-    for (int i = 0; i < 7; ++i) out.emplace_back();  // heads, kv_heads, head_dim, eps, cudnn, fused, own_block
+    for (int i = 0; i < 6; ++i) out.emplace_back();  // heads, kv_heads, head_dim, eps, cudnn, fused
     return out;
   }
 };
@@ -589,10 +429,6 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
   plan.cudnn = attention_kernel_ == AttentionKernel::kAuto && options.device().is_cuda() &&
                (options.dtype() == at::kBFloat16 || options.dtype() == at::kHalf) &&
                cudnn_attention_works(options, s.heads, s.kv_heads, s.head_dim);
-  // Own blocks apart need the context part's log-sum-exp: cuDNN's on CUDA,
-  // the math path's off it (SDPA's kernels do not return it here).
-  plan.own_blocks_apart = own_blocks_apart_ && plan.grouped() && (plan.cudnn || !options.device().is_cuda());
-  plan.block = masks.block_size;
   const auto tables = settings.fused ? rotary_half_tables : rotary_tables;
   const Rotary rotary_q = tables(slot_positions, s.head_dim, s.rope_theta, options);
   const Rotary rotary_k = tables(key_positions, s.head_dim, s.rope_theta, options);
@@ -601,8 +437,7 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
     if (activation_checkpointing_ && c10::GradMode::is_enabled()) {
       x = CheckpointedLayer::apply(x, context, plan.bias, plan.groups, plan.index, rotary_q.cos, rotary_q.sin, rotary_k.cos,
                                    rotary_k.sin, l.input_norm, l.q, l.k, l.v, l.o, l.q_norm, l.k_norm, l.post_norm, l.gate,
-                                   l.up, l.down, s.heads, s.kv_heads, s.head_dim, eps, plan.cudnn, settings.fused,
-                                   plan.own_blocks_apart ? plan.block : int64_t{0})[0];
+                                   l.up, l.down, s.heads, s.kv_heads, s.head_dim, eps, plan.cudnn, settings.fused)[0];
     } else {
       x = layer_forward(settings, {l.input_norm, l.q, l.k, l.v, l.o, l.q_norm, l.k_norm, l.post_norm, l.gate, l.up, l.down},
                         x, context, plan, rotary_q, rotary_k);

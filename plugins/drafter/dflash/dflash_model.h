@@ -108,7 +108,6 @@ class DFlashModel {
   // log-sum-exps, instead of giving the call every slot of the group as
   // keys (a query may see block_size of them). cuDNN on CUDA; the math path
   // on the CPU; elsewhere the grouped call as before.
-  void set_own_blocks_apart(bool on) { own_blocks_apart_ = on; }
 
   // features [B, S, F·Ht]; context_positions [B, S]; slot_embeddings [B, Q, H];
   // slot_positions [B, Q]; masks: the pattern. Returns the slots' hidden states after the final norm, [B, Q, H].
@@ -185,7 +184,6 @@ class DFlashModel {
   bool activation_checkpointing_ = false;
   AttentionKernel attention_kernel_ = AttentionKernel::kAuto;
   LayerOps layer_ops_ = LayerOps::kFused;
-  bool own_blocks_apart_ = false;
   // The fused drafting path when it runs here and is on, else null.
   DraftingFastPath* drafting_fast_path() const;
   bool drafting_kernels_ = true;
