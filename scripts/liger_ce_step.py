@@ -67,7 +67,9 @@ def main():
             torch.matmul(hidden, weight.t())
 
     def liger():
-        loss = LigerFusedLinearCrossEntropyFunction.apply(hidden, weight, targets, None, None, -100, 0.0, 0.0, "mean")
+        out = LigerFusedLinearCrossEntropyFunction.apply(hidden, weight, targets, None, None, -100, 0.0, 0.0, "mean")
+        # Newer Liger returns (loss, z_loss, token_accuracy, ...); older, the loss alone.
+        loss = out[0] if isinstance(out, tuple) else out
         loss.backward()
 
     gemm_ms, gemm_peak = measure(gemm)
