@@ -4,7 +4,11 @@
 // memory. A program, not a test: see docs/performance.md for the figures.
 //
 //   loss_bench --plugin-dir build-gpu/lib/dflash-host/plugins [--plugin-dir more …] [--rows 32768 --hidden 5120 --vocab 248320]
-//              [--repeats 5 --warmup 2 --topk 64 --json out.jsonl]
+//              [--repeats 5 --warmup 2 --topk 64 --json out.jsonl] [--chunk-size 0]
+//
+// --chunk-size: fused_ckpt_kl's rows per chunk (its chunk_size; 0 = as many
+// as its 1 GiB workspace budget allows, at most 1024); the diagnostic rows
+// time the bare GEMMs at 512, 1024 and 2048 rows per chunk for comparison.
 #include "bench_args.h"
 #include "plugin/instances.h"
 #include "plugin/registry.h"
@@ -31,6 +35,7 @@ struct Args {
   std::vector<std::string> plugin_dirs;  // --plugin-dir DIR (repeatable)
   int64_t rows = 32768, hidden = 5120, vocab = 248320, topk = 64;
   int repeats = 5, warmup = 2;
+  int64_t chunk_size = 0;
   std::string json;
   std::vector<std::string> only;  // --only NAME (repeatable): arms to run
 };
@@ -44,6 +49,7 @@ Args parse(int argc, char** argv) {
     else if (r.is("--hidden")) a.hidden = r.integer();
     else if (r.is("--vocab")) a.vocab = r.integer();
     else if (r.is("--topk")) a.topk = r.integer();
+    else if (r.is("--chunk-size")) a.chunk_size = r.integer();
     else if (r.is("--repeats")) a.repeats = static_cast<int>(r.integer());
     else if (r.is("--warmup")) a.warmup = static_cast<int>(r.integer());
     else if (r.is("--json")) a.json = r.text();
@@ -118,10 +124,10 @@ int main(int argc, char** argv) {
       {"topk_kl (K=" + std::to_string(args.topk) + ", blend 0.5)", "topk_kl",
        {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}, {"topk", 0}}, DFLASH_TEACHER_TOPK, 2},
       {"fused_ckpt_kl CE only", "fused_ckpt_kl",
-       {{"kl_weight", 0.0}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", 0}, {"chunk_memory_mb", 1024}},
+       {{"kl_weight", 0.0}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", args.chunk_size}, {"chunk_memory_mb", 1024}},
        DFLASH_TEACHER_NONE, 2},
       {"fused_ckpt_kl CE+KL (blend 0.5)", "fused_ckpt_kl",
-       {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", 0}, {"chunk_memory_mb", 1024}},
+       {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", args.chunk_size}, {"chunk_memory_mb", 1024}},
        DFLASH_TEACHER_HIDDEN, 3},
       // The SDK's example losses (sdk/examples; --plugin-dir build-gpu/test-plugins/sdk-examples), defaults only.
       {"example_weighted_ce (toolkit, autograd)", "example_weighted_ce", {{"temperature", 1.0}}, DFLASH_TEACHER_NONE, 2},
@@ -158,21 +164,21 @@ int main(int argc, char** argv) {
   std::cout << std::left << std::setw(36) << "arm" << std::right << std::setw(12) << "time" << std::setw(15)
             << "ratio/floor" << std::setw(17) << "useful" << std::setw(14) << "extra peak\n";
   record("GEMM [N,H]x[H,V] (floor)", gemm, 1);
-  // Diagnostics: the fused loss's GEMMs alone, in its 1024-row chunks, with no
+  // Diagnostics: the fused loss's GEMMs alone, in row chunks, with no
   // softmax arithmetic; the gap to the fused arms is what the kernels cost.
-  for (int gemms : {2, 3}) {
+  for (const auto& [gemms, chunk] : std::vector<std::pair<int, int64_t>>{{2, 1024}, {3, 512}, {3, 1024}, {3, 2048}}) {
     auto dh = torch::empty({n, h}, bf16);
     const Measurement chunked = measure(args.warmup, args.repeats, [&] {
       torch::NoGradGuard no_grad;
-      for (int64_t s = 0; s < n; s += 1024) {
-        const int64_t rows = std::min<int64_t>(1024, n - s);
+      for (int64_t s = 0; s < n; s += chunk) {
+        const int64_t rows = std::min<int64_t>(chunk, n - s);
         auto z = torch::matmul(hidden.narrow(0, s, rows), weight.t());
         if (gemms == 3) auto u = torch::matmul(teacher_hidden.narrow(0, s, rows), weight.t());
         auto out = dh.narrow(0, s, rows);
         torch::mm_out(out, z, weight);
       }
     });
-    record(std::to_string(gemms) + " GEMMs in 1024-row chunks only", chunked, gemms);
+    record(std::to_string(gemms) + " GEMMs in " + std::to_string(chunk) + "-row chunks only", chunked, gemms);
   }
   for (const Arm& arm : arms) {
     if (!args.only.empty() && std::find(args.only.begin(), args.only.end(), arm.plugin) == args.only.end()) continue;
