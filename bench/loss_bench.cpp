@@ -166,7 +166,9 @@ int main(int argc, char** argv) {
   record("GEMM [N,H]x[H,V] (floor)", gemm, 1);
   // Diagnostics: the fused loss's GEMMs alone, in row chunks, with no
   // softmax arithmetic; the gap to the fused arms is what the kernels cost.
-  for (const auto& [gemms, chunk] : std::vector<std::pair<int, int64_t>>{{2, 1024}, {3, 512}, {3, 1024}, {3, 2048}}) {
+  for (const auto& gemms_and_chunk : std::vector<std::pair<int, int64_t>>{{2, 1024}, {3, 512}, {3, 1024}, {3, 2048}}) {
+    const int gemms = gemms_and_chunk.first;  // named locals: a lambda may not capture structured bindings in C++17
+    const int64_t chunk = gemms_and_chunk.second;
     auto dh = torch::empty({n, h}, bf16);
     const Measurement chunked = measure(args.warmup, args.repeats, [&] {
       torch::NoGradGuard no_grad;
