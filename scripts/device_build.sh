@@ -34,7 +34,10 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_INSTALL_RPATH="$deps/boost-po/usr/lib/x86_64-linux-gnu;$deps/icu/usr/lib/x86_64-linux-gnu" \
   -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags" \
   -DDFLASH_BUILD_TESTS="$([ "${DFLASH_DEVICE_NO_TESTS:-0}" = "1" ] && echo OFF || echo ON)"
-cmake --build "$build" -j "$(nproc)"
+# DFLASH_DEVICE_TARGETS="dflash-host drafter_bench drafter_tests": only these
+# targets (and what they depend on), for a short device call.
+# shellcheck disable=SC2086
+cmake --build "$build" -j "$(nproc)" ${DFLASH_DEVICE_TARGETS:+--target $DFLASH_DEVICE_TARGETS}
 "$build/bin/dflash-host" --version
 # DFLASH_DEVICE_SKIP_TESTS=1: build only (scripts/device_decode_check.sh runs
 # a selection itself). DFLASH_DEVICE_NO_TESTS=1: the host, the plugins and the
