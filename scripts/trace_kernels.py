@@ -15,12 +15,13 @@ import json
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 
 # First match wins: a kernel's kind from its (demangled) name.
+# Our own kernels first: their namespace (dflash::) contains "flash".
 KINDS = [
-    ("attention", ("cudnn", "fmha", "flash", "attention", "sdpa", "efficient")),
     ("loss", ("row_statistics", "gradient_and_kl")),
+    ("fused layer ops", ("rms_norm", "qk_norm", "head_norm", "swiglu")),
+    ("attention", ("cudnn", "fmha", "flash", "attention", "sdpa", "efficient")),
     ("optimizer", ("adam", "multi_tensor", "foreach", "norm_kernel", "lpnorm")),
     ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "matmul", "splitk")),
-    ("fused layer ops", ("rms_norm", "qk_norm", "head_norm", "swiglu")),
     ("copies", ("memcpy", "memset", "copy", "cat", "index", "gather", "scatter")),
 ]
 
