@@ -9,6 +9,7 @@
 //                 [--context 4096 --anchors 512 --block 16] [--precision same|fp32_master]
 //                 [--loss fused_ckpt_kl] [--attention grouped|dense] [--group-blocks 64]
 //                 [--attention-kernel auto|sdpa] [--layer-ops fused|aten]
+//                 [--attention-keeps calls|rows]
 //                 [--checkpointing] [--embedding-on-cpu]
 //                 [--repeats 5 --warmup 2 --json out.jsonl] [--trace step.json]
 //
@@ -61,7 +62,7 @@ const PeerFigures* peer_at(int64_t context, int64_t anchors, int64_t block) {
 
 struct Args {
   std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, trace, attention = "grouped", kernel = "auto";
-  std::string layer_ops = "fused";
+  std::string layer_ops = "fused", attention_keeps = "calls";
   bool checkpointing = false, embedding_on_cpu = false;
   int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
   int64_t intermediate = 17408, vocab = 248320, target_layers = 64, group_blocks = 64;
@@ -81,6 +82,7 @@ Args parse(int argc, char** argv) {
     else if (r.is("--group-blocks")) a.group_blocks = r.integer();
     else if (r.is("--attention-kernel")) a.kernel = r.text();
     else if (r.is("--layer-ops")) a.layer_ops = r.text();
+    else if (r.is("--attention-keeps")) a.attention_keeps = r.text();
     else if (r.is("--checkpointing")) a.checkpointing = true;
     else if (r.is("--embedding-on-cpu")) a.embedding_on_cpu = true;
     else if (r.is("--context")) a.context = r.integer();
@@ -139,7 +141,8 @@ int main(int argc, char** argv) {
                                          {"rope_theta", 0.0}, {"attention", a.attention},
                                          {"attention_group_blocks", a.group_blocks}, {"attention_group_key_multiple", 128}, {"attention_kernel", a.kernel},
                                          {"activation_checkpointing", a.checkpointing},
-                                         {"embedding_on_cpu", a.embedding_on_cpu}, {"layer_ops", a.layer_ops}};
+                                         {"embedding_on_cpu", a.embedding_on_cpu}, {"layer_ops", a.layer_ops},
+                                         {"attention_keeps", a.attention_keeps}};
   host::DrafterInstance drafter(registry.find(DFLASH_KIND_DRAFTER, "dflash"), drafter_config, {"cuda:0", "bfloat16", 1});
   drafter.bind_target(target, frozen);
   const at::Tensor lm_head = frozen[1].second;
@@ -270,7 +273,7 @@ int main(int argc, char** argv) {
             << " = " << block_tokens << " block tokens (" << rows << " loss rows); loss " << a.loss << ", precision "
             << a.precision << ", attention " << a.attention
             << (a.attention == "grouped" ? " (" + std::to_string(a.group_blocks) + " blocks)" : std::string()) << ", kernel "
-            << a.kernel << ", layer ops " << a.layer_ops
+            << a.kernel << ", layer ops " << a.layer_ops << ", attention keeps " << a.attention_keeps
             << (a.checkpointing ? ", activation checkpointing" : "")
             << (a.embedding_on_cpu ? ", embedding in host memory" : "")
             << "; median of " << a.repeats << " after " << a.warmup << "\n";
@@ -302,7 +305,7 @@ int main(int argc, char** argv) {
                                                            {"gemm_floor_tflops", gemm_tflops}, {"precision", a.precision},
                                                            {"context", a.context}, {"anchors", a.anchors}, {"block", a.block},
                                                            {"attention", a.attention}, {"group_blocks", a.group_blocks}, {"attention_kernel", a.kernel},
-                                                           {"layer_ops", a.layer_ops},
+                                                           {"layer_ops", a.layer_ops}, {"attention_keeps", a.attention_keeps},
                                                            {"checkpointing", a.checkpointing},
                                                            {"embedding_on_cpu", a.embedding_on_cpu},
                                                            {"parameters", parameter_count}}

@@ -360,9 +360,11 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
   // Plain (grouped attention, default group size); checkpointed (groups of
   // one block); embedding kept in host memory; dense attention; op-by-op
   // layers; groups of two blocks (many calls sharing context rows, whose
-  // gradients row_gather.h sums), plain and checkpointed.
-  for (int variant : {0, 1, 2, 3, 4, 5, 6}) {
-    const bool checkpointing = variant == 1 || variant == 6;
+  // gradients row_gather.h sums), plain and checkpointed; the same with
+  // attention keeping only the layer's rows (each call gathered again and
+  // run again under autograd in backward), plain and checkpointed.
+  for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8}) {
+    const bool checkpointing = variant == 1 || variant == 6 || variant == 8;
     config["activation_checkpointing"] = checkpointing;
     config["embedding_on_cpu"] = variant == 2;
     config["attention_group_blocks"] = variant == 1 ? 1 : variant >= 5 ? 2 : 16;
@@ -370,6 +372,7 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
     config["attention_group_key_multiple"] = variant == 1 ? 1 : variant == 0 || variant >= 5 ? 4 : 128;
     config["attention"] = variant == 3 ? "dense" : "grouped";
     config["layer_ops"] = variant == 4 ? "aten" : "fused";
+    config["attention_keeps"] = variant >= 7 ? "rows" : "calls";
     DrafterInstance drafter(record, config, {"cpu", "float64", 3});
     drafter.bind_target(target, frozen);
     const auto hidden = get(drafter.forward(inputs), "hidden");
@@ -384,7 +387,7 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
     }
     grads.push_back(g);
   }
-  for (int variant : {1, 2, 3, 4, 5, 6}) {
+  for (int variant : {1, 2, 3, 4, 5, 6, 7, 8}) {
     SCOPED_TRACE("variant " + std::to_string(variant));
     EXPECT_NEAR(losses[0], losses[variant], 1e-12 * std::abs(losses[0]));
     for (size_t i = 0; i < grads[0].size(); ++i)
@@ -392,9 +395,10 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
   }
 }
 
-// On a GPU (bf16) grouped attention (the fused kernels, per group; with each
-// block's own slots in the group's call or apart) must give the dense path's
-// outputs and gradients within bf16 noise.
+// On a GPU (bf16) grouped attention (the fused kernels, per group; keeping
+// every call's q, k and v or only the layer's rows) must give the dense
+// path's outputs and gradients within bf16 noise. Keeping rows on cuDNN
+// runs its backward by hand, with the arguments ATen's autograd passes.
 TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   PluginRegistry registry;
@@ -410,18 +414,20 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
   for (int64_t id : {1, 5}) inputs.emplace_back("hidden." + std::to_string(id), torch::randn({2, 48, 64}, cuda));
   std::vector<torch::Tensor> outputs;
   std::vector<NamedTensors> grads;
-  // grouped through cuDNN (where it runs); grouped through SDPA; dense
-  // through SDPA (the reference, last).
+  // grouped through cuDNN (where it runs), keeping calls and keeping rows;
+  // grouped through SDPA, keeping rows; dense through SDPA (the reference, last).
   struct Variant {
-    const char *attention, *kernel;
+    const char *attention, *kernel, *keeps;
   };
-  const std::vector<Variant> variants = {{"grouped", "auto"}, {"grouped", "sdpa"}, {"dense", "sdpa"}};
-  for (const auto& [attention, kernel] : variants) {
+  const std::vector<Variant> variants = {
+      {"grouped", "auto", "calls"}, {"grouped", "auto", "rows"}, {"grouped", "sdpa", "rows"}, {"dense", "sdpa", "calls"}};
+  for (const auto& [attention, kernel, keeps] : variants) {
     const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
                                    {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", 4}, {"max_anchors", 6},
                                    {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", {1, 5}}, {"init_std", 0.1},
                                    {"rope_theta", 0.0}, {"activation_checkpointing", true}, {"attention", attention},
-                                   {"attention_group_blocks", 2}, {"attention_group_key_multiple", 4}, {"attention_kernel", kernel}};
+                                   {"attention_group_blocks", 2}, {"attention_group_key_multiple", 4}, {"attention_kernel", kernel},
+                                   {"attention_keeps", keeps}};
     DrafterInstance drafter(record, config, {"cuda:0", "bfloat16", 3});
     drafter.bind_target(target, frozen);
     const auto hidden = get(drafter.forward(inputs), "hidden");
@@ -433,7 +439,8 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
   }
   const size_t reference = variants.size() - 1;
   for (size_t variant = 0; variant < reference; ++variant) {
-    SCOPED_TRACE(std::string(variants[variant].attention) + " via " + variants[variant].kernel);
+    SCOPED_TRACE(std::string(variants[variant].attention) + " via " + variants[variant].kernel + ", keeping " +
+                 variants[variant].keeps);
     const double scale = outputs[reference].abs().max().item<double>();
     EXPECT_LE((outputs[variant] - outputs[reference]).abs().max().item<double>(), 3e-2 * scale);
     for (size_t i = 0; i < grads[reference].size(); ++i) {

@@ -144,6 +144,18 @@ TEST(MemoryPlan, EveryCategoryMatchesTheHandComputedValueForASmallConfig) {
     // Two [Q, I] gradients 8·64·100, the down weight's gradient, the hidden-state gradient.
     EXPECT_EQ(line(aten, "backward working memory (largest layer)"), 51200 + 28800 + 18432);
   }
+  {
+    // attention_keeps rows: the layer's k and v rows (slots 8·64·32, context
+    // 8·128·32) instead of the repeated K/V the math path keeps per call, and
+    // no probabilities or scaled q (backward runs each call again).
+    nlohmann::json rows_root = root;
+    rows_root["drafter"]["attention_keeps"] = "rows";
+    const memory::DevicePlan rows = memory::plan_run(plugins, rows_root);
+    EXPECT_EQ(line(rows, "drafter layer 0: attention"),
+              18432 + 256 + 24576 + 1536 + 24576 + 8192 + 512 + 16384 + 49152 + 1536);
+    EXPECT_EQ(line(rows, "drafter layer 0: context K/V projections"), 16384 + 1024 + 32768);
+    EXPECT_EQ(line(rows, "drafter layer 0: MLP"), 18432 + 256 + 51200);
+  }
   // Target forward (ATen path on the CPU): residual + larger half 4·128·(72 + 488),
   // angles 8·128·16, cos/sin 4·128·16, fp32 norm temporaries 8·128·72,
   // repeated K/V 2·4·128·96, SDPA math probabilities 2 rows·6 heads·64²·4·2.

@@ -73,6 +73,12 @@ class DFlashDrafter : public sdk::Drafter {
                 "kernels shared with the hf_decoder target in bf16/fp16 and as closed forms elsewhere; aten = Hugging "
                 "Face's op-by-op arithmetic through autograd (the reference; more memory)",
                 {"fused", "aten"})
+        .string("attention_keeps", "calls",
+                "what grouped attention keeps for backward: calls = every call's gathered q, k and v (the context's "
+                "keys and values once per group, through autograd); rows = the layer's q, k and v rows only, each "
+                "call's gathered again in backward (cuDNN's backward called directly where it runs and passes a "
+                "check at start, else the call again under autograd)",
+                {"calls", "rows"})
         .boolean("embedding_on_cpu", false,
                  "keep the frozen embedding in host memory and send only the block slots' rows to the device each "
                  "step (saves vocab × hidden elements of device memory)")
@@ -133,6 +139,7 @@ class DFlashDrafter : public sdk::Drafter {
                                      : drafter::DFlashModel::AttentionKernel::kAuto);
     model_->set_layer_ops(config_.value("layer_ops", std::string("fused")) == "aten" ? drafter::DFlashModel::LayerOps::kAten
                                                                                 : drafter::DFlashModel::LayerOps::kFused);
+    model_->set_attention_keeps_rows(config_.value("attention_keeps", std::string("calls")) == "rows");
     group_blocks_ = group_blocks_of(config_);
     group_key_multiple_ = config_.at("attention_group_key_multiple").get<int64_t>();
     weights_ = drafter::slot_weights(block_size_, gamma_);
@@ -182,6 +189,7 @@ class DFlashDrafter : public sdk::Drafter {
                  (request.dtype() == "bfloat16" || request.dtype() == "float16");
     step.checkpointing = config.at("activation_checkpointing").get<bool>();
     step.fused = config.value("layer_ops", std::string("fused")) == "fused";
+    step.keeps_rows = config.value("attention_keeps", std::string("calls")) == "rows";
     step.teacher = context.value("teacher", false);
     sdk::MemoryPlan plan = drafter::step_memory(shape, step);
     const int64_t q_out = shape.heads * shape.head_dim;

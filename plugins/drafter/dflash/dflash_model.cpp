@@ -1,6 +1,7 @@
 #include "dflash_model.h"
 
 #include "drafting_fast_path.h"
+#include "grouped_attention.h"
 #include "row_gather.h"
 
 #include <dflash/sdk/torch_compat.hpp>
@@ -138,86 +139,11 @@ at::Tensor norm_of(const LayerSettings& s, const at::Tensor& x, const at::Tensor
 struct Attention {
   at::Tensor bias, groups, index;
   bool cudnn = false;  // cuDNN's kernel (cudnn_attention_works) instead of SDPA
+  // Grouped: backward keeps the layer's q/k/v rows, not every call's copies
+  // (attention_keeping_rows).
+  bool keeps_rows = false;
   bool grouped() const { return groups.defined() && groups.numel() > 0; }
 };
-
-// The attention call. q [N, heads, n, d], k and v [N, kv, m, d], bias
-// additive, broadcast over heads. cuDNN's fused attention (CUDA, LibTorch ≥
-// 2.5) takes the bias and GQA natively and has a faster backward than the
-// memory-efficient kernel; SDPA (any device) gets k and v repeated to every
-// query head, as its kernels take equal head counts.
-at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& bias, int64_t heads, int64_t kv_heads,
-                  bool cudnn) {
-#if DFLASH_DRAFTER_CUDNN_ATTENTION
-  if (cudnn) {
-    const bool grad = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-    return std::get<0>(at::_scaled_dot_product_cudnn_attention(q, k, v, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt,
-                                                               /*compute_log_sumexp=*/grad,
-                                                               /*dropout_p=*/0.0, /*is_causal=*/false,
-                                                               /*return_debug_mask=*/false,
-                                                               1.0 / std::sqrt(static_cast<double>(q.size(-1)))));
-  }
-#else
-  (void)cudnn;
-#endif
-  if (heads > kv_heads) {
-    k = k.repeat_interleave(heads / kv_heads, -3);
-    v = v.repeat_interleave(heads / kv_heads, -3);
-  }
-  return compat::scaled_dot_product_attention(q, k, v, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt,
-                                              /*is_causal=*/false);
-}
-
-// An additive mask (0 where allowed, −inf elsewhere) whose rows are padded to
-// a multiple of 16 elements, returned as the unpadded view: the fused kernels
-// want the bias's row stride aligned (SDPA otherwise copies it per call).
-at::Tensor additive_mask(const at::Tensor& allowed, const at::TensorOptions& options) {
-  const int64_t keys = allowed.size(-1), padded = (keys + 15) / 16 * 16;
-  std::vector<int64_t> sizes = allowed.sizes().vec();
-  sizes.back() = padded;
-  at::Tensor bias = at::full(sizes, -std::numeric_limits<float>::infinity(), options);
-  bias.narrow(-1, 0, keys).masked_fill_(allowed.to(options.device()), 0.0);
-  return bias.narrow(-1, 0, keys);
-}
-
-// Whether cuDNN's attention runs here and agrees with SDPA, forward and
-// backward, on a small GQA problem with a ragged mask: asked once per process.
-bool cudnn_attention_works(const at::TensorOptions& options, int64_t heads, int64_t kv_heads, int64_t head_dim) {
-#if DFLASH_DRAFTER_CUDNN_ATTENTION
-  static std::atomic<int> verdict{-1};
-  if (verdict.load() >= 0) return verdict.load() == 1;
-  bool ok = false;
-  try {
-    const c10::AutoGradMode enable(true);
-    at::Tensor q = at::randn({1, heads, 40, head_dim}, options).requires_grad_(true);
-    at::Tensor k = at::randn({1, kv_heads, 70, head_dim}, options).requires_grad_(true);
-    at::Tensor v = at::randn({1, kv_heads, 70, head_dim}, options).requires_grad_(true);
-    const at::Tensor allowed = at::rand({40, 70}, options.dtype(at::kFloat)).lt(0.5).logical_or(
-        at::eye(40, 70, options.dtype(at::kBool)));
-    const at::Tensor bias = additive_mask(allowed, options).view({1, 1, 40, 70});
-    const at::Tensor grad_out = at::randn({1, heads, 40, head_dim}, options);
-    std::vector<at::Tensor> results;
-    for (bool cudnn : {true, false}) {
-      const at::Tensor out = attend(q, k, v, bias, heads, kv_heads, cudnn);
-      const auto grads = torch::autograd::grad({out}, {q, k, v}, {grad_out});
-      results.push_back(out);
-      results.insert(results.end(), grads.begin(), grads.end());
-    }
-    ok = true;
-    for (size_t i = 0; i < 4; ++i) {
-      const at::Tensor a = results[i].to(at::kFloat), b = results[i + 4].to(at::kFloat);
-      ok = ok && (a - b).abs().max().item<double>() <= 3e-2 * b.abs().max().item<double>() + 1e-3;
-    }
-  } catch (const std::exception&) {
-    ok = false;
-  }
-  verdict.store(ok ? 1 : 0);
-  return ok;
-#else
-  (void)options, (void)heads, (void)kv_heads, (void)head_dim;
-  return false;
-#endif
-}
 
 // One decoder layer: x [B, Q, H] (the block slots), context [B, S, H] (the
 // injected features); w = the layer's 11 weights in the order of
@@ -254,30 +180,46 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
     const at::Tensor q_rows = q.reshape({b * q_len, s.heads, s.head_dim});
     const at::Tensor k_rows = k.reshape({b * (ctx_len + q_len), s.kv_heads, s.head_dim});
     const at::Tensor v_rows = v.reshape({b * (ctx_len + q_len), s.kv_heads, s.head_dim});
-    // Every call's rows, gathered at once (row_gather.h): its queries, and
-    // its keys and values (the group's context range, then its own slots).
-    std::vector<at::Tensor> query_index, key_index;
+    // Each call's groups, query and key rows (the group's context range, then
+    // its own slots) and mask.
+    std::vector<AttentionCall> calls;
     for (int64_t i = 0; i < g.size(0); ++i) {
-      const int64_t count = g[i][0], queries = g[i][1], keys = g[i][2] + queries, index_at = g[i][4];
-      query_index.push_back(plan.index.narrow(0, index_at, count * queries));
-      key_index.push_back(plan.index.narrow(0, index_at + count * queries, count * keys));
+      AttentionCall c;
+      c.count = g[i][0], c.queries = g[i][1], c.keys = g[i][2] + c.queries;
+      const int64_t bias_at = g[i][3], index_at = g[i][4];
+      c.query_index = plan.index.narrow(0, index_at, c.count * c.queries);
+      c.key_index = plan.index.narrow(0, index_at + c.count * c.queries, c.count * c.keys);
+      const int64_t stride = (c.keys + 15) / 16 * 16;  // additive_mask's padded rows
+      c.bias = plan.bias.narrow(0, bias_at, c.count * c.queries * stride)
+                   .view({c.count, 1, c.queries, stride})
+                   .narrow(3, 0, c.keys);
+      calls.push_back(std::move(c));
     }
-    const std::vector<at::Tensor> q_calls = gather_rows(q_rows, query_index, /*disjoint=*/true);
-    const std::vector<at::Tensor> k_calls = gather_rows(k_rows, key_index, /*disjoint=*/false);
-    const std::vector<at::Tensor> v_calls = gather_rows(v_rows, key_index, /*disjoint=*/false);
+    std::vector<at::Tensor> outs;  // each call's [n, heads, queries, d]
+    if (plan.keeps_rows) {
+      outs = attention_keeping_rows(q_rows, k_rows, v_rows, calls, s.heads, s.kv_heads, plan.cudnn);
+    } else {
+      // Every call's rows gathered at once (row_gather.h), then attention
+      // through autograd, which keeps each call's q, k and v.
+      std::vector<at::Tensor> query_index, key_index;
+      for (const AttentionCall& c : calls) query_index.push_back(c.query_index), key_index.push_back(c.key_index);
+      const std::vector<at::Tensor> q_calls = gather_rows(q_rows, query_index, /*disjoint=*/true);
+      const std::vector<at::Tensor> k_calls = gather_rows(k_rows, key_index, /*disjoint=*/false);
+      const std::vector<at::Tensor> v_calls = gather_rows(v_rows, key_index, /*disjoint=*/false);
+      for (size_t i = 0; i < calls.size(); ++i) {
+        const AttentionCall& c = calls[i];
+        auto by_call = [&](const at::Tensor& rows, int64_t length) {  // [count·length, heads, d] → [n, heads, length, d]
+          return rows.view({c.count, length, rows.size(1), s.head_dim}).transpose(1, 2);
+        };
+        outs.push_back(attend(by_call(q_calls[i], c.queries), by_call(k_calls[i], c.keys), by_call(v_calls[i], c.keys),
+                              c.bias, s.heads, s.kv_heads, plan.cudnn));
+      }
+    }
     std::vector<at::Tensor> parts;
-    parts.reserve(static_cast<size_t>(g.size(0)));
-    for (int64_t i = 0; i < g.size(0); ++i) {
-      const int64_t count = g[i][0], queries = g[i][1], keys = g[i][2] + queries, bias_at = g[i][3];
-      auto by_call = [&](const at::Tensor& rows, int64_t length) {  // [count·length, heads, d] → [n, heads, length, d]
-        return rows.view({count, length, rows.size(1), s.head_dim}).transpose(1, 2);
-      };
-      const int64_t stride = (keys + 15) / 16 * 16;  // additive_mask's padded rows
-      const at::Tensor bias =
-          plan.bias.narrow(0, bias_at, count * queries * stride).view({count, 1, queries, stride}).narrow(3, 0, keys);
-      const size_t call = static_cast<size_t>(i);
-      const at::Tensor out = attend(by_call(q_calls[call], queries), by_call(k_calls[call], keys),
-                                    by_call(v_calls[call], keys), bias, s.heads, s.kv_heads, plan.cudnn);
+    parts.reserve(calls.size());
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const at::Tensor& out = outs[i];
+      const int64_t count = calls[i].count, queries = calls[i].queries;
       // o_proj per call, on the kernel's output as it is laid out ([n,
       // queries, heads·d] is a view of cuDNN's): autograd keeps that one
       // tensor for both backwards, where projecting the reordered concatenation
@@ -311,7 +253,8 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
                                                 at::Tensor cos_k, at::Tensor sin_k, at::Tensor w0, at::Tensor w1,
                                                 at::Tensor w2, at::Tensor w3, at::Tensor w4, at::Tensor w5, at::Tensor w6,
                                                 at::Tensor w7, at::Tensor w8, at::Tensor w9, at::Tensor w10, int64_t heads,
-                                                int64_t kv_heads, int64_t head_dim, double eps, bool cudnn, bool fused) {
+                                                int64_t kv_heads, int64_t head_dim, double eps, bool cudnn, bool fused,
+                                                bool keeps_rows) {
     ctx->save_for_backward({x, context, bias, groups, index, cos_q, sin_q, cos_k, sin_k, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["kv_heads"] = kv_heads;
@@ -319,9 +262,10 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["cudnn"] = cudnn;
     ctx->saved_data["fused"] = fused;
+    ctx->saved_data["keeps_rows"] = keeps_rows;
     const LayerSettings s{heads, kv_heads, head_dim, eps, fused};
     return {layer_forward(s, {w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10}, x, context,
-                          {bias, groups, index, cudnn}, {cos_q, sin_q}, {cos_k, sin_k})};
+                          {bias, groups, index, cudnn, keeps_rows}, {cos_q, sin_q}, {cos_k, sin_k})};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -341,7 +285,8 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     };
     const at::Tensor x = leaf(saved[0]), context = leaf(saved[1]);
     for (size_t i = 9; i < 20; ++i) weights.push_back(leaf(saved[i]));
-    const Attention plan{saved[2], saved[3], saved[4], ctx->saved_data["cudnn"].toBool()};
+    const Attention plan{saved[2], saved[3], saved[4], ctx->saved_data["cudnn"].toBool(),
+                         ctx->saved_data["keeps_rows"].toBool()};
     const at::Tensor y = layer_forward(s, weights, x, context, plan, {saved[5], saved[6]}, {saved[7], saved[8]});
     const auto grads = torch::autograd::grad({y}, leaves, {grad_output[0]}, /*retain_graph=*/false,
                                              /*create_graph=*/false, /*allow_unused=*/true);
@@ -349,7 +294,7 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     torch::autograd::variable_list out = {grads[0], grads[1]};
     for (int i = 0; i < 7; ++i) out.emplace_back();
     for (size_t i = 2; i < grads.size(); ++i) out.push_back(grads[i]);
-    for (int i = 0; i < 6; ++i) out.emplace_back();  // heads, kv_heads, head_dim, eps, cudnn, fused
+    for (int i = 0; i < 7; ++i) out.emplace_back();  // heads, kv_heads, head_dim, eps, cudnn, fused, keeps_rows
     return out;
   }
 };
@@ -429,6 +374,10 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
   plan.cudnn = attention_kernel_ == AttentionKernel::kAuto && options.device().is_cuda() &&
                (options.dtype() == at::kBFloat16 || options.dtype() == at::kHalf) &&
                cudnn_attention_works(options, s.heads, s.kv_heads, s.head_dim);
+  // Keeping rows needs cuDNN's backward called by hand to agree (off cuDNN,
+  // backward runs each call again under autograd).
+  plan.keeps_rows = attention_keeps_rows_ && plan.grouped() &&
+                    (!plan.cudnn || cudnn_attention_backward_by_hand_works(options, s.heads, s.kv_heads, s.head_dim));
   const auto tables = settings.fused ? rotary_half_tables : rotary_tables;
   const Rotary rotary_q = tables(slot_positions, s.head_dim, s.rope_theta, options);
   const Rotary rotary_k = tables(key_positions, s.head_dim, s.rope_theta, options);
@@ -437,7 +386,8 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
     if (activation_checkpointing_ && c10::GradMode::is_enabled()) {
       x = CheckpointedLayer::apply(x, context, plan.bias, plan.groups, plan.index, rotary_q.cos, rotary_q.sin, rotary_k.cos,
                                    rotary_k.sin, l.input_norm, l.q, l.k, l.v, l.o, l.q_norm, l.k_norm, l.post_norm, l.gate,
-                                   l.up, l.down, s.heads, s.kv_heads, s.head_dim, eps, plan.cudnn, settings.fused)[0];
+                                   l.up, l.down, s.heads, s.kv_heads, s.head_dim, eps, plan.cudnn, settings.fused,
+                                   plan.keeps_rows)[0];
     } else {
       x = layer_forward(settings, {l.input_norm, l.q, l.k, l.v, l.o, l.q_norm, l.k_norm, l.post_norm, l.gate, l.up, l.down},
                         x, context, plan, rotary_q, rotary_k);

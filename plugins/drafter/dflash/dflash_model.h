@@ -103,11 +103,10 @@ class DFlashModel {
   // autograd, the reference.
   enum class LayerOps { kFused, kAten };
   void set_layer_ops(LayerOps ops) { layer_ops_ = ops; }
-  // Grouped attention: run each block's own slots apart from the group's
-  // call (a small dense product per block) and merge the two by their
-  // log-sum-exps, instead of giving the call every slot of the group as
-  // keys (a query may see block_size of them). cuDNN on CUDA; the math path
-  // on the CPU; elsewhere the grouped call as before.
+  // Grouped attention: backward keeps the layer's q, k and v rows and
+  // gathers each call's again (attention_keeping_rows), instead of autograd
+  // keeping every call's copies (the context rows once per group).
+  void set_attention_keeps_rows(bool on) { attention_keeps_rows_ = on; }
 
   // features [B, S, F·Ht]; context_positions [B, S]; slot_embeddings [B, Q, H];
   // slot_positions [B, Q]; masks: the pattern. Returns the slots' hidden states after the final norm, [B, Q, H].
@@ -184,6 +183,7 @@ class DFlashModel {
   bool activation_checkpointing_ = false;
   AttentionKernel attention_kernel_ = AttentionKernel::kAuto;
   LayerOps layer_ops_ = LayerOps::kFused;
+  bool attention_keeps_rows_ = false;
   // The fused drafting path when it runs here and is on, else null.
   DraftingFastPath* drafting_fast_path() const;
   bool drafting_kernels_ = true;

@@ -108,6 +108,9 @@ sdk::MemoryPlan step_memory(const DrafterShape& s, const StepShape& step) {
   // K and V as the kernel saves them: per group (or the whole row) for
   // cuDNN, repeated to every query head for SDPA's GQA.
   const double kv_width = (!step.cudnn && s.heads > s.kv_heads) ? HQ : HKV;
+  // Grouped attention keeping rows (attention_keeping_rows): the layer's k
+  // and v rows, context and slots, once; no call's copies.
+  const bool rows_kept = step.keeps_rows && step.group_blocks > 0;
 
   // One layer, without checkpointing.
   // RoPE multiplies by constant tables, so autograd keeps only the tables;
@@ -118,9 +121,9 @@ sdk::MemoryPlan step_memory(const DrafterShape& s, const StepShape& step) {
   // tensor for both; SDPA's math path writes [n, heads, queries, d] and the
   // view becomes a copy.
   const double outputs_kept = step.cuda ? 1.0 : 2.0;
-  const double kernel_saves = 2 * e * Q * kv_width                                   // the slots' k and v as the kernel keeps them
+  const double kernel_saves = (rows_kept ? 2 * e * Q * HKV : 2 * e * Q * kv_width)  // the slots' k and v as the kernel keeps them
                               + outputs_kept * e * Q * HQ + 4 * heads * Q            // kernel output (o_proj's input); log-sum-exp
-                              + (step.cuda ? 0.0 : e * heads * score_elements + e * Q * HQ);  // SDPA math: probabilities
+                              + (step.cuda || rows_kept ? 0.0 : e * heads * score_elements + e * Q * HQ);  // SDPA math: probabilities
   const double kv_heads = static_cast<double>(s.kv_heads);
   double attention = 0, context_kv = 0, mlp = 0;
   if (step.fused) {
@@ -130,7 +133,7 @@ sdk::MemoryPlan step_memory(const DrafterShape& s, const StepShape& step) {
                 + e * Q * HQ + 4 * Q * heads + e * Q * HQ  // q before its norm, rsqrt; the rotated q the kernel keeps
                 + e * Q * HKV + 4 * Q * kv_heads           // the slots' k before its norm, rsqrt
                 + kernel_saves;
-    context_kv = e * C * HKV + 4 * C * kv_heads + 2 * e * context_keys * kv_width;
+    context_kv = e * C * HKV + 4 * C * kv_heads + 2 * e * (rows_kept ? C * HKV : context_keys * kv_width);
     mlp = e * Q * H + 4 * Q + 2 * e * Q * I;
   } else {
     attention = rms(Q, H) + e * Q * H        // input norm; h (read by q, k, v)
@@ -138,7 +141,7 @@ sdk::MemoryPlan step_memory(const DrafterShape& s, const StepShape& step) {
                 + (f + e) * Q * HKV          // the slots' k: its norm
                 + kernel_saves;
     context_kv = (f + e) * C * HKV                  // the context's k: its norm
-                 + 2 * e * context_keys * kv_width;  // its k and v as the kernel keeps them
+                 + 2 * e * (rows_kept ? C * HKV : context_keys * kv_width);  // its k and v as the kernel keeps them
     mlp = rms(Q, H) + e * Q * H + 4 * e * Q * I;    // post norm; m; gate, silu, up, product
   }
   const double layer_full = attention + context_kv + mlp;

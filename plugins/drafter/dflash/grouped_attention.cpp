@@ -1,0 +1,248 @@
+#include "grouped_attention.h"
+
+#include <dflash/sdk/torch_compat.hpp>
+
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+
+#if DFLASH_TORCH_AT_LEAST(2, 5)
+#include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_backward.h>
+#define DFLASH_DRAFTER_CUDNN_ATTENTION 1
+#else
+#define DFLASH_DRAFTER_CUDNN_ATTENTION 0
+#endif
+
+namespace dflash::drafter {
+namespace {
+
+double scale_of(const at::Tensor& q) { return 1.0 / std::sqrt(static_cast<double>(q.size(-1))); }
+
+c10::optional<at::Tensor> optional_bias(const at::Tensor& bias) {
+  return bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
+}
+
+#if DFLASH_DRAFTER_CUDNN_ATTENTION
+// The kernels' sequence lengths, whether LibTorch returns them as SymInt or int64.
+[[maybe_unused]] int64_t as_int(int64_t v) { return v; }
+[[maybe_unused]] int64_t as_int(const c10::SymInt& v) { return v.expect_int(); }
+#endif
+
+// [count·length, heads, d] rows of a call → [count, heads, length, d], and back.
+at::Tensor by_call(const at::Tensor& rows, int64_t count, int64_t length) {
+  return rows.view({count, length, rows.size(1), rows.size(2)}).transpose(1, 2);
+}
+at::Tensor as_rows(const at::Tensor& t) {
+  return t.transpose(1, 2).reshape({t.size(0) * t.size(2), t.size(1), t.size(3)});
+}
+
+// Per call, what backward needs beside the rows: the output, its
+// log-sum-exp and cuDNN's other returns (undefined off cuDNN).
+constexpr size_t kSavedPerCall = 6;  // out, lse, cum_seq_q, cum_seq_k, philox_seed, philox_offset
+constexpr size_t kRows = 3;          // q, k, v rows first
+
+class AttentionKeepingRows : public torch::autograd::Function<AttentionKeepingRows> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q_rows,
+                                                const at::Tensor& k_rows, const at::Tensor& v_rows,
+                                                const std::vector<AttentionCall>& calls, int64_t heads, int64_t kv_heads,
+                                                bool cudnn) {
+    (void)cudnn;  // without cuDNN attention in this LibTorch, every call is attend's
+    torch::autograd::variable_list outs;
+    std::vector<at::Tensor> saved = {q_rows, k_rows, v_rows};
+    std::vector<int64_t> max_q, max_k;
+    std::vector<at::Tensor> query_index, key_index, biases;
+    for (const AttentionCall& c : calls) {
+      const at::Tensor q = by_call(q_rows.index_select(0, c.query_index), c.count, c.queries);
+      const at::Tensor k = by_call(k_rows.index_select(0, c.key_index), c.count, c.keys);
+      const at::Tensor v = by_call(v_rows.index_select(0, c.key_index), c.count, c.keys);
+      at::Tensor out, lse, cum_q, cum_k, seed, offset;
+      int64_t mq = 0, mk = 0;
+#if DFLASH_DRAFTER_CUDNN_ATTENTION
+      if (cudnn) {
+        auto r = at::_scaled_dot_product_cudnn_attention(q, k, v, optional_bias(c.bias), /*compute_log_sumexp=*/true,
+                                                         /*dropout_p=*/0.0, /*is_causal=*/false,
+                                                         /*return_debug_mask=*/false, scale_of(q));
+        out = std::get<0>(r), lse = std::get<1>(r), cum_q = std::get<2>(r), cum_k = std::get<3>(r);
+        mq = as_int(std::get<4>(r)), mk = as_int(std::get<5>(r));
+        seed = std::get<6>(r), offset = std::get<7>(r);
+      }
+#endif
+      if (!out.defined()) out = attend(q, k, v, c.bias, heads, kv_heads, /*cudnn=*/false);
+      outs.push_back(out);
+      saved.insert(saved.end(), {out, lse, cum_q, cum_k, seed, offset});
+      max_q.push_back(mq), max_k.push_back(mk);
+      query_index.push_back(c.query_index), key_index.push_back(c.key_index), biases.push_back(c.bias);
+    }
+    ctx->save_for_backward(saved);
+    ctx->saved_data["query_index"] = query_index;
+    ctx->saved_data["key_index"] = key_index;
+    ctx->saved_data["bias"] = biases;
+    ctx->saved_data["max_q"] = max_q;
+    ctx->saved_data["max_k"] = max_k;
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["kv_heads"] = kv_heads;
+    ctx->saved_data["cudnn"] = cudnn;
+    return outs;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q_rows = saved[0], &k_rows = saved[1], &v_rows = saved[2];
+    const std::vector<at::Tensor> query_index = ctx->saved_data["query_index"].toTensorVector();
+    const std::vector<at::Tensor> key_index = ctx->saved_data["key_index"].toTensorVector();
+    const std::vector<at::Tensor> biases = ctx->saved_data["bias"].toTensorVector();
+    const std::vector<int64_t> max_q = ctx->saved_data["max_q"].toIntVector(), max_k = ctx->saved_data["max_k"].toIntVector();
+    const int64_t heads = ctx->saved_data["heads"].toInt(), kv_heads = ctx->saved_data["kv_heads"].toInt();
+    [[maybe_unused]] const bool cudnn = ctx->saved_data["cudnn"].toBool();
+    at::Tensor dq_rows = at::zeros_like(q_rows), dk_rows = at::zeros_like(k_rows), dv_rows = at::zeros_like(v_rows);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      const at::Tensor* call = &saved[kRows + kSavedPerCall * i];  // out, lse, cum_q, cum_k, seed, offset
+      const at::Tensor& out = call[0];
+      const int64_t count = out.size(0), queries = out.size(2), keys = key_index[i].numel() / count;
+      // The call's q, k and v, gathered again from the rows.
+      at::Tensor q = by_call(q_rows.index_select(0, query_index[i]), count, queries);
+      at::Tensor k = by_call(k_rows.index_select(0, key_index[i]), count, keys);
+      at::Tensor v = by_call(v_rows.index_select(0, key_index[i]), count, keys);
+      at::Tensor dq, dk, dv;
+#if DFLASH_DRAFTER_CUDNN_ATTENTION
+      if (cudnn) {
+        auto r = at::_scaled_dot_product_cudnn_attention_backward(grads[i], q, k, v, out, call[1], call[4], call[5],
+                                                                  biases[i], call[2], call[3], max_q[i], max_k[i],
+                                                                  /*dropout_p=*/0.0, /*is_causal=*/false, scale_of(q));
+        dq = std::get<0>(r), dk = std::get<1>(r), dv = std::get<2>(r);
+      }
+#endif
+      if (!dq.defined()) {  // the call again, under autograd
+        const c10::AutoGradMode enable(true);
+        q = q.detach().requires_grad_(true), k = k.detach().requires_grad_(true), v = v.detach().requires_grad_(true);
+        const auto g = torch::autograd::grad({attend(q, k, v, biases[i], heads, kv_heads, /*cudnn=*/false)}, {q, k, v},
+                                             {grads[i]});
+        dq = g[0], dk = g[1], dv = g[2];
+      }
+      dq_rows.index_copy_(0, query_index[i], as_rows(dq));  // the calls partition the queries
+      dk_rows.index_add_(0, key_index[i], as_rows(dk));     // and share context keys
+      dv_rows.index_add_(0, key_index[i], as_rows(dv));
+    }
+    return {dq_rows, dk_rows, dv_rows, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& bias, int64_t heads, int64_t kv_heads,
+                  bool cudnn) {
+#if DFLASH_DRAFTER_CUDNN_ATTENTION
+  if (cudnn) {
+    const bool grad = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+    return std::get<0>(at::_scaled_dot_product_cudnn_attention(q, k, v, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt,
+                                                               /*compute_log_sumexp=*/grad,
+                                                               /*dropout_p=*/0.0, /*is_causal=*/false,
+                                                               /*return_debug_mask=*/false,
+                                                               1.0 / std::sqrt(static_cast<double>(q.size(-1)))));
+  }
+#else
+  (void)cudnn;
+#endif
+  if (heads > kv_heads) {
+    k = k.repeat_interleave(heads / kv_heads, -3);
+    v = v.repeat_interleave(heads / kv_heads, -3);
+  }
+  return compat::scaled_dot_product_attention(q, k, v, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt,
+                                              /*is_causal=*/false);
+}
+
+at::Tensor additive_mask(const at::Tensor& allowed, const at::TensorOptions& options) {
+  const int64_t keys = allowed.size(-1), padded = (keys + 15) / 16 * 16;
+  std::vector<int64_t> sizes = allowed.sizes().vec();
+  sizes.back() = padded;
+  at::Tensor bias = at::full(sizes, -std::numeric_limits<float>::infinity(), options);
+  bias.narrow(-1, 0, keys).masked_fill_(allowed.to(options.device()), 0.0);
+  return bias.narrow(-1, 0, keys);
+}
+
+namespace {
+
+// cuDNN's attention against SDPA on a small GQA problem with a ragged mask,
+// forward and backward: through autograd, and by hand (AttentionKeepingRows).
+struct CudnnVerdict {
+  bool autograd = false, by_hand = false;
+};
+
+CudnnVerdict check_cudnn_attention(const at::TensorOptions& options, int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  CudnnVerdict verdict;
+#if DFLASH_DRAFTER_CUDNN_ATTENTION
+  try {
+    const c10::AutoGradMode enable(true);
+    const int64_t queries = 40, keys = 70;
+    at::Tensor q = at::randn({1, heads, queries, head_dim}, options).requires_grad_(true);
+    at::Tensor k = at::randn({1, kv_heads, keys, head_dim}, options).requires_grad_(true);
+    at::Tensor v = at::randn({1, kv_heads, keys, head_dim}, options).requires_grad_(true);
+    const at::Tensor allowed = at::rand({queries, keys}, options.dtype(at::kFloat)).lt(0.5).logical_or(
+        at::eye(queries, keys, options.dtype(at::kBool)));
+    const at::Tensor bias = additive_mask(allowed, options).view({1, 1, queries, keys});
+    const at::Tensor grad_out = at::randn({1, heads, queries, head_dim}, options);
+    const at::TensorOptions index = options.dtype(at::kLong);
+    // Output, then dq, dk, dv: by cuDNN through autograd, by cuDNN by hand, by SDPA.
+    std::vector<std::vector<at::Tensor>> results;
+    for (int variant : {0, 1, 2}) {
+      at::Tensor out;
+      if (variant == 1)
+        out = attention_keeping_rows(as_rows(q), as_rows(k), as_rows(v),
+                                     {{1, queries, keys, at::arange(queries, index), at::arange(keys, index), bias}}, heads,
+                                     kv_heads, /*cudnn=*/true)[0];
+      else
+        out = attend(q, k, v, bias, heads, kv_heads, /*cudnn=*/variant == 0);
+      const auto grads = torch::autograd::grad({out}, {q, k, v}, {grad_out});
+      results.push_back({out, grads[0], grads[1], grads[2]});
+    }
+    auto agrees = [&](const std::vector<at::Tensor>& a) {
+      bool ok = true;
+      for (size_t i = 0; i < 4; ++i) {
+        const at::Tensor x = a[i].to(at::kFloat), ref = results[2][i].to(at::kFloat);
+        ok = ok && (x - ref).abs().max().item<double>() <= 3e-2 * ref.abs().max().item<double>() + 1e-3;
+      }
+      return ok;
+    };
+    verdict.autograd = agrees(results[0]);
+    verdict.by_hand = verdict.autograd && agrees(results[1]);
+  } catch (const std::exception&) {
+    verdict = {};
+  }
+#else
+  (void)options, (void)heads, (void)kv_heads, (void)head_dim;
+#endif
+  return verdict;
+}
+
+// Asked once per process.
+const CudnnVerdict& cudnn_verdict(const at::TensorOptions& options, int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  static const CudnnVerdict verdict = check_cudnn_attention(options, heads, kv_heads, head_dim);
+  return verdict;
+}
+
+}  // namespace
+
+bool cudnn_attention_works(const at::TensorOptions& options, int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  return cudnn_verdict(options, heads, kv_heads, head_dim).autograd;
+}
+
+bool cudnn_attention_backward_by_hand_works(const at::TensorOptions& options, int64_t heads, int64_t kv_heads,
+                                            int64_t head_dim) {
+  return cudnn_verdict(options, heads, kv_heads, head_dim).by_hand;
+}
+
+std::vector<at::Tensor> attention_keeping_rows(const at::Tensor& q_rows, const at::Tensor& k_rows, const at::Tensor& v_rows,
+                                               const std::vector<AttentionCall>& calls, int64_t heads, int64_t kv_heads,
+                                               bool cudnn) {
+  return AttentionKeepingRows::apply(q_rows, k_rows, v_rows, calls, heads, kv_heads, cudnn);
+}
+
+}  // namespace dflash::drafter

@@ -1,0 +1,53 @@
+// The drafter's attention kernels: one call (cuDNN's fused attention where it
+// runs, else SDPA), the additive masks they take, and grouped attention whose
+// backward keeps only the layer's q, k and v rows.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace dflash::drafter {
+
+// The attention call. q [N, heads, n, d], k and v [N, kv, m, d], bias
+// additive, broadcast over heads. cuDNN's fused attention (CUDA, LibTorch ≥
+// 2.5) takes the bias and GQA natively and has a faster backward than the
+// memory-efficient kernel; SDPA (any device) gets k and v repeated to every
+// query head, as its kernels take equal head counts.
+at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& bias, int64_t heads, int64_t kv_heads,
+                  bool cudnn);
+
+// An additive mask (0 where allowed, −inf elsewhere) whose rows are padded to
+// a multiple of 16 elements, returned as the unpadded view: the fused kernels
+// want the bias's row stride aligned (SDPA otherwise copies it per call).
+at::Tensor additive_mask(const at::Tensor& allowed, const at::TensorOptions& options);
+
+// Whether cuDNN's attention runs here and agrees with SDPA, forward and
+// backward (through autograd, and through its backward called directly as
+// attention_keeping_rows calls it), on a small GQA problem with a ragged
+// mask: asked once per process.
+bool cudnn_attention_works(const at::TensorOptions& options, int64_t heads, int64_t kv_heads, int64_t head_dim);
+bool cudnn_attention_backward_by_hand_works(const at::TensorOptions& options, int64_t heads, int64_t kv_heads,
+                                            int64_t head_dim);
+
+// One grouped attention call: `count` groups of one shape, each with
+// `queries` query rows and `keys` key rows, gathered by index from the
+// layer's rows; bias [count, 1, queries, keys].
+struct AttentionCall {
+  int64_t count = 0, queries = 0, keys = 0;
+  at::Tensor query_index, key_index, bias;
+};
+
+// Every call's output [count, heads, queries, d] (laid out as attend's), as
+// one autograd node that keeps for backward only the layer's rows (q [R_q,
+// heads, d], k and v [R_k, kv, d]) and each call's output and log-sum-exp.
+// Autograd through attend keeps every call's gathered q, k and v instead:
+// the context rows once per group. Backward gathers each call's q, k and v
+// again and runs cuDNN's attention backward on them, with the arguments
+// ATen's own autograd passes; off cuDNN it runs the call again under
+// autograd. Gradients go back into the rows as row_gather.h's do.
+std::vector<at::Tensor> attention_keeping_rows(const at::Tensor& q_rows, const at::Tensor& k_rows, const at::Tensor& v_rows,
+                                               const std::vector<AttentionCall>& calls, int64_t heads, int64_t kv_heads,
+                                               bool cudnn);
+
+}  // namespace dflash::drafter
