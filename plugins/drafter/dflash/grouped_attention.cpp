@@ -179,43 +179,53 @@ struct CudnnVerdict {
 CudnnVerdict check_cudnn_attention(const at::TensorOptions& options, int64_t heads, int64_t kv_heads, int64_t head_dim) {
   CudnnVerdict verdict;
 #if DFLASH_DRAFTER_CUDNN_ATTENTION
+  const c10::AutoGradMode enable(true);
+  const int64_t queries = 40, keys = 70;
+  at::Tensor q, k, v, bias, grad_out;
   try {
-    const c10::AutoGradMode enable(true);
-    const int64_t queries = 40, keys = 70;
-    at::Tensor q = at::randn({1, heads, queries, head_dim}, options).requires_grad_(true);
-    at::Tensor k = at::randn({1, kv_heads, keys, head_dim}, options).requires_grad_(true);
-    at::Tensor v = at::randn({1, kv_heads, keys, head_dim}, options).requires_grad_(true);
+    q = at::randn({1, heads, queries, head_dim}, options).requires_grad_(true);
+    k = at::randn({1, kv_heads, keys, head_dim}, options).requires_grad_(true);
+    v = at::randn({1, kv_heads, keys, head_dim}, options).requires_grad_(true);
     const at::Tensor allowed = at::rand({queries, keys}, options.dtype(at::kFloat)).lt(0.5).logical_or(
         at::eye(queries, keys, options.dtype(at::kBool)));
-    const at::Tensor bias = additive_mask(allowed, options).view({1, 1, queries, keys});
-    const at::Tensor grad_out = at::randn({1, heads, queries, head_dim}, options);
-    const at::TensorOptions index = options.dtype(at::kLong);
-    // Output, then dq, dk, dv: by cuDNN through autograd, by cuDNN by hand, by SDPA.
-    std::vector<std::vector<at::Tensor>> results;
-    for (int variant : {0, 1, 2}) {
+    bias = additive_mask(allowed, options).view({1, 1, queries, keys});
+    grad_out = at::randn({1, heads, queries, head_dim}, options);
+  } catch (const std::exception&) {
+    return verdict;
+  }
+  // Output, then dq, dk, dv; empty where the variant threw. Each variant on
+  // its own, so that a failing by-hand backward leaves cuDNN through
+  // autograd in use.
+  enum Variant { kAutograd, kByHand, kSdpa };
+  auto run = [&](Variant variant) -> std::vector<at::Tensor> {
+    try {
       at::Tensor out;
-      if (variant == 1)
+      if (variant == kByHand) {
+        const at::TensorOptions index = options.dtype(at::kLong);
         out = attention_keeping_rows(as_rows(q), as_rows(k), as_rows(v),
                                      {{1, queries, keys, at::arange(queries, index), at::arange(keys, index), bias}}, heads,
                                      kv_heads, /*cudnn=*/true)[0];
-      else
-        out = attend(q, k, v, bias, heads, kv_heads, /*cudnn=*/variant == 0);
-      const auto grads = torch::autograd::grad({out}, {q, k, v}, {grad_out});
-      results.push_back({out, grads[0], grads[1], grads[2]});
-    }
-    auto agrees = [&](const std::vector<at::Tensor>& a) {
-      bool ok = true;
-      for (size_t i = 0; i < 4; ++i) {
-        const at::Tensor x = a[i].to(at::kFloat), ref = results[2][i].to(at::kFloat);
-        ok = ok && (x - ref).abs().max().item<double>() <= 3e-2 * ref.abs().max().item<double>() + 1e-3;
+      } else {
+        out = attend(q, k, v, bias, heads, kv_heads, /*cudnn=*/variant == kAutograd);
       }
-      return ok;
-    };
-    verdict.autograd = agrees(results[0]);
-    verdict.by_hand = verdict.autograd && agrees(results[1]);
-  } catch (const std::exception&) {
-    verdict = {};
-  }
+      const auto grads = torch::autograd::grad({out}, {q, k, v}, {grad_out});
+      return {out, grads[0], grads[1], grads[2]};
+    } catch (const std::exception&) {
+      return {};
+    }
+  };
+  const std::vector<at::Tensor> reference = run(kSdpa);
+  auto agrees = [&](const std::vector<at::Tensor>& a) {
+    if (a.size() != 4 || reference.size() != 4) return false;
+    bool ok = true;
+    for (size_t i = 0; i < 4; ++i) {
+      const at::Tensor x = a[i].to(at::kFloat), ref = reference[i].to(at::kFloat);
+      ok = ok && (x - ref).abs().max().item<double>() <= 3e-2 * ref.abs().max().item<double>() + 1e-3;
+    }
+    return ok;
+  };
+  verdict.autograd = agrees(run(kAutograd));
+  verdict.by_hand = verdict.autograd && agrees(run(kByHand));
 #else
   (void)options, (void)heads, (void)kv_heads, (void)head_dim;
 #endif
