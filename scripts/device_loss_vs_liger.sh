@@ -13,7 +13,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-${OUT:-/tmp/loss_vs_liger}}
 mkdir -p "$out"
 [ -d "$root/.liger/liger_kernel" ] || { echo "no .liger/liger_kernel: see this script's header" >&2; exit 2; }
-[ "${SKIP_BUILD:-0}" = 1 ] || DFLASH_DEVICE_NO_TESTS=1 "$root/scripts/device_build.sh" > "$out/build.txt" 2>&1
+[ "${SKIP_BUILD:-0}" = 1 ] || DFLASH_DEVICE_NO_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host loss_bench" "$root/scripts/device_build.sh" \
+  > "$out/build.txt" 2>&1
 date -u +%Y-%m-%dT%H:%MZ > "$out/date.txt"
 "$root/build-gpu/bin/loss_bench" --plugin-dir "$root/build-gpu/lib/dflash-host/plugins" --only fused_ckpt_kl \
   --json "$out/ours.jsonl" 2>&1 | grep -v "\[info\] loading" | tee "$out/ours.txt" || echo "loss_bench failed" | tee -a "$out/ours.txt"

@@ -13,7 +13,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-${OUT:-/tmp/peer_drafter}}
 mkdir -p "$out"
 [ -d "$root/.peer/specforge" ] || { echo "no .peer/specforge: see this script's header" >&2; exit 2; }
-[ "${SKIP_BUILD:-0}" = 1 ] || DFLASH_DEVICE_NO_TESTS=1 "$root/scripts/device_build.sh" > "$out/build.txt" 2>&1
+[ "${SKIP_BUILD:-0}" = 1 ] || DFLASH_DEVICE_NO_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host drafter_bench" "$root/scripts/device_build.sh" \
+  > "$out/build.txt" 2>&1
 date -u +%Y-%m-%dT%H:%MZ > "$out/date.txt"
 nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv > "$out/gpu.txt" || true
 for shape in "4096 512 16" "8192 1024 16" "3072 1024 32"; do
