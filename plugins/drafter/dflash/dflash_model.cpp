@@ -19,11 +19,7 @@
 #include <map>
 
 #if DFLASH_TORCH_AT_LEAST(2, 5)
-#include <ATen/ops/_flash_attention_forward.h>
-#include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
-#define DFLASH_DRAFTER_CUDNN_ATTENTION 1
-#else
-#define DFLASH_DRAFTER_CUDNN_ATTENTION 0
+#include <ATen/ops/_flash_attention_forward.h>  // drafting's varlen attention
 #endif
 
 namespace dflash::drafter {
