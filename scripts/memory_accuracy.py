@@ -57,6 +57,9 @@ def main():
          {"activation_checkpointing": True}, {}),
         ("8B-wide, 4 rows × 4096, 512 × 16 per row", q8, 4096, 4, 512, 16, {}, {}),
         ("27B-wide, ctx 4096, 512 × 16, fp32 master weights", q27, 4096, 1, 512, 16, {}, {"precision": "fp32_master"}),
+        # Grouped attention keeping the layer's rows (drafter.attention_keeps); --only "keeping rows".
+        ("27B-wide, ctx 4096, 512 × 16, attention keeping rows", q27, 4096, 1, 512, 16, {"attention_keeps": "rows"}, {}),
+        ("27B-wide, ctx 8192, 1024 × 16, attention keeping rows", q27, 8192, 1, 1024, 16, {"attention_keeps": "rows"}, {}),
     ]
     results = []
     if a.oom_only:
