@@ -1,5 +1,7 @@
 #include "block_layout.h"
 
+#include <host_upload.h>
+
 #include <dflash/abi.h>
 #include <dflash/sdk/splitmix.hpp>
 #include <algorithm>
@@ -163,7 +165,7 @@ at::Tensor stacked_group_attention_masks(const std::vector<AttentionGroup>& grou
     described[static_cast<size_t>(2 * n + i)] = g.context_begin;
   }
   const auto longs = anchors.options().dtype(at::kLong);
-  const at::Tensor groups_of = at::tensor(described, at::kLong).to(longs.device()).view({3, n, 1});
+  const at::Tensor groups_of = decode_support::upload(described, longs.device()).view({3, n, 1});  // without waiting
   const at::Tensor row = groups_of[0];                                                  // [n, 1]
   const at::Tensor block = at::arange(queries, longs).div(block_size, "floor");         // each query's block in its group
   const at::Tensor anchor = anchors.index({row, groups_of[1] + block.unsqueeze(0)});    // [n, Q]

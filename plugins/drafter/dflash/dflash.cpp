@@ -10,6 +10,7 @@
 #include "memory_model.h"
 
 #include <cuda_graph.h>
+#include <host_upload.h>
 #include <dflash/sdk/drafter.hpp>
 #include <dflash/sdk/torch_compat.hpp>
 
@@ -156,9 +157,10 @@ class DFlashDrafter : public sdk::Drafter {
   // the device expands them; otherwise one gather on the device.
   at::Tensor slot_embeddings_of(const at::Tensor& slot_ids) const {
     const at::Tensor ids = slot_ids.flatten();
-    if (embed_.device() == device_) return embed_.index_select(0, ids.to(device_));
+    if (embed_.device() == device_) return embed_.index_select(0, decode_support::on_device(ids, device_));
     const auto [distinct, where] = at::_unique(ids.to(at::kCPU), /*sorted=*/false, /*return_inverse=*/true);
-    return embed_.index_select(0, distinct).to(device_).index_select(0, where.to(device_));
+    return decode_support::on_device(embed_.index_select(0, distinct), device_)
+        .index_select(0, decode_support::on_device(where, device_));
   }
 
   // Blocks per attention call: attention_group_blocks when grouped, 0 = dense.
@@ -227,25 +229,28 @@ class DFlashDrafter : public sdk::Drafter {
     const drafter::BlockMasks masks{anchors, documents, block_size_, group_blocks_, group_key_multiple_};
 
     std::vector<at::Tensor> features;
-    for (int64_t id : layer_ids_) features.push_back(inputs.at("hidden." + std::to_string(id)).to(device_));
+    // Host tensors go up without waiting for the device (host_upload.h): the
+    // step's kernels stay queued while the host prepares the next ones.
+    auto up = [&](const at::Tensor& t) { return decode_support::on_device(t, device_); };
+    for (int64_t id : layer_ids_) features.push_back(up(inputs.at("hidden." + std::to_string(id))));
     const int64_t slots = layout.slot_ids.size(1), hidden = model.shape().hidden;
     const at::Tensor slot_embeddings = slot_embeddings_of(layout.slot_ids).view({rows, slots, hidden});
-    const at::Tensor out = model.forward(at::cat(features, -1), positions.to(device_), slot_embeddings,
-                                         layout.slot_positions.to(device_), masks);  // [B, Q, H]
+    const at::Tensor out = model.forward(at::cat(features, -1), up(positions), slot_embeddings, up(layout.slot_positions),
+                                         masks);  // [B, Q, H]
 
     // Rows for the loss: every slot k ≥ 1 of a real block.
     const at::Tensor slot = at::arange(slots, at::kLong).remainder(block_size_).expand({rows, slots});
     const at::Tensor keep = layout.block_valid.logical_and(slot.ne(0)).flatten().nonzero().flatten();  // CPU
-    const at::Tensor keep_device = keep.to(device_);
+    const at::Tensor keep_device = up(keep);
     sdk::TensorDict result{
         {"hidden", out.reshape({rows * slots, hidden}).index_select(0, keep_device)},
-        {"targets", layout.targets.flatten().index_select(0, keep).to(device_)},
-        {"row_weights", weights_.index_select(0, slot.flatten().index_select(0, keep)).to(device_)},
-        {"slot", slot.flatten().index_select(0, keep).to(device_)}};
+        {"targets", up(layout.targets.flatten().index_select(0, keep))},
+        {"row_weights", up(weights_.index_select(0, slot.flatten().index_select(0, keep)))},
+        {"slot", up(slot.flatten().index_select(0, keep))}};
     const at::Tensor last = inputs.get("last_hidden");
     if (last.defined()) {
       const at::Tensor row_of = at::arange(rows, at::kLong).view({rows, 1}).expand({rows, slots}).flatten().index_select(0, keep);
-      const at::Tensor flat_index = (row_of * length + layout.teacher_index.flatten().index_select(0, keep)).to(device_);
+      const at::Tensor flat_index = up(row_of * length + layout.teacher_index.flatten().index_select(0, keep));
       result.set("teacher_hidden", last.reshape({rows * length, last.size(-1)}).index_select(0, flat_index));
     }
     return result;

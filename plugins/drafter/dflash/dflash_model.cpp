@@ -5,6 +5,7 @@
 #include "row_gather.h"
 
 #include <dflash/sdk/torch_compat.hpp>
+#include <host_upload.h>
 #include <trainable_ops.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -314,7 +315,9 @@ Attention attention_plan(const BlockMasks& masks, const at::TensorOptions& optio
   std::map<std::pair<int64_t, int64_t>, std::vector<const AttentionGroup*>> shapes;
   for (const AttentionGroup& g : groups) shapes[{g.queries(bs), g.context_end - g.context_begin}].push_back(&g);
 
-  const at::Tensor anchors = masks.anchors.to(options.device(), at::kLong), documents = masks.documents.to(options.device(), at::kLong);
+  // Uploads that do not wait for the device (host_upload.h).
+  const at::Tensor anchors = decode_support::on_device(masks.anchors.to(at::kLong), options.device());
+  const at::Tensor documents = decode_support::on_device(masks.documents.to(at::kLong), options.device());
   plan.groups = at::empty({static_cast<int64_t>(shapes.size()), 5}, at::kLong);
   auto table = plan.groups.accessor<int64_t, 2>();
   std::vector<int64_t> index(static_cast<size_t>(rows * queries_per_row), -1);  // the order first
@@ -350,7 +353,7 @@ Attention attention_plan(const BlockMasks& masks, const at::TensorOptions& optio
   }
   if (output_row != rows * queries_per_row) throw std::logic_error("attention_plan: the groups do not cover every query once");
   plan.bias = at::cat(padded_masks);
-  plan.index = at::tensor(index, at::kLong).to(options.device());
+  plan.index = decode_support::upload(index, options.device());
   return plan;
 }
 
