@@ -78,7 +78,7 @@ class DFlashDrafter : public sdk::Drafter {
                 "what grouped attention keeps for backward: calls = every call's gathered q, k and v (the context's "
                 "keys and values once per group, through autograd); rows = the layer's q, k and v rows only, each "
                 "call's gathered again in backward (cuDNN's backward called directly where it runs and passes a "
-                "check at start, else the call again under autograd)",
+                "check on first use, else the call again under autograd)",
                 {"calls", "rows"})
         .boolean("embedding_on_cpu", false,
                  "keep the frozen embedding in host memory and send only the block slots' rows to the device each "

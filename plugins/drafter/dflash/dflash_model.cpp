@@ -192,26 +192,9 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
                    .narrow(3, 0, c.keys);
       calls.push_back(std::move(c));
     }
-    std::vector<at::Tensor> outs;  // each call's [n, heads, queries, d]
-    if (plan.keeps_rows) {
-      outs = attention_keeping_rows(q_rows, k_rows, v_rows, calls, s.heads, s.kv_heads, plan.cudnn);
-    } else {
-      // Every call's rows gathered at once (row_gather.h), then attention
-      // through autograd, which keeps each call's q, k and v.
-      std::vector<at::Tensor> query_index, key_index;
-      for (const AttentionCall& c : calls) query_index.push_back(c.query_index), key_index.push_back(c.key_index);
-      const std::vector<at::Tensor> q_calls = gather_rows(q_rows, query_index, /*disjoint=*/true);
-      const std::vector<at::Tensor> k_calls = gather_rows(k_rows, key_index, /*disjoint=*/false);
-      const std::vector<at::Tensor> v_calls = gather_rows(v_rows, key_index, /*disjoint=*/false);
-      for (size_t i = 0; i < calls.size(); ++i) {
-        const AttentionCall& c = calls[i];
-        auto by_call = [&](const at::Tensor& rows, int64_t length) {  // [count·length, heads, d] → [n, heads, length, d]
-          return rows.view({c.count, length, rows.size(1), s.head_dim}).transpose(1, 2);
-        };
-        outs.push_back(attend(by_call(q_calls[i], c.queries), by_call(k_calls[i], c.keys), by_call(v_calls[i], c.keys),
-                              c.bias, s.heads, s.kv_heads, plan.cudnn));
-      }
-    }
+    const std::vector<at::Tensor> outs =  // each call's [n, heads, queries, d]
+        plan.keeps_rows ? attention_keeping_rows(q_rows, k_rows, v_rows, calls, s.heads, s.kv_heads, plan.cudnn)
+                        : attention_keeping_calls(q_rows, k_rows, v_rows, calls, s.heads, s.kv_heads, plan.cudnn);
     std::vector<at::Tensor> parts;
     parts.reserve(calls.size());
     for (size_t i = 0; i < calls.size(); ++i) {

@@ -1,5 +1,7 @@
 #include "grouped_attention.h"
 
+#include "row_gather.h"
+
 #include <dflash/sdk/torch_compat.hpp>
 
 #include <c10/core/GradMode.h>
@@ -170,83 +172,86 @@ at::Tensor additive_mask(const at::Tensor& allowed, const at::TensorOptions& opt
 
 namespace {
 
-// cuDNN's attention against SDPA on a small GQA problem with a ragged mask,
-// forward and backward: through autograd, and by hand (AttentionKeepingRows).
-struct CudnnVerdict {
-  bool autograd = false, by_hand = false;
-};
+// How cuDNN's attention is checked against SDPA: through autograd (what
+// attend does), or with its backward called by hand (AttentionKeepingRows).
+enum class CudnnPath { kAutograd, kByHand };
 
-CudnnVerdict check_cudnn_attention(const at::TensorOptions& options, int64_t heads, int64_t kv_heads, int64_t head_dim) {
-  CudnnVerdict verdict;
+// Whether cuDNN's attention, by `path`, agrees with SDPA on a small GQA
+// problem with a ragged mask, forward and backward. A throw is a no.
+bool cudnn_agrees_with_sdpa(CudnnPath path, const at::TensorOptions& options, int64_t heads, int64_t kv_heads,
+                            int64_t head_dim) {
 #if DFLASH_DRAFTER_CUDNN_ATTENTION
-  const c10::AutoGradMode enable(true);
-  const int64_t queries = 40, keys = 70;
-  at::Tensor q, k, v, bias, grad_out;
   try {
-    q = at::randn({1, heads, queries, head_dim}, options).requires_grad_(true);
-    k = at::randn({1, kv_heads, keys, head_dim}, options).requires_grad_(true);
-    v = at::randn({1, kv_heads, keys, head_dim}, options).requires_grad_(true);
+    const c10::AutoGradMode enable(true);
+    const int64_t queries = 40, keys = 70;
+    at::Tensor q = at::randn({1, heads, queries, head_dim}, options).requires_grad_(true);
+    at::Tensor k = at::randn({1, kv_heads, keys, head_dim}, options).requires_grad_(true);
+    at::Tensor v = at::randn({1, kv_heads, keys, head_dim}, options).requires_grad_(true);
     const at::Tensor allowed = at::rand({queries, keys}, options.dtype(at::kFloat)).lt(0.5).logical_or(
         at::eye(queries, keys, options.dtype(at::kBool)));
-    bias = additive_mask(allowed, options).view({1, 1, queries, keys});
-    grad_out = at::randn({1, heads, queries, head_dim}, options);
-  } catch (const std::exception&) {
-    return verdict;
-  }
-  // Output, then dq, dk, dv; empty where the variant threw. Each variant on
-  // its own, so that a failing by-hand backward leaves cuDNN through
-  // autograd in use.
-  enum Variant { kAutograd, kByHand, kSdpa };
-  auto run = [&](Variant variant) -> std::vector<at::Tensor> {
-    try {
-      at::Tensor out;
-      if (variant == kByHand) {
-        const at::TensorOptions index = options.dtype(at::kLong);
-        out = attention_keeping_rows(as_rows(q), as_rows(k), as_rows(v),
-                                     {{1, queries, keys, at::arange(queries, index), at::arange(keys, index), bias}}, heads,
-                                     kv_heads, /*cudnn=*/true)[0];
-      } else {
-        out = attend(q, k, v, bias, heads, kv_heads, /*cudnn=*/variant == kAutograd);
-      }
+    const at::Tensor bias = additive_mask(allowed, options).view({1, 1, queries, keys});
+    const at::Tensor grad_out = at::randn({1, heads, queries, head_dim}, options);
+    // Output, then dq, dk, dv.
+    auto results = [&](const at::Tensor& out) {
       const auto grads = torch::autograd::grad({out}, {q, k, v}, {grad_out});
-      return {out, grads[0], grads[1], grads[2]};
-    } catch (const std::exception&) {
-      return {};
+      return std::vector<at::Tensor>{out, grads[0], grads[1], grads[2]};
+    };
+    const std::vector<at::Tensor> reference = results(attend(q, k, v, bias, heads, kv_heads, /*cudnn=*/false));
+    at::Tensor out;
+    if (path == CudnnPath::kByHand) {
+      const at::TensorOptions index = options.dtype(at::kLong);
+      out = attention_keeping_rows(as_rows(q), as_rows(k), as_rows(v),
+                                   {{1, queries, keys, at::arange(queries, index), at::arange(keys, index), bias}}, heads,
+                                   kv_heads, /*cudnn=*/true)[0];
+    } else {
+      out = attend(q, k, v, bias, heads, kv_heads, /*cudnn=*/true);
     }
-  };
-  const std::vector<at::Tensor> reference = run(kSdpa);
-  auto agrees = [&](const std::vector<at::Tensor>& a) {
-    if (a.size() != 4 || reference.size() != 4) return false;
-    bool ok = true;
-    for (size_t i = 0; i < 4; ++i) {
-      const at::Tensor x = a[i].to(at::kFloat), ref = reference[i].to(at::kFloat);
-      ok = ok && (x - ref).abs().max().item<double>() <= 3e-2 * ref.abs().max().item<double>() + 1e-3;
+    const std::vector<at::Tensor> tried = results(out);
+    for (size_t i = 0; i < tried.size(); ++i) {
+      const at::Tensor x = tried[i].to(at::kFloat), ref = reference[i].to(at::kFloat);
+      if ((x - ref).abs().max().item<double>() > 3e-2 * ref.abs().max().item<double>() + 1e-3) return false;
     }
-    return ok;
-  };
-  verdict.autograd = agrees(run(kAutograd));
-  verdict.by_hand = verdict.autograd && agrees(run(kByHand));
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
 #else
-  (void)options, (void)heads, (void)kv_heads, (void)head_dim;
+  (void)path, (void)options, (void)heads, (void)kv_heads, (void)head_dim;
+  return false;
 #endif
-  return verdict;
-}
-
-// Asked once per process.
-const CudnnVerdict& cudnn_verdict(const at::TensorOptions& options, int64_t heads, int64_t kv_heads, int64_t head_dim) {
-  static const CudnnVerdict verdict = check_cudnn_attention(options, heads, kv_heads, head_dim);
-  return verdict;
 }
 
 }  // namespace
 
+// Each asked once per process; the by-hand check only where rows are kept,
+// so runs that keep calls start as before.
 bool cudnn_attention_works(const at::TensorOptions& options, int64_t heads, int64_t kv_heads, int64_t head_dim) {
-  return cudnn_verdict(options, heads, kv_heads, head_dim).autograd;
+  static const bool works = cudnn_agrees_with_sdpa(CudnnPath::kAutograd, options, heads, kv_heads, head_dim);
+  return works;
 }
 
 bool cudnn_attention_backward_by_hand_works(const at::TensorOptions& options, int64_t heads, int64_t kv_heads,
                                             int64_t head_dim) {
-  return cudnn_verdict(options, heads, kv_heads, head_dim).by_hand;
+  static const bool works = cudnn_attention_works(options, heads, kv_heads, head_dim) &&
+                            cudnn_agrees_with_sdpa(CudnnPath::kByHand, options, heads, kv_heads, head_dim);
+  return works;
+}
+
+std::vector<at::Tensor> attention_keeping_calls(const at::Tensor& q_rows, const at::Tensor& k_rows, const at::Tensor& v_rows,
+                                                const std::vector<AttentionCall>& calls, int64_t heads, int64_t kv_heads,
+                                                bool cudnn) {
+  std::vector<at::Tensor> query_index, key_index;
+  for (const AttentionCall& c : calls) query_index.push_back(c.query_index), key_index.push_back(c.key_index);
+  const std::vector<at::Tensor> q = gather_rows(q_rows, query_index, /*disjoint=*/true);
+  const std::vector<at::Tensor> k = gather_rows(k_rows, key_index, /*disjoint=*/false);
+  const std::vector<at::Tensor> v = gather_rows(v_rows, key_index, /*disjoint=*/false);
+  std::vector<at::Tensor> outs;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const AttentionCall& c = calls[i];
+    outs.push_back(attend(by_call(q[i], c.count, c.queries), by_call(k[i], c.count, c.keys), by_call(v[i], c.count, c.keys),
+                          c.bias, heads, kv_heads, cudnn));
+  }
+  return outs;
 }
 
 std::vector<at::Tensor> attention_keeping_rows(const at::Tensor& q_rows, const at::Tensor& k_rows, const at::Tensor& v_rows,

@@ -23,9 +23,10 @@ at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Ten
 at::Tensor additive_mask(const at::Tensor& allowed, const at::TensorOptions& options);
 
 // Whether cuDNN's attention runs here and agrees with SDPA, forward and
-// backward (through autograd, and through its backward called directly as
-// attention_keeping_rows calls it), on a small GQA problem with a ragged
-// mask: asked once per process.
+// backward, on a small GQA problem with a ragged mask: through autograd
+// (cudnn_attention_works), and with its backward called by hand as
+// attention_keeping_rows calls it (cudnn_attention_backward_by_hand_works,
+// checked only when first asked). Each asked once per process.
 bool cudnn_attention_works(const at::TensorOptions& options, int64_t heads, int64_t kv_heads, int64_t head_dim);
 bool cudnn_attention_backward_by_hand_works(const at::TensorOptions& options, int64_t heads, int64_t kv_heads,
                                             int64_t head_dim);
@@ -38,8 +39,14 @@ struct AttentionCall {
   at::Tensor query_index, key_index, bias;
 };
 
-// Every call's output [count, heads, queries, d] (laid out as attend's), as
-// one autograd node that keeps for backward only the layer's rows (q [R_q,
+// Every call's output [count, heads, queries, d] (laid out as attend's),
+// through attend under autograd: each call's q, k and v gathered from the
+// rows at once (row_gather.h) and kept by the kernel for backward.
+std::vector<at::Tensor> attention_keeping_calls(const at::Tensor& q_rows, const at::Tensor& k_rows, const at::Tensor& v_rows,
+                                                const std::vector<AttentionCall>& calls, int64_t heads, int64_t kv_heads,
+                                                bool cudnn);
+
+// The same outputs as attention_keeping_calls, as one autograd node that keeps for backward only the layer's rows (q [R_q,
 // heads, d], k and v [R_k, kv, d]) and each call's output and log-sum-exp.
 // Autograd through attend keeps every call's gathered q, k and v instead:
 // the context rows once per group. Backward gathers each call's q, k and v

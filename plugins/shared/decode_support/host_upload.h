@@ -31,16 +31,6 @@ inline at::Tensor upload(const std::vector<int64_t>& values, const c10::Device& 
   return device.is_cpu() ? staged : staged.to(device, at::kLong, /*non_blocking=*/true);
 }
 
-// An int64 tensor of ids on `device`: used as is when it is already there,
-// else uploaded without waiting for the device.
-inline at::Tensor ids_on(const at::Tensor& ids, const c10::Device& device) {
-  if (ids.device() == device) return ids.to(at::kLong);
-  if (!device.is_cuda() || !ids.device().is_cpu()) return ids.to(device, at::kLong);
-  at::Tensor staged = at::empty(ids.sizes(), at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-  staged.copy_(ids);
-  return staged.to(device, at::kLong, /*non_blocking=*/true);
-}
-
 // `t` on `device` in its own dtype: as is when it is already there; from the
 // host to a GPU through page-locked memory, without waiting for the device;
 // otherwise a plain copy.
@@ -51,5 +41,9 @@ inline at::Tensor on_device(const at::Tensor& t, const c10::Device& device) {
   staged.copy_(t);
   return staged.to(device, staged.scalar_type(), /*non_blocking=*/true);
 }
+
+// An int64 tensor of ids on `device`: used as is when it is already there,
+// else uploaded without waiting for the device.
+inline at::Tensor ids_on(const at::Tensor& ids, const c10::Device& device) { return on_device(ids.to(at::kLong), device); }
 
 }  // namespace dflash::decode_support
