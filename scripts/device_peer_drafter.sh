@@ -8,6 +8,8 @@
 #   mkdir -p .peer && git -C <SpecForge clone> archive HEAD specforge | tar -x -C .peer
 # OURS_VARIANTS="--embedding-on-cpu;--layer-ops aten" runs ours once more per
 # ';'-separated flag set at each shape (the default configuration always runs).
+# SHAPES="4096 512 16;8192 1024 16" runs only those shapes (default all three);
+# NO_PEER=1 runs only ours.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-${OUT:-/tmp/peer_drafter}}
@@ -17,7 +19,8 @@ mkdir -p "$out"
   > "$out/build.txt" 2>&1
 date -u +%Y-%m-%dT%H:%MZ > "$out/date.txt"
 nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv > "$out/gpu.txt" || true
-for shape in "4096 512 16" "8192 1024 16" "3072 1024 32"; do
+IFS=';' read -ra shapes <<< "${SHAPES:-4096 512 16;8192 1024 16;3072 1024 32}"
+for shape in "${shapes[@]}"; do
   set -- $shape
   IFS=';' read -ra variants <<< "${OURS_VARIANTS:-}"
   for flags in "" "${variants[@]}"; do
@@ -27,7 +30,7 @@ for shape in "4096 512 16" "8192 1024 16" "3072 1024 32"; do
       --block "$3" $flags --json "$out/ours.jsonl" 2>&1 | grep -v "\[info\] loading" >> "$out/ours.txt" ||
       echo "ours $shape $flags failed" >> "$out/ours.txt"
   done
-  python3 "$root/scripts/peer_drafter_step.py" --specforge "$root/.peer" --context "$1" --anchors "$2" --block "$3" \
+  [ "${NO_PEER:-0}" = 1 ] || python3 "$root/scripts/peer_drafter_step.py" --specforge "$root/.peer" --context "$1" --anchors "$2" --block "$3" \
     --json "$out/peer.jsonl" >> "$out/peer.txt" 2>&1 || echo "peer $shape failed" >> "$out/peer.txt"
 done
 tail -n 3 "$out/ours.txt" "$out/peer.txt"
