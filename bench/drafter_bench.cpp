@@ -62,7 +62,7 @@ const PeerFigures* peer_at(int64_t context, int64_t anchors, int64_t block) {
 
 struct Args {
   std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, trace, attention = "grouped", kernel = "auto";
-  std::string layer_ops = "fused", attention_keeps = "calls";
+  std::string layer_ops = "fused", attention_keeps;  // empty: the plugin's default
   bool checkpointing = false, embedding_on_cpu = false;
   int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
   int64_t intermediate = 17408, vocab = 248320, target_layers = 64, group_blocks = 64;
@@ -123,6 +123,8 @@ int main(int argc, char** argv) {
   const auto bf16 = torch::TensorOptions().device(device).dtype(torch::kBFloat16);
   host::PluginRegistry registry;
   registry.add_directory(a.plugin_dir);
+  if (a.attention_keeps.empty())  // the plugin's default, named in the report
+    a.attention_keeps = config::defaults_of(registry.find(DFLASH_KIND_DRAFTER, "dflash").schema).at("attention_keeps").get<std::string>();
   torch::manual_seed(0);
 
   // The frozen verifier weights, as the host places them on the drafter device.

@@ -128,31 +128,22 @@ std::vector<AttentionGroup> attention_groups(const at::Tensor& anchors_in, const
       g.first_block = first;
       g.blocks = std::min(group_blocks, count - first);
       int64_t begin = -1, end = 0;
-      int64_t latest_start = 0, earliest_anchor = -1;  // what every block sees: [latest_start, earliest_anchor)
-      bool padding = false;
       for (int64_t b = first; b < first + g.blocks; ++b) {
         const int64_t a = anc[r][b];
-        if (a < 0) {  // padding: sees only its own block
-          padding = true;
-          continue;
-        }
-        int64_t start = a;  // the first position of a's document
+        if (a < 0) continue;  // padding: sees only its own block
+        int64_t start = a;    // the first position of a's document
         while (start > 0 && doc[r][start - 1] == doc[r][a]) --start;
         begin = begin < 0 ? start : std::min(begin, start);
         end = std::max(end, a);
-        latest_start = std::max(latest_start, start);
-        earliest_anchor = earliest_anchor < 0 ? a : std::min(earliest_anchor, a);
       }
       g.context_begin = begin < 0 ? 0 : begin;
       g.context_end = begin < 0 ? 0 : end;
       const int64_t length = g.context_end - g.context_begin;
       if (length > 0 && key_multiple > 1) {
         const int64_t widened = std::min(documents.size(1), (length + key_multiple - 1) / key_multiple * key_multiple);
-        g.context_end = std::min(documents.size(1), g.context_begin + widened);
-        g.context_begin = g.context_end - widened;
+        g.context_begin = std::max<int64_t>(0, g.context_end - widened);
+        g.context_end = g.context_begin + widened;
       }
-      if (!padding && begin >= 0 && latest_start <= g.context_begin)
-        g.dense_keys = (earliest_anchor - g.context_begin) / key_multiple * key_multiple;
       groups.push_back(g);
     }
   return groups;

@@ -53,20 +53,12 @@ at::Tensor block_attention_mask(const at::Tensor& anchors, const at::Tensor& doc
 // Small groups waste less and give the kernel less work per call.
 //
 // key_multiple > 1 widens every range to a multiple of that many positions
-// (or to the whole row, whichever is shorter), later first (past the last
-// anchor, where no query looks), so that the range still starts where its
-// queries' documents do: the extra keys are masked, and the calls then come in
-// few distinct shapes. Fused kernels (cuDNN's) build an execution plan per
-// shape; with exact ranges nearly every group of every step is a new shape and
-// planning dominates the step.
-//
-// dense_keys: how many leading keys of the range every query of the group
-// sees (the range's start up to the earliest anchor, when all the group's
-// blocks lie in the document the range starts in), rounded down to
-// key_multiple; 0 when there are none. A kernel may take those without a
-// mask, which is about twice as fast as the masked kernel (cuDNN's).
+// (or to the whole row, whichever is shorter), earlier first: the extra keys
+// are masked, and the calls then come in few distinct shapes. Fused kernels
+// (cuDNN's) build an execution plan per shape; with exact ranges nearly every
+// group of every step is a new shape and planning dominates the step.
 struct AttentionGroup {
-  int64_t row = 0, first_block = 0, blocks = 0, context_begin = 0, context_end = 0, dense_keys = 0;
+  int64_t row = 0, first_block = 0, blocks = 0, context_begin = 0, context_end = 0;
   int64_t queries(int64_t block_size) const { return blocks * block_size; }
   int64_t keys(int64_t block_size) const { return context_end - context_begin + blocks * block_size; }
 };

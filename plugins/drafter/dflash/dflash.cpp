@@ -26,6 +26,10 @@
 namespace {
 using namespace dflash;
 
+// The schema's default, also where a config handed straight to the plugin
+// (tests, tools) leaves the key out.
+constexpr const char* kDefaultAttentionKeeps = "rows";
+
 class DFlashDrafter : public sdk::Drafter {
  public:
   static constexpr sdk::PluginInfo info{"dflash", "1.0.0", "DFlash block drafter: KV-injected target features, block slots"};
@@ -74,12 +78,12 @@ class DFlashDrafter : public sdk::Drafter {
                 "kernels shared with the hf_decoder target in bf16/fp16 and as closed forms elsewhere; aten = Hugging "
                 "Face's op-by-op arithmetic through autograd (the reference; more memory)",
                 {"fused", "aten"})
-        .string("attention_keeps", "calls",
-                "what grouped attention keeps for backward: calls = every call's gathered q, k and v (the context's "
-                "keys and values once per group, through autograd); rows = the layer's q, k and v rows only, each "
-                "call's gathered again in backward (cuDNN's backward called directly where it runs and passes a "
-                "check on first use, else the call again under autograd)",
-                {"calls", "rows"})
+        .string("attention_keeps", kDefaultAttentionKeeps,
+                "what grouped attention keeps for backward: rows = the layer's q, k and v rows only, each call's "
+                "gathered again in backward (cuDNN's backward called directly where it runs and passes a check on "
+                "first use, else the call again under autograd; as fast as calls, less memory); calls = every "
+                "call's gathered q, k and v (the context's keys and values once per group, through autograd)",
+                {"rows", "calls"})
         .boolean("embedding_on_cpu", false,
                  "keep the frozen embedding in host memory and send only the block slots' rows to the device each "
                  "step (saves vocab × hidden elements of device memory)")
@@ -140,7 +144,7 @@ class DFlashDrafter : public sdk::Drafter {
                                      : drafter::DFlashModel::AttentionKernel::kAuto);
     model_->set_layer_ops(config_.value("layer_ops", std::string("fused")) == "aten" ? drafter::DFlashModel::LayerOps::kAten
                                                                                 : drafter::DFlashModel::LayerOps::kFused);
-    model_->set_attention_keeps_rows(config_.value("attention_keeps", std::string("calls")) == "rows");
+    model_->set_attention_keeps_rows(config_.value("attention_keeps", std::string(kDefaultAttentionKeeps)) == "rows");
     group_blocks_ = group_blocks_of(config_);
     group_key_multiple_ = config_.at("attention_group_key_multiple").get<int64_t>();
     weights_ = drafter::slot_weights(block_size_, gamma_);
@@ -191,7 +195,7 @@ class DFlashDrafter : public sdk::Drafter {
                  (request.dtype() == "bfloat16" || request.dtype() == "float16");
     step.checkpointing = config.at("activation_checkpointing").get<bool>();
     step.fused = config.value("layer_ops", std::string("fused")) == "fused";
-    step.keeps_rows = config.value("attention_keeps", std::string("calls")) == "rows";
+    step.keeps_rows = config.value("attention_keeps", std::string(kDefaultAttentionKeeps)) == "rows";
     step.teacher = context.value("teacher", false);
     sdk::MemoryPlan plan = drafter::step_memory(shape, step);
     const int64_t q_out = shape.heads * shape.head_dim;

@@ -18,7 +18,6 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <tuple>
 
 #if DFLASH_TORCH_AT_LEAST(2, 5)
 #include <ATen/ops/_flash_attention_forward.h>  // drafting's varlen attention
@@ -124,16 +123,14 @@ at::Tensor norm_of(const LayerSettings& s, const at::Tensor& x, const at::Tensor
 //   dense   — one SDPA call per batch with the additive mask [B, 1, Q, S + Q];
 //   grouped — the attention groups (block_layout's attention_groups, their
 //             context ranges widened to kGroupKeyMultiple), batched by shape:
-//             one call per distinct (queries, context length, dense keys),
-//             its groups' queries and keys gathered by index. `groups`
-//             [shapes, 6] (CPU int64) holds each shape's group count, queries
-//             per group, context length, offset into `bias` (the shapes'
-//             additive masks, one after another, rows padded), offset into
-//             `index` (device int64: first the order that puts the calls'
-//             outputs back in query order [B·Q], then per shape its query rows
-//             and key rows, flat indices into [B·Q] and [B·(S + Q)]) and the
-//             leading context keys every query sees (AttentionGroup's
-//             dense_keys).
+//             one call per distinct (queries, context length), its groups'
+//             queries and keys gathered by index. `groups` [shapes, 5] (CPU
+//             int64) holds each shape's group count, queries per group,
+//             context length, offset into `bias` (the shapes' additive masks,
+//             one after another, rows padded) and offset into `index` (device
+//             int64: first the order that puts the calls' outputs back in
+//             query order [B·Q], then per shape its query rows and key rows,
+//             flat indices into [B·Q] and [B·(S + Q)]).
 // Either way no tensor of attention scores is materialised per head: the
 // kernel (memory-efficient or cuDNN attention on CUDA) streams over the keys.
 struct Attention {
@@ -185,7 +182,7 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
     std::vector<AttentionCall> calls;
     for (int64_t i = 0; i < g.size(0); ++i) {
       AttentionCall c;
-      c.count = g[i][0], c.queries = g[i][1], c.keys = g[i][2] + c.queries, c.dense_keys = g[i][5];
+      c.count = g[i][0], c.queries = g[i][1], c.keys = g[i][2] + c.queries;
       const int64_t bias_at = g[i][3], index_at = g[i][4];
       c.query_index = plan.index.narrow(0, index_at, c.count * c.queries);
       c.key_index = plan.index.narrow(0, index_at + c.count * c.queries, c.count * c.keys);
@@ -291,34 +288,32 @@ Attention attention_plan(const BlockMasks& masks, const at::TensorOptions& optio
                              : std::vector<AttentionGroup>{};
   if (groups.empty()) {
     plan.bias = additive_mask(block_attention_mask(masks.anchors, masks.documents, masks.block_size), options).unsqueeze(1);
-    plan.groups = at::empty({0, 6}, at::kLong);
+    plan.groups = at::empty({0, 5}, at::kLong);
     plan.index = at::empty({0}, at::kLong);
     return plan;
   }
   const int64_t bs = masks.block_size, rows = masks.documents.size(0), context = masks.documents.size(1);
   const int64_t queries_per_row = masks.anchors.size(1) * bs, keys_per_row = context + queries_per_row;
   // Groups by shape, in a fixed order (the shapes', then the groups').
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<const AttentionGroup*>> shapes;
-  for (const AttentionGroup& g : groups)
-    shapes[{g.queries(bs), g.context_end - g.context_begin, g.dense_keys}].push_back(&g);
+  std::map<std::pair<int64_t, int64_t>, std::vector<const AttentionGroup*>> shapes;
+  for (const AttentionGroup& g : groups) shapes[{g.queries(bs), g.context_end - g.context_begin}].push_back(&g);
 
   // Uploads that do not wait for the device (host_upload.h).
   const at::Tensor anchors = decode_support::on_device(masks.anchors.to(at::kLong), options.device());
   const at::Tensor documents = decode_support::on_device(masks.documents.to(at::kLong), options.device());
-  plan.groups = at::empty({static_cast<int64_t>(shapes.size()), 6}, at::kLong);
+  plan.groups = at::empty({static_cast<int64_t>(shapes.size()), 5}, at::kLong);
   auto table = plan.groups.accessor<int64_t, 2>();
   std::vector<int64_t> index(static_cast<size_t>(rows * queries_per_row), -1);  // the order first
   std::vector<at::Tensor> padded_masks;
   int64_t shape = 0, bias_at = 0, output_row = 0;
   for (const auto& [dims, members] : shapes) {
-    const auto [queries, length, dense_keys] = dims;
+    const auto [queries, length] = dims;
     const auto count = static_cast<int64_t>(members.size());
     table[shape][0] = count;
     table[shape][1] = queries;
     table[shape][2] = length;
     table[shape][3] = bias_at;
     table[shape][4] = static_cast<int64_t>(index.size());
-    table[shape][5] = dense_keys;
     std::vector<AttentionGroup> of_shape;
     for (const AttentionGroup* g : members) {
       const int64_t first_query = g->row * queries_per_row + g->first_block * bs;

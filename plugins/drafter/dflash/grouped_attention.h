@@ -33,11 +33,9 @@ bool cudnn_attention_backward_by_hand_works(const at::TensorOptions& options, in
 
 // One grouped attention call: `count` groups of one shape, each with
 // `queries` query rows and `keys` key rows, gathered by index from the
-// layer's rows; bias [count, 1, queries, keys]. The first dense_keys keys
-// are allowed to every query (attention_keeping_rows then takes them without
-// the mask).
+// layer's rows; bias [count, 1, queries, keys].
 struct AttentionCall {
-  int64_t count = 0, queries = 0, keys = 0, dense_keys = 0;
+  int64_t count = 0, queries = 0, keys = 0;
   at::Tensor query_index, key_index, bias;
 };
 
@@ -55,12 +53,6 @@ std::vector<at::Tensor> attention_keeping_calls(const at::Tensor& q_rows, const 
 // again and runs cuDNN's attention backward on them, with the arguments
 // ATen's own autograd passes; off cuDNN it runs the call again under
 // autograd. Gradients go back into the rows as row_gather.h's do.
-//
-// On cuDNN a call with dense_keys runs as two: those leading keys without a
-// mask (about twice the masked kernel's rate at the drafter's shapes), the
-// rest with it, merged by log-sum-exp. Each part's backward takes the merged
-// output and log-sum-exp, which is all softmax's backward needs from the
-// other part.
 std::vector<at::Tensor> attention_keeping_rows(const at::Tensor& q_rows, const at::Tensor& k_rows, const at::Tensor& v_rows,
                                                const std::vector<AttentionCall>& calls, int64_t heads, int64_t kv_heads,
                                                bool cudnn);
