@@ -5,7 +5,8 @@
 # with the allocator's measured peak over real training steps, and records
 # the out-of-memory report of a configuration that does not fit.
 #   scripts/device_memory_plan.sh [OUTDIR]     (carry .deps/debs)
-#   SKIP_BUILD=1 to reuse build-gpu/; OOM_ONLY=1 for the out-of-memory demonstration alone
+#   SKIP_BUILD=1 to reuse build-gpu/; OOM_ONLY=1 for the out-of-memory demonstration alone;
+#   ONLY="REGEX" for the cases whose names it finds (scripts/memory_accuracy.py)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-${OUT:-/tmp/memory_plan}}
@@ -16,7 +17,11 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   grep -E "tests passed|FAILED|Failed|error:" "$out/build_and_tests.txt" | head -40 || true
 fi
 [ -f "$work/q27/model.safetensors" ] || python3 "$root/scripts/make_wide_target.py" "$work/q27" --preset qwen3.6-27b
-[ -n "${OOM_ONLY:-}" ] || [ -f "$work/q8/model.safetensors" ] || python3 "$root/scripts/make_wide_target.py" "$work/q8" --preset qwen3-8b
+# The 8B-wide target only where a chosen case uses it (ONLY is a regular expression over the cases' names).
+needs_q8=1
+[ -z "${OOM_ONLY:-}" ] || needs_q8=0
+[ -z "${ONLY:-}" ] || python3 -c 'import re, sys; sys.exit(0 if re.search(sys.argv[1], "8B-wide") else 1)' "$ONLY" || needs_q8=0
+[ "$needs_q8" = 0 ] || [ -f "$work/q8/model.safetensors" ] || python3 "$root/scripts/make_wide_target.py" "$work/q8" --preset qwen3-8b
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$out/gpu.txt" || true
 python3 "$root/scripts/memory_accuracy.py" --host "$root/build-gpu/bin/dflash-host --no-default-plugin-dirs --plugin-dir $root/build-gpu/lib/dflash-host/plugins" \
   --work "$work" --out "$out" ${ONLY:+--only "$ONLY"} ${OOM_ONLY:+--oom-only}

@@ -12,6 +12,7 @@ out-of-memory report. Driven by scripts/device_memory_plan.sh.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -45,7 +46,7 @@ def main():
     p.add_argument("--host", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--only", default="", help="run only the configurations whose name contains this")
+    p.add_argument("--only", default="", help="run only the configurations whose name this regular expression finds")
     p.add_argument("--oom-only", action="store_true", help="only the out-of-memory demonstration")
     a = p.parse_args()
     runs_root = "/dev/shm/dflash_memory_runs" if os.path.isdir("/dev/shm") else os.path.join(a.work, "runs")
@@ -57,15 +58,15 @@ def main():
          {"activation_checkpointing": True}, {}),
         ("8B-wide, 4 rows × 4096, 512 × 16 per row", q8, 4096, 4, 512, 16, {}, {}),
         ("27B-wide, ctx 4096, 512 × 16, fp32 master weights", q27, 4096, 1, 512, 16, {}, {"precision": "fp32_master"}),
-        # Grouped attention keeping the layer's rows (drafter.attention_keeps); --only "keeping rows".
-        ("27B-wide, ctx 4096, 512 × 16, attention keeping rows", q27, 4096, 1, 512, 16, {"attention_keeps": "rows"}, {}),
-        ("27B-wide, ctx 8192, 1024 × 16, attention keeping rows", q27, 8192, 1, 1024, 16, {"attention_keeps": "rows"}, {}),
+        ("27B-wide, ctx 8192, 1024 × 16", q27, 8192, 1, 1024, 16, {}, {}),
+        # Grouped attention keeping every call's q/k/v (drafter.attention_keeps; the default keeps the layer's rows).
+        ("27B-wide, ctx 4096, 512 × 16, attention keeping calls", q27, 4096, 1, 512, 16, {"attention_keeps": "calls"}, {}),
     ]
     results = []
     if a.oom_only:
         cases = []
     for name, target, length, rows, anchors, block, drafter, train in cases:
-        if a.only and a.only not in name:
+        if a.only and not re.search(a.only, name):
             continue
         output = os.path.join(runs_root, f"run{len(results)}")
         shutil.rmtree(output, ignore_errors=True)
