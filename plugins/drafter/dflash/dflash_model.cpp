@@ -124,15 +124,23 @@ at::Tensor norm_of(const LayerSettings& s, const at::Tensor& x, const at::Tensor
 //   grouped — the attention groups (block_layout's attention_groups, their
 //             context ranges widened to kGroupKeyMultiple), batched by shape:
 //             one call per distinct (queries, context length), its groups'
-//             queries and keys gathered by index. `groups` [shapes, 5] (CPU
-//             int64) holds each shape's group count, queries per group,
-//             context length, offset into `bias` (the shapes' additive masks,
-//             one after another, rows padded) and offset into `index` (device
-//             int64: first the order that puts the calls' outputs back in
-//             query order [B·Q], then per shape its query rows and key rows,
-//             flat indices into [B·Q] and [B·(S + Q)]).
+//             queries and keys gathered by index. `groups` [shapes,
+//             kGroupColumns] (CPU int64) holds each shape's group count,
+//             queries per group, context length, offset into `bias` (the
+//             shapes' additive masks, one after another, rows padded) and
+//             offset into `index` (device int64: first the order that puts
+//             the calls' outputs back in query order [B·Q], then per shape its
+//             query rows and key rows, flat indices into [B·Q] and
+//             [B·(S + Q)]); then, where those rows are at most
+//             kMaxRowRanges contiguous runs each, the runs (AttentionCall's
+//             query_ranges and key_ranges).
 // Either way no tensor of attention scores is materialised per head: the
 // kernel (memory-efficient or cuDNN attention on CUDA) streams over the keys.
+// The columns of Attention::groups.
+enum GroupColumn : int64_t { kGroupCount, kGroupQueries, kGroupContext, kGroupBiasAt, kGroupIndexAt, kQueryRangeCount, kKeyRangeCount, kRanges };
+constexpr int64_t kMaxRowRanges = 8;  // more runs than this: by index (one kernel) rather than a slice each
+constexpr int64_t kGroupColumns = kRanges + 4 * kMaxRowRanges;  // query runs, then key runs, (start, length) each
+
 struct Attention {
   at::Tensor bias, groups, index;
   bool cudnn = false;  // cuDNN's kernel (cudnn_attention_works) instead of SDPA
@@ -182,8 +190,12 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
     std::vector<AttentionCall> calls;
     for (int64_t i = 0; i < g.size(0); ++i) {
       AttentionCall c;
-      c.count = g[i][0], c.queries = g[i][1], c.keys = g[i][2] + c.queries;
-      const int64_t bias_at = g[i][3], index_at = g[i][4];
+      c.count = g[i][kGroupCount], c.queries = g[i][kGroupQueries], c.keys = g[i][kGroupContext] + c.queries;
+      const int64_t bias_at = g[i][kGroupBiasAt], index_at = g[i][kGroupIndexAt];
+      for (int64_t r = 0; r < g[i][kQueryRangeCount]; ++r)
+        c.query_ranges.push_back({g[i][kRanges + 2 * r], g[i][kRanges + 2 * r + 1]});
+      for (int64_t r = 0, at = kRanges + 2 * kMaxRowRanges; r < g[i][kKeyRangeCount]; ++r)
+        c.key_ranges.push_back({g[i][at + 2 * r], g[i][at + 2 * r + 1]});
       c.query_index = plan.index.narrow(0, index_at, c.count * c.queries);
       c.key_index = plan.index.narrow(0, index_at + c.count * c.queries, c.count * c.keys);
       const int64_t stride = (c.keys + 15) / 16 * 16;  // additive_mask's padded rows
@@ -279,6 +291,16 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   }
 };
 
+// Appends rows [start, start + length) to runs in index order, joining a run
+// that continues the last one.
+void add_row_range(std::vector<RowRange>& ranges, int64_t start, int64_t length) {
+  if (length == 0) return;
+  if (!ranges.empty() && ranges.back().start + ranges.back().length == start)
+    ranges.back().length += length;
+  else
+    ranges.push_back({start, length});
+}
+
 // The additive masks (0 where a query may attend, −inf elsewhere) for the
 // chosen form, built on the device once per step for every layer.
 Attention attention_plan(const BlockMasks& masks, const at::TensorOptions& options) {
@@ -288,7 +310,7 @@ Attention attention_plan(const BlockMasks& masks, const at::TensorOptions& optio
                              : std::vector<AttentionGroup>{};
   if (groups.empty()) {
     plan.bias = additive_mask(block_attention_mask(masks.anchors, masks.documents, masks.block_size), options).unsqueeze(1);
-    plan.groups = at::empty({0, 5}, at::kLong);
+    plan.groups = at::empty({0, kGroupColumns}, at::kLong);
     plan.index = at::empty({0}, at::kLong);
     return plan;
   }
@@ -301,7 +323,7 @@ Attention attention_plan(const BlockMasks& masks, const at::TensorOptions& optio
   // Uploads that do not wait for the device (host_upload.h).
   const at::Tensor anchors = decode_support::on_device(masks.anchors.to(at::kLong), options.device());
   const at::Tensor documents = decode_support::on_device(masks.documents.to(at::kLong), options.device());
-  plan.groups = at::empty({static_cast<int64_t>(shapes.size()), 5}, at::kLong);
+  plan.groups = at::zeros({static_cast<int64_t>(shapes.size()), kGroupColumns}, at::kLong);
   auto table = plan.groups.accessor<int64_t, 2>();
   std::vector<int64_t> index(static_cast<size_t>(rows * queries_per_row), -1);  // the order first
   std::vector<at::Tensor> padded_masks;
@@ -309,24 +331,40 @@ Attention attention_plan(const BlockMasks& masks, const at::TensorOptions& optio
   for (const auto& [dims, members] : shapes) {
     const auto [queries, length] = dims;
     const auto count = static_cast<int64_t>(members.size());
-    table[shape][0] = count;
-    table[shape][1] = queries;
-    table[shape][2] = length;
-    table[shape][3] = bias_at;
-    table[shape][4] = static_cast<int64_t>(index.size());
+    table[shape][kGroupCount] = count;
+    table[shape][kGroupQueries] = queries;
+    table[shape][kGroupContext] = length;
+    table[shape][kGroupBiasAt] = bias_at;
+    table[shape][kGroupIndexAt] = static_cast<int64_t>(index.size());
     std::vector<AttentionGroup> of_shape;
+    std::vector<RowRange> query_ranges, key_ranges;
     for (const AttentionGroup* g : members) {
       const int64_t first_query = g->row * queries_per_row + g->first_block * bs;
       for (int64_t j = 0; j < queries; ++j) {
         index.push_back(first_query + j);
         index[static_cast<size_t>(first_query + j)] = output_row++;  // where this query's output lands
       }
+      add_row_range(query_ranges, first_query, queries);
       of_shape.push_back(*g);
     }
     for (const AttentionGroup* g : members) {
       const int64_t row_keys = g->row * keys_per_row;
       for (int64_t c = g->context_begin; c < g->context_end; ++c) index.push_back(row_keys + c);
       for (int64_t j = 0; j < queries; ++j) index.push_back(row_keys + context + g->first_block * bs + j);
+      add_row_range(key_ranges, row_keys + g->context_begin, g->context_end - g->context_begin);
+      add_row_range(key_ranges, row_keys + context + g->first_block * bs, queries);
+    }
+    if (static_cast<int64_t>(std::max(query_ranges.size(), key_ranges.size())) <= kMaxRowRanges) {
+      table[shape][kQueryRangeCount] = static_cast<int64_t>(query_ranges.size());
+      table[shape][kKeyRangeCount] = static_cast<int64_t>(key_ranges.size());
+      for (size_t r = 0; r < query_ranges.size(); ++r) {
+        table[shape][kRanges + 2 * static_cast<int64_t>(r)] = query_ranges[r].start;
+        table[shape][kRanges + 2 * static_cast<int64_t>(r) + 1] = query_ranges[r].length;
+      }
+      for (size_t r = 0; r < key_ranges.size(); ++r) {
+        table[shape][kRanges + 2 * kMaxRowRanges + 2 * static_cast<int64_t>(r)] = key_ranges[r].start;
+        table[shape][kRanges + 2 * kMaxRowRanges + 2 * static_cast<int64_t>(r) + 1] = key_ranges[r].length;
+      }
     }
     const at::Tensor bias =  // [n, queries, keys], rows padded
         additive_mask(stacked_group_attention_masks(of_shape, anchors, documents, bs), options);

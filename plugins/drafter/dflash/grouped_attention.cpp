@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #if DFLASH_TORCH_AT_LEAST(2, 5)
 #include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
@@ -43,6 +44,56 @@ at::Tensor as_rows(const at::Tensor& t) {
   return t.transpose(1, 2).reshape({t.size(0) * t.size(2), t.size(1), t.size(3)});
 }
 
+// A call's rows: slices where it has ranges (one range: a view, no copy),
+// else by index.
+at::Tensor take_rows(const at::Tensor& rows, const at::Tensor& index, const std::vector<RowRange>& ranges) {
+  if (ranges.empty()) return rows.index_select(0, index);
+  if (ranges.size() == 1) return rows.narrow(0, ranges[0].start, ranges[0].length);
+  std::vector<at::Tensor> parts;
+  parts.reserve(ranges.size());
+  for (const RowRange& r : ranges) parts.push_back(rows.narrow(0, r.start, r.length));
+  return at::cat(parts);
+}
+
+// A call's gradient rows into the layer's: copied (queries: the calls
+// partition them) or added (keys and values: groups share context rows).
+void put_rows(at::Tensor& into, const at::Tensor& index, const std::vector<RowRange>& ranges, const at::Tensor& values,
+              bool add) {
+  if (ranges.empty()) {
+    if (add)
+      into.index_add_(0, index, values);
+    else
+      into.index_copy_(0, index, values);
+    return;
+  }
+  int64_t offset = 0;
+  for (const RowRange& r : ranges) {
+    at::Tensor into_range = into.narrow(0, r.start, r.length);
+    const at::Tensor from = values.narrow(0, offset, r.length);
+    if (add)
+      into_range.add_(from);
+    else
+      into_range.copy_(from);
+    offset += r.length;
+  }
+}
+
+// Ranges through saved_data: per call its query and key range counts, then
+// their starts and lengths.
+void flatten_ranges(std::vector<int64_t>& flat, const AttentionCall& c) {
+  flat.push_back(static_cast<int64_t>(c.query_ranges.size()));
+  flat.push_back(static_cast<int64_t>(c.key_ranges.size()));
+  for (const auto* ranges : {&c.query_ranges, &c.key_ranges})
+    for (const RowRange& r : *ranges) flat.insert(flat.end(), {r.start, r.length});
+}
+std::pair<std::vector<RowRange>, std::vector<RowRange>> unflatten_ranges(const std::vector<int64_t>& flat, size_t& at) {
+  const auto queries = static_cast<size_t>(flat[at]), keys = static_cast<size_t>(flat[at + 1]);
+  at += 2;
+  std::pair<std::vector<RowRange>, std::vector<RowRange>> out;
+  for (size_t i = 0; i < queries + keys; ++i, at += 2) (i < queries ? out.first : out.second).push_back({flat[at], flat[at + 1]});
+  return out;
+}
+
 // Per call, what backward needs beside the rows: the output, its
 // log-sum-exp and cuDNN's other returns (undefined off cuDNN).
 constexpr size_t kSavedPerCall = 6;  // out, lse, cum_seq_q, cum_seq_k, philox_seed, philox_offset
@@ -57,12 +108,13 @@ class AttentionKeepingRows : public torch::autograd::Function<AttentionKeepingRo
     (void)cudnn;  // without cuDNN attention in this LibTorch, every call is attend's
     torch::autograd::variable_list outs;
     std::vector<at::Tensor> saved = {q_rows, k_rows, v_rows};
-    std::vector<int64_t> max_q, max_k;
+    std::vector<int64_t> max_q, max_k, ranges;
     std::vector<at::Tensor> query_index, key_index, biases;
     for (const AttentionCall& c : calls) {
-      const at::Tensor q = by_call(q_rows.index_select(0, c.query_index), c.count, c.queries);
-      const at::Tensor k = by_call(k_rows.index_select(0, c.key_index), c.count, c.keys);
-      const at::Tensor v = by_call(v_rows.index_select(0, c.key_index), c.count, c.keys);
+      const at::Tensor q = by_call(take_rows(q_rows, c.query_index, c.query_ranges), c.count, c.queries);
+      const at::Tensor k = by_call(take_rows(k_rows, c.key_index, c.key_ranges), c.count, c.keys);
+      const at::Tensor v = by_call(take_rows(v_rows, c.key_index, c.key_ranges), c.count, c.keys);
+      flatten_ranges(ranges, c);
       at::Tensor out, lse, cum_q, cum_k, seed, offset;
       int64_t mq = 0, mk = 0;
 #if DFLASH_DRAFTER_CUDNN_ATTENTION
@@ -87,6 +139,7 @@ class AttentionKeepingRows : public torch::autograd::Function<AttentionKeepingRo
     ctx->saved_data["bias"] = biases;
     ctx->saved_data["max_q"] = max_q;
     ctx->saved_data["max_k"] = max_k;
+    ctx->saved_data["ranges"] = ranges;
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["kv_heads"] = kv_heads;
     ctx->saved_data["cudnn"] = cudnn;
@@ -103,16 +156,19 @@ class AttentionKeepingRows : public torch::autograd::Function<AttentionKeepingRo
     const std::vector<int64_t> max_q = ctx->saved_data["max_q"].toIntVector(), max_k = ctx->saved_data["max_k"].toIntVector();
     const int64_t heads = ctx->saved_data["heads"].toInt(), kv_heads = ctx->saved_data["kv_heads"].toInt();
     [[maybe_unused]] const bool cudnn = ctx->saved_data["cudnn"].toBool();
+    const std::vector<int64_t> ranges = ctx->saved_data["ranges"].toIntVector();
     at::Tensor dq_rows = at::zeros_like(q_rows), dk_rows = at::zeros_like(k_rows), dv_rows = at::zeros_like(v_rows);
+    size_t ranges_at = 0;
     for (size_t i = 0; i < grads.size(); ++i) {
+      const auto [query_ranges, key_ranges] = unflatten_ranges(ranges, ranges_at);
       if (!grads[i].defined()) continue;
       const at::Tensor* call = &saved[kRows + kSavedPerCall * i];  // out, lse, cum_q, cum_k, seed, offset
       const at::Tensor& out = call[0];
       const int64_t count = out.size(0), queries = out.size(2), keys = key_index[i].numel() / count;
       // The call's q, k and v, gathered again from the rows.
-      at::Tensor q = by_call(q_rows.index_select(0, query_index[i]), count, queries);
-      at::Tensor k = by_call(k_rows.index_select(0, key_index[i]), count, keys);
-      at::Tensor v = by_call(v_rows.index_select(0, key_index[i]), count, keys);
+      at::Tensor q = by_call(take_rows(q_rows, query_index[i], query_ranges), count, queries);
+      at::Tensor k = by_call(take_rows(k_rows, key_index[i], key_ranges), count, keys);
+      at::Tensor v = by_call(take_rows(v_rows, key_index[i], key_ranges), count, keys);
       at::Tensor dq, dk, dv;
 #if DFLASH_DRAFTER_CUDNN_ATTENTION
       if (cudnn) {
@@ -129,9 +185,9 @@ class AttentionKeepingRows : public torch::autograd::Function<AttentionKeepingRo
                                              {grads[i]});
         dq = g[0], dk = g[1], dv = g[2];
       }
-      dq_rows.index_copy_(0, query_index[i], as_rows(dq));  // the calls partition the queries
-      dk_rows.index_add_(0, key_index[i], as_rows(dk));     // and share context keys
-      dv_rows.index_add_(0, key_index[i], as_rows(dv));
+      put_rows(dq_rows, query_index[i], query_ranges, as_rows(dq), /*add=*/false);
+      put_rows(dk_rows, key_index[i], key_ranges, as_rows(dk), /*add=*/true);
+      put_rows(dv_rows, key_index[i], key_ranges, as_rows(dv), /*add=*/true);
     }
     return {dq_rows, dk_rows, dv_rows, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }

@@ -31,12 +31,21 @@ bool cudnn_attention_works(const at::TensorOptions& options, int64_t heads, int6
 bool cudnn_attention_backward_by_hand_works(const at::TensorOptions& options, int64_t heads, int64_t kv_heads,
                                             int64_t head_dim);
 
+// Rows [start, start + length) of the layer's q, k or v rows.
+struct RowRange {
+  int64_t start = 0, length = 0;
+};
+
 // One grouped attention call: `count` groups of one shape, each with
 // `queries` query rows and `keys` key rows, gathered by index from the
-// layer's rows; bias [count, 1, queries, keys].
+// layer's rows; bias [count, 1, queries, keys]. Where the call's rows are a
+// few contiguous runs, query_ranges and key_ranges list them, in the index's
+// order (empty: by index): attention_keeping_rows then takes slices and
+// adds into slices, where index_select and index_add_ (atomics) are slower.
 struct AttentionCall {
   int64_t count = 0, queries = 0, keys = 0;
   at::Tensor query_index, key_index, bias;
+  std::vector<RowRange> query_ranges, key_ranges;
 };
 
 // Every call's output [count, heads, queries, d] (laid out as attend's),
