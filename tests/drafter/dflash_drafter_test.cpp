@@ -398,6 +398,23 @@ TEST(DFlashDrafter, ActivationCheckpointingGivesTheSameGradients) {
   }
 }
 
+// attention_keeps: auto keeps the layer's rows exactly where cuDNN's
+// attention runs (its backward then recomputes nothing) and every call's
+// q/k/v elsewhere; the model and the planner both ask keeps_rows.
+TEST(DFlashDrafter, AttentionKeepsAutoKeepsRowsOnlyWhereCudnnRuns) {
+  using dd::AttentionKeeps;
+  EXPECT_TRUE(dd::keeps_rows(AttentionKeeps::kAuto, /*cudnn=*/true));
+  EXPECT_FALSE(dd::keeps_rows(AttentionKeeps::kAuto, /*cudnn=*/false));
+  for (bool cudnn : {false, true}) {
+    EXPECT_TRUE(dd::keeps_rows(AttentionKeeps::kRows, cudnn));
+    EXPECT_FALSE(dd::keeps_rows(AttentionKeeps::kCalls, cudnn));
+  }
+  EXPECT_EQ(dd::attention_keeps_named("auto"), AttentionKeeps::kAuto);
+  EXPECT_EQ(dd::attention_keeps_named("rows"), AttentionKeeps::kRows);
+  EXPECT_EQ(dd::attention_keeps_named("calls"), AttentionKeeps::kCalls);
+  EXPECT_THROW(dd::attention_keeps_named("row"), std::invalid_argument);
+}
+
 // On a GPU (bf16) grouped attention (the fused kernels, per group; keeping
 // every call's q, k and v or only the layer's rows) must give the dense
 // path's outputs and gradients within bf16 noise. Keeping rows on cuDNN

@@ -28,7 +28,7 @@ using namespace dflash;
 
 // The schema's default, also where a config handed straight to the plugin
 // (tests, tools) leaves the key out.
-constexpr const char* kDefaultAttentionKeeps = "rows";
+constexpr const char* kDefaultAttentionKeeps = "auto";
 
 class DFlashDrafter : public sdk::Drafter {
  public:
@@ -81,9 +81,10 @@ class DFlashDrafter : public sdk::Drafter {
         .string("attention_keeps", kDefaultAttentionKeeps,
                 "what grouped attention keeps for backward: rows = the layer's q, k and v rows only, each call's "
                 "gathered again in backward (cuDNN's backward called directly where it runs and passes a check on "
-                "first use, else the call again under autograd; as fast as calls, less memory); calls = every "
-                "call's gathered q, k and v (the context's keys and values once per group, through autograd)",
-                {"rows", "calls"})
+                "first use: as fast as calls, less memory; elsewhere the call runs again under autograd); calls = "
+                "every call's gathered q, k and v (the context's keys and values once per group, through "
+                "autograd); auto = rows where cuDNN's attention runs, calls elsewhere",
+                {"auto", "rows", "calls"})
         .boolean("embedding_on_cpu", false,
                  "keep the frozen embedding in host memory and send only the block slots' rows to the device each "
                  "step (saves vocab × hidden elements of device memory)")
@@ -144,7 +145,8 @@ class DFlashDrafter : public sdk::Drafter {
                                      : drafter::DFlashModel::AttentionKernel::kAuto);
     model_->set_layer_ops(config_.value("layer_ops", std::string("fused")) == "aten" ? drafter::DFlashModel::LayerOps::kAten
                                                                                 : drafter::DFlashModel::LayerOps::kFused);
-    model_->set_attention_keeps_rows(config_.value("attention_keeps", std::string(kDefaultAttentionKeeps)) == "rows");
+    model_->set_attention_keeps(
+        drafter::attention_keeps_named(config_.value("attention_keeps", std::string(kDefaultAttentionKeeps))));
     group_blocks_ = group_blocks_of(config_);
     group_key_multiple_ = config_.at("attention_group_key_multiple").get<int64_t>();
     weights_ = drafter::slot_weights(block_size_, gamma_);
@@ -195,7 +197,8 @@ class DFlashDrafter : public sdk::Drafter {
                  (request.dtype() == "bfloat16" || request.dtype() == "float16");
     step.checkpointing = config.at("activation_checkpointing").get<bool>();
     step.fused = config.value("layer_ops", std::string("fused")) == "fused";
-    step.keeps_rows = config.value("attention_keeps", std::string(kDefaultAttentionKeeps)) == "rows";
+    step.keeps_rows = drafter::keeps_rows(
+        drafter::attention_keeps_named(config.value("attention_keeps", std::string(kDefaultAttentionKeeps))), step.cudnn);
     step.teacher = context.value("teacher", false);
     sdk::MemoryPlan plan = drafter::step_memory(shape, step);
     const int64_t q_out = shape.heads * shape.head_dim;

@@ -396,7 +396,7 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
                cudnn_attention_works(options, s.heads, s.kv_heads, s.head_dim);
   // Keeping rows needs cuDNN's backward called by hand to agree (off cuDNN,
   // backward runs each call again under autograd).
-  plan.keeps_rows = attention_keeps_rows_ && plan.grouped() &&
+  plan.keeps_rows = keeps_rows(attention_keeps_, plan.cudnn) && plan.grouped() &&
                     (!plan.cudnn || cudnn_attention_backward_by_hand_works(options, s.heads, s.kv_heads, s.head_dim));
   const auto tables = settings.fused ? rotary_half_tables : rotary_tables;
   const Rotary rotary_q = tables(slot_positions, s.head_dim, s.rope_theta, options);

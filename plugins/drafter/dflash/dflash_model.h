@@ -4,6 +4,7 @@
 #pragma once
 
 #include "block_layout.h"
+#include "grouped_attention.h"
 
 #include <ATen/ATen.h>
 
@@ -103,10 +104,9 @@ class DFlashModel {
   // autograd, the reference.
   enum class LayerOps { kFused, kAten };
   void set_layer_ops(LayerOps ops) { layer_ops_ = ops; }
-  // Grouped attention: backward keeps the layer's q, k and v rows and
-  // gathers each call's again (attention_keeping_rows), instead of autograd
-  // keeping every call's copies (the context rows once per group).
-  void set_attention_keeps_rows(bool on) { attention_keeps_rows_ = on; }
+  // Grouped attention: what backward keeps (grouped_attention.h's
+  // AttentionKeeps: the layer's q/k/v rows, or every call's copies).
+  void set_attention_keeps(AttentionKeeps keeps) { attention_keeps_ = keeps; }
 
   // features [B, S, F·Ht]; context_positions [B, S]; slot_embeddings [B, Q, H];
   // slot_positions [B, Q]; masks: the pattern. Returns the slots' hidden states after the final norm, [B, Q, H].
@@ -183,7 +183,7 @@ class DFlashModel {
   bool activation_checkpointing_ = false;
   AttentionKernel attention_kernel_ = AttentionKernel::kAuto;
   LayerOps layer_ops_ = LayerOps::kFused;
-  bool attention_keeps_rows_ = false;
+  AttentionKeeps attention_keeps_ = AttentionKeeps::kAuto;
   // The fused drafting path when it runs here and is on, else null.
   DraftingFastPath* drafting_fast_path() const;
   bool drafting_kernels_ = true;

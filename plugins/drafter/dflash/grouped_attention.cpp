@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <utility>
 
 #if DFLASH_TORCH_AT_LEAST(2, 5)
@@ -194,6 +195,13 @@ class AttentionKeepingRows : public torch::autograd::Function<AttentionKeepingRo
 };
 
 }  // namespace
+
+AttentionKeeps attention_keeps_named(const std::string& name) {
+  if (name == "auto") return AttentionKeeps::kAuto;
+  if (name == "rows") return AttentionKeeps::kRows;
+  if (name == "calls") return AttentionKeeps::kCalls;
+  throw std::invalid_argument("attention_keeps: '" + name + "' is not auto, rows or calls");
+}
 
 at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& bias, int64_t heads, int64_t kv_heads,
                   bool cudnn) {

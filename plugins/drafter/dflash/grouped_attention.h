@@ -5,9 +5,23 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
 #include <vector>
 
 namespace dflash::drafter {
+
+// What grouped attention keeps for backward (drafter.attention_keeps): the
+// layer's q/k/v rows (attention_keeping_rows) or every call's gathered q, k
+// and v (attention_keeping_calls). kAuto keeps rows where cuDNN's attention
+// runs (its backward, called by hand, takes the kept output and log-sum-exp:
+// nothing is computed twice) and calls elsewhere (there keeping rows runs
+// each call's forward again in backward). The model and the planner both
+// decide by keeps_rows.
+enum class AttentionKeeps { kAuto, kRows, kCalls };
+AttentionKeeps attention_keeps_named(const std::string& name);  // "auto", "rows" or "calls"
+inline bool keeps_rows(AttentionKeeps keeps, bool cudnn) {
+  return keeps == AttentionKeeps::kRows || (keeps == AttentionKeeps::kAuto && cudnn);
+}
 
 // The attention call. q [N, heads, n, d], k and v [N, kv, m, d], bias
 // additive, broadcast over heads. cuDNN's fused attention (CUDA, LibTorch ≥
