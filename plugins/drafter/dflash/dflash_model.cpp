@@ -140,6 +140,23 @@ at::Tensor norm_of(const LayerSettings& s, const at::Tensor& x, const at::Tensor
 enum GroupColumn : int64_t { kGroupCount, kGroupQueries, kGroupContext, kGroupBiasAt, kGroupIndexAt, kQueryRangeCount, kKeyRangeCount, kRanges };
 constexpr int64_t kMaxRowRanges = 8;  // more runs than this: by index (one kernel) rather than a slice each
 constexpr int64_t kGroupColumns = kRanges + 4 * kMaxRowRanges;  // query runs, then key runs, (start, length) each
+constexpr int64_t kQueryRanges = kRanges, kKeyRanges = kRanges + 2 * kMaxRowRanges;
+
+// A shape's runs in its row of the table: their count at count_column, then
+// (start, length) pairs from first_column.
+void write_runs(at::TensorAccessor<int64_t, 1> row, int64_t count_column, int64_t first_column,
+                const std::vector<RowRange>& runs) {
+  row[count_column] = static_cast<int64_t>(runs.size());
+  for (size_t r = 0; r < runs.size(); ++r) {
+    row[first_column + 2 * static_cast<int64_t>(r)] = runs[r].start;
+    row[first_column + 2 * static_cast<int64_t>(r) + 1] = runs[r].length;
+  }
+}
+std::vector<RowRange> read_runs(at::TensorAccessor<int64_t, 1> row, int64_t count_column, int64_t first_column) {
+  std::vector<RowRange> runs;
+  for (int64_t r = 0; r < row[count_column]; ++r) runs.push_back({row[first_column + 2 * r], row[first_column + 2 * r + 1]});
+  return runs;
+}
 
 struct Attention {
   at::Tensor bias, groups, index;
@@ -192,10 +209,8 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
       AttentionCall c;
       c.count = g[i][kGroupCount], c.queries = g[i][kGroupQueries], c.keys = g[i][kGroupContext] + c.queries;
       const int64_t bias_at = g[i][kGroupBiasAt], index_at = g[i][kGroupIndexAt];
-      for (int64_t r = 0; r < g[i][kQueryRangeCount]; ++r)
-        c.query_ranges.push_back({g[i][kRanges + 2 * r], g[i][kRanges + 2 * r + 1]});
-      for (int64_t r = 0, at = kRanges + 2 * kMaxRowRanges; r < g[i][kKeyRangeCount]; ++r)
-        c.key_ranges.push_back({g[i][at + 2 * r], g[i][at + 2 * r + 1]});
+      c.query_ranges = read_runs(g[i], kQueryRangeCount, kQueryRanges);
+      c.key_ranges = read_runs(g[i], kKeyRangeCount, kKeyRanges);
       c.query_index = plan.index.narrow(0, index_at, c.count * c.queries);
       c.key_index = plan.index.narrow(0, index_at + c.count * c.queries, c.count * c.keys);
       const int64_t stride = (c.keys + 15) / 16 * 16;  // additive_mask's padded rows
@@ -355,16 +370,8 @@ Attention attention_plan(const BlockMasks& masks, const at::TensorOptions& optio
       add_row_range(key_ranges, row_keys + context + g->first_block * bs, queries);
     }
     if (static_cast<int64_t>(std::max(query_ranges.size(), key_ranges.size())) <= kMaxRowRanges) {
-      table[shape][kQueryRangeCount] = static_cast<int64_t>(query_ranges.size());
-      table[shape][kKeyRangeCount] = static_cast<int64_t>(key_ranges.size());
-      for (size_t r = 0; r < query_ranges.size(); ++r) {
-        table[shape][kRanges + 2 * static_cast<int64_t>(r)] = query_ranges[r].start;
-        table[shape][kRanges + 2 * static_cast<int64_t>(r) + 1] = query_ranges[r].length;
-      }
-      for (size_t r = 0; r < key_ranges.size(); ++r) {
-        table[shape][kRanges + 2 * kMaxRowRanges + 2 * static_cast<int64_t>(r)] = key_ranges[r].start;
-        table[shape][kRanges + 2 * kMaxRowRanges + 2 * static_cast<int64_t>(r) + 1] = key_ranges[r].length;
-      }
+      write_runs(table[shape], kQueryRangeCount, kQueryRanges, query_ranges);
+      write_runs(table[shape], kKeyRangeCount, kKeyRanges, key_ranges);
     }
     const at::Tensor bias =  // [n, queries, keys], rows padded
         additive_mask(stacked_group_attention_masks(of_shape, anchors, documents, bs), options);

@@ -45,40 +45,6 @@ at::Tensor as_rows(const at::Tensor& t) {
   return t.transpose(1, 2).reshape({t.size(0) * t.size(2), t.size(1), t.size(3)});
 }
 
-// A call's rows: slices where it has ranges (one range: a view, no copy),
-// else by index.
-at::Tensor take_rows(const at::Tensor& rows, const at::Tensor& index, const std::vector<RowRange>& ranges) {
-  if (ranges.empty()) return rows.index_select(0, index);
-  if (ranges.size() == 1) return rows.narrow(0, ranges[0].start, ranges[0].length);
-  std::vector<at::Tensor> parts;
-  parts.reserve(ranges.size());
-  for (const RowRange& r : ranges) parts.push_back(rows.narrow(0, r.start, r.length));
-  return at::cat(parts);
-}
-
-// A call's gradient rows into the layer's: copied (queries: the calls
-// partition them) or added (keys and values: groups share context rows).
-void put_rows(at::Tensor& into, const at::Tensor& index, const std::vector<RowRange>& ranges, const at::Tensor& values,
-              bool add) {
-  if (ranges.empty()) {
-    if (add)
-      into.index_add_(0, index, values);
-    else
-      into.index_copy_(0, index, values);
-    return;
-  }
-  int64_t offset = 0;
-  for (const RowRange& r : ranges) {
-    at::Tensor into_range = into.narrow(0, r.start, r.length);
-    const at::Tensor from = values.narrow(0, offset, r.length);
-    if (add)
-      into_range.add_(from);
-    else
-      into_range.copy_(from);
-    offset += r.length;
-  }
-}
-
 // Ranges through saved_data: per call its query and key range counts, then
 // their starts and lengths.
 void flatten_ranges(std::vector<int64_t>& flat, const AttentionCall& c) {
@@ -208,11 +174,9 @@ at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Ten
 #if DFLASH_DRAFTER_CUDNN_ATTENTION
   if (cudnn) {
     const bool grad = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-    return std::get<0>(at::_scaled_dot_product_cudnn_attention(q, k, v, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt,
-                                                               /*compute_log_sumexp=*/grad,
+    return std::get<0>(at::_scaled_dot_product_cudnn_attention(q, k, v, optional_bias(bias), /*compute_log_sumexp=*/grad,
                                                                /*dropout_p=*/0.0, /*is_causal=*/false,
-                                                               /*return_debug_mask=*/false,
-                                                               1.0 / std::sqrt(static_cast<double>(q.size(-1)))));
+                                                               /*return_debug_mask=*/false, scale_of(q)));
   }
 #else
   (void)cudnn;
@@ -221,8 +185,7 @@ at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Ten
     k = k.repeat_interleave(heads / kv_heads, -3);
     v = v.repeat_interleave(heads / kv_heads, -3);
   }
-  return compat::scaled_dot_product_attention(q, k, v, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt,
-                                              /*is_causal=*/false);
+  return compat::scaled_dot_product_attention(q, k, v, optional_bias(bias), /*is_causal=*/false);
 }
 
 at::Tensor additive_mask(const at::Tensor& allowed, const at::TensorOptions& options) {

@@ -3,6 +3,8 @@
 // backward keeps only the layer's q, k and v rows.
 #pragma once
 
+#include "row_gather.h"
+
 #include <ATen/ATen.h>
 
 #include <string>
@@ -44,11 +46,6 @@ at::Tensor additive_mask(const at::Tensor& allowed, const at::TensorOptions& opt
 bool cudnn_attention_works(const at::TensorOptions& options, int64_t heads, int64_t kv_heads, int64_t head_dim);
 bool cudnn_attention_backward_by_hand_works(const at::TensorOptions& options, int64_t heads, int64_t kv_heads,
                                             int64_t head_dim);
-
-// Rows [start, start + length) of the layer's q, k or v rows.
-struct RowRange {
-  int64_t start = 0, length = 0;
-};
 
 // One grouped attention call: `count` groups of one shape, each with
 // `queries` query rows and `keys` key rows, gathered by index from the

@@ -41,18 +41,43 @@ class GatherRows : public torch::autograd::Function<GatherRows> {
     if (first == nullptr) return {at::Tensor(), at::Tensor(), at::Tensor()};
     const bool writes_every_row = every_call && ctx->saved_data["covers"].toBool();
     at::Tensor grad = writes_every_row ? at::empty(sizes, first->options()) : at::zeros(sizes, first->options());
-    for (size_t i = 0; i < grads.size(); ++i) {
-      if (!grads[i].defined()) continue;
-      if (disjoint)
-        grad.index_copy_(0, index[i], grads[i]);
-      else
-        grad.index_add_(0, index[i], grads[i]);
-    }
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (grads[i].defined()) put_rows(grad, index[i], {}, grads[i], /*add=*/!disjoint);
     return {grad, at::Tensor(), at::Tensor()};  // one per forward argument
   }
 };
 
 }  // namespace
+
+at::Tensor take_rows(const at::Tensor& rows, const at::Tensor& index, const std::vector<RowRange>& ranges) {
+  if (ranges.empty()) return rows.index_select(0, index);
+  if (ranges.size() == 1) return rows.narrow(0, ranges[0].start, ranges[0].length);
+  std::vector<at::Tensor> parts;
+  parts.reserve(ranges.size());
+  for (const RowRange& r : ranges) parts.push_back(rows.narrow(0, r.start, r.length));
+  return at::cat(parts);
+}
+
+void put_rows(at::Tensor& into, const at::Tensor& index, const std::vector<RowRange>& ranges, const at::Tensor& values,
+              bool add) {
+  if (ranges.empty()) {
+    if (add)
+      into.index_add_(0, index, values);
+    else
+      into.index_copy_(0, index, values);
+    return;
+  }
+  int64_t offset = 0;
+  for (const RowRange& r : ranges) {
+    at::Tensor into_range = into.narrow(0, r.start, r.length);
+    const at::Tensor from = values.narrow(0, offset, r.length);
+    if (add)
+      into_range.add_(from);
+    else
+      into_range.copy_(from);
+    offset += r.length;
+  }
+}
 
 std::vector<at::Tensor> gather_rows(const at::Tensor& rows, const std::vector<at::Tensor>& index, bool disjoint) {
   return GatherRows::apply(rows, index, disjoint);
