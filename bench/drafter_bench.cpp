@@ -9,7 +9,7 @@
 //                 [--context 4096 --anchors 512 --block 16] [--precision same|fp32_master]
 //                 [--loss fused_ckpt_kl] [--attention grouped|dense] [--group-blocks 64]
 //                 [--attention-kernel auto|sdpa] [--layer-ops fused|aten]
-//                 [--attention-keeps calls|rows]
+//                 [--attention-keeps auto|rows|calls]
 //                 [--checkpointing] [--embedding-on-cpu]
 //                 [--repeats 5 --warmup 2 --json out.jsonl] [--trace step.json]
 //
