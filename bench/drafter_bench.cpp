@@ -7,7 +7,7 @@
 //
 //   drafter_bench --plugin-dir build-gpu/lib/dflash-host/plugins
 //                 [--context 4096 --anchors 512 --block 16] [--precision same|fp32_master]
-//                 [--loss fused_ckpt_kl] [--attention grouped|dense] [--group-blocks 64]
+//                 [--loss fused_ckpt_kl] [--attention grouped|blocks|dense] [--group-blocks 64]
 //                 [--attention-kernel auto|sdpa] [--layer-ops fused|aten]
 //                 [--attention-keeps auto|rows|calls]
 //                 [--checkpointing] [--embedding-on-cpu]

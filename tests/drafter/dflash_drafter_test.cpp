@@ -10,6 +10,7 @@
 #include "support/expect.h"
 
 #include <cuda_graph.h>
+#include <kernel_ops.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -181,6 +182,69 @@ TEST(DFlashLayout, BlocksAndMaskMatchTheirDefinitions) {
   EXPECT_EQ(w[0].item<float>(), 0.0f);
   EXPECT_FLOAT_EQ(w[1].item<float>(), 1.0f);
   EXPECT_FLOAT_EQ(w[3].item<float>(), static_cast<float>(std::exp(-2.0 / 4.0)));
+}
+
+// The block kernel's layout (attention: blocks) covers exactly the mask's
+// allowed pairs, each once: the prefix calls (no mask; lengths a multiple of
+// key_multiple) and the kernel's entries together. Every key an entry sees
+// lies in exactly one key tile, and that tile lists the entry (the kernel's
+// backward writes each key's gradient from its one tile).
+TEST(DFlashLayout, BlockKernelLayoutCoversTheMaskOnceAndTilesEveryKeySeen) {
+  const SmallBatch b = small_batch(200, 4);
+  const int64_t s = 200;
+  for (int64_t bs : {16, 32})
+    for (const auto& [group_blocks, key_multiple] : std::vector<std::pair<int64_t, int64_t>>{{2, 8}, {3, 64}, {100, 1}}) {
+      SCOPED_TRACE("block " + std::to_string(bs) + ", group_blocks " + std::to_string(group_blocks) + ", key_multiple " +
+                   std::to_string(key_multiple));
+      auto anchors = dd::sample_anchors(b.loss_mask, b.documents, 9, 3);
+      anchors[1][8] = -1;  // a padding block
+      const auto mask = dd::block_attention_mask(anchors, b.documents, bs);
+      const int64_t q = anchors.size(1) * bs, row_keys = s + q;
+      const dd::BlockKernelLayout layout = dd::block_kernel_layout(anchors, b.documents, bs, group_blocks, key_multiple);
+      auto covered = torch::zeros({2, q, row_keys}, torch::kLong);
+      auto c = covered.accessor<int64_t, 3>();
+      EXPECT_FALSE(layout.prefixes.empty());
+      for (const dd::PrefixCall& p : layout.prefixes) {
+        EXPECT_EQ(p.keys % key_multiple, 0);
+        EXPECT_GT(p.keys, 0);
+        const int64_t r = p.query_row / q;
+        for (int64_t i = p.query_row; i < p.query_row + p.queries; ++i)
+          for (int64_t k = p.key_row; k < p.key_row + p.keys; ++k) ++c[r][i - r * q][k - r * row_keys];
+      }
+      ASSERT_EQ(static_cast<int64_t>(layout.blocks.size()), 2 * q / 16);
+      std::map<std::pair<int64_t, int64_t>, int> seen_by;  // (entry, flat key row) → tiles listing it
+      for (size_t e = 0; e < layout.blocks.size(); ++e) {
+        const auto& entry = layout.blocks[e];
+        const int64_t r = entry.query_row / q;
+        ASSERT_EQ(entry.slot_count, bs);
+        std::vector<int64_t> keys;
+        for (int64_t p = entry.context_begin; p < entry.context_end; ++p) keys.push_back(entry.key_row + p);
+        for (int64_t j = 0; j < entry.slot_count; ++j) keys.push_back(entry.slot_row + j);
+        for (int64_t i = entry.query_row; i < entry.query_row + 16; ++i)
+          for (int64_t k : keys) ++c[r][i - r * q][k - r * row_keys];
+        for (int64_t k : keys) seen_by[{static_cast<int64_t>(e), k}] = 0;
+      }
+      EXPECT_TRUE(torch::equal(covered, mask.to(torch::kLong))) << "every allowed pair once, nothing else";
+      for (const auto& t : layout.tiles) {
+        ASSERT_LE(0, t.lo);
+        ASSERT_LE(t.hi, 64);
+        for (int32_t e = t.first_block; e < t.last_block; ++e) {
+          const auto& entry = layout.blocks[static_cast<size_t>(e)];
+          for (int64_t i = t.lo; i < t.hi; ++i) {
+            const int64_t k = t.key_row + i;
+            const bool sees = t.position0 >= 0 ? (t.position0 + i >= entry.context_begin && t.position0 + i < entry.context_end &&
+                                                  k == entry.key_row + t.position0 + i)
+                                               : (k >= entry.slot_row && k < entry.slot_row + entry.slot_count);
+            if (sees) {
+              auto it = seen_by.find({e, k});
+              ASSERT_NE(it, seen_by.end()) << "tile key " << k << " not seen by entry " << e;
+              ++it->second;
+            }
+          }
+        }
+      }
+      for (const auto& [pair, tiles] : seen_by) EXPECT_EQ(tiles, 1) << "entry " << pair.first << ", key row " << pair.second;
+    }
 }
 
 // ---- a whole drafter step against a naive implementation ---------------------
@@ -472,6 +536,110 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
       const double gscale = grads[reference][i].second.abs().max().item<double>();
       EXPECT_LE((grads[variant][i].second - grads[reference][i].second).abs().max().item<double>(), 5e-2 * gscale + 1e-6)
           << grads[reference][i].first;
+    }
+  }
+}
+
+namespace {
+// The attention of q/k/v rows [R, heads or kv, d] under the dense mask, in
+// fp32 (the reference for the block kernel): [B·Q, heads, d].
+torch::Tensor dense_attention_rows(const torch::Tensor& q_rows, const torch::Tensor& k_rows, const torch::Tensor& v_rows,
+                                   const torch::Tensor& mask, int64_t rows) {
+  const int64_t heads = q_rows.size(1), kv = k_rows.size(1), d = q_rows.size(2);
+  const auto by_row = [&](const torch::Tensor& t, int64_t h) { return t.view({rows, -1, h, d}).transpose(1, 2); };
+  const auto q = by_row(q_rows.to(torch::kFloat), heads);
+  const auto k = by_row(k_rows.to(torch::kFloat), kv).repeat_interleave(heads / kv, 1);
+  const auto v = by_row(v_rows.to(torch::kFloat), kv).repeat_interleave(heads / kv, 1);
+  const auto bias = torch::zeros(mask.sizes(), q.options()).masked_fill(mask.to(q.device()).logical_not(), -INFINITY);
+  const auto p = torch::softmax(torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(d)) + bias.unsqueeze(1), -1);
+  return torch::matmul(p, v).transpose(1, 2).reshape({-1, heads, d});
+}
+}  // namespace
+
+// The block kernel (attention: blocks) on the GPU: each group's prefix
+// through cuDNN, the rest through the kernel, merged; output and q/k/v
+// gradients within bf16 noise of the dense mask's attention in fp32, for
+// blocks of 16 and 32, with two documents and a padding block.
+TEST(DFlashDrafter, BlockAttentionOnTheGpuMatchesTheDenseMask) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const int64_t heads = 8, kv = 2, d = 128, s = 300;
+  if (!dflash::kernel_ops::available()) GTEST_SKIP() << "this build has no CUDA kernels";
+  ASSERT_TRUE(dd::cudnn_attention_backward_by_hand_works(cuda, heads, kv, d));
+  const SmallBatch b = small_batch(s, 9);
+  for (int64_t bs : {16, 32})
+    for (const auto& [group_blocks, key_multiple] : std::vector<std::pair<int64_t, int64_t>>{{3, 64}, {2, 16}}) {
+      SCOPED_TRACE("block " + std::to_string(bs) + ", group_blocks " + std::to_string(group_blocks) + ", key_multiple " +
+                   std::to_string(key_multiple));
+      ASSERT_TRUE(dflash::kernel_ops::block_attention_fits(torch::empty({1}, cuda), heads, kv, d, bs));
+      auto anchors = dd::sample_anchors(b.loss_mask, b.documents, 10, 5);
+      anchors[1][9] = -1;  // a padding block
+      const int64_t q_len = anchors.size(1) * bs;
+      const dd::BlockKernelLayout layout = dd::block_kernel_layout(anchors, b.documents, bs, group_blocks, key_multiple);
+      ASSERT_FALSE(layout.prefixes.empty());
+      const dd::BlockKernelTables tables = dd::block_kernel_tables(layout, torch::kCUDA);
+      torch::manual_seed(bs + group_blocks);
+      const auto q = torch::randn({2 * q_len, heads, d}, cuda).requires_grad_(true);
+      const auto k = torch::randn({2 * (s + q_len), kv, d}, cuda).requires_grad_(true);
+      const auto v = torch::randn({2 * (s + q_len), kv, d}, cuda).requires_grad_(true);
+      const auto grad_out = torch::randn({2 * q_len, heads, d}, cuda);
+      const auto out = dd::prefix_block_attention(q, k, v, tables.prefixes, tables.blocks, tables.tiles);
+      const auto got = torch::autograd::grad({out}, {q, k, v}, {grad_out});
+      const auto qf = q.detach().to(torch::kFloat).requires_grad_(true), kf = k.detach().to(torch::kFloat).requires_grad_(true);
+      const auto vf = v.detach().to(torch::kFloat).requires_grad_(true);
+      const auto reference = dense_attention_rows(qf, kf, vf, dd::block_attention_mask(anchors, b.documents, bs), 2);
+      const auto want = torch::autograd::grad({reference}, {qf, kf, vf}, {grad_out.to(torch::kFloat)});
+      auto near = [](const torch::Tensor& x, const torch::Tensor& ref, const char* what) {
+        const double scale = ref.abs().max().item<double>();
+        EXPECT_LE((x.to(torch::kFloat) - ref).abs().max().item<double>(), 2e-2 * scale) << what;
+      };
+      near(out, reference, "out");
+      near(got[0], want[0], "dq");
+      near(got[1], want[1], "dk");
+      near(got[2], want[2], "dv");
+    }
+}
+
+// The drafter's layers with attention: blocks give the dense mask's hidden
+// states and gradients within bf16 noise, with and without activation
+// checkpointing.
+TEST(DFlashDrafter, BlockAttentionLayersOnTheGpuMatchTheDenseMask) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!dflash::kernel_ops::available()) GTEST_SKIP() << "this build has no CUDA kernels";
+  dd::DrafterShape shape;
+  shape.layers = 2, shape.hidden = 256, shape.heads = 8, shape.kv_heads = 2, shape.head_dim = 128, shape.intermediate = 512;
+  shape.feature_layers = 2, shape.target_hidden = 128;
+  const int64_t s = 160, bs = 16;
+  const SmallBatch b = small_batch(s, 12);
+  auto anchors = dd::sample_anchors(b.loss_mask, b.documents, 8, 3);
+  anchors[1][7] = -1;
+  const int64_t q_len = anchors.size(1) * bs;
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  torch::manual_seed(4);
+  const auto features = torch::randn({2, s, 256}, cuda);
+  const auto slots = torch::randn({2, q_len, 256}, cuda);
+  const auto context_positions = torch::arange(s, torch::kLong).expand({2, s}).to(torch::kCUDA);
+  const auto slot_positions = torch::arange(q_len, torch::kLong).expand({2, q_len}).to(torch::kCUDA);
+  for (bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "checkpointed" : "plain");
+    std::vector<torch::Tensor> outputs;
+    std::vector<std::vector<torch::Tensor>> grads;
+    for (bool blocks : {true, false}) {  // the dense mask last
+      dd::DFlashModel model(shape, 7, 0.05, torch::kBFloat16, torch::kCUDA);
+      model.set_activation_checkpointing(checkpointing);
+      const dd::BlockMasks masks{anchors, b.documents, bs, blocks ? 2 : 0, 32, blocks};
+      const auto hidden = model.forward(features, context_positions, slots, slot_positions, masks);
+      hidden.to(torch::kFloat).pow(2).sum().backward();
+      outputs.push_back(hidden.to(torch::kFloat));
+      std::vector<torch::Tensor> g;
+      for (const auto& [name, p] : model.parameters()) g.push_back(p.grad().to(torch::kFloat));
+      grads.push_back(g);
+    }
+    const double scale = outputs[1].abs().max().item<double>();
+    EXPECT_LE((outputs[0] - outputs[1]).abs().max().item<double>(), 3e-2 * scale);
+    for (size_t i = 0; i < grads[1].size(); ++i) {
+      const double gscale = grads[1][i].abs().max().item<double>();
+      EXPECT_LE((grads[0][i] - grads[1][i]).abs().max().item<double>(), 5e-2 * gscale + 1e-6) << "parameter " << i;
     }
   }
 }

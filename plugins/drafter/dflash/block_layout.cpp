@@ -6,6 +6,8 @@
 #include <dflash/sdk/splitmix.hpp>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <stdexcept>
 
 namespace dflash::drafter {
@@ -175,6 +177,93 @@ at::Tensor stacked_group_attention_masks(const std::vector<AttentionGroup>& grou
   const at::Tensor sees_context = key.unsqueeze(1).lt(anchor.unsqueeze(2)).logical_and(key_doc.unsqueeze(1).eq(anchor_doc.unsqueeze(2)));
   const at::Tensor own_block = block.view({queries, 1}).eq(block.view({1, queries})).unsqueeze(0).expand({row.size(0), queries, queries});
   return at::cat({sees_context, own_block}, 2);
+}
+
+BlockKernelLayout block_kernel_layout(const at::Tensor& anchors_in, const at::Tensor& documents_in, int64_t block_size,
+                                      int64_t group_blocks, int64_t key_multiple) {
+  constexpr int64_t kRowsPerEntry = 16, kTile = cuda_kernels::kKeyTileRows;
+  if (block_size % kRowsPerEntry != 0 || block_size > cuda_kernels::kMaxSlots)
+    throw std::invalid_argument("block_kernel_layout: block_size must be 16, 32, 48 or 64");
+  if (group_blocks < 1 || key_multiple < 1)
+    throw std::invalid_argument("block_kernel_layout: group_blocks and key_multiple must be at least 1");
+  const at::Tensor anchors = cpu_long(anchors_in), documents = cpu_long(documents_in);
+  const int64_t rows = documents.size(0), length = documents.size(1), count = anchors.size(1);
+  const int64_t queries_per_row = count * block_size, keys_per_row = length + queries_per_row;
+  auto anc = anchors.accessor<int64_t, 2>();
+  auto doc = documents.accessor<int64_t, 2>();
+  BlockKernelLayout layout;
+  std::vector<int64_t> document_start(static_cast<size_t>(length));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t p = 0; p < length; ++p)
+      document_start[static_cast<size_t>(p)] = p > 0 && doc[r][p - 1] == doc[r][p] ? document_start[static_cast<size_t>(p - 1)] : p;
+    const int64_t query_base = r * queries_per_row, key_base = r * keys_per_row;
+    const auto first_entry = static_cast<int64_t>(layout.blocks.size());
+    auto add_block = [&](int64_t block, int64_t context_begin, int64_t context_end) {
+      for (int64_t h = 0; h < block_size; h += kRowsPerEntry)
+        layout.blocks.push_back({query_base + block * block_size + h, key_base, context_begin, context_end,
+                                 key_base + length + block * block_size, block_size});
+    };
+    for (int64_t first = 0; first < count;) {
+      const int64_t a = anc[r][first];
+      if (a < 0) {  // padding: its own slots only
+        add_block(first++, 0, 0);
+        continue;
+      }
+      if (a >= length) throw std::invalid_argument("block_kernel_layout: anchor outside the row");
+      const int64_t start = document_start[static_cast<size_t>(a)];
+      int64_t end = first + 1;  // the group: consecutive real blocks of a's document
+      while (end < count && end - first < group_blocks && anc[r][end] >= 0 && anc[r][end] < length &&
+             document_start[static_cast<size_t>(anc[r][end])] == start)
+        ++end;
+      // Anchors ascend, so the first block's context is the group's shortest.
+      const int64_t prefix = (a - start) / key_multiple * key_multiple;
+      if (prefix > 0)
+        layout.prefixes.push_back({query_base + first * block_size, (end - first) * block_size, key_base + start, prefix});
+      for (int64_t b = first; b < end; ++b) add_block(b, start + prefix, anc[r][b]);
+      first = end;
+    }
+    const auto last_entry = static_cast<int64_t>(layout.blocks.size());
+    // Context tiles: the entries of this row that see any of each.
+    for (int64_t p0 = 0; p0 < length; p0 += kTile) {
+      int64_t lowest = -1, highest = -1;
+      for (int64_t e = first_entry; e < last_entry; ++e) {
+        const cuda_kernels::BlockKeys& b = layout.blocks[static_cast<size_t>(e)];
+        if (b.context_begin < std::min(p0 + kTile, length) && b.context_end > p0) {
+          if (lowest < 0) lowest = e;
+          highest = e;
+        }
+      }
+      if (lowest < 0) continue;
+      layout.tiles.push_back({key_base + p0, p0, 0, static_cast<int32_t>(std::min(kTile, length - p0)),
+                              static_cast<int32_t>(lowest), static_cast<int32_t>(highest + 1)});
+    }
+    // Slot tiles: each block's slots, seen by its entries.
+    for (int64_t e = first_entry; e < last_entry; e += block_size / kRowsPerEntry)
+      layout.tiles.push_back({layout.blocks[static_cast<size_t>(e)].slot_row, -1, 0, static_cast<int32_t>(block_size),
+                              static_cast<int32_t>(e), static_cast<int32_t>(e + block_size / kRowsPerEntry)});
+  }
+  if (layout.blocks.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    throw std::invalid_argument("block_kernel_layout: more entries than a KeyTile can index");
+  return layout;
+}
+
+BlockKernelTables block_kernel_tables(const BlockKernelLayout& layout, const c10::Device& device) {
+  BlockKernelTables tables;
+  tables.prefixes = at::empty({static_cast<int64_t>(layout.prefixes.size()), 4}, at::kLong);
+  auto p = tables.prefixes.accessor<int64_t, 2>();
+  for (size_t i = 0; i < layout.prefixes.size(); ++i) {
+    const PrefixCall& c = layout.prefixes[i];
+    const auto row = static_cast<int64_t>(i);
+    p[row][0] = c.query_row, p[row][1] = c.queries, p[row][2] = c.key_row, p[row][3] = c.keys;
+  }
+  auto as_int64_rows = [&](const auto& structs, int64_t columns) {
+    std::vector<int64_t> flat(structs.size() * static_cast<size_t>(columns));
+    if (!structs.empty()) std::memcpy(flat.data(), structs.data(), flat.size() * sizeof(int64_t));
+    return decode_support::upload(flat, device).view({static_cast<int64_t>(structs.size()), columns});
+  };
+  tables.blocks = as_int64_rows(layout.blocks, cuda_kernels::kBlockKeysFields);
+  tables.tiles = as_int64_rows(layout.tiles, cuda_kernels::kKeyTileInt64s);
+  return tables;
 }
 
 at::Tensor slot_weights(int64_t block_size, double gamma) {

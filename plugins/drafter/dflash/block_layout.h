@@ -4,6 +4,8 @@
 // the model so the tests can check it against slow references.
 #pragma once
 
+#include <block_attention.h>  // the block kernel's BlockKeys and KeyTile (plugins/shared/cuda_kernels)
+
 #include <ATen/ATen.h>
 
 #include <cstdint>
@@ -72,6 +74,39 @@ std::vector<AttentionGroup> attention_groups(const at::Tensor& anchors, const at
 // in a handful of operations for all the groups.
 at::Tensor stacked_group_attention_masks(const std::vector<AttentionGroup>& groups, const at::Tensor& anchors,
                                          const at::Tensor& documents, int64_t block_size);
+
+// The same attention pattern for the block kernel (drafter.attention
+// "blocks"; block_attention.h), in two parts whose key sets are disjoint and
+// together exactly the allowed ones, merged by log-sum-exp:
+//  - prefix calls, one per group: up to group_blocks consecutive real blocks
+//    of one document, all of whose queries see the document's context from
+//    its start up to the group's earliest anchor. The call covers that
+//    prefix, cut down to a multiple of key_multiple keys (so the calls come
+//    in few shapes: cuDNN plans each new shape once), with no mask at all.
+//  - block entries (16 query rows each; a block of 32 slots is two): the
+//    context after the group's prefix up to the block's own anchor, then its
+//    slots; padding blocks only their slots. Key tiles for the kernel's
+//    backward, each listing the entries that see it.
+// Rows and keys are flat indices into the layer's q rows [B·A·Bs] and k/v
+// rows [B·(S + A·Bs)].
+struct PrefixCall {
+  int64_t query_row = 0, queries = 0, key_row = 0, keys = 0;
+};
+struct BlockKernelLayout {
+  std::vector<PrefixCall> prefixes;
+  std::vector<cuda_kernels::BlockKeys> blocks;
+  std::vector<cuda_kernels::KeyTile> tiles;
+};
+// anchors [B, A] as sample_anchors gives them; block_size a multiple of 16.
+BlockKernelLayout block_kernel_layout(const at::Tensor& anchors, const at::Tensor& documents, int64_t block_size,
+                                      int64_t group_blocks, int64_t key_multiple);
+// The layout as prefix_block_attention takes it: prefixes CPU int64 [n, 4]
+// (PrefixCall's fields); blocks [m, 6] and tiles [t, 4] (int64, the kernel's
+// structs' bytes) uploaded to `device` without waiting for it.
+struct BlockKernelTables {
+  at::Tensor prefixes, blocks, tiles;
+};
+BlockKernelTables block_kernel_tables(const BlockKernelLayout& layout, const c10::Device& device);
 
 // The slot weights w_k = exp(−(k − 1)/γ) for k ≥ 1, w_0 = 0. [block_size] float.
 at::Tensor slot_weights(int64_t block_size, double gamma);

@@ -57,9 +57,12 @@ class DFlashDrafter : public sdk::Drafter {
         .number("rope_theta", 0.0, "0 = the target's (1e6 when the target does not say)", Bounds::at_least(0))
         .string("attention", "grouped",
                 "grouped: one attention call per group of attention_group_blocks blocks, over the context up to the "
-                "group's last anchor and the group's own slots (few masked pairs computed); dense: one call per batch "
-                "over every key with the whole mask (the reference)",
-                {"grouped", "dense"})
+                "group's last anchor and the group's own slots (few masked pairs computed); blocks: no mask at all — "
+                "each group's shared context prefix through cuDNN's attention, and each block's remaining context and "
+                "its own slots through our block kernel, merged by log-sum-exp (CUDA bf16, head_dim 128, 4 query "
+                "heads per KV head, block_size 16/32/48/64; grouped elsewhere); dense: one call per batch over every "
+                "key with the whole mask (the reference)",
+                {"grouped", "blocks", "dense"})
         .integer("attention_group_blocks", 64,
                  "blocks per grouped attention call: fewer compute fewer masked pairs, more give each call more work",
                  Bounds::at_least(1))
@@ -149,6 +152,7 @@ class DFlashDrafter : public sdk::Drafter {
         drafter::attention_keeps_named(config_.value("attention_keeps", std::string(kDefaultAttentionKeeps))));
     group_blocks_ = group_blocks_of(config_);
     group_key_multiple_ = config_.at("attention_group_key_multiple").get<int64_t>();
+    block_kernel_ = config_.at("attention").get<std::string>() == "blocks";
     weights_ = drafter::slot_weights(block_size_, gamma_);
     draft_lm_head_ = lm_head_.to(device_, dtype_);  // the slots' hidden states are in the drafter's dtype
     graphs_possible_ = decode_support::kCudaGraphs && config_.value("decode_graphs", std::string("auto")) == "auto" &&
@@ -169,9 +173,10 @@ class DFlashDrafter : public sdk::Drafter {
         .index_select(0, decode_support::on_device(where, device_));
   }
 
-  // Blocks per attention call: attention_group_blocks when grouped, 0 = dense.
+  // Blocks per attention call (or per prefix call): attention_group_blocks
+  // when grouped or blocks, 0 = dense.
   static int64_t group_blocks_of(const nlohmann::json& config) {
-    return config.at("attention").get<std::string>() == "grouped" ? config.at("attention_group_blocks").get<int64_t>() : 0;
+    return config.at("attention").get<std::string>() == "dense" ? 0 : config.at("attention_group_blocks").get<int64_t>();
   }
 
   // The memory planner's question (ABI 1.2), answered from the shapes: the
@@ -197,8 +202,10 @@ class DFlashDrafter : public sdk::Drafter {
                  (request.dtype() == "bfloat16" || request.dtype() == "float16");
     step.checkpointing = config.at("activation_checkpointing").get<bool>();
     step.fused = config.value("layer_ops", std::string("fused")) == "fused";
+    // attention: blocks keeps the rows too (and the merged output), on the GPU.
     step.keeps_rows = drafter::keeps_rows(
-        drafter::attention_keeps_named(config.value("attention_keeps", std::string(kDefaultAttentionKeeps))), step.cudnn);
+        drafter::attention_keeps_named(config.value("attention_keeps", std::string(kDefaultAttentionKeeps))), step.cudnn) ||
+        (step.cudnn && config.at("attention").get<std::string>() == "blocks");
     step.teacher = context.value("teacher", false);
     sdk::MemoryPlan plan = drafter::step_memory(shape, step);
     const int64_t q_out = shape.heads * shape.head_dim;
@@ -233,7 +240,7 @@ class DFlashDrafter : public sdk::Drafter {
     const at::Tensor anchors = drafter::sample_anchors(loss_mask, documents, max_anchors_, seed);
     const drafter::BlockLayout layout =
         drafter::layout_blocks(ids, positions, documents, loss_mask, anchors, block_size_, mask_token_);
-    const drafter::BlockMasks masks{anchors, documents, block_size_, group_blocks_, group_key_multiple_};
+    const drafter::BlockMasks masks{anchors, documents, block_size_, group_blocks_, group_key_multiple_, block_kernel_};
 
     std::vector<at::Tensor> features;
     // Host tensors go up without waiting for the device (host_upload.h): the
@@ -509,6 +516,7 @@ class DFlashDrafter : public sdk::Drafter {
   c10::ScalarType dtype_;
   c10::Device device_;
   int64_t block_size_, max_anchors_, vocab_ = 0, mask_token_ = 0, group_blocks_ = 0, group_key_multiple_ = 128;
+  bool block_kernel_ = false;  // attention: blocks
   int64_t target_layers_ = 0, max_position_embeddings_ = 0;
   double gamma_;
   std::vector<int64_t> layer_ids_;

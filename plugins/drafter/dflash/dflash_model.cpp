@@ -6,6 +6,7 @@
 
 #include <dflash/sdk/torch_compat.hpp>
 #include <host_upload.h>
+#include <kernel_ops.h>
 #include <trainable_ops.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -164,6 +165,10 @@ struct Attention {
   // Grouped: backward keeps the layer's q/k/v rows, not every call's copies
   // (attention_keeping_rows).
   bool keeps_rows = false;
+  // Block attention (prefix_block_attention): the prefix calls (CPU int64
+  // [n, 4]) and the kernel's entries and key tiles (device), in place of the above.
+  at::Tensor prefixes, blocks, tiles;
+  bool block_kernel() const { return blocks.defined(); }
   bool grouped() const { return groups.defined() && groups.numel() > 0; }
 };
 
@@ -197,7 +202,13 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
     k = rope(rms_norm(k, k_norm, s.eps), rotary_k.cos, rotary_k.sin);
   }
   at::Tensor projected;  // the attention's output through o_proj, [B, Q, H]
-  if (plan.grouped()) {
+  if (plan.block_kernel()) {
+    const at::Tensor out = prefix_block_attention(q.reshape({b * q_len, s.heads, s.head_dim}),
+                                                  k.reshape({b * (ctx_len + q_len), s.kv_heads, s.head_dim}),
+                                                  v.reshape({b * (ctx_len + q_len), s.kv_heads, s.head_dim}), plan.prefixes,
+                                                  plan.blocks, plan.tiles);  // [B·Q, heads, d], in slot order
+    projected = at::linear(out.view({b, q_len, s.heads * s.head_dim}), wo);
+  } else if (plan.grouped()) {
     const auto g = plan.groups.accessor<int64_t, 2>();
     const at::Tensor q_rows = q.reshape({b * q_len, s.heads, s.head_dim});
     const at::Tensor k_rows = k.reshape({b * (ctx_len + q_len), s.kv_heads, s.head_dim});
@@ -255,14 +266,16 @@ at::Tensor layer_forward(const LayerSettings& s, const std::vector<at::Tensor>& 
 class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor x, at::Tensor context,
-                                                at::Tensor bias, at::Tensor groups, at::Tensor index, at::Tensor cos_q,
+                                                at::Tensor bias, at::Tensor groups, at::Tensor index, at::Tensor prefixes,
+                                                at::Tensor blocks, at::Tensor tiles, at::Tensor cos_q,
                                                 at::Tensor sin_q,
                                                 at::Tensor cos_k, at::Tensor sin_k, at::Tensor w0, at::Tensor w1,
                                                 at::Tensor w2, at::Tensor w3, at::Tensor w4, at::Tensor w5, at::Tensor w6,
                                                 at::Tensor w7, at::Tensor w8, at::Tensor w9, at::Tensor w10, int64_t heads,
                                                 int64_t kv_heads, int64_t head_dim, double eps, bool cudnn, bool fused,
                                                 bool keeps_rows) {
-    ctx->save_for_backward({x, context, bias, groups, index, cos_q, sin_q, cos_k, sin_k, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10});
+    ctx->save_for_backward({x, context, bias, groups, index, prefixes, blocks, tiles, cos_q, sin_q, cos_k, sin_k, w0, w1, w2,
+                            w3, w4, w5, w6, w7, w8, w9, w10});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["kv_heads"] = kv_heads;
     ctx->saved_data["head_dim"] = head_dim;
@@ -272,7 +285,7 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     ctx->saved_data["keeps_rows"] = keeps_rows;
     const LayerSettings s{heads, kv_heads, head_dim, eps, fused};
     return {layer_forward(s, {w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10}, x, context,
-                          {bias, groups, index, cudnn, keeps_rows}, {cos_q, sin_q}, {cos_k, sin_k})};
+                          {bias, groups, index, cudnn, keeps_rows, prefixes, blocks, tiles}, {cos_q, sin_q}, {cos_k, sin_k})};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -291,15 +304,15 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
       return l;
     };
     const at::Tensor x = leaf(saved[0]), context = leaf(saved[1]);
-    for (size_t i = 9; i < 20; ++i) weights.push_back(leaf(saved[i]));
-    const Attention plan{saved[2], saved[3], saved[4], ctx->saved_data["cudnn"].toBool(),
-                         ctx->saved_data["keeps_rows"].toBool()};
-    const at::Tensor y = layer_forward(s, weights, x, context, plan, {saved[5], saved[6]}, {saved[7], saved[8]});
+    for (size_t i = 12; i < 23; ++i) weights.push_back(leaf(saved[i]));
+    const Attention plan{saved[2],  saved[3],  saved[4], ctx->saved_data["cudnn"].toBool(),
+                         ctx->saved_data["keeps_rows"].toBool(), saved[5], saved[6], saved[7]};
+    const at::Tensor y = layer_forward(s, weights, x, context, plan, {saved[8], saved[9]}, {saved[10], saved[11]});
     const auto grads = torch::autograd::grad({y}, leaves, {grad_output[0]}, /*retain_graph=*/false,
                                              /*create_graph=*/false, /*allow_unused=*/true);
-    // x, context; then none for bias, groups, index and the four rotary tables.
+    // x, context; then none for the plan's six tensors and the four rotary tables.
     torch::autograd::variable_list out = {grads[0], grads[1]};
-    for (int i = 0; i < 7; ++i) out.emplace_back();
+    for (int i = 0; i < 10; ++i) out.emplace_back();
     for (size_t i = 2; i < grads.size(); ++i) out.push_back(grads[i]);
     for (int i = 0; i < 7; ++i) out.emplace_back();  // heads, kv_heads, head_dim, eps, cudnn, fused, keeps_rows
     return out;
@@ -385,6 +398,18 @@ Attention attention_plan(const BlockMasks& masks, const at::TensorOptions& optio
   return plan;
 }
 
+// The block kernel's plan (block_kernel_layout), uploaded once per step for
+// every layer without waiting for the device.
+Attention block_kernel_plan(const BlockMasks& masks, const c10::Device& device) {
+  const BlockKernelTables tables = block_kernel_tables(
+      block_kernel_layout(masks.anchors, masks.documents, masks.block_size, masks.group_blocks, masks.group_key_multiple),
+      device);
+  Attention plan;
+  plan.prefixes = tables.prefixes, plan.blocks = tables.blocks, plan.tiles = tables.tiles;
+  plan.cudnn = plan.keeps_rows = true;  // what it runs and keeps: cuDNN for the prefixes, the rows
+  return plan;
+}
+
 }  // namespace
 
 at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& context_positions,
@@ -397,21 +422,30 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
   const at::Tensor context = norm_of(settings, at::linear(features.to(fc_.scalar_type()), fc_), hidden_norm_);  // [B, S, H]
   const at::Tensor key_positions = at::cat({context_positions, slot_positions}, 1);
   const auto options = slot_embeddings.options();
-  Attention plan = attention_plan(masks, options);
-  plan.cudnn = attention_kernel_ == AttentionKernel::kAuto && options.device().is_cuda() &&
-               (options.dtype() == at::kBFloat16 || options.dtype() == at::kHalf) &&
-               cudnn_attention_works(options, s.heads, s.kv_heads, s.head_dim);
-  // Keeping rows needs cuDNN's backward called by hand to agree (off cuDNN,
-  // backward runs each call again under autograd).
-  plan.keeps_rows = keeps_rows(attention_keeps_, plan.cudnn) && plan.grouped() &&
-                    (!plan.cudnn || cudnn_attention_backward_by_hand_works(options, s.heads, s.kv_heads, s.head_dim));
+  const bool cudnn = attention_kernel_ == AttentionKernel::kAuto && options.device().is_cuda() &&
+                     (options.dtype() == at::kBFloat16 || options.dtype() == at::kHalf) &&
+                     cudnn_attention_works(options, s.heads, s.kv_heads, s.head_dim);
+  Attention plan;
+  if (masks.block_kernel && cudnn && masks.group_blocks > 0 &&
+      kernel_ops::block_attention_fits(slot_embeddings, s.heads, s.kv_heads, s.head_dim, masks.block_size) &&
+      cudnn_attention_backward_by_hand_works(options, s.heads, s.kv_heads, s.head_dim)) {
+    plan = block_kernel_plan(masks, options.device());
+  } else {
+    plan = attention_plan(masks, options);
+    plan.cudnn = cudnn;
+    // Keeping rows needs cuDNN's backward called by hand to agree (off cuDNN,
+    // backward runs each call again under autograd).
+    plan.keeps_rows = keeps_rows(attention_keeps_, plan.cudnn) && plan.grouped() &&
+                      (!plan.cudnn || cudnn_attention_backward_by_hand_works(options, s.heads, s.kv_heads, s.head_dim));
+  }
   const auto tables = settings.fused ? rotary_half_tables : rotary_tables;
   const Rotary rotary_q = tables(slot_positions, s.head_dim, s.rope_theta, options);
   const Rotary rotary_k = tables(key_positions, s.head_dim, s.rope_theta, options);
   at::Tensor x = slot_embeddings;
   for (const Layer& l : layers_) {
     if (activation_checkpointing_ && c10::GradMode::is_enabled()) {
-      x = CheckpointedLayer::apply(x, context, plan.bias, plan.groups, plan.index, rotary_q.cos, rotary_q.sin, rotary_k.cos,
+      x = CheckpointedLayer::apply(x, context, plan.bias, plan.groups, plan.index, plan.prefixes, plan.blocks, plan.tiles,
+                                   rotary_q.cos, rotary_q.sin, rotary_k.cos,
                                    rotary_k.sin, l.input_norm, l.q, l.k, l.v, l.o, l.q_norm, l.k_norm, l.post_norm, l.gate,
                                    l.up, l.down, s.heads, s.kv_heads, s.head_dim, eps, plan.cudnn, settings.fused,
                                    plan.keeps_rows)[0];

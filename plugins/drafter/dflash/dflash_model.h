@@ -40,6 +40,10 @@ struct BlockMasks {
   // (attention_groups' key_multiple; the plugin's attention_group_key_multiple),
   // so calls come in few shapes. 1: exact ranges.
   int64_t group_key_multiple = 1;
+  // Block attention (block_kernel_layout, prefix_block_attention) where the
+  // kernels take this step (CUDA bf16, their head shape, cuDNN's by-hand
+  // backward working); grouped (by group_blocks) elsewhere.
+  bool block_kernel = false;
 };
 
 // One sequence's context for speculative drafting: every layer's keys and

@@ -3,6 +3,7 @@
 #include "row_gather.h"
 
 #include <dflash/sdk/torch_compat.hpp>
+#include <kernel_ops.h>
 
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -160,6 +161,98 @@ class AttentionKeepingRows : public torch::autograd::Function<AttentionKeepingRo
   }
 };
 
+// The prefix calls' cuDNN attention and the block kernel: see
+// prefix_block_attention. prefixes' columns are PrefixCall's.
+enum PrefixColumn : int64_t { kPrefixQueryRow, kPrefixQueries, kPrefixKeyRow, kPrefixKeys };
+constexpr size_t kSavedPerPrefix = 4;  // cum_seq_q, cum_seq_k, philox_seed, philox_offset
+
+class PrefixBlockAttention : public torch::autograd::Function<PrefixBlockAttention> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q_rows,
+                                                const at::Tensor& k_rows, const at::Tensor& v_rows,
+                                                const at::Tensor& prefixes, const at::Tensor& blocks,
+                                                const at::Tensor& tiles) {
+    const double scale = scale_of(q_rows);
+    const int64_t heads = q_rows.size(1);
+    at::Tensor prior_out, prior_lse;
+    std::vector<at::Tensor> saved;
+    std::vector<int64_t> max_q, max_k, lse_sizes;
+    const auto p = prefixes.accessor<int64_t, 2>();
+    if (p.size(0) > 0) {
+      prior_out = at::empty_like(q_rows);
+      prior_lse = at::full({q_rows.size(0), heads}, -std::numeric_limits<float>::infinity(),
+                           q_rows.options().dtype(at::kFloat));
+    }
+#if DFLASH_DRAFTER_CUDNN_ATTENTION
+    for (int64_t i = 0; i < p.size(0); ++i) {
+      const int64_t queries = p[i][kPrefixQueries], keys = p[i][kPrefixKeys];
+      const at::Tensor q = by_call(q_rows.narrow(0, p[i][kPrefixQueryRow], queries), 1, queries);
+      const at::Tensor k = by_call(k_rows.narrow(0, p[i][kPrefixKeyRow], keys), 1, keys);
+      const at::Tensor v = by_call(v_rows.narrow(0, p[i][kPrefixKeyRow], keys), 1, keys);
+      auto r = at::_scaled_dot_product_cudnn_attention(q, k, v, c10::nullopt, /*compute_log_sumexp=*/true,
+                                                       /*dropout_p=*/0.0, /*is_causal=*/false,
+                                                       /*return_debug_mask=*/false, scale);
+      const at::Tensor& lse = std::get<1>(r);
+      prior_out.narrow(0, p[i][kPrefixQueryRow], queries).copy_(as_rows(std::get<0>(r)));
+      prior_lse.narrow(0, p[i][kPrefixQueryRow], queries).copy_(lse.reshape({heads, queries}).t());
+      saved.insert(saved.end(), {std::get<2>(r), std::get<3>(r), std::get<6>(r), std::get<7>(r)});
+      max_q.push_back(as_int(std::get<4>(r))), max_k.push_back(as_int(std::get<5>(r)));
+      if (lse_sizes.empty()) lse_sizes = lse.sizes().vec();
+    }
+#else
+    if (p.size(0) > 0) throw std::logic_error("prefix_block_attention: this LibTorch has no cuDNN attention");
+#endif
+    kernel_ops::BlockAttentionForward f =
+        kernel_ops::block_attention_forward(q_rows, k_rows, v_rows, blocks, prior_out, prior_lse, scale);
+    std::vector<at::Tensor> kept = {q_rows, k_rows, v_rows, f.out, f.lse, prefixes, blocks, tiles};
+    kept.insert(kept.end(), saved.begin(), saved.end());
+    ctx->save_for_backward(kept);
+    ctx->saved_data["max_q"] = max_q;
+    ctx->saved_data["max_k"] = max_k;
+    ctx->saved_data["lse_sizes"] = lse_sizes;
+    return {f.out};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q_rows = saved[0], &k_rows = saved[1], &v_rows = saved[2], &out = saved[3], &lse = saved[4];
+    const at::Tensor &prefixes = saved[5], &blocks = saved[6], &tiles = saved[7];
+    const at::Tensor grad_out = grads[0].contiguous();
+    const double scale = scale_of(q_rows);
+    kernel_ops::BlockAttentionGrads g =
+        kernel_ops::block_attention_backward(q_rows, k_rows, v_rows, out, lse, grad_out, blocks, tiles, scale);
+#if DFLASH_DRAFTER_CUDNN_ATTENTION
+    const std::vector<int64_t> max_q = ctx->saved_data["max_q"].toIntVector(), max_k = ctx->saved_data["max_k"].toIntVector();
+    const std::vector<int64_t> lse_sizes = ctx->saved_data["lse_sizes"].toIntVector();
+    const auto p = prefixes.accessor<int64_t, 2>();
+    for (int64_t i = 0; i < p.size(0); ++i) {
+      const at::Tensor* call = &saved[8 + kSavedPerPrefix * static_cast<size_t>(i)];  // cum_q, cum_k, seed, offset
+      const int64_t query_row = p[i][kPrefixQueryRow], queries = p[i][kPrefixQueries];
+      const int64_t key_row = p[i][kPrefixKeyRow], keys = p[i][kPrefixKeys];
+      const at::Tensor q = by_call(q_rows.narrow(0, query_row, queries), 1, queries);
+      const at::Tensor k = by_call(k_rows.narrow(0, key_row, keys), 1, keys);
+      const at::Tensor v = by_call(v_rows.narrow(0, key_row, keys), 1, keys);
+      // The merged output and log-sum-exp: P of these keys is then their
+      // share of the whole softmax, and softmax's backward term (Σ dO·O) the
+      // whole row's.
+      std::vector<int64_t> sizes = lse_sizes;
+      sizes[2] = queries;  // [1, heads, queries(, 1)]
+      const at::Tensor call_lse = lse.narrow(0, query_row, queries).t().contiguous().view(sizes);
+      auto r = at::_scaled_dot_product_cudnn_attention_backward(
+          by_call(grad_out.narrow(0, query_row, queries), 1, queries), q, k, v,
+          by_call(out.narrow(0, query_row, queries), 1, queries), call_lse, call[2], call[3], at::Tensor(), call[0],
+          call[1], max_q[static_cast<size_t>(i)], max_k[static_cast<size_t>(i)], /*dropout_p=*/0.0,
+          /*is_causal=*/false, scale);
+      g.dq.narrow(0, query_row, queries).add_(as_rows(std::get<0>(r)));
+      g.dk.narrow(0, key_row, keys).add_(as_rows(std::get<1>(r)));
+      g.dv.narrow(0, key_row, keys).add_(as_rows(std::get<2>(r)));
+    }
+#endif
+    return {g.dq, g.dk, g.dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 AttentionKeeps attention_keeps_named(const std::string& name) {
@@ -285,6 +378,11 @@ std::vector<at::Tensor> attention_keeping_rows(const at::Tensor& q_rows, const a
                                                const std::vector<AttentionCall>& calls, int64_t heads, int64_t kv_heads,
                                                bool cudnn) {
   return AttentionKeepingRows::apply(q_rows, k_rows, v_rows, calls, heads, kv_heads, cudnn);
+}
+
+at::Tensor prefix_block_attention(const at::Tensor& q_rows, const at::Tensor& k_rows, const at::Tensor& v_rows,
+                                  const at::Tensor& prefixes, const at::Tensor& blocks, const at::Tensor& tiles) {
+  return PrefixBlockAttention::apply(q_rows, k_rows, v_rows, prefixes, blocks, tiles)[0];
 }
 
 }  // namespace dflash::drafter

@@ -77,4 +77,18 @@ std::vector<at::Tensor> attention_keeping_rows(const at::Tensor& q_rows, const a
                                                const std::vector<AttentionCall>& calls, int64_t heads, int64_t kv_heads,
                                                bool cudnn);
 
+// Block attention (drafter.attention "blocks"; block_layout.h's
+// block_kernel_layout): each prefix call through cuDNN's attention without a
+// mask, then the block kernel over every entry's remaining keys, merging the
+// prefix's output by log-sum-exp. Returns the output rows [R_q, heads, d] in
+// q's row order. One autograd node keeping the q/k/v rows, the merged output
+// and its log-sum-exp: backward runs the kernel's backward, then each prefix
+// call's cuDNN backward given the merged output and log-sum-exp (the
+// gradients through its keys), added in. prefixes: CPU int64 [n, 4]
+// (PrefixCall's fields); blocks and tiles: block_attention.h's tables on the
+// device. Only where kernel_ops::block_attention_fits and
+// cudnn_attention_backward_by_hand_works.
+at::Tensor prefix_block_attention(const at::Tensor& q_rows, const at::Tensor& k_rows, const at::Tensor& v_rows,
+                                  const at::Tensor& prefixes, const at::Tensor& blocks, const at::Tensor& tiles);
+
 }  // namespace dflash::drafter

@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #if DFLASH_CUDA_KERNELS
+#include "block_attention.h"
 #include "cuda_kernels.h"
 
 #include <ATen/ATen.h>
@@ -238,6 +239,67 @@ bool invariant_decode_attention_fits(int64_t head_dim, int64_t capacity) {
   return cuda_kernels::invariant_decode_attention_fits(head_dim, capacity);
 }
 
+bool block_attention_fits(const at::Tensor& like, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size) {
+  return like.is_cuda() && like.scalar_type() == at::kBFloat16 && head_dim == 128 && heads == 4 * kv_heads &&
+         block_size % 16 == 0 && block_size > 0 && block_size <= cuda_kernels::kMaxSlots;
+}
+
+namespace {
+void check_block_tables(const at::Tensor& blocks, const at::Tensor& tiles) {
+  auto table = [](const at::Tensor& t, int64_t columns, const char* what) {
+    if (t.defined() && (!t.is_cuda() || t.scalar_type() != at::kLong || t.dim() != 2 || t.size(1) != columns ||
+                        !t.is_contiguous()))
+      throw std::invalid_argument(std::string("block attention: ") + what + " must be a contiguous CUDA int64 [n, " +
+                                  std::to_string(columns) + "] tensor");
+  };
+  table(blocks, cuda_kernels::kBlockKeysFields, "blocks");
+  table(tiles, cuda_kernels::kKeyTileInt64s, "tiles");
+}
+const cuda_kernels::BlockKeys* block_keys(const at::Tensor& blocks) {
+  return reinterpret_cast<const cuda_kernels::BlockKeys*>(blocks.data_ptr<int64_t>());
+}
+}  // namespace
+
+BlockAttentionForward block_attention_forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                              const at::Tensor& blocks, const at::Tensor& prior_out,
+                                              const at::Tensor& prior_lse, double scale) {
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  check_block_tables(blocks, at::Tensor());
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  const int64_t heads = q.size(1), kv_heads = k.size(1), head_dim = q.size(2);
+  if (prior_out.defined() != prior_lse.defined() ||
+      (prior_out.defined() && (!prior_out.is_contiguous() || prior_out.sizes() != q.sizes() ||
+                               prior_lse.scalar_type() != at::kFloat || !prior_lse.is_contiguous() ||
+                               prior_lse.sizes() != at::IntArrayRef{q.size(0), heads})))
+    throw std::invalid_argument("block_attention_forward: prior_out must be contiguous like q and prior_lse fp32 [rows, heads]");
+  BlockAttentionForward r{at::empty_like(q), at::empty({q.size(0), heads}, q.options().dtype(at::kFloat))};
+  cuda_kernels::block_attention_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), r.out.data_ptr(), r.lse.data_ptr<float>(),
+                                        data_or_null(prior_out),
+                                        prior_lse.defined() ? prior_lse.data_ptr<float>() : nullptr, block_keys(blocks),
+                                        blocks.size(0), heads, kv_heads, head_dim, static_cast<float>(scale),
+                                        stream_of(q));
+  return r;
+}
+
+BlockAttentionGrads block_attention_backward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                             const at::Tensor& out_in, const at::Tensor& lse_in,
+                                             const at::Tensor& grad_out_in, const at::Tensor& blocks,
+                                             const at::Tensor& tiles, double scale) {
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  check_block_tables(blocks, tiles);
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous(), out = out_in.contiguous();
+  const at::Tensor lse = lse_in.contiguous(), grad_out = grad_out_in.contiguous().to(q.scalar_type());
+  const int64_t heads = q.size(1), kv_heads = k.size(1), head_dim = q.size(2);
+  BlockAttentionGrads g{at::empty_like(q), at::empty_like(k), at::empty_like(v)};
+  at::Tensor delta = at::empty({q.size(0), heads}, q.options().dtype(at::kFloat));
+  cuda_kernels::block_attention_backward(
+      q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), grad_out.data_ptr(), lse.data_ptr<float>(),
+      delta.data_ptr<float>(), g.dq.data_ptr(), g.dk.data_ptr(), g.dv.data_ptr(), block_keys(blocks), blocks.size(0),
+      reinterpret_cast<const cuda_kernels::KeyTile*>(tiles.data_ptr<int64_t>()), tiles.size(0), q.size(0), k.size(0), heads,
+      kv_heads, head_dim, static_cast<float>(scale), stream_of(q));
+  return g;
+}
+
 #else  // no CUDA kernels in this build
 
 namespace {
@@ -275,6 +337,16 @@ at::Tensor invariant_decode_attention(const at::Tensor&, const at::Tensor&, cons
   unavailable();
 }
 bool invariant_decode_attention_fits(int64_t, int64_t) { return false; }
+bool block_attention_fits(const at::Tensor&, int64_t, int64_t, int64_t, int64_t) { return false; }
+BlockAttentionForward block_attention_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                              const at::Tensor&, const at::Tensor&, double) {
+  unavailable();
+}
+BlockAttentionGrads block_attention_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                             const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                             double) {
+  unavailable();
+}
 
 #endif
 

@@ -97,4 +97,26 @@ at::Tensor invariant_decode_attention(const at::Tensor& q, const at::Tensor& key
 // Whether it takes this head_dim and sessions of up to `capacity` tokens.
 bool invariant_decode_attention_fits(int64_t head_dim, int64_t capacity);
 
+// ---- Block attention (block_attention.h): the dflash drafter's training
+// attention without a mask tensor. q/k/v rows [R, heads or kv_heads, d]
+// (made contiguous); blocks: device int64 [n, kBlockKeysFields] laid out as
+// BlockKeys; tiles: device int64 [m, kKeyTileInt64s] laid out as KeyTile.
+// Whether the kernels take this shape: a build with them, CUDA bf16, head_dim
+// 128, 4 query heads per KV head, blocks of 16, 32, 48 or 64 slots.
+bool block_attention_fits(const at::Tensor& like, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size);
+struct BlockAttentionForward {
+  at::Tensor out;  // like q
+  at::Tensor lse;  // fp32 [Rq, heads], natural log
+};
+// prior_out/prior_lse (optional; like out/lse): merged in (block_attention.h).
+BlockAttentionForward block_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              const at::Tensor& blocks, const at::Tensor& prior_out,
+                                              const at::Tensor& prior_lse, double scale);
+struct BlockAttentionGrads {
+  at::Tensor dq, dk, dv;
+};
+BlockAttentionGrads block_attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out,
+                                             const at::Tensor& blocks, const at::Tensor& tiles, double scale);
+
 }  // namespace dflash::kernel_ops
