@@ -61,7 +61,7 @@ const PeerFigures* peer_at(int64_t context, int64_t anchors, int64_t block) {
 }
 
 struct Args {
-  std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, trace, attention = "grouped", kernel = "auto";
+  std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, trace, attention, kernel = "auto";  // attention empty: the plugin's default
   std::string layer_ops = "fused", attention_keeps;  // empty: the plugin's default
   bool checkpointing = false, embedding_on_cpu = false;
   int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
@@ -123,6 +123,8 @@ int main(int argc, char** argv) {
   const auto bf16 = torch::TensorOptions().device(device).dtype(torch::kBFloat16);
   host::PluginRegistry registry;
   registry.add_directory(a.plugin_dir);
+  if (a.attention.empty())  // the plugin's default, named in the report
+    a.attention = config::defaults_of(registry.find(DFLASH_KIND_DRAFTER, "dflash").schema).at("attention").get<std::string>();
   if (a.attention_keeps.empty())  // the plugin's default, named in the report
     a.attention_keeps = config::defaults_of(registry.find(DFLASH_KIND_DRAFTER, "dflash").schema).at("attention_keeps").get<std::string>();
   torch::manual_seed(0);
@@ -274,7 +276,7 @@ int main(int argc, char** argv) {
             << " B trainable parameters; context " << a.context << ", " << a.anchors << " anchors x block " << a.block
             << " = " << block_tokens << " block tokens (" << rows << " loss rows); loss " << a.loss << ", precision "
             << a.precision << ", attention " << a.attention
-            << (a.attention == "grouped" ? " (" + std::to_string(a.group_blocks) + " blocks)" : std::string()) << ", kernel "
+            << (a.attention != "dense" ? " (" + std::to_string(a.group_blocks) + " blocks)" : std::string()) << ", kernel "
             << a.kernel << ", layer ops " << a.layer_ops << ", attention keeps " << a.attention_keeps
             << (a.checkpointing ? ", activation checkpointing" : "")
             << (a.embedding_on_cpu ? ", embedding in host memory" : "")

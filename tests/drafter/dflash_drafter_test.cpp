@@ -601,8 +601,8 @@ TEST(DFlashDrafter, BlockAttentionOnTheGpuMatchesTheDenseMask) {
 }
 
 // The drafter's layers with attention: blocks give the dense mask's hidden
-// states and gradients within bf16 noise, with and without activation
-// checkpointing.
+// states and gradients (through SDPA) within bf16 noise, with and without
+// activation checkpointing.
 TEST(DFlashDrafter, BlockAttentionLayersOnTheGpuMatchTheDenseMask) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   if (!dflash::kernel_ops::available()) GTEST_SKIP() << "this build has no CUDA kernels";
@@ -624,9 +624,10 @@ TEST(DFlashDrafter, BlockAttentionLayersOnTheGpuMatchTheDenseMask) {
     SCOPED_TRACE(checkpointing ? "checkpointed" : "plain");
     std::vector<torch::Tensor> outputs;
     std::vector<std::vector<torch::Tensor>> grads;
-    for (bool blocks : {true, false}) {  // the dense mask last
+    for (bool blocks : {true, false}) {  // the dense mask through SDPA last
       dd::DFlashModel model(shape, 7, 0.05, torch::kBFloat16, torch::kCUDA);
       model.set_activation_checkpointing(checkpointing);
+      if (!blocks) model.set_attention_kernel(dd::DFlashModel::AttentionKernel::kSdpa);
       const dd::BlockMasks masks{anchors, b.documents, bs, blocks ? 2 : 0, 32, blocks};
       const auto hidden = model.forward(features, context_positions, slots, slot_positions, masks);
       hidden.to(torch::kFloat).pow(2).sum().backward();

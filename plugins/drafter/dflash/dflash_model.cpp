@@ -168,7 +168,7 @@ struct Attention {
   // Block attention (prefix_block_attention): the prefix calls (CPU int64
   // [n, 4]) and the kernel's entries and key tiles (device), in place of the above.
   at::Tensor prefixes, blocks, tiles;
-  bool block_kernel() const { return blocks.defined(); }
+  bool block_kernel() const { return blocks.defined() && blocks.numel() > 0; }
   bool grouped() const { return groups.defined() && groups.numel() > 0; }
 };
 
@@ -438,6 +438,10 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
     plan.keeps_rows = keeps_rows(attention_keeps_, plan.cudnn) && plan.grouped() &&
                       (!plan.cudnn || cudnn_attention_backward_by_hand_works(options, s.heads, s.kv_heads, s.head_dim));
   }
+  // The plan's unused tensors as empty ones: an autograd function's inputs
+  // (CheckpointedLayer's) must all be defined.
+  for (at::Tensor* t : {&plan.bias, &plan.groups, &plan.index, &plan.prefixes, &plan.blocks, &plan.tiles})
+    if (!t->defined()) *t = at::empty({0}, at::kLong);
   const auto tables = settings.fused ? rotary_half_tables : rotary_tables;
   const Rotary rotary_q = tables(slot_positions, s.head_dim, s.rope_theta, options);
   const Rotary rotary_k = tables(key_positions, s.head_dim, s.rope_theta, options);
