@@ -620,15 +620,17 @@ TEST(DFlashDrafter, BlockAttentionLayersOnTheGpuMatchTheDenseMask) {
   const auto slots = torch::randn({2, q_len, 256}, cuda);
   const auto context_positions = torch::arange(s, torch::kLong).expand({2, s}).to(torch::kCUDA);
   const auto slot_positions = torch::arange(q_len, torch::kLong).expand({2, q_len}).to(torch::kCUDA);
+  for (const auto& [group_blocks, key_multiple] : std::vector<std::pair<int64_t, int64_t>>{{2, 32}, {2, 1000}, {1000, 1}})
   for (bool checkpointing : {false, true}) {
-    SCOPED_TRACE(checkpointing ? "checkpointed" : "plain");
+    SCOPED_TRACE(std::string(checkpointing ? "checkpointed" : "plain") + ", group_blocks " + std::to_string(group_blocks) +
+                 ", key_multiple " + std::to_string(key_multiple));
     std::vector<torch::Tensor> outputs;
     std::vector<std::vector<torch::Tensor>> grads;
     for (bool blocks : {true, false}) {  // the dense mask through SDPA last
       dd::DFlashModel model(shape, 7, 0.05, torch::kBFloat16, torch::kCUDA);
       model.set_activation_checkpointing(checkpointing);
       if (!blocks) model.set_attention_kernel(dd::DFlashModel::AttentionKernel::kSdpa);
-      const dd::BlockMasks masks{anchors, b.documents, bs, blocks ? 2 : 0, 32, blocks};
+      const dd::BlockMasks masks{anchors, b.documents, bs, blocks ? group_blocks : 0, key_multiple, blocks};
       const auto hidden = model.forward(features, context_positions, slots, slot_positions, masks);
       hidden.to(torch::kFloat).pow(2).sum().backward();
       outputs.push_back(hidden.to(torch::kFloat));
@@ -638,10 +640,16 @@ TEST(DFlashDrafter, BlockAttentionLayersOnTheGpuMatchTheDenseMask) {
     }
     const double scale = outputs[1].abs().max().item<double>();
     EXPECT_LE((outputs[0] - outputs[1]).abs().max().item<double>(), 3e-2 * scale);
+    std::printf("group_blocks %lld key_multiple %lld %s: out %.3g of %.3g;", static_cast<long long>(group_blocks),
+                static_cast<long long>(key_multiple), checkpointing ? "ckpt" : "plain",
+                (outputs[0] - outputs[1]).abs().max().item<double>(), scale);
     for (size_t i = 0; i < grads[1].size(); ++i) {
       const double gscale = grads[1][i].abs().max().item<double>();
-      EXPECT_LE((grads[0][i] - grads[1][i]).abs().max().item<double>(), 5e-2 * gscale + 1e-6) << "parameter " << i;
+      const double error = (grads[0][i] - grads[1][i]).abs().max().item<double>();
+      std::printf(" %zu:%.2f", i, error / (gscale + 1e-30));
+      EXPECT_LE(error, 5e-2 * gscale + 1e-6) << "parameter " << i;
     }
+    std::printf("\n");
   }
 }
 
