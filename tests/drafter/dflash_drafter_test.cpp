@@ -540,6 +540,49 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
   }
 }
 
+// attention: blocks by its ATen reference on the CPU, in fp64: the layers'
+// hidden states and every parameter's gradient equal the dense mask's to
+// rounding, with and without activation checkpointing, for a layout with
+// prefix calls and remainders, one without prefixes and one nearly all
+// prefix. This holds the composition the GPU runs (the prefixes' and the
+// entries' gradients each from the merged output and log-sum-exp; the
+// layout; the plan through the checkpointed layer) to exact arithmetic.
+TEST(DFlashDrafter, BlockAttentionLayersMatchTheDenseMaskOnTheCpu) {
+  const dd::DrafterShape shape = dd::testing::tiny_cpu_shape();
+  const int64_t s = 120, bs = 16;
+  const SmallBatch b = small_batch(s, 14);
+  auto anchors = dd::sample_anchors(b.loss_mask, b.documents, 6, 8);
+  anchors[1][5] = -1;  // a padding block
+  const int64_t q_len = anchors.size(1) * bs;
+  torch::manual_seed(6);
+  const auto features = torch::randn({2, s, 32}, torch::kDouble);
+  const auto slots = torch::randn({2, q_len, 16}, torch::kDouble);
+  const auto context_positions = torch::arange(s, torch::kLong).expand({2, s});
+  const auto slot_positions = torch::arange(q_len, torch::kLong).expand({2, q_len});
+  for (const auto& [group_blocks, key_multiple] : std::vector<std::pair<int64_t, int64_t>>{{2, 8}, {2, 1000}, {1000, 1}})
+    for (bool checkpointing : {false, true}) {
+      SCOPED_TRACE(std::string(checkpointing ? "checkpointed" : "plain") + ", group_blocks " + std::to_string(group_blocks) +
+                   ", key_multiple " + std::to_string(key_multiple));
+      std::vector<torch::Tensor> outputs;
+      std::vector<std::vector<torch::Tensor>> grads;
+      for (bool blocks : {true, false}) {  // the dense mask last
+        dd::DFlashModel model(shape, 7, 0.3, torch::kDouble, torch::kCPU);
+        model.set_activation_checkpointing(checkpointing);
+        const dd::BlockMasks masks{anchors, b.documents, bs, blocks ? group_blocks : 0, key_multiple, blocks};
+        const auto hidden = model.forward(features, context_positions, slots, slot_positions, masks);
+        hidden.pow(2).sum().backward();
+        outputs.push_back(hidden.detach());
+        std::vector<torch::Tensor> g;
+        for (const auto& [name, p] : model.parameters()) g.push_back(p.grad());
+        grads.push_back(g);
+      }
+      EXPECT_LE((outputs[0] - outputs[1]).abs().max().item<double>(), 1e-10 * outputs[1].abs().max().item<double>());
+      for (size_t i = 0; i < grads[1].size(); ++i)
+        EXPECT_LE((grads[0][i] - grads[1][i]).abs().max().item<double>(), 1e-9 * grads[1][i].abs().max().item<double>() + 1e-14)
+            << "parameter " << i;
+    }
+}
+
 namespace {
 // The attention of q/k/v rows [R, heads or kv, d] under the dense mask, in
 // fp32 (the reference for the block kernel): [B·Q, heads, d].

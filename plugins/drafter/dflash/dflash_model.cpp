@@ -426,9 +426,14 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
                      (options.dtype() == at::kBFloat16 || options.dtype() == at::kHalf) &&
                      cudnn_attention_works(options, s.heads, s.kv_heads, s.head_dim);
   Attention plan;
-  if (masks.block_kernel && cudnn && masks.group_blocks > 0 &&
-      kernel_ops::block_attention_fits(slot_embeddings, s.heads, s.kv_heads, s.head_dim, masks.block_size) &&
-      cudnn_attention_backward_by_hand_works(options, s.heads, s.kv_heads, s.head_dim)) {
+  // Block attention: on the GPU where its kernels take the step, on the CPU
+  // by its ATen reference (exact, slow: the tests' path); grouped elsewhere.
+  const bool block_shape = masks.block_kernel && masks.group_blocks > 0 && masks.block_size % 16 == 0 &&
+                           masks.block_size <= 64 && s.heads % s.kv_heads == 0;
+  if (block_shape &&
+      (options.device().is_cpu() ||
+       (cudnn && kernel_ops::block_attention_fits(slot_embeddings, s.heads, s.kv_heads, s.head_dim, masks.block_size) &&
+        cudnn_attention_backward_by_hand_works(options, s.heads, s.kv_heads, s.head_dim)))) {
     plan = block_kernel_plan(masks, options.device());
   } else {
     plan = attention_plan(masks, options);

@@ -42,7 +42,8 @@ struct BlockMasks {
   int64_t group_key_multiple = 1;
   // Block attention (block_kernel_layout, prefix_block_attention) where the
   // kernels take this step (CUDA bf16, their head shape, cuDNN's by-hand
-  // backward working); grouped (by group_blocks) elsewhere.
+  // backward working) and, by its ATen reference, on the CPU (slow: for
+  // tests); grouped (by group_blocks) elsewhere.
   bool block_kernel = false;
 };
 

@@ -166,6 +166,92 @@ class AttentionKeepingRows : public torch::autograd::Function<AttentionKeepingRo
 enum PrefixColumn : int64_t { kPrefixQueryRow, kPrefixQueries, kPrefixKeyRow, kPrefixKeys };
 constexpr size_t kSavedPerPrefix = 4;  // cum_seq_q, cum_seq_k, philox_seed, philox_offset
 
+// ---- The ATen reference of both parts (any device, any floating dtype; the
+// CPU's path, the GPU's check): one part is `queries` rows from query_row
+// against the k/v rows `keys` (int64 on q's device), every query head of a
+// KV head sharing them.
+struct PartForward {
+  at::Tensor out, lse;  // [queries, heads, d]; fp32/fp64 [queries, heads]
+};
+at::Tensor part_keys(const at::Tensor& k_rows, const at::Tensor& keys, int64_t heads) {  // [n, heads, d]
+  return k_rows.index_select(0, keys).repeat_interleave(heads / k_rows.size(1), 1);
+}
+at::Tensor part_scores(const at::Tensor& q, const at::Tensor& k, double scale) {  // [heads, queries, n], fp32 or wider
+  const auto wide = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  return at::matmul(q.to(wide).transpose(0, 1), k.to(wide).permute({1, 2, 0})) * scale;
+}
+PartForward reference_part(const at::Tensor& q_rows, const at::Tensor& k_rows, const at::Tensor& v_rows, int64_t query_row,
+                           int64_t queries, const at::Tensor& keys, double scale) {
+  const int64_t heads = q_rows.size(1);
+  const at::Tensor scores = part_scores(q_rows.narrow(0, query_row, queries), part_keys(k_rows, keys, heads), scale);
+  const at::Tensor lse = at::logsumexp(scores, -1);  // [heads, queries]
+  const at::Tensor p = at::exp(scores - lse.unsqueeze(-1));
+  const at::Tensor v = part_keys(v_rows, keys, heads).to(p.scalar_type());
+  return {at::matmul(p, v.transpose(0, 1)).transpose(0, 1).to(q_rows.scalar_type()), lse.t().contiguous()};
+}
+// The gradients through one part's keys, given the whole row's (merged)
+// output and log-sum-exp: added into dq_rows, dk_rows, dv_rows.
+void reference_part_backward(const at::Tensor& q_rows, const at::Tensor& k_rows, const at::Tensor& v_rows,
+                             const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out, int64_t query_row,
+                             int64_t queries, const at::Tensor& keys, double scale, at::Tensor& dq_rows, at::Tensor& dk_rows,
+                             at::Tensor& dv_rows) {
+  const int64_t heads = q_rows.size(1), group = heads / k_rows.size(1);
+  const at::Tensor q = q_rows.narrow(0, query_row, queries), k = part_keys(k_rows, keys, heads);
+  const at::Tensor scores = part_scores(q, k, scale);
+  const auto wide = scores.scalar_type();
+  const at::Tensor p = at::exp(scores - lse.narrow(0, query_row, queries).t().to(wide).unsqueeze(-1));  // [h, q, n]
+  const at::Tensor d_out = grad_out.narrow(0, query_row, queries).to(wide).transpose(0, 1);               // [h, q, d]
+  const at::Tensor o = out.narrow(0, query_row, queries).to(wide).transpose(0, 1);
+  const at::Tensor v = part_keys(v_rows, keys, heads).to(wide).transpose(0, 1);                           // [h, n, d]
+  const at::Tensor delta = (d_out * o).sum(-1, true);
+  const at::Tensor ds = p * (at::matmul(d_out, v.transpose(1, 2)) - delta);
+  dq_rows.narrow(0, query_row, queries).add_((at::matmul(ds, k.to(wide).transpose(0, 1)) * scale).transpose(0, 1).to(dq_rows.scalar_type()));
+  // Per KV head: its query heads' sums.
+  auto per_kv = [&](const at::Tensor& t) {  // [h, n, d] → [n, kv, d]
+    return t.view({k_rows.size(1), group, t.size(1), t.size(2)}).sum(1).transpose(0, 1);
+  };
+  dk_rows.index_add_(0, keys, per_kv(at::matmul(ds.transpose(1, 2), q.to(wide).transpose(0, 1)) * scale).to(dk_rows.scalar_type()));
+  dv_rows.index_add_(0, keys, per_kv(at::matmul(p.transpose(1, 2), d_out)).to(dv_rows.scalar_type()));
+}
+// An entry's keys (block_attention.h's BlockKeys row): its context range, then its slots.
+at::Tensor entry_keys(at::TensorAccessor<int64_t, 1> b, const at::TensorOptions& longs) {
+  const int64_t key_row = b[1], begin = b[2], end = b[3], slot_row = b[4], slots = b[5];
+  return at::cat({at::arange(key_row + begin, key_row + end, longs), at::arange(slot_row, slot_row + slots, longs)});
+}
+at::Tensor prefix_keys(at::TensorAccessor<int64_t, 1> p, const at::TensorOptions& longs) {
+  return at::arange(p[kPrefixKeyRow], p[kPrefixKeyRow] + p[kPrefixKeys], longs);
+}
+// The kernel's work by the reference, entry by entry (blocks as a CPU table).
+kernel_ops::BlockAttentionForward reference_blocks_forward(const at::Tensor& q_rows, const at::Tensor& k_rows,
+                                                           const at::Tensor& v_rows, const at::Tensor& blocks,
+                                                           const at::Tensor& prior_out, const at::Tensor& prior_lse,
+                                                           double scale) {
+  constexpr int64_t kRowsPerEntry = 16;
+  const auto wide = q_rows.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  kernel_ops::BlockAttentionForward f{at::empty_like(q_rows), at::empty({q_rows.size(0), q_rows.size(1)}, q_rows.options().dtype(wide))};
+  const auto b = blocks.accessor<int64_t, 2>();
+  const auto longs = q_rows.options().dtype(at::kLong);
+  for (int64_t e = 0; e < b.size(0); ++e) {
+    const int64_t row = b[e][0];
+    PartForward part = reference_part(q_rows, k_rows, v_rows, row, kRowsPerEntry, entry_keys(b[e], longs), scale);
+    if (prior_lse.defined()) {  // merged by log-sum-exp; −inf priors weigh nothing
+      const at::Tensor prior = prior_lse.narrow(0, row, kRowsPerEntry).to(wide);
+      const at::Tensor merged = at::logaddexp(part.lse, prior);
+      part.out = (part.out.to(wide) * at::exp(part.lse - merged).unsqueeze(-1) +
+                  at::nan_to_num(prior_out.narrow(0, row, kRowsPerEntry).to(wide)) * at::exp(prior - merged).unsqueeze(-1))
+                     .to(q_rows.scalar_type());
+      part.lse = merged;
+    }
+    f.out.narrow(0, row, kRowsPerEntry).copy_(part.out);
+    f.lse.narrow(0, row, kRowsPerEntry).copy_(part.lse);
+  }
+  return f;
+}
+
+// Whether this step's parts run on the GPU's kernels (the CUDA block kernel
+// and cuDNN's attention) or by the ATen reference.
+bool on_kernels(const at::Tensor& q_rows) { return q_rows.is_cuda(); }
+
 class PrefixBlockAttention : public torch::autograd::Function<PrefixBlockAttention> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q_rows,
@@ -174,36 +260,46 @@ class PrefixBlockAttention : public torch::autograd::Function<PrefixBlockAttenti
                                                 const at::Tensor& tiles) {
     const double scale = scale_of(q_rows);
     const int64_t heads = q_rows.size(1);
+    const bool kernels = on_kernels(q_rows);
     at::Tensor prior_out, prior_lse;
     std::vector<at::Tensor> saved;
     std::vector<int64_t> max_q, max_k, lse_sizes;
     const auto p = prefixes.accessor<int64_t, 2>();
     if (p.size(0) > 0) {
-      prior_out = at::empty_like(q_rows);
-      prior_lse = at::full({q_rows.size(0), heads}, -std::numeric_limits<float>::infinity(),
-                           q_rows.options().dtype(at::kFloat));
+      prior_out = at::zeros_like(q_rows);
+      prior_lse = at::full({q_rows.size(0), heads}, -std::numeric_limits<double>::infinity(),
+                           q_rows.options().dtype(q_rows.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
     }
-#if DFLASH_DRAFTER_CUDNN_ATTENTION
     for (int64_t i = 0; i < p.size(0); ++i) {
       const int64_t queries = p[i][kPrefixQueries], keys = p[i][kPrefixKeys];
+      at::Tensor out, lse;
+      if (!kernels) {
+        const PartForward part = reference_part(q_rows, k_rows, v_rows, p[i][kPrefixQueryRow], queries,
+                                                prefix_keys(p[i], q_rows.options().dtype(at::kLong)), scale);
+        prior_out.narrow(0, p[i][kPrefixQueryRow], queries).copy_(part.out);
+        prior_lse.narrow(0, p[i][kPrefixQueryRow], queries).copy_(part.lse);
+        continue;
+      }
+#if DFLASH_DRAFTER_CUDNN_ATTENTION
       const at::Tensor q = by_call(q_rows.narrow(0, p[i][kPrefixQueryRow], queries), 1, queries);
       const at::Tensor k = by_call(k_rows.narrow(0, p[i][kPrefixKeyRow], keys), 1, keys);
       const at::Tensor v = by_call(v_rows.narrow(0, p[i][kPrefixKeyRow], keys), 1, keys);
       auto r = at::_scaled_dot_product_cudnn_attention(q, k, v, c10::nullopt, /*compute_log_sumexp=*/true,
                                                        /*dropout_p=*/0.0, /*is_causal=*/false,
                                                        /*return_debug_mask=*/false, scale);
-      const at::Tensor& lse = std::get<1>(r);
+      const at::Tensor& call_lse = std::get<1>(r);
       prior_out.narrow(0, p[i][kPrefixQueryRow], queries).copy_(as_rows(std::get<0>(r)));
-      prior_lse.narrow(0, p[i][kPrefixQueryRow], queries).copy_(lse.reshape({heads, queries}).t());
+      prior_lse.narrow(0, p[i][kPrefixQueryRow], queries).copy_(call_lse.reshape({heads, queries}).t());
       saved.insert(saved.end(), {std::get<2>(r), std::get<3>(r), std::get<6>(r), std::get<7>(r)});
       max_q.push_back(as_int(std::get<4>(r))), max_k.push_back(as_int(std::get<5>(r)));
-      if (lse_sizes.empty()) lse_sizes = lse.sizes().vec();
-    }
+      if (lse_sizes.empty()) lse_sizes = call_lse.sizes().vec();
 #else
-    if (p.size(0) > 0) throw std::logic_error("prefix_block_attention: this LibTorch has no cuDNN attention");
+      throw std::logic_error("prefix_block_attention: this LibTorch has no cuDNN attention");
 #endif
-    kernel_ops::BlockAttentionForward f =
-        kernel_ops::block_attention_forward(q_rows, k_rows, v_rows, blocks, prior_out, prior_lse, scale);
+    }
+    const kernel_ops::BlockAttentionForward f =
+        kernels ? kernel_ops::block_attention_forward(q_rows, k_rows, v_rows, blocks, prior_out, prior_lse, scale)
+                : reference_blocks_forward(q_rows, k_rows, v_rows, blocks, prior_out, prior_lse, scale);
     std::vector<at::Tensor> kept = {q_rows, k_rows, v_rows, f.out, f.lse, prefixes, blocks, tiles};
     kept.insert(kept.end(), saved.begin(), saved.end());
     ctx->save_for_backward(kept);
@@ -220,12 +316,24 @@ class PrefixBlockAttention : public torch::autograd::Function<PrefixBlockAttenti
     const at::Tensor &prefixes = saved[5], &blocks = saved[6], &tiles = saved[7];
     const at::Tensor grad_out = grads[0].contiguous();
     const double scale = scale_of(q_rows);
+    const auto p = prefixes.accessor<int64_t, 2>();
+    if (!on_kernels(q_rows)) {  // the reference: every part's gradients given the merged out and lse
+      kernel_ops::BlockAttentionGrads g{at::zeros_like(q_rows), at::zeros_like(k_rows), at::zeros_like(v_rows)};
+      const auto longs = q_rows.options().dtype(at::kLong);
+      const auto b = blocks.accessor<int64_t, 2>();
+      for (int64_t e = 0; e < b.size(0); ++e)
+        reference_part_backward(q_rows, k_rows, v_rows, out, lse, grad_out, b[e][0], 16, entry_keys(b[e], longs), scale,
+                                g.dq, g.dk, g.dv);
+      for (int64_t i = 0; i < p.size(0); ++i)
+        reference_part_backward(q_rows, k_rows, v_rows, out, lse, grad_out, p[i][kPrefixQueryRow], p[i][kPrefixQueries],
+                                prefix_keys(p[i], longs), scale, g.dq, g.dk, g.dv);
+      return {g.dq, g.dk, g.dv, at::Tensor(), at::Tensor(), at::Tensor()};
+    }
     kernel_ops::BlockAttentionGrads g =
         kernel_ops::block_attention_backward(q_rows, k_rows, v_rows, out, lse, grad_out, blocks, tiles, scale);
 #if DFLASH_DRAFTER_CUDNN_ATTENTION
     const std::vector<int64_t> max_q = ctx->saved_data["max_q"].toIntVector(), max_k = ctx->saved_data["max_k"].toIntVector();
     const std::vector<int64_t> lse_sizes = ctx->saved_data["lse_sizes"].toIntVector();
-    const auto p = prefixes.accessor<int64_t, 2>();
     for (int64_t i = 0; i < p.size(0); ++i) {
       const at::Tensor* call = &saved[8 + kSavedPerPrefix * static_cast<size_t>(i)];  // cum_q, cum_k, seed, offset
       const int64_t query_row = p[i][kPrefixQueryRow], queries = p[i][kPrefixQueries];
