@@ -31,6 +31,16 @@ torch::Tensor get(const NamedTensors& t, const std::string& name) {
 }
 
 // Row 0: one document, a few unsupervised stretches. Row 1: three documents.
+// A loss whose gradients stand far above bf16 rounding: a fixed, varying
+// projection of the hidden states. (The sum of squares of RMS-normalised
+// states is nearly constant, so its true gradients are near zero and a
+// bf16 run's are rounding noise: kernels could not be told apart by them.)
+torch::Tensor projected_sum(const torch::Tensor& hidden) {
+  const auto wide = hidden.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  const auto pattern = torch::sin(torch::arange(hidden.numel(), hidden.options().dtype(wide))).view(hidden.sizes());
+  return (hidden.to(wide) * pattern).sum();
+}
+
 struct SmallBatch {
   torch::Tensor ids, loss_mask, positions, documents;
 };
@@ -515,7 +525,7 @@ TEST(DFlashDrafter, GroupedAttentionOnTheGpuMatchesTheDenseMask) {
     DrafterInstance drafter(record, config, {"cuda:0", "bfloat16", 3});
     drafter.bind_target(target, frozen);
     const auto hidden = get(drafter.forward(inputs), "hidden");
-    (hidden.to(torch::kFloat).pow(2).sum()).backward();
+    projected_sum(hidden).backward();
     outputs.push_back(hidden.to(torch::kCPU, torch::kFloat));
     NamedTensors g;
     for (const auto& [name, p] : drafter.parameters()) g.emplace_back(name, p.grad().to(torch::kCPU, torch::kFloat));
@@ -570,7 +580,7 @@ TEST(DFlashDrafter, BlockAttentionLayersMatchTheDenseMaskOnTheCpu) {
         model.set_activation_checkpointing(checkpointing);
         const dd::BlockMasks masks{anchors, b.documents, bs, blocks ? group_blocks : 0, key_multiple, blocks};
         const auto hidden = model.forward(features, context_positions, slots, slot_positions, masks);
-        hidden.pow(2).sum().backward();
+        projected_sum(hidden).backward();
         outputs.push_back(hidden.detach());
         std::vector<torch::Tensor> g;
         for (const auto& [name, p] : model.parameters()) g.push_back(p.grad());
@@ -643,12 +653,14 @@ TEST(DFlashDrafter, BlockAttentionOnTheGpuMatchesTheDenseMask) {
     }
 }
 
-// The drafter's layers with attention: blocks against the dense mask
-// (through SDPA), beside the grouped path (cuDNN, checked against the dense
-// mask by GroupedAttentionOnTheGpuMatchesTheDenseMask): hidden states and
-// every parameter's gradient as close to the dense mask's as the grouped
-// path's are (both differ from it by bf16 rounding only), with and without
-// activation checkpointing, with prefix calls, without, and nearly all prefix.
+// The drafter's layers with attention: blocks, and grouped (cuDNN) beside
+// it, against the dense mask through SDPA: hidden states and every
+// parameter's gradient within bf16 noise, with and without activation
+// checkpointing, with prefix calls, without, and nearly all prefix. (Under
+// the sum of squares of the normalised states, whose gradients are bf16
+// rounding noise, blocks was 0.85–0.95 of the gradients' scale off on the
+// GPU, and on the CPU in bf16 grouped is 0.1–0.3 off as well; under the
+// projected sum both are about 1 % off on the CPU.)
 TEST(DFlashDrafter, BlockAttentionLayersOnTheGpuMatchTheDenseMask) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   if (!dflash::kernel_ops::available()) GTEST_SKIP() << "this build has no CUDA kernels";
@@ -679,7 +691,7 @@ TEST(DFlashDrafter, BlockAttentionLayersOnTheGpuMatchTheDenseMask) {
         if (path == kDense) model.set_attention_kernel(dd::DFlashModel::AttentionKernel::kSdpa);
         const dd::BlockMasks masks{anchors, b.documents, bs, path == kDense ? 0 : group_blocks, key_multiple, path == kBlocks};
         const auto hidden = model.forward(features, context_positions, slots, slot_positions, masks);
-        hidden.to(torch::kFloat).pow(2).sum().backward();
+        projected_sum(hidden).backward();
         outputs.push_back(hidden.to(torch::kFloat));
         std::vector<torch::Tensor> g;
         for (const auto& [name, p] : model.parameters()) g.push_back(p.grad().to(torch::kFloat));
@@ -687,12 +699,13 @@ TEST(DFlashDrafter, BlockAttentionLayersOnTheGpuMatchTheDenseMask) {
       }
       auto error = [](const torch::Tensor& x, const torch::Tensor& ref) { return (x - ref).abs().max().item<double>(); };
       const double scale = outputs[kDense].abs().max().item<double>();
-      EXPECT_LE(error(outputs[kBlocks], outputs[kDense]), 2 * error(outputs[kGrouped], outputs[kDense]) + 1e-2 * scale);
-      for (size_t i = 0; i < grads[kDense].size(); ++i) {
-        const double gscale = grads[kDense][i].abs().max().item<double>();
-        const double blocks = error(grads[kBlocks][i], grads[kDense][i]), grouped = error(grads[kGrouped][i], grads[kDense][i]);
-        EXPECT_LE(blocks, 2 * grouped + 1e-2 * gscale + 1e-6)
-            << "parameter " << i << ": blocks " << blocks / gscale << ", grouped " << grouped / gscale << " of its scale";
+      for (Path path : {kBlocks, kGrouped}) {
+        SCOPED_TRACE(path == kBlocks ? "blocks" : "grouped");
+        EXPECT_LE(error(outputs[path], outputs[kDense]), 3e-2 * scale);
+        for (size_t i = 0; i < grads[kDense].size(); ++i) {
+          const double gscale = grads[kDense][i].abs().max().item<double>();
+          EXPECT_LE(error(grads[path][i], grads[kDense][i]), 5e-2 * gscale + 1e-6) << "parameter " << i;
+        }
       }
     }
 }
@@ -731,7 +744,7 @@ TEST(DFlashDrafter, FusedLayerOpsOnTheGpuMatchTheOpByOpChain) {
       DrafterInstance drafter(record, config, {"cuda:0", "bfloat16", 3});
       drafter.bind_target(gpu.info, gpu.frozen);
       const auto hidden = get(drafter.forward(inputs), "hidden");
-      (hidden.to(torch::kFloat).pow(2).sum()).backward();
+      projected_sum(hidden).backward();
       outputs.push_back(hidden.to(torch::kCPU, torch::kFloat));
       NamedTensors g;
       for (const auto& [name, p] : drafter.parameters()) g.emplace_back(name, p.grad().to(torch::kCPU, torch::kFloat));
