@@ -4,9 +4,10 @@
 // block); every output, log-sum-exp and gradient of a small problem against
 // a double-precision host reference, then the kernels' times at a peer shape.
 //
+//   build-gpu/bin/block_attention_check [context 8192] [anchors 1024]   (CMake builds it on a CUDA build)
+// or alone:
 //   nvcc -std=c++17 -arch=sm_90 -O3 -Iplugins/shared/cuda_kernels plugins/shared/cuda_kernels/block_attention.cu \
 //     bench/block_attention/block_attention_check.cu -o /tmp/block_attention_check
-//   ./block_attention_check [context 8192] [anchors 1024]
 #include "block_attention.h"
 
 #include <cuda_bf16.h>
