@@ -7,7 +7,8 @@
 //
 //   drafter_bench --plugin-dir build-gpu/lib/dflash-host/plugins
 //                 [--context 4096 --anchors 512 --block 16] [--precision same|fp32_master]
-//                 [--loss fused_ckpt_kl] [--attention grouped|blocks|dense] [--group-blocks 64]
+//                 [--loss fused_ckpt_kl] [--attention grouped|blocks|dense]
+//                 [--group-blocks N] [--group-key-multiple N]   (default: the plugin's)
 //                 [--attention-kernel auto|sdpa] [--layer-ops fused|aten]
 //                 [--attention-keeps auto|rows|calls]
 //                 [--checkpointing] [--embedding-on-cpu]
@@ -65,7 +66,8 @@ struct Args {
   std::string layer_ops = "fused", attention_keeps;  // empty: the plugin's default
   bool checkpointing = false, embedding_on_cpu = false;
   int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
-  int64_t intermediate = 17408, vocab = 248320, target_layers = 64, group_blocks = 64;
+  int64_t intermediate = 17408, vocab = 248320, target_layers = 64;
+  int64_t group_blocks = 0, group_key_multiple = 0;  // 0: the plugin's defaults
   int repeats = 5, warmup = 2;
 };
 
@@ -80,6 +82,7 @@ Args parse(int argc, char** argv) {
     else if (r.is("--trace")) a.trace = r.text();
     else if (r.is("--attention")) a.attention = r.text();
     else if (r.is("--group-blocks")) a.group_blocks = r.integer();
+    else if (r.is("--group-key-multiple")) a.group_key_multiple = r.integer();
     else if (r.is("--attention-kernel")) a.kernel = r.text();
     else if (r.is("--layer-ops")) a.layer_ops = r.text();
     else if (r.is("--attention-keeps")) a.attention_keeps = r.text();
@@ -123,10 +126,11 @@ int main(int argc, char** argv) {
   const auto bf16 = torch::TensorOptions().device(device).dtype(torch::kBFloat16);
   host::PluginRegistry registry;
   registry.add_directory(a.plugin_dir);
-  if (a.attention.empty())  // the plugin's default, named in the report
-    a.attention = config::defaults_of(registry.find(DFLASH_KIND_DRAFTER, "dflash").schema).at("attention").get<std::string>();
-  if (a.attention_keeps.empty())  // the plugin's default, named in the report
-    a.attention_keeps = config::defaults_of(registry.find(DFLASH_KIND_DRAFTER, "dflash").schema).at("attention_keeps").get<std::string>();
+  const nlohmann::json defaults = config::defaults_of(registry.find(DFLASH_KIND_DRAFTER, "dflash").schema);
+  if (a.attention.empty()) a.attention = defaults.at("attention").get<std::string>();  // named in the report
+  if (a.group_blocks == 0) a.group_blocks = defaults.at("attention_group_blocks").get<int64_t>();
+  if (a.group_key_multiple == 0) a.group_key_multiple = defaults.at("attention_group_key_multiple").get<int64_t>();
+  if (a.attention_keeps.empty()) a.attention_keeps = defaults.at("attention_keeps").get<std::string>();
   torch::manual_seed(0);
 
   // The frozen verifier weights, as the host places them on the drafter device.
@@ -143,7 +147,7 @@ int main(int argc, char** argv) {
                                          {"max_anchors", a.anchors}, {"gamma", 0.0}, {"mask_token_id", -1},
                                          {"target_layer_ids", nlohmann::json::array()}, {"init_std", 0.02},
                                          {"rope_theta", 0.0}, {"attention", a.attention},
-                                         {"attention_group_blocks", a.group_blocks}, {"attention_group_key_multiple", 128}, {"attention_kernel", a.kernel},
+                                         {"attention_group_blocks", a.group_blocks}, {"attention_group_key_multiple", a.group_key_multiple}, {"attention_kernel", a.kernel},
                                          {"activation_checkpointing", a.checkpointing},
                                          {"embedding_on_cpu", a.embedding_on_cpu}, {"layer_ops", a.layer_ops},
                                          {"attention_keeps", a.attention_keeps}};
@@ -276,7 +280,10 @@ int main(int argc, char** argv) {
             << " B trainable parameters; context " << a.context << ", " << a.anchors << " anchors x block " << a.block
             << " = " << block_tokens << " block tokens (" << rows << " loss rows); loss " << a.loss << ", precision "
             << a.precision << ", attention " << a.attention
-            << (a.attention != "dense" ? " (" + std::to_string(a.group_blocks) + " blocks)" : std::string()) << ", kernel "
+            << (a.attention != "dense" ? " (" + std::to_string(a.group_blocks) + " blocks, keys by " +
+                                             std::to_string(a.group_key_multiple) + ")"
+                                       : std::string())
+            << ", kernel "
             << a.kernel << ", layer ops " << a.layer_ops << ", attention keeps " << a.attention_keeps
             << (a.checkpointing ? ", activation checkpointing" : "")
             << (a.embedding_on_cpu ? ", embedding in host memory" : "")
@@ -308,7 +315,7 @@ int main(int argc, char** argv) {
                                                                                       : nlohmann::json(nullptr)},
                                                            {"gemm_floor_tflops", gemm_tflops}, {"precision", a.precision},
                                                            {"context", a.context}, {"anchors", a.anchors}, {"block", a.block},
-                                                           {"attention", a.attention}, {"group_blocks", a.group_blocks}, {"attention_kernel", a.kernel},
+                                                           {"attention", a.attention}, {"group_blocks", a.group_blocks}, {"group_key_multiple", a.group_key_multiple}, {"attention_kernel", a.kernel},
                                                            {"layer_ops", a.layer_ops}, {"attention_keeps", a.attention_keeps},
                                                            {"checkpointing", a.checkpointing},
                                                            {"embedding_on_cpu", a.embedding_on_cpu},
