@@ -203,10 +203,12 @@ class DFlashDrafter : public sdk::Drafter {
                  (request.dtype() == "bfloat16" || request.dtype() == "float16");
     step.checkpointing = config.at("activation_checkpointing").get<bool>();
     step.fused = config.value("layer_ops", std::string("fused")) == "fused";
-    // attention: blocks keeps the rows too (and the merged output), on the GPU.
+    // attention: blocks on the GPU keeps the rows too (and the merged output), with no masks.
+    step.block_kernel = step.cudnn && config.at("attention").get<std::string>() == "blocks" && step.block_size % 16 == 0 &&
+                        step.block_size <= 64;
     step.keeps_rows = drafter::keeps_rows(
         drafter::attention_keeps_named(config.value("attention_keeps", std::string(kDefaultAttentionKeeps))), step.cudnn) ||
-        (step.cudnn && config.at("attention").get<std::string>() == "blocks");
+        step.block_kernel;
     step.teacher = context.value("teacher", false);
     sdk::MemoryPlan plan = drafter::step_memory(shape, step);
     const int64_t q_out = shape.heads * shape.head_dim;

@@ -105,6 +105,7 @@ sdk::MemoryPlan step_memory(const DrafterShape& s, const StepShape& step) {
     score_elements = B * static_cast<double>(slots_per_row) * static_cast<double>(keys);
     bias_elements = B * static_cast<double>(slots_per_row) * static_cast<double>(pad16(keys));
   }
+  if (step.block_kernel) bias_elements = 0;  // no mask: the prefixes run unmasked, the kernel needs none
   // K and V as the kernel saves them: per group (or the whole row) for
   // cuDNN, repeated to every query head for SDPA's GQA.
   const double kv_width = (!step.cudnn && s.heads > s.kv_heads) ? HQ : HKV;

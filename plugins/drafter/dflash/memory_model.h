@@ -46,6 +46,7 @@ struct StepShape {
   bool checkpointing = false;  // activation checkpointing per layer
   bool fused = true;           // layer_ops fused (trainable_ops) rather than aten (op-by-op autograd)
   bool keeps_rows = false;     // grouped attention keeps the layer's q/k/v rows, not each call's copies
+  bool block_kernel = false;   // attention: blocks on the GPU (keeps rows, no masks)
   bool teacher = false;        // the target's last hidden state feeds teacher rows
 };
 
