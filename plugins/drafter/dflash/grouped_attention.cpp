@@ -229,7 +229,8 @@ kernel_ops::BlockAttentionForward reference_blocks_forward(const at::Tensor& q_r
   constexpr int64_t kRowsPerEntry = 16;
   const auto wide = q_rows.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   kernel_ops::BlockAttentionForward f{at::empty_like(q_rows), at::empty({q_rows.size(0), q_rows.size(1)}, q_rows.options().dtype(wide))};
-  const auto b = blocks.accessor<int64_t, 2>();
+  const at::Tensor host_blocks = blocks.to(at::kCPU);
+  const auto b = host_blocks.accessor<int64_t, 2>();
   const auto longs = q_rows.options().dtype(at::kLong);
   for (int64_t e = 0; e < b.size(0); ++e) {
     const int64_t row = b[e][0];
@@ -250,7 +251,10 @@ kernel_ops::BlockAttentionForward reference_blocks_forward(const at::Tensor& q_r
 
 // Whether this step's parts run on the GPU's kernels (the CUDA block kernel
 // and cuDNN's attention) or by the ATen reference.
-bool on_kernels(const at::Tensor& q_rows) { return q_rows.is_cuda(); }
+bool on_kernels(const at::Tensor& q_rows, const at::Tensor& k_rows) {
+  return DFLASH_DRAFTER_CUDNN_ATTENTION &&
+         kernel_ops::block_attention_fits(q_rows, q_rows.size(1), k_rows.size(1), q_rows.size(2), /*block_size=*/16);
+}
 
 class PrefixBlockAttention : public torch::autograd::Function<PrefixBlockAttention> {
  public:
@@ -260,7 +264,7 @@ class PrefixBlockAttention : public torch::autograd::Function<PrefixBlockAttenti
                                                 const at::Tensor& tiles) {
     const double scale = scale_of(q_rows);
     const int64_t heads = q_rows.size(1);
-    const bool kernels = on_kernels(q_rows);
+    const bool kernels = on_kernels(q_rows, k_rows);
     at::Tensor prior_out, prior_lse;
     std::vector<at::Tensor> saved;
     std::vector<int64_t> max_q, max_k, lse_sizes;
@@ -317,10 +321,11 @@ class PrefixBlockAttention : public torch::autograd::Function<PrefixBlockAttenti
     const at::Tensor grad_out = grads[0].contiguous();
     const double scale = scale_of(q_rows);
     const auto p = prefixes.accessor<int64_t, 2>();
-    if (!on_kernels(q_rows)) {  // the reference: every part's gradients given the merged out and lse
+    if (!on_kernels(q_rows, k_rows)) {  // the reference: every part's gradients given the merged out and lse
       kernel_ops::BlockAttentionGrads g{at::zeros_like(q_rows), at::zeros_like(k_rows), at::zeros_like(v_rows)};
       const auto longs = q_rows.options().dtype(at::kLong);
-      const auto b = blocks.accessor<int64_t, 2>();
+      const at::Tensor host_blocks = blocks.to(at::kCPU);
+      const auto b = host_blocks.accessor<int64_t, 2>();
       for (int64_t e = 0; e < b.size(0); ++e)
         reference_part_backward(q_rows, k_rows, v_rows, out, lse, grad_out, b[e][0], 16, entry_keys(b[e], longs), scale,
                                 g.dq, g.dk, g.dv);

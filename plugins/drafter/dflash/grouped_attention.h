@@ -86,11 +86,12 @@ std::vector<at::Tensor> attention_keeping_rows(const at::Tensor& q_rows, const a
 // call's cuDNN backward given the merged output and log-sum-exp (the
 // gradients through its keys), added in. prefixes: CPU int64 [n, 4]
 // (PrefixCall's fields); blocks and tiles: block_attention.h's tables on the
-// device. On CUDA only where kernel_ops::block_attention_fits and
-// cudnn_attention_backward_by_hand_works; elsewhere (the CPU) both parts run
-// by an ATen reference with the same composition (the prefixes' and the
+// device. The GPU's parts run where kernel_ops::block_attention_fits the
+// rows (and LibTorch has cuDNN's attention; the caller checks
+// cudnn_attention_backward_by_hand_works); elsewhere (the CPU) both parts
+// run by an ATen reference with the same composition (the prefixes' and the
 // entries' gradients each from the merged output and log-sum-exp), entry by
-// entry: exact and slow, the tests' path. blocks is then a CPU table.
+// entry: exact and slow, the tests' path.
 at::Tensor prefix_block_attention(const at::Tensor& q_rows, const at::Tensor& k_rows, const at::Tensor& v_rows,
                                   const at::Tensor& prefixes, const at::Tensor& blocks, const at::Tensor& tiles);
 

@@ -263,6 +263,10 @@ const cuda_kernels::BlockKeys* block_keys(const at::Tensor& blocks) {
 BlockAttentionForward block_attention_forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                               const at::Tensor& blocks, const at::Tensor& prior_out,
                                               const at::Tensor& prior_lse, double scale) {
+  if (!block_attention_fits(q_in, q_in.size(1), k_in.size(1), q_in.size(2), /*block_size=*/16))
+    throw std::invalid_argument("block_attention_forward: needs CUDA bf16 rows with head_dim 128 and 4 query heads per KV "
+                                "head; got q " + c10::str(q_in.sizes()) + " " + c10::toString(q_in.scalar_type()) + ", k " +
+                                c10::str(k_in.sizes()));
   const c10::cuda::CUDAGuard guard(q_in.device());
   check_block_tables(blocks, at::Tensor());
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
