@@ -181,8 +181,8 @@ at::Tensor stacked_group_attention_masks(const std::vector<AttentionGroup>& grou
 
 BlockKernelLayout block_kernel_layout(const at::Tensor& anchors_in, const at::Tensor& documents_in, int64_t block_size,
                                       int64_t group_blocks, int64_t key_multiple) {
-  constexpr int64_t kRowsPerEntry = 16, kTile = cuda_kernels::kKeyTileRows;
-  if (block_size % kRowsPerEntry != 0 || block_size > cuda_kernels::kMaxSlots)
+  constexpr int64_t kRowsPerEntry = cuda_kernels::kEntryRows, kTile = cuda_kernels::kKeyTileRows;
+  if (!cuda_kernels::block_size_fits(block_size))
     throw std::invalid_argument("block_kernel_layout: block_size must be 16, 32, 48 or 64");
   if (group_blocks < 1 || key_multiple < 1)
     throw std::invalid_argument("block_kernel_layout: group_blocks and key_multiple must be at least 1");
@@ -249,12 +249,13 @@ BlockKernelLayout block_kernel_layout(const at::Tensor& anchors_in, const at::Te
 
 BlockKernelTables block_kernel_tables(const BlockKernelLayout& layout, const c10::Device& device) {
   BlockKernelTables tables;
-  tables.prefixes = at::empty({static_cast<int64_t>(layout.prefixes.size()), 4}, at::kLong);
+  tables.prefixes = at::empty({static_cast<int64_t>(layout.prefixes.size()), kPrefixColumns}, at::kLong);
   auto p = tables.prefixes.accessor<int64_t, 2>();
   for (size_t i = 0; i < layout.prefixes.size(); ++i) {
     const PrefixCall& c = layout.prefixes[i];
     const auto row = static_cast<int64_t>(i);
-    p[row][0] = c.query_row, p[row][1] = c.queries, p[row][2] = c.key_row, p[row][3] = c.keys;
+    p[row][kPrefixQueryRow] = c.query_row, p[row][kPrefixQueries] = c.queries, p[row][kPrefixKeyRow] = c.key_row;
+    p[row][kPrefixKeys] = c.keys;
   }
   auto as_int64_rows = [&](const auto& structs, int64_t columns) {
     std::vector<int64_t> flat(structs.size() * static_cast<size_t>(columns));

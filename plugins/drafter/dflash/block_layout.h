@@ -92,6 +92,8 @@ at::Tensor stacked_group_attention_masks(const std::vector<AttentionGroup>& grou
 struct PrefixCall {
   int64_t query_row = 0, queries = 0, key_row = 0, keys = 0;
 };
+// PrefixCall's fields as the columns of block_kernel_tables' prefixes.
+enum PrefixColumn : int64_t { kPrefixQueryRow, kPrefixQueries, kPrefixKeyRow, kPrefixKeys, kPrefixColumns };
 struct BlockKernelLayout {
   std::vector<PrefixCall> prefixes;
   std::vector<cuda_kernels::BlockKeys> blocks;

@@ -204,8 +204,8 @@ class DFlashDrafter : public sdk::Drafter {
     step.checkpointing = config.at("activation_checkpointing").get<bool>();
     step.fused = config.value("layer_ops", std::string("fused")) == "fused";
     // attention: blocks on the GPU keeps the rows too (and the merged output), with no masks.
-    step.block_kernel = step.cudnn && config.at("attention").get<std::string>() == "blocks" && step.block_size % 16 == 0 &&
-                        step.block_size <= 64;
+    step.block_kernel = step.cudnn && config.at("attention").get<std::string>() == "blocks" &&
+                        dflash::cuda_kernels::block_size_fits(step.block_size);
     step.keeps_rows = drafter::keeps_rows(
         drafter::attention_keeps_named(config.value("attention_keeps", std::string(kDefaultAttentionKeeps))), step.cudnn) ||
         step.block_kernel;

@@ -428,8 +428,8 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
   Attention plan;
   // Block attention: on the GPU where its kernels take the step, on the CPU
   // by its ATen reference (exact, slow: the tests' path); grouped elsewhere.
-  const bool block_shape = masks.block_kernel && masks.group_blocks > 0 && masks.block_size % 16 == 0 &&
-                           masks.block_size <= 64 && s.heads % s.kv_heads == 0;
+  const bool block_shape = masks.block_kernel && masks.group_blocks > 0 &&
+                           cuda_kernels::block_size_fits(masks.block_size) && s.heads % s.kv_heads == 0;
   if (block_shape &&
       (options.device().is_cpu() ||
        (cudnn && kernel_ops::block_attention_fits(slot_embeddings, s.heads, s.kv_heads, s.head_dim, masks.block_size) &&

@@ -1,5 +1,6 @@
 #include "grouped_attention.h"
 
+#include "block_layout.h"
 #include "row_gather.h"
 
 #include <dflash/sdk/torch_compat.hpp>
@@ -162,8 +163,7 @@ class AttentionKeepingRows : public torch::autograd::Function<AttentionKeepingRo
 };
 
 // The prefix calls' cuDNN attention and the block kernel: see
-// prefix_block_attention. prefixes' columns are PrefixCall's.
-enum PrefixColumn : int64_t { kPrefixQueryRow, kPrefixQueries, kPrefixKeyRow, kPrefixKeys };
+// prefix_block_attention. prefixes' columns are block_layout.h's PrefixColumn.
 constexpr size_t kSavedPerPrefix = 4;  // cum_seq_q, cum_seq_k, philox_seed, philox_offset
 
 // ---- The ATen reference of both parts (any device, any floating dtype; the
@@ -226,7 +226,7 @@ kernel_ops::BlockAttentionForward reference_blocks_forward(const at::Tensor& q_r
                                                            const at::Tensor& v_rows, const at::Tensor& blocks,
                                                            const at::Tensor& prior_out, const at::Tensor& prior_lse,
                                                            double scale) {
-  constexpr int64_t kRowsPerEntry = 16;
+  constexpr int64_t kRowsPerEntry = cuda_kernels::kEntryRows;
   const auto wide = q_rows.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   kernel_ops::BlockAttentionForward f{at::empty_like(q_rows), at::empty({q_rows.size(0), q_rows.size(1)}, q_rows.options().dtype(wide))};
   const at::Tensor host_blocks = blocks.to(at::kCPU);
@@ -239,7 +239,7 @@ kernel_ops::BlockAttentionForward reference_blocks_forward(const at::Tensor& q_r
       const at::Tensor prior = prior_lse.narrow(0, row, kRowsPerEntry).to(wide);
       const at::Tensor merged = at::logaddexp(part.lse, prior);
       part.out = (part.out.to(wide) * at::exp(part.lse - merged).unsqueeze(-1) +
-                  at::nan_to_num(prior_out.narrow(0, row, kRowsPerEntry).to(wide)) * at::exp(prior - merged).unsqueeze(-1))
+                  prior_out.narrow(0, row, kRowsPerEntry).to(wide) * at::exp(prior - merged).unsqueeze(-1))
                      .to(q_rows.scalar_type());
       part.lse = merged;
     }
@@ -253,7 +253,7 @@ kernel_ops::BlockAttentionForward reference_blocks_forward(const at::Tensor& q_r
 // and cuDNN's attention) or by the ATen reference.
 bool on_kernels(const at::Tensor& q_rows, const at::Tensor& k_rows) {
   return DFLASH_DRAFTER_CUDNN_ATTENTION &&
-         kernel_ops::block_attention_fits(q_rows, q_rows.size(1), k_rows.size(1), q_rows.size(2), /*block_size=*/16);
+         kernel_ops::block_attention_fits(q_rows, q_rows.size(1), k_rows.size(1), q_rows.size(2), cuda_kernels::kEntryRows);
 }
 
 class PrefixBlockAttention : public torch::autograd::Function<PrefixBlockAttention> {
@@ -276,7 +276,6 @@ class PrefixBlockAttention : public torch::autograd::Function<PrefixBlockAttenti
     }
     for (int64_t i = 0; i < p.size(0); ++i) {
       const int64_t queries = p[i][kPrefixQueries], keys = p[i][kPrefixKeys];
-      at::Tensor out, lse;
       if (!kernels) {
         const PartForward part = reference_part(q_rows, k_rows, v_rows, p[i][kPrefixQueryRow], queries,
                                                 prefix_keys(p[i], q_rows.options().dtype(at::kLong)), scale);
@@ -327,7 +326,8 @@ class PrefixBlockAttention : public torch::autograd::Function<PrefixBlockAttenti
       const at::Tensor host_blocks = blocks.to(at::kCPU);
       const auto b = host_blocks.accessor<int64_t, 2>();
       for (int64_t e = 0; e < b.size(0); ++e)
-        reference_part_backward(q_rows, k_rows, v_rows, out, lse, grad_out, b[e][0], 16, entry_keys(b[e], longs), scale,
+        reference_part_backward(q_rows, k_rows, v_rows, out, lse, grad_out, b[e][0], cuda_kernels::kEntryRows,
+                                entry_keys(b[e], longs), scale,
                                 g.dq, g.dk, g.dv);
       for (int64_t i = 0; i < p.size(0); ++i)
         reference_part_backward(q_rows, k_rows, v_rows, out, lse, grad_out, p[i][kPrefixQueryRow], p[i][kPrefixQueries],

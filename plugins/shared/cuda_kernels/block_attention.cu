@@ -21,7 +21,7 @@ namespace dflash::cuda_kernels {
 namespace {
 
 constexpr int kHeadDim = 128;
-constexpr int kSlots = 16;            // rows per warp: one block's slots
+constexpr int kSlots = kEntryRows;    // rows per warp: one entry's slots
 constexpr int kWarps = 4;             // query heads per KV head
 constexpr int kKeysPerTile = 64;
 constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per key row

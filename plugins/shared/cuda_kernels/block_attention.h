@@ -20,7 +20,12 @@ struct BlockKeys {
   int64_t query_row = 0, key_row = 0, context_begin = 0, context_end = 0, slot_row = 0, slot_count = 16;
 };
 constexpr int64_t kBlockKeysFields = 6;
+constexpr int64_t kEntryRows = 16;  // query rows per entry (per head)
 constexpr int64_t kMaxSlots = 64;
+// The block sizes the kernels take: whole entries, one key tile of slots.
+constexpr bool block_size_fits(int64_t block_size) {
+  return block_size > 0 && block_size % kEntryRows == 0 && block_size <= kMaxSlots;
+}
 
 // out and lse (fp32 [Rq, heads], natural log of each row's softmax
 // denominator over scale·q·k) for every entry; bf16; 4 query heads per KV

@@ -241,7 +241,7 @@ bool invariant_decode_attention_fits(int64_t head_dim, int64_t capacity) {
 
 bool block_attention_fits(const at::Tensor& like, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size) {
   return like.is_cuda() && like.scalar_type() == at::kBFloat16 && head_dim == 128 && heads == 4 * kv_heads &&
-         block_size % 16 == 0 && block_size > 0 && block_size <= cuda_kernels::kMaxSlots;
+         cuda_kernels::block_size_fits(block_size);
 }
 
 namespace {
@@ -263,7 +263,7 @@ const cuda_kernels::BlockKeys* block_keys(const at::Tensor& blocks) {
 BlockAttentionForward block_attention_forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                               const at::Tensor& blocks, const at::Tensor& prior_out,
                                               const at::Tensor& prior_lse, double scale) {
-  if (!block_attention_fits(q_in, q_in.size(1), k_in.size(1), q_in.size(2), /*block_size=*/16))
+  if (!block_attention_fits(q_in, q_in.size(1), k_in.size(1), q_in.size(2), cuda_kernels::kEntryRows))
     throw std::invalid_argument("block_attention_forward: needs CUDA bf16 rows with head_dim 128 and 4 query heads per KV "
                                 "head; got q " + c10::str(q_in.sizes()) + " " + c10::toString(q_in.scalar_type()) + ", k " +
                                 c10::str(k_in.sizes()));
