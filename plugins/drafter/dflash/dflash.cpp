@@ -55,14 +55,14 @@ class DFlashDrafter : public sdk::Drafter {
                        Bounds::at_least(0))
         .number("init_std", 0.02, "standard deviation of the initial weights", Bounds::above(0))
         .number("rope_theta", 0.0, "0 = the target's (1e6 when the target does not say)", Bounds::at_least(0))
-        .string("attention", "grouped",
-                "grouped: one attention call per group of attention_group_blocks blocks, over the context up to the "
-                "group's last anchor and the group's own slots (few masked pairs computed, under a mask); blocks "
-                "(opt-in, its layer-level GPU check pending; docs/drafter.md): no mask at all — each group's shared "
-                "context prefix through cuDNN's attention, and each block's remaining context and its own slots "
-                "through our block kernel, merged by log-sum-exp (CUDA bf16, head_dim 128, 4 query heads per KV head, "
-                "block_size 16/32/48/64; grouped elsewhere); dense: one call per batch over every key with the whole "
-                "mask (the reference)",
+        .string("attention", "blocks",
+                "blocks: no mask at all — each group's shared context prefix through cuDNN's attention, and each "
+                "block's remaining context and its own slots through our block kernel, merged by log-sum-exp (CUDA "
+                "bf16, head_dim 128, 4 query heads per KV head, block_size 16/32/48/64; grouped elsewhere, and an ATen "
+                "reference of the same composition on the CPU; docs/drafter.md); grouped: one attention call per "
+                "group of attention_group_blocks blocks, over the context up to the group's last anchor and the "
+                "group's own slots (few masked pairs computed, under a mask); dense: one call per batch over every "
+                "key with the whole mask (the reference)",
                 {"grouped", "blocks", "dense"})
         .integer("attention_group_blocks", 64,
                  "blocks per grouped attention call: fewer compute fewer masked pairs, more give each call more work",
