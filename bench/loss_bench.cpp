@@ -4,13 +4,11 @@
 // memory. A program, not a test: see docs/performance.md for the figures.
 //
 //   loss_bench --plugin-dir build-gpu/lib/dflash-host/plugins [--plugin-dir more …] [--rows 32768 --hidden 5120 --vocab 248320]
-//              [--repeats 5 --warmup 2 --topk 64 --json out.jsonl] [--chunk-size 0] [--chunk-streams N …]
+//              [--repeats 5 --warmup 2 --topk 64 --json out.jsonl] [--chunk-size 0]
 //
 // --chunk-size: fused_ckpt_kl's rows per chunk (its chunk_size; 0 = as many
 // as its 1 GiB workspace budget allows, at most 1024); the diagnostic rows
 // time the bare GEMMs at 512, 1024 and 2048 rows per chunk for comparison.
-// --chunk-streams (repeatable): fused_ckpt_kl's chunk_streams, one arm each
-// (default: the plugin's).
 #include "bench_args.h"
 #include "plugin/instances.h"
 #include "plugin/registry.h"
@@ -38,7 +36,6 @@ struct Args {
   int64_t rows = 32768, hidden = 5120, vocab = 248320, topk = 64;
   int repeats = 5, warmup = 2;
   int64_t chunk_size = 0;
-  std::vector<int64_t> chunk_streams;  // --chunk-streams N (repeatable); empty: the plugin's default
   std::string json;
   std::vector<std::string> only;  // --only NAME (repeatable): arms to run
 };
@@ -53,7 +50,6 @@ Args parse(int argc, char** argv) {
     else if (r.is("--vocab")) a.vocab = r.integer();
     else if (r.is("--topk")) a.topk = r.integer();
     else if (r.is("--chunk-size")) a.chunk_size = r.integer();
-    else if (r.is("--chunk-streams")) a.chunk_streams.push_back(r.integer());
     else if (r.is("--repeats")) a.repeats = static_cast<int>(r.integer());
     else if (r.is("--warmup")) a.warmup = static_cast<int>(r.integer());
     else if (r.is("--json")) a.json = r.text();
@@ -122,7 +118,7 @@ int main(int argc, char** argv) {
     auto logits = torch::matmul(hidden, weight.t());
   });
 
-  std::vector<Arm> arms = {
+  const std::vector<Arm> arms = {
       {"ce", "ce", {{"reduction", "mean"}}, DFLASH_TEACHER_NONE, 2},
       {"kl (blend 0.5)", "kl", {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}}, DFLASH_TEACHER_HIDDEN, 3},
       {"topk_kl (K=" + std::to_string(args.topk) + ", blend 0.5)", "topk_kl",
@@ -139,29 +135,11 @@ int main(int argc, char** argv) {
       {"example_jsd (toolkit, autograd)", "example_jsd", {{"beta", 0.5}, {"temperature", 1.0}}, DFLASH_TEACHER_HIDDEN, 3},
   };
 
-  // fused_ckpt_kl once per --chunk-streams value.
-  if (!args.chunk_streams.empty()) {
-    std::vector<Arm> expanded;
-    for (const Arm& arm : arms) {
-      if (arm.plugin != "fused_ckpt_kl") {
-        expanded.push_back(arm);
-        continue;
-      }
-      for (const int64_t streams : args.chunk_streams) {
-        Arm one = arm;
-        one.label += ", " + std::to_string(streams) + " stream" + (streams == 1 ? "" : "s");
-        one.config["chunk_streams"] = streams;
-        expanded.push_back(one);
-      }
-    }
-    arms = expanded;
-  }
-
   std::ofstream json;
   if (!args.json.empty()) json.open(args.json);
   auto record = [&](const std::string& label, const Measurement& m, int gemms) {
     const double floor_ms = gemm.median_ms * gemms;
-    std::cout << std::left << std::setw(46) << label;
+    std::cout << std::left << std::setw(36) << label;
     if (!m.failure.empty()) {
       std::cout << "failed: " << m.failure.substr(0, 240) << "\n";
     } else {
@@ -183,7 +161,7 @@ int main(int argc, char** argv) {
   std::cout << "loss_bench: N=" << n << " H=" << h << " V=" << v << " bf16, frozen lm_head, "
             << static_cast<int>(torch::cuda::device_count()) << " GPU(s); median of " << args.repeats << " after " << args.warmup
             << " warm-ups\n";
-  std::cout << std::left << std::setw(46) << "arm" << std::right << std::setw(12) << "time" << std::setw(15)
+  std::cout << std::left << std::setw(36) << "arm" << std::right << std::setw(12) << "time" << std::setw(15)
             << "ratio/floor" << std::setw(17) << "useful" << std::setw(14) << "extra peak\n";
   record("GEMM [N,H]x[H,V] (floor)", gemm, 1);
   // Diagnostics: the fused loss's GEMMs alone, in row chunks, with no
@@ -210,7 +188,7 @@ int main(int argc, char** argv) {
     try {
       plugin = &registry.find(DFLASH_KIND_LOSS, arm.plugin);
     } catch (const std::exception&) {
-      std::cout << std::left << std::setw(46) << arm.label << "skipped: no plugin '" << arm.plugin << "' in --plugin-dir\n";
+      std::cout << std::left << std::setw(36) << arm.label << "skipped: no plugin '" << arm.plugin << "' in --plugin-dir\n";
       continue;
     }
     // The plugin's defaults, then the arm's settings (as the host fills them).

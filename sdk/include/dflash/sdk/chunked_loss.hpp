@@ -52,17 +52,13 @@
 #include <dflash/sdk/loss_checks.hpp>
 
 #include <ATen/ATen.h>
-#include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
-#include <c10/core/StreamGuard.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <functional>
 #include <string>
-#include <vector>
 
 namespace dflash::sdk {
 
@@ -96,13 +92,7 @@ inline Schema chunked_loss_schema() {
       .integer("chunk_size", 0, "rows per chunk; 0 = as many as chunk_memory_mb allows (at most 1024)",
                Bounds::between(0, 1LL << 32))
       .memory_knob("chunk size")
-      .number("chunk_memory_mb", 4096, "workspace budget of the chunks in flight when chunk_size is 0",
-              Bounds::above(0))
-      .integer("chunk_streams", 2,
-               "CUDA, lm_head frozen: chunks alternate between this many streams, so one chunk's softmax passes "
-               "overlap the next chunk's GEMMs; chunk_memory_mb (and the 1024-row cap) covers all of them, so an "
-               "automatic chunk is 1/chunk_streams as tall; chunk_size, when set, is per stream. 1: one stream",
-               Bounds::between(1, 8));
+      .number("chunk_memory_mb", 4096, "workspace budget of one chunk when chunk_size is 0", Bounds::above(0));
   return schema;
 }
 
@@ -110,16 +100,15 @@ struct ChunkedLossSettings {
   bool mean;
   int64_t chunk_size;
   double chunk_memory_mb;
-  int64_t chunk_streams;
 
   static ChunkedLossSettings read(const nlohmann::json& config) {
-    for (const char* key : {"reduction", "chunk_size", "chunk_memory_mb", "chunk_streams"})
+    for (const char* key : {"reduction", "chunk_size", "chunk_memory_mb"})
       if (!config.contains(key))
         throw Error(DFLASH_ERR_INVALID_CONFIG, std::string("the config has no '") + key +
                                                    "': a chunked loss's config_schema() must start from "
                                                    "dflash::sdk::chunked_loss_schema()");
     return {config.at("reduction").get<std::string>() == "mean", config.at("chunk_size").get<int64_t>(),
-            config.at("chunk_memory_mb").get<double>(), config.at("chunk_streams").get<int64_t>()};
+            config.at("chunk_memory_mb").get<double>()};
   }
 };
 
@@ -130,22 +119,12 @@ namespace detail {
 // docs/performance.md), while memory keeps growing with the chunk.
 constexpr int64_t kAutoChunkRowsCap = 1024;
 
-// Streams the chunks alternate between: the setting on CUDA when no dW is
-// accumulated (one dW [V, H] shared by the streams would need a lock or a
-// copy each), else one.
-inline int64_t chunk_streams_for(const ChunkedLossSettings& s, bool on_cuda, bool weight_trainable) {
-  return on_cuda && !weight_trainable ? s.chunk_streams : 1;
-}
-
-// Rows per chunk: the setting, or as many as the workspace budget allows
-// with `streams` chunks in flight.
-inline int64_t chunk_rows_for(const ChunkedLossSettings& s, int64_t rows, int64_t vocab, double logit_bytes,
-                              int64_t streams) {
+// Rows per chunk: the setting, or as many as the workspace budget allows.
+inline int64_t chunk_rows_for(const ChunkedLossSettings& s, int64_t rows, int64_t vocab, double logit_bytes) {
   int64_t chunk = s.chunk_size;
   if (chunk <= 0) {
-    const double budget = s.chunk_memory_mb * 1024.0 * 1024.0 / static_cast<double>(streams);
-    chunk = std::min(kAutoChunkRowsCap / streams,
-                     static_cast<int64_t>(budget / (static_cast<double>(vocab) * logit_bytes)));
+    const double budget = s.chunk_memory_mb * 1024.0 * 1024.0;
+    chunk = std::min(kAutoChunkRowsCap, static_cast<int64_t>(budget / (static_cast<double>(vocab) * logit_bytes)));
     if (chunk >= 128) chunk -= chunk % 128;  // whole tiles for the GEMMs
   }
   return std::clamp<int64_t>(chunk, 1, std::max<int64_t>(rows, 1));
@@ -160,7 +139,6 @@ struct ChunkRun {
   bool closed_form = false, reports_correct = false, logits_in_input_dtype = false, need_grad = false;
   Teacher teacher = Teacher::kNone;
   int64_t chunk = 1;
-  int64_t streams = 1;  // chunk_streams_for: > 1 only on CUDA
   at::Tensor targets, valid, row_weights, coefficient, topk_ids, topk_logprobs;  // [N] / [N, K]
   // Filled by the loop: per-row top-1 hits and the author's per-row metrics.
   at::Tensor correct;
@@ -232,73 +210,19 @@ inline ChunkRows run_chunk(ChunkRun& run, LossChunk& c) {
   return out;
 }
 
-// Copies a chunk's per-row outputs into the [N] buffers of the run. The
-// buffers are allocated on the loop's home stream: they outlive the loop,
-// and memory of a side stream's pool may be handed out again on that stream
-// while the home stream still reads it.
-inline void keep_row_outputs(ChunkRun& run, const ChunkRows& out, const LossChunk& c, int64_t n, c10::Stream home) {
+// Copies a chunk's per-row outputs into the [N] buffers of the run.
+inline void keep_row_outputs(ChunkRun& run, const ChunkRows& out, const LossChunk& c, int64_t n) {
   const int64_t rows = c.targets.size(0);
   if (out.correct.defined()) run.correct.narrow(0, c.first_row, rows).copy_(out.correct);
   for (const auto& [name, t] : out.metrics) {
     at::Tensor all = run.metrics.get(name);
     if (!all.defined()) {
-      const c10::StreamGuard on_home(home);
       all = at::zeros({n}, c.coefficient.options());
       run.metrics.set(name, all);
     }
     all.narrow(0, c.first_row, rows).copy_(t.detach());
   }
 }
-
-// The streams the chunk loop runs on. With one, everything stays on the
-// caller's (home) stream. With more, chunk i runs on side stream i mod k:
-// the side streams first wait for the home stream (the inputs), and join()
-// makes the home stream wait for them, so the loop's outputs are ordered as
-// if one stream ran it. A side stream's chunk allocates its workspace from
-// that stream's pool, where chunk i + k reuses it in stream order: k chunks'
-// workspace in flight, no more. Device-generic (c10's stream and event
-// interfaces): no CUDA header here.
-class ChunkStreams {
- public:
-  ChunkStreams(c10::Device device, int64_t count)
-      : home_(c10::impl::getDeviceGuardImpl(device.type())->getStream(device)) {
-    if (count <= 1) return;
-    const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
-    c10::Event inputs_ready(device.type());
-    inputs_ready.record(home_);
-    for (int64_t i = 0; i < count; ++i) {
-      side_.push_back(impl->getStreamFromGlobalPool(device));
-      inputs_ready.block(side_.back());
-    }
-  }
-  ChunkStreams(const ChunkStreams&) = delete;
-  ChunkStreams& operator=(const ChunkStreams&) = delete;
-
-  c10::Stream home() const { return home_; }
-  c10::StreamGuard enter(int64_t chunk) const {
-    return c10::StreamGuard(side_.empty() ? home_ : side_[static_cast<size_t>(chunk) % side_.size()]);
-  }
-  // Also on the way out of an exception: nothing the home stream does next
-  // may race a chunk still running.
-  ~ChunkStreams() {
-    try {
-      join();
-    } catch (...) {
-    }
-  }
-  void join() {
-    for (const c10::Stream& side : side_) {
-      c10::Event done(side.device_type());
-      done.record(side);
-      done.block(home_);
-    }
-    side_.clear();
-  }
-
- private:
-  c10::Stream home_;
-  std::vector<c10::Stream> side_;
-};
 
 // Σ c·ℓ over every chunk, differentiated chunk by chunk during forward:
 // only dL/dh (and dL/dW) is kept, and backward scales them by the upstream
@@ -313,32 +237,24 @@ class ChunkedLossFunction : public torch::autograd::Function<ChunkedLossFunction
     const bool need_dw = run->need_grad && weight.requires_grad();
     at::Tensor dh = need_dh ? at::empty_like(hidden, at::MemoryFormat::Contiguous) : at::Tensor();
     at::Tensor dw = need_dw ? at::zeros(weight.sizes(), weight.options().dtype(math)) : at::Tensor();
-    // One partial sum per chunk, added in chunk order at the end: the same
-    // sum whichever stream ran which chunk.
-    const int64_t chunks = (n + run->chunk - 1) / run->chunk;
-    at::Tensor partials = at::zeros({std::max<int64_t>(chunks, 1)}, hidden.options().dtype(math));
+    at::Tensor total = at::zeros({}, hidden.options().dtype(math));
     run->correct = at::zeros({n}, hidden.options().dtype(at::kBool));
     const at::Tensor weight_t = weight.t();
-    ChunkStreams streams(hidden.device(), chunks > 1 ? run->streams : 1);
-    for (int64_t i = 0; i < chunks; ++i) {
-      const int64_t start = i * run->chunk, rows = std::min(run->chunk, n - start);
-      const c10::StreamGuard on_stream = streams.enter(i);
+    for (int64_t start = 0; start < n; start += run->chunk) {
+      const int64_t rows = std::min(run->chunk, n - start);
       LossChunk c = make_chunk(*run, hidden, weight_t, teacher_hidden, start, rows, need_dh || need_dw);
       // Before the author runs: a fast path may overwrite the logits.
       if (!run->reports_correct) run->correct.narrow(0, start, rows).copy_(c.logits.argmax(1).eq(c.targets));
       const at::Tensor h = hidden.narrow(0, start, rows);
       const ChunkRows out = run_chunk(*run, c);
-      partials.narrow(0, i, 1).copy_(
-          (c.coefficient * at::where(c.valid, out.loss.to(math), at::zeros_like(c.coefficient))).sum().view({1}));
-      keep_row_outputs(*run, out, c, n, streams.home());
+      total.add_((c.coefficient * at::where(c.valid, out.loss.to(math), at::zeros_like(c.coefficient))).sum());
+      keep_row_outputs(*run, out, c, n);
       if (need_dh) {
         at::Tensor dh_rows = dh.narrow(0, start, rows);
         at::mm_out(dh_rows, out.grad.to(hidden.scalar_type()), weight);
       }
       if (need_dw) dw.addmm_(out.grad.t().to(math), h.to(math));
     }
-    streams.join();
-    const at::Tensor total = partials.sum();
     ctx->saved_data["dh"] = dh;
     ctx->saved_data["dw"] = dw;
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
@@ -385,9 +301,7 @@ class ChunkedLoss : public Loss {
   // `teacher`: the teacher signal the loss reads (kNone: none). It may
   // depend on the config (a blend with weight 0 reads none).
   explicit ChunkedLoss(const CreateContext& context, Teacher teacher = Teacher::kNone)
-      : settings_(ChunkedLossSettings::read(context.config())),
-        teacher_(teacher),
-        on_cuda_(context.device().rfind("cuda", 0) == 0) {
+      : settings_(ChunkedLossSettings::read(context.config())), teacher_(teacher) {
     static_assert(detail::has_rows<Derived>::value || detail::has_rows_and_grad<Derived>::value,
                   "a ChunkedLoss needs `ChunkRows rows(const LossChunk&) const` (autograd) or "
                   "`ChunkRows rows_and_grad(const LossChunk&) const` (closed-form gradient)");
@@ -424,8 +338,7 @@ class ChunkedLoss : public Loss {
     shape.teacher = teacher_;
     shape.element_bytes = static_cast<int32_t>(in.hidden.element_size());
     shape.weight_trainable = in.lm_head_weight.requires_grad();
-    run.streams = streams(shape, in.hidden.is_cuda());
-    run.chunk = chunk_rows(shape, run.streams);
+    run.chunk = chunk_rows(shape);
 
     const at::Tensor teacher_hidden = teacher_ == Teacher::kHidden ? in.teacher_hidden : at::empty({0}, in.hidden.options());
     LossResult result;
@@ -438,16 +351,13 @@ class ChunkedLoss : public Loss {
     return result;
   }
 
-  // The workspace of the chunks in flight (one per stream), and dh [N, H] (with dW [V, H] in the math dtype
+  // One chunk's workspace, and dh [N, H] (with dW [V, H] in the math dtype
   // when the lm_head trains) and the per-row outputs, the only things kept
   // for backward. Backward then makes the gradient handed back beside dh.
   MemoryEstimate estimate_memory(const LossShape& shape) const {
     const double per_logit = logit_bytes_of(shape);
-    const int64_t streams_in_use = streams(shape, on_cuda_);
-    const int64_t chunk = chunk_rows(shape, streams_in_use);
-    const int64_t in_flight = std::min(streams_in_use, std::max<int64_t>((shape.rows + chunk - 1) / chunk, 1));
-    const auto workspace = static_cast<uint64_t>(static_cast<double>(in_flight * chunk) *
-                                                 static_cast<double>(shape.vocab) * per_logit);
+    const auto chunk = static_cast<double>(detail::chunk_rows_for(settings_, shape.rows, shape.vocab, per_logit));
+    const auto workspace = static_cast<uint64_t>(chunk * static_cast<double>(shape.vocab) * per_logit);
     const auto dh = static_cast<uint64_t>(shape.rows * shape.hidden * shape.element_bytes);
     // Per-row tensors: targets, mask, weights, coefficients, hits, metrics.
     const auto per_row = static_cast<uint64_t>(shape.rows) * 16 * 8;
@@ -460,14 +370,9 @@ class ChunkedLoss : public Loss {
   const ChunkedLossSettings& chunked_settings() const { return settings_; }
   Teacher teacher() const { return teacher_; }
 
-  // Chunks in flight, and rows per chunk, for a shape: the one rule used by
-  // compute (on its tensors' device) and the estimate (on the device the
-  // loss was created for).
-  int64_t streams(const LossShape& shape, bool on_cuda) const {
-    return detail::chunk_streams_for(settings_, on_cuda, shape.weight_trainable);
-  }
-  int64_t chunk_rows(const LossShape& shape, int64_t streams) const {
-    return detail::chunk_rows_for(settings_, shape.rows, shape.vocab, logit_bytes_of(shape), streams);
+  // Rows per chunk for a shape: the one rule used by compute and the estimate.
+  int64_t chunk_rows(const LossShape& shape) const {
+    return detail::chunk_rows_for(settings_, shape.rows, shape.vocab, logit_bytes_of(shape));
   }
 
  private:
@@ -489,7 +394,6 @@ class ChunkedLoss : public Loss {
 
   ChunkedLossSettings settings_;
   Teacher teacher_;
-  bool on_cuda_;  // the device the host created the loss for
 };
 
 }  // namespace dflash::sdk
