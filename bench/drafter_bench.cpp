@@ -7,13 +7,15 @@
 //
 //   drafter_bench --plugin-dir build-gpu/lib/dflash-host/plugins
 //                 [--context 4096 --anchors 512 --block 16] [--precision same|fp32_master]
-//                 [--loss fused_ckpt_kl] [--attention grouped|blocks|dense]
+//                 [--loss fused_ckpt_kl] [--loss-set KEY=VALUE …] [--attention grouped|blocks|dense]
 //                 [--group-blocks N] [--group-key-multiple N]   (default: the plugin's)
 //                 [--attention-kernel auto|sdpa] [--layer-ops fused|aten]
 //                 [--attention-keeps auto|rows|calls]
 //                 [--checkpointing] [--embedding-on-cpu]
 //                 [--repeats 5 --warmup 2 --json out.jsonl] [--trace step.json]
 //
+// --loss-set KEY=VALUE (repeatable): one of the loss's settings (VALUE as
+// JSON where it parses, else as text), e.g. --loss-set cuda_kernel=one_launch.
 // --trace FILE: one more step under LibTorch's profiler, written as a Chrome
 // trace (kineto_trace.h); scripts/trace_kernels.py sums its device time by
 // kernel and by kind (GEMM, attention, element-wise, optimizer).
@@ -68,8 +70,18 @@ struct Args {
   int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
   int64_t intermediate = 17408, vocab = 248320, target_layers = 64;
   int64_t group_blocks = 0, group_key_multiple = 0;  // 0: the plugin's defaults
+  nlohmann::json loss_settings = nlohmann::json::object();  // --loss-set KEY=VALUE
   int repeats = 5, warmup = 2;
 };
+
+// KEY=VALUE, VALUE as JSON where it parses (numbers, booleans), else as text.
+void add_loss_setting(Args& a, const std::string& text) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) throw std::invalid_argument("--loss-set takes KEY=VALUE, not '" + text + "'");
+  const std::string value = text.substr(eq + 1);
+  nlohmann::json parsed = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+  a.loss_settings[text.substr(0, eq)] = parsed.is_discarded() ? nlohmann::json(value) : parsed;
+}
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -77,6 +89,7 @@ Args parse(int argc, char** argv) {
   while (r.next()) {
     if (r.is("--plugin-dir")) a.plugin_dir = r.text();
     else if (r.is("--loss")) a.loss = r.text();
+    else if (r.is("--loss-set")) add_loss_setting(a, r.text());
     else if (r.is("--precision")) a.precision = r.text();
     else if (r.is("--json")) a.json = r.text();
     else if (r.is("--trace")) a.trace = r.text();
@@ -160,6 +173,15 @@ int main(int argc, char** argv) {
   const host::PluginRecord& loss_record = registry.find(DFLASH_KIND_LOSS, a.loss);
   nlohmann::json loss_config = config::defaults_of(loss_record.schema);
   if (loss_config.contains("kl_weight")) loss_config["kl_weight"] = 0.0;
+  for (const auto& [key, value] : a.loss_settings.items()) {
+    if (!loss_config.contains(key)) {
+      std::cerr << "drafter_bench: --loss-set " << key << ": the loss '" << a.loss << "' has no such setting; its settings:";
+      for (const auto& [known, unused] : loss_config.items()) std::cerr << " " << known;
+      std::cerr << "\n";
+      return 2;
+    }
+    loss_config[key] = value;
+  }
   host::LossInstance loss(loss_record, loss_config, {"cuda:0", "bfloat16", 1});
   const host::NamedTensors parameters = drafter.parameters();
   int64_t parameter_count = 0;
@@ -278,7 +300,8 @@ int main(int argc, char** argv) {
   std::cout << "drafter_bench: " << a.layers << " layers, H " << a.hidden << ", " << a.heads << "/" << a.kv_heads << " heads x "
             << a.head_dim << ", MLP " << a.intermediate << ", V " << a.vocab << "; " << parameter_count / 1e9
             << " B trainable parameters; context " << a.context << ", " << a.anchors << " anchors x block " << a.block
-            << " = " << block_tokens << " block tokens (" << rows << " loss rows); loss " << a.loss << ", precision "
+            << " = " << block_tokens << " block tokens (" << rows << " loss rows); loss " << a.loss
+            << (a.loss_settings.empty() ? std::string() : " " + a.loss_settings.dump()) << ", precision "
             << a.precision << ", attention " << a.attention
             << (a.attention != "dense" ? " (" + std::to_string(a.group_blocks) + " blocks, keys by " +
                                              std::to_string(a.group_key_multiple) + ")"
@@ -317,7 +340,7 @@ int main(int argc, char** argv) {
                                                            {"context", a.context}, {"anchors", a.anchors}, {"block", a.block},
                                                            {"attention", a.attention}, {"group_blocks", a.group_blocks}, {"group_key_multiple", a.group_key_multiple}, {"attention_kernel", a.kernel},
                                                            {"layer_ops", a.layer_ops}, {"attention_keeps", a.attention_keeps},
-                                                           {"checkpointing", a.checkpointing},
+                                                           {"checkpointing", a.checkpointing}, {"loss_settings", a.loss_settings},
                                                            {"embedding_on_cpu", a.embedding_on_cpu},
                                                            {"parameters", parameter_count}}
                                                 .dump()

@@ -129,6 +129,15 @@ int main(int argc, char** argv) {
       {"fused_ckpt_kl CE+KL (blend 0.5)", "fused_ckpt_kl",
        {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", args.chunk_size}, {"chunk_memory_mb", 1024}},
        DFLASH_TEACHER_HIDDEN, 3},
+      // The same two with both passes of a row in one launch (cuda_kernel: one_launch).
+      {"fused_ckpt_kl CE only, one launch", "fused_ckpt_kl",
+       {{"kl_weight", 0.0}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", args.chunk_size}, {"chunk_memory_mb", 1024},
+        {"cuda_kernel", "one_launch"}},
+       DFLASH_TEACHER_NONE, 2},
+      {"fused_ckpt_kl CE+KL, one launch", "fused_ckpt_kl",
+       {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", args.chunk_size}, {"chunk_memory_mb", 1024},
+        {"cuda_kernel", "one_launch"}},
+       DFLASH_TEACHER_HIDDEN, 3},
       // The SDK's example losses (sdk/examples; --plugin-dir build-gpu/test-plugins/sdk-examples), defaults only.
       {"example_weighted_ce (toolkit, autograd)", "example_weighted_ce", {{"temperature", 1.0}}, DFLASH_TEACHER_NONE, 2},
       {"example_reverse_kl (toolkit, closed form)", "example_reverse_kl", {{"temperature", 1.0}}, DFLASH_TEACHER_HIDDEN, 3},
@@ -139,7 +148,7 @@ int main(int argc, char** argv) {
   if (!args.json.empty()) json.open(args.json);
   auto record = [&](const std::string& label, const Measurement& m, int gemms) {
     const double floor_ms = gemm.median_ms * gemms;
-    std::cout << std::left << std::setw(36) << label;
+    std::cout << std::left << std::setw(40) << label;
     if (!m.failure.empty()) {
       std::cout << "failed: " << m.failure.substr(0, 240) << "\n";
     } else {
@@ -161,7 +170,7 @@ int main(int argc, char** argv) {
   std::cout << "loss_bench: N=" << n << " H=" << h << " V=" << v << " bf16, frozen lm_head, "
             << static_cast<int>(torch::cuda::device_count()) << " GPU(s); median of " << args.repeats << " after " << args.warmup
             << " warm-ups\n";
-  std::cout << std::left << std::setw(36) << "arm" << std::right << std::setw(12) << "time" << std::setw(15)
+  std::cout << std::left << std::setw(40) << "arm" << std::right << std::setw(12) << "time" << std::setw(15)
             << "ratio/floor" << std::setw(17) << "useful" << std::setw(14) << "extra peak\n";
   record("GEMM [N,H]x[H,V] (floor)", gemm, 1);
   // Diagnostics: the fused loss's GEMMs alone, in row chunks, with no
@@ -188,7 +197,7 @@ int main(int argc, char** argv) {
     try {
       plugin = &registry.find(DFLASH_KIND_LOSS, arm.plugin);
     } catch (const std::exception&) {
-      std::cout << std::left << std::setw(36) << arm.label << "skipped: no plugin '" << arm.plugin << "' in --plugin-dir\n";
+      std::cout << std::left << std::setw(40) << arm.label << "skipped: no plugin '" << arm.plugin << "' in --plugin-dir\n";
       continue;
     }
     // The plugin's defaults, then the arm's settings (as the host fills them).
