@@ -11,7 +11,7 @@
 //                 [--group-blocks N] [--group-key-multiple N]   (default: the plugin's)
 //                 [--attention-kernel auto|sdpa] [--layer-ops fused|aten]
 //                 [--attention-keeps auto|rows|calls]
-//                 [--checkpointing] [--embedding-on-cpu]
+//                 [--checkpointing] [--embedding-on-cpu] [--adamw-kernel aten|ours]
 //                 [--repeats 5 --warmup 2 --json out.jsonl] [--trace step.json]
 //
 // --loss-set KEY=VALUE (repeatable): one of the loss's settings (VALUE as
@@ -66,6 +66,7 @@ const PeerFigures* peer_at(int64_t context, int64_t anchors, int64_t block) {
 struct Args {
   std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, trace, attention, kernel = "auto";  // attention empty: the plugin's default
   std::string layer_ops = "fused", attention_keeps;  // empty: the plugin's default
+  std::string adamw_kernel = "aten";                 // AdamWOptions::kernel
   bool checkpointing = false, embedding_on_cpu = false;
   int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
   int64_t intermediate = 17408, vocab = 248320, target_layers = 64;
@@ -101,6 +102,7 @@ Args parse(int argc, char** argv) {
     else if (r.is("--attention-keeps")) a.attention_keeps = r.text();
     else if (r.is("--checkpointing")) a.checkpointing = true;
     else if (r.is("--embedding-on-cpu")) a.embedding_on_cpu = true;
+    else if (r.is("--adamw-kernel")) a.adamw_kernel = r.text();
     else if (r.is("--context")) a.context = r.integer();
     else if (r.is("--anchors")) a.anchors = r.integer();
     else if (r.is("--block")) a.block = r.integer();
@@ -117,6 +119,7 @@ Args parse(int argc, char** argv) {
   }
   if (a.plugin_dir.empty()) throw std::invalid_argument("--plugin-dir DIR is required");
   if (a.precision != "same" && a.precision != "fp32_master") throw std::invalid_argument("--precision: same or fp32_master");
+  if (a.adamw_kernel != "aten" && a.adamw_kernel != "ours") throw std::invalid_argument("--adamw-kernel: aten or ours");
   return a;
 }
 
@@ -188,6 +191,7 @@ int main(int argc, char** argv) {
   for (const auto& [name, p] : parameters) parameter_count += p.numel();
   train::AdamWOptions options;
   options.fp32_master = a.precision == "fp32_master";
+  options.kernel = a.adamw_kernel == "ours" ? train::AdamWOptions::Kernel::kOurs : train::AdamWOptions::Kernel::kAten;
   train::AdamW optimizer(parameters, options);
 
   // One context row; every position supervised, so every anchor has a full block.
@@ -309,7 +313,7 @@ int main(int argc, char** argv) {
             << ", kernel "
             << a.kernel << ", layer ops " << a.layer_ops << ", attention keeps " << a.attention_keeps
             << (a.checkpointing ? ", activation checkpointing" : "")
-            << (a.embedding_on_cpu ? ", embedding in host memory" : "")
+            << (a.embedding_on_cpu ? ", embedding in host memory" : "") << ", AdamW kernel " << optimizer.last_kernel()
             << "; median of " << a.repeats << " after " << a.warmup << "\n";
   std::cout << "step " << step_ms << " ms, " << std::setprecision(0) << block_tokens / (step_ms / 1000)
             << " block tokens/s; step peak " << std::setprecision(2) << step_peak_gib << " GiB (above the "
@@ -341,6 +345,7 @@ int main(int argc, char** argv) {
                                                            {"attention", a.attention}, {"group_blocks", a.group_blocks}, {"group_key_multiple", a.group_key_multiple}, {"attention_kernel", a.kernel},
                                                            {"layer_ops", a.layer_ops}, {"attention_keeps", a.attention_keeps},
                                                            {"checkpointing", a.checkpointing}, {"loss_settings", a.loss_settings},
+                                                           {"adamw_kernel", optimizer.last_kernel()},
                                                            {"embedding_on_cpu", a.embedding_on_cpu},
                                                            {"parameters", parameter_count}}
                                                 .dump()

@@ -1,11 +1,18 @@
 #include "train/adamw.h"
 
+#include "train/adamw_kernel.h"
+
 #include <dflash/sdk/torch_compat.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#ifdef DFLASH_ADAMW_KERNEL
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <stdexcept>
 
@@ -95,13 +102,85 @@ void AdamW::fused_step(double lr, double grad_factor) {
   flush();
 }
 
+#ifdef DFLASH_ADAMW_KERNEL
+namespace {
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+}  // namespace
+#endif
+
+bool AdamW::kernel_step(double lr, double grad_factor) {
+#ifdef DFLASH_ADAMW_KERNEL
+  namespace k = adamw_kernel;
+  const at::Tensor& first = parameters_.front().second;
+  const auto live_type = first.scalar_type();
+  if (live_type != at::kBFloat16 && live_type != at::kFloat) return false;
+  // The kernel's table: one entry per parameter with a gradient, each the
+  // parameter's pointers and its first chunk. Anything it cannot take (another
+  // dtype or device, a strided tensor) leaves the whole step to ATen's.
+  std::vector<k::Tensor> table;
+  std::vector<at::Tensor> grads;  // alive until the launch is queued
+  int64_t chunks = 0;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const at::Tensor& p = parameters_[i].second;
+    if (!p.grad().defined()) continue;
+    const at::Tensor& g = p.grad();
+    if (p.scalar_type() != live_type || g.scalar_type() != live_type || p.device() != first.device() ||
+        g.device() != first.device() || !p.is_contiguous() || !g.is_contiguous())
+      return false;
+    grads.push_back(g);
+    k::Tensor t{};
+    t.param = options_.fp32_master ? master_[i].data_ptr() : p.data_ptr();
+    t.grad = g.data_ptr();
+    t.exp_avg = exp_avg_[i].data_ptr();
+    t.exp_avg_sq = exp_avg_sq_[i].data_ptr();
+    t.live = options_.fp32_master ? p.data_ptr() : nullptr;
+    t.numel = p.numel();
+    t.first_chunk = chunks;
+    t.vectorized = t.numel % 8 == 0 && aligned16(t.param) && aligned16(t.grad) && aligned16(t.exp_avg) &&
+                   aligned16(t.exp_avg_sq) && (t.live == nullptr || aligned16(t.live));
+    chunks += (t.numel + k::kChunkElements - 1) / k::kChunkElements;
+    if (t.numel > 0) table.push_back(t);
+  }
+  if (table.empty()) return true;
+  // Uploaded through pinned memory without waiting: the caching host
+  // allocator keeps the block until the copy has run.
+  static_assert(sizeof(k::Tensor) % sizeof(int64_t) == 0, "the table travels as int64");
+  const auto words = static_cast<int64_t>(table.size() * sizeof(k::Tensor) / sizeof(int64_t));
+  at::Tensor host = at::empty({words}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  std::memcpy(host.data_ptr(), table.data(), table.size() * sizeof(k::Tensor));
+  const at::Tensor device_table = host.to(first.device(), /*non_blocking=*/true);
+  const at::Tensor scale =
+      grad_factor == 1.0 ? at::Tensor() : at::full({1}, 1.0 / grad_factor, first.options().dtype(at::kFloat));
+  k::Scalars s{};
+  s.lr = static_cast<float>(lr);
+  s.beta1 = static_cast<float>(options_.beta1);
+  s.beta2 = static_cast<float>(options_.beta2);
+  s.eps = static_cast<float>(options_.eps);
+  s.weight_decay = static_cast<float>(options_.weight_decay);
+  s.bias_correction1 = static_cast<float>(1.0 - std::pow(options_.beta1, static_cast<double>(steps_)));
+  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(options_.beta2, static_cast<double>(steps_))));
+  s.grad_scale = scale.defined() ? scale.data_ptr<float>() : nullptr;
+  k::step(live_type == at::kBFloat16 ? k::Element::kBFloat16 : k::Element::kFloat32, options_.fp32_master,
+          reinterpret_cast<const k::Tensor*>(device_table.data_ptr()), static_cast<int64_t>(table.size()), chunks, s,
+          c10::cuda::getCurrentCUDAStream(first.device().index()).stream());
+  return true;
+#else
+  (void)lr, (void)grad_factor;
+  return false;
+#endif
+}
+
 void AdamW::step(double lr, double grad_factor) {
   const c10::NoGradGuard no_grad;
   ++steps_;
   if (fused_available(parameters_.empty() ? at::Tensor() : parameters_.front().second) && options_.fused) {
+    last_kernel_ = "ours";
+    if (options_.kernel == AdamWOptions::Kernel::kOurs && kernel_step(lr, grad_factor)) return;
+    last_kernel_ = "aten";
     fused_step(lr, grad_factor);
     return;
   }
+  last_kernel_ = "loop";
   const double b1 = options_.beta1, b2 = options_.beta2;
   const double correction1 = 1.0 - std::pow(b1, static_cast<double>(steps_));
   const double correction2 = 1.0 - std::pow(b2, static_cast<double>(steps_));

@@ -15,9 +15,14 @@ namespace dflash::train {
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   bool fp32_master = false;
-  // On CUDA (LibTorch ≥ 2.1): ATen's fused multi-tensor kernel instead of the
-  // per-tensor loop. Same formula; false keeps the loop (tests compare them).
+  // On CUDA (LibTorch ≥ 2.1): a fused kernel instead of the per-tensor loop.
+  // Same formula; false keeps the loop (tests compare them).
   bool fused = true;
+  // Which fused kernel: ATen's multi-tensor AdamW, or ours (adamw_kernel.h:
+  // one launch; bf16 or fp32 parameters in a CUDA build, else ATen's).
+  // Ours is opt-in until it is measured on the GPU.
+  enum class Kernel { kAten, kOurs };
+  Kernel kernel = Kernel::kAten;
 };
 
 class AdamW final : public Optimizer {
@@ -38,17 +43,22 @@ class AdamW final : public Optimizer {
   // any tensor of its own parameters that is missing or misshapen.
   void load_state(const host::NamedTensors& state) override;
   int64_t steps_taken() const { return steps_; }
+  // What ran the last step: "ours", "aten" (the fused kernels) or "loop".
+  const char* last_kernel() const { return last_kernel_; }
   const host::NamedTensors& parameters() const { return parameters_; }
 
  private:
   host::NamedTensors parameters_;
   AdamWOptions options_;
   void fused_step(double lr, double grad_factor);
+  // Our kernel's step; false (nothing done) where it does not apply.
+  bool kernel_step(double lr, double grad_factor);
 
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_, master_;
   at::Tensor step_buffer_;              // fused: the step number per tensor (fp32, on the device)
   std::vector<at::Tensor> step_views_;  // its elements, one per parameter
   int64_t steps_ = 0;
+  const char* last_kernel_ = "loop";
 };
 
 // sqrt(Σ ||grad||²) over the parameters (fp32 accumulation).

@@ -112,13 +112,21 @@ TEST(AdamW, AGradientFactorIsTheUpdateOfScaledGradients) {
 // as its grad_scale), and the norm as a multi-tensor op: the same numbers as
 // the per-tensor loop (tested against the formula above) within one rounding
 // of the stored dtype.
+// Both fused kernels (ATen's multi-tensor AdamW, and ours where this build has
+// it: adamw_kernel.h) against the per-tensor loop, bf16 and fp32 parameters,
+// same precision and fp32 masters; tensors of odd sizes (ours: its element
+// path) and of whole 16-byte vectors over several of its 8192-element chunks.
 TEST(AdamW, FusedKernelOnTheGpuMatchesTheLoop) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (auto kernel : {train::AdamWOptions::Kernel::kAten, train::AdamWOptions::Kernel::kOurs})
+  for (auto dtype : {torch::kBFloat16, torch::kFloat})
   for (bool master : {false, true}) {
-    SCOPED_TRACE(master ? "fp32_master" : "same");
+    SCOPED_TRACE(std::string(master ? "fp32_master" : "same") + (dtype == torch::kFloat ? " fp32" : " bf16") +
+                 (kernel == train::AdamWOptions::Kernel::kOurs ? " ours" : " aten"));
     torch::manual_seed(3);
-    const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
-    std::vector<torch::Tensor> init = {torch::randn({37, 129}, bf16), torch::randn({5}, bf16), torch::randn({300, 7}, bf16)};
+    const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(dtype);
+    std::vector<torch::Tensor> init = {torch::randn({37, 129}, bf16), torch::randn({5}, bf16), torch::randn({300, 7}, bf16),
+                                       torch::randn({64, 136}, bf16), torch::randn({3, 8192}, bf16)};
     host::NamedTensors fused_params, loop_params;
     for (size_t i = 0; i < init.size(); ++i) {
       fused_params.emplace_back("p" + std::to_string(i), init[i].clone().requires_grad_(true));
@@ -127,6 +135,7 @@ TEST(AdamW, FusedKernelOnTheGpuMatchesTheLoop) {
     train::AdamWOptions o;
     o.weight_decay = 0.05;
     o.fp32_master = master;
+    o.kernel = kernel;
     train::AdamW fused(fused_params, o);
     o.fused = false;
     train::AdamW loop(loop_params, o);
@@ -145,10 +154,15 @@ TEST(AdamW, FusedKernelOnTheGpuMatchesTheLoop) {
       fused.step(1e-2, factor);
       loop.step(1e-2, factor);
     }
+#ifdef DFLASH_ADAMW_KERNEL
+    EXPECT_STREQ(fused.last_kernel(), kernel == train::AdamWOptions::Kernel::kOurs ? "ours" : "aten");
+#endif
+    EXPECT_STREQ(loop.last_kernel(), "loop");
+    // bf16 keeps 8 bits: one rounding apart at most; fp32 to its rounding.
+    const double live_tol = dtype == torch::kFloat ? 1e-5 : 2.0 / 256;
     for (size_t i = 0; i < init.size(); ++i) {
       const auto a = fused_params[i].second.to(torch::kFloat), b = loop_params[i].second.to(torch::kFloat);
-      // bf16 keeps 8 bits: one rounding apart at most.
-      EXPECT_LE((a - b).abs().max().item<double>(), 2.0 / 256 * b.abs().max().item<double>()) << fused_params[i].first;
+      EXPECT_LE((a - b).abs().max().item<double>(), live_tol * b.abs().max().item<double>()) << fused_params[i].first;
       EXPECT_GT((a - init[i].to(torch::kFloat)).abs().max().item<double>(), 1e-3) << "the weights moved";
     }
     const auto fs = fused.state(), ls = loop.state();
@@ -156,7 +170,7 @@ TEST(AdamW, FusedKernelOnTheGpuMatchesTheLoop) {
     for (size_t i = 0; i < fs.size(); ++i) {
       if (fs[i].first == "step") continue;
       const auto a = fs[i].second.to(torch::kFloat), b = ls[i].second.to(torch::kFloat);
-      const double tol = master ? 1e-5 : 2.0 / 256;
+      const double tol = master || dtype == torch::kFloat ? 1e-5 : 2.0 / 256;
       EXPECT_LE((a - b).abs().max().item<double>(), tol * b.abs().max().item<double>() + 1e-7) << fs[i].first;
     }
     // The multi-tensor norm and scaling against the per-tensor sums on the CPU.

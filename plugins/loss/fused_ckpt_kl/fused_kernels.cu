@@ -289,6 +289,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     }
   }
   __syncthreads();
+  if (!write_grad && !ur) return;  // the loss alone: pass 1 had everything (uniform over the block)
   // Pass 2, back to front: KL(softmax(u/T) ‖ softmax(z/T)) and the gradient.
   const float c = coefficient[row];
   const float a_ce = c * ce_scale, a_kl = c * kl_scale;
