@@ -95,6 +95,23 @@ __device__ Lse block_merge(Lse l, float* sm, float* ss) {
   return out;
 }
 
+// Block-wide argmax (ties to the lower index); result valid in thread 0.
+__device__ int64_t block_argmax(float best, int64_t index) {
+  __shared__ float sv[32];
+  __shared__ int64_t si[32];
+  warp_argmax(best, index);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    sv[warp] = best;
+    si[warp] = index;
+  }
+  __syncthreads();
+  float v = lane < blockDim.x / 32 ? sv[lane] : -FLT_MAX;
+  int64_t i = lane < blockDim.x / 32 ? si[lane] : 0;
+  if (warp == 0) warp_argmax(v, i);
+  return i;
+}
+
 template <class T, int kVec>
 __global__ void row_statistics_kernel(const T* __restrict__ z, const T* __restrict__ u, int64_t vocab,
                                       const int64_t* __restrict__ targets, float inv_t, float* lse_z, float* lse_zt,
@@ -122,28 +139,16 @@ __global__ void row_statistics_kernel(const T* __restrict__ z, const T* __restri
       for (int k = 0; k < kVec; ++k) lu.add(to_float(up.v[k]) * inv_t);
     }
   }
-  __shared__ float sm[32], ss[32], sv[32];
-  __shared__ int64_t si[32];
+  __shared__ float sm[32], ss[32];
   const Lse rz = block_merge(lz, sm, ss);
   const Lse ru = ur ? block_merge(lu, sm, ss) : Lse();
-  warp_argmax(best, best_index);
+  const int64_t top = block_argmax(best, best_index);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    sv[warp] = best;
-    si[warp] = best_index;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    float v = lane < blockDim.x / 32 ? sv[lane] : -FLT_MAX;
-    int64_t i = lane < blockDim.x / 32 ? si[lane] : 0;
-    warp_argmax(v, i);
-    if (lane == 0) {
-      argmax[row] = i;
-      lse_z[row] = rz.value();
-      if (ur) lse_ut[row] = ru.value();
-      const int64_t t = targets[row];
-      z_target[row] = to_float(zr[t]);
-    }
+  if (threadIdx.x == 0) {
+    argmax[row] = top;
+    lse_z[row] = rz.value();
+    if (ur) lse_ut[row] = ru.value();
+    z_target[row] = to_float(zr[targets[row]]);
   }
   // lse(z/T): with the row max m known, Σ exp((x − m)/T) in one more read of
   // the row (only when T ≠ 1; otherwise it equals lse(z)).
@@ -171,6 +176,41 @@ __global__ void row_statistics_kernel(const T* __restrict__ z, const T* __restri
   }
 }
 
+// One pack of the second pass: ∂(c·ℓ)/∂z over the pack (in place) and its
+// KL terms added to `kl` (with the teacher's pack `up`).
+template <class T, int kVec>
+__device__ __forceinline__ void gradient_pack(Pack<T, kVec>& zp, const Pack<T, kVec>* up, int64_t base, int64_t target,
+                                              float a_ce, float a_kl, float inv_t, float lz, float lzt, float lut,
+                                              float& kl) {
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const float x = to_float(zp.v[k]);
+    const float softmax_z = __expf(x - lz);
+    float g = a_ce * (softmax_z - (base + k == target ? 1.f : 0.f));
+    if (up) {
+      const float log_q = x * inv_t - lzt;
+      const float log_p = to_float(up->v[k]) * inv_t - lut;
+      const float p = __expf(log_p);
+      kl += p * (log_p - log_q);
+      // At T = 1, softmax(z/T) is softmax(z): one exponential saved.
+      g += a_kl * ((inv_t == 1.f ? softmax_z : __expf(log_q)) - p);
+    }
+    zp.v[k] = from_float<T>(g);
+  }
+}
+
+// Block-wide sum; result valid in thread 0.
+__device__ float block_sum(float x) {
+  __shared__ float partial[32];
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffff, x, offset);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = x;
+  __syncthreads();
+  float total = 0.f;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += partial[w];
+  return total;
+}
+
 template <class T, int kVec>
 __global__ void gradient_and_kl_kernel(T* __restrict__ z, const T* __restrict__ u, int64_t vocab,
                                        const int64_t* __restrict__ targets, const float* __restrict__ coefficient,
@@ -190,34 +230,12 @@ __global__ void gradient_and_kl_kernel(T* __restrict__ z, const T* __restrict__ 
     Pack<T, kVec> zp = *reinterpret_cast<const Pack<T, kVec>*>(zr + base);
     Pack<T, kVec> up;
     if (ur) up = *reinterpret_cast<const Pack<T, kVec>*>(ur + base);
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      const float x = to_float(zp.v[k]);
-      const float softmax_z = __expf(x - lz);
-      float g = a_ce * (softmax_z - (base + k == target ? 1.f : 0.f));
-      if (ur) {
-        const float log_q = x * inv_t - lzt;
-        const float log_p = to_float(up.v[k]) * inv_t - lut;
-        const float p = __expf(log_p);
-        kl += p * (log_p - log_q);
-        // At T = 1, softmax(z/T) is softmax(z): one exponential saved.
-        g += a_kl * ((inv_t == 1.f ? softmax_z : __expf(log_q)) - p);
-      }
-      zp.v[k] = from_float<T>(g);
-    }
+    gradient_pack(zp, ur ? &up : nullptr, base, target, a_ce, a_kl, inv_t, lz, lzt, lut, kl);
     if (write_grad) *reinterpret_cast<Pack<T, kVec>*>(zr + base) = zp;
   }
   if (kl_rows) {
-    __shared__ float partial[32];
-    for (int offset = 16; offset > 0; offset /= 2) kl += __shfl_xor_sync(0xffffffff, kl, offset);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) partial[warp] = kl;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total = 0.f;
-      for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += partial[w];
-      kl_rows[row] = total;
-    }
+    const float total = block_sum(kl);
+    if (threadIdx.x == 0) kl_rows[row] = total;
   }
 }
 
@@ -262,31 +280,19 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       for (int k = 0; k < kVec; ++k) lu.add(to_float(up.v[k]) * inv_t);
     }
   }
-  __shared__ float sm[32], ss[32], sv[32];
-  __shared__ int64_t si[32];
+  __shared__ float sm[32], ss[32];
   __shared__ float row_lz, row_lzt, row_lu;
   const Lse rz = block_merge(lz, sm, ss);
   const Lse rzt = tempered ? block_merge(lzt, sm, ss) : Lse();
   const Lse ru = ur ? block_merge(lu, sm, ss) : Lse();
-  warp_argmax(best, best_index);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    sv[warp] = best;
-    si[warp] = best_index;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    float v = lane < blockDim.x / 32 ? sv[lane] : -FLT_MAX;
-    int64_t i = lane < blockDim.x / 32 ? si[lane] : 0;
-    warp_argmax(v, i);
-    if (lane == 0) {
-      argmax[row] = i;
-      row_lz = rz.value();
-      row_lzt = tempered ? rzt.value() : row_lz;
-      row_lu = ur ? ru.value() : 0.f;
-      lse_z[row] = row_lz;
-      z_target[row] = to_float(zr[targets[row]]);
-    }
+  const int64_t top = block_argmax(best, best_index);
+  if (threadIdx.x == 0) {
+    argmax[row] = top;
+    row_lz = rz.value();
+    row_lzt = tempered ? rzt.value() : row_lz;
+    row_lu = ur ? ru.value() : 0.f;
+    lse_z[row] = row_lz;
+    z_target[row] = to_float(zr[targets[row]]);
   }
   __syncthreads();
   if (!write_grad && !ur) return;  // the loss alone: pass 1 had everything (uniform over the block)
@@ -301,31 +307,12 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     Pack<T, kVec> zp = *reinterpret_cast<const Pack<T, kVec>*>(zr + base);
     Pack<T, kVec> up;
     if (ur) up = *reinterpret_cast<const Pack<T, kVec>*>(ur + base);
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      const float x = to_float(zp.v[k]);
-      const float softmax_z = __expf(x - lzr);
-      float g = a_ce * (softmax_z - (base + k == target ? 1.f : 0.f));
-      if (ur) {
-        const float log_q = x * inv_t - lztr;
-        const float log_p = to_float(up.v[k]) * inv_t - lur;
-        const float prob = __expf(log_p);
-        kl += prob * (log_p - log_q);
-        g += a_kl * ((tempered ? __expf(log_q) : softmax_z) - prob);
-      }
-      zp.v[k] = from_float<T>(g);
-    }
+    gradient_pack(zp, ur ? &up : nullptr, base, target, a_ce, a_kl, inv_t, lzr, lztr, lur, kl);
     if (write_grad) *reinterpret_cast<Pack<T, kVec>*>(zr + base) = zp;
   }
   if (kl_rows) {
-    for (int offset = 16; offset > 0; offset /= 2) kl += __shfl_xor_sync(0xffffffff, kl, offset);
-    if (lane == 0) ss[warp] = kl;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total = 0.f;
-      for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += ss[w];
-      kl_rows[row] = total;
-    }
+    const float total = block_sum(kl);
+    if (threadIdx.x == 0) kl_rows[row] = total;
   }
 }
 
