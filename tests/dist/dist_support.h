@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -45,6 +46,21 @@ inline std::string dp_config(const std::string& dir, const std::string& output, 
   const std::string mine = dir + "/" + name + ".json";
   std::ofstream(mine) << config.dump(2);
   return mine;
+}
+
+// The one-process reference run with one thread, as each rank has under the
+// launcher (and torchrun): `launch` sets OMP_NUM_THREADS=1. On some
+// OpenBLAS cores (Haswell's, not SkylakeX's) the threaded products split
+// their sums among threads, so a two-thread reference differed from the
+// ranks by 1.16e-6 where the engine itself differs by less.
+inline Result one_process(const std::string& args, const std::string& scratch) {
+  const char* before = std::getenv("OMP_NUM_THREADS");
+  const std::string saved = before ? before : "";
+  ::setenv("OMP_NUM_THREADS", "1", 1);
+  Result result = host(args, scratch);
+  if (before) ::setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  else ::unsetenv("OMP_NUM_THREADS");
+  return result;
 }
 
 inline std::map<std::string, at::Tensor> weights_of(const std::string& checkpoint) {

@@ -56,7 +56,7 @@ class DataParallel : public ::testing::Test {
 TEST_F(DataParallel, TwoAndThreeRanksMatchOneProcessAccumulatingTheSameGlobalBatches) {
   test::TempDir temp("dflash_dp");
   const std::string dir = temp.path().string();
-  Result one = host("--config " + dp_config(dir, dir + "/one", 3), dir);
+  Result one = test::one_process("--config " + dp_config(dir, dir + "/one", 3), dir);
   ASSERT_EQ(one.status, 0) << one.err;
   for (const std::string& sharded : {"false", "true"})
     for (int ranks : {2, 3}) {
@@ -105,8 +105,10 @@ TEST_F(DataParallel, ATorchrunEnvironmentSetByHandTrainsAsTheLauncherDoes) {
   const int port = 20000 + static_cast<int>(::getpid() % 20000);
   std::string script;
   for (int r = 0; r < 2; ++r)
+    // torchrun also sets OMP_NUM_THREADS=1 for several processes per node.
     script += "(RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
-              " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + base + " > /dev/null 2> " +
+              " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " OMP_NUM_THREADS=1 " + base +
+              " > /dev/null 2> " +
               dir + "/err" + std::to_string(r) + ".txt; echo $? > " + dir + "/status" + std::to_string(r) + ") & ";
   script += "wait";
   ASSERT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0);

@@ -41,7 +41,7 @@ nlohmann::json trainer_state(const std::string& checkpoint) {
 TEST_F(Pipeline, OneOneTwoOneAndOneTwoTrainTheDrafterAsOneProcessDoes) {
   test::TempDir temp("dflash_pipe");
   const std::string dir = temp.path().string();
-  Result one = host("--config " + dp_config(dir, dir + "/one", 3), dir);
+  Result one = test::one_process("--config " + dp_config(dir, dir + "/one", 3), dir);
   ASSERT_EQ(one.status, 0) << one.err;
   const auto m1 = metrics_of(dir + "/one");
   struct Case {
