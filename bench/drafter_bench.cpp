@@ -66,7 +66,7 @@ const PeerFigures* peer_at(int64_t context, int64_t anchors, int64_t block) {
 struct Args {
   std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, trace, attention, kernel = "auto";  // attention empty: the plugin's default
   std::string layer_ops = "fused", attention_keeps;  // empty: the plugin's default
-  std::string adamw_kernel = "aten";                 // AdamWOptions::kernel
+  std::string adamw_kernel;                          // empty: AdamWOptions' default
   bool checkpointing = false, embedding_on_cpu = false;
   int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
   int64_t intermediate = 17408, vocab = 248320, target_layers = 64;
@@ -119,7 +119,8 @@ Args parse(int argc, char** argv) {
   }
   if (a.plugin_dir.empty()) throw std::invalid_argument("--plugin-dir DIR is required");
   if (a.precision != "same" && a.precision != "fp32_master") throw std::invalid_argument("--precision: same or fp32_master");
-  if (a.adamw_kernel != "aten" && a.adamw_kernel != "ours") throw std::invalid_argument("--adamw-kernel: aten or ours");
+  if (!a.adamw_kernel.empty() && a.adamw_kernel != "aten" && a.adamw_kernel != "ours")
+    throw std::invalid_argument("--adamw-kernel: aten or ours");
   return a;
 }
 
@@ -191,7 +192,8 @@ int main(int argc, char** argv) {
   for (const auto& [name, p] : parameters) parameter_count += p.numel();
   train::AdamWOptions options;
   options.fp32_master = a.precision == "fp32_master";
-  options.kernel = a.adamw_kernel == "ours" ? train::AdamWOptions::Kernel::kOurs : train::AdamWOptions::Kernel::kAten;
+  if (!a.adamw_kernel.empty())
+    options.kernel = a.adamw_kernel == "ours" ? train::AdamWOptions::Kernel::kOurs : train::AdamWOptions::Kernel::kAten;
   train::AdamW optimizer(parameters, options);
 
   // One context row; every position supervised, so every anchor has a full block.

@@ -118,7 +118,6 @@ bool AdamW::kernel_step(double lr, double grad_factor) {
   // parameter's pointers and its first chunk. Anything it cannot take (another
   // dtype or device, a strided tensor) leaves the whole step to ATen's.
   std::vector<k::Tensor> table;
-  std::vector<at::Tensor> grads;  // alive until the launch is queued
   int64_t chunks = 0;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& p = parameters_[i].second;
@@ -127,7 +126,6 @@ bool AdamW::kernel_step(double lr, double grad_factor) {
     if (p.scalar_type() != live_type || g.scalar_type() != live_type || p.device() != first.device() ||
         g.device() != first.device() || !p.is_contiguous() || !g.is_contiguous())
       return false;
-    grads.push_back(g);
     k::Tensor t{};
     t.param = options_.fp32_master ? master_[i].data_ptr() : p.data_ptr();
     t.grad = g.data_ptr();
@@ -174,8 +172,10 @@ void AdamW::step(double lr, double grad_factor) {
   const c10::NoGradGuard no_grad;
   ++steps_;
   if (fused_available(parameters_.empty() ? at::Tensor() : parameters_.front().second) && options_.fused) {
-    last_kernel_ = "ours";
-    if (options_.kernel == AdamWOptions::Kernel::kOurs && kernel_step(lr, grad_factor)) return;
+    if (options_.kernel == AdamWOptions::Kernel::kOurs && kernel_step(lr, grad_factor)) {
+      last_kernel_ = "ours";
+      return;
+    }
     last_kernel_ = "aten";
     fused_step(lr, grad_factor);
     return;

@@ -246,18 +246,18 @@ TEST(FusedCkptKlLoss, CudaKernelsMatchTheTruth) {
     for (int64_t vocab : {507, 512}) {
       for (double alpha : {0.0, 1.0, 0.3}) {
         for (int64_t chunk : {1, 100, 0}) {
-         for (const char* kernel : {"one_launch", "two_launches"}) {
-          const double temperature = alpha == 0.3 ? 2.0 : 1.0;
-          Case c{"fused_ckpt_kl",
-                 {{"kl_weight", alpha}, {"temperature", temperature}, {"chunk_size", chunk}, {"cuda_kernel", kernel}},
-                 spec(alpha, temperature, alpha > 0 ? TeacherSignal::kHidden : TeacherSignal::kNone)};
-          c.v = vocab;
-          c.dtype = dtype;
-          c.device = torch::Device(torch::kCUDA, 0);
-          c.upstream = 1.5;
-          c.trainable = chunk == 100;
-          check_case(c);
-         }
+          for (const char* kernel : {"one_launch", "two_launches"}) {
+            const double temperature = alpha == 0.3 ? 2.0 : 1.0;
+            Case c{"fused_ckpt_kl",
+                   {{"kl_weight", alpha}, {"temperature", temperature}, {"chunk_size", chunk}, {"cuda_kernel", kernel}},
+                   spec(alpha, temperature, alpha > 0 ? TeacherSignal::kHidden : TeacherSignal::kNone)};
+            c.v = vocab;
+            c.dtype = dtype;
+            c.device = torch::Device(torch::kCUDA, 0);
+            c.upstream = 1.5;
+            c.trainable = chunk == 100;
+            check_case(c);
+          }
         }
       }
     }
