@@ -15,7 +15,7 @@
 //                 [--repeats 5 --warmup 2 --json out.jsonl] [--trace step.json]
 //
 // --loss-set KEY=VALUE (repeatable): one of the loss's settings (VALUE as
-// JSON where it parses, else as text), e.g. --loss-set cuda_kernel=one_launch.
+// JSON where it parses, else as text), e.g. --loss-set chunk_size=1024.
 // --trace FILE: one more step under LibTorch's profiler, written as a Chrome
 // trace (kineto_trace.h); scripts/trace_kernels.py sums its device time by
 // kernel and by kind (GEMM, attention, element-wise, optimizer).

@@ -19,8 +19,9 @@ DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 KINDS = [
     ("loss", ("row_statistics", "gradient_and_kl")),
     ("fused layer ops", ("rms_norm", "qk_norm", "head_norm", "swiglu")),
-    ("attention", ("cudnn", "fmha", "flash", "attention", "sdpa", "efficient")),
+    # Before attention: our AdamW kernel's namespace (dflash::) has "flash".
     ("optimizer", ("adam", "multi_tensor", "foreach", "norm_kernel", "lpnorm")),
+    ("attention", ("cudnn", "fmha", "flash", "attention", "sdpa", "efficient")),
     ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "matmul", "splitk")),
     ("copies", ("memcpy", "memset", "copy", "cat", "index", "gather", "scatter")),
 ]

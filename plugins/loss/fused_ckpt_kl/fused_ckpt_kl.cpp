@@ -35,10 +35,11 @@ bool cuda_path_applies(const at::Tensor& h) {
 
 #ifdef DFLASH_FUSED_CUDA
 
-// The GPU path: two passes over the chunk's input-dtype logits, in one launch
-// (loss_rows) or two (row_statistics, gradient_and_kl); the second writes
-// ∂(c·ℓ)/∂z over z in place.
-sdk::ChunkRows cuda_chunk(const sdk::LossChunk& c, const loss::BlendSettings& s, bool one_launch) {
+// The GPU path: two passes over the chunk's input-dtype logits
+// (row_statistics, gradient_and_kl); the second writes ∂(c·ℓ)/∂z over z in
+// place. Both passes in one launch were slower in the two forms measured
+// (docs/performance.md, "The loss's two passes").
+sdk::ChunkRows cuda_chunk(const sdk::LossChunk& c, const loss::BlendSettings& s) {
   const at::Tensor& z = c.logits;
   const at::Tensor& u = c.teacher_logits;
   const auto element = z.scalar_type() == at::kBFloat16 ? fused::Element::kBFloat16
@@ -55,22 +56,15 @@ sdk::ChunkRows cuda_chunk(const sdk::LossChunk& c, const loss::BlendSettings& s,
   const float inv_t = static_cast<float>(1.0 / s.temperature);
   const auto ce_scale = static_cast<float>(1.0 - s.kl_weight);
   const auto kl_scale = static_cast<float>(s.kl_weight * s.temperature);
-  if (one_launch) {
-    fused::loss_rows(element, z.data_ptr(), u.defined() ? u.data_ptr() : nullptr, rows, vocab, y.data_ptr<int64_t>(),
-                     coefficient.data_ptr<float>(), ce_scale, kl_scale, inv_t, lse_z.data_ptr<float>(),
-                     z_target.data_ptr<float>(), argmax.data_ptr<int64_t>(), kl.defined() ? kl.data_ptr<float>() : nullptr,
-                     c.need_grad, stream);
-  } else {
-    at::Tensor lse_zt = at::empty({rows}, f32), lse_ut = at::empty({rows}, f32);
-    fused::row_statistics(element, z.data_ptr(), u.defined() ? u.data_ptr() : nullptr, rows, vocab,
-                          y.data_ptr<int64_t>(), inv_t, lse_z.data_ptr<float>(), lse_zt.data_ptr<float>(),
-                          lse_ut.data_ptr<float>(), z_target.data_ptr<float>(), argmax.data_ptr<int64_t>(), stream);
-    if (c.need_grad || u.defined())
-      fused::gradient_and_kl(element, z.data_ptr(), u.defined() ? u.data_ptr() : nullptr, rows, vocab,
-                             y.data_ptr<int64_t>(), coefficient.data_ptr<float>(), ce_scale, kl_scale, inv_t,
-                             lse_z.data_ptr<float>(), lse_zt.data_ptr<float>(), lse_ut.data_ptr<float>(),
-                             kl.defined() ? kl.data_ptr<float>() : nullptr, c.need_grad, stream);
-  }
+  at::Tensor lse_zt = at::empty({rows}, f32), lse_ut = at::empty({rows}, f32);
+  fused::row_statistics(element, z.data_ptr(), u.defined() ? u.data_ptr() : nullptr, rows, vocab,
+                        y.data_ptr<int64_t>(), inv_t, lse_z.data_ptr<float>(), lse_zt.data_ptr<float>(),
+                        lse_ut.data_ptr<float>(), z_target.data_ptr<float>(), argmax.data_ptr<int64_t>(), stream);
+  if (c.need_grad || u.defined())
+    fused::gradient_and_kl(element, z.data_ptr(), u.defined() ? u.data_ptr() : nullptr, rows, vocab,
+                           y.data_ptr<int64_t>(), coefficient.data_ptr<float>(), ce_scale, kl_scale, inv_t,
+                           lse_z.data_ptr<float>(), lse_zt.data_ptr<float>(), lse_ut.data_ptr<float>(),
+                           kl.defined() ? kl.data_ptr<float>() : nullptr, c.need_grad, stream);
   sdk::ChunkRows out = loss::blend_rows(s, lse_z - z_target, kl);
   if (c.need_grad) out.grad = z;  // now ∂(c·ℓ)/∂z
   out.correct = argmax.eq(c.targets);
@@ -87,23 +81,17 @@ class FusedCheckpointedKl : public sdk::ChunkedLoss<FusedCheckpointedKl> {
 
   static std::string config_schema() {
     sdk::Schema schema = sdk::chunked_loss_schema();
-    loss::add_distillation(schema, 1.0)
-        .string("cuda_kernel", "two_launches",
-                "the GPU path's two passes over a chunk's logits: two_launches (each pass over the whole chunk: the "
-                "measured default) or one_launch (opt-in, not yet measured or checked on a GPU: one thread block per "
-                "row does both, the second back to front, starting on what the first left in L2)",
-                {"one_launch", "two_launches"});
+    loss::add_distillation(schema, 1.0);
     return schema.dump();
   }
   explicit FusedCheckpointedKl(const sdk::CreateContext& context)
       : ChunkedLoss(context, loss::BlendSettings::read(context.config()).teacher(sdk::Teacher::kHidden)),
         s_(loss::BlendSettings::read(context.config())),
-        one_launch_(context.config().at("cuda_kernel").get<std::string>() == "one_launch"),
         on_gpu_(context.device().rfind("cuda", 0) == 0) {}
 
   sdk::ChunkRows rows_and_grad(const sdk::LossChunk& chunk) const {
 #ifdef DFLASH_FUSED_CUDA
-    if (cuda_path_applies(chunk.logits)) return cuda_chunk(chunk, s_, one_launch_);
+    if (cuda_path_applies(chunk.logits)) return cuda_chunk(chunk, s_);
 #endif
     return loss::blend_rows_and_grad(chunk, s_);
   }
@@ -121,7 +109,6 @@ class FusedCheckpointedKl : public sdk::ChunkedLoss<FusedCheckpointedKl> {
 
  private:
   loss::BlendSettings s_;
-  bool one_launch_;
   bool on_gpu_;
 };
 

@@ -239,83 +239,6 @@ __global__ void gradient_and_kl_kernel(T* __restrict__ z, const T* __restrict__ 
   }
 }
 
-// Both passes in one launch, one thread block per row: pass 1 reads the row
-// for its statistics, pass 2 reads it again, back to front, and writes the
-// gradient over it. One block of kRowThreads per SM keeps ~132 rows (65 MB
-// of bf16 rows at V 248,320) in flight, so the back-to-front second read
-// starts on the part of the row the first read left in L2; two launches
-// over the whole chunk (508 MB) could never reuse it.
-constexpr int kRowThreads = 1024;
-
-template <class T, int kVec>
-__global__ void __launch_bounds__(kRowThreads, 1)
-    loss_rows_kernel(T* __restrict__ z, const T* __restrict__ u, int64_t vocab, const int64_t* __restrict__ targets,
-                     const float* __restrict__ coefficient, float ce_scale, float kl_scale, float inv_t,
-                     float* __restrict__ lse_z, float* __restrict__ z_target, int64_t* __restrict__ argmax,
-                     float* __restrict__ kl_rows, bool write_grad) {
-  const int64_t row = blockIdx.x;
-  T* zr = z + row * vocab;
-  const T* ur = u ? u + row * vocab : nullptr;
-  const int64_t packs = vocab / kVec;
-  const bool tempered = inv_t != 1.f;
-  // Pass 1: lse(z), lse(z/T) (when T ≠ 1), lse(u/T) (with the teacher), argmax(z).
-  Lse lz, lzt, lu;
-  float best = -FLT_MAX;
-  int64_t best_index = 0;
-  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-    const Pack<T, kVec> zp = *reinterpret_cast<const Pack<T, kVec>*>(zr + p * kVec);
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      const float x = to_float(zp.v[k]);
-      lz.add(x);
-      if (tempered) lzt.add(x * inv_t);
-      if (x > best) {
-        best = x;
-        best_index = p * kVec + k;
-      }
-    }
-    if (ur) {
-      const Pack<T, kVec> up = *reinterpret_cast<const Pack<T, kVec>*>(ur + p * kVec);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) lu.add(to_float(up.v[k]) * inv_t);
-    }
-  }
-  __shared__ float sm[32], ss[32];
-  __shared__ float row_lz, row_lzt, row_lu;
-  const Lse rz = block_merge(lz, sm, ss);
-  const Lse rzt = tempered ? block_merge(lzt, sm, ss) : Lse();
-  const Lse ru = ur ? block_merge(lu, sm, ss) : Lse();
-  const int64_t top = block_argmax(best, best_index);
-  if (threadIdx.x == 0) {
-    argmax[row] = top;
-    row_lz = rz.value();
-    row_lzt = tempered ? rzt.value() : row_lz;
-    row_lu = ur ? ru.value() : 0.f;
-    lse_z[row] = row_lz;
-    z_target[row] = to_float(zr[targets[row]]);
-  }
-  __syncthreads();
-  if (!write_grad && !ur) return;  // the loss alone: pass 1 had everything (uniform over the block)
-  // Pass 2, back to front: KL(softmax(u/T) ‖ softmax(z/T)) and the gradient.
-  const float c = coefficient[row];
-  const float a_ce = c * ce_scale, a_kl = c * kl_scale;
-  const float lzr = row_lz, lztr = row_lzt, lur = row_lu;
-  const int64_t target = targets[row];
-  float kl = 0.f;
-  for (int64_t p = packs - 1 - threadIdx.x; p >= 0; p -= blockDim.x) {
-    const int64_t base = p * kVec;
-    Pack<T, kVec> zp = *reinterpret_cast<const Pack<T, kVec>*>(zr + base);
-    Pack<T, kVec> up;
-    if (ur) up = *reinterpret_cast<const Pack<T, kVec>*>(ur + base);
-    gradient_pack(zp, ur ? &up : nullptr, base, target, a_ce, a_kl, inv_t, lzr, lztr, lur, kl);
-    if (write_grad) *reinterpret_cast<Pack<T, kVec>*>(zr + base) = zp;
-  }
-  if (kl_rows) {
-    const float total = block_sum(kl);
-    if (threadIdx.x == 0) kl_rows[row] = total;
-  }
-}
-
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
 }
@@ -347,22 +270,6 @@ void dispatch_grad(void* z, const void* u, int64_t rows, int64_t vocab, const in
                                                                targets, c, ce_scale, kl_scale, inv_t, lz, lzt, lut, kl,
                                                                write_grad);
   check(cudaGetLastError(), "fused_ckpt_kl gradient_and_kl");
-}
-
-template <class T>
-void dispatch_rows(void* z, const void* u, int64_t rows, int64_t vocab, const int64_t* targets, const float* c,
-                   float ce_scale, float kl_scale, float inv_t, float* lz, float* zy, int64_t* am, float* kl,
-                   bool write_grad, cudaStream_t stream) {
-  constexpr int kWide = 16 / sizeof(T);
-  if (vocab % kWide == 0)
-    loss_rows_kernel<T, kWide><<<rows, kRowThreads, 0, stream>>>(static_cast<T*>(z), static_cast<const T*>(u), vocab,
-                                                                 targets, c, ce_scale, kl_scale, inv_t, lz, zy, am, kl,
-                                                                 write_grad);
-  else
-    loss_rows_kernel<T, 1><<<rows, kRowThreads, 0, stream>>>(static_cast<T*>(z), static_cast<const T*>(u), vocab,
-                                                             targets, c, ce_scale, kl_scale, inv_t, lz, zy, am, kl,
-                                                             write_grad);
-  check(cudaGetLastError(), "fused_ckpt_kl loss_rows");
 }
 
 }  // namespace
@@ -398,23 +305,6 @@ void gradient_and_kl(Element element, void* z, const void* u, int64_t rows, int6
     case Element::kFloat16:
       return dispatch_grad<__half>(z, u, rows, vocab, targets, coefficient, ce_scale, kl_scale, inv_temperature, lse_z,
                                    lse_zt, lse_ut, kl_rows, write_grad, stream);
-  }
-}
-
-void loss_rows(Element element, void* z, const void* u, int64_t rows, int64_t vocab, const int64_t* targets,
-               const float* coefficient, float ce_scale, float kl_scale, float inv_temperature, float* lse_z,
-               float* z_target, int64_t* argmax, float* kl_rows, bool write_grad, cudaStream_t stream) {
-  if (rows == 0) return;
-  switch (element) {
-    case Element::kFloat32:
-      return dispatch_rows<float>(z, u, rows, vocab, targets, coefficient, ce_scale, kl_scale, inv_temperature, lse_z,
-                                  z_target, argmax, kl_rows, write_grad, stream);
-    case Element::kBFloat16:
-      return dispatch_rows<__nv_bfloat16>(z, u, rows, vocab, targets, coefficient, ce_scale, kl_scale, inv_temperature,
-                                          lse_z, z_target, argmax, kl_rows, write_grad, stream);
-    case Element::kFloat16:
-      return dispatch_rows<__half>(z, u, rows, vocab, targets, coefficient, ce_scale, kl_scale, inv_temperature, lse_z,
-                                   z_target, argmax, kl_rows, write_grad, stream);
   }
 }
 

@@ -26,12 +26,4 @@ void gradient_and_kl(Element element, void* z, const void* u, int64_t rows, int6
                      const float* lse_z, const float* lse_zt, const float* lse_ut, float* kl_rows, bool write_grad,
                      cudaStream_t stream);
 
-// Both passes in one launch (one thread block per row, the second pass
-// back to front so it starts on what the first left in L2): lse(z),
-// z[target], argmax(z), the KL rows (with u) and, when write_grad, the
-// gradient over z, as row_statistics then gradient_and_kl give them.
-void loss_rows(Element element, void* z, const void* u, int64_t rows, int64_t vocab, const int64_t* targets,
-               const float* coefficient, float ce_scale, float kl_scale, float inv_temperature, float* lse_z,
-               float* z_target, int64_t* argmax, float* kl_rows, bool write_grad, cudaStream_t stream);
-
 }  // namespace dflash::fused
