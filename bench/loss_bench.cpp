@@ -129,6 +129,15 @@ int main(int argc, char** argv) {
       {"fused_ckpt_kl CE+KL (blend 0.5)", "fused_ckpt_kl",
        {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", args.chunk_size}},
        DFLASH_TEACHER_HIDDEN, 3},
+      // The same two with the first pass a pack at a time (cuda_statistics: by_pack).
+      {"fused_ckpt_kl CE only, by pack", "fused_ckpt_kl",
+       {{"kl_weight", 0.0}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", args.chunk_size},
+        {"cuda_statistics", "by_pack"}},
+       DFLASH_TEACHER_NONE, 2},
+      {"fused_ckpt_kl CE+KL, by pack", "fused_ckpt_kl",
+       {{"kl_weight", 0.5}, {"temperature", 1.0}, {"reduction", "mean"}, {"chunk_size", args.chunk_size},
+        {"cuda_statistics", "by_pack"}},
+       DFLASH_TEACHER_HIDDEN, 3},
       // The SDK's example losses (sdk/examples; --plugin-dir build-gpu/test-plugins/sdk-examples), defaults only.
       {"example_weighted_ce (toolkit, autograd)", "example_weighted_ce", {{"temperature", 1.0}}, DFLASH_TEACHER_NONE, 2},
       {"example_reverse_kl (toolkit, closed form)", "example_reverse_kl", {{"temperature", 1.0}}, DFLASH_TEACHER_HIDDEN, 3},

@@ -176,6 +176,95 @@ __global__ void row_statistics_kernel(const T* __restrict__ z, const T* __restri
   }
 }
 
+// A pack of logits x·scale (its max `pm` given) added to a running
+// (max, Σ exp): one rescale per pack, then one exponential per logit and
+// no branch (Lse::add branches and rescales per logit).
+template <int kVec>
+__device__ __forceinline__ void add_pack(Lse& l, const float (&x)[kVec], float pm, float scale) {
+  const float m = fmaxf(l.m, pm * scale);
+  l.s *= __expf(l.m - m);
+  l.m = m;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) l.s += __expf(x[k] * scale - m);
+}
+
+// Pass 1 as row_statistics_kernel computes it, a pack at a time: each
+// thread loads kUnroll packs of z (and u) before any arithmetic, so more
+// bytes are in flight, and lse(z/T) comes from the same read (no second
+// read of the row when T ≠ 1). Per-logit arithmetic kept pass 1 at
+// 1.9 TB/s on an H200 (docs/performance.md).
+constexpr int kUnroll = 2;
+
+template <class T, int kVec>
+__global__ void __launch_bounds__(kThreads, 2) row_statistics_by_pack_kernel(const T* __restrict__ z, const T* __restrict__ u, int64_t vocab,
+                                              const int64_t* __restrict__ targets, float inv_t, float* lse_z,
+                                              float* lse_zt, float* lse_ut, float* z_target, int64_t* argmax) {
+  const int64_t row = blockIdx.x;
+  const T* zr = z + row * vocab;
+  const T* ur = u ? u + row * vocab : nullptr;
+  const int64_t packs = vocab / kVec;
+  const bool tempered = inv_t != 1.f;
+  Lse lz, lzt, lu;
+  float best = -FLT_MAX;
+  int64_t best_index = 0;
+  const int64_t stride = static_cast<int64_t>(blockDim.x);
+  for (int64_t first = threadIdx.x; first < packs; first += stride * kUnroll) {
+    Pack<T, kVec> zp[kUnroll], up[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t p = first + j * stride;
+      if (p < packs) {
+        zp[j] = *reinterpret_cast<const Pack<T, kVec>*>(zr + p * kVec);
+        if (ur) up[j] = *reinterpret_cast<const Pack<T, kVec>*>(ur + p * kVec);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t p = first + j * stride;
+      if (p >= packs) break;
+      float x[kVec];
+      float pm = -FLT_MAX;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        x[k] = to_float(zp[j].v[k]);
+        pm = fmaxf(pm, x[k]);
+      }
+      if (pm > best) {  // ascending indices: a tie keeps the lower
+        int first_max = kVec - 1;
+#pragma unroll
+        for (int k = kVec - 1; k >= 0; --k)
+          if (x[k] == pm) first_max = k;
+        best = pm;
+        best_index = p * kVec + first_max;
+      }
+      add_pack(lz, x, pm, 1.f);
+      if (tempered) add_pack(lzt, x, pm, inv_t);
+      if (ur) {
+        float y[kVec];
+        float ym = -FLT_MAX;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          y[k] = to_float(up[j].v[k]);
+          ym = fmaxf(ym, y[k]);
+        }
+        add_pack(lu, y, ym, inv_t);
+      }
+    }
+  }
+  __shared__ float sm[32], ss[32];
+  const Lse rz = block_merge(lz, sm, ss);
+  const Lse rzt = tempered ? block_merge(lzt, sm, ss) : Lse();
+  const Lse ru = ur ? block_merge(lu, sm, ss) : Lse();
+  const int64_t top = block_argmax(best, best_index);
+  if (threadIdx.x == 0) {
+    argmax[row] = top;
+    lse_z[row] = rz.value();
+    lse_zt[row] = tempered ? rzt.value() : rz.value();
+    if (ur) lse_ut[row] = ru.value();
+    z_target[row] = to_float(zr[targets[row]]);
+  }
+}
+
 // One pack of the second pass: ∂(c·ℓ)/∂z over the pack (in place) and its
 // KL terms added to `kl` (with the teacher's pack `up`).
 template <class T, int kVec>
@@ -244,15 +333,25 @@ void check(cudaError_t status, const char* what) {
 }
 
 template <class T>
-void dispatch_stats(const void* z, const void* u, int64_t rows, int64_t vocab, const int64_t* targets, float inv_t,
-                    float* lz, float* lzt, float* lut, float* zy, int64_t* am, cudaStream_t stream) {
+void dispatch_stats(Statistics statistics, const void* z, const void* u, int64_t rows, int64_t vocab,
+                    const int64_t* targets, float inv_t, float* lz, float* lzt, float* lut, float* zy, int64_t* am,
+                    cudaStream_t stream) {
   constexpr int kWide = 16 / sizeof(T);
-  if (vocab % kWide == 0)
-    row_statistics_kernel<T, kWide><<<rows, kThreads, 0, stream>>>(static_cast<const T*>(z), static_cast<const T*>(u),
-                                                                  vocab, targets, inv_t, lz, lzt, lut, zy, am);
-  else
-    row_statistics_kernel<T, 1><<<rows, kThreads, 0, stream>>>(static_cast<const T*>(z), static_cast<const T*>(u),
-                                                              vocab, targets, inv_t, lz, lzt, lut, zy, am);
+  const T* zt = static_cast<const T*>(z);
+  const T* ut = static_cast<const T*>(u);
+  const bool wide = vocab % kWide == 0;
+  if (statistics == Statistics::kByPack) {
+    if (wide)
+      row_statistics_by_pack_kernel<T, kWide><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, inv_t, lz, lzt,
+                                                                            lut, zy, am);
+    else
+      row_statistics_by_pack_kernel<T, 1><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, inv_t, lz, lzt, lut,
+                                                                        zy, am);
+  } else if (wide) {
+    row_statistics_kernel<T, kWide><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, inv_t, lz, lzt, lut, zy, am);
+  } else {
+    row_statistics_kernel<T, 1><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, inv_t, lz, lzt, lut, zy, am);
+  }
   check(cudaGetLastError(), "fused_ckpt_kl row_statistics");
 }
 
@@ -274,19 +373,20 @@ void dispatch_grad(void* z, const void* u, int64_t rows, int64_t vocab, const in
 
 }  // namespace
 
-void row_statistics(Element element, const void* z, const void* u, int64_t rows, int64_t vocab, const int64_t* targets,
-                    float inv_temperature, float* lse_z, float* lse_zt, float* lse_ut, float* z_target,
-                    int64_t* argmax, cudaStream_t stream) {
+void row_statistics(Element element, Statistics statistics, const void* z, const void* u, int64_t rows, int64_t vocab,
+                    const int64_t* targets, float inv_temperature, float* lse_z, float* lse_zt, float* lse_ut,
+                    float* z_target, int64_t* argmax, cudaStream_t stream) {
   if (rows == 0) return;
   switch (element) {
     case Element::kFloat32:
-      return dispatch_stats<float>(z, u, rows, vocab, targets, inv_temperature, lse_z, lse_zt, lse_ut, z_target, argmax, stream);
+      return dispatch_stats<float>(statistics, z, u, rows, vocab, targets, inv_temperature, lse_z, lse_zt, lse_ut,
+                                   z_target, argmax, stream);
     case Element::kBFloat16:
-      return dispatch_stats<__nv_bfloat16>(z, u, rows, vocab, targets, inv_temperature, lse_z, lse_zt, lse_ut, z_target,
-                                           argmax, stream);
+      return dispatch_stats<__nv_bfloat16>(statistics, z, u, rows, vocab, targets, inv_temperature, lse_z, lse_zt,
+                                           lse_ut, z_target, argmax, stream);
     case Element::kFloat16:
-      return dispatch_stats<__half>(z, u, rows, vocab, targets, inv_temperature, lse_z, lse_zt, lse_ut, z_target, argmax,
-                                    stream);
+      return dispatch_stats<__half>(statistics, z, u, rows, vocab, targets, inv_temperature, lse_z, lse_zt, lse_ut,
+                                    z_target, argmax, stream);
   }
 }
 

@@ -11,9 +11,15 @@ namespace dflash::fused {
 
 enum class Element { kFloat32, kBFloat16, kFloat16 };
 
+// How pass 1 walks a row: a logit at a time (an online softmax that
+// branches per logit; with T ≠ 1 a second read for lse(z/T)), or a pack of
+// 16 bytes at a time (one rescale per pack, several packs in flight per
+// thread, lse(z/T) from the same read).
+enum class Statistics { kPerLogit, kByPack };
+
 // Pass 1, per row: lse(z), lse(z/T), lse(u/T) (when u is given), z[target]
 // and argmax(z). All outputs are [rows] arrays on the device.
-void row_statistics(Element element, const void* z, const void* u, int64_t rows, int64_t vocab,
+void row_statistics(Element element, Statistics statistics, const void* z, const void* u, int64_t rows, int64_t vocab,
                     const int64_t* targets, float inv_temperature, float* lse_z, float* lse_zt, float* lse_ut,
                     float* z_target, int64_t* argmax, cudaStream_t stream);
 
