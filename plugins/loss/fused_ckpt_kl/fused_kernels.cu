@@ -188,6 +188,18 @@ __device__ __forceinline__ void add_pack(Lse& l, const float (&x)[kVec], float p
   for (int k = 0; k < kVec; ++k) l.s += __expf(x[k] * scale - m);
 }
 
+// A pack's logits in fp32 into `x`; returns their max.
+template <class T, int kVec>
+__device__ __forceinline__ float unpack_max(const Pack<T, kVec>& pack, float (&x)[kVec]) {
+  float m = -FLT_MAX;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    x[k] = to_float(pack.v[k]);
+    m = fmaxf(m, x[k]);
+  }
+  return m;
+}
+
 // Pass 1 as row_statistics_kernel computes it, a pack at a time: each
 // thread loads kUnroll packs of z (and u) before any arithmetic, so more
 // bytes are in flight, and lse(z/T) comes from the same read (no second
@@ -223,12 +235,7 @@ __global__ void __launch_bounds__(kThreads, 2) row_statistics_by_pack_kernel(con
       const int64_t p = first + j * stride;
       if (p >= packs) break;
       float x[kVec];
-      float pm = -FLT_MAX;
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        x[k] = to_float(zp[j].v[k]);
-        pm = fmaxf(pm, x[k]);
-      }
+      const float pm = unpack_max(zp[j], x);
       if (pm > best) {  // ascending indices: a tie keeps the lower
         int first_max = kVec - 1;
 #pragma unroll
@@ -241,13 +248,7 @@ __global__ void __launch_bounds__(kThreads, 2) row_statistics_by_pack_kernel(con
       if (tempered) add_pack(lzt, x, pm, inv_t);
       if (ur) {
         float y[kVec];
-        float ym = -FLT_MAX;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          y[k] = to_float(up[j].v[k]);
-          ym = fmaxf(ym, y[k]);
-        }
-        add_pack(lu, y, ym, inv_t);
+        add_pack(lu, y, unpack_max(up[j], y), inv_t);
       }
     }
   }
