@@ -57,12 +57,15 @@ sdk::ChunkRows cuda_chunk(const sdk::LossChunk& c, const loss::BlendSettings& s,
   const auto ce_scale = static_cast<float>(1.0 - s.kl_weight);
   const auto kl_scale = static_cast<float>(s.kl_weight * s.temperature);
   at::Tensor lse_zt = at::empty({rows}, f32), lse_ut = at::empty({rows}, f32);
+  // by_pack also skips the ignored rows in both passes (zeros, never read).
+  const at::Tensor valid = statistics == fused::Statistics::kByPack ? c.valid.contiguous() : at::Tensor();
+  const bool* valid_rows = valid.defined() ? valid.data_ptr<bool>() : nullptr;
   fused::row_statistics(element, statistics, z.data_ptr(), u.defined() ? u.data_ptr() : nullptr, rows, vocab,
-                        y.data_ptr<int64_t>(), inv_t, lse_z.data_ptr<float>(), lse_zt.data_ptr<float>(),
+                        y.data_ptr<int64_t>(), valid_rows, inv_t, lse_z.data_ptr<float>(), lse_zt.data_ptr<float>(),
                         lse_ut.data_ptr<float>(), z_target.data_ptr<float>(), argmax.data_ptr<int64_t>(), stream);
   if (c.need_grad || u.defined())
     fused::gradient_and_kl(element, z.data_ptr(), u.defined() ? u.data_ptr() : nullptr, rows, vocab,
-                           y.data_ptr<int64_t>(), coefficient.data_ptr<float>(), ce_scale, kl_scale, inv_t,
+                           y.data_ptr<int64_t>(), valid_rows, coefficient.data_ptr<float>(), ce_scale, kl_scale, inv_t,
                            lse_z.data_ptr<float>(), lse_zt.data_ptr<float>(), lse_ut.data_ptr<float>(),
                            kl.defined() ? kl.data_ptr<float>() : nullptr, c.need_grad, stream);
   sdk::ChunkRows out = loss::blend_rows(s, lse_z - z_target, kl);
@@ -85,7 +88,8 @@ class FusedCheckpointedKl : public sdk::ChunkedLoss<FusedCheckpointedKl> {
         .string("cuda_statistics", "per_logit",
                 "how the GPU path's first pass walks a row of logits: per_logit (an online softmax branching per "
                 "logit) or by_pack (opt-in, added 2026-12-04 and not yet run on a GPU: 16 bytes at a time, one "
-                "rescale per pack, two packs in flight per thread, lse(z/T) from the same read)",
+                "rescale per pack, two packs in flight per thread, lse(z/T) from the same read; and rows the loss "
+                "ignores are not read by either pass, their gradient written as zeros)",
                 {"per_logit", "by_pack"});
     return schema.dump();
   }

@@ -208,10 +208,19 @@ __device__ __forceinline__ float unpack_max(const Pack<T, kVec>& pack, float (&x
 constexpr int kUnroll = 2;
 
 template <class T, int kVec>
-__global__ void __launch_bounds__(kThreads, 2) row_statistics_by_pack_kernel(const T* __restrict__ z, const T* __restrict__ u, int64_t vocab,
-                                              const int64_t* __restrict__ targets, float inv_t, float* lse_z,
-                                              float* lse_zt, float* lse_ut, float* z_target, int64_t* argmax) {
+__global__ void __launch_bounds__(kThreads, 2)
+    row_statistics_by_pack_kernel(const T* __restrict__ z, const T* __restrict__ u, int64_t vocab,
+                                  const int64_t* __restrict__ targets, const bool* __restrict__ valid, float inv_t,
+                                  float* lse_z, float* lse_zt, float* lse_ut, float* z_target, int64_t* argmax) {
   const int64_t row = blockIdx.x;
+  if (valid && !valid[row]) {  // an ignored row: finite zeros, its logits never read
+    if (threadIdx.x == 0) {
+      lse_z[row] = lse_zt[row] = z_target[row] = 0.f;
+      if (u) lse_ut[row] = 0.f;
+      argmax[row] = -1;
+    }
+    return;
+  }
   const T* zr = z + row * vocab;
   const T* ur = u ? u + row * vocab : nullptr;
   const int64_t packs = vocab / kVec;
@@ -303,13 +312,24 @@ __device__ float block_sum(float x) {
 
 template <class T, int kVec>
 __global__ void gradient_and_kl_kernel(T* __restrict__ z, const T* __restrict__ u, int64_t vocab,
-                                       const int64_t* __restrict__ targets, const float* __restrict__ coefficient,
-                                       float ce_scale, float kl_scale, float inv_t, const float* __restrict__ lse_z,
-                                       const float* __restrict__ lse_zt, const float* __restrict__ lse_ut,
-                                       float* kl_rows, bool write_grad) {
+                                       const int64_t* __restrict__ targets, const bool* __restrict__ valid,
+                                       const float* __restrict__ coefficient, float ce_scale, float kl_scale,
+                                       float inv_t, const float* __restrict__ lse_z, const float* __restrict__ lse_zt,
+                                       const float* __restrict__ lse_ut, float* kl_rows, bool write_grad) {
   const int64_t row = blockIdx.x;
   T* zr = z + row * vocab;
   const T* ur = u ? u + row * vocab : nullptr;
+  if (valid && !valid[row]) {  // an ignored row: a zero gradient written, nothing read
+    if (write_grad) {
+      Pack<T, kVec> zero;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) zero.v[k] = from_float<T>(0.f);
+      for (int64_t base = static_cast<int64_t>(threadIdx.x) * kVec; base < vocab; base += static_cast<int64_t>(blockDim.x) * kVec)
+        *reinterpret_cast<Pack<T, kVec>*>(zr + base) = zero;
+    }
+    if (kl_rows && threadIdx.x == 0) kl_rows[row] = 0.f;
+    return;
+  }
   const float c = coefficient[row];
   const float a_ce = c * ce_scale, a_kl = c * kl_scale;
   const float lz = lse_z[row], lzt = lse_zt[row];
@@ -335,7 +355,7 @@ void check(cudaError_t status, const char* what) {
 
 template <class T>
 void dispatch_stats(Statistics statistics, const void* z, const void* u, int64_t rows, int64_t vocab,
-                    const int64_t* targets, float inv_t, float* lz, float* lzt, float* lut, float* zy, int64_t* am,
+                    const int64_t* targets, const bool* valid, float inv_t, float* lz, float* lzt, float* lut, float* zy, int64_t* am,
                     cudaStream_t stream) {
   constexpr int kWide = 16 / sizeof(T);
   const T* zt = static_cast<const T*>(z);
@@ -343,11 +363,11 @@ void dispatch_stats(Statistics statistics, const void* z, const void* u, int64_t
   const bool wide = vocab % kWide == 0;
   if (statistics == Statistics::kByPack) {
     if (wide)
-      row_statistics_by_pack_kernel<T, kWide><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, inv_t, lz, lzt,
-                                                                            lut, zy, am);
+      row_statistics_by_pack_kernel<T, kWide><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, valid, inv_t, lz,
+                                                                            lzt, lut, zy, am);
     else
-      row_statistics_by_pack_kernel<T, 1><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, inv_t, lz, lzt, lut,
-                                                                        zy, am);
+      row_statistics_by_pack_kernel<T, 1><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, valid, inv_t, lz, lzt,
+                                                                        lut, zy, am);
   } else if (wide) {
     row_statistics_kernel<T, kWide><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, inv_t, lz, lzt, lut, zy, am);
   } else {
@@ -357,17 +377,18 @@ void dispatch_stats(Statistics statistics, const void* z, const void* u, int64_t
 }
 
 template <class T>
-void dispatch_grad(void* z, const void* u, int64_t rows, int64_t vocab, const int64_t* targets, const float* c,
+void dispatch_grad(void* z, const void* u, int64_t rows, int64_t vocab, const int64_t* targets, const bool* valid,
+                   const float* c,
                    float ce_scale, float kl_scale, float inv_t, const float* lz, const float* lzt, const float* lut,
                    float* kl, bool write_grad, cudaStream_t stream) {
   constexpr int kWide = 16 / sizeof(T);
   if (vocab % kWide == 0)
     gradient_and_kl_kernel<T, kWide><<<rows, kThreads, 0, stream>>>(static_cast<T*>(z), static_cast<const T*>(u), vocab,
-                                                                   targets, c, ce_scale, kl_scale, inv_t, lz, lzt, lut,
+                                                                   targets, valid, c, ce_scale, kl_scale, inv_t, lz, lzt, lut,
                                                                    kl, write_grad);
   else
     gradient_and_kl_kernel<T, 1><<<rows, kThreads, 0, stream>>>(static_cast<T*>(z), static_cast<const T*>(u), vocab,
-                                                               targets, c, ce_scale, kl_scale, inv_t, lz, lzt, lut, kl,
+                                                               targets, valid, c, ce_scale, kl_scale, inv_t, lz, lzt, lut, kl,
                                                                write_grad);
   check(cudaGetLastError(), "fused_ckpt_kl gradient_and_kl");
 }
@@ -375,36 +396,37 @@ void dispatch_grad(void* z, const void* u, int64_t rows, int64_t vocab, const in
 }  // namespace
 
 void row_statistics(Element element, Statistics statistics, const void* z, const void* u, int64_t rows, int64_t vocab,
-                    const int64_t* targets, float inv_temperature, float* lse_z, float* lse_zt, float* lse_ut,
+                    const int64_t* targets, const bool* valid, float inv_temperature, float* lse_z, float* lse_zt, float* lse_ut,
                     float* z_target, int64_t* argmax, cudaStream_t stream) {
   if (rows == 0) return;
   switch (element) {
     case Element::kFloat32:
-      return dispatch_stats<float>(statistics, z, u, rows, vocab, targets, inv_temperature, lse_z, lse_zt, lse_ut,
+      return dispatch_stats<float>(statistics, z, u, rows, vocab, targets, valid, inv_temperature, lse_z, lse_zt, lse_ut,
                                    z_target, argmax, stream);
     case Element::kBFloat16:
-      return dispatch_stats<__nv_bfloat16>(statistics, z, u, rows, vocab, targets, inv_temperature, lse_z, lse_zt,
+      return dispatch_stats<__nv_bfloat16>(statistics, z, u, rows, vocab, targets, valid, inv_temperature, lse_z, lse_zt,
                                            lse_ut, z_target, argmax, stream);
     case Element::kFloat16:
-      return dispatch_stats<__half>(statistics, z, u, rows, vocab, targets, inv_temperature, lse_z, lse_zt, lse_ut,
+      return dispatch_stats<__half>(statistics, z, u, rows, vocab, targets, valid, inv_temperature, lse_z, lse_zt, lse_ut,
                                     z_target, argmax, stream);
   }
 }
 
 void gradient_and_kl(Element element, void* z, const void* u, int64_t rows, int64_t vocab, const int64_t* targets,
+                     const bool* valid,
                      const float* coefficient, float ce_scale, float kl_scale, float inv_temperature,
                      const float* lse_z, const float* lse_zt, const float* lse_ut, float* kl_rows, bool write_grad,
                      cudaStream_t stream) {
   if (rows == 0) return;
   switch (element) {
     case Element::kFloat32:
-      return dispatch_grad<float>(z, u, rows, vocab, targets, coefficient, ce_scale, kl_scale, inv_temperature, lse_z,
+      return dispatch_grad<float>(z, u, rows, vocab, targets, valid, coefficient, ce_scale, kl_scale, inv_temperature, lse_z,
                                   lse_zt, lse_ut, kl_rows, write_grad, stream);
     case Element::kBFloat16:
-      return dispatch_grad<__nv_bfloat16>(z, u, rows, vocab, targets, coefficient, ce_scale, kl_scale, inv_temperature,
+      return dispatch_grad<__nv_bfloat16>(z, u, rows, vocab, targets, valid, coefficient, ce_scale, kl_scale, inv_temperature,
                                           lse_z, lse_zt, lse_ut, kl_rows, write_grad, stream);
     case Element::kFloat16:
-      return dispatch_grad<__half>(z, u, rows, vocab, targets, coefficient, ce_scale, kl_scale, inv_temperature, lse_z,
+      return dispatch_grad<__half>(z, u, rows, vocab, targets, valid, coefficient, ce_scale, kl_scale, inv_temperature, lse_z,
                                    lse_zt, lse_ut, kl_rows, write_grad, stream);
   }
 }
