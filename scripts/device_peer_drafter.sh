@@ -11,26 +11,31 @@
 # SHAPES="4096 512 16;8192 1024 16" runs only those shapes (default all three);
 # NO_PEER=1 runs only ours.
 set -euo pipefail
+# Four files at most (the GPU machine hands back 8 per call): build.txt,
+# machine.txt (date, GPU), steps.txt (both sides' printed lines, shape by
+# shape) and steps.jsonl (ours: drafter_bench's record; the peer's has "who").
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-${OUT:-/tmp/peer_drafter}}
 mkdir -p "$out"
 [ -d "$root/.peer/specforge" ] || { echo "no .peer/specforge: see this script's header" >&2; exit 2; }
 [ "${SKIP_BUILD:-0}" = 1 ] || DFLASH_DEVICE_NO_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host drafter_bench" "$root/scripts/device_build.sh" \
   > "$out/build.txt" 2>&1
-date -u +%Y-%m-%dT%H:%MZ > "$out/date.txt"
-nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv > "$out/gpu.txt" || true
+{ date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv || true; } > "$out/machine.txt"
 IFS=';' read -ra shapes <<< "${SHAPES:-4096 512 16;8192 1024 16;3072 1024 32}"
 for shape in "${shapes[@]}"; do
   set -- $shape
   IFS=';' read -ra variants <<< "${OURS_VARIANTS:-}"
   for flags in "" "${variants[@]}"; do
-    echo "== ours $shape ${flags}" >> "$out/ours.txt"
+    echo "== ours $shape ${flags}" >> "$out/steps.txt"
     # shellcheck disable=SC2086
     "$root/build-gpu/bin/drafter_bench" --plugin-dir "$root/build-gpu/lib/dflash-host/plugins" --context "$1" --anchors "$2" \
-      --block "$3" $flags --json "$out/ours.jsonl" 2>&1 | grep -v "\[info\] loading" >> "$out/ours.txt" ||
-      echo "ours $shape $flags failed" >> "$out/ours.txt"
+      --block "$3" $flags --json "$out/steps.jsonl" 2>&1 | grep -v "\[info\] loading" >> "$out/steps.txt" ||
+      echo "ours $shape $flags failed" >> "$out/steps.txt"
   done
-  [ "${NO_PEER:-0}" = 1 ] || python3 "$root/scripts/peer_drafter_step.py" --specforge "$root/.peer" --context "$1" --anchors "$2" --block "$3" \
-    --json "$out/peer.jsonl" >> "$out/peer.txt" 2>&1 || echo "peer $shape failed" >> "$out/peer.txt"
+  if [ "${NO_PEER:-0}" != 1 ]; then
+    echo "== peer $shape" >> "$out/steps.txt"
+    python3 "$root/scripts/peer_drafter_step.py" --specforge "$root/.peer" --context "$1" --anchors "$2" --block "$3" \
+      --json "$out/steps.jsonl" 2>&1 | grep -v "warn" >> "$out/steps.txt" || echo "peer $shape failed" >> "$out/steps.txt"
+  fi
 done
-tail -n 3 "$out/ours.txt" "$out/peer.txt"
+grep -E "^==|^step|^useful|step_ms|failed" "$out/steps.txt"
