@@ -38,7 +38,7 @@ bool cuda_path_applies(const at::Tensor& h) {
 // The GPU path: two passes over the chunk's input-dtype logits
 // (row_statistics, gradient_and_kl); the second writes ∂(c·ℓ)/∂z over z in
 // place. Both passes in one launch were slower in the two forms measured
-// (docs/performance.md, "The loss's two passes").
+// (docs/performance.md, "Issue 20's loss targets").
 sdk::ChunkRows cuda_chunk(const sdk::LossChunk& c, const loss::BlendSettings& s, fused::Statistics statistics) {
   const at::Tensor& z = c.logits;
   const at::Tensor& u = c.teacher_logits;

@@ -6,6 +6,7 @@
 #include <cfloat>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace dflash::fused {
 namespace {
@@ -324,7 +325,8 @@ __global__ void gradient_and_kl_kernel(T* __restrict__ z, const T* __restrict__ 
       Pack<T, kVec> zero;
 #pragma unroll
       for (int k = 0; k < kVec; ++k) zero.v[k] = from_float<T>(0.f);
-      for (int64_t base = static_cast<int64_t>(threadIdx.x) * kVec; base < vocab; base += static_cast<int64_t>(blockDim.x) * kVec)
+      const int64_t stride = static_cast<int64_t>(blockDim.x) * kVec;
+      for (int64_t base = static_cast<int64_t>(threadIdx.x) * kVec; base < vocab; base += stride)
         *reinterpret_cast<Pack<T, kVec>*>(zr + base) = zero;
     }
     if (kl_rows && threadIdx.x == 0) kl_rows[row] = 0.f;
@@ -353,82 +355,62 @@ void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
 }
 
-template <class T>
-void dispatch_stats(Statistics statistics, const void* z, const void* u, int64_t rows, int64_t vocab,
-                    const int64_t* targets, const bool* valid, float inv_t, float* lz, float* lzt, float* lut, float* zy, int64_t* am,
-                    cudaStream_t stream) {
-  constexpr int kWide = 16 / sizeof(T);
-  const T* zt = static_cast<const T*>(z);
-  const T* ut = static_cast<const T*>(u);
-  const bool wide = vocab % kWide == 0;
-  if (statistics == Statistics::kByPack) {
-    if (wide)
-      row_statistics_by_pack_kernel<T, kWide><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, valid, inv_t, lz,
-                                                                            lzt, lut, zy, am);
+// Calls f(T{}, std::integral_constant<int, kVec>{}) for the element type and
+// the widest pack (16 bytes) that divides the row, else packs of one: the one
+// place the kernels' template arguments are chosen.
+template <class F>
+void with_element_and_pack(Element element, int64_t vocab, F&& f) {
+  auto with_pack = [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kWide = 16 / sizeof(T);
+    if (vocab % kWide == 0)
+      f(tag, std::integral_constant<int, kWide>{});
     else
-      row_statistics_by_pack_kernel<T, 1><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, valid, inv_t, lz, lzt,
-                                                                        lut, zy, am);
-  } else if (wide) {
-    row_statistics_kernel<T, kWide><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, inv_t, lz, lzt, lut, zy, am);
-  } else {
-    row_statistics_kernel<T, 1><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, inv_t, lz, lzt, lut, zy, am);
+      f(tag, std::integral_constant<int, 1>{});
+  };
+  switch (element) {
+    case Element::kFloat32:
+      return with_pack(float{});
+    case Element::kBFloat16:
+      return with_pack(__nv_bfloat16{});
+    case Element::kFloat16:
+      return with_pack(__half{});
   }
-  check(cudaGetLastError(), "fused_ckpt_kl row_statistics");
-}
-
-template <class T>
-void dispatch_grad(void* z, const void* u, int64_t rows, int64_t vocab, const int64_t* targets, const bool* valid,
-                   const float* c,
-                   float ce_scale, float kl_scale, float inv_t, const float* lz, const float* lzt, const float* lut,
-                   float* kl, bool write_grad, cudaStream_t stream) {
-  constexpr int kWide = 16 / sizeof(T);
-  if (vocab % kWide == 0)
-    gradient_and_kl_kernel<T, kWide><<<rows, kThreads, 0, stream>>>(static_cast<T*>(z), static_cast<const T*>(u), vocab,
-                                                                   targets, valid, c, ce_scale, kl_scale, inv_t, lz, lzt, lut,
-                                                                   kl, write_grad);
-  else
-    gradient_and_kl_kernel<T, 1><<<rows, kThreads, 0, stream>>>(static_cast<T*>(z), static_cast<const T*>(u), vocab,
-                                                               targets, valid, c, ce_scale, kl_scale, inv_t, lz, lzt, lut, kl,
-                                                               write_grad);
-  check(cudaGetLastError(), "fused_ckpt_kl gradient_and_kl");
 }
 
 }  // namespace
 
-void row_statistics(Element element, Statistics statistics, const void* z, const void* u, int64_t rows, int64_t vocab,
-                    const int64_t* targets, const bool* valid, float inv_temperature, float* lse_z, float* lse_zt, float* lse_ut,
-                    float* z_target, int64_t* argmax, cudaStream_t stream) {
+void row_statistics(Element element, Statistics statistics, const void* z, const void* u, int64_t rows,
+                    int64_t vocab, const int64_t* targets, const bool* valid, float inv_temperature, float* lse_z,
+                    float* lse_zt, float* lse_ut, float* z_target, int64_t* argmax, cudaStream_t stream) {
   if (rows == 0) return;
-  switch (element) {
-    case Element::kFloat32:
-      return dispatch_stats<float>(statistics, z, u, rows, vocab, targets, valid, inv_temperature, lse_z, lse_zt, lse_ut,
-                                   z_target, argmax, stream);
-    case Element::kBFloat16:
-      return dispatch_stats<__nv_bfloat16>(statistics, z, u, rows, vocab, targets, valid, inv_temperature, lse_z, lse_zt,
-                                           lse_ut, z_target, argmax, stream);
-    case Element::kFloat16:
-      return dispatch_stats<__half>(statistics, z, u, rows, vocab, targets, valid, inv_temperature, lse_z, lse_zt, lse_ut,
-                                    z_target, argmax, stream);
-  }
+  with_element_and_pack(element, vocab, [&](auto tag, auto pack) {
+    using T = decltype(tag);
+    constexpr int kVec = decltype(pack)::value;
+    const T* zt = static_cast<const T*>(z);
+    const T* ut = static_cast<const T*>(u);
+    if (statistics == Statistics::kByPack)
+      row_statistics_by_pack_kernel<T, kVec><<<rows, kThreads, 0, stream>>>(
+          zt, ut, vocab, targets, valid, inv_temperature, lse_z, lse_zt, lse_ut, z_target, argmax);
+    else
+      row_statistics_kernel<T, kVec><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, inv_temperature, lse_z,
+                                                                    lse_zt, lse_ut, z_target, argmax);
+  });
+  check(cudaGetLastError(), "fused_ckpt_kl row_statistics");
 }
 
 void gradient_and_kl(Element element, void* z, const void* u, int64_t rows, int64_t vocab, const int64_t* targets,
-                     const bool* valid,
-                     const float* coefficient, float ce_scale, float kl_scale, float inv_temperature,
-                     const float* lse_z, const float* lse_zt, const float* lse_ut, float* kl_rows, bool write_grad,
-                     cudaStream_t stream) {
+                     const bool* valid, const float* coefficient, float ce_scale, float kl_scale,
+                     float inv_temperature, const float* lse_z, const float* lse_zt, const float* lse_ut,
+                     float* kl_rows, bool write_grad, cudaStream_t stream) {
   if (rows == 0) return;
-  switch (element) {
-    case Element::kFloat32:
-      return dispatch_grad<float>(z, u, rows, vocab, targets, valid, coefficient, ce_scale, kl_scale, inv_temperature, lse_z,
-                                  lse_zt, lse_ut, kl_rows, write_grad, stream);
-    case Element::kBFloat16:
-      return dispatch_grad<__nv_bfloat16>(z, u, rows, vocab, targets, valid, coefficient, ce_scale, kl_scale, inv_temperature,
-                                          lse_z, lse_zt, lse_ut, kl_rows, write_grad, stream);
-    case Element::kFloat16:
-      return dispatch_grad<__half>(z, u, rows, vocab, targets, valid, coefficient, ce_scale, kl_scale, inv_temperature, lse_z,
-                                   lse_zt, lse_ut, kl_rows, write_grad, stream);
-  }
+  with_element_and_pack(element, vocab, [&](auto tag, auto pack) {
+    using T = decltype(tag);
+    gradient_and_kl_kernel<T, decltype(pack)::value><<<rows, kThreads, 0, stream>>>(
+        static_cast<T*>(z), static_cast<const T*>(u), vocab, targets, valid, coefficient, ce_scale, kl_scale,
+        inv_temperature, lse_z, lse_zt, lse_ut, kl_rows, write_grad);
+  });
+  check(cudaGetLastError(), "fused_ckpt_kl gradient_and_kl");
 }
 
 }  // namespace dflash::fused
