@@ -96,12 +96,13 @@ class FusedCheckpointedKl : public sdk::ChunkedLoss<FusedCheckpointedKl> {
   explicit FusedCheckpointedKl(const sdk::CreateContext& context)
       : ChunkedLoss(context, loss::BlendSettings::read(context.config()).teacher(sdk::Teacher::kHidden)),
         s_(loss::BlendSettings::read(context.config())),
-        statistics_(statistics_named(context.config().at("cuda_statistics").get<std::string>())),
+        by_pack_(context.config().at("cuda_statistics").get<std::string>() == "by_pack"),
         on_gpu_(context.device().rfind("cuda", 0) == 0) {}
 
   sdk::ChunkRows rows_and_grad(const sdk::LossChunk& chunk) const {
 #ifdef DFLASH_FUSED_CUDA
-    if (cuda_path_applies(chunk.logits)) return cuda_chunk(chunk, s_, statistics_);
+    if (cuda_path_applies(chunk.logits))
+      return cuda_chunk(chunk, s_, by_pack_ ? fused::Statistics::kByPack : fused::Statistics::kPerLogit);
 #endif
     return loss::blend_rows_and_grad(chunk, s_);
   }
@@ -118,17 +119,8 @@ class FusedCheckpointedKl : public sdk::ChunkedLoss<FusedCheckpointedKl> {
   }
 
  private:
-#ifdef DFLASH_FUSED_CUDA
-  using Statistics = fused::Statistics;
-#else
-  enum class Statistics { kPerLogit, kByPack };  // the setting is read (and checked) in every build
-#endif
-  static Statistics statistics_named(const std::string& name) {
-    return name == "by_pack" ? Statistics::kByPack : Statistics::kPerLogit;
-  }
-
   loss::BlendSettings s_;
-  Statistics statistics_;
+  bool by_pack_;  // cuda_statistics: by_pack (read, and checked, in every build)
   bool on_gpu_;
 };
 
