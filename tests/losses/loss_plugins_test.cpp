@@ -238,43 +238,39 @@ TEST(FusedCkptKlLoss, CeOnlyKlOnlyTrainableSumAndBf16) {
 }
 
 // On the GPU machine: the CUDA kernels of fused_ckpt_kl (scalar path at
-// V = 507, vectorised at V = 512; both ways of the first pass) against the
-// same fp64 truth.
+// V = 507, vectorised at V = 512) against the same fp64 truth, 20 % of the
+// rows ignored (rows neither pass reads).
 TEST(FusedCkptKlLoss, CudaKernelsMatchTheTruth) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
     for (int64_t vocab : {507, 512}) {
       for (double alpha : {0.0, 1.0, 0.3}) {
         for (int64_t chunk : {1, 100, 0}) {
-          for (const char* statistics : {"per_logit", "by_pack"}) {
-            const double temperature = alpha == 0.3 ? 2.0 : 1.0;
-            Case c{"fused_ckpt_kl",
-                   {{"kl_weight", alpha},
-                    {"temperature", temperature},
-                    {"chunk_size", chunk},
-                    {"cuda_statistics", statistics}},
-                   spec(alpha, temperature, alpha > 0 ? TeacherSignal::kHidden : TeacherSignal::kNone)};
-            c.v = vocab;
-            c.dtype = dtype;
-            c.device = torch::Device(torch::kCUDA, 0);
-            c.upstream = 1.5;
-            c.trainable = chunk == 100;
-            check_case(c);
-          }
+          const double temperature = alpha == 0.3 ? 2.0 : 1.0;
+          Case c{"fused_ckpt_kl",
+                 {{"kl_weight", alpha}, {"temperature", temperature}, {"chunk_size", chunk}},
+                 spec(alpha, temperature, alpha > 0 ? TeacherSignal::kHidden : TeacherSignal::kNone)};
+          c.v = vocab;
+          c.dtype = dtype;
+          c.device = torch::Device(torch::kCUDA, 0);
+          c.upstream = 1.5;
+          c.trainable = chunk == 100;
+          check_case(c);
         }
       }
     }
   }
 }
 
-// On the GPU machine: both ways of the first pass report the same top-1 hits,
-// ties going to the lower token as torch's argmax does, and the same CE.
+// On the GPU machine: the first pass reports top-1 hits with ties going to
+// the lower token, as torch's argmax does, and the CE of a tied row.
 // Token 300's lm_head row is token 5's, both far ahead of the rest, so every
 // row's best logit is a bitwise tie; targets alternate between the two.
-TEST(FusedCkptKlLoss, BothFirstPassesBreakTiesToTheLowerTokenOnTheGpu) {
+TEST(FusedCkptKlLoss, FirstPassBreaksTiesToTheLowerTokenOnTheGpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
     for (int64_t vocab : {507, 512}) {
+      SCOPED_TRACE("V " + std::to_string(vocab) + " " + c10::toString(dtype));
       Case c{"fused_ckpt_kl", {}, spec(0, 1, TeacherSignal::kNone)};
       c.v = vocab;
       LossInputsT base = make_inputs(c, 3);
@@ -284,21 +280,21 @@ TEST(FusedCkptKlLoss, BothFirstPassesBreakTiesToTheLowerTokenOnTheGpu) {
       base.targets = torch::where(torch::arange(c.n).remainder(2).eq(0), torch::full({c.n}, 5, torch::kLong),
                                   torch::full({c.n}, 300, torch::kLong));
       const LossInputsT in = cast(base, dtype, false, torch::Device(torch::kCUDA, 0));
-      std::vector<torch::Tensor> ce;
-      for (const char* statistics : {"per_logit", "by_pack"}) {
-        SCOPED_TRACE(std::string(statistics) + " V " + std::to_string(vocab) + " " + c10::toString(dtype));
-        auto loss = make_loss("fused_ckpt_kl", {{"kl_weight", 0.0}, {"chunk_size", 64}, {"cuda_statistics", statistics}});
-        const Result r = run_plugin(*loss, in, c.spec, 1.0);
-        torch::Tensor accuracy, row_ce;
-        for (const auto& [key, tensor] : r.metrics) {
-          if (key == "accuracy") accuracy = tensor.to(torch::kCPU, torch::kDouble);
-          if (key == "ce") row_ce = tensor.to(torch::kCPU, torch::kDouble);
-        }
-        ASSERT_TRUE(accuracy.defined() && row_ce.defined());
-        EXPECT_TRUE(torch::equal(accuracy, base.targets.eq(5).to(torch::kDouble)));
-        ce.push_back(row_ce);
+      auto loss = make_loss("fused_ckpt_kl", {{"kl_weight", 0.0}, {"chunk_size", 64}});
+      const Result r = run_plugin(*loss, in, c.spec, 1.0);
+      torch::Tensor accuracy, row_ce;
+      for (const auto& [key, tensor] : r.metrics) {
+        if (key == "accuracy") accuracy = tensor.to(torch::kCPU, torch::kDouble);
+        if (key == "ce") row_ce = tensor.to(torch::kCPU, torch::kDouble);
       }
-      EXPECT_LT(error(ce[1], ce[0]), 1e-4);  // lse near 100: fp32 rounding there is ~1e-5
+      ASSERT_TRUE(accuracy.defined() && row_ce.defined());
+      EXPECT_TRUE(torch::equal(accuracy, base.targets.eq(5).to(torch::kDouble)));
+      // The truth from the same (cast) inputs in fp64: the two tied logits
+      // round alike in any dtype, so a row's CE is log(2 + Σ of the rest).
+      const auto logits = torch::matmul(in.hidden.detach().to(torch::kCPU, torch::kDouble),
+                                        in.weight.detach().to(torch::kCPU, torch::kDouble).t());
+      const auto truth = torch::logsumexp(logits, 1) - logits.gather(1, base.targets.unsqueeze(1)).squeeze(1);
+      EXPECT_LT(error(row_ce, truth), 1e-4);  // lse near 100: fp32 rounding there is ~1e-5
     }
   }
 }

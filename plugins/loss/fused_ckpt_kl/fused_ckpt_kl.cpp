@@ -39,7 +39,7 @@ bool cuda_path_applies(const at::Tensor& h) {
 // (row_statistics, gradient_and_kl); the second writes ∂(c·ℓ)/∂z over z in
 // place. Both passes in one launch were slower in the two forms measured
 // (docs/performance.md, "Issue 20's loss targets").
-sdk::ChunkRows cuda_chunk(const sdk::LossChunk& c, const loss::BlendSettings& s, fused::Statistics statistics) {
+sdk::ChunkRows cuda_chunk(const sdk::LossChunk& c, const loss::BlendSettings& s) {
   const at::Tensor& z = c.logits;
   const at::Tensor& u = c.teacher_logits;
   const auto element = z.scalar_type() == at::kBFloat16 ? fused::Element::kBFloat16
@@ -57,10 +57,10 @@ sdk::ChunkRows cuda_chunk(const sdk::LossChunk& c, const loss::BlendSettings& s,
   const auto ce_scale = static_cast<float>(1.0 - s.kl_weight);
   const auto kl_scale = static_cast<float>(s.kl_weight * s.temperature);
   at::Tensor lse_zt = at::empty({rows}, f32), lse_ut = at::empty({rows}, f32);
-  // by_pack also skips the ignored rows in both passes (zeros, never read).
-  const at::Tensor valid = statistics == fused::Statistics::kByPack ? c.valid.contiguous() : at::Tensor();
-  const bool* valid_rows = valid.defined() ? valid.data_ptr<bool>() : nullptr;
-  fused::row_statistics(element, statistics, z.data_ptr(), u.defined() ? u.data_ptr() : nullptr, rows, vocab,
+  // Neither pass reads a row the loss ignores (zeros written for it).
+  const at::Tensor valid = c.valid.contiguous();
+  const bool* valid_rows = valid.data_ptr<bool>();
+  fused::row_statistics(element, z.data_ptr(), u.defined() ? u.data_ptr() : nullptr, rows, vocab,
                         y.data_ptr<int64_t>(), valid_rows, inv_t, lse_z.data_ptr<float>(), lse_zt.data_ptr<float>(),
                         lse_ut.data_ptr<float>(), z_target.data_ptr<float>(), argmax.data_ptr<int64_t>(), stream);
   if (c.need_grad || u.defined())
@@ -84,25 +84,18 @@ class FusedCheckpointedKl : public sdk::ChunkedLoss<FusedCheckpointedKl> {
 
   static std::string config_schema() {
     sdk::Schema schema = sdk::chunked_loss_schema();
-    loss::add_distillation(schema, 1.0)
-        .string("cuda_statistics", "per_logit",
-                "how the GPU path's first pass walks a row of logits: per_logit (an online softmax branching per "
-                "logit) or by_pack (opt-in, added 2026-12-04 and not yet run on a GPU: 16 bytes at a time, one "
-                "rescale per pack, two packs in flight per thread, lse(z/T) from the same read; and rows the loss "
-                "ignores are not read by either pass, their gradient written as zeros)",
-                {"per_logit", "by_pack"});
+    loss::add_distillation(schema, 1.0);
     return schema.dump();
   }
   explicit FusedCheckpointedKl(const sdk::CreateContext& context)
       : ChunkedLoss(context, loss::BlendSettings::read(context.config()).teacher(sdk::Teacher::kHidden)),
         s_(loss::BlendSettings::read(context.config())),
-        by_pack_(context.config().at("cuda_statistics").get<std::string>() == "by_pack"),
         on_gpu_(context.device().rfind("cuda", 0) == 0) {}
 
   sdk::ChunkRows rows_and_grad(const sdk::LossChunk& chunk) const {
 #ifdef DFLASH_FUSED_CUDA
     if (cuda_path_applies(chunk.logits))
-      return cuda_chunk(chunk, s_, by_pack_ ? fused::Statistics::kByPack : fused::Statistics::kPerLogit);
+      return cuda_chunk(chunk, s_);
 #endif
     return loss::blend_rows_and_grad(chunk, s_);
   }
@@ -120,7 +113,6 @@ class FusedCheckpointedKl : public sdk::ChunkedLoss<FusedCheckpointedKl> {
 
  private:
   loss::BlendSettings s_;
-  bool by_pack_;  // cuda_statistics: by_pack (read, and checked, in every build)
   bool on_gpu_;
 };
 

@@ -34,14 +34,6 @@ struct alignas(sizeof(T) * kVec) Pack {
 struct Lse {
   float m = -FLT_MAX;
   float s = 0.f;
-  __device__ void add(float x) {
-    if (x > m) {
-      s = s * __expf(m - x) + 1.f;
-      m = x;
-    } else {
-      s += __expf(x - m);
-    }
-  }
   __device__ void merge(float om, float os) {
     if (os == 0.f) return;
     if (s == 0.f) {
@@ -113,73 +105,9 @@ __device__ int64_t block_argmax(float best, int64_t index) {
   return i;
 }
 
-template <class T, int kVec>
-__global__ void row_statistics_kernel(const T* __restrict__ z, const T* __restrict__ u, int64_t vocab,
-                                      const int64_t* __restrict__ targets, float inv_t, float* lse_z, float* lse_zt,
-                                      float* lse_ut, float* z_target, int64_t* argmax) {
-  const int64_t row = blockIdx.x;
-  const T* zr = z + row * vocab;
-  const T* ur = u ? u + row * vocab : nullptr;
-  Lse lz, lu;
-  float best = -FLT_MAX;
-  int64_t best_index = 0;
-  for (int64_t base = static_cast<int64_t>(threadIdx.x) * kVec; base < vocab; base += static_cast<int64_t>(blockDim.x) * kVec) {
-    const Pack<T, kVec> zp = *reinterpret_cast<const Pack<T, kVec>*>(zr + base);
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      const float x = to_float(zp.v[k]);
-      lz.add(x);
-      if (x > best) {
-        best = x;
-        best_index = base + k;
-      }
-    }
-    if (ur) {
-      const Pack<T, kVec> up = *reinterpret_cast<const Pack<T, kVec>*>(ur + base);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) lu.add(to_float(up.v[k]) * inv_t);
-    }
-  }
-  __shared__ float sm[32], ss[32];
-  const Lse rz = block_merge(lz, sm, ss);
-  const Lse ru = ur ? block_merge(lu, sm, ss) : Lse();
-  const int64_t top = block_argmax(best, best_index);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    argmax[row] = top;
-    lse_z[row] = rz.value();
-    if (ur) lse_ut[row] = ru.value();
-    z_target[row] = to_float(zr[targets[row]]);
-  }
-  // lse(z/T): with the row max m known, Σ exp((x − m)/T) in one more read of
-  // the row (only when T ≠ 1; otherwise it equals lse(z)).
-  if (inv_t != 1.f) {
-    __shared__ float row_max;
-    if (threadIdx.x == 0) row_max = rz.m;
-    __syncthreads();
-    const float m = row_max;
-    float sum = 0.f;
-    for (int64_t base = static_cast<int64_t>(threadIdx.x) * kVec; base < vocab; base += static_cast<int64_t>(blockDim.x) * kVec) {
-      const Pack<T, kVec> zp = *reinterpret_cast<const Pack<T, kVec>*>(zr + base);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) sum += __expf((to_float(zp.v[k]) - m) * inv_t);
-    }
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
-    if (lane == 0) ss[warp] = sum;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total = 0.f;
-      for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += ss[w];
-      lse_zt[row] = m * inv_t + logf(total);
-    }
-  } else if (threadIdx.x == 0) {
-    lse_zt[row] = rz.value();
-  }
-}
-
 // A pack of logits x·scale (its max `pm` given) added to a running
 // (max, Σ exp): one rescale per pack, then one exponential per logit and
-// no branch (Lse::add branches and rescales per logit).
+// no branch (a per-logit online softmax branches and rescales per logit).
 template <int kVec>
 __device__ __forceinline__ void add_pack(Lse& l, const float (&x)[kVec], float pm, float scale) {
   const float m = fmaxf(l.m, pm * scale);
@@ -201,16 +129,16 @@ __device__ __forceinline__ float unpack_max(const Pack<T, kVec>& pack, float (&x
   return m;
 }
 
-// Pass 1 as row_statistics_kernel computes it, a pack at a time: each
-// thread loads kUnroll packs of z (and u) before any arithmetic, so more
-// bytes are in flight, and lse(z/T) comes from the same read (no second
-// read of the row when T ≠ 1). Per-logit arithmetic kept pass 1 at
-// 1.9 TB/s on an H200 (docs/performance.md).
+// Pass 1, a pack of 16 bytes at a time: each thread loads kUnroll packs of
+// z (and u) before any arithmetic, so more bytes are in flight, and lse(z/T)
+// comes from the same read (no second read of the row when T ≠ 1). A
+// per-logit online softmax (a branch and a rescale per logit) kept this pass
+// at 1.9 TB/s on an H200 (docs/performance.md).
 constexpr int kUnroll = 2;
 
 template <class T, int kVec>
 __global__ void __launch_bounds__(kThreads, 2)
-    row_statistics_by_pack_kernel(const T* __restrict__ z, const T* __restrict__ u, int64_t vocab,
+    row_statistics_kernel(const T* __restrict__ z, const T* __restrict__ u, int64_t vocab,
                                   const int64_t* __restrict__ targets, const bool* __restrict__ valid, float inv_t,
                                   float* lse_z, float* lse_zt, float* lse_ut, float* z_target, int64_t* argmax) {
   const int64_t row = blockIdx.x;
@@ -338,12 +266,26 @@ __global__ void gradient_and_kl_kernel(T* __restrict__ z, const T* __restrict__ 
   const float lut = ur ? lse_ut[row] : 0.f;
   const int64_t target = targets[row];
   float kl = 0.f;
-  for (int64_t base = static_cast<int64_t>(threadIdx.x) * kVec; base < vocab; base += static_cast<int64_t>(blockDim.x) * kVec) {
-    Pack<T, kVec> zp = *reinterpret_cast<const Pack<T, kVec>*>(zr + base);
-    Pack<T, kVec> up;
-    if (ur) up = *reinterpret_cast<const Pack<T, kVec>*>(ur + base);
-    gradient_pack(zp, ur ? &up : nullptr, base, target, a_ce, a_kl, inv_t, lz, lzt, lut, kl);
-    if (write_grad) *reinterpret_cast<Pack<T, kVec>*>(zr + base) = zp;
+  // As in pass 1, kUnroll packs loaded before any arithmetic (more bytes in
+  // flight per thread), then computed and stored.
+  const int64_t packs = vocab / kVec, stride = static_cast<int64_t>(blockDim.x);
+  for (int64_t first = threadIdx.x; first < packs; first += stride * kUnroll) {
+    Pack<T, kVec> zp[kUnroll], up[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t p = first + j * stride;
+      if (p < packs) {
+        zp[j] = *reinterpret_cast<const Pack<T, kVec>*>(zr + p * kVec);
+        if (ur) up[j] = *reinterpret_cast<const Pack<T, kVec>*>(ur + p * kVec);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t p = first + j * stride;
+      if (p >= packs) break;
+      gradient_pack(zp[j], ur ? &up[j] : nullptr, p * kVec, target, a_ce, a_kl, inv_t, lz, lzt, lut, kl);
+      if (write_grad) *reinterpret_cast<Pack<T, kVec>*>(zr + p * kVec) = zp[j];
+    }
   }
   if (kl_rows) {
     const float total = block_sum(kl);
@@ -380,21 +322,15 @@ void with_element_and_pack(Element element, int64_t vocab, F&& f) {
 
 }  // namespace
 
-void row_statistics(Element element, Statistics statistics, const void* z, const void* u, int64_t rows,
-                    int64_t vocab, const int64_t* targets, const bool* valid, float inv_temperature, float* lse_z,
-                    float* lse_zt, float* lse_ut, float* z_target, int64_t* argmax, cudaStream_t stream) {
+void row_statistics(Element element, const void* z, const void* u, int64_t rows, int64_t vocab,
+                    const int64_t* targets, const bool* valid, float inv_temperature, float* lse_z, float* lse_zt,
+                    float* lse_ut, float* z_target, int64_t* argmax, cudaStream_t stream) {
   if (rows == 0) return;
   with_element_and_pack(element, vocab, [&](auto tag, auto pack) {
     using T = decltype(tag);
-    constexpr int kVec = decltype(pack)::value;
-    const T* zt = static_cast<const T*>(z);
-    const T* ut = static_cast<const T*>(u);
-    if (statistics == Statistics::kByPack)
-      row_statistics_by_pack_kernel<T, kVec><<<rows, kThreads, 0, stream>>>(
-          zt, ut, vocab, targets, valid, inv_temperature, lse_z, lse_zt, lse_ut, z_target, argmax);
-    else
-      row_statistics_kernel<T, kVec><<<rows, kThreads, 0, stream>>>(zt, ut, vocab, targets, inv_temperature, lse_z,
-                                                                    lse_zt, lse_ut, z_target, argmax);
+    row_statistics_kernel<T, decltype(pack)::value><<<rows, kThreads, 0, stream>>>(
+        static_cast<const T*>(z), static_cast<const T*>(u), vocab, targets, valid, inv_temperature, lse_z, lse_zt,
+        lse_ut, z_target, argmax);
   });
   check(cudaGetLastError(), "fused_ckpt_kl row_statistics");
 }

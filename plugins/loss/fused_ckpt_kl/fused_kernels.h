@@ -11,19 +11,13 @@ namespace dflash::fused {
 
 enum class Element { kFloat32, kBFloat16, kFloat16 };
 
-// How pass 1 walks a row: a logit at a time (an online softmax that
-// branches per logit; with T ≠ 1 a second read for lse(z/T)), or a pack of
-// 16 bytes at a time (one rescale per pack, several packs in flight per
-// thread, lse(z/T) from the same read).
-enum class Statistics { kPerLogit, kByPack };
-
 // Pass 1, per row: lse(z), lse(z/T), lse(u/T) (when u is given), z[target]
 // and argmax(z). All outputs are [rows] arrays on the device. `valid` (may be
-// null: every row counts; by_pack only) marks the rows the loss keeps: an
+// null: every row counts) marks the rows the loss keeps: an
 // ignored row is not read, and gets zeros and argmax −1.
-void row_statistics(Element element, Statistics statistics, const void* z, const void* u, int64_t rows,
-                    int64_t vocab, const int64_t* targets, const bool* valid, float inv_temperature, float* lse_z,
-                    float* lse_zt, float* lse_ut, float* z_target, int64_t* argmax, cudaStream_t stream);
+void row_statistics(Element element, const void* z, const void* u, int64_t rows, int64_t vocab,
+                    const int64_t* targets, const bool* valid, float inv_temperature, float* lse_z, float* lse_zt,
+                    float* lse_ut, float* z_target, int64_t* argmax, cudaStream_t stream);
 
 // Pass 2, per row: KL(softmax(u/T) ‖ softmax(z/T)) into kl_rows (when u is
 // given), and, when write_grad, the gradient of the row loss with respect to
