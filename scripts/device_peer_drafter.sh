@@ -9,7 +9,8 @@
 # OURS_VARIANTS="--embedding-on-cpu;--layer-ops aten" runs ours once more per
 # ';'-separated flag set at each shape (the default configuration always runs).
 # SHAPES="4096 512 16;8192 1024 16" runs only those shapes (default all three);
-# NO_PEER=1 runs only ours.
+# NO_PEER=1 runs only ours. The peer's Python warnings (flex attention's) are
+# left out of steps.txt: their "UserWarning" line and the source line below it.
 set -euo pipefail
 # Four files at most (the GPU machine hands back 8 per call): build.txt,
 # machine.txt (date, GPU), steps.txt (both sides' printed lines, shape by
@@ -35,7 +36,8 @@ for shape in "${shapes[@]}"; do
   if [ "${NO_PEER:-0}" != 1 ]; then
     echo "== peer $shape" >> "$out/steps.txt"
     python3 "$root/scripts/peer_drafter_step.py" --specforge "$root/.peer" --context "$1" --anchors "$2" --block "$3" \
-      --json "$out/steps.jsonl" 2>&1 | grep -v "warn" >> "$out/steps.txt" || echo "peer $shape failed" >> "$out/steps.txt"
+      --json "$out/steps.jsonl" 2>&1 | grep -v -E "UserWarning|^ +(warnings\.warn|_warn_once)\(" >> "$out/steps.txt" ||
+      echo "peer $shape failed" >> "$out/steps.txt"
   fi
 done
 grep -E "^==|^step|^useful|step_ms|failed" "$out/steps.txt"
