@@ -29,7 +29,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::file_bytes;
-using test::host;
 using test::metrics_of;
 using test::Result;
 using test::dp_config;
@@ -43,13 +42,15 @@ using test::latest_checkpoint;
 using test::signal_and_wait;
 
 // Several ranks on the CPU need Gloo (the torch wheel of the GPU machine has
-// no Gloo headers; Debian's LibTorch has them).
+// no Gloo headers; Debian's LibTorch has them); on GPUs
+// (DFLASH_TEST_DIST_DEVICE=cuda, dist_support.h) they use NCCL.
 class DataParallel : public ::testing::Test {
  protected:
   void SetUp() override {
 #if !DFLASH_TEST_HAVE_GLOO
-    GTEST_SKIP() << "this build has no Gloo";
+    if (!test::ranks_on_gpus()) GTEST_SKIP() << "this build has no Gloo (DFLASH_TEST_DIST_DEVICE=cuda: NCCL on GPUs)";
 #endif
+    DFLASH_DIST_SKIP_UNLESS_RANKS(2);
   }
 };
 
@@ -60,17 +61,21 @@ TEST_F(DataParallel, TwoAndThreeRanksMatchOneProcessAccumulatingTheSameGlobalBat
   ASSERT_EQ(one.status, 0) << one.err;
   for (const std::string& sharded : {"false", "true"})
     for (int ranks : {2, 3}) {
+      if (!test::enough_devices(ranks)) {
+        std::cout << "[ skipped  ] " << ranks << " ranks: fewer GPUs here\n";
+        continue;
+      }
       const std::string out = dir + "/ranks" + std::to_string(ranks) + "-" + sharded;
       Result many = launched(ranks, "--config " + dp_config(dir, out, 3) + " --set train.shard_optimizer=" + sharded, dir);
       ASSERT_EQ(many.status, 0) << many.err;
       EXPECT_CONTAINS(many.err, "[rank 1/" + std::to_string(ranks) + "]");
       const double difference = largest_relative_difference(out + "/checkpoints/step-00000003", dir + "/one/checkpoints/step-00000003");
-      EXPECT_LE(difference, 1e-6) << ranks << " ranks, shard_optimizer " << sharded;
+      EXPECT_LE(difference, test::across_runs(1e-6)) << ranks << " ranks, shard_optimizer " << sharded;
       // One metrics file (rank 0's), with every rank's figures inside.
       const auto m1 = metrics_of(dir + "/one"), mn = metrics_of(out);
       ASSERT_EQ(mn.size(), 3u);
       for (size_t i = 0; i < 3; ++i) {
-        EXPECT_NEAR(mn[i].at("loss").get<double>(), m1[i].at("loss").get<double>(), 1e-5 * std::abs(m1[i].at("loss").get<double>()));
+        EXPECT_NEAR(mn[i].at("loss").get<double>(), m1[i].at("loss").get<double>(), test::across_runs(1e-5) * std::abs(m1[i].at("loss").get<double>()));
         EXPECT_EQ(mn[i].at("world_size"), ranks);
         ASSERT_EQ(mn[i].at("ranks").size(), static_cast<size_t>(ranks));
         int64_t micro = 0;
@@ -91,17 +96,18 @@ TEST_F(DataParallel, TwoAndThreeRanksMatchOneProcessAccumulatingTheSameGlobalBat
         }
         return worst;
       }();
-      EXPECT_LE(state_difference, 1e-5) << "AdamW's moments, " << ranks << " ranks, shard_optimizer " << sharded;
+      EXPECT_LE(state_difference, test::across_runs(1e-5)) << "AdamW's moments, " << ranks << " ranks, shard_optimizer " << sharded;
     }
 }
 
 // Ranks started by hand with the variables torchrun sets, each its own process.
 TEST_F(DataParallel, ATorchrunEnvironmentSetByHandTrainsAsTheLauncherDoes) {
+  DFLASH_DIST_SKIP_UNLESS_RANKS(2);
   test::TempDir temp("dflash_dp_env");
   const std::string dir = temp.path().string();
   const std::string config = dp_config(dir, dir + "/by-hand", 2);
   const std::string base = std::string(DFLASH_HOST_EXE) + " --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR +
-                           " --config " + config;
+                           " --config " + config + test::device_flag();
   const int port = 20000 + static_cast<int>(::getpid() % 20000);
   std::string script;
   for (int r = 0; r < 2; ++r)
@@ -116,16 +122,18 @@ TEST_F(DataParallel, ATorchrunEnvironmentSetByHandTrainsAsTheLauncherDoes) {
     EXPECT_EQ(file_bytes(dir + "/status" + std::to_string(r)), "0\n") << file_bytes(dir + "/err" + std::to_string(r) + ".txt");
   Result by_launcher = launched(2, "--config " + dp_config(dir, dir + "/launched", 2, "launched"), dir);
   ASSERT_EQ(by_launcher.status, 0) << by_launcher.err;
-  EXPECT_EQ(largest_relative_difference(dir + "/by-hand/checkpoints/step-00000002", dir + "/launched/checkpoints/step-00000002"), 0.0)
+  EXPECT_LE(largest_relative_difference(dir + "/by-hand/checkpoints/step-00000002", dir + "/launched/checkpoints/step-00000002"),
+            test::across_runs(0.0))
       << "the same ranks, the same result";
 }
 
 TEST_F(DataParallel, RanksWithDifferentConfigsAreRefusedNamingTheRankAndTheSetting) {
+  DFLASH_DIST_SKIP_UNLESS_RANKS(2);
   test::TempDir temp("dflash_dp_mismatch");
   const std::string dir = temp.path().string();
   const std::string config = dp_config(dir, dir + "/run", 2);
   const std::string base = std::string(DFLASH_HOST_EXE) + " --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR +
-                           " --config " + config;
+                           " --config " + config + test::device_flag();
   const int port = 20000 + static_cast<int>((::getpid() + 7) % 20000);
   std::string script;
   for (int r = 0; r < 2; ++r)
@@ -147,13 +155,14 @@ TEST_F(DataParallel, RanksWithDifferentConfigsAreRefusedNamingTheRankAndTheSetti
 // and the losses of a run that went 1 → 2 → 3 ranks are those of one that
 // never stopped.
 TEST_F(DataParallel, ResumingAtAnotherWorldSizeContinuesTheRun) {
+  DFLASH_DIST_SKIP_UNLESS_RANKS(3);
   test::TempDir temp("dflash_dp_resume");
   const std::string dir = temp.path().string();
   const std::string every = " --set train.checkpoint_every=2 --set train.keep_checkpoints=10";
-  Result whole = host("--config " + dp_config(dir, dir + "/whole", 6) + every, dir);
+  Result whole = test::run_alone("--config " + dp_config(dir, dir + "/whole", 6) + every, dir);
   ASSERT_EQ(whole.status, 0) << whole.err;
   const std::string parts = dp_config(dir, dir + "/parts", 6, "parts");
-  Result a = host("--config " + parts + every + " --stop-after 2", dir);
+  Result a = test::run_alone("--config " + parts + every + " --stop-after 2", dir);
   ASSERT_EQ(a.status, 0) << a.err;
   Result b = launched(2, "--config " + parts + every + " --stop-after 2", dir);
   ASSERT_EQ(b.status, 0) << b.err;
@@ -165,7 +174,7 @@ TEST_F(DataParallel, ResumingAtAnotherWorldSizeContinuesTheRun) {
   ASSERT_EQ(mp.size(), 6u);
   for (size_t i = 0; i < 6; ++i) {
     EXPECT_EQ(mp[i].at("step"), mw[i].at("step"));
-    EXPECT_NEAR(mp[i].at("loss").get<double>(), mw[i].at("loss").get<double>(), 1e-5 * std::abs(mw[i].at("loss").get<double>()))
+    EXPECT_NEAR(mp[i].at("loss").get<double>(), mw[i].at("loss").get<double>(), test::across_runs(1e-5) * std::abs(mw[i].at("loss").get<double>()))
         << "step " << i;
   }
   for (const std::string step : {"step-00000002", "step-00000004", "step-00000006"}) {
@@ -175,13 +184,15 @@ TEST_F(DataParallel, ResumingAtAnotherWorldSizeContinuesTheRun) {
     EXPECT_EQ(state("parts").at("data_state"), state("whole").at("data_state"))
         << step << ": the same data position, no sequence read twice or skipped";
   }
-  EXPECT_LE(largest_relative_difference(dir + "/parts/checkpoints/step-00000006", dir + "/whole/checkpoints/step-00000006"), 1e-6);
+  EXPECT_LE(largest_relative_difference(dir + "/parts/checkpoints/step-00000006", dir + "/whole/checkpoints/step-00000006"),
+            test::across_runs(1e-6));
 }
 
 // A rank killed in the middle of training: the others stop within the
 // collective timeout naming it, the checkpoint before is whole, and the same
 // command resumes from it.
 TEST_F(DataParallel, ARankKilledMidStepStopsTheOthersNamingItAndARelaunchResumes) {
+  DFLASH_DIST_SKIP_UNLESS_RANKS(2);
   test::TempDir temp("dflash_dp_kill");
   const std::string dir = temp.path().string();
   const std::string config = dp_config(dir, dir + "/run", 400);
@@ -213,6 +224,7 @@ TEST_F(DataParallel, ARankKilledMidStepStopsTheOthersNamingItAndARelaunchResumes
 // A rank that hangs (stopped: SIGSTOP) rather than dies: the others' next
 // collective waits train.collective_timeout_s, then names it.
 TEST_F(DataParallel, ARankThatHangsIsNamedWhenTheCollectiveTimesOut) {
+  DFLASH_DIST_SKIP_UNLESS_RANKS(2);
   test::TempDir temp("dflash_dp_hang");
   const std::string dir = temp.path().string();
   const std::string config = dp_config(dir, dir + "/run", 400);
@@ -233,9 +245,12 @@ TEST_F(DataParallel, ARankThatHangsIsNamedWhenTheCollectiveTimesOut) {
 // One rank under the launcher is the single process: the same metrics, bit
 // for bit (only times and memory figures differ), and the same drafter.
 TEST_F(DataParallel, OneRankUnderTheLauncherTrainsBitwiseAsOneProcess) {
+  // Bit for bit is a CPU statement: GPU kernels' atomic adds may order a sum
+  // differently from run to run (docs/distributed.md has the GPU's figures).
+  if (test::ranks_on_gpus()) GTEST_SKIP() << "bitwise equality is checked on the CPU only";
   test::TempDir temp("dflash_dp_one");
   const std::string dir = temp.path().string();
-  Result plain = host("--config " + test::small_config(dir, dir + "/plain", 4), dir);
+  Result plain = test::run_alone("--config " + test::small_config(dir, dir + "/plain", 4), dir);
   ASSERT_EQ(plain.status, 0) << plain.err;
   Result one = launched(1, "--config " + test::small_config(dir, dir + "/one", 4), dir);
   ASSERT_EQ(one.status, 0) << one.err;
