@@ -13,6 +13,16 @@
 //                 [--attention-keeps auto|rows|calls]
 //                 [--checkpointing] [--embedding-on-cpu] [--adamw-kernel aten|ours]
 //                 [--repeats 5 --warmup 2 --json out.jsonl] [--trace step.json]
+//                 [--shard-optimizer]
+//
+// Under torchrun (its RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
+// each process is one rank of a data-parallel step, the drafter alone on GPU
+// LOCAL_RANK with its own random inputs: the gradients averaged over the
+// ranks in buckets during the backward (dist::GradientReducer, as the
+// trainer does), over NCCL; --shard-optimizer splits the AdamW states
+// (ZeRO-1, train::ShardedAdamW). Rank 0 prints the report, with the world's
+// block tokens/s and every rank's step time and peaks (issue 19's scaling):
+//   torchrun --no-python --nproc-per-node 2 build-gpu/bin/drafter_bench --plugin-dir …
 //
 // --loss-set KEY=VALUE (repeatable): one of the loss's settings (VALUE as
 // JSON where it parses, else as text), e.g. --loss-set chunk_size=1024.
@@ -21,10 +31,13 @@
 // kernel and by kind (GEMM, attention, element-wise, optimizer).
 #include "bench_args.h"
 #include "config/config_schema.h"
+#include "dist/gradient_reducer.h"
+#include "dist/process_group.h"
 #include "memory/memory_stats.h"
 #include "plugin/instances.h"
 #include "plugin/registry.h"
 #include "train/adamw.h"
+#include "train/sharded_adamw.h"
 
 #include "bench_support.h"
 #include "kineto_trace.h"
@@ -37,6 +50,8 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,7 +82,7 @@ struct Args {
   std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, trace, attention, kernel = "auto";  // attention empty: the plugin's default
   std::string layer_ops = "fused", attention_keeps;  // empty: the plugin's default
   std::string adamw_kernel;                          // empty: AdamWOptions' default
-  bool checkpointing = false, embedding_on_cpu = false;
+  bool checkpointing = false, embedding_on_cpu = false, shard_optimizer = false;
   int64_t context = 4096, anchors = 512, block = 16, layers = 5, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128;
   int64_t intermediate = 17408, vocab = 248320, target_layers = 64;
   int64_t group_blocks = 0, group_key_multiple = 0;  // 0: the plugin's defaults
@@ -103,6 +118,7 @@ Args parse(int argc, char** argv) {
     else if (r.is("--checkpointing")) a.checkpointing = true;
     else if (r.is("--embedding-on-cpu")) a.embedding_on_cpu = true;
     else if (r.is("--adamw-kernel")) a.adamw_kernel = r.text();
+    else if (r.is("--shard-optimizer")) a.shard_optimizer = true;
     else if (r.is("--context")) a.context = r.integer();
     else if (r.is("--anchors")) a.anchors = r.integer();
     else if (r.is("--block")) a.block = r.integer();
@@ -139,7 +155,23 @@ int main(int argc, char** argv) {
     std::cerr << "drafter_bench: no CUDA device\n";
     return 2;
   }
-  const torch::Device device(torch::kCUDA, 0);
+  // One rank of a data-parallel step under torchrun; one process otherwise.
+  std::optional<dist::LaunchEnvironment> launch;
+  std::unique_ptr<dist::Collective> group;
+  try {
+    launch = dist::launch_environment();
+    group = launch ? dist::join(*launch, "cuda:" + std::to_string(launch->local_rank), 600) : dist::single_process();
+  } catch (const std::exception& e) {
+    std::cerr << "drafter_bench: " << e.what() << "\n";
+    return 2;
+  }
+  const int world = group->world_size(), rank = group->rank();
+  if (world > 1 && !a.trace.empty()) {
+    std::cerr << "drafter_bench: --trace is for one process (the ranks would step apart)\n";
+    return 2;
+  }
+  const torch::Device device(torch::kCUDA, launch ? launch->local_rank : 0);
+  const std::string device_name = device.str();
   const auto bf16 = torch::TensorOptions().device(device).dtype(torch::kBFloat16);
   host::PluginRegistry registry;
   registry.add_directory(a.plugin_dir);
@@ -168,7 +200,7 @@ int main(int argc, char** argv) {
                                          {"activation_checkpointing", a.checkpointing},
                                          {"embedding_on_cpu", a.embedding_on_cpu}, {"layer_ops", a.layer_ops},
                                          {"attention_keeps", a.attention_keeps}};
-  host::DrafterInstance drafter(registry.find(DFLASH_KIND_DRAFTER, "dflash"), drafter_config, {"cuda:0", "bfloat16", 1});
+  host::DrafterInstance drafter(registry.find(DFLASH_KIND_DRAFTER, "dflash"), drafter_config, {device_name, "bfloat16", 1});
   drafter.bind_target(target, frozen);
   const at::Tensor lm_head = frozen[1].second;
   frozen.clear();  // as the trainer does: the drafter keeps what it needs
@@ -186,7 +218,7 @@ int main(int argc, char** argv) {
     }
     loss_config[key] = value;
   }
-  host::LossInstance loss(loss_record, loss_config, {"cuda:0", "bfloat16", 1});
+  host::LossInstance loss(loss_record, loss_config, {device_name, "bfloat16", 1});
   const host::NamedTensors parameters = drafter.parameters();
   int64_t parameter_count = 0;
   for (const auto& [name, p] : parameters) parameter_count += p.numel();
@@ -194,7 +226,21 @@ int main(int argc, char** argv) {
   options.fp32_master = a.precision == "fp32_master";
   if (!a.adamw_kernel.empty())
     options.kernel = a.adamw_kernel == "ours" ? train::AdamWOptions::Kernel::kOurs : train::AdamWOptions::Kernel::kAten;
-  train::AdamW optimizer(parameters, options);
+  // Every rank built the same drafter (same seeds); each has its own states,
+  // or its share of them with --shard-optimizer.
+  std::unique_ptr<train::Optimizer> optimizer;
+  const char* (*kernel_of)(const train::Optimizer&) = nullptr;
+  if (a.shard_optimizer && world > 1) {
+    optimizer = std::make_unique<train::ShardedAdamW>(parameters, options, *group);
+    kernel_of = [](const train::Optimizer& o) { return static_cast<const train::ShardedAdamW&>(o).last_kernel(); };
+  } else {
+    optimizer = std::make_unique<train::AdamW>(parameters, options);
+    kernel_of = [](const train::Optimizer& o) { return static_cast<const train::AdamW&>(o).last_kernel(); };
+  }
+  std::unique_ptr<dist::GradientReducer> reducer;
+  if (world > 1) reducer = std::make_unique<dist::GradientReducer>(parameters, *group, options.fp32_master ? at::kFloat : at::kBFloat16);
+  int64_t steps_taken = 0;
+  if (world > 1) torch::manual_seed(1000 + rank);  // each rank its own inputs
 
   // One context row; every position supervised, so every anchor has a full block.
   host::NamedTensors inputs = {
@@ -218,7 +264,7 @@ int main(int argc, char** argv) {
   };
   auto step = [&] {
     auto since = Clock::now();
-    optimizer.zero_grad();
+    optimizer->zero_grad();
     const host::NamedTensors out = drafter.forward(inputs);
     mark("forward", since);
     host::LossCall call;
@@ -231,13 +277,16 @@ int main(int argc, char** argv) {
     rows = call.hidden.size(0);
     host::LossOutput result = loss.compute(call);
     mark("loss forward", since);
+    if (reducer) reducer->arm(steps_taken);
     result.loss.backward();
+    if (reducer) reducer->finish();  // the ranks' mean gradient in every .grad
+    ++steps_taken;
     mark("backward", since);
     // Clipping at 1.0, as the peer clips and the trainer does: the norm here,
     // the factor inside the optimizer's update.
     const double norm = train::global_grad_norm(parameters);
     mark("clip", since);
-    optimizer.step(1e-4, train::clip_factor(norm, 1.0));
+    optimizer->step(1e-4, train::clip_factor(norm, 1.0));
     mark("adamw", since);
   };
   // Warm-up; then the timed steps' peak, as the peer measures it: the
@@ -245,7 +294,7 @@ int main(int argc, char** argv) {
   // optimizer states, frozen tensors, inputs; gradients are freed by
   // zero_grad at each step's start, so they count in the step).
   for (int i = 0; i < a.warmup; ++i) step();
-  optimizer.zero_grad();
+  optimizer->zero_grad();
   torch::cuda::synchronize();
   const int64_t before_step = memory::memory_now(device).current_bytes;
   memory::reset_peak(device);
@@ -295,7 +344,19 @@ int main(int argc, char** argv) {
   // The peer at this shape, when it is one of the three it published, like
   // with like: step peak against its step peak, total against its total.
   const double step_peak_gib = (mem.peak_bytes - before_step) / double(1 << 30), total_peak_gib = mem.peak_bytes / double(1 << 30);
-  const PeerFigures* peer = peer_at(a.context, a.anchors, a.block);
+  // Every rank's step and peaks, in rank order; rank 0 reports them.
+  std::vector<nlohmann::json> ranks;
+  for (const std::string& text :
+       group->all_gather_text(nlohmann::json{{"rank", rank}, {"step_ms", step_ms}, {"step_peak_gib", step_peak_gib},
+                                             {"total_peak_gib", total_peak_gib}}
+                                  .dump(),
+                              "the ranks' step figures"))
+    ranks.push_back(nlohmann::json::parse(text));
+  if (rank != 0) return 0;
+  double slowest_ms = 0;
+  for (const nlohmann::json& r : ranks) slowest_ms = std::max(slowest_ms, r.at("step_ms").get<double>());
+  const double world_tokens_per_s = world * block_tokens / (slowest_ms / 1000);
+  const PeerFigures* peer = world == 1 ? peer_at(a.context, a.anchors, a.block) : nullptr;  // its figures are one GPU's
   // Like with like: the peer's shape and state precision (bf16 weights,
   // gradients, AdamW states). Where the frozen embedding lives is ours to
   // choose: with embedding_on_cpu it is simply not on the device, and the
@@ -315,7 +376,7 @@ int main(int argc, char** argv) {
             << ", kernel "
             << a.kernel << ", layer ops " << a.layer_ops << ", attention keeps " << a.attention_keeps
             << (a.checkpointing ? ", activation checkpointing" : "")
-            << (a.embedding_on_cpu ? ", embedding in host memory" : "") << ", AdamW kernel " << optimizer.last_kernel()
+            << (a.embedding_on_cpu ? ", embedding in host memory" : "") << ", AdamW kernel " << kernel_of(*optimizer)
             << "; median of " << a.repeats << " after " << a.warmup << "\n";
   std::cout << "step " << step_ms << " ms, " << std::setprecision(0) << block_tokens / (step_ms / 1000)
             << " block tokens/s; step peak " << std::setprecision(2) << step_peak_gib << " GiB (above the "
@@ -327,6 +388,16 @@ int main(int argc, char** argv) {
               << (a.embedding_on_cpu ? " (our frozen embedding in host memory, the peer's on its device)" : "") << "\n";
   else if (peer != nullptr)
     std::cout << "the peer published this shape with bf16 states; this run's differ, so no ratio is printed\n";
+  if (world > 1) {
+    std::cout << std::setprecision(1) << "data-parallel over " << world << " GPUs (NCCL"
+              << (a.shard_optimizer ? ", AdamW states sharded" : "") << "): slowest rank's step " << slowest_ms
+              << " ms, " << std::setprecision(0) << world_tokens_per_s << " block tokens/s in all; per rank:";
+    for (const nlohmann::json& r : ranks)
+      std::cout << std::setprecision(1) << " " << r.at("rank").get<int>() << ": " << r.at("step_ms").get<double>() << " ms, "
+                << std::setprecision(2) << r.at("step_peak_gib").get<double>() << " / " << r.at("total_peak_gib").get<double>()
+                << " GiB;";
+    std::cout << "\n";
+  }
   std::cout << std::setprecision(1) << "useful FLOP " << flop / 1e12 << " T per step (layers " << flop_layers / 1e12 << ", lm_head "
             << flop_head / 1e12 << ", context " << flop_context / 1e12 << ", attention " << flop_attention / 1e12 << ") = "
             << std::setprecision(0) << tflops << " TFLOP/s; same-run GEMM floor " << gemm_tflops << " TFLOP/s ("
@@ -347,9 +418,12 @@ int main(int argc, char** argv) {
                                                            {"attention", a.attention}, {"group_blocks", a.group_blocks}, {"group_key_multiple", a.group_key_multiple}, {"attention_kernel", a.kernel},
                                                            {"layer_ops", a.layer_ops}, {"attention_keeps", a.attention_keeps},
                                                            {"checkpointing", a.checkpointing}, {"loss_settings", a.loss_settings},
-                                                           {"adamw_kernel", optimizer.last_kernel()},
+                                                           {"adamw_kernel", kernel_of(*optimizer)},
                                                            {"embedding_on_cpu", a.embedding_on_cpu},
-                                                           {"parameters", parameter_count}}
+                                                           {"parameters", parameter_count}, {"world_size", world},
+                                                           {"shard_optimizer", a.shard_optimizer && world > 1},
+                                                           {"world_block_tokens_per_s", world_tokens_per_s},
+                                                           {"ranks", ranks}}
                                                 .dump()
                                          << "\n";
   return 0;
