@@ -229,14 +229,8 @@ int main(int argc, char** argv) {
   // Every rank built the same drafter (same seeds); each has its own states,
   // or its share of them with --shard-optimizer.
   std::unique_ptr<train::Optimizer> optimizer;
-  const char* (*kernel_of)(const train::Optimizer&) = nullptr;
-  if (a.shard_optimizer && world > 1) {
-    optimizer = std::make_unique<train::ShardedAdamW>(parameters, options, *group);
-    kernel_of = [](const train::Optimizer& o) { return static_cast<const train::ShardedAdamW&>(o).last_kernel(); };
-  } else {
-    optimizer = std::make_unique<train::AdamW>(parameters, options);
-    kernel_of = [](const train::Optimizer& o) { return static_cast<const train::AdamW&>(o).last_kernel(); };
-  }
+  if (a.shard_optimizer && world > 1) optimizer = std::make_unique<train::ShardedAdamW>(parameters, options, *group);
+  else optimizer = std::make_unique<train::AdamW>(parameters, options);
   std::unique_ptr<dist::GradientReducer> reducer;
   if (world > 1) reducer = std::make_unique<dist::GradientReducer>(parameters, *group, options.fp32_master ? at::kFloat : at::kBFloat16);
   int64_t steps_taken = 0;
@@ -376,7 +370,7 @@ int main(int argc, char** argv) {
             << ", kernel "
             << a.kernel << ", layer ops " << a.layer_ops << ", attention keeps " << a.attention_keeps
             << (a.checkpointing ? ", activation checkpointing" : "")
-            << (a.embedding_on_cpu ? ", embedding in host memory" : "") << ", AdamW kernel " << kernel_of(*optimizer)
+            << (a.embedding_on_cpu ? ", embedding in host memory" : "") << ", AdamW kernel " << optimizer->last_kernel()
             << "; median of " << a.repeats << " after " << a.warmup << "\n";
   std::cout << "step " << step_ms << " ms, " << std::setprecision(0) << block_tokens / (step_ms / 1000)
             << " block tokens/s; step peak " << std::setprecision(2) << step_peak_gib << " GiB (above the "
@@ -418,7 +412,7 @@ int main(int argc, char** argv) {
                                                            {"attention", a.attention}, {"group_blocks", a.group_blocks}, {"group_key_multiple", a.group_key_multiple}, {"attention_kernel", a.kernel},
                                                            {"layer_ops", a.layer_ops}, {"attention_keeps", a.attention_keeps},
                                                            {"checkpointing", a.checkpointing}, {"loss_settings", a.loss_settings},
-                                                           {"adamw_kernel", kernel_of(*optimizer)},
+                                                           {"adamw_kernel", optimizer->last_kernel()},
                                                            {"embedding_on_cpu", a.embedding_on_cpu},
                                                            {"parameters", parameter_count}, {"world_size", world},
                                                            {"shard_optimizer", a.shard_optimizer && world > 1},

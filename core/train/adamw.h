@@ -44,8 +44,7 @@ class AdamW final : public Optimizer {
   // any tensor of its own parameters that is missing or misshapen.
   void load_state(const host::NamedTensors& state) override;
   int64_t steps_taken() const { return steps_; }
-  // What ran the last step: "ours", "aten" (the fused kernels) or "loop".
-  const char* last_kernel() const { return last_kernel_; }
+  const char* last_kernel() const override { return last_kernel_; }
   const host::NamedTensors& parameters() const { return parameters_; }
 
  private:

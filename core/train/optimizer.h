@@ -24,6 +24,9 @@ class Optimizer {
   virtual host::NamedTensors local_state() const = 0;
   // Restores a whole state(), from any world size; keeps what this rank owns.
   virtual void load_state(const host::NamedTensors& state) = 0;
+  // What ran this process's last update: "ours", "aten" (the fused
+  // kernels) or "loop".
+  virtual const char* last_kernel() const = 0;
 };
 
 }  // namespace dflash::train

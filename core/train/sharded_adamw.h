@@ -29,8 +29,7 @@ class ShardedAdamW final : public Optimizer {
   host::NamedTensors local_state() const override { return local_->state(); }
   void load_state(const host::NamedTensors& state) override { local_->load_state(state); }
 
-  // The kernel of this rank's last update (AdamW::last_kernel).
-  const char* last_kernel() const { return local_->last_kernel(); }
+  const char* last_kernel() const override { return local_->last_kernel(); }
   // Which rank updates parameter i (in the drafter's order).
   const std::vector<int>& owners() const { return owner_; }
 
