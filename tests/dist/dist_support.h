@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <regex>
 #include <string>
@@ -45,6 +46,14 @@ inline std::string device_flag() { return ranks_on_gpus() ? " --set train.device
 // device each.
 inline bool enough_devices(int ranks) {
   return !ranks_on_gpus() || static_cast<int>(torch::cuda::device_count()) >= ranks;
+}
+
+// The same inside a test that tries several world sizes: false, with a line
+// naming the case it leaves out, where this machine has too few GPUs for it.
+inline bool runs_here(int ranks, const std::string& what) {
+  if (enough_devices(ranks)) return true;
+  std::cout << "[ skipped  ] " << what << ": " << ranks << " ranks, " << torch::cuda::device_count() << " GPUs here\n";
+  return false;
 }
 
 #define DFLASH_DIST_SKIP_UNLESS_RANKS(n)                                                                   \

@@ -61,10 +61,7 @@ TEST_F(DataParallel, TwoAndThreeRanksMatchOneProcessAccumulatingTheSameGlobalBat
   ASSERT_EQ(one.status, 0) << one.err;
   for (const std::string& sharded : {"false", "true"})
     for (int ranks : {2, 3}) {
-      if (!test::enough_devices(ranks)) {
-        std::cout << "[ skipped  ] " << ranks << " ranks: fewer GPUs here\n";
-        continue;
-      }
+      if (!test::runs_here(ranks, std::to_string(ranks) + " ranks")) continue;
       const std::string out = dir + "/ranks" + std::to_string(ranks) + "-" + sharded;
       Result many = launched(ranks, "--config " + dp_config(dir, out, 3) + " --set train.shard_optimizer=" + sharded, dir);
       ASSERT_EQ(many.status, 0) << many.err;

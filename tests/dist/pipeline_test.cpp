@@ -54,10 +54,7 @@ TEST_F(Pipeline, OneOneTwoOneAndOneTwoTrainTheDrafterAsOneProcessDoes) {
   if (test::ranks_on_gpus())
     for (const Case& more : {Case{2, 2, false}, Case{3, 1, false}, Case{1, 3, false}}) cases.push_back(more);
   for (const auto& [targets, drafters, sharded] : cases) {
-    if (!test::enough_devices(targets + drafters)) {
-      std::cout << "[ skipped  ] " << targets << "-" << drafters << ": fewer GPUs here\n";
-      continue;
-    }
+    if (!test::runs_here(targets + drafters, std::to_string(targets) + "-" + std::to_string(drafters))) continue;
     const std::string name = std::to_string(targets) + "-" + std::to_string(drafters) + (sharded ? " sharded" : "");
     const std::string out = dir + "/split" + std::to_string(targets) + std::to_string(drafters) + (sharded ? "s" : "");
     Result run = launched(targets + drafters,
@@ -161,10 +158,7 @@ TEST_F(Pipeline, DataThatEndsMidStepEndsTheRunAsOnOneProcess) {
   const auto m1 = metrics_of(dir + "/one");
   ASSERT_EQ(m1.size(), 3u) << "steps 0, 1 and the partial step 2";
   for (const auto& [targets, drafters] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
-    if (!test::enough_devices(targets + drafters)) {
-      std::cout << "[ skipped  ] " << targets << "-" << drafters << ": fewer GPUs here\n";
-      continue;
-    }
+    if (!test::runs_here(targets + drafters, std::to_string(targets) + "-" + std::to_string(drafters))) continue;
     const std::string name = "split" + std::to_string(targets) + std::to_string(drafters);
     Result run = launched(targets + drafters, "--config " + config(name) + split(targets, drafters), dir);
     ASSERT_EQ(run.status, 0) << name << "\n" << run.err;
