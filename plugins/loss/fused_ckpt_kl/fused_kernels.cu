@@ -136,6 +136,22 @@ __device__ __forceinline__ float unpack_max(const Pack<T, kVec>& pack, float (&x
 // at 1.9 TB/s on an H200 (docs/performance.md).
 constexpr int kUnroll = 2;
 
+// This thread's kUnroll packs of a row of z (and of u, when given): packs
+// first, first + stride, …, all loaded before any arithmetic, so more bytes
+// are in flight. Packs past the row's end are left unloaded.
+template <class T, int kVec>
+__device__ __forceinline__ void load_packs(const T* zr, const T* ur, int64_t first, int64_t stride, int64_t packs,
+                                           Pack<T, kVec> (&zp)[kUnroll], Pack<T, kVec> (&up)[kUnroll]) {
+#pragma unroll
+  for (int j = 0; j < kUnroll; ++j) {
+    const int64_t p = first + j * stride;
+    if (p < packs) {
+      zp[j] = *reinterpret_cast<const Pack<T, kVec>*>(zr + p * kVec);
+      if (ur) up[j] = *reinterpret_cast<const Pack<T, kVec>*>(ur + p * kVec);
+    }
+  }
+}
+
 template <class T, int kVec>
 __global__ void __launch_bounds__(kThreads, 2)
     row_statistics_kernel(const T* __restrict__ z, const T* __restrict__ u, int64_t vocab,
@@ -160,14 +176,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t stride = static_cast<int64_t>(blockDim.x);
   for (int64_t first = threadIdx.x; first < packs; first += stride * kUnroll) {
     Pack<T, kVec> zp[kUnroll], up[kUnroll];
-#pragma unroll
-    for (int j = 0; j < kUnroll; ++j) {
-      const int64_t p = first + j * stride;
-      if (p < packs) {
-        zp[j] = *reinterpret_cast<const Pack<T, kVec>*>(zr + p * kVec);
-        if (ur) up[j] = *reinterpret_cast<const Pack<T, kVec>*>(ur + p * kVec);
-      }
-    }
+    load_packs(zr, ur, first, stride, packs, zp, up);
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j) {
       const int64_t p = first + j * stride;
@@ -266,19 +275,11 @@ __global__ void gradient_and_kl_kernel(T* __restrict__ z, const T* __restrict__ 
   const float lut = ur ? lse_ut[row] : 0.f;
   const int64_t target = targets[row];
   float kl = 0.f;
-  // As in pass 1, kUnroll packs loaded before any arithmetic (more bytes in
-  // flight per thread), then computed and stored.
+  // As in pass 1: kUnroll packs loaded, then computed and stored.
   const int64_t packs = vocab / kVec, stride = static_cast<int64_t>(blockDim.x);
   for (int64_t first = threadIdx.x; first < packs; first += stride * kUnroll) {
     Pack<T, kVec> zp[kUnroll], up[kUnroll];
-#pragma unroll
-    for (int j = 0; j < kUnroll; ++j) {
-      const int64_t p = first + j * stride;
-      if (p < packs) {
-        zp[j] = *reinterpret_cast<const Pack<T, kVec>*>(zr + p * kVec);
-        if (ur) up[j] = *reinterpret_cast<const Pack<T, kVec>*>(ur + p * kVec);
-      }
-    }
+    load_packs(zr, ur, first, stride, packs, zp, up);
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j) {
       const int64_t p = first + j * stride;
