@@ -113,28 +113,17 @@ fi
 
 if [[ $parts == *" pipeline "* ]]; then
   echo "== pipeline: Qwen3-8B-shaped target (36 layers) feeding the 8B drafter"
-  [ -f "$work/q8/model.safetensors" ] || python3 "$root/scripts/make_wide_target.py" "$work/q8" --preset qwen3-8b --layers 36 \
-    > "$out/make_q8.txt" 2>&1
-  cat > "$work/pipeline.json" <<JSON
-{
-  "train": {"device": "cuda", "dtype": "bfloat16", "steps": 30, "grad_accumulation": 4, "log_every": 10,
-            "checkpoint_every": 0, "progress": "lines"},
-  "data": {"plugin": "synthetic", "vocab_size": 0, "row_length": 4096, "tokens_per_batch": 4096},
-  "target": {"plugin": "hf_decoder", "path": "$work/q8"},
-  "drafter": {"plugin": "dflash", "num_layers": 5, "block_size": 16, "max_anchors": 512},
-  "loss": {"plugin": "fused_ckpt_kl", "kl_weight": 0.5},
-  "scheduler": {"plugin": "constant"}
-}
-JSON
+  config=$("$root/scripts/pipeline_8b_setup.sh" "$work" 2> "$out/make_q8.txt")
+  steps="--set train.steps=30 --set train.log_every=10 --set train.checkpoint_every=0 --set train.progress=lines"
   run_pipeline() {  # NAME RANKS [host flags…]
     local name=$1 ranks=$2
     shift 2
     rm -rf "$work/run_$name"
     if [ "$ranks" = 1 ]; then
-      $host --config "$work/pipeline.json" --set train.output_dir="$work/run_$name" "$@" > "$out/pipeline_$name.txt" 2>&1
+      $host --config "$config" $steps --set train.output_dir="$work/run_$name" "$@" > "$out/pipeline_$name.txt" 2>&1
     else
       "$bin/dflash-host" launch --nproc-per-node "$ranks" -- --no-default-plugin-dirs --plugin-dir "$plugins" \
-        --config "$work/pipeline.json" --set train.output_dir="$work/run_$name" "$@" > "$out/pipeline_$name.txt" 2>&1
+        --config "$config" $steps --set train.output_dir="$work/run_$name" "$@" > "$out/pipeline_$name.txt" 2>&1
     fi
     echo "$name: exit status $?"
     cp "$work/run_$name/metrics.jsonl" "$out/pipeline_$name.jsonl" 2>/dev/null
