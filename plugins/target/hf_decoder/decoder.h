@@ -3,7 +3,7 @@
 // states of chosen layers. No autograd graph is kept.
 #pragma once
 
-#include "decode_sessions.h"
+#include <decode_sessions.h>
 #include "decoder_config.h"
 #include "graph_stats.h"
 
@@ -17,6 +17,8 @@
 #include <vector>
 
 namespace dflash::target {
+
+using DecodeSessions = hf::DecodeSessions;  // the KV cache pool (plugins/shared/hf_support)
 
 // Projections that read the same input are stored concatenated, so each is
 // one GEMM: qkv = [q; k; v] by rows, gate_up = [gate; up].

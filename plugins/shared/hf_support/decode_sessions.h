@@ -23,7 +23,7 @@
 #include <map>
 #include <vector>
 
-namespace dflash::target {
+namespace dflash::hf {
 
 class DecodeSessions {
  public:
@@ -73,4 +73,4 @@ class DecodeSessions {
   int64_t next_id_ = 1;
 };
 
-}  // namespace dflash::target
+}  // namespace dflash::hf

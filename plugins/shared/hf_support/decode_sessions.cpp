@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace dflash::target {
+namespace dflash::hf {
 
 DecodeSessions::DecodeSessions(int64_t layers, int64_t kv_heads, int64_t head_dim, at::TensorOptions options)
     : layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim), options_(options) {}
@@ -79,4 +79,4 @@ void DecodeSessions::grow(int64_t rows, int64_t row_capacity) {
   ++generation_;
 }
 
-}  // namespace dflash::target
+}  // namespace dflash::hf

@@ -1,0 +1,170 @@
+#include "gated_deltanet.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace dflash::target::gdn {
+namespace {
+
+// Index of each token within its document, [B, S] int64; a very large value
+// where a row has no reset before the token (the window reaches back into the
+// prefix or the carried state).
+at::Tensor position_in_document(const at::Tensor& resets, int64_t b, int64_t s, const at::TensorOptions& options) {
+  const at::Tensor index = at::arange(s, options.dtype(at::kLong)).expand({b, s});
+  if (!resets.defined()) return at::full({b, s}, std::numeric_limits<int32_t>::max(), options.dtype(at::kLong));
+  // The last reset at or before each token; -1 where there is none yet.
+  const at::Tensor marked = at::where(resets, index, at::full_like(index, -1));
+  const at::Tensor start = std::get<0>(at::cummax(marked, 1));
+  return at::where(start.ge(0), index - start, at::full_like(index, std::numeric_limits<int32_t>::max()));
+}
+
+// x · rsqrt(Σx² + eps) over the last dimension (FLA's and transformers' l2norm).
+at::Tensor l2norm(const at::Tensor& x) { return x * at::rsqrt((x * x).sum(-1, true) + 1e-6); }
+
+// [B, S, H, d] → [B, H, S, d] fp32, key heads repeated to the value heads.
+at::Tensor heads_first(const at::Tensor& x, int64_t value_heads) {
+  at::Tensor t = x;
+  if (t.size(2) != value_heads) t = t.repeat_interleave(value_heads / t.size(2), 2);
+  return t.transpose(1, 2).to(at::kFloat).contiguous();
+}
+
+}  // namespace
+
+at::Tensor causal_conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& resets,
+                       const at::Tensor& prefix) {
+  const int64_t b = x.size(0), s = x.size(1), c = x.size(2), taps = weight.size(1);
+  at::Tensor window = prefix.defined() ? prefix.to(x.scalar_type())
+                                       : at::zeros({b, taps - 1, c}, x.options());
+  const at::Tensor padded = at::cat({window, x}, 1);  // [B, K-1+S, C]
+  const at::Tensor in_document = position_in_document(resets, b, s, x.options());
+  const at::Tensor w = weight.to(at::kFloat);
+  at::Tensor acc = at::zeros({b, s, c}, x.options().dtype(at::kFloat));
+  for (int64_t j = 0; j < taps; ++j) {
+    // Tap j reads the input K-1-j tokens back: only inside the token's document.
+    const int64_t back = taps - 1 - j;
+    at::Tensor term = padded.narrow(1, j, s).to(at::kFloat) * w.select(1, j);
+    if (back > 0 && resets.defined()) term = term * in_document.ge(back).unsqueeze(-1).to(at::kFloat);
+    acc.add_(term);
+  }
+  return at::silu(acc.to(x.scalar_type()));
+}
+
+DeltaOutput chunked_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                               const at::Tensor& g_in, const at::Tensor& beta_in, const at::Tensor& resets_in,
+                               const at::Tensor& initial, int64_t chunk) {
+  const int64_t b = v_in.size(0), s = v_in.size(1), heads = v_in.size(2), dv = v_in.size(3), dk = k_in.size(3);
+  const auto f32 = v_in.options().dtype(at::kFloat);
+  at::Tensor q = l2norm(heads_first(q_in, heads)) * (1.0 / std::sqrt(static_cast<double>(dk)));  // [B, H, S, dk]
+  at::Tensor k = l2norm(heads_first(k_in, heads));
+  at::Tensor v = v_in.transpose(1, 2).to(at::kFloat).contiguous();         // [B, H, S, dv]
+  at::Tensor beta = beta_in.transpose(1, 2).to(at::kFloat).contiguous();   // [B, H, S]
+  at::Tensor g = g_in.transpose(1, 2).to(at::kFloat).contiguous();
+
+  // Pad to whole chunks: padding tokens have k = v = β = g = 0, so they
+  // change no state, and their outputs are dropped.
+  const int64_t pad = (chunk - s % chunk) % chunk, total = s + pad, chunks = total / chunk;
+  at::Tensor resets = resets_in.defined() ? resets_in : at::zeros({b, s}, v_in.options().dtype(at::kBool));
+  if (pad > 0) {
+    q = at::constant_pad_nd(q, {0, 0, 0, pad});
+    k = at::constant_pad_nd(k, {0, 0, 0, pad});
+    v = at::constant_pad_nd(v, {0, 0, 0, pad});
+    beta = at::constant_pad_nd(beta, {0, pad});
+    g = at::constant_pad_nd(g, {0, pad});
+    resets = at::cat({resets, at::zeros({b, pad}, resets.options())}, 1);
+  }
+  auto chunked = [&](const at::Tensor& t) {  // [B, H, T, ...] → [B, H, N, C, ...]
+    std::vector<int64_t> shape{b, heads, chunks, chunk};
+    for (int64_t d = 3; d < t.dim(); ++d) shape.push_back(t.size(d));
+    return t.reshape(shape);
+  };
+
+  // Documents inside each chunk: a segment runs from the chunk's start or a
+  // reset to the next reset. Token i of a chunk sees token j (j ≤ i) only in
+  // the same segment; the state carried into the chunk reaches only the
+  // tokens of a segment that began before it (`continues`).
+  const at::Tensor reset_chunks = resets.view({b, chunks, chunk});             // [B, N, C]
+  const at::Tensor segment = reset_chunks.to(at::kLong).cumsum(-1);            // 0 until the chunk's first reset
+  const at::Tensor continues = segment.eq(0);                                   // [B, N, C]
+  const at::Tensor same = segment.unsqueeze(-1).eq(segment.unsqueeze(-2));     // [B, N, C, C]
+  const at::Tensor lower = at::ones({chunk, chunk}, resets.options()).tril();
+  const at::Tensor visible = same.logical_and(lower).unsqueeze(1);             // [B, 1, N, C, C]
+
+  // Cumulative log decay from each token's segment start, summed in fp64 so
+  // that a segment starting mid-chunk loses nothing to the sums before it.
+  const at::Tensor g_chunks = chunked(g).to(at::kDouble);                       // [B, H, N, C]
+  const at::Tensor running = g_chunks.cumsum(-1);
+  const at::Tensor index = at::arange(chunk, resets.options().dtype(at::kLong)).expand({b, chunks, chunk});
+  const at::Tensor segment_start = std::get<0>(
+      at::cummax(at::where(reset_chunks, index, at::zeros_like(index)), -1));  // [B, N, C]
+  const at::Tensor start_index = segment_start.unsqueeze(1).expand({b, heads, chunks, chunk});
+  const at::Tensor before = (running - g_chunks).gather(-1, start_index);
+  const at::Tensor decay = (running - before).to(at::kFloat);                  // [B, H, N, C], ≤ 0
+
+  const at::Tensor qc = chunked(q), kc = chunked(k), vc = chunked(v), bc = chunked(beta);
+  const at::Tensor k_beta = kc * bc.unsqueeze(-1), v_beta = vc * bc.unsqueeze(-1);
+  const at::Tensor pair = (decay.unsqueeze(-1) - decay.unsqueeze(-2))
+                              .masked_fill(visible.logical_not(), -std::numeric_limits<float>::infinity())
+                              .exp();                                          // [B, H, N, C, C]
+  // The UT transform: T = I + strictly-lower(diag(β) K Kᵀ ⊙ decay); the solve
+  // reads only the strictly lower part and takes the diagonal as 1.
+  const at::Tensor system = at::matmul(k_beta, kc.transpose(-1, -2)) * pair;
+  const at::Tensor carried = continues.unsqueeze(1).to(at::kFloat);            // [B, 1, N, C]
+  const at::Tensor new_values = at::linalg_solve_triangular(system, v_beta, /*upper=*/false, /*left=*/true,
+                                                            /*unitriangular=*/true);
+  const at::Tensor k_cumdecay = at::linalg_solve_triangular(
+      system, k_beta * (decay.exp() * carried).unsqueeze(-1), false, true, true);
+  const at::Tensor intra = at::matmul(qc, kc.transpose(-1, -2)) * pair;        // [B, H, N, C, C]
+  const at::Tensor q_read = qc * (decay.exp() * carried).unsqueeze(-1);        // reads the carried state
+  // The state passed on: decays from each token to the chunk's end, for
+  // tokens in the chunk's last segment only.
+  const at::Tensor last = decay.narrow(-1, chunk - 1, 1);                      // [B, H, N, 1]
+  const at::Tensor in_last = same.select(-1, chunk - 1).unsqueeze(1).to(at::kFloat);  // [B, 1, N, C]
+  const at::Tensor k_write = kc * ((last - decay).exp() * in_last).unsqueeze(-1);
+  const at::Tensor chunk_decay = (last.squeeze(-1).exp() * carried.select(-1, chunk - 1)).unsqueeze(-1).unsqueeze(-1);
+
+  at::Tensor state = initial.defined() ? initial.to(f32).clone() : at::zeros({b, heads, dk, dv}, f32);
+  at::Tensor out = at::empty({b, heads, chunks, chunk, dv}, f32);
+  for (int64_t i = 0; i < chunks; ++i) {
+    const at::Tensor v_new = new_values.select(2, i) - at::matmul(k_cumdecay.select(2, i), state);
+    out.select(2, i).copy_(at::matmul(q_read.select(2, i), state) + at::matmul(intra.select(2, i), v_new));
+    state = state * chunk_decay.select(2, i) + at::matmul(k_write.select(2, i).transpose(-1, -2), v_new);
+  }
+  DeltaOutput result;
+  result.out = out.view({b, heads, total, dv}).narrow(2, 0, s).transpose(1, 2).to(v_in.scalar_type()).contiguous();
+  result.state = state;
+  return result;
+}
+
+DeltaOutput recurrent_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                 const at::Tensor& g_in, const at::Tensor& beta_in, const at::Tensor& initial,
+                                 bool keep_states) {
+  const int64_t b = v_in.size(0), s = v_in.size(1), heads = v_in.size(2), dv = v_in.size(3), dk = k_in.size(3);
+  const auto f32 = v_in.options().dtype(at::kFloat);
+  const at::Tensor q = l2norm(heads_first(q_in, heads)) / std::sqrt(static_cast<double>(dk));
+  const at::Tensor k = l2norm(heads_first(k_in, heads));
+  const at::Tensor v = v_in.transpose(1, 2).to(at::kFloat);
+  const at::Tensor beta = beta_in.transpose(1, 2).to(at::kFloat);
+  const at::Tensor g = g_in.transpose(1, 2).to(at::kFloat);
+  at::Tensor state = initial.defined() ? initial.to(f32).clone() : at::zeros({b, heads, dk, dv}, f32);
+  at::Tensor out = at::empty({b, heads, s, dv}, f32);
+  DeltaOutput result;
+  if (keep_states) result.states = at::empty({b, s, heads, dk, dv}, f32);
+  // The same operations as transformers' recurrent form, in the same order.
+  for (int64_t t = 0; t < s; ++t) {
+    const at::Tensor q_t = q.select(2, t), k_t = k.select(2, t), v_t = v.select(2, t);
+    state = state * g.select(2, t).exp().unsqueeze(-1).unsqueeze(-1);
+    const at::Tensor memory = (state * k_t.unsqueeze(-1)).sum(-2);
+    const at::Tensor delta = (v_t - memory) * beta.select(2, t).unsqueeze(-1);
+    state = state + k_t.unsqueeze(-1) * delta.unsqueeze(-2);
+    out.select(2, t).copy_((state * q_t.unsqueeze(-1)).sum(-2));
+    if (keep_states) result.states.select(1, t).copy_(state);
+  }
+  result.out = out.transpose(1, 2).to(v_in.scalar_type()).contiguous();
+  result.state = state;
+  return result;
+}
+
+}  // namespace dflash::target::gdn

@@ -1,0 +1,54 @@
+// The arithmetic of a Gated DeltaNet layer (Qwen3.5 / Qwen3.6 "linear
+// attention"), without its projections: the causal depthwise convolution and
+// the gated delta rule, over packed rows whose documents must not see each
+// other, and over decoding sessions that carry their state from one step to
+// the next.
+//
+// Per value head h and token t (state S [dk, dv], fp32):
+//   S ← exp(g_t) · S                       (S ← 0 first where a document starts)
+//   S ← S + k_t ⊗ β_t (v_t − Sᵀ k_t)       (the delta rule)
+//   o_t = Sᵀ q_t
+// with q, k L2-normalised per head, q scaled by dk^-½, and each key head
+// serving value_heads / key_heads consecutive value heads — as transformers'
+// torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule compute it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace dflash::target::gdn {
+
+// Where each token's state restarts: resets [B, S] bool, true at the first
+// token of a document (the state and the convolution's window are empty
+// there). Undefined: no restart inside the rows (each row continues the
+// state it is given, or starts from zero).
+//
+// x [B, S, C] (the in_proj_qkv output), weight [C, K]. prefix [B, K-1, C]:
+// the inputs just before each row (a decoding session's window), undefined
+// for zeros. Returns SiLU(conv(x)) [B, S, C] in x's dtype, the taps summed in
+// fp32 and rounded once, as cuDNN's / ATen's conv1d does.
+at::Tensor causal_conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& resets,
+                       const at::Tensor& prefix);
+
+struct DeltaOutput {
+  at::Tensor out;    // [B, S, Hv, dv] in v's dtype
+  at::Tensor state;  // [B, Hv, dk, dv] fp32: the state after each row's last token
+  at::Tensor states; // [B, S, Hv, dk, dv] fp32 after every token (recurrent form, when asked)
+};
+
+// The chunked form (prefill): chunks of `chunk` tokens, the UT transform's
+// triangular solve inside a chunk, one sequential step per chunk. q, k
+// [B, S, Hk, dk]; v [B, S, Hv, dv]; g [B, S, Hv] (log decay, ≤ 0, fp32);
+// beta [B, S, Hv]; initial [B, Hv, dk, dv] fp32 or undefined (zeros).
+DeltaOutput chunked_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                               const at::Tensor& beta, const at::Tensor& resets, const at::Tensor& initial,
+                               int64_t chunk = 64);
+
+// The recurrent form (decoding steps): token by token, no resets. With
+// keep_states, `states` holds the state after every token, so a session can
+// be cut back to any token of its last step.
+DeltaOutput recurrent_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                 const at::Tensor& beta, const at::Tensor& initial, bool keep_states);
+
+}  // namespace dflash::target::gdn

@@ -1,0 +1,513 @@
+#include "hybrid_model.h"
+
+#include "gated_deltanet.h"
+
+#include <checkpoint.h>
+#include <dflash/sdk/memory_plan.hpp>
+#include <dflash/sdk/torch_compat.hpp>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace dflash::target {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Decoding steps of up to this many tokens per session run the delta rule
+// token by token and keep the state after every token (so a verified block
+// can be cut back anywhere); longer ones (prompts) run the chunked form.
+constexpr int64_t kRecurrentMaxTokens = 64;
+
+// transformers' Qwen3_5RMSNorm: x̂ · (1 + w) in fp32, then rounded to x's
+// dtype. scale is the fp32 (1 + w).
+at::Tensor norm_1p(const at::Tensor& x, const at::Tensor& scale, double eps) {
+  const at::Tensor f = x.to(at::kFloat);
+  return (f * at::rsqrt(f.pow(2).mean(-1, true) + eps) * scale).to(x.scalar_type());
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// Rotary embedding on the first rotary_dim of each head. x [N, heads, hd];
+// cos, sin [N, rotary_dim] in x's dtype.
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t rd = cos.size(-1), hd = x.size(-1);
+  const at::Tensor rot = x.narrow(-1, 0, rd);
+  const at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  const at::Tensor turned = rot * c + rotate_half(rot) * s;
+  return rd == hd ? turned : at::cat({turned, x.narrow(-1, rd, hd - rd)}, -1);
+}
+
+// Loads `name` as fp32 (1 + w), the form every (1 + w) RMSNorm uses; w is
+// first rounded to the model's dtype, as transformers holds it.
+at::Tensor one_plus(const hf::Checkpoint& ckpt, const std::string& name, int64_t width, c10::ScalarType dtype,
+                    const c10::Device& device) {
+  return ckpt.get(name, {width}, dtype, device).to(at::kFloat) + 1.0;
+}
+
+struct Projected {  // a full-attention layer's queries, keys, values and output gate
+  at::Tensor q, k, v, gate;  // q [N, heads, hd]; k, v [N, kv_heads, hd]; gate [N, heads hd]
+};
+Projected project_full(const HybridConfig& c, const FullAttentionWeights& w, const at::Tensor& h, const at::Tensor& cos,
+                       const at::Tensor& sin) {
+  const int64_t n = h.size(0), heads = c.num_heads, kv = c.num_kv_heads, hd = c.head_dim;
+  const at::Tensor qkv = at::linear(h, w.qkv);
+  const at::Tensor query_gate = qkv.narrow(1, 0, 2 * heads * hd).view({n, heads, 2 * hd});
+  Projected p;
+  p.gate = query_gate.narrow(2, hd, hd).reshape({n, heads * hd});
+  p.q = apply_rotary(norm_1p(query_gate.narrow(2, 0, hd), w.q_norm, c.rms_norm_eps), cos, sin);
+  p.k = apply_rotary(norm_1p(qkv.narrow(1, 2 * heads * hd, kv * hd).view({n, kv, hd}), w.k_norm, c.rms_norm_eps), cos,
+                     sin);
+  p.v = qkv.narrow(1, (2 * heads + kv) * hd, kv * hd).view({n, kv, hd});
+  return p;
+}
+
+// The output gate and o_proj after attention [N, heads hd].
+at::Tensor finish_full(const FullAttentionWeights& w, const at::Tensor& attention, const at::Tensor& gate) {
+  return at::linear(attention * at::sigmoid(gate), w.o);
+}
+
+// SDPA over [B, heads, S, hd] queries with keys and values of kv_heads heads
+// repeated to every query head, as transformers' repeat_kv.
+at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const c10::optional<at::Tensor>& mask, bool causal) {
+  const int64_t group = q.size(1) / k.size(1);
+  if (group > 1) {
+    k = k.repeat_interleave(group, 1);
+    v = v.repeat_interleave(group, 1);
+  }
+  return compat::scaled_dot_product_attention(q, k, v, mask, causal);
+}
+
+// A Gated DeltaNet layer on normed input h [B, S, H]. window [B, K-1, C]:
+// the conv inputs before the rows (undefined: zeros); initial [B, Hv, dk, dv]
+// (undefined: zeros). `inputs` receives [B, K-1+S, C], the conv window
+// followed by the step's own conv inputs.
+struct LinearResult {
+  at::Tensor out;     // [B, S, H]
+  at::Tensor inputs;  // [B, K-1+S, C]
+  gdn::DeltaOutput delta;
+};
+LinearResult linear_attention(const HybridConfig& c, const LinearAttentionWeights& w, const at::Tensor& h,
+                              const at::Tensor& resets, const at::Tensor& window, const at::Tensor& initial,
+                              bool recurrent) {
+  const int64_t b = h.size(0), s = h.size(1), conv_dim = c.conv_dim(), vd = c.value_dim();
+  const int64_t hv = c.linear_value_heads, hk = c.linear_key_heads, dk = c.linear_key_dim, dv = c.linear_value_dim;
+  const at::Tensor projected = at::linear(h, w.in_proj);  // [B, S, conv_dim + vd + 2 Hv]
+  const at::Tensor qkv = projected.narrow(2, 0, conv_dim);
+  const at::Tensor z = projected.narrow(2, conv_dim, vd);
+  const at::Tensor beta = at::sigmoid(projected.narrow(2, conv_dim + vd, hv));
+  const at::Tensor a = projected.narrow(2, conv_dim + vd + hv, hv);
+  // transformers: -exp(A_log) · softplus(a + dt_bias), in fp32.
+  const at::Tensor g = -w.a_log.to(at::kFloat).exp() * at::softplus(a.to(at::kFloat) + w.dt_bias, 1, 20);
+  LinearResult r;
+  const at::Tensor before =
+      window.defined() ? window.to(qkv.scalar_type()) : at::zeros({b, c.conv_kernel - 1, conv_dim}, qkv.options());
+  r.inputs = at::cat({before, qkv}, 1);
+  const at::Tensor mixed = gdn::causal_conv(qkv, w.conv, resets, before);
+  const at::Tensor q = mixed.narrow(2, 0, c.key_dim()).view({b, s, hk, dk});
+  const at::Tensor k = mixed.narrow(2, c.key_dim(), c.key_dim()).view({b, s, hk, dk});
+  const at::Tensor v = mixed.narrow(2, 2 * c.key_dim(), vd).view({b, s, hv, dv});
+  r.delta = recurrent ? gdn::recurrent_delta_rule(q, k, v, g, beta, initial, /*keep_states=*/true)
+                      : gdn::chunked_delta_rule(q, k, v, g, beta, resets, initial);
+  // The gated RMSNorm per value head: w · x̂ rounded to the dtype, times
+  // SiLU(z) in fp32, rounded again (transformers' Qwen3_5RMSNormGated).
+  const at::Tensor core = r.delta.out.to(at::kFloat);
+  const at::Tensor normed = w.norm * (core * at::rsqrt(core.pow(2).mean(-1, true) + c.rms_norm_eps)).to(h.scalar_type());
+  const at::Tensor gated = (normed * at::silu(z.view({b, s, hv, dv}).to(at::kFloat))).to(h.scalar_type());
+  r.out = at::linear(gated.view({b, s, vd}), w.out);
+  return r;
+}
+
+bool has_full_attention(const HybridConfig& c) { return c.count(Mixer::kFullAttention) > 0; }
+
+}  // namespace
+
+// Per session, for each linear layer: the conv window (the last K-1 conv
+// inputs) and the recurrent state; and the last extend's record, from which
+// truncate restores any length inside that step.
+struct HybridModel::SessionStates {
+  std::vector<at::Tensor> window;  // [K-1, C] in the model's dtype
+  std::vector<at::Tensor> state;   // [Hv, dk, dv] fp32
+  int64_t step_start = 0, step_tokens = 0;
+  std::vector<at::Tensor> step_inputs;  // [K-1+n, C]: the window before the step, then its inputs
+  std::vector<at::Tensor> step_before;  // the state before the step
+  std::vector<at::Tensor> step_states;  // [n, Hv, dk, dv] after each token; undefined for a chunked step
+};
+
+HybridModel::HybridModel(const fs::path& dir, c10::ScalarType dtype, c10::Device device)
+    : config_(read_hybrid_config(dir / "config.json")) {
+  const hf::Checkpoint ckpt(dir);
+  const HybridConfig& c = config_;
+  prefix_ = ckpt.has("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
+  // What a text model does not read: a multimodal checkpoint's vision tower,
+  // and the multi-token-prediction head some Qwen3.5 folders carry.
+  for (const char* other : {"model.visual.", "visual.", "mtp.", "model.mtp."})
+    ignored_tensors_ += static_cast<int64_t>(ckpt.names_with_prefix(other).size());
+  const int64_t h = c.hidden_size, hd = c.head_dim;
+  embed_ = ckpt.get(prefix_ + "embed_tokens.weight", {c.vocab_size, h}, dtype, device);
+  final_norm_ = one_plus(ckpt, prefix_ + "norm.weight", h, dtype, device);
+  final_norm_scale_ = final_norm_.to(dtype);
+  if (ckpt.has("lm_head.weight")) lm_head_ = ckpt.get("lm_head.weight", {c.vocab_size, h}, dtype, device);
+  else if (c.tie_word_embeddings) lm_head_ = embed_;
+  else
+    throw std::runtime_error(dir.string() + ": tensor 'lm_head.weight' is missing and config.json's tie_word_embeddings "
+                             "is false");
+  int64_t linear_count = 0, full_count = 0;  // each layer's ordinal among its kind
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = prefix_ + "layers." + std::to_string(i) + ".";
+    HybridLayerWeights w;
+    w.mixer = c.layer_types[static_cast<size_t>(i)];
+    w.input_norm = one_plus(ckpt, p + "input_layernorm.weight", h, dtype, device);
+    w.post_attention_norm = one_plus(ckpt, p + "post_attention_layernorm.weight", h, dtype, device);
+    if (w.mixer == Mixer::kLinearAttention) {
+      const std::string a = p + "linear_attn.";
+      const int64_t hv = c.linear_value_heads;
+      LinearAttentionWeights& l = w.linear;
+      l.in_proj = at::cat({ckpt.get(a + "in_proj_qkv.weight", {c.conv_dim(), h}, dtype, device),
+                           ckpt.get(a + "in_proj_z.weight", {c.value_dim(), h}, dtype, device),
+                           ckpt.get(a + "in_proj_b.weight", {hv, h}, dtype, device),
+                           ckpt.get(a + "in_proj_a.weight", {hv, h}, dtype, device)});
+      l.conv = ckpt.get(a + "conv1d.weight", {c.conv_dim(), 1, c.conv_kernel}, dtype, device).view({c.conv_dim(), c.conv_kernel});
+      l.a_log = ckpt.get(a + "A_log", {hv}, dtype, device);
+      l.dt_bias = ckpt.get(a + "dt_bias", {hv}, dtype, device);
+      l.norm = ckpt.get(a + "norm.weight", {c.linear_value_dim}, dtype, device);
+      l.out = ckpt.get(a + "out_proj.weight", {h, c.value_dim()}, dtype, device);
+      linear_index_.push_back(linear_count++);
+      full_index_.push_back(-1);
+    } else {
+      const std::string a = p + "self_attn.";
+      FullAttentionWeights& f = w.full;
+      f.qkv = at::cat({ckpt.get(a + "q_proj.weight", {2 * c.num_heads * hd, h}, dtype, device),
+                       ckpt.get(a + "k_proj.weight", {c.num_kv_heads * hd, h}, dtype, device),
+                       ckpt.get(a + "v_proj.weight", {c.num_kv_heads * hd, h}, dtype, device)});
+      f.q_norm = one_plus(ckpt, a + "q_norm.weight", hd, dtype, device);
+      f.k_norm = one_plus(ckpt, a + "k_norm.weight", hd, dtype, device);
+      f.o = ckpt.get(a + "o_proj.weight", {h, c.num_heads * hd}, dtype, device);
+      full_index_.push_back(full_count++);
+      linear_index_.push_back(-1);
+    }
+    if (c.is_moe()) {
+      w.moe = hf::load_moe(ckpt, p + "mlp.", c.moe, h, dtype, device);
+    } else {
+      w.gate_up = at::cat({ckpt.get(p + "mlp.gate_proj.weight", {c.intermediate_size, h}, dtype, device),
+                           ckpt.get(p + "mlp.up_proj.weight", {c.intermediate_size, h}, dtype, device)});
+      w.down = ckpt.get(p + "mlp.down_proj.weight", {h, c.intermediate_size}, dtype, device);
+    }
+    layers_.push_back(std::move(w));
+  }
+  // transformers' default rotary frequencies, formed in fp32 as it forms them.
+  const int64_t rd = c.rotary_dim;
+  inv_freq_ = at::pow(c.rope_theta, at::arange(0, rd, 2, embed_.options().dtype(at::kFloat)) / static_cast<double>(rd))
+                  .reciprocal();
+  kv_ = hf::DecodeSessions(c.count(Mixer::kFullAttention), c.num_kv_heads, hd, embed_.options());
+}
+
+HybridModel::~HybridModel() = default;
+
+at::Tensor HybridModel::rotary_cos_sin(const at::Tensor& positions) const {
+  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_;  // [N, rd/2] fp32
+  const at::Tensor angles = at::cat({freqs, freqs}, -1);
+  return at::stack({angles.cos(), angles.sin()}, 1).to(embed_.scalar_type());  // [N, 2, rd]
+}
+
+at::Tensor HybridModel::mlp(const HybridLayerWeights& w, const at::Tensor& x) const {
+  if (config_.is_moe()) return hf::moe_forward(w.moe, config_.moe, x);
+  const at::Tensor gate_up = at::linear(x, w.gate_up);
+  const int64_t inter = config_.intermediate_size;
+  return at::linear(at::silu(gate_up.narrow(-1, 0, inter)) * gate_up.narrow(-1, inter, inter), w.down);
+}
+
+HybridOutputs HybridModel::forward(const at::Tensor& input_ids, const at::Tensor& position_ids_in,
+                                   const at::Tensor& document_ids_in, const std::vector<int64_t>& layer_ids,
+                                   bool want_last_hidden, bool want_logits) const {
+  const c10::NoGradGuard no_grad;
+  const HybridConfig& c = config_;
+  const auto device = embed_.device();
+  if (input_ids.dim() != 2) throw std::invalid_argument("input_ids must be [B, S], got " + c10::str(input_ids.sizes()));
+  const at::Tensor ids = input_ids.to(device, at::kLong);
+  if (ids.numel() > 0 && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= c.vocab_size))
+    throw std::invalid_argument("input_ids has ids outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  for (int64_t id : layer_ids)
+    if (id < 0 || id >= c.num_layers)
+      throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
+  const int64_t b = ids.size(0), s = ids.size(1), n = b * s, h = c.hidden_size;
+
+  // Documents of a packed batch: where each starts, and positions within it.
+  at::Tensor documents, positions, starts;
+  if (document_ids_in.defined()) documents = document_ids_in.to(device, at::kLong);
+  if (position_ids_in.defined()) positions = position_ids_in.to(device, at::kLong);
+  if (!documents.defined() && positions.defined()) documents = positions.eq(0).to(at::kLong).cumsum(1);
+  if (documents.defined() && s > 0)
+    starts = at::cat({at::ones({b, 1}, ids.options().dtype(at::kBool)),
+                      documents.narrow(1, 1, s - 1).ne(documents.narrow(1, 0, s - 1))}, 1);
+  if (!positions.defined()) {
+    const at::Tensor index = at::arange(s, ids.options()).expand({b, s});
+    positions = index;
+    if (starts.defined())
+      positions = index - std::get<0>(at::cummax(at::where(starts, index, at::zeros_like(index)), 1));
+  }
+  // Rows of several documents attend through an additive [B, 1, S, S] mask.
+  c10::optional<at::Tensor> mask;
+  if (documents.defined() && s > 0 && !documents.eq(documents.narrow(1, 0, 1)).all().item<bool>()) {
+    const at::Tensor allowed = documents.unsqueeze(2).eq(documents.unsqueeze(1))
+                                   .logical_and(at::ones({s, s}, ids.options().dtype(at::kBool)).tril())
+                                   .unsqueeze(1);
+    mask = at::zeros(allowed.sizes(), embed_.options())
+               .masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  }
+  const at::Tensor rotary = has_full_attention(c) ? rotary_cos_sin(positions.reshape({n})) : at::Tensor();
+
+  const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
+  HybridOutputs out;
+  at::Tensor x = embed_.index_select(0, ids.flatten());  // [N, H], the residual stream
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const HybridLayerWeights& w = layers_[static_cast<size_t>(i)];
+    const at::Tensor normed = norm_1p(x, w.input_norm, c.rms_norm_eps);
+    at::Tensor mixed;
+    if (w.mixer == Mixer::kLinearAttention) {
+      mixed = linear_attention(c, w.linear, normed.view({b, s, h}), starts, {}, {}, /*recurrent=*/false).out.view({n, h});
+    } else {
+      const Projected p = project_full(c, w.full, normed, rotary.select(1, 0), rotary.select(1, 1));
+      auto heads_first = [&](const at::Tensor& t) { return t.view({b, s, t.size(1), c.head_dim}).transpose(1, 2); };
+      const at::Tensor attention = attend(heads_first(p.q), heads_first(p.k), heads_first(p.v), mask, !mask.has_value())
+                                       .transpose(1, 2)
+                                       .reshape({n, c.num_heads * c.head_dim});
+      mixed = finish_full(w.full, attention, p.gate);
+    }
+    x = x + mixed;
+    x = x + mlp(w, norm_1p(x, w.post_attention_norm, c.rms_norm_eps));
+    if (wanted.count(i)) out.layers[i] = x.view({b, s, h});
+  }
+  if (want_last_hidden || want_logits) out.last_hidden = norm_1p(x, final_norm_, c.rms_norm_eps).view({b, s, h});
+  if (want_logits) out.logits = at::linear(out.last_hidden, lm_head_);
+  if (!want_last_hidden) out.last_hidden = at::Tensor();
+  return out;
+}
+
+int64_t HybridModel::begin(int64_t capacity) {
+  const int64_t id = kv_.begin(capacity);
+  const HybridConfig& c = config_;
+  SessionStates st;
+  const auto options = embed_.options();
+  for (int64_t i = 0; i < c.count(Mixer::kLinearAttention); ++i) {
+    st.window.push_back(at::zeros({c.conv_kernel - 1, c.conv_dim()}, options));
+    st.state.push_back(at::zeros({c.linear_value_heads, c.linear_key_dim, c.linear_value_dim}, options.dtype(at::kFloat)));
+  }
+  st.step_inputs = st.window;
+  st.step_before = st.state;
+  st.step_states.assign(st.state.size(), at::Tensor());
+  states_[id] = std::move(st);
+  return id;
+}
+
+void HybridModel::end(int64_t session) {
+  kv_.end(session);
+  states_.erase(session);
+}
+
+int64_t HybridModel::length(int64_t session) { return kv_.at(session).length; }
+
+void HybridModel::truncate(int64_t session, int64_t length) {
+  hf::DecodeSessions::Session& s = kv_.at(session);
+  if (length < 0 || length > s.length)
+    throw std::invalid_argument("decode_truncate: length " + std::to_string(length) + " is outside [0, " +
+                                std::to_string(s.length) + "]");
+  if (length == s.length) return;
+  SessionStates& st = states_.at(session);
+  const int64_t first = st.step_start, kept = length - first, taps = config_.conv_kernel - 1;
+  const bool chunked_step = !st.state.empty() && !st.step_states.front().defined();
+  if (!st.state.empty() && (kept < 0 || (kept > 0 && chunked_step)))
+    throw std::invalid_argument(
+        "decode_truncate: session " + std::to_string(session) + ": the linear-attention layers keep their state only "
+        "within the last decoding step (tokens " + std::to_string(first) + " to " + std::to_string(s.length) + ", " +
+        (chunked_step ? "a step of more than " + std::to_string(kRecurrentMaxTokens) + " tokens keeps only its start"
+                      : "each token") +
+        "); cutting back to " + std::to_string(length) + " would need a state that is gone. Truncate only into the "
+        "block just verified, or start a new session");
+  for (size_t l = 0; l < st.state.size(); ++l) {
+    st.state[l] = kept == 0 ? st.step_before[l] : st.step_states[l].select(0, kept - 1);
+    st.window[l] = st.step_inputs[l].narrow(0, kept, taps);
+    if (st.step_states[l].defined()) st.step_states[l] = st.step_states[l].narrow(0, 0, kept);
+    st.step_inputs[l] = st.step_inputs[l].narrow(0, 0, taps + kept);
+  }
+  st.step_tokens = kept;
+  s.length = length;
+}
+
+HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Tensor& tokens_in,
+                                  const std::vector<int64_t>& layer_ids, HybridLogits logits) {
+  const c10::NoGradGuard no_grad;
+  const HybridConfig& c = config_;
+  const auto device = embed_.device();
+  const int64_t count = static_cast<int64_t>(ids.size());
+  if (count < 1 || tokens_in.dim() != 2 || tokens_in.size(0) != count || tokens_in.size(1) < 1)
+    throw std::invalid_argument("decode_extend: tokens must be [sessions, n] with n >= 1; got " +
+                                c10::str(tokens_in.sizes()) + " for " + std::to_string(count) + " sessions");
+  const int64_t n = tokens_in.size(1), h = c.hidden_size, tokens_in_step = count * n;
+  std::vector<hf::DecodeSessions::Session*> sessions;
+  std::set<int64_t> seen;
+  int64_t keys = 0;
+  for (int64_t id : ids) {
+    if (!seen.insert(id).second)
+      throw std::invalid_argument("decode_extend_batch: session " + std::to_string(id) + " appears twice in one step");
+    hf::DecodeSessions::Session& s = kv_.at(id);
+    if (s.length + n > s.capacity)
+      throw std::invalid_argument("decode_extend: session " + std::to_string(id) + ": " + std::to_string(n) +
+                                  " more tokens would make " + std::to_string(s.length + n) +
+                                  ", beyond the session's max_length " + std::to_string(s.capacity));
+    sessions.push_back(&s);
+    keys = std::max(keys, s.length + n);
+  }
+  if (tokens_in.device().is_cpu() && tokens_in.numel() > 0) {
+    const auto [low, high] = at::aminmax(tokens_in);
+    if (low.item<int64_t>() < 0 || high.item<int64_t>() >= c.vocab_size)
+      throw std::invalid_argument("decode_extend: token ids outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  }
+  for (int64_t id : layer_ids)
+    if (id < 0 || id >= c.num_layers)
+      throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
+  const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
+  const at::Tensor tokens = tokens_in.to(device, at::kLong).reshape({tokens_in_step});
+  const auto long_options = tokens.options();
+
+  // Per session: its pool row and length; token t of session i is at
+  // position length_i + t.
+  std::vector<int64_t> rows_host, lengths_host;
+  for (auto* s : sessions) {
+    rows_host.push_back(s->row);
+    lengths_host.push_back(s->length);
+  }
+  const at::Tensor rows = at::tensor(rows_host, at::kLong).to(device), lengths = at::tensor(lengths_host, at::kLong).to(device);
+  const at::Tensor positions = (lengths.unsqueeze(1) + at::arange(n, long_options).unsqueeze(0)).reshape({tokens_in_step});
+  const int64_t capacity = kv_.row_capacity();
+  const at::Tensor slots = (rows.unsqueeze(1) * capacity).reshape({count, 1}).expand({count, n}).reshape({tokens_in_step}) +
+                           positions;
+  at::Tensor rotary;
+  c10::optional<at::Tensor> mask;  // query t of session i sees keys [0, length_i + t]
+  if (has_full_attention(c)) {
+    rotary = rotary_cos_sin(positions);
+    mask = at::zeros({count, 1, n, keys}, embed_.options())
+               .masked_fill_(at::arange(keys, long_options).view({1, 1, 1, keys}).gt(positions.view({count, 1, n, 1})),
+                             -std::numeric_limits<float>::infinity());
+  }
+  // The linear layers' carried windows and states, stacked over the sessions.
+  const bool recurrent = n <= kRecurrentMaxTokens;
+  const int64_t linear_layers = c.count(Mixer::kLinearAttention);
+  std::vector<LinearResult> linear_results(static_cast<size_t>(linear_layers));
+
+  HybridOutputs out;
+  at::Tensor x = embed_.index_select(0, tokens);  // [count·n, H]
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const HybridLayerWeights& w = layers_[static_cast<size_t>(i)];
+    const at::Tensor normed = norm_1p(x, w.input_norm, c.rms_norm_eps);
+    at::Tensor mixed;
+    if (w.mixer == Mixer::kLinearAttention) {
+      const size_t l = static_cast<size_t>(linear_index_[static_cast<size_t>(i)]);
+      std::vector<at::Tensor> windows, states;
+      for (int64_t id : ids) {
+        windows.push_back(states_.at(id).window[l]);
+        states.push_back(states_.at(id).state[l]);
+      }
+      linear_results[l] = linear_attention(c, w.linear, normed.view({count, n, h}), {}, at::stack(windows),
+                                            at::stack(states), recurrent);
+      mixed = linear_results[l].out.view({tokens_in_step, h});
+    } else {
+      const int64_t f = full_index_[static_cast<size_t>(i)], kv = c.num_kv_heads, hd = c.head_dim;
+      const Projected p = project_full(c, w.full, normed, rotary.select(1, 0), rotary.select(1, 1));
+      at::Tensor& key_pool = kv_.keys(f);
+      at::Tensor& value_pool = kv_.values(f);
+      key_pool.view({-1, kv, hd}).index_copy_(0, slots, p.k);
+      value_pool.view({-1, kv, hd}).index_copy_(0, slots, p.v);
+      auto cached = [&](const at::Tensor& pool) {  // [count, kv, keys, hd]
+        return pool.index_select(0, rows).narrow(1, 0, keys).transpose(1, 2);
+      };
+      const at::Tensor attention = attend(p.q.view({count, n, c.num_heads, hd}).transpose(1, 2), cached(key_pool),
+                                          cached(value_pool), mask, false)
+                                       .transpose(1, 2)
+                                       .reshape({tokens_in_step, c.num_heads * hd});
+      mixed = finish_full(w.full, attention, p.gate);
+    }
+    x = x + mixed;
+    x = x + mlp(w, norm_1p(x, w.post_attention_norm, c.rms_norm_eps));
+    if (wanted.count(i)) out.layers[i] = x.view({count, n, h});
+  }
+  if (logits == HybridLogits::kAll)
+    out.logits = at::linear(norm_1p(x, final_norm_, c.rms_norm_eps), lm_head_).view({count, n, c.vocab_size});
+  if (logits == HybridLogits::kLast)
+    out.logits = at::linear(norm_1p(x.view({count, n, h}).select(1, n - 1), final_norm_, c.rms_norm_eps), lm_head_)
+                     .unsqueeze(1);
+
+  // Only now, with nothing left to throw: the sessions take their new states.
+  const int64_t taps = c.conv_kernel - 1;
+  for (int64_t i = 0; i < count; ++i) {
+    SessionStates& st = states_.at(ids[static_cast<size_t>(i)]);
+    st.step_start = sessions[static_cast<size_t>(i)]->length;
+    st.step_tokens = n;
+    for (size_t l = 0; l < linear_results.size(); ++l) {
+      const LinearResult& r = linear_results[l];
+      st.step_before[l] = st.state[l];
+      st.step_inputs[l] = r.inputs.select(0, i).clone();
+      st.step_states[l] = r.delta.states.defined() ? r.delta.states.select(0, i).clone() : at::Tensor();
+      st.state[l] = r.delta.state.select(0, i).clone();
+      st.window[l] = st.step_inputs[l].narrow(0, n, taps);
+    }
+    sessions[static_cast<size_t>(i)]->length += n;
+  }
+  return out;
+}
+
+HybridMemory plan_hybrid_memory(const fs::path& dir, c10::ScalarType dtype, int64_t rows, int64_t row_length) {
+  HybridMemory m;
+  m.config = read_hybrid_config(dir / "config.json");
+  const HybridConfig& c = m.config;
+  const hf::Checkpoint ckpt(dir);  // headers only
+  const double e = static_cast<double>(c10::elementSize(dtype));
+  const double h = static_cast<double>(c.hidden_size), vocab = static_cast<double>(c.vocab_size);
+  const double hd = static_cast<double>(c.head_dim), heads = static_cast<double>(c.num_heads);
+  const double kv = static_cast<double>(c.num_kv_heads), hv = static_cast<double>(c.linear_value_heads);
+  const double conv_dim = static_cast<double>(c.conv_dim()), vd = static_cast<double>(c.value_dim());
+  const double linear_layers = static_cast<double>(c.count(Mixer::kLinearAttention));
+  const double full_layers = static_cast<double>(c.count(Mixer::kFullAttention));
+  // Exactly what the constructor keeps (norms in fp32).
+  double elements = vocab * h + (ckpt.has("lm_head.weight") ? vocab * h : 0.0);
+  double fp32 = h + static_cast<double>(c.num_layers) * 2 * h + full_layers * 2 * hd;
+  const double linear = (conv_dim + vd + 2 * hv) * h + conv_dim * static_cast<double>(c.conv_kernel) + 2 * hv +
+                        static_cast<double>(c.linear_value_dim) + h * vd;
+  const double full = (2 * heads * hd + 2 * kv * hd) * h + h * heads * hd;
+  const double mlp = c.is_moe() ? hf::moe_weight_elements(c.moe, c.hidden_size)
+                                : 3 * static_cast<double>(c.intermediate_size) * h;
+  elements += linear_layers * linear + full_layers * full + static_cast<double>(c.num_layers) * mlp;
+  m.weight_bytes = sdk::MemoryPlan::saturated_bytes(elements * e + fp32 * 4);
+  // One forward, the largest layer's working set over every token: the
+  // residual, the normed input, and the larger of the two mixers and the MLP.
+  const double tokens = static_cast<double>(rows) * static_cast<double>(row_length);
+  const double dk = static_cast<double>(c.linear_key_dim), dv = static_cast<double>(c.linear_value_dim);
+  // Linear layer: projections and conv in the dtype; q, k, v, β, g and the
+  // chunk tensors (decays, UT system, intra-chunk attention: 3 · 64 per
+  // token and head) in fp32; the states per chunk are small.
+  const double linear_work = tokens * (e * (2 * (conv_dim + vd + 2 * hv) + vd + h) +
+                                       4.0 * hv * (3 * dk + 3 * dv + 3 * 64 + 2));
+  const double full_work = tokens * e * (2 * heads * hd + 2 * kv * hd + 2 * heads * hd + h) +
+                           (full_layers > 0 ? tokens * 2 * static_cast<double>(c.rotary_dim) * e : 0.0);
+  const double k = static_cast<double>(c.moe.top_k);
+  const double mlp_work = c.is_moe() ? tokens * e * (2 * k * h + 2 * static_cast<double>(c.moe.intermediate) * k +
+                                                     3 * static_cast<double>(c.moe.shared_intermediate))
+                                     : tokens * e * 3 * static_cast<double>(c.intermediate_size);
+  m.forward_bytes = sdk::MemoryPlan::saturated_bytes(tokens * e * 2 * h +
+                                                      std::max({linear_layers > 0 ? linear_work : 0.0,
+                                                                full_layers > 0 ? full_work : 0.0, mlp_work}));
+  m.state_bytes_per_session = sdk::MemoryPlan::saturated_bytes(
+      linear_layers * (4.0 * hv * dk * dv + e * static_cast<double>(c.conv_kernel - 1) * conv_dim));
+  m.kv_bytes_per_token = sdk::MemoryPlan::saturated_bytes(full_layers * 2 * kv * hd * e);
+  return m;
+}
+
+}  // namespace dflash::target
