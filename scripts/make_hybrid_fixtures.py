@@ -85,7 +85,7 @@ MODELS = {
                                                   shared_expert_intermediate_size=24)),
     "qwen3_5_moe_k3": ("qwen3_5_moe", hybrid_text(56, 5, [L, F, L, L, F], 4, 2, 16, 0.25, 2, 2, 16, 16, 4, 277,
                                                   False, num_experts=6, num_experts_per_tok=3,
-                                                  moe_intermediate_size=20, shared_expert_intermediate_size=28)),
+                                                  moe_intermediate_size=24, shared_expert_intermediate_size=28)),
     # Qwen3 MoE: every layer sparse, top-2 of 8, normalised.
     "qwen3_moe_a": ("qwen3_moe", dict(hidden_size=48, intermediate_size=80, num_hidden_layers=4,
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=269,
@@ -94,10 +94,12 @@ MODELS = {
                                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
                                       max_position_embeddings=512)),
     # Top-3 of 6 without normalisation, every second layer sparse, layer 0 dense.
+    # (Expert widths are multiples of 8: transformers' bf16 grouped GEMM on the
+    # GPU needs 16-byte strides.)
     "qwen3_moe_sparse2": ("qwen3_moe", dict(hidden_size=40, intermediate_size=64, num_hidden_layers=5,
                                             num_attention_heads=5, num_key_value_heads=1, head_dim=12,
                                             vocab_size=233, num_experts=6, num_experts_per_tok=3,
-                                            moe_intermediate_size=20, norm_topk_prob=False, decoder_sparse_step=2,
+                                            moe_intermediate_size=24, norm_topk_prob=False, decoder_sparse_step=2,
                                             mlp_only_layers=[0], rope_theta=10000.0, rms_norm_eps=1e-5,
                                             tie_word_embeddings=True, max_position_embeddings=512)),
     # Top-1 of 4, head_dim 24 (not hidden / heads).
