@@ -103,9 +103,25 @@ int main(int argc, char** argv) {
               << info.at("layer_types").dump() << ", H " << info.at("hidden_size") << ", batch " << b << " x " << s
               << " (" << args.documents << " documents a row), bf16; median of " << args.repeats << " after "
               << args.warmup << " warm-ups\n";
-    emit("hf_hybrid forward, every layer's hidden state", measure(args.warmup, args.repeats, [&] {
-           auto out = target.forward(batch, all, true, false);
-         }));
+    const Measurement forward = measure(args.warmup, args.repeats, [&] { auto out = target.forward(batch, all, true, false); });
+    emit("hf_hybrid forward, every layer's hidden state", forward);
+    // The planner's figure for the same forward (plan_hybrid_memory): its
+    // working memory, beside the measured peak less the returned states.
+    const nlohmann::json plugin_config{{"path", args.model}, {"dtype", "bfloat16"}, {"feature_layers", 5}};
+    const PluginMemoryPlan plan = plan_memory(registry.find(DFLASH_KIND_TARGET_MODEL, "hf_hybrid"), plugin_config,
+                                              InstanceOptions{"cuda:0", "bfloat16", 0},
+                                              nlohmann::json{{"rows", b}, {"row_length", s}});
+    double planned = 0;
+    for (const auto& item : plan.items)
+      if (item.phase == DFLASH_MEMORY_TARGET_FORWARD) planned += static_cast<double>(item.bytes);
+    const double returned = static_cast<double>(all.size() + 1) * n * info.at("hidden_size").get<double>() * 2;
+    const double measured = static_cast<double>(forward.extra_peak_bytes) - returned;
+    std::cout << "forward working memory: planned " << planned / (1 << 30) << " GiB, measured " << measured / (1 << 30)
+              << " GiB (peak less the " << returned / (1 << 30) << " GiB of returned states), planned/measured "
+              << planned / measured << "\n";
+    if (json.is_open())
+      json << nlohmann::json{{"arm", "planner"}, {"planned_bytes", planned}, {"measured_bytes", measured},
+                             {"documents", args.documents}}.dump() << "\n";
   }
   {
     // One linear layer's gated delta rule, as the Python side times it.

@@ -103,26 +103,41 @@ DeltaOutput chunked_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, c
   const at::Tensor before = (running - g_chunks).gather(-1, start_index);
   const at::Tensor decay = (running - before).to(at::kFloat);                  // [B, H, N, C], ≤ 0
 
-  const at::Tensor qc = chunked(q), kc = chunked(k), vc = chunked(v), bc = chunked(beta);
-  const at::Tensor k_beta = kc * bc.unsqueeze(-1), v_beta = vc * bc.unsqueeze(-1);
-  const at::Tensor pair = (decay.unsqueeze(-1) - decay.unsqueeze(-2))
-                              .masked_fill(visible.logical_not(), -std::numeric_limits<float>::infinity())
-                              .exp();                                          // [B, H, N, C, C]
-  // The UT transform: T = I + strictly-lower(diag(β) K Kᵀ ⊙ decay); the solve
-  // reads only the strictly lower part and takes the diagonal as 1.
-  const at::Tensor system = at::matmul(k_beta, kc.transpose(-1, -2)) * pair;
+  // From here on each fp32 [B, H, S, d] tensor is released once its last use
+  // is past, so that no more than five of them (and two of the [B, H, S, C]
+  // chunk matrices) are alive at once: the forward's peak is this function's
+  // (plan_hybrid_memory counts it so).
+  at::Tensor qc = chunked(q), kc = chunked(k);
+  q.reset();
+  k.reset();
   const at::Tensor carried = continues.unsqueeze(1).to(at::kFloat);            // [B, 1, N, C]
-  const at::Tensor new_values = at::linalg_solve_triangular(system, v_beta, /*upper=*/false, /*left=*/true,
-                                                            /*unitriangular=*/true);
-  const at::Tensor k_cumdecay = at::linalg_solve_triangular(
-      system, k_beta * (decay.exp() * carried).unsqueeze(-1), false, true, true);
-  const at::Tensor intra = at::matmul(qc, kc.transpose(-1, -2)) * pair;        // [B, H, N, C, C]
-  const at::Tensor q_read = qc * (decay.exp() * carried).unsqueeze(-1);        // reads the carried state
+  const at::Tensor reads_carried = (decay.exp() * carried).unsqueeze(-1);      // [B, H, N, C, 1]
+  at::Tensor pair = (decay.unsqueeze(-1) - decay.unsqueeze(-2))
+                        .masked_fill(visible.logical_not(), -std::numeric_limits<float>::infinity())
+                        .exp();                                                // [B, H, N, C, C]
+  at::Tensor new_values, k_cumdecay;
+  {
+    // The UT transform: T = I + strictly-lower(diag(β) K Kᵀ ⊙ decay); the
+    // solve reads only the strictly lower part and takes the diagonal as 1.
+    const at::Tensor bc = chunked(beta).unsqueeze(-1);
+    at::Tensor k_beta = kc * bc;
+    at::Tensor system = at::matmul(k_beta, kc.transpose(-1, -2)).mul_(pair);
+    at::Tensor v_beta = chunked(v).mul(bc);
+    v.reset();
+    new_values = at::linalg_solve_triangular(system, v_beta, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+    v_beta.reset();
+    k_cumdecay = at::linalg_solve_triangular(system, k_beta.mul_(reads_carried), false, true, true);
+  }
+  const at::Tensor intra = at::matmul(qc, kc.transpose(-1, -2)).mul_(pair);    // [B, H, N, C, C]
+  pair.reset();
+  const at::Tensor q_read = qc.mul_(reads_carried);                            // reads the carried state
+  qc.reset();
   // The state passed on: decays from each token to the chunk's end, for
   // tokens in the chunk's last segment only.
   const at::Tensor last = decay.narrow(-1, chunk - 1, 1);                      // [B, H, N, 1]
   const at::Tensor in_last = same.select(-1, chunk - 1).unsqueeze(1).to(at::kFloat);  // [B, 1, N, C]
-  const at::Tensor k_write = kc * ((last - decay).exp() * in_last).unsqueeze(-1);
+  const at::Tensor k_write = kc.mul_(((last - decay).exp() * in_last).unsqueeze(-1));
+  kc.reset();
   const at::Tensor chunk_decay = (last.squeeze(-1).exp() * carried.select(-1, chunk - 1)).unsqueeze(-1).unsqueeze(-1);
 
   at::Tensor state = initial.defined() ? initial.to(f32).clone() : at::zeros({b, heads, dk, dv}, f32);

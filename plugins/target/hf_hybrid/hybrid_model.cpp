@@ -88,8 +88,8 @@ at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const c10::op
 
 // A Gated DeltaNet layer on normed input h [B, S, H]. window [B, K-1, C]:
 // the conv inputs before the rows (undefined: zeros); initial [B, Hv, dk, dv]
-// (undefined: zeros). `inputs` receives [B, K-1+S, C], the conv window
-// followed by the step's own conv inputs.
+// (undefined: zeros). With keep_inputs (decoding), `inputs` receives
+// [B, K-1+S, C], the conv window followed by the step's own conv inputs.
 struct LinearResult {
   at::Tensor out;     // [B, S, H]
   at::Tensor inputs;  // [B, K-1+S, C]
@@ -97,7 +97,7 @@ struct LinearResult {
 };
 LinearResult linear_attention(const HybridConfig& c, const LinearAttentionWeights& w, const at::Tensor& h,
                               const at::Tensor& resets, const at::Tensor& window, const at::Tensor& initial,
-                              bool recurrent) {
+                              bool recurrent, bool keep_inputs) {
   const int64_t b = h.size(0), s = h.size(1), conv_dim = c.conv_dim(), vd = c.value_dim();
   const int64_t hv = c.linear_value_heads, hk = c.linear_key_heads, dk = c.linear_key_dim, dv = c.linear_value_dim;
   const at::Tensor projected = at::linear(h, w.in_proj);  // [B, S, conv_dim + vd + 2 Hv]
@@ -110,7 +110,7 @@ LinearResult linear_attention(const HybridConfig& c, const LinearAttentionWeight
   LinearResult r;
   const at::Tensor before =
       window.defined() ? window.to(qkv.scalar_type()) : at::zeros({b, c.conv_kernel - 1, conv_dim}, qkv.options());
-  r.inputs = at::cat({before, qkv}, 1);
+  if (keep_inputs) r.inputs = at::cat({before, qkv}, 1);
   const at::Tensor mixed = gdn::causal_conv(qkv, w.conv, resets, before);
   const at::Tensor q = mixed.narrow(2, 0, c.key_dim()).view({b, s, hk, dk});
   const at::Tensor k = mixed.narrow(2, c.key_dim(), c.key_dim()).view({b, s, hk, dk});
@@ -273,7 +273,9 @@ HybridOutputs HybridModel::forward(const at::Tensor& input_ids, const at::Tensor
     const at::Tensor normed = norm_1p(x, w.input_norm, c.rms_norm_eps);
     at::Tensor mixed;
     if (w.mixer == Mixer::kLinearAttention) {
-      mixed = linear_attention(c, w.linear, normed.view({b, s, h}), starts, {}, {}, /*recurrent=*/false).out.view({n, h});
+      mixed = linear_attention(c, w.linear, normed.view({b, s, h}), starts, {}, {}, /*recurrent=*/false,
+                               /*keep_inputs=*/false)
+                  .out.view({n, h});
     } else {
       const Projected p = project_full(c, w.full, normed, rotary.select(1, 0), rotary.select(1, 1));
       auto heads_first = [&](const at::Tensor& t) { return t.view({b, s, t.size(1), c.head_dim}).transpose(1, 2); };
@@ -417,7 +419,7 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
         states.push_back(states_.at(id).state[l]);
       }
       linear_results[l] = linear_attention(c, w.linear, normed.view({count, n, h}), {}, at::stack(windows),
-                                            at::stack(states), recurrent);
+                                            at::stack(states), recurrent, /*keep_inputs=*/true);
       mixed = linear_results[l].out.view({tokens_in_step, h});
     } else {
       const int64_t f = full_index_[static_cast<size_t>(i)], kv = c.num_kv_heads, hd = c.head_dim;
@@ -486,24 +488,35 @@ HybridMemory plan_hybrid_memory(const fs::path& dir, c10::ScalarType dtype, int6
                                 : 3 * static_cast<double>(c.intermediate_size) * h;
   elements += linear_layers * linear + full_layers * full + static_cast<double>(c.num_layers) * mlp;
   m.weight_bytes = sdk::MemoryPlan::saturated_bytes(elements * e + fp32 * 4);
-  // One forward, the largest layer's working set over every token: the
-  // residual, the normed input, and the larger of the two mixers and the MLP.
+  // One forward: the residual stream (and its next value while a layer adds
+  // to it), plus the largest of the three stages' working sets per token,
+  // each counted from what the code keeps alive at its peak:
   const double tokens = static_cast<double>(rows) * static_cast<double>(row_length);
   const double dk = static_cast<double>(c.linear_key_dim), dv = static_cast<double>(c.linear_value_dim);
-  // Linear layer: projections and conv in the dtype; q, k, v, β, g and the
-  // chunk tensors (decays, UT system, intra-chunk attention: 3 · 64 per
-  // token and head) in fp32; the states per chunk are small.
-  const double linear_work = tokens * (e * (2 * (conv_dim + vd + 2 * hv) + vd + h) +
-                                       4.0 * hv * (3 * dk + 3 * dv + 3 * 64 + 2));
-  const double full_work = tokens * e * (2 * heads * hd + 2 * kv * hd + 2 * heads * hd + h) +
-                           (full_layers > 0 ? tokens * 2 * static_cast<double>(c.rotary_dim) * e : 0.0);
+  const double chunk = 64;  // gdn::chunked_delta_rule's default
+  // - a linear layer: its normed input, the four projections, the conv
+  //   output, and the chunked delta rule's fp32 tensors at a triangular
+  //   solve (five of [Hv, d] per token and two [Hv, 64] chunk matrices;
+  //   gated_deltanet.cpp releases the rest as it goes);
+  const double projected = conv_dim + vd + 2 * hv;
+  const double linear_work = e * (h + projected + conv_dim) + 4 * hv * (std::max(4 * dk + dv, 3 * dk + 2 * dv) + 2 * chunk);
+  // - a full-attention layer: its normed input, the q/gate/k/v projection,
+  //   q and k after norm and rotary, K/V repeated to every query head for
+  //   SDPA, the attention output and its gated copy, an fp32 norm temporary,
+  //   and a packed row's additive document mask ([S] per token);
+  const double full_work = e * (h + (2 * heads + 2 * kv) * hd + 5 * heads * hd + static_cast<double>(row_length)) +
+                           4 * heads * hd;
+  // - the MLP: its normed input and, dense, gate_up, SiLU(gate) and the
+  //   product (4 I); MoE, each token's k routed copies and their expert
+  //   outputs (2 k H), the busiest expert's gate_up and product (at most
+  //   3 k I), and the shared expert (3 S).
   const double k = static_cast<double>(c.moe.top_k);
-  const double mlp_work = c.is_moe() ? tokens * e * (2 * k * h + 2 * static_cast<double>(c.moe.intermediate) * k +
-                                                     3 * static_cast<double>(c.moe.shared_intermediate))
-                                     : tokens * e * 3 * static_cast<double>(c.intermediate_size);
-  m.forward_bytes = sdk::MemoryPlan::saturated_bytes(tokens * e * 2 * h +
-                                                      std::max({linear_layers > 0 ? linear_work : 0.0,
-                                                                full_layers > 0 ? full_work : 0.0, mlp_work}));
+  const double mlp_work =
+      c.is_moe() ? e * (h + 2 * k * h + 3 * k * static_cast<double>(c.moe.intermediate) +
+                        3 * static_cast<double>(c.moe.shared_intermediate))
+                 : e * (h + 4 * static_cast<double>(c.intermediate_size));
+  m.forward_bytes = sdk::MemoryPlan::saturated_bytes(
+      tokens * (2 * e * h + std::max({linear_layers > 0 ? linear_work : 0.0, full_layers > 0 ? full_work : 0.0, mlp_work})));
   m.state_bytes_per_session = sdk::MemoryPlan::saturated_bytes(
       linear_layers * (4.0 * hv * dk * dv + e * static_cast<double>(c.conv_kernel - 1) * conv_dim));
   m.kv_bytes_per_token = sdk::MemoryPlan::saturated_bytes(full_layers * 2 * kv * hd * e);
