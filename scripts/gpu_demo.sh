@@ -13,6 +13,9 @@
 # Everything is made inside the run (nothing survives between device calls).
 #
 #   scripts/gpu_demo.sh            # on the GPU machine; carry .deps/debs and .corpus
+#   DFLASH_DEMO_TARGET_FAMILY=qwen3_5 scripts/gpu_demo.sh
+#                                  # the same path on a hybrid target (Gated DeltaNet +
+#                                  # gated attention, target plugin hf_hybrid)
 # Needs: .corpus/corpus.jsonl.gz (scripts/gpu_demo/make_corpus.py, run on the
 # CPU machine) and the device build (scripts/device_build.sh, run first unless
 # DFLASH_DEMO_SKIP_BUILD=1). Results: $OUT (or the work folder) gets demo.log,
@@ -25,6 +28,11 @@ work="${DFLASH_DEMO_DIR:-$root/runs/gpu-demo}"
 out="${OUT:-$work}"
 target_seconds="${DFLASH_DEMO_TARGET_SECONDS:-75}"
 target_layers="${DFLASH_DEMO_TARGET_LAYERS:-12}"
+# qwen3: a dense Qwen3 target (hf_decoder); qwen3_5: the Qwen3.5 / Qwen3.6
+# hybrid of the same width and depth (hf_hybrid, its ATen path: generate runs
+# fewer prompts by default, and the stages that exist for hf_decoder's own
+# settings, 4b and 4c, are left out).
+target_family="${DFLASH_DEMO_TARGET_FAMILY:-qwen3}"
 # Token-level unlikelihood in the target's training (0 = off): a small LM
 # decoded greedily falls into loops, which prompt lookup copies; see docs/quality.md.
 target_unlikelihood="${DFLASH_DEMO_TARGET_UNLIKELIHOOD:-4}"
@@ -33,7 +41,8 @@ target_unlikelihood="${DFLASH_DEMO_TARGET_UNLIKELIHOOD:-4}"
 # from its training documents (a small overfit target recites them).
 prompts_from="${DFLASH_DEMO_PROMPTS_FROM:-unseen-docs}"
 drafter_steps="${DFLASH_DEMO_DRAFTER_STEPS:-2700}"  # the cosine schedule ends about at the time cap (3 layers, prefetch on: ~0.09 s a step with startup)
-generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-24576}"
+if [ "$target_family" = "qwen3_5" ]; then default_prompts=6144; else default_prompts=24576; fi
+generate_prompts="${DFLASH_DEMO_GENERATE_PROMPTS:-$default_prompts}"
 # generate's batch (its lines come out in prompt order at any batch size;
 # on a GPU, near-ties may still differ between batch sizes: docs/generate.md).
 generate_batch="${DFLASH_DEMO_GENERATE_BATCH:-256}"
@@ -67,10 +76,11 @@ if [ "${DFLASH_DEMO_SKIP_BUILD:-0}" != "1" ]; then
 fi
 host=("$build/bin/dflash-host" --no-default-plugin-dirs --plugin-dir "$build/lib/dflash-host/plugins")
 paths=(--set "target.path=$work/target")
+[ "$target_family" = "qwen3_5" ] && paths+=(--set "target.plugin=hf_hybrid")
 
-stage target "1. target: tokenizer + Qwen3 LM, ${target_seconds} s of training"
+stage target "1. target: tokenizer + $target_family LM, ${target_seconds} s of training"
 python3 "$root/scripts/gpu_demo/train_target.py" --corpus "$root/.corpus/corpus.jsonl.gz" --out "$work" \
-  --seconds "$target_seconds" --layers "$target_layers" --unlikelihood "$target_unlikelihood" --prompts-from "$prompts_from" --generate-prompts "$generate_prompts" --eval-prompts "$eval_prompts" 2>&1 | tee -a "$log"
+  --family "$target_family" --seconds "$target_seconds" --layers "$target_layers" --unlikelihood "$target_unlikelihood" --prompts-from "$prompts_from" --generate-prompts "$generate_prompts" --eval-prompts "$eval_prompts" 2>&1 | tee -a "$log"
 
 stage data "2. prepare + generate: the target answers the training prompts itself"
 for set in generate:gen eval:eval unseen:unseen; do
@@ -134,15 +144,15 @@ fi
 # can part from greedy decoding at a near-tie (docs/eval.md). The row beside
 # the default's shows what exact decoding buys and costs.
 # DFLASH_DEMO_USUAL_KERNELS=0 skips it.
-if [ "${DFLASH_DEMO_USUAL_KERNELS:-1}" = "1" ]; then
+if [ "${DFLASH_DEMO_USUAL_KERNELS:-1}" = "1" ] && [ "$target_family" = "qwen3" ]; then
   stage "usual kernels" "4c. the usual kernels: DFlash on the same eval prompts, the target with exact_decoding off"
   "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --set target.exact_decoding=off \
     --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" \
     --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_usual.json" 2>&1 | tee -a "$log" || note "the eval with exact_decoding off failed (see above)"
 fi
 
-stage "decode profile" "4b. where decode time goes: decode_bench on this target and drafter, the eval prompts"
-"$build/bin/decode_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$work/target" \
+[ "$target_family" = "qwen3" ] && stage "decode profile" "4b. where decode time goes: decode_bench on this target and drafter, the eval prompts"
+[ "$target_family" = "qwen3" ] && "$build/bin/decode_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$work/target" \
   --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" --max-prompts "$profile_prompts" \
   --max-new-tokens "$eval_new_tokens" --arms "$profile_arms" --json "$out/decode_profile.json" >/dev/null 2>>"$log" || true
 

@@ -152,8 +152,12 @@ DevicePlan compute_plan(const PlanInputs& in) {
   // Config values a plugin rounds, as it really uses them (by section).
   plan.facts["effective"] = {{"data", in.data.facts.value("effective", nlohmann::json::object())}};
 
-  // The target.
-  if (holds_target) add_items(in.target, in.target_label);
+  // The target. Its plugin's own facts (its architecture, what decoding
+  // keeps per session and per token) go with a plan that holds it.
+  if (holds_target) {
+    add_items(in.target, in.target_label);
+    plan.facts["target"] = in.target.facts;
+  }
   // The frozen verifier weights on the drafter's device: the host's copies
   // alias the target's own where device and dtype agree (one device here).
   // A drafter rank received its own copy from target rank 0.

@@ -115,6 +115,25 @@ def unlikelihood_loss(logits, x, y):
     return penalty.sum() / (b * t)
 
 
+def build_model(args, vocab, eos):
+    """The demo's target: a dense Qwen3, or the hybrid Qwen3.5 of the same width and depth."""
+    common = dict(vocab_size=vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 3,
+                  num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
+                  num_key_value_heads=args.hidden // 128, head_dim=64, max_position_embeddings=2048,
+                  rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos, pad_token_id=eos)
+    if args.family == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**common, rope_theta=10000.0, attn_implementation="sdpa"))
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    pattern = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
+    config = Qwen3_5TextConfig(**common, layer_types=[pattern[i % 4] for i in range(args.layers)],
+                               linear_num_key_heads=args.hidden // 128, linear_num_value_heads=args.hidden // 64,
+                               linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4,
+                               partial_rotary_factor=0.25, attn_output_gate=True,
+                               rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
+                               attn_implementation="sdpa")
+    return Qwen3_5ForCausalLM(config)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", required=True)
@@ -122,6 +141,9 @@ def main():
     p.add_argument("--seconds", type=float, default=150, help="training time budget")
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--family", choices=["qwen3", "qwen3_5"], default="qwen3",
+                   help="qwen3: a dense Qwen3 (target plugin hf_decoder); qwen3_5: the Qwen3.5 / Qwen3.6 hybrid, "
+                        "3 Gated DeltaNet layers to 1 gated full-attention layer (target plugin hf_hybrid)")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--batch", type=int, default=64)
@@ -160,12 +182,7 @@ def main():
     log(stage="tokenizer", vocab=tok.get_vocab_size(), train_docs=len(train_docs), heldout_docs=len(heldout_docs),
         train_tokens=int(stream.numel()), heldout_tokens=int(held.numel()), seconds=round(time.time() - started, 1))
 
-    config = Qwen3Config(vocab_size=tok.get_vocab_size(), hidden_size=args.hidden, intermediate_size=args.hidden * 3,
-                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 128,
-                         head_dim=64, max_position_embeddings=2048, rope_theta=10000.0, rms_norm_eps=1e-6,
-                         tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos, pad_token_id=eos,
-                         attn_implementation="sdpa")
-    model = Qwen3ForCausalLM(config).cuda()
+    model = build_model(args, tok.get_vocab_size(), eos).cuda()
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     data = stream.cuda().long()

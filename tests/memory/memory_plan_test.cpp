@@ -612,6 +612,92 @@ TEST(PlanCommand, TheSeedsThreeTargetOneDrafterSplitIsRefusedWithTheTokenBudgetT
     EXPECT_CONTAINS(table.out, part);
 }
 
+// The seed's case with its real target: Qwen3.6-27B as its folder ships
+// (multimodal config.json, the text model under text_config: 48 Gated
+// DeltaNet + 16 gated full-attention layers, H 5120, V 248,320), its config
+// and placeholder tensor names only (the planner reads names, not weights),
+// planned by hf_hybrid. The target rank's lines are its real weights and its
+// linear layers' working memory; the drafter rank's item is the same
+// [16, 4096, 5120] × 6 as for any target of that width.
+std::string seed_config_hybrid(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path model = fs::path(dir) / "qwen3.6-27b";
+  fs::create_directories(model);
+  nlohmann::json types = nlohmann::json::array();
+  for (int i = 0; i < 64; ++i) types.push_back(i % 4 == 3 ? "full_attention" : "linear_attention");
+  std::ofstream(model / "config.json") << nlohmann::json{
+      {"architectures", {"Qwen3_5ForConditionalGeneration"}}, {"model_type", "qwen3_5"}, {"tie_word_embeddings", false},
+      {"text_config",
+       {{"model_type", "qwen3_5_text"}, {"hidden_size", 5120}, {"intermediate_size", 17408}, {"num_hidden_layers", 64},
+        {"layer_types", types}, {"num_attention_heads", 24}, {"num_key_value_heads", 4}, {"head_dim", 256},
+        {"linear_num_key_heads", 16}, {"linear_num_value_heads", 48}, {"linear_key_head_dim", 128},
+        {"linear_value_head_dim", 128}, {"linear_conv_kernel_dim", 4}, {"vocab_size", 248320},
+        {"max_position_embeddings", 262144}, {"rms_norm_eps", 1e-6}, {"eos_token_id", 248044},
+        {"attn_output_gate", true}, {"dtype", "bfloat16"},
+        {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000000}, {"partial_rotary_factor", 0.25},
+                             {"mrope_section", {11, 11, 10}}, {"mrope_interleaved", true}}}}},
+      {"vision_config", {{"depth", 27}}}}.dump(2);
+  sdk::safetensors::save_tensors(model / "model.safetensors",
+                                 {{"model.language_model.embed_tokens.weight", at::zeros({1}, at::kBFloat16)},
+                                  {"lm_head.weight", at::zeros({1}, at::kBFloat16)}});
+  nlohmann::json root = {
+      {"train", {{"device", "cuda"}, {"dtype", "bfloat16"}, {"steps", 1000}, {"grad_accumulation", 3},
+                 {"output_dir", dir + "/run"}, {"progress", "lines"}}},
+      {"data", {{"plugin", "synthetic"}, {"row_length", 4096}, {"tokens_per_batch", 65536}}},
+      {"target", {{"plugin", "hf_hybrid"}, {"path", model.string()}}},
+      {"drafter", {{"plugin", "dflash"}, {"num_layers", 5}, {"block_size", 16}, {"max_anchors", 128}, {"layer_ops", "aten"}}},
+      {"loss", {{"plugin", "fused_ckpt_kl"}, {"kl_weight", 0.5}}},
+      {"scheduler", {{"plugin", "warmup_cosine"}}}};
+  return write_config(dir, root);
+}
+
+TEST(PlanCommand, TheSeedsCaseWithItsRealHybridTarget) {
+  test::TempDir temp("dflash_plan_seed_hybrid");
+  const std::string dir = temp.path().string();
+  const std::string config = seed_config_hybrid(dir);
+  const Result r = host_run("plan --json --config " + config + " --gpu-memory 96GiB --queue-depth 5 --target-ranks 3 "
+                            "--drafter-ranks 1 --tokens-per-batch 65536", dir);
+  ASSERT_TRUE(r.status == 0 || r.status == 6) << r.err << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& target = j.at("roles").at("target rank");
+  const auto& drafter = j.at("roles").at("drafter rank");
+  auto line = [](const nlohmann::json& plan, const std::string& prefix) -> int64_t {
+    for (const auto& l : plan.at("lines"))
+      if (l.at("category").get<std::string>().rfind(prefix, 0) == 0) return l.at("bytes").get<int64_t>();
+    return -1;
+  };
+  // The weights by hand, from the architecture (bf16; the (1 + w) norms fp32):
+  const int64_t h = 5120, vocab = 248320, inter = 17408;
+  const int64_t linear = (2 * 16 * 128 + 48 * 128 + 48 * 128 + 2 * 48) * h  // in_proj_qkv, z, b, a
+                         + (2 * 16 * 128 + 48 * 128) * 4          // conv1d
+                         + 2 * 48 + 128                           // A_log, dt_bias, the gated norm
+                         + h * 48 * 128;                          // out_proj
+  const int64_t full = (2 * 24 * 256 + 2 * 4 * 256) * h + h * 24 * 256;  // q (with gate), k, v; o
+  const int64_t mlp = 3 * inter * h;
+  const int64_t bf16 = 2 * vocab * h + 48 * linear + 16 * full + 64 * mlp;
+  const int64_t fp32 = h + 64 * 2 * h + 16 * 2 * 256;
+  EXPECT_EQ(line(target, "target weights (64 layers: 48 linear, 16 full attention; bfloat16)"), 2 * bf16 + 4 * fp32)
+      << target.dump(1);
+  EXPECT_NEAR(static_cast<double>(bf16), 26.9e9, 0.05e9) << "Qwen3.6-27B's parameter count";
+  // The forward's working memory: a Gated DeltaNet layer's, the largest
+  // (16 rows of 4,096 tokens per target forward).
+  const int64_t per_token = 2 * 2 * h + 2 * (h + 16480 + 10240) + 4 * 48 * (5 * 128 + 2 * 64);
+  EXPECT_EQ(line(target, "target forward working memory"), int64_t{65536} * per_token);
+  // The plugin's facts, with the plan: what decoding keeps per session (the
+  // linear layers' fp32 states and conv windows, whatever the length) and
+  // per token (the full layers' KV).
+  const auto& facts = target.at("facts").at("target");
+  EXPECT_EQ(facts.at("layer_types").size(), 64u);
+  EXPECT_EQ(facts.at("decode_state_bytes_per_session").get<int64_t>(), 48 * (4 * 48 * 128 * 128 + 2 * 3 * 10240));
+  EXPECT_EQ(facts.at("decode_kv_bytes_per_token").get<int64_t>(), 16 * 2 * 4 * 256 * 2);
+  EXPECT_EQ(facts.at("default_layer_ids"), nlohmann::json({1, 16, 31, 46, 61}));
+  EXPECT_FALSE(drafter.at("facts").contains("target")) << "a drafter rank holds no target";
+  EXPECT_TRUE(target.at("verdict").at("fits").get<bool>()) << target.dump(1);
+  // The drafter rank's item: the 5 fed layers and the last hidden state.
+  EXPECT_EQ(drafter.at("item_bytes").get<int64_t>(), int64_t{6} * 65536 * 5120 * 2);
+  EXPECT_EQ(line(drafter, "frozen verifier weights"), (int64_t{2} * vocab * h + h) * 2);
+}
+
 // `plan --calibrate N` times the two sides on this device and forecasts
 // every split of the world by the model it states (calibration.h).
 TEST(PlanCommand, CalibrationTimesBothSidesAndForecastsEverySplit) {
