@@ -335,6 +335,30 @@ TEST(HfHybrid, TruncatePastTheLastStepIsRefused) {
   target->decode_end(s);
 }
 
+// Malformed batches and decoding calls: an error that says what is wrong,
+// and the session unchanged.
+TEST(HfHybrid, MalformedInputIsRefusedAndChangesNothing) {
+  auto target = open_target(fixture("qwen3_5_odd"));
+  const torch::Tensor ids = torch::randint(257, {2, 9}, torch::kLong);
+  EXPECT_THROW_WITH(target->forward({{"input_ids", ids.flatten()}}, {0}, false, false), std::exception, "[B, S]");
+  EXPECT_THROW_WITH(target->forward({{"input_ids", ids + 300}}, {0}, false, false), std::exception, "vocabulary");
+  EXPECT_THROW_WITH(target->forward({{"input_ids", ids}, {"position_ids", torch::zeros({2, 8}, torch::kLong)}}, {0},
+                                    false, false),
+                    std::exception, "position_ids must have input_ids' shape");
+  EXPECT_THROW_WITH(target->forward({{"input_ids", ids}}, {5}, false, false), std::exception, "layer id 5");
+  const int64_t s = target->decode_begin(10);
+  target->decode_extend(s, torch::tensor({1, 2, 3}), {}, false);
+  EXPECT_THROW_WITH(target->decode_extend(s, torch::arange(8), {}, false), std::exception, "max_length 10");
+  EXPECT_THROW_WITH(target->decode_extend(s, torch::tensor({999}), {}, false), std::exception, "vocabulary");
+  EXPECT_THROW_WITH(target->decode_extend(s + 7, torch::tensor({1}), {}, false), std::exception, "no decoding session");
+  EXPECT_THROW_WITH(target->decode_begin(100000), std::exception, "max_position_embeddings");
+  // After the refusals the session is where it was: 3 tokens, and decodes on.
+  const torch::Tensor after = get(target->decode_extend(s, torch::tensor({4}), {}, true), "logits");
+  const int64_t fresh = target->decode_begin(10);
+  const torch::Tensor straight = get(target->decode_extend(fresh, torch::tensor({1, 2, 3, 4}), {}, true), "logits");
+  EXPECT_LE(relative_error(after, straight[-1].unsqueeze(0)), kSamePathTolerance);
+}
+
 // --- a checkpoint split into shards, and broken folders -------------------
 
 void copy_bytes(const fs::path& from, const fs::path& to) {

@@ -242,6 +242,11 @@ HybridOutputs HybridModel::forward(const at::Tensor& input_ids, const at::Tensor
 
   // Documents of a packed batch: where each starts, and positions within it.
   at::Tensor documents, positions, starts;
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"position_ids", position_ids_in},
+                                 {"document_ids", document_ids_in}})
+    if (t.defined() && t.sizes() != input_ids.sizes())
+      throw std::invalid_argument(std::string(name) + " must have input_ids' shape " + c10::str(input_ids.sizes()) +
+                                  ", got " + c10::str(t.sizes()));
   if (document_ids_in.defined()) documents = document_ids_in.to(device, at::kLong);
   if (position_ids_in.defined()) positions = position_ids_in.to(device, at::kLong);
   if (!documents.defined() && positions.defined()) documents = positions.eq(0).to(at::kLong).cumsum(1);
