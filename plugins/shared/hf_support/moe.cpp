@@ -60,7 +60,7 @@ at::Tensor swiglu(const at::Tensor& gate_up) {
 }  // namespace
 
 at::Tensor moe_forward(const MoeWeights& w, const MoeSpec& spec, const at::Tensor& x) {
-  const int64_t n = x.size(0), k = spec.top_k;
+  const int64_t n = x.size(0), h = x.size(1), k = spec.top_k;
   at::Tensor out = at::zeros_like(x);
   if (n > 0) {
     // Routing in fp32, as transformers: softmax, top k, renormalised.
@@ -72,22 +72,36 @@ at::Tensor moe_forward(const MoeWeights& w, const MoeSpec& spec, const at::Tenso
     // one contiguous slice. A stable sort keeps tokens in order within one.
     const at::Tensor flat = experts.reshape({n * k});
     const at::Tensor order = std::get<1>(flat.sort(/*stable=*/true, 0, false));
-    const at::Tensor token = at::floor_divide(order, k);
+    const at::Tensor token = order.div(k, "floor");
     const at::Tensor pair_weight = weights.reshape({n * k}).index_select(0, order).unsqueeze(1);
     // One host read: how many tokens each expert has (the slices' bounds).
     const at::Tensor counts = at::bincount(flat, {}, spec.experts).to(at::kCPU);
     const int64_t* count = counts.data_ptr<int64_t>();
-    const at::Tensor routed = x.index_select(0, token);  // [N·k, H]
-    at::Tensor expert_out = at::empty_like(routed);
-    int64_t offset = 0;
-    for (int64_t e = 0; e < spec.experts; ++e) {
-      if (count[e] == 0) continue;
-      const at::Tensor slice = routed.narrow(0, offset, count[e]);
-      expert_out.narrow(0, offset, count[e]).copy_(at::linear(swiglu(at::linear(slice, w.gate_up[e])), w.down[e]));
-      offset += count[e];
+    at::Tensor expert_out;  // [N·k, H], in the sorted pairs' order
+    {
+      const at::Tensor routed = x.index_select(0, token);  // [N·k, H]
+      expert_out = at::empty_like(routed);
+      int64_t offset = 0;
+      for (int64_t e = 0; e < spec.experts; ++e) {
+        if (count[e] == 0) continue;
+        const at::Tensor slice = routed.narrow(0, offset, count[e]);
+        expert_out.narrow(0, offset, count[e]).copy_(at::linear(swiglu(at::linear(slice, w.gate_up[e])), w.down[e]));
+        offset += count[e];
+      }
     }
-    // Scaled, then summed into each token in expert order.
-    out.index_add_(0, token, expert_out * pair_weight);
+    expert_out.mul_(pair_weight);  // rounded to x's dtype, as transformers' product
+    // Each token's k outputs summed in expert order, rounding after each add,
+    // as transformers' index_add_ per expert does. One index_add_ over every
+    // pair would give that on the CPU only: on CUDA it adds a token's k rows
+    // with atomics, in no fixed order (bf16 results would change run to run).
+    // So each output goes to row `token·k + its expert's rank among the
+    // token's k`, written once (deterministic), and the k rows are added in turn.
+    const at::Tensor by_expert = std::get<1>(experts.sort(/*stable=*/true, -1, false));  // [N, k] slots
+    const at::Tensor rank = at::empty_like(by_expert).scatter_(1, by_expert, at::arange(k, by_expert.options()).expand({n, k}));
+    const at::Tensor row = token * k + rank.reshape({n * k}).index_select(0, order);
+    const at::Tensor ordered = at::empty_like(expert_out).index_copy_(0, row, expert_out).view({n, k, h});
+    out.copy_(ordered.select(1, 0));
+    for (int64_t j = 1; j < k; ++j) out.add_(ordered.select(1, j));
   }
   if (w.shared_gate_up.defined()) {
     const at::Tensor shared = at::linear(swiglu(at::linear(x, w.shared_gate_up)), w.shared_down);

@@ -2,17 +2,18 @@
 
 #include "fast_path.h"
 
+#include <checkpoint.h>
 #include <cuda_graph.h>
 #include <kernel_ops.h>
+#include <moe.h>
 #include <dflash/sdk/memory_plan.hpp>
-#include <dflash/sdk/safetensors_torch.hpp>
 #include <dflash/sdk/torch_compat.hpp>
 
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
-#include <fstream>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -20,68 +21,8 @@
 
 namespace dflash::target {
 namespace fs = std::filesystem;
-namespace st = sdk::safetensors;
 
 namespace {
-
-// Every tensor of the checkpoint, by name, with the file it came from.
-class Checkpoint {
- public:
-  explicit Checkpoint(const fs::path& dir) {
-    const fs::path single = dir / "model.safetensors";
-    const fs::path index = dir / "model.safetensors.index.json";
-    if (fs::exists(index)) {
-      std::ifstream in(index);
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(in);
-      } catch (const nlohmann::json::exception& e) {
-        throw std::runtime_error(index.string() + ": not valid JSON (" + e.what() + ")");
-      }
-      if (!j.contains("weight_map") || !j["weight_map"].is_object())
-        throw std::runtime_error(index.string() + ": weight_map: missing");
-      std::map<std::string, std::shared_ptr<st::File>> shards;
-      for (auto& [name, shard] : j["weight_map"].items()) {
-        const std::string file = shard.get<std::string>();
-        if (file.find('/') != std::string::npos || file == ".." )
-          throw std::runtime_error(index.string() + ": weight_map." + name + ": shard '" + file + "' must be a file name in the model directory");
-        if (!shards.count(file)) shards[file] = st::File::open(dir / file);
-        if (!shards[file]->find(name))
-          throw std::runtime_error((dir / file).string() + ": tensor '" + name + "' is listed in " + index.filename().string() +
-                                   " but missing from the shard");
-        where_[name] = shards[file];
-      }
-    } else if (fs::exists(single)) {
-      auto file = st::File::open(single);
-      for (const auto& t : file->tensors()) where_[t.name] = file;
-    } else {
-      throw std::runtime_error(dir.string() + ": no model.safetensors or model.safetensors.index.json");
-    }
-  }
-
-  bool has(const std::string& name) const { return where_.count(name) > 0; }
-
-  // The tensor, converted to dtype/device, checked against the expected shape.
-  at::Tensor get(const std::string& name, std::vector<int64_t> shape, c10::ScalarType dtype, c10::Device device) const {
-    auto it = where_.find(name);
-    if (it == where_.end())
-      throw std::runtime_error("checkpoint: tensor '" + name + "' is missing (" + std::to_string(where_.size()) + " tensors present)");
-    at::Tensor t = st::load_tensor(it->second, name);
-    if (t.sizes().vec() != shape) {
-      std::string expected, got;
-      for (auto d : shape) expected += (expected.empty() ? "" : ", ") + std::to_string(d);
-      for (auto d : t.sizes()) got += (got.empty() ? "" : ", ") + std::to_string(d);
-      throw std::runtime_error(it->second->path().string() + ": tensor '" + name + "' has shape [" + got +
-                               "], config.json implies [" + expected + "]");
-    }
-    if (!at::isFloatingType(t.scalar_type()))
-      throw std::runtime_error(it->second->path().string() + ": tensor '" + name + "' is not floating point");
-    return t.to(device, dtype).contiguous();
-  }
-
- private:
-  std::map<std::string, std::shared_ptr<st::File>> where_;
-};
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   // As Hugging Face does: normalise in fp32 (fp64 for fp64), cast back, then scale.
@@ -118,28 +59,41 @@ DecoderMemory plan_decoder_memory(const fs::path& dir, c10::ScalarType dtype, co
   DecoderMemory m;
   m.config = read_decoder_config(dir / "config.json");
   const DecoderConfig& c = m.config;
-  const Checkpoint ckpt(dir);  // headers only: the files are mapped, not read
+  const hf::Checkpoint ckpt(dir);  // headers only: the files are mapped, not read
   const double e = static_cast<double>(c10::elementSize(dtype));
   const double h = static_cast<double>(c.hidden_size), inter = static_cast<double>(c.intermediate_size);
   const double hd = static_cast<double>(c.head_dim), heads = static_cast<double>(c.num_heads);
   const double qkv_out = static_cast<double>(c.num_heads + 2 * c.num_kv_heads) * hd;
   const double q_out = heads * hd, vocab = static_cast<double>(c.vocab_size);
   // Exactly what the constructor keeps: embedding, final norm, lm_head unless
-  // tied, and per layer two norms, qkv (+ bias), o, q/k norms, gate_up, down.
+  // tied, and per layer two norms, qkv (+ bias), o, q/k norms, and the MLP:
+  // gate_up and down, or a sparse layer's router and experts.
   double elements = vocab * h + h + (ckpt.has("lm_head.weight") ? vocab * h : 0.0);
   const bool bias = ckpt.has("model.layers.0.self_attn.q_proj.bias");
-  const double layer = 2 * h + qkv_out * h + (bias ? qkv_out : 0.0) + h * q_out + (c.qk_norm ? 2 * hd : 0.0) + 3 * inter * h;
-  elements += static_cast<double>(c.num_layers) * layer;
+  const double attention = 2 * h + qkv_out * h + (bias ? qkv_out : 0.0) + h * q_out + (c.qk_norm ? 2 * hd : 0.0);
+  const double layers = static_cast<double>(c.num_layers), sparse = static_cast<double>(
+      std::count(c.sparse_layers.begin(), c.sparse_layers.end(), true));
+  elements += layers * attention + (layers - sparse) * 3 * inter * h +
+              sparse * hf::moe_weight_elements(c.moe, c.hidden_size);
   m.weight_bytes = sdk::MemoryPlan::saturated_bytes(elements * e);
   m.cuda_kernels = options.cuda_kernels && device.is_cuda() && fast_path::available() &&
                    (dtype == at::kBFloat16 || dtype == at::kHalf) && c.head_dim <= 256;
-  // One forward: the residual stream, the rotary tables, and the larger of a
-  // layer's attention half (norm, qkv, q/k/v after RoPE, attention output)
-  // and its MLP half (norm, gate_up, silu·up) — over every token, as the
-  // streams' micro-batches together cover the batch.
+  // One forward: the residual stream, the rotary tables, and the largest of
+  // a layer's attention half (norm, qkv, q/k/v after RoPE, attention output)
+  // and its MLP half — over every token, as the streams' micro-batches
+  // together cover the batch. The dense MLP half: norm, gate_up, silu·up. A
+  // sparse one (hf::moe_forward, k experts a token): norm, router logits and
+  // their fp32 softmax, the block's output, and at its peak the tokens'
+  // routed copies, the experts' outputs and one expert's down GEMM before
+  // its copy into them (at most N·k·H each), with gate_up and silu·up over
+  // the largest expert's slice (at most every pair: N·k·3I).
   const double tokens = static_cast<double>(rows) * static_cast<double>(row_length);
-  const double attention_half = h + 2 * qkv_out + q_out, mlp_half = h + 3 * inter;
-  double bytes = tokens * e * (h + std::max(attention_half, mlp_half)) + tokens * hd * 8.0 /* fp64 angles */ +
+  const double attention_half = h + 2 * qkv_out + q_out;
+  const double k = static_cast<double>(c.moe.top_k), experts = static_cast<double>(c.moe.experts);
+  const double dense_half = sparse < layers ? h + 3 * inter : 0.0;
+  const double sparse_half = sparse > 0 ? 2 * h + experts * (1 + 4.0 / e) + k * (3 * h + 3 * static_cast<double>(c.moe.intermediate))
+                                        : 0.0;
+  double bytes = tokens * e * (h + std::max({attention_half, dense_half, sparse_half})) + tokens * hd * 8.0 /* fp64 angles */ +
                  tokens * hd * (m.cuda_kernels ? 4.0 : e) /* cos, sin */;
   if (!m.cuda_kernels) {
     // The ATen path: fp32 norm temporaries, K/V repeated to every head, and
@@ -154,8 +108,17 @@ DecoderMemory plan_decoder_memory(const fs::path& dir, c10::ScalarType dtype, co
 
 Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device, const DecoderOptions& options)
     : config_(read_decoder_config(dir / "config.json")), streams_(options.streams) {
-  const Checkpoint ckpt(dir);
   const DecoderConfig& c = config_;
+  // Refused before any weight is read. The experts' GEMMs run over the tokens
+  // routed to each in a step, so a token's numbers depend on the tokens
+  // beside it: there are no row-invariant kernels for them.
+  const bool experts = c.has_experts();
+  if (options.exact_decoding == DecoderOptions::Exact::kOn && experts)
+    throw std::runtime_error(dir.string() + ": exact_decoding: on is not available for a Mixture-of-Experts model (" +
+                             c.model_type + ", " + std::to_string(c.moe.experts) +
+                             " experts): each expert's GEMM runs over the tokens routed to it in a step, so a token's "
+                             "numbers depend on the tokens beside it; set exact_decoding: auto or off");
+  const hf::Checkpoint ckpt(dir);
   const int64_t h = c.hidden_size, hd = c.head_dim, q_out = c.num_heads * hd, kv_out = c.num_kv_heads * hd;
   embed_ = ckpt.get("model.embed_tokens.weight", {c.vocab_size, h}, dtype, device);
   final_norm_ = ckpt.get("model.norm.weight", {h}, dtype, device);
@@ -180,9 +143,13 @@ Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device,
       w.q_norm = ckpt.get(p + "self_attn.q_norm.weight", {hd}, dtype, device);
       w.k_norm = ckpt.get(p + "self_attn.k_norm.weight", {hd}, dtype, device);
     }
-    w.gate_up = at::cat({ckpt.get(p + "mlp.gate_proj.weight", {c.intermediate_size, h}, dtype, device),
-                         ckpt.get(p + "mlp.up_proj.weight", {c.intermediate_size, h}, dtype, device)});
-    w.down = ckpt.get(p + "mlp.down_proj.weight", {h, c.intermediate_size}, dtype, device);
+    if (c.is_sparse(i)) {
+      w.moe = hf::load_moe(ckpt, p + "mlp.", c.moe, h, dtype, device);
+    } else {
+      w.gate_up = at::cat({ckpt.get(p + "mlp.gate_proj.weight", {c.intermediate_size, h}, dtype, device),
+                           ckpt.get(p + "mlp.up_proj.weight", {c.intermediate_size, h}, dtype, device)});
+      w.down = ckpt.get(p + "mlp.down_proj.weight", {h, c.intermediate_size}, dtype, device);
+    }
     layers_.push_back(std::move(w));
   }
   inv_freq_ = rope_inverse_frequencies(c).to(device);
@@ -190,12 +157,14 @@ Decoder::Decoder(const fs::path& dir, c10::ScalarType dtype, c10::Device device,
   cudnn_attention_ = cuda_kernels_ && options.cudnn_attention &&
                      fast_path::cudnn_attention_works(embed_, c.num_heads, c.num_kv_heads, hd);
   flash_decoding_ = cuda_kernels_ && fast_path::decode_attention_supported(hd);
-  decode_graphs_ = options.decode_graphs && flash_decoding_ && decode_support::kCudaGraphs;
+  // A step with experts reads each expert's token count back to the host
+  // (hf::moe_forward), which a CUDA graph cannot capture.
+  decode_graphs_ = options.decode_graphs && flash_decoding_ && decode_support::kCudaGraphs && !experts;
   if (options.exact_decoding != DecoderOptions::Exact::kOff) {
+    exact_required_ = options.exact_decoding == DecoderOptions::Exact::kOn;
     // Every projection's input width must take the invariant kernels' 8-wide loads.
     const bool widths = h % 8 == 0 && q_out % 8 == 0 && c.intermediate_size % 8 == 0;
-    const bool possible = flash_decoding_ && widths && kernel_ops::invariant_decode_attention_fits(hd, 1);
-    exact_required_ = options.exact_decoding == DecoderOptions::Exact::kOn;
+    const bool possible = !experts && flash_decoding_ && widths && kernel_ops::invariant_decode_attention_fits(hd, 1);
     if (exact_required_ && !possible)
       throw std::runtime_error(
           dir.string() + ": exact_decoding: on needs the GPU decoding path (a CUDA device, bf16/fp16, kernels: auto, "
@@ -267,15 +236,31 @@ QKV project_qkv(const DecoderConfig& c, const LayerWeights& w, const at::Tensor&
   return {q * r.cos + rotate_half(q) * r.sin, k * r.cos + rotate_half(k) * r.sin, v};
 }
 
-// The rest of the layer after attention [N, heads·hd]: the o projection and
-// the SwiGLU MLP, each added to the residual stream x (add_projection).
-at::Tensor finish_layer(const DecoderConfig& c, const LayerWeights& w, at::Tensor x, const at::Tensor& attention,
-                        bool& x_is_returned, bool kernels = false, bool invariant = false) {
-  x = add_projection(x, attention, w.o, x_is_returned, invariant);
-  const at::Tensor gate_up = linear(norm(c, x, w.post_attention_norm, kernels), w.gate_up, {}, invariant);  // [N, 2 I]
+// The MLP half of a layer, the one place every path runs it: the post-
+// attention norm, then the dense SwiGLU (its down GEMM adding into x, as
+// add_projection) or a sparse layer's experts (hf::moe_forward), added to
+// the residual stream x — in place unless x is a returned hidden state.
+at::Tensor add_mlp(const DecoderConfig& c, const LayerWeights& w, at::Tensor x, bool& x_is_returned, bool kernels,
+                   bool invariant) {
+  const at::Tensor normed = norm(c, x, w.post_attention_norm, kernels);
+  if (w.moe) {
+    const at::Tensor routed = hf::moe_forward(*w.moe, c.moe, normed);
+    if (!x_is_returned) return x.add_(routed);
+    x_is_returned = false;
+    return x + routed;
+  }
+  const at::Tensor gate_up = linear(normed, w.gate_up, {}, invariant);  // [N, 2 I]
   const int64_t inter = c.intermediate_size;
   const at::Tensor act = kernels ? kernel_ops::swiglu(gate_up) : at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
   return add_projection(x, act, w.down, x_is_returned, invariant);
+}
+
+// The rest of the layer after attention [N, heads·hd]: the o projection and
+// the MLP, each added to the residual stream x.
+at::Tensor finish_layer(const DecoderConfig& c, const LayerWeights& w, at::Tensor x, const at::Tensor& attention,
+                        bool& x_is_returned, bool kernels = false, bool invariant = false) {
+  x = add_projection(x, attention, w.o, x_is_returned, invariant);
+  return add_mlp(c, w, x, x_is_returned, kernels, invariant);
 }
 
 }  // namespace
@@ -383,11 +368,14 @@ DecoderOutputs Decoder::forward_kernels(const PackedBatch& batch, const std::set
             ? fast_path::row_causal_attention_cudnn(t.q, t.k, t.v, m.rows)
             : fast_path::document_causal_attention(t.q, t.k, t.v, m.cu_seqlens, m.max_document).view({m.tokens, heads * hd});
     xg.addmm_(attention, w.o.t());  // the residual add inside the GEMM
-    const at::Tensor gate_up = at::linear(kernel_ops::rms_norm(xg, w.post_attention_norm, c.rms_norm_eps), w.gate_up);
-    xg.addmm_(kernel_ops::swiglu(gate_up), w.down.t());
+    // In place into this micro-batch's rows of x (its outputs are copies).
+    // A sparse layer's routing waits for the device (hf::moe_forward reads
+    // the experts' token counts), which holds up the other streams' queueing.
+    bool xg_is_returned = false;
+    add_mlp(c, w, xg, xg_is_returned, /*kernels=*/true, /*invariant=*/false);
     if (wanted.count(step)) slice(out.layers[step]).copy_(xg);
   });
-    return out;
+  return out;
 }
 
 DecodeSessions Decoder::new_sessions() const {

@@ -1,6 +1,6 @@
-// A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) for inference: loads a
-// Hugging Face model directory and runs packed batches, returning the hidden
-// states of chosen layers. No autograd graph is kept.
+// A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Qwen3 MoE) for
+// inference: loads a Hugging Face model directory and runs packed batches,
+// returning the hidden states of chosen layers. No autograd graph is kept.
 #pragma once
 
 #include <decode_sessions.h>
@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -26,7 +27,10 @@ struct LayerWeights {
   at::Tensor input_norm, post_attention_norm;
   at::Tensor qkv, qkv_bias, o;  // qkv_bias undefined when the checkpoint has none
   at::Tensor q_norm, k_norm;    // Qwen3 only
+  // The MLP: the dense SwiGLU, or (a sparse Qwen3 MoE layer,
+  // DecoderConfig::is_sparse) the router and experts instead.
   at::Tensor gate_up, down;
+  std::optional<hf::MoeWeights> moe;
 };
 
 struct DecoderOutputs {
@@ -48,16 +52,18 @@ struct DecoderOptions {
   // Incremental decoding of one session on the GPU path: capture each step
   // shape (token count, layers returned, logits) as a CUDA graph on its second
   // use and replay it from then on (decode_support/cuda_graph.h). Needs flash
-  // attention over the pooled caches (Decoder::uses_flash_decoding); false
-  // runs every step eagerly.
+  // attention over the pooled caches (Decoder::uses_flash_decoding), and no
+  // experts (a Qwen3 MoE step reads its routing back to the host, which a
+  // graph cannot capture); false runs every step eagerly.
   bool decode_graphs = true;
   // Incremental decoding on the GPU path: steps of up to 16 tokens run
   // row-invariant kernels (kernel_ops::invariant_*), so a token verified in
   // a block gets bitwise the numbers it gets decoded alone, and speculative
   // decoding gives exactly the target's greedy tokens in bf16 too. kAuto:
   // wherever that holds (the GPU decoding path, widths in multiples of 8, a
-  // session's scores fitting in shared memory), the usual kernels elsewhere;
-  // kOn: the constructor and decode_extend throw where it cannot hold.
+  // session's scores fitting in shared memory, no experts), the usual kernels
+  // elsewhere; kOn: the constructor and decode_extend throw where it cannot
+  // hold.
   enum class Exact { kOff, kAuto, kOn };
   Exact exact_decoding = Exact::kAuto;
 };
@@ -107,9 +113,11 @@ class Decoder {
   // Decoding attends straight over the pooled caches with flash attention
   // (fast_path::decode_attention): the GPU path, a head_dim flash takes.
   bool uses_flash_decoding() const { return flash_decoding_; }
-  // Single-session decoding steps are replayed as CUDA graphs.
+  // Single-session decoding steps are replayed as CUDA graphs (never with
+  // experts: routing reads each expert's token count back to the host).
   bool uses_decode_graphs() const { return decode_graphs_; }
-  // Steps of up to 16 tokens run the row-invariant kernels (DecoderOptions).
+  // Steps of up to 16 tokens run the row-invariant kernels (DecoderOptions;
+  // never with experts).
   bool uses_exact_decoding() const { return exact_decoding_; }
   using GraphStats = decode_support::GraphStats;
   const GraphStats& decode_graph_stats() const;

@@ -1,8 +1,9 @@
 // The parts of a Hugging Face config.json that a Llama-family decoder needs
-// (Llama, Qwen2, Qwen3, Mistral), read with errors that name the file and key.
+// (Llama, Qwen2, Qwen3, Mistral, and Qwen3 MoE: Qwen3 with experts in place
+// of some or all MLPs), read with errors that name the file and key.
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <moe.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -31,6 +32,15 @@ struct DecoderConfig {
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
   int64_t max_position_embeddings = 0;
+  // Qwen3 MoE: the experts (moe.experts == 0 for every other family), and
+  // which layers route through them instead of the dense SwiGLU of
+  // intermediate_size. read_decoder_config applies transformers' rule
+  // (mlp_only_layers, decoder_sparse_step) once; everything else asks
+  // is_sparse.
+  hf::MoeSpec moe;
+  std::vector<bool> sparse_layers;  // [num_layers]
+  bool is_sparse(int64_t layer) const { return sparse_layers.at(static_cast<size_t>(layer)); }
+  bool has_experts() const;  // any layer is sparse
 };
 
 // Throws std::runtime_error "<file>: <key>: <problem>" for anything missing,

@@ -1,20 +1,20 @@
 // target/hf_decoder: a frozen Llama-family target (Llama, Mistral, Qwen2,
-// Qwen3) loaded from a Hugging Face model directory. Its forward returns the
-// hidden states the drafter reads; its embedding, final norm and lm_head are
-// handed to the host, which places a copy on each drafter device.
+// Qwen3, and Qwen3 MoE such as Qwen3-30B-A3B) loaded from a Hugging Face model
+// directory. Its forward returns the hidden states the drafter reads; its
+// embedding, final norm and lm_head are handed to the host, which places a
+// copy on each drafter device.
 //
 // "hidden.<i>" is the output of decoder layer i (0-based) — Hugging Face's
 // hidden_states[i + 1].
 #include "decoder.h"
 
+#include <tokenizer_fact.h>
+
 #include <dflash/sdk/recipe.hpp>
 #include <dflash/sdk/target_model.hpp>
 
-#include <cstdlib>
 #include <map>
 #include <memory>
-
-#include <sys/stat.h>
 
 namespace {
 using namespace dflash;
@@ -32,7 +32,7 @@ decltype(auto) invalid_argument_as_error(F&& f) {
 class HfDecoderTarget : public sdk::TargetModel {
  public:
   static constexpr sdk::PluginInfo info{"hf_decoder", "1.0.0",
-                                        "Llama / Mistral / Qwen2 / Qwen3 decoder from a Hugging Face directory (frozen)"};
+                                        "Llama / Mistral / Qwen2 / Qwen3 / Qwen3 MoE decoder from a Hugging Face directory (frozen)"};
   static std::string config_schema() {
     using sdk::Bounds;
     return sdk::Schema()
@@ -57,17 +57,18 @@ class HfDecoderTarget : public sdk::TargetModel {
                 {"auto", "flash"})
         .string("decode_graphs", "auto",
                 "incremental decoding of one sequence on the GPU path: auto = capture each step shape (tokens per "
-                "step, layers returned, logits) as a CUDA graph on its second use and replay it after; the KV cache "
-                "pool then stays allocated between sequences (graphs read its addresses) until the plugin is "
-                "destroyed; off = every step runs eagerly and the pool is freed with its last session",
+                "step, layers returned, logits) as a CUDA graph on its second use and replay it after (not with "
+                "experts: a Qwen3 MoE step reads its routing back to the host); the KV cache pool then stays "
+                "allocated between sequences (graphs read its addresses) until the plugin is destroyed; off = every "
+                "step runs eagerly and the pool is freed with its last session",
                 {"auto", "off"})
         .string("exact_decoding", "auto",
                 "incremental decoding on the GPU path: steps of up to 16 tokens run row-invariant kernels, so a "
                 "token verified in a drafted block gets bitwise the logits it gets decoded alone and speculative "
                 "decoding returns exactly the greedy tokens in bf16 too (docs/target.md). auto = wherever they "
-                "apply (the GPU decoding path, widths in multiples of 8), the usual kernels elsewhere; on = the "
-                "same, but an error where they cannot apply; off = cuBLAS and flash attention, whose sums differ "
-                "between 1 and 16 rows",
+                "apply (the GPU decoding path, widths in multiples of 8, no experts), the usual kernels elsewhere; "
+                "on = the same, but an error where they cannot apply; off = cuBLAS and flash attention, whose sums "
+                "differ between 1 and 16 rows",
                 {"auto", "on", "off"})
         .dump();
   }
@@ -85,30 +86,7 @@ class HfDecoderTarget : public sdk::TargetModel {
     }
     sessions_ = decoder_->new_sessions();
     feature_layers_ = context.config().at("feature_layers").get<int64_t>();
-    tokenizer_ = tokenizer_fact(context.config().at("path").get<std::string>());
-  }
-
-  // Where the model's tokenizer is, for the host (eval's text prompts, prepare):
-  // {"type": "huggingface", "path": <absolute path>} naming the folder's
-  // tokenizer.json (the host's loader, core/text, also reads the quickstart's
-  // byte format there), else the folder itself when it holds GPT-2's
-  // encoder.json + vocab.bpe (or vocab.json + merges.txt); null when it has
-  // none. The host reads the file; the plugin only says where it is.
-  static nlohmann::json tokenizer_fact(const std::string& folder) {
-    const auto regular = [](const std::string& p) {
-      struct stat st {};
-      return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-    };
-    std::string found;
-    if (regular(folder + "/tokenizer.json"))
-      found = folder + "/tokenizer.json";
-    else if ((regular(folder + "/encoder.json") && regular(folder + "/vocab.bpe")) ||
-             (regular(folder + "/vocab.json") && regular(folder + "/merges.txt")))
-      found = folder;
-    else
-      return nullptr;
-    std::unique_ptr<char, decltype(&std::free)> absolute(::realpath(found.c_str(), nullptr), &std::free);
-    return {{"type", "huggingface"}, {"path", absolute ? std::string(absolute.get()) : found}};
+    tokenizer_ = hf::tokenizer_fact(context.config().at("path").get<std::string>());
   }
 
   static target::DecoderOptions options(const nlohmann::json& config) {
@@ -149,26 +127,37 @@ class HfDecoderTarget : public sdk::TargetModel {
     plan.facts["cuda_kernels"] = m.cuda_kernels;
     plan.facts["weights_dtype"] = weights_dtype;
     plan.facts["tied_embeddings"] = m.config.tie_word_embeddings;
-    plan.facts["tokenizer"] = tokenizer_fact(path);
+    plan.facts["tokenizer"] = hf::tokenizer_fact(path);
     return plan;
   }
 
   // The description that config.json alone gives (describe() adds the rest).
   static nlohmann::json describe_config(const target::DecoderConfig& c, int64_t feature_layers) {
-    return {{"num_layers", c.num_layers},
-            {"hidden_size", c.hidden_size},
-            {"vocab_size", c.vocab_size},
-            {"num_attention_heads", c.num_heads},
-            {"num_key_value_heads", c.num_kv_heads},
-            {"head_dim", c.head_dim},
-            {"intermediate_size", c.intermediate_size},
-            {"rms_norm_eps", c.rms_norm_eps},
-            {"rope_theta", c.rope_theta},
-            {"model_type", c.model_type},
-            {"default_layer_ids", sdk::default_target_layer_ids(c.num_layers, feature_layers)},
-            {"eos_token_ids", c.eos_token_ids},
-            {"bos_token_id", c.bos_token_id},
-            {"max_position_embeddings", c.max_position_embeddings}};
+    nlohmann::json d = {{"num_layers", c.num_layers},
+                       {"hidden_size", c.hidden_size},
+                       {"vocab_size", c.vocab_size},
+                       {"num_attention_heads", c.num_heads},
+                       {"num_key_value_heads", c.num_kv_heads},
+                       {"head_dim", c.head_dim},
+                       {"intermediate_size", c.intermediate_size},
+                       {"rms_norm_eps", c.rms_norm_eps},
+                       {"rope_theta", c.rope_theta},
+                       {"model_type", c.model_type},
+                       {"default_layer_ids", sdk::default_target_layer_ids(c.num_layers, feature_layers)},
+                       {"eos_token_ids", c.eos_token_ids},
+                       {"bos_token_id", c.bos_token_id},
+                       {"max_position_embeddings", c.max_position_embeddings}};
+    if (c.has_experts()) {
+      std::vector<int64_t> sparse;
+      for (int64_t i = 0; i < c.num_layers; ++i)
+        if (c.is_sparse(i)) sparse.push_back(i);
+      d["num_experts"] = c.moe.experts;
+      d["num_experts_per_tok"] = c.moe.top_k;
+      d["moe_intermediate_size"] = c.moe.intermediate;
+      d["norm_topk_prob"] = c.moe.normalize;
+      d["sparse_layers"] = sparse;
+    }
+    return d;
   }
 
   // What plan_memory reports, plus what only a loaded model knows: which
@@ -270,7 +259,7 @@ class HfDecoderTarget : public sdk::TargetModel {
   int64_t graph_failures_reported_ = 0;
   std::unique_ptr<target::Decoder> decoder_;
   int64_t feature_layers_ = 5;
-  nlohmann::json tokenizer_;  // tokenizer_fact: null unless the folder has a tokenizer
+  nlohmann::json tokenizer_;  // hf::tokenizer_fact: null unless the folder has a tokenizer
   target::DecodeSessions sessions_;
 };
 
