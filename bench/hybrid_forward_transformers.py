@@ -24,6 +24,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from target_forward_transformers import save_hf_directory  # noqa: E402  (the same layout for both benchmarks)
+
 
 def qwen36_27b_text(layers):
     """Qwen3.6-27B's text config (config.json of the released folder), `layers` of its 64."""
@@ -54,29 +57,6 @@ def timed(fn, warmup, repeats):
         times.append((time.perf_counter() - start) * 1000)
         del out
     return statistics.median(times), (torch.cuda.max_memory_allocated() - before) / 2**30, times
-
-
-def save_hf_directory(model, config, directory):
-    """config.json, one shard per layer, the index: what save_pretrained lays out."""
-    from safetensors.torch import save_file
-
-    os.makedirs(directory, exist_ok=True)
-    config.architectures = ["Qwen3_5ForCausalLM"]
-    config.to_json_file(os.path.join(directory, "config.json"))
-    state = {"model." + k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    torch.manual_seed(1)
-    state["lm_head.weight"] = torch.randn(config.vocab_size, config.hidden_size, dtype=torch.bfloat16, device="cuda") * 0.02
-    groups = {}
-    for name in state:
-        groups.setdefault(int(name.split(".")[2]) if name.startswith("model.layers.") else -1, []).append(name)
-    weight_map = {}
-    keys = sorted(groups)
-    for i, key in enumerate(keys):
-        file = f"model-{i + 1:05d}-of-{len(keys):05d}.safetensors"
-        save_file({n: state[n].cpu() for n in groups[key]}, os.path.join(directory, file), metadata={"format": "pt"})
-        weight_map.update({n: file for n in groups[key]})
-    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {}, "weight_map": weight_map}, f)
 
 
 def main():
@@ -124,7 +104,7 @@ def main():
                           "median_ms": median, "tokens_per_s": args.batch * args.seq / (median / 1000),
                           "extra_peak_gib": peak, "times_ms": times}), flush=True)
         if args.save_dir:
-            save_hf_directory(model, config, args.save_dir)
+            save_hf_directory(model, config, args.save_dir, layers_per_shard=1, architecture="Qwen3_5ForCausalLM")
         del model
         torch.cuda.empty_cache()
 

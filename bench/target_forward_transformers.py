@@ -20,13 +20,14 @@ import torch
 import transformers
 
 
-def save_hf_directory(model, config, directory, layers_per_shard=4):
+def save_hf_directory(model, config, directory, layers_per_shard=4, architecture="Qwen3ForCausalLM"):
     """config.json + model-XXXXX-of-YYYYY.safetensors + the index, as
-    save_pretrained lays them out, without a second copy of the model."""
+    save_pretrained lays them out, without a second copy of the model.
+    (bench/hybrid_forward_transformers.py saves its model with it too.)"""
     from safetensors.torch import save_file
 
     os.makedirs(directory, exist_ok=True)
-    config.architectures = ["Qwen3ForCausalLM"]
+    config.architectures = [architecture]
     config.to_json_file(os.path.join(directory, "config.json"))
     state = {"model." + k: v.detach().contiguous() for k, v in model.state_dict().items()}
     torch.manual_seed(1)

@@ -271,37 +271,13 @@ DecoderOutputs Decoder::forward(const at::Tensor& input_ids_in, const at::Tensor
   const c10::NoGradGuard no_grad;
   const DecoderConfig& c = config_;
   const auto device = embed_.device();
-  if (input_ids_in.dim() != 2) throw std::invalid_argument("input_ids must be [B, S]");
-  const at::Tensor ids = input_ids_in.to(device, at::kLong);
-  if (ids.numel() > 0 && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= c.vocab_size))
-    throw std::invalid_argument("input_ids has ids outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
   for (int64_t id : layer_ids)
     if (id < 0 || id >= c.num_layers)
       throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
-  const int64_t b = ids.size(0), s = ids.size(1), n = b * s;
-
-  // Documents and positions of a packed batch.
-  PackedBatch batch;
-  batch.ids = ids;
-  at::Tensor positions, documents;
-  if (document_ids_in.defined()) documents = document_ids_in.to(device, at::kLong);
-  if (position_ids_in.defined()) positions = position_ids_in.to(device, at::kLong);
-  if (!documents.defined() && positions.defined()) documents = positions.eq(0).to(at::kLong).cumsum(1);
-  if (documents.defined() && s > 0)
-    batch.starts = at::cat({at::ones({b, 1}, ids.options().dtype(at::kBool)),
-                            documents.narrow(1, 1, s - 1).ne(documents.narrow(1, 0, s - 1))}, 1);
-  if (!positions.defined()) {
-    if (batch.starts.defined()) {
-      // Position within the document: index minus the index of its first token.
-      const at::Tensor index = at::arange(s, ids.options()).expand({b, s});
-      const at::Tensor start_index = std::get<0>(at::cummax(at::where(batch.starts, index, at::zeros_like(index)), 1));
-      positions = index - start_index;
-    } else {
-      positions = at::arange(s, ids.options()).expand({b, s});
-    }
-  }
-  batch.documents = documents;
-  batch.angles = positions.reshape({n}).to(at::kDouble).unsqueeze(-1) * inv_freq_;  // [N, hd/2], fp64
+  // Documents and positions of a packed batch (hf_support/packed_rows.h).
+  PackedBatch batch{{hf::resolve_packed_rows(input_ids_in, position_ids_in, document_ids_in, c.vocab_size, device)}, {}};
+  const int64_t n = batch.ids.numel();
+  batch.angles = batch.positions.reshape({n}).to(at::kDouble).unsqueeze(-1) * inv_freq_;  // [N, hd/2], fp64
   const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
   DecoderOutputs out = cuda_kernels_ && n > 0 ? forward_kernels(batch, wanted, want_last_hidden || want_logits)
                                               : forward_reference(batch, wanted, want_last_hidden || want_logits);
@@ -687,15 +663,7 @@ DecoderOutputs Decoder::forward_reference(const PackedBatch& batch, const std::s
   const int64_t heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
   const Rotary r = rotary(batch.angles, embed_.scalar_type(), /*kernels=*/false);
   // Rows of several documents need an additive [B, 1, S, S] mask.
-  c10::optional<at::Tensor> mask;
-  const at::Tensor& documents = batch.documents;
-  if (documents.defined() && !documents.eq(documents.narrow(1, 0, 1)).all().item<bool>()) {
-    const at::Tensor same = documents.unsqueeze(2).eq(documents.unsqueeze(1));  // [B, S, S]
-    const at::Tensor causal = at::ones({s, s}, ids.options().dtype(at::kBool)).tril();
-    // Additive (0 / −inf) rather than boolean: both LibTorch versions accept it.
-    const at::Tensor allowed = same.logical_and(causal).unsqueeze(1);  // [B, 1, S, S]
-    mask = at::zeros(allowed.sizes(), embed_.options()).masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
-  }
+  const c10::optional<at::Tensor> mask = hf::document_causal_mask(batch, embed_.options());
 
   DecoderOutputs out;
   at::Tensor x = embed_.index_select(0, ids.flatten());  // [N, H], the residual stream

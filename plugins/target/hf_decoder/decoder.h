@@ -4,6 +4,7 @@
 #pragma once
 
 #include <decode_sessions.h>
+#include <packed_rows.h>
 #include "decoder_config.h"
 #include "graph_stats.h"
 
@@ -69,11 +70,8 @@ struct DecoderOptions {
 };
 
 // The inputs of one forward, resolved once for either path.
-struct PackedBatch {
-  at::Tensor ids;        // [B, S] int64
-  at::Tensor documents;  // [B, S] int64, or undefined (one document per row)
-  at::Tensor starts;     // [B, S] bool: first token of a document; undefined with documents
-  at::Tensor angles;     // [B·S, head_dim/2] fp64 rotary angles
+struct PackedBatch : hf::PackedRows {  // ids, documents, starts, positions (hf_support/packed_rows.h)
+  at::Tensor angles;  // [B·S, head_dim/2] fp64 rotary angles
 };
 
 // Which logits an incremental decoding step returns.

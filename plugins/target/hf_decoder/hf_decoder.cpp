@@ -8,6 +8,7 @@
 // hidden_states[i + 1].
 #include "decoder.h"
 
+#include <plugin_errors.h>
 #include <tokenizer_fact.h>
 
 #include <dflash/sdk/recipe.hpp>
@@ -19,15 +20,8 @@
 namespace {
 using namespace dflash;
 
-// The decoder's std::invalid_argument (bad input) as the ABI's error code.
-template <class F>
-decltype(auto) invalid_argument_as_error(F&& f) {
-  try {
-    return f();
-  } catch (const std::invalid_argument& e) {
-    throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, e.what());
-  }
-}
+using hf::invalid_argument_as_error;
+using hf::load_errors_as_not_found;
 
 class HfDecoderTarget : public sdk::TargetModel {
  public:
@@ -76,14 +70,10 @@ class HfDecoderTarget : public sdk::TargetModel {
   explicit HfDecoderTarget(const sdk::CreateContext& context) : host_(context.host()) {
     const std::string dtype = context.config().at("dtype").get<std::string>();
     const auto scalar = sdk::parse_dtype(dtype == "auto" ? context.dtype() : dtype);
-    try {
-      decoder_ = std::make_unique<target::Decoder>(context.config().at("path").get<std::string>(), scalar,
-                                                   sdk::parse_device(context.device()), options(context.config()));
-    } catch (const sdk::Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw sdk::Error(DFLASH_ERR_NOT_FOUND, e.what());
-    }
+    decoder_ = load_errors_as_not_found([&] {
+      return std::make_unique<target::Decoder>(context.config().at("path").get<std::string>(), scalar,
+                                               sdk::parse_device(context.device()), options(context.config()));
+    });
     sessions_ = decoder_->new_sessions();
     feature_layers_ = context.config().at("feature_layers").get<int64_t>();
     tokenizer_ = hf::tokenizer_fact(context.config().at("path").get<std::string>());
@@ -109,16 +99,11 @@ class HfDecoderTarget : public sdk::TargetModel {
     const std::string dtype = config.at("dtype").get<std::string>();
     const std::string weights_dtype = dtype == "auto" ? request.dtype() : dtype;
     const std::string path = config.at("path").get<std::string>();
-    target::DecoderMemory m;
-    try {
-      m = target::plan_decoder_memory(path, sdk::parse_dtype(weights_dtype), sdk::parse_device(request.device()),
-                                      options(config), request.context().value("rows", int64_t{1}),
-                                      request.context().value("row_length", int64_t{1}));
-    } catch (const sdk::Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw sdk::Error(DFLASH_ERR_NOT_FOUND, e.what());
-    }
+    const target::DecoderMemory m = load_errors_as_not_found([&] {
+      return target::plan_decoder_memory(path, sdk::parse_dtype(weights_dtype), sdk::parse_device(request.device()),
+                                         options(config), request.context().value("rows", int64_t{1}),
+                                         request.context().value("row_length", int64_t{1}));
+    });
     sdk::MemoryPlan plan;
     plan.add("target weights (" + std::to_string(m.config.num_layers) + " layers, " + weights_dtype + ")",
              static_cast<double>(m.weight_bytes), sdk::MemoryPhase::kResident);
@@ -223,14 +208,11 @@ class HfDecoderTarget : public sdk::TargetModel {
   void decode_end(int64_t session) { sessions_.end(session); }
 
   sdk::TensorDict forward(const sdk::TargetRequest& request) {
-    target::DecoderOutputs out;
-    try {
-      out = decoder_->forward(request.batch.at("input_ids"), request.batch.get("position_ids"),
-                              request.batch.get("document_ids"), request.layer_ids, request.want_last_hidden,
-                              request.want_logits);
-    } catch (const std::invalid_argument& e) {
-      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, e.what());
-    }
+    const target::DecoderOutputs out = invalid_argument_as_error([&] {
+      return decoder_->forward(request.batch.at("input_ids"), request.batch.get("position_ids"),
+                               request.batch.get("document_ids"), request.layer_ids, request.want_last_hidden,
+                               request.want_logits);
+    });
     sdk::TensorDict result;
     for (int64_t id : request.layer_ids) result.set("hidden." + std::to_string(id), out.layers.at(id));
     if (request.want_last_hidden) result.set("last_hidden", out.last_hidden);

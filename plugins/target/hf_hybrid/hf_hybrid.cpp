@@ -9,6 +9,7 @@
 // layer, linear and full alike) — Hugging Face's hidden_states[i + 1].
 #include "hybrid_model.h"
 
+#include <plugin_errors.h>
 #include <tokenizer_fact.h>
 
 #include <dflash/sdk/recipe.hpp>
@@ -19,28 +20,8 @@
 namespace {
 using namespace dflash;
 
-// The model's std::invalid_argument (bad input) as the ABI's error code.
-template <class F>
-decltype(auto) invalid_argument_as_error(F&& f) {
-  try {
-    return f();
-  } catch (const std::invalid_argument& e) {
-    throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, e.what());
-  }
-}
-
-// A folder that cannot be read (missing, malformed, unsupported) as NOT_FOUND
-// with the loader's message, which names the file, key or tensor.
-template <class F>
-decltype(auto) load_errors_as_not_found(F&& f) {
-  try {
-    return f();
-  } catch (const sdk::Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw sdk::Error(DFLASH_ERR_NOT_FOUND, e.what());
-  }
-}
+using hf::invalid_argument_as_error;
+using hf::load_errors_as_not_found;
 
 const char* mixer_name(target::Mixer m) {
   return m == target::Mixer::kLinearAttention ? "linear_attention" : "full_attention";

@@ -3,6 +3,7 @@
 #include "gated_deltanet.h"
 
 #include <checkpoint.h>
+#include <packed_rows.h>
 #include <dflash/sdk/memory_plan.hpp>
 #include <dflash/sdk/torch_compat.hpp>
 
@@ -231,44 +232,18 @@ HybridOutputs HybridModel::forward(const at::Tensor& input_ids, const at::Tensor
   const c10::NoGradGuard no_grad;
   const HybridConfig& c = config_;
   const auto device = embed_.device();
-  if (input_ids.dim() != 2) throw std::invalid_argument("input_ids must be [B, S], got " + c10::str(input_ids.sizes()));
-  const at::Tensor ids = input_ids.to(device, at::kLong);
-  if (ids.numel() > 0 && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= c.vocab_size))
-    throw std::invalid_argument("input_ids has ids outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
   for (int64_t id : layer_ids)
     if (id < 0 || id >= c.num_layers)
       throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
+  const hf::PackedRows rows = hf::resolve_packed_rows(input_ids, position_ids_in, document_ids_in, c.vocab_size, device);
+  const at::Tensor& ids = rows.ids;
   const int64_t b = ids.size(0), s = ids.size(1), n = b * s, h = c.hidden_size;
-
-  // Documents of a packed batch: where each starts, and positions within it.
-  at::Tensor documents, positions, starts;
-  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"position_ids", position_ids_in},
-                                 {"document_ids", document_ids_in}})
-    if (t.defined() && t.sizes() != input_ids.sizes())
-      throw std::invalid_argument(std::string(name) + " must have input_ids' shape " + c10::str(input_ids.sizes()) +
-                                  ", got " + c10::str(t.sizes()));
-  if (document_ids_in.defined()) documents = document_ids_in.to(device, at::kLong);
-  if (position_ids_in.defined()) positions = position_ids_in.to(device, at::kLong);
-  if (!documents.defined() && positions.defined()) documents = positions.eq(0).to(at::kLong).cumsum(1);
-  if (documents.defined() && s > 0)
-    starts = at::cat({at::ones({b, 1}, ids.options().dtype(at::kBool)),
-                      documents.narrow(1, 1, s - 1).ne(documents.narrow(1, 0, s - 1))}, 1);
-  if (!positions.defined()) {
-    const at::Tensor index = at::arange(s, ids.options()).expand({b, s});
-    positions = index;
-    if (starts.defined())
-      positions = index - std::get<0>(at::cummax(at::where(starts, index, at::zeros_like(index)), 1));
-  }
-  // Rows of several documents attend through an additive [B, 1, S, S] mask.
-  c10::optional<at::Tensor> mask;
-  if (documents.defined() && s > 0 && !documents.eq(documents.narrow(1, 0, 1)).all().item<bool>()) {
-    const at::Tensor allowed = documents.unsqueeze(2).eq(documents.unsqueeze(1))
-                                   .logical_and(at::ones({s, s}, ids.options().dtype(at::kBool)).tril())
-                                   .unsqueeze(1);
-    mask = at::zeros(allowed.sizes(), embed_.options())
-               .masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
-  }
-  const at::Tensor rotary = has_full_attention(c) ? rotary_cos_sin(positions.reshape({n})) : at::Tensor();
+  // Rows of several documents attend through an additive mask; the linear
+  // layers restart their window and state at each document's first token.
+  const c10::optional<at::Tensor> mask =
+      has_full_attention(c) ? hf::document_causal_mask(rows, embed_.options()) : c10::nullopt;
+  const at::Tensor& starts = rows.starts;
+  const at::Tensor rotary = has_full_attention(c) ? rotary_cos_sin(rows.positions.reshape({n})) : at::Tensor();
 
   const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
   HybridOutputs out;
