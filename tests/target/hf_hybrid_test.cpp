@@ -359,8 +359,6 @@ TEST(HfHybrid, MalformedInputIsRefusedAndChangesNothing) {
   EXPECT_LE(relative_error(after, straight[-1].unsqueeze(0)), kSamePathTolerance);
 }
 
-// --- a checkpoint split into shards, and broken folders -------------------
-
 void copy_bytes(const fs::path& from, const fs::path& to) {
   std::ifstream in(from, std::ios::binary);
   std::ofstream out(to, std::ios::binary);
@@ -371,6 +369,65 @@ nlohmann::json read_json(const fs::path& p) {
   std::ifstream in(p);
   return nlohmann::json::parse(in);
 }
+
+// The path a user takes, end to end through dflash-host on the CPU, with a
+// hybrid target: train a DFlash drafter (its periodic eval decodes with
+// truncation into verified blocks), evaluate the checkpoint (lossless
+// against the target's greedy decoding), and generate with batched sessions.
+TEST(HfHybrid, TheHostTrainsEvaluatesAndGeneratesWithAHybridTarget) {
+  dflash::test::TempDir tmp("hybrid_e2e");
+  const std::string dir = tmp.path().string();
+  torch::manual_seed(21);
+  {
+    std::ofstream train(dir + "/train.jsonl"), prompts(dir + "/prompts.jsonl");
+    for (int row = 0; row < 48; ++row) {
+      const torch::Tensor ids = torch::randint(262, {160}, torch::kLong);
+      nlohmann::json line = {{"input_ids", std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + 160)}};
+      std::vector<int64_t> mask(160, 1);
+      std::fill(mask.begin(), mask.begin() + 16, 0);
+      line["loss_mask"] = mask;
+      train << line.dump() << "\n";
+    }
+    for (int row = 0; row < 3; ++row) {
+      const torch::Tensor ids = torch::randint(262, {24}, torch::kLong);
+      prompts << nlohmann::json{{"input_ids", std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + 24)}}.dump()
+              << "\n";
+    }
+  }
+  const nlohmann::json config = {
+      {"train", {{"seed", 0}, {"device", "cpu"}, {"dtype", "float32"}, {"steps", 12}, {"lr", 0.004},
+                 {"output_dir", dir + "/run"}, {"checkpoint_every", 6}, {"log_every", 6}, {"eval_every", 6},
+                 {"eval_prompts", dir + "/prompts.jsonl"}}},
+      {"data", {{"plugin", "jsonl"}, {"path", dir + "/train.jsonl"}, {"row_length", 160}, {"tokens_per_batch", 640}}},
+      {"target", {{"plugin", "hf_hybrid"}, {"path", fixture("qwen3_5_wide").string()}}},
+      {"drafter", {{"plugin", "dflash"}, {"num_layers", 1}, {"block_size", 8}, {"max_anchors", 12}, {"mask_token_id", 262}}},
+      {"loss", {{"plugin", "fused_ckpt_kl"}, {"kl_weight", 0.5}}},
+      {"scheduler", {{"plugin", "warmup_cosine"}}}};
+  std::ofstream(dir + "/config.json") << config.dump(1);
+  const std::string host = std::string(DFLASH_HOST_EXE) + " --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR;
+  auto run = [&](const std::string& args) {
+    const int status = std::system((host + " " + args + " > " + dir + "/out.txt 2> " + dir + "/err.txt").c_str());
+    std::ifstream err(dir + "/err.txt");
+    const std::string text((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(status, 0) << args << "\n" << text;
+  };
+  run("--config " + dir + "/config.json");
+  run("eval --config " + dir + "/config.json --drafter-checkpoint " + dir + "/run --prompts " + dir +
+      "/prompts.jsonl --max-new-tokens 32 --report " + dir + "/eval.json");
+  const nlohmann::json report = read_json(dir + "/eval.json");
+  EXPECT_EQ(report.at("target"), "hf_hybrid");
+  EXPECT_TRUE(report.at("lossless").get<bool>()) << report.dump(1);
+  EXPECT_GE(report.at("tau_mean").get<double>(), 1.0);
+  run("generate --config " + dir + "/config.json --prompts " + dir + "/prompts.jsonl --out " + dir +
+      "/answers.jsonl --max-new-tokens 12 --batch-size 2");
+  std::ifstream answers(dir + "/answers.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(answers, line); ++lines)
+    EXPECT_EQ(nlohmann::json::parse(line).at("answer_tokens"), 12) << line;
+  EXPECT_EQ(lines, 3);
+}
+
+// --- a checkpoint split into shards, and broken folders -------------------
 
 void write_json(const fs::path& p, const nlohmann::json& j) { std::ofstream(p) << j.dump(1); }
 
