@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 namespace dflash::target::gdn {
 namespace {
@@ -23,6 +25,31 @@ at::Tensor position_in_document(const at::Tensor& resets, int64_t b, int64_t s, 
 
 // x · rsqrt(Σx² + eps) over the last dimension (FLA's and transformers' l2norm).
 at::Tensor l2norm(const at::Tensor& x) { return x * at::rsqrt((x * x).sum(-1, true) + 1e-6); }
+
+// The inverse of the unit lower-triangular T = I + strictly-lower(a), for
+// [..., C, C] with C a power of two, built bottom-up by 2 × 2 blocks: with
+// T's diagonal blocks A and D and lower-left block L, T⁻¹'s lower-left is
+// −D⁻¹ L A⁻¹. Every block of one size is formed at once (one pair of batched
+// GEMMs per level, log2 C levels), instead of a batched triangular solve
+// per right-hand side, which runs far from the GEMM rate on small systems.
+// Only a's strictly lower part is read, as a unitriangular solve reads it.
+at::Tensor unit_lower_inverse(const at::Tensor& a) {
+  const int64_t c = a.size(-1);
+  at::Tensor inverse = at::eye(c, a.options()).expand(a.sizes()).clone();
+  std::vector<int64_t> blocks(a.sizes().begin(), a.sizes().end() - 2);
+  for (int64_t b = 1; b < c; b *= 2) {
+    // The diagonal 2b × 2b blocks of both, [..., C/2b, 2b, 2b] (views).
+    std::vector<int64_t> shape = blocks;
+    for (int64_t d : {c / (2 * b), 2 * b, c / (2 * b), 2 * b}) shape.push_back(d);
+    auto diagonal = [&](const at::Tensor& t) { return t.view(shape).diagonal(0, -4, -2).movedim(-1, -3); };
+    const at::Tensor of_inverse = diagonal(inverse), of_a = diagonal(a);
+    const at::Tensor upper_left = of_inverse.narrow(-2, 0, b).narrow(-1, 0, b);
+    const at::Tensor lower_right = of_inverse.narrow(-2, b, b).narrow(-1, b, b);
+    const at::Tensor lower_left = of_a.narrow(-2, b, b).narrow(-1, 0, b);
+    of_inverse.narrow(-2, b, b).narrow(-1, 0, b).copy_(-at::matmul(at::matmul(lower_right, lower_left), upper_left));
+  }
+  return inverse;
+}
 
 // [B, S, H, d] → [B, H, S, d] fp32, key heads repeated to the value heads.
 at::Tensor heads_first(const at::Tensor& x, int64_t value_heads) {
@@ -55,6 +82,8 @@ at::Tensor causal_conv(const at::Tensor& x, const at::Tensor& weight, const at::
 DeltaOutput chunked_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                const at::Tensor& g_in, const at::Tensor& beta_in, const at::Tensor& resets_in,
                                const at::Tensor& initial, int64_t chunk) {
+  if (chunk < 1 || (chunk & (chunk - 1)) != 0)
+    throw std::invalid_argument("chunked_delta_rule: chunk " + std::to_string(chunk) + " is not a power of two");
   const int64_t b = v_in.size(0), s = v_in.size(1), heads = v_in.size(2), dv = v_in.size(3), dk = k_in.size(3);
   const auto f32 = v_in.options().dtype(at::kFloat);
   at::Tensor q = l2norm(heads_first(q_in, heads)) * (1.0 / std::sqrt(static_cast<double>(dk)));  // [B, H, S, dk]
@@ -104,9 +133,9 @@ DeltaOutput chunked_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, c
   const at::Tensor decay = (running - before).to(at::kFloat);                  // [B, H, N, C], ≤ 0
 
   // From here on each fp32 [B, H, S, d] tensor is released once its last use
-  // is past, so that no more than five of them (and two of the [B, H, S, C]
-  // chunk matrices) are alive at once: the forward's peak is this function's
-  // (plan_hybrid_memory counts it so).
+  // is past, so that no more than five of them (and three of the
+  // [B, H, S, C] chunk matrices) are alive at once: the forward's peak is
+  // this function's (plan_hybrid_memory counts each stage's alive set).
   at::Tensor qc = chunked(q), kc = chunked(k);
   q.reset();
   k.reset();
@@ -117,16 +146,17 @@ DeltaOutput chunked_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, c
                         .exp();                                                // [B, H, N, C, C]
   at::Tensor new_values, k_cumdecay;
   {
-    // The UT transform: T = I + strictly-lower(diag(β) K Kᵀ ⊙ decay); the
-    // solve reads only the strictly lower part and takes the diagonal as 1.
+    // The UT transform: T = I + strictly-lower(diag(β) K Kᵀ ⊙ decay), its
+    // inverse applied to β·v and to the decayed β·k (transformers solves the
+    // same unitriangular systems; FLA forms the inverse too).
     const at::Tensor bc = chunked(beta).unsqueeze(-1);
     at::Tensor k_beta = kc * bc;
-    at::Tensor system = at::matmul(k_beta, kc.transpose(-1, -2)).mul_(pair);
+    at::Tensor inverse = unit_lower_inverse(at::matmul(k_beta, kc.transpose(-1, -2)).mul_(pair));
     at::Tensor v_beta = chunked(v).mul(bc);
     v.reset();
-    new_values = at::linalg_solve_triangular(system, v_beta, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+    new_values = at::matmul(inverse, v_beta);
     v_beta.reset();
-    k_cumdecay = at::linalg_solve_triangular(system, k_beta.mul_(reads_carried), false, true, true);
+    k_cumdecay = at::matmul(inverse, k_beta.mul_(reads_carried));
   }
   const at::Tensor intra = at::matmul(qc, kc.transpose(-1, -2)).mul_(pair);    // [B, H, N, C, C]
   pair.reset();

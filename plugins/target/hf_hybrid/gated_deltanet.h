@@ -37,8 +37,8 @@ struct DeltaOutput {
   at::Tensor states; // [B, S, Hv, dk, dv] fp32 after every token (recurrent form, when asked)
 };
 
-// The chunked form (prefill): chunks of `chunk` tokens, the UT transform's
-// triangular solve inside a chunk, one sequential step per chunk. q, k
+// The chunked form (prefill): chunks of `chunk` tokens (a power of two), the
+// UT transform's inverse inside a chunk, one sequential step per chunk. q, k
 // [B, S, Hk, dk]; v [B, S, Hv, dv]; g [B, S, Hv] (log decay, ≤ 0, fp32);
 // beta [B, S, Hv]; initial [B, Hv, dk, dv] fp32 or undefined (zeros).
 DeltaOutput chunked_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,

@@ -475,11 +475,15 @@ HybridMemory plan_hybrid_memory(const fs::path& dir, c10::ScalarType dtype, int6
   const double dk = static_cast<double>(c.linear_key_dim), dv = static_cast<double>(c.linear_value_dim);
   const double chunk = 64;  // gdn::chunked_delta_rule's default
   // - a linear layer: its normed input, the four projections, the conv
-  //   output, and the chunked delta rule's fp32 tensors at a triangular
-  //   solve (five of [Hv, d] per token and two [Hv, 64] chunk matrices;
-  //   gated_deltanet.cpp releases the rest as it goes);
+  //   output, and the chunked delta rule's fp32 tensors at the largest of
+  //   its three stages (forming the UT inverse: q, k, β·k, v and three
+  //   [Hv, 64] chunk matrices per token; applying it to β·v: q, k, β·k,
+  //   β·v, the new values and two chunk matrices; applying it to the
+  //   decayed β·k: q, k, β·k, the new values, its result and two chunk
+  //   matrices — gated_deltanet.cpp releases the rest as it goes);
   const double projected = conv_dim + vd + 2 * hv;
-  const double linear_work = e * (h + projected + conv_dim) + 4 * hv * (std::max(4 * dk + dv, 3 * dk + 2 * dv) + 2 * chunk);
+  const double rule = std::max({3 * dk + dv + 3 * chunk, 3 * dk + 2 * dv + 2 * chunk, 4 * dk + dv + 2 * chunk});
+  const double linear_work = e * (h + projected + conv_dim) + 4 * hv * rule;
   // - a full-attention layer: its normed input, the q/gate/k/v projection,
   //   q and k after norm and rotary, K/V repeated to every query head for
   //   SDPA, the attention output and its gated copy, an fp32 norm temporary,
