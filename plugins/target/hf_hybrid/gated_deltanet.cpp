@@ -63,20 +63,36 @@ at::Tensor heads_first(const at::Tensor& x, int64_t value_heads) {
 at::Tensor causal_conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& resets,
                        const at::Tensor& prefix) {
   const int64_t b = x.size(0), s = x.size(1), c = x.size(2), taps = weight.size(1);
-  at::Tensor window = prefix.defined() ? prefix.to(x.scalar_type())
-                                       : at::zeros({b, taps - 1, c}, x.options());
+  const at::Tensor window = prefix.defined() ? prefix.to(x.scalar_type()) : at::zeros({b, taps - 1, c}, x.options());
   const at::Tensor padded = at::cat({window, x}, 1);  // [B, K-1+S, C]
-  const at::Tensor in_document = position_in_document(resets, b, s, x.options());
-  const at::Tensor w = weight.to(at::kFloat);
-  at::Tensor acc = at::zeros({b, s, c}, x.options().dtype(at::kFloat));
-  for (int64_t j = 0; j < taps; ++j) {
-    // Tap j reads the input K-1-j tokens back: only inside the token's document.
-    const int64_t back = taps - 1 - j;
-    at::Tensor term = padded.narrow(1, j, s).to(at::kFloat) * w.select(1, j);
-    if (back > 0 && resets.defined()) term = term * in_document.ge(back).unsqueeze(-1).to(at::kFloat);
-    acc.add_(term);
+  // The whole rows through one depthwise conv1d, as transformers'
+  // causal_conv1d_fn runs it (its arithmetic, and cuDNN's speed on the GPU).
+  const std::vector<int64_t> one{1}, none{0};
+  at::Tensor out = at::conv1d(padded.transpose(1, 2), weight.unsqueeze(1), /*bias=*/at::Tensor(), at::IntArrayRef(one),
+                              /*padding=*/at::IntArrayRef(none), /*dilation=*/at::IntArrayRef(one), /*groups=*/c)
+                       .transpose(1, 2)
+                       .contiguous();
+  if (resets.defined()) {
+    // A document's first K-1 tokens must not read the document before them:
+    // only those tokens are recomputed, their window's taps from before the
+    // document dropped (summed in fp32 and rounded once, as conv1d does).
+    const at::Tensor in_document = position_in_document(resets, b, s, x.options());
+    const at::Tensor near_start = in_document.lt(taps - 1).logical_and(at::arange(s, in_document.options()).ge(taps - 1));
+    const at::Tensor where = near_start.nonzero();  // [M, 2] (row, token); a row's first tokens read the zero window
+    if (where.size(0) > 0) {
+      const at::Tensor row = where.select(1, 0), token = where.select(1, 1);
+      const at::Tensor tap = at::arange(taps, token.options());
+      // padded[row, token + j] is tap j's input for output `token`.
+      const at::Tensor inputs = padded.index({row.unsqueeze(1), token.unsqueeze(1) + tap});  // [M, K, C]
+      const at::Tensor kept = in_document.index({row, token}).unsqueeze(1).ge(taps - 1 - tap);  // [M, K]
+      const at::Tensor fixed = (inputs.to(at::kFloat) * weight.to(at::kFloat).t().unsqueeze(0) *
+                                kept.unsqueeze(-1).to(at::kFloat))
+                                   .sum(1)
+                                   .to(x.scalar_type());  // [M, C]
+      out.index_put_({row, token}, fixed);
+    }
   }
-  return at::silu(acc.to(x.scalar_type()));
+  return at::silu(out);
 }
 
 DeltaOutput chunked_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
