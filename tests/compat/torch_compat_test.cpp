@@ -35,6 +35,20 @@ TEST(TorchCompat, ScaledDotProductAttentionMatchesTheDefinition) {
                               reference_attention(causal_q, causal_k, causal_v, causal_mask), 1e-10, 1e-10));
 }
 
+// Grouped-query attention: query head h reads key/value head h / group
+// (consecutive query heads share one), with a mask and causal alike.
+TEST(TorchCompat, GroupedQueryAttentionMatchesRepeatedHeads) {
+  torch::manual_seed(1);
+  auto q = torch::randn({2, 6, 5, 8}, torch::kDouble);
+  auto k = torch::randn({2, 2, 5, 8}, torch::kDouble);
+  auto v = torch::randn({2, 2, 5, 4}, torch::kDouble);
+  auto upper = torch::ones({5, 5}, torch::kBool).triu(1);
+  auto mask = torch::zeros({5, 5}, torch::kDouble).masked_fill(upper, -std::numeric_limits<double>::infinity());
+  const auto expected = reference_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), mask);
+  EXPECT_TRUE(torch::allclose(dflash::compat::grouped_query_attention(q, k, v, mask, false), expected, 1e-10, 1e-10));
+  EXPECT_TRUE(torch::allclose(dflash::compat::grouped_query_attention(q, k, v, c10::nullopt, true), expected, 1e-10, 1e-10));
+}
+
 TEST(TorchCompat, VersionMacroAgreesWithTheHeader) {
   EXPECT_TRUE(DFLASH_TORCH_AT_LEAST(1, 13));
   EXPECT_FALSE(DFLASH_TORCH_AT_LEAST(TORCH_VERSION_MAJOR + 1, 0));

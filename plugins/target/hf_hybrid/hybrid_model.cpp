@@ -76,15 +76,12 @@ at::Tensor finish_full(const FullAttentionWeights& w, const at::Tensor& attentio
   return at::linear(attention * at::sigmoid(gate), w.o);
 }
 
-// SDPA over [B, heads, S, hd] queries with keys and values of kv_heads heads
-// repeated to every query head, as transformers' repeat_kv.
-at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const c10::optional<at::Tensor>& mask, bool causal) {
-  const int64_t group = q.size(1) / k.size(1);
-  if (group > 1) {
-    k = k.repeat_interleave(group, 1);
-    v = v.repeat_interleave(group, 1);
-  }
-  return compat::scaled_dot_product_attention(q, k, v, mask, causal);
+// SDPA over [B, heads, S, hd] queries with keys and values of kv_heads heads,
+// each serving heads / kv_heads consecutive query heads (transformers'
+// repeat_kv; compat passes enable_gqa where LibTorch has it).
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
+                  bool causal) {
+  return compat::grouped_query_attention(q, k, v, mask, causal);
 }
 
 // A Gated DeltaNet layer on normed input h [B, S, H]. window [B, K-1, C]:

@@ -51,4 +51,21 @@ inline at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at
 #endif
 }
 
+// The same for grouped-query attention: key and value [.., kv_heads, S, d]
+// with fewer heads than the query [.., heads, S, d], each serving
+// heads / kv_heads consecutive query heads. 2.5+ passes enable_gqa (no copy
+// of K and V); before, K and V are repeated per query head.
+inline at::Tensor grouped_query_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                          const c10::optional<at::Tensor>& attn_mask, bool is_causal) {
+  const int64_t group = query.size(-3) / key.size(-3);
+  if (group == 1) return scaled_dot_product_attention(query, key, value, attn_mask, is_causal);
+#if DFLASH_TORCH_AT_LEAST(2, 5)
+  return at::scaled_dot_product_attention(query, key, value, attn_mask, 0.0, is_causal, c10::nullopt,
+                                          /*enable_gqa=*/true);
+#else
+  return scaled_dot_product_attention(query, key.repeat_interleave(group, -3), value.repeat_interleave(group, -3),
+                                      attn_mask, is_causal);
+#endif
+}
+
 }  // namespace dflash::compat
