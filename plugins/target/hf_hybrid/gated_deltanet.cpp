@@ -200,8 +200,7 @@ DeltaOutput chunked_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, c
 }
 
 DeltaOutput recurrent_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                                 const at::Tensor& g_in, const at::Tensor& beta_in, const at::Tensor& initial,
-                                 bool keep_states) {
+                                 const at::Tensor& g_in, const at::Tensor& beta_in, const at::Tensor& initial) {
   const int64_t b = v_in.size(0), s = v_in.size(1), heads = v_in.size(2), dv = v_in.size(3), dk = k_in.size(3);
   const auto f32 = v_in.options().dtype(at::kFloat);
   const at::Tensor q = l2norm(heads_first(q_in, heads)) / std::sqrt(static_cast<double>(dk));
@@ -212,7 +211,6 @@ DeltaOutput recurrent_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in,
   at::Tensor state = initial.defined() ? initial.to(f32).clone() : at::zeros({b, heads, dk, dv}, f32);
   at::Tensor out = at::empty({b, heads, s, dv}, f32);
   DeltaOutput result;
-  if (keep_states) result.states = at::empty({b, s, heads, dk, dv}, f32);
   // The same operations as transformers' recurrent form, in the same order.
   for (int64_t t = 0; t < s; ++t) {
     const at::Tensor q_t = q.select(2, t), k_t = k.select(2, t), v_t = v.select(2, t);
@@ -221,7 +219,6 @@ DeltaOutput recurrent_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in,
     const at::Tensor delta = (v_t - memory) * beta.select(2, t).unsqueeze(-1);
     state = state + k_t.unsqueeze(-1) * delta.unsqueeze(-2);
     out.select(2, t).copy_((state * q_t.unsqueeze(-1)).sum(-2));
-    if (keep_states) result.states.select(1, t).copy_(state);
   }
   result.out = out.transpose(1, 2).to(v_in.scalar_type()).contiguous();
   result.state = state;

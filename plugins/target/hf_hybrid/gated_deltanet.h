@@ -34,7 +34,6 @@ at::Tensor causal_conv(const at::Tensor& x, const at::Tensor& weight, const at::
 struct DeltaOutput {
   at::Tensor out;    // [B, S, Hv, dv] in v's dtype
   at::Tensor state;  // [B, Hv, dk, dv] fp32: the state after each row's last token
-  at::Tensor states; // [B, S, Hv, dk, dv] fp32 after every token (recurrent form, when asked)
 };
 
 // The chunked form (prefill): chunks of `chunk` tokens (a power of two), the
@@ -45,10 +44,13 @@ DeltaOutput chunked_delta_rule(const at::Tensor& q, const at::Tensor& k, const a
                                const at::Tensor& beta, const at::Tensor& resets, const at::Tensor& initial,
                                int64_t chunk = 64);
 
-// The recurrent form (decoding steps): token by token, no resets. With
-// keep_states, `states` holds the state after every token, so a session can
-// be cut back to any token of its last step.
+// The recurrent form (decoding steps): token by token, no resets. Each
+// token's state depends only on the state before it and its own inputs, so
+// replaying a step's first t tokens from the state before the step gives the
+// state the step had after token t (the same operations; bitwise on the
+// CPU, where a reduction does not split by the batch's shape): a session is
+// cut back that way (hybrid_model.cpp), keeping a step's inputs, not its states.
 DeltaOutput recurrent_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                                 const at::Tensor& beta, const at::Tensor& initial, bool keep_states);
+                                 const at::Tensor& beta, const at::Tensor& initial);
 
 }  // namespace dflash::target::gdn

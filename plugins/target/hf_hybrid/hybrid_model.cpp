@@ -88,9 +88,13 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 // the conv inputs before the rows (undefined: zeros); initial [B, Hv, dk, dv]
 // (undefined: zeros). With keep_inputs (decoding), `inputs` receives
 // [B, K-1+S, C], the conv window followed by the step's own conv inputs.
+struct RuleInputs {  // the delta rule's inputs: q, k [.., Hk, dk], v [.., Hv, dv], g, β [.., Hv]
+  at::Tensor q, k, v, g, beta;
+};
 struct LinearResult {
   at::Tensor out;     // [B, S, H]
   at::Tensor inputs;  // [B, K-1+S, C]
+  RuleInputs rule;    // [B, S, ...], with keep_inputs
   gdn::DeltaOutput delta;
 };
 LinearResult linear_attention(const HybridConfig& c, const LinearAttentionWeights& w, const at::Tensor& h,
@@ -113,8 +117,9 @@ LinearResult linear_attention(const HybridConfig& c, const LinearAttentionWeight
   const at::Tensor q = mixed.narrow(2, 0, c.key_dim()).view({b, s, hk, dk});
   const at::Tensor k = mixed.narrow(2, c.key_dim(), c.key_dim()).view({b, s, hk, dk});
   const at::Tensor v = mixed.narrow(2, 2 * c.key_dim(), vd).view({b, s, hv, dv});
-  r.delta = recurrent ? gdn::recurrent_delta_rule(q, k, v, g, beta, initial, /*keep_states=*/true)
+  r.delta = recurrent ? gdn::recurrent_delta_rule(q, k, v, g, beta, initial)
                       : gdn::chunked_delta_rule(q, k, v, g, beta, resets, initial);
+  if (keep_inputs) r.rule = {q, k, v, g, beta};
   // The gated RMSNorm per value head: w · x̂ rounded to the dtype, times
   // SiLU(z) in fp32, rounded again (transformers' Qwen3_5RMSNormGated).
   const at::Tensor core = r.delta.out.to(at::kFloat);
@@ -130,14 +135,19 @@ bool has_full_attention(const HybridConfig& c) { return c.count(Mixer::kFullAtte
 
 // Per session, for each linear layer: the conv window (the last K-1 conv
 // inputs) and the recurrent state; and the last extend's record, from which
-// truncate restores any length inside that step.
+// truncate restores any length inside that step: the window before it and
+// the step's conv inputs, the state before it, and (a recurrent step) the
+// delta rule's inputs, replayed from that state up to the cut — a few KB a
+// token where the states themselves would be Hv·dk·dv·4 bytes (3 MiB at
+// Qwen3.6-27B's shape) a token and layer.
 struct HybridModel::SessionStates {
   std::vector<at::Tensor> window;  // [K-1, C] in the model's dtype
   std::vector<at::Tensor> state;   // [Hv, dk, dv] fp32
   int64_t step_start = 0, step_tokens = 0;
+  bool step_replayable = true;          // a recurrent step (or none yet); a chunked one keeps only its start
   std::vector<at::Tensor> step_inputs;  // [K-1+n, C]: the window before the step, then its inputs
   std::vector<at::Tensor> step_before;  // the state before the step
-  std::vector<at::Tensor> step_states;  // [n, Hv, dk, dv] after each token; undefined for a chunked step
+  std::vector<RuleInputs> step_rule;    // [1, n, ...]: the delta rule's inputs of a recurrent step
 };
 
 HybridModel::HybridModel(const fs::path& dir, c10::ScalarType dtype, c10::Device device)
@@ -282,7 +292,7 @@ int64_t HybridModel::begin(int64_t capacity) {
   }
   st.step_inputs = st.window;
   st.step_before = st.state;
-  st.step_states.assign(st.state.size(), at::Tensor());
+  st.step_rule.assign(st.state.size(), RuleInputs{});
   states_[id] = std::move(st);
   return id;
 }
@@ -302,7 +312,7 @@ void HybridModel::truncate(int64_t session, int64_t length) {
   if (length == s.length) return;
   SessionStates& st = states_.at(session);
   const int64_t first = st.step_start, kept = length - first, taps = config_.conv_kernel - 1;
-  const bool chunked_step = !st.state.empty() && !st.step_states.front().defined();
+  const bool chunked_step = !st.step_replayable;
   if (!st.state.empty() && (kept < 0 || (kept > 0 && chunked_step)))
     throw std::invalid_argument(
         "decode_truncate: session " + std::to_string(session) + ": the linear-attention layers keep their state only "
@@ -312,9 +322,18 @@ void HybridModel::truncate(int64_t session, int64_t length) {
         "); cutting back to " + std::to_string(length) + " would need a state that is gone. Truncate only into the "
         "block just verified, or start a new session");
   for (size_t l = 0; l < st.state.size(); ++l) {
-    st.state[l] = kept == 0 ? st.step_before[l] : st.step_states[l].select(0, kept - 1);
+    RuleInputs& in = st.step_rule[l];
+    if (kept == 0) {
+      st.state[l] = st.step_before[l];
+    } else {
+      // The step's first `kept` tokens again, from the state before it: the
+      // same operations in the same order (gated_deltanet.h).
+      auto first_kept = [&](at::Tensor& t) { t = t.narrow(1, 0, kept); };
+      for (at::Tensor* t : {&in.q, &in.k, &in.v, &in.g, &in.beta}) first_kept(*t);
+      st.state[l] = gdn::recurrent_delta_rule(in.q, in.k, in.v, in.g, in.beta, st.step_before[l].unsqueeze(0))
+                        .state.squeeze(0);
+    }
     st.window[l] = st.step_inputs[l].narrow(0, kept, taps);
-    if (st.step_states[l].defined()) st.step_states[l] = st.step_states[l].narrow(0, 0, kept);
     st.step_inputs[l] = st.step_inputs[l].narrow(0, 0, taps + kept);
   }
   st.step_tokens = kept;
@@ -430,11 +449,14 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
     SessionStates& st = states_.at(ids[static_cast<size_t>(i)]);
     st.step_start = sessions[static_cast<size_t>(i)]->length;
     st.step_tokens = n;
+    st.step_replayable = recurrent;
     for (size_t l = 0; l < linear_results.size(); ++l) {
       const LinearResult& r = linear_results[l];
       st.step_before[l] = st.state[l];
       st.step_inputs[l] = r.inputs.select(0, i).clone();
-      st.step_states[l] = r.delta.states.defined() ? r.delta.states.select(0, i).clone() : at::Tensor();
+      auto own = [&](const at::Tensor& t) { return t.narrow(0, i, 1).clone(); };  // [1, n, ...]
+      st.step_rule[l] = recurrent ? RuleInputs{own(r.rule.q), own(r.rule.k), own(r.rule.v), own(r.rule.g), own(r.rule.beta)}
+                                  : RuleInputs{};
       st.state[l] = r.delta.state.select(0, i).clone();
       st.window[l] = st.step_inputs[l].narrow(0, n, taps);
     }
