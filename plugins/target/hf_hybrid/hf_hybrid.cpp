@@ -7,6 +7,7 @@
 //
 // "hidden.<i>" is the output of decoder layer i (0-based, counting every
 // layer, linear and full alike) — Hugging Face's hidden_states[i + 1].
+#include "hybrid_memory.h"
 #include "hybrid_model.h"
 
 #include <plugin_errors.h>

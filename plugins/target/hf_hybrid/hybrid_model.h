@@ -63,18 +63,6 @@ struct HybridOutputs {
 // Which logits a decoding step returns.
 enum class HybridLogits { kNone, kAll, kLast };
 
-// What the model would hold on its device, from config.json and the
-// checkpoint's headers alone (nothing is loaded).
-struct HybridMemory {
-  HybridConfig config;
-  uint64_t weight_bytes = 0;
-  uint64_t forward_bytes = 0;        // one forward over [rows, row_length], hidden states returned not counted
-  uint64_t state_bytes_per_session = 0;  // a decoding session's conv + recurrent states (fp32)
-  uint64_t kv_bytes_per_token = 0;       // its KV cache, per token, over the full-attention layers
-};
-HybridMemory plan_hybrid_memory(const std::filesystem::path& model_dir, c10::ScalarType dtype, int64_t rows,
-                                int64_t row_length);
-
 class HybridModel {
  public:
   // Reads config.json and the safetensors (one file or an index's shards);
