@@ -109,14 +109,26 @@ def main():
         torch.cuda.empty_cache()
 
     # The gated delta rule alone, one layer's worth: q, k [B, S, 16, 128], v [B, S, 48, 128].
+    # transformers' torch rule takes as many q/k heads as v heads: its layer
+    # (Qwen3_5GatedDeltaNet.forward) repeats q and k to the value heads first,
+    # q.repeat_interleave(num_v_heads // num_k_heads, dim=2), so the torch arm
+    # does the same, inside the timed call as in the layer. FLA's kernel (and
+    # our rule) take the 16 key heads as they are.
     b, s, hk, hv, d = args.batch, args.seq, 16, 48, 128
     q = torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(b, s, hv, d, device="cuda", dtype=torch.bfloat16)
     g = -torch.rand(b, s, hv, device="cuda", dtype=torch.float32) * 0.5
     beta = torch.rand(b, s, hv, device="cuda", dtype=torch.bfloat16)
-    arms = [("delta rule: transformers torch_chunk_gated_delta_rule",
-             lambda: qwen.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True))]
+
+    def torch_rule():
+        query, key = q, k
+        if hv // hk > 1:  # as the layer does before calling the rule
+            query = query.repeat_interleave(hv // hk, dim=2)
+            key = key.repeat_interleave(hv // hk, dim=2)
+        return qwen.torch_chunk_gated_delta_rule(query, key, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+
+    arms = [("delta rule: transformers torch_chunk_gated_delta_rule", torch_rule)]
     if fla_chunk:
         arms.append(("delta rule: fla chunk_gated_delta_rule",
                      lambda: fla_chunk(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)))

@@ -25,7 +25,8 @@ fi
   if [ -d .ref/fla_pkg/fla ]; then
     python3 bench/hybrid_forward_transformers.py --fla "$root/.ref/fla_pkg" 2>&1 | grep -v -i warn
   fi
-  "$build/bin/hybrid_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$model" --json "$out/ours.jsonl"
+  "$build/bin/hybrid_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$model" --json "$out/ours.jsonl" \
+    --profile "${PROFILE:-0}"
   "$build/bin/hybrid_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$model" --documents 4 \
     --json "$out/ours_packed.jsonl"
 } 2>&1 | tee "$out/bench.txt"

@@ -679,9 +679,18 @@ TEST(PlanCommand, TheSeedsCaseWithItsRealHybridTarget) {
   EXPECT_EQ(line(target, "target weights (64 layers: 48 linear, 16 full attention; bfloat16)"), 2 * bf16 + 4 * fp32)
       << target.dump(1);
   EXPECT_NEAR(static_cast<double>(bf16), 26.9e9, 0.05e9) << "Qwen3.6-27B's parameter count";
-  // The forward's working memory: a Gated DeltaNet layer's, the largest
-  // (16 rows of 4,096 tokens per target forward).
-  const int64_t per_token = 2 * 2 * h + 2 * (h + 16480 + 10240) + 4 * 48 * (5 * 128 + 2 * 64);
+  // The forward's working memory (16 rows of 4,096 tokens per target
+  // forward; bf16 on CUDA, so the delta rule, the norms and SwiGLU run in
+  // CUDA kernels): the largest stage is a full-attention layer's — its
+  // input, q/gate/k/v, five [tokens, 24 × 256] tensors, the document mask's
+  // row, an fp32 norm temporary — above a Gated DeltaNet layer's (input,
+  // projections, conv output, the kernels' workspace, g and β in fp32, the
+  // rule's output) and the MLP's (input, gate_up, SwiGLU).
+  const int64_t full_stage = 2 * (h + (2 * 24 + 2 * 4) * 256 + 5 * 24 * 256 + 4096) + 4 * 24 * 256;
+  const int64_t linear_stage = 2 * (h + 16480 + 10240) + 2 * 48 * (128 + 128 + 64) + 8 * 48 + 2 * 48 * 128;
+  const int64_t mlp_stage = 2 * (h + 3 * inter);
+  ASSERT_GT(full_stage, std::max(linear_stage, mlp_stage));
+  const int64_t per_token = 2 * 2 * h + full_stage;
   EXPECT_EQ(line(target, "target forward working memory"), int64_t{65536} * per_token);
   // The plugin's facts, with the plan: what decoding keeps per session (the
   // linear layers' fp32 states and conv windows, whatever the length) and

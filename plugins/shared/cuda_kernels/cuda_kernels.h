@@ -74,6 +74,18 @@ void swiglu_backward(Element element, const void* gate_up, const void* d_out, vo
 // out[r, j] = round(silu(gate_up[r, j])) · gate_up[r, width + j] for j < width.
 void swiglu(Element element, const void* gate_up, void* out, int64_t rows, int64_t width, cudaStream_t stream);
 
+// ---- The Qwen3.5 / Qwen3.6 layers' norms (hybrid_norms.cu) ------------------
+// out[r, :] = round(x[r, :] · rsqrt(mean(x[r, :]²) + eps) · scale), formed in
+// fp32 and rounded once: the (1 + w) RMSNorm (scale = 1 + w, fp32 [width]).
+void rms_norm_scaled(Element element, const void* x, const float* scale, void* out, int64_t rows, int64_t width,
+                     float eps, cudaStream_t stream);
+// The gated RMSNorm after Gated DeltaNet's delta rule: for row r (token
+// r / heads, head r % heads) of x [rows, width] contiguous, with gate row
+// gate + (r / heads)·gate_stride + (r % heads)·width:
+// out[r, :] = round(round(weight ⊙ round(x̂)) · SiLU(gate)), x̂ and SiLU in fp32.
+void gated_rms_norm(Element element, const void* x, const void* gate, const void* weight, void* out, int64_t rows,
+                    int64_t heads, int64_t width, int64_t gate_stride, float eps, cudaStream_t stream);
+
 // Row-invariant kernels of exact decoding (hf_decoder's `exact_decoding`):
 // each output row is computed by the same instructions in the same order
 // whatever the number of rows in the call, so a token's result in a

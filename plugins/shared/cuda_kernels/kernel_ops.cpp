@@ -1,6 +1,7 @@
 #include "kernel_ops.h"
 
 #include <stdexcept>
+#include <string>
 
 #if DFLASH_CUDA_KERNELS
 #include "block_attention.h"
@@ -99,6 +100,35 @@ at::Tensor swiglu(const at::Tensor& gate_up_in) {
   const int64_t width = gate_up.size(-1) / 2, rows = gate_up.numel() / gate_up.size(-1);
   at::Tensor out = at::empty({rows, width}, gate_up.options());
   cuda_kernels::swiglu(element_of(gate_up), gate_up.data_ptr(), out.data_ptr(), rows, width, stream_of(gate_up));
+  return out;
+}
+
+at::Tensor rms_norm_scaled(const at::Tensor& x_in, const at::Tensor& scale_in, double eps) {
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous(), scale = scale_in.to(at::kFloat).contiguous();
+  const int64_t width = x.size(-1);
+  if (scale.numel() != width)
+    throw std::invalid_argument("rms_norm_scaled: scale has " + std::to_string(scale.numel()) + " entries for rows of " +
+                                std::to_string(width));
+  at::Tensor out = at::empty_like(x);
+  cuda_kernels::rms_norm_scaled(element_of(x), x.data_ptr(), scale.data_ptr<float>(), out.data_ptr(), x.numel() / width,
+                                width, static_cast<float>(eps), stream_of(x));
+  return out;
+}
+
+at::Tensor gated_rms_norm(const at::Tensor& x_in, const at::Tensor& gate_in, const at::Tensor& weight_in, double eps) {
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  const int64_t tokens = x.size(0), heads = x.size(1), width = x.size(2);
+  at::Tensor gate = gate_in.to(x.scalar_type());
+  if (gate.dim() != 2 || gate.size(0) != tokens || gate.size(1) != heads * width)
+    throw std::invalid_argument("gated_rms_norm: gate " + c10::str(gate.sizes()) + " is not [" + std::to_string(tokens) +
+                                ", " + std::to_string(heads * width) + "]");
+  if (gate.stride(1) != 1) gate = gate.contiguous();
+  const at::Tensor weight = weight_in.to(x.scalar_type()).contiguous();
+  at::Tensor out = at::empty({tokens, heads * width}, x.options());
+  cuda_kernels::gated_rms_norm(element_of(x), x.data_ptr(), gate.data_ptr(), weight.data_ptr(), out.data_ptr(),
+                               tokens * heads, heads, width, gate.stride(0), static_cast<float>(eps), stream_of(x));
   return out;
 }
 
@@ -323,6 +353,8 @@ at::Tensor qk_norm_rope_into_cache(const at::Tensor&, const at::Tensor&, const a
   unavailable();
 }
 at::Tensor swiglu(const at::Tensor&) { unavailable(); }
+at::Tensor rms_norm_scaled(const at::Tensor&, const at::Tensor&, double) { unavailable(); }
+at::Tensor gated_rms_norm(const at::Tensor&, const at::Tensor&, const at::Tensor&, double) { unavailable(); }
 NormForward rms_norm_with_rstd(const at::Tensor&, const at::Tensor&, double) { unavailable(); }
 NormBackward rms_norm_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
 NormForward head_norm_rope(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {

@@ -51,6 +51,14 @@ at::Tensor qk_norm_rope_into_cache(const at::Tensor& qkv, const at::Tensor& q_no
 // gate_up [rows, 2·width] → silu(gate) ⊙ up [rows, width].
 at::Tensor swiglu(const at::Tensor& gate_up);
 
+// x [..., width] → round(x̂ · scale), scale the fp32 (1 + w) [width] of a
+// Qwen3.5 RMSNorm; x's shape and dtype.
+at::Tensor rms_norm_scaled(const at::Tensor& x, const at::Tensor& scale, double eps);
+// Gated DeltaNet's output norm: x [tokens, heads, width] and gate [tokens,
+// heads·width] (its rows may be strided: a view into the projection; the
+// last dimension contiguous), weight [width] → [tokens, heads·width].
+at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight, double eps);
+
 // ---- Training (the dflash drafter's layers; trainable_ops.h wraps them in
 // autograd): forwards that also return what their backward needs, and the
 // backwards. Inputs are made contiguous; weights are the activations' dtype.

@@ -95,12 +95,25 @@ at::Tensor causal_conv(const at::Tensor& x, const at::Tensor& weight, const at::
   return at::silu(out);
 }
 
+bool kernels_take(const at::Tensor& like, int64_t key_heads, int64_t value_heads, int64_t dk, int64_t dv,
+                  int64_t chunk) {
+  return chunk == kernel_ops::kDeltaRuleChunk && kernel_ops::delta_rule_fits(like, key_heads, value_heads, dk, dv);
+}
+
 DeltaOutput chunked_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                const at::Tensor& g_in, const at::Tensor& beta_in, const at::Tensor& resets_in,
-                               const at::Tensor& initial, int64_t chunk) {
+                               const at::Tensor& initial, int64_t chunk, const kernel_ops::DeltaChunkPlan* plan,
+                               bool reference) {
   if (chunk < 1 || (chunk & (chunk - 1)) != 0)
     throw std::invalid_argument("chunked_delta_rule: chunk " + std::to_string(chunk) + " is not a power of two");
   const int64_t b = v_in.size(0), s = v_in.size(1), heads = v_in.size(2), dv = v_in.size(3), dk = k_in.size(3);
+  if (!reference && kernels_take(v_in, k_in.size(2), heads, dk, dv, chunk)) {
+    const kernel_ops::DeltaChunkPlan own = plan != nullptr ? kernel_ops::DeltaChunkPlan{}
+                                                           : kernel_ops::plan_delta_chunks(resets_in, b, s, v_in.device());
+    kernel_ops::DeltaRuleResult r =
+        kernel_ops::chunked_gated_delta_rule(q_in, k_in, v_in, g_in, beta_in, initial, plan != nullptr ? *plan : own);
+    return DeltaOutput{std::move(r.out), std::move(r.state)};
+  }
   const auto f32 = v_in.options().dtype(at::kFloat);
   at::Tensor q = l2norm(heads_first(q_in, heads)) * (1.0 / std::sqrt(static_cast<double>(dk)));  // [B, H, S, dk]
   at::Tensor k = l2norm(heads_first(k_in, heads));

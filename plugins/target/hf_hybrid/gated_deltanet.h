@@ -13,6 +13,8 @@
 // torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule compute it.
 #pragma once
 
+#include <delta_rule_ops.h>
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -40,9 +42,20 @@ struct DeltaOutput {
 // UT transform's inverse inside a chunk, one sequential step per chunk. q, k
 // [B, S, Hk, dk]; v [B, S, Hv, dv]; g [B, S, Hv] (log decay, ≤ 0, fp32);
 // beta [B, S, Hv]; initial [B, Hv, dk, dv] fp32 or undefined (zeros).
+//
+// Where the CUDA kernels take the layer (kernel_ops::delta_rule_fits: bf16 /
+// fp16 on CUDA, 64-token chunks) they run it, over `plan` — the rows'
+// documents as chunks, plan_delta_chunks(resets, ...) on v's device, built
+// once a forward (it reads resets on the host); null: built here. Elsewhere
+// (the CPU, fp32, or `reference`) the ATen form below runs, in fp32.
 DeltaOutput chunked_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                                const at::Tensor& beta, const at::Tensor& resets, const at::Tensor& initial,
-                               int64_t chunk = 64);
+                               int64_t chunk = 64, const kernel_ops::DeltaChunkPlan* plan = nullptr,
+                               bool reference = false);
+
+// Whether chunked_delta_rule runs the CUDA kernels for these activations.
+bool kernels_take(const at::Tensor& like, int64_t key_heads, int64_t value_heads, int64_t dk, int64_t dv,
+                  int64_t chunk = 64);
 
 // The recurrent form (decoding steps): token by token, no resets. Each
 // token's state depends only on the state before it and its own inputs, so

@@ -75,7 +75,8 @@ class HfHybridTarget : public sdk::TargetModel {
     const std::string path = config.at("path").get<std::string>();
     const target::HybridMemory m = load_errors_as_not_found([&] {
       return target::plan_hybrid_memory(path, sdk::parse_dtype(weights_dtype), request.context().value("rows", int64_t{1}),
-                                        request.context().value("row_length", int64_t{1}));
+                                        request.context().value("row_length", int64_t{1}),
+                                        request.device().rfind("cuda", 0) == 0);
     });
     const target::HybridConfig& c = m.config;
     sdk::MemoryPlan plan;

@@ -4,11 +4,13 @@
 #include <dflash/sdk/memory_plan.hpp>
 
 #include <algorithm>
+#include <cmath>
 
 namespace dflash::target {
 namespace fs = std::filesystem;
 
-HybridMemory plan_hybrid_memory(const fs::path& dir, c10::ScalarType dtype, int64_t rows, int64_t row_length) {
+HybridMemory plan_hybrid_memory(const fs::path& dir, c10::ScalarType dtype, int64_t rows, int64_t row_length,
+                                bool on_cuda) {
   HybridMemory m;
   m.config = read_hybrid_config(dir / "config.json");
   const HybridConfig& c = m.config;
@@ -36,16 +38,31 @@ HybridMemory plan_hybrid_memory(const fs::path& dir, c10::ScalarType dtype, int6
   const double tokens = static_cast<double>(rows) * static_cast<double>(row_length);
   const double dk = static_cast<double>(c.linear_key_dim), dv = static_cast<double>(c.linear_value_dim);
   const double chunk = 64;  // gdn::chunked_delta_rule's default
-  // - a linear layer: its normed input, the four projections, the conv
-  //   output, and the chunked delta rule's fp32 tensors at the largest of
-  //   its three stages (forming the UT inverse: q, k, β·k, v and three
-  //   [Hv, 64] chunk matrices per token; applying it to β·v: q, k, β·k,
-  //   β·v, the new values and two chunk matrices; applying it to the
-  //   decayed β·k: q, k, β·k, the new values, its result and two chunk
-  //   matrices — gated_deltanet.cpp releases the rest as it goes);
+  // - a linear layer: its normed input, the four projections and the conv
+  //   output, with the larger of two stages on top:
+  //   the delta rule — in the ATen form, its fp32 tensors at the largest of
+  //     its three stages (forming the UT inverse: q, k, β·k, v and three
+  //     [Hv, 64] chunk matrices per token; applying it to β·v: q, k, β·k,
+  //     β·v, the new values and two chunk matrices; applying it to the
+  //     decayed β·k: q, k, β·k, the new values, its result and two chunk
+  //     matrices — gated_deltanet.cpp releases the rest as it goes); in the
+  //     CUDA kernels (16-bit on CUDA, head dims ≤ 128), their workspace (w,
+  //     u and the 64 × 64 intra-chunk matrix, 16-bit, head dims padded to
+  //     16), g and β in fp32 and the output;
+  //   the gated RMSNorm after it — the rule's output and the result; in
+  //     ATen also its fp32 copy and square, the normalised product, SiLU(z)
+  //     in fp32 and their product.
+  // (16-bit on CUDA runs the norms and SwiGLU in CUDA kernels too: no fp32
+  // temporaries.)
+  const bool kernels = on_cuda && e == 2;
   const double projected = conv_dim + vd + 2 * hv;
-  const double rule = std::max({3 * dk + dv + 3 * chunk, 3 * dk + 2 * dv + 2 * chunk, 4 * dk + dv + 2 * chunk});
-  const double linear_work = e * (h + projected + conv_dim) + 4 * hv * rule;
+  const auto pad16 = [](double d) { return std::ceil(d / 16) * 16; };
+  const bool rule_kernels = kernels && dk <= 128 && dv <= 128;
+  const double rule =
+      rule_kernels ? 2 * hv * (pad16(dk) + pad16(dv) + chunk) + 8 * hv + e * vd
+                   : 4 * hv * std::max({3 * dk + dv + 3 * chunk, 3 * dk + 2 * dv + 2 * chunk, 4 * dk + dv + 2 * chunk});
+  const double gated_norm = kernels ? 2 * e * vd : e * vd + 4 * 2 * vd + e * vd + 4 * 2 * vd + e * vd;
+  const double linear_work = e * (h + projected + conv_dim) + std::max(rule, gated_norm);
   // - a full-attention layer: its normed input, the q/gate/k/v projection,
   //   q and k after norm and rotary, K/V repeated to every query head for
   //   SDPA, the attention output and its gated copy, an fp32 norm temporary,
@@ -53,14 +70,14 @@ HybridMemory plan_hybrid_memory(const fs::path& dir, c10::ScalarType dtype, int6
   const double full_work = e * (h + (2 * heads + 2 * kv) * hd + 5 * heads * hd + static_cast<double>(row_length)) +
                            4 * heads * hd;
   // - the MLP: its normed input and, dense, gate_up, SiLU(gate) and the
-  //   product (4 I); MoE, each token's k routed copies and their expert
+  //   product (4 I; 3 I with the SwiGLU kernel); MoE, each token's k routed copies and their expert
   //   outputs (2 k H), the busiest expert's gate_up and product (at most
   //   3 k I), and the shared expert (3 S).
   const double k = static_cast<double>(c.moe.top_k);
   const double mlp_work =
       c.is_moe() ? e * (h + 2 * k * h + 3 * k * static_cast<double>(c.moe.intermediate) +
                         3 * static_cast<double>(c.moe.shared_intermediate))
-                 : e * (h + 4 * static_cast<double>(c.intermediate_size));
+                 : e * (h + (kernels ? 3 : 4) * static_cast<double>(c.intermediate_size));
   m.forward_bytes = sdk::MemoryPlan::saturated_bytes(
       tokens * (2 * e * h + std::max({linear_layers > 0 ? linear_work : 0.0, full_layers > 0 ? full_work : 0.0, mlp_work})));
   m.state_bytes_per_session = sdk::MemoryPlan::saturated_bytes(

@@ -3,6 +3,7 @@
 #include "gated_deltanet.h"
 
 #include <checkpoint.h>
+#include <kernel_ops.h>
 #include <packed_rows.h>
 #include <dflash/sdk/torch_compat.hpp>
 
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 namespace dflash::target {
@@ -27,6 +29,7 @@ constexpr int64_t kRecurrentMaxTokens = 64;
 // transformers' Qwen3_5RMSNorm: x̂ · (1 + w) in fp32, then rounded to x's
 // dtype. scale is the fp32 (1 + w).
 at::Tensor norm_1p(const at::Tensor& x, const at::Tensor& scale, double eps) {
+  if (kernel_ops::runs_on(x)) return kernel_ops::rms_norm_scaled(x, scale, eps);  // the same, in one pass
   const at::Tensor f = x.to(at::kFloat);
   return (f * at::rsqrt(f.pow(2).mean(-1, true) + eps) * scale).to(x.scalar_type());
 }
@@ -98,7 +101,7 @@ struct LinearResult {
 };
 LinearResult linear_attention(const HybridConfig& c, const LinearAttentionWeights& w, const at::Tensor& h,
                               const at::Tensor& resets, const at::Tensor& window, const at::Tensor& initial,
-                              bool recurrent, bool keep_inputs) {
+                              bool recurrent, bool keep_inputs, const kernel_ops::DeltaChunkPlan* plan = nullptr) {
   const int64_t b = h.size(0), s = h.size(1), conv_dim = c.conv_dim(), vd = c.value_dim();
   const int64_t hv = c.linear_value_heads, hk = c.linear_key_heads, dk = c.linear_key_dim, dv = c.linear_value_dim;
   const at::Tensor projected = at::linear(h, w.in_proj);  // [B, S, conv_dim + vd + 2 Hv]
@@ -117,13 +120,18 @@ LinearResult linear_attention(const HybridConfig& c, const LinearAttentionWeight
   const at::Tensor k = mixed.narrow(2, c.key_dim(), c.key_dim()).view({b, s, hk, dk});
   const at::Tensor v = mixed.narrow(2, 2 * c.key_dim(), vd).view({b, s, hv, dv});
   r.delta = recurrent ? gdn::recurrent_delta_rule(q, k, v, g, beta, initial)
-                      : gdn::chunked_delta_rule(q, k, v, g, beta, resets, initial);
+                      : gdn::chunked_delta_rule(q, k, v, g, beta, resets, initial, kernel_ops::kDeltaRuleChunk, plan);
   if (keep_inputs) r.rule = {q, k, v, g, beta};
   // The gated RMSNorm per value head: w · x̂ rounded to the dtype, times
   // SiLU(z) in fp32, rounded again (transformers' Qwen3_5RMSNormGated).
-  const at::Tensor core = r.delta.out.to(at::kFloat);
-  const at::Tensor normed = w.norm * (core * at::rsqrt(core.pow(2).mean(-1, true) + c.rms_norm_eps)).to(h.scalar_type());
-  const at::Tensor gated = (normed * at::silu(z.view({b, s, hv, dv}).to(at::kFloat))).to(h.scalar_type());
+  at::Tensor gated;
+  if (kernel_ops::runs_on(r.delta.out)) {
+    gated = kernel_ops::gated_rms_norm(r.delta.out.view({b * s, hv, dv}), z.reshape({b * s, vd}), w.norm, c.rms_norm_eps);
+  } else {
+    const at::Tensor core = r.delta.out.to(at::kFloat);
+    const at::Tensor normed = w.norm * (core * at::rsqrt(core.pow(2).mean(-1, true) + c.rms_norm_eps)).to(h.scalar_type());
+    gated = (normed * at::silu(z.view({b, s, hv, dv}).to(at::kFloat))).to(h.scalar_type());
+  }
   r.out = at::linear(gated.view({b, s, vd}), w.out);
   return r;
 }
@@ -229,6 +237,11 @@ at::Tensor HybridModel::mlp(const HybridLayerWeights& w, const at::Tensor& x) co
   if (config_.is_moe()) return hf::moe_forward(w.moe, config_.moe, x);
   const at::Tensor gate_up = at::linear(x, w.gate_up);
   const int64_t inter = config_.intermediate_size;
+  if (kernel_ops::runs_on(gate_up)) {  // the same rounding, in one pass
+    std::vector<int64_t> shape = gate_up.sizes().vec();
+    shape.back() = inter;
+    return at::linear(kernel_ops::swiglu(gate_up).view(shape), w.down);
+  }
   return at::linear(at::silu(gate_up.narrow(-1, 0, inter)) * gate_up.narrow(-1, inter, inter), w.down);
 }
 
@@ -250,6 +263,11 @@ HybridOutputs HybridModel::forward(const at::Tensor& input_ids, const at::Tensor
       has_full_attention(c) ? hf::document_causal_mask(rows, embed_.options()) : c10::nullopt;
   const at::Tensor& starts = rows.starts;
   const at::Tensor rotary = has_full_attention(c) ? rotary_cos_sin(rows.positions.reshape({n})) : at::Tensor();
+  // The documents as the delta-rule kernels' chunks, once for every linear layer.
+  std::optional<kernel_ops::DeltaChunkPlan> chunk_plan;
+  if (c.count(Mixer::kLinearAttention) > 0 &&
+      gdn::kernels_take(embed_, c.linear_key_heads, c.linear_value_heads, c.linear_key_dim, c.linear_value_dim))
+    chunk_plan = kernel_ops::plan_delta_chunks(starts, b, s, device);
 
   const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
   HybridOutputs out;
@@ -260,7 +278,7 @@ HybridOutputs HybridModel::forward(const at::Tensor& input_ids, const at::Tensor
     at::Tensor mixed;
     if (w.mixer == Mixer::kLinearAttention) {
       mixed = linear_attention(c, w.linear, normed.view({b, s, h}), starts, {}, {}, /*recurrent=*/false,
-                               /*keep_inputs=*/false)
+                               /*keep_inputs=*/false, chunk_plan ? &*chunk_plan : nullptr)
                   .out.view({n, h});
     } else {
       const Projected p = project_full(c, w.full, normed, rotary.select(1, 0), rotary.select(1, 1));
