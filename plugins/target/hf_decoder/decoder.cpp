@@ -6,6 +6,7 @@
 #include <cuda_graph.h>
 #include <kernel_ops.h>
 #include <moe.h>
+#include <target_outputs.h>
 #include <dflash/sdk/memory_plan.hpp>
 #include <dflash/sdk/torch_compat.hpp>
 
@@ -271,9 +272,7 @@ DecoderOutputs Decoder::forward(const at::Tensor& input_ids_in, const at::Tensor
   const c10::NoGradGuard no_grad;
   const DecoderConfig& c = config_;
   const auto device = embed_.device();
-  for (int64_t id : layer_ids)
-    if (id < 0 || id >= c.num_layers)
-      throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
+  hf::check_layer_ids(layer_ids, c.num_layers);
   // Documents and positions of a packed batch (hf_support/packed_rows.h).
   PackedBatch batch{{hf::resolve_packed_rows(input_ids_in, position_ids_in, document_ids_in, c.vocab_size, device)}, {}};
   const int64_t n = batch.ids.numel();
@@ -625,9 +624,7 @@ DecoderOutputs Decoder::extend(DecodeSessions& pool, const std::vector<int64_t>&
     plan.equal_lengths &= plan.sessions[i]->length == plan.sessions[0]->length;
   }
   plan.fresh_prompt = plan.count == 1 && plan.sessions[0]->length == 0;
-  for (int64_t id : layer_ids)
-    if (id < 0 || id >= c.num_layers)
-      throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
+  hf::check_layer_ids(layer_ids, c.num_layers);
   const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
 
   ensure_rotary_tables(pool.row_capacity());  // every position a session of the pool can reach

@@ -9,6 +9,7 @@
 #include "decoder.h"
 
 #include <plugin_errors.h>
+#include <target_outputs.h>
 #include <tokenizer_fact.h>
 
 #include <dflash/sdk/recipe.hpp>
@@ -179,10 +180,7 @@ class HfDecoderTarget : public sdk::TargetModel {
                               request.want_logits ? target::LogitRows::kAll : target::LogitRows::kNone);
     });
     report_graph_failures();
-    sdk::TensorDict result;
-    for (int64_t id : request.layer_ids) result.set("hidden." + std::to_string(id), out.layers.at(id).select(0, 0));
-    if (request.want_logits) result.set("logits", out.logits.select(0, 0));
-    return result;
+    return hf::target_outputs(out, request.layer_ids, false, request.want_logits, /*single_row=*/true);
   }
   // One pass for many sessions (ABI 1.3): every projection is one GEMM over
   // all their tokens.
@@ -193,10 +191,7 @@ class HfDecoderTarget : public sdk::TargetModel {
     const target::DecoderOutputs out = invalid_argument_as_error(
         [&] { return decoder_->extend(sessions_, request.sessions, request.tokens, request.layer_ids, rows); });
     report_graph_failures();
-    sdk::TensorDict result;
-    for (int64_t id : request.layer_ids) result.set("hidden." + std::to_string(id), out.layers.at(id));
-    if (rows != target::LogitRows::kNone) result.set("logits", out.logits);
-    return result;
+    return hf::target_outputs(out, request.layer_ids, false, rows != target::LogitRows::kNone);
   }
   void decode_truncate(int64_t session, int64_t length) {
     target::DecodeSessions::Session& s = invalid_argument_as_error([&]() -> auto& { return sessions_.at(session); });
@@ -213,11 +208,7 @@ class HfDecoderTarget : public sdk::TargetModel {
                                request.batch.get("document_ids"), request.layer_ids, request.want_last_hidden,
                                request.want_logits);
     });
-    sdk::TensorDict result;
-    for (int64_t id : request.layer_ids) result.set("hidden." + std::to_string(id), out.layers.at(id));
-    if (request.want_last_hidden) result.set("last_hidden", out.last_hidden);
-    if (request.want_logits) result.set("logits", out.logits);
-    return result;
+    return hf::target_outputs(out, request.layer_ids, request.want_last_hidden, request.want_logits);
   }
 
   sdk::TensorDict frozen_weights() {

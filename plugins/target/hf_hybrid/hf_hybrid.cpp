@@ -11,6 +11,7 @@
 #include "hybrid_model.h"
 
 #include <plugin_errors.h>
+#include <target_outputs.h>
 #include <tokenizer_fact.h>
 
 #include <dflash/sdk/recipe.hpp>
@@ -147,11 +148,7 @@ class HfHybridTarget : public sdk::TargetModel {
                              request.batch.get("document_ids"), request.layer_ids, request.want_last_hidden,
                              request.want_logits);
     });
-    sdk::TensorDict result;
-    for (int64_t id : request.layer_ids) result.set("hidden." + std::to_string(id), out.layers.at(id));
-    if (request.want_last_hidden) result.set("last_hidden", out.last_hidden);
-    if (request.want_logits) result.set("logits", out.logits);
-    return result;
+    return hf::target_outputs(out, request.layer_ids, request.want_last_hidden, request.want_logits);
   }
 
   sdk::TensorDict frozen_weights() {
@@ -171,10 +168,7 @@ class HfHybridTarget : public sdk::TargetModel {
       return model_->extend({session}, request.tokens.reshape({1, -1}), request.layer_ids,
                             request.want_logits ? target::HybridLogits::kAll : target::HybridLogits::kNone);
     });
-    sdk::TensorDict result;
-    for (int64_t id : request.layer_ids) result.set("hidden." + std::to_string(id), out.layers.at(id).select(0, 0));
-    if (request.want_logits) result.set("logits", out.logits.select(0, 0));
-    return result;
+    return hf::target_outputs(out, request.layer_ids, false, request.want_logits, /*single_row=*/true);
   }
   sdk::TensorDict decode_extend_batch(const sdk::BatchDecodeRequest& request) {
     const target::HybridLogits rows = request.logits == sdk::DecodeLogits::kAll    ? target::HybridLogits::kAll
@@ -182,10 +176,7 @@ class HfHybridTarget : public sdk::TargetModel {
                                                                                    : target::HybridLogits::kNone;
     const target::HybridOutputs out =
         invalid_argument_as_error([&] { return model_->extend(request.sessions, request.tokens, request.layer_ids, rows); });
-    sdk::TensorDict result;
-    for (int64_t id : request.layer_ids) result.set("hidden." + std::to_string(id), out.layers.at(id));
-    if (rows != target::HybridLogits::kNone) result.set("logits", out.logits);
-    return result;
+    return hf::target_outputs(out, request.layer_ids, false, rows != target::HybridLogits::kNone);
   }
   void decode_truncate(int64_t session, int64_t length) {
     invalid_argument_as_error([&] { model_->truncate(session, length); });

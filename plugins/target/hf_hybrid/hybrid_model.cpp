@@ -5,6 +5,7 @@
 #include <checkpoint.h>
 #include <kernel_ops.h>
 #include <packed_rows.h>
+#include <target_outputs.h>
 #include <dflash/sdk/torch_compat.hpp>
 
 #include <ATen/ATen.h>
@@ -251,9 +252,7 @@ HybridOutputs HybridModel::forward(const at::Tensor& input_ids, const at::Tensor
   const c10::NoGradGuard no_grad;
   const HybridConfig& c = config_;
   const auto device = embed_.device();
-  for (int64_t id : layer_ids)
-    if (id < 0 || id >= c.num_layers)
-      throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
+  hf::check_layer_ids(layer_ids, c.num_layers);
   const hf::PackedRows rows = hf::resolve_packed_rows(input_ids, position_ids_in, document_ids_in, c.vocab_size, device);
   const at::Tensor& ids = rows.ids;
   const int64_t b = ids.size(0), s = ids.size(1), n = b * s, h = c.hidden_size;
@@ -386,9 +385,7 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
     if (low.item<int64_t>() < 0 || high.item<int64_t>() >= c.vocab_size)
       throw std::invalid_argument("decode_extend: token ids outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
   }
-  for (int64_t id : layer_ids)
-    if (id < 0 || id >= c.num_layers)
-      throw std::invalid_argument("layer id " + std::to_string(id) + " is outside [0, " + std::to_string(c.num_layers) + ")");
+  hf::check_layer_ids(layer_ids, c.num_layers);
   const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
   const at::Tensor tokens = tokens_in.to(device, at::kLong).reshape({tokens_in_step});
   const auto long_options = tokens.options();
