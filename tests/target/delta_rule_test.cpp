@@ -11,10 +11,12 @@
 #include "gated_deltanet.h"
 
 #include <delta_rule_ops.h>
+#include <kernel_ops.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <set>
 #include <utility>
 #include <vector>
@@ -181,3 +183,59 @@ TEST(DeltaRuleCuda, OneTokenRowsAndAPlanBuiltOnce) {
 }
 
 }  // namespace
+
+// ---- The layer's other kernels (one pass each) against the ATen arithmetic
+// they replace, on the same bf16 inputs: equal but for fp32 summation order
+// (a bf16 rounding step at most, on a few elements).
+
+double max_ulp_gap(const torch::Tensor& got, const torch::Tensor& want) {
+  // The largest |got − want| in units of want's bf16 spacing (2^-7 of its
+  // magnitude), that spacing floored at 1 % of the largest magnitude's (a
+  // sum that cancels to near zero keeps fp32's error of its terms).
+  const torch::Tensor w = want.to(torch::kFloat), g = got.to(torch::kFloat);
+  const double ulp = std::ldexp(1.0, -7);
+  return ((g - w).abs() / (w.abs() * ulp).clamp_min(1e-2 * ulp * w.abs().max().item<double>())).max().item<double>();
+}
+
+TEST(DeltaRuleCuda, CausalConvMatchesTheAtenForm) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(3);
+  const auto on = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  // x a strided view (the projection's first columns), documents mid-row, a
+  // window before the rows.
+  const torch::Tensor projected = torch::randn({3, 40, 96 + 17}, on);
+  const torch::Tensor x = projected.narrow(2, 0, 96);
+  const torch::Tensor weight = torch::randn({96, 4}, on) * 0.5;
+  const torch::Tensor prefix = torch::randn({3, 3, 96}, on);
+  const torch::Tensor resets = resets_at(3, 40, {{0, 0}, {0, 2}, {0, 30}, {1, 17}}).to(torch::kCUDA);
+  const torch::Tensor got = gdn::causal_conv(x, weight, resets, prefix);
+  // The ATen form: fp32 inputs (runs_on is false), the output rounded as
+  // conv1d rounds, SiLU rounded again.
+  const torch::Tensor want = gdn::causal_conv(x.to(torch::kFloat), weight.to(torch::kFloat), resets, prefix.to(torch::kFloat));
+  ASSERT_EQ(got.sizes(), want.sizes());
+  EXPECT_LT(max_ulp_gap(got, want), 2.01) << "off by more than a rounding";
+  // Document starts read no earlier tokens: row 0's token 2 sees itself only.
+  const torch::Tensor alone = torch::silu((x[0][2].to(torch::kFloat) * weight.select(1, 3).to(torch::kFloat)));
+  EXPECT_TRUE(torch::allclose(got[0][2].to(torch::kFloat), alone, 1e-2, 1e-2));
+}
+
+TEST(DeltaRuleCuda, NormKernelsMatchTheAtenForm) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(4);
+  const auto on = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  // The (1 + w) RMSNorm: x̂ · scale in fp32, rounded once.
+  const torch::Tensor x = torch::randn({37, 520}, on) * 3;
+  const torch::Tensor scale = torch::randn({520}, on.dtype(torch::kFloat)) * 0.1 + 1;
+  const torch::Tensor f = x.to(torch::kFloat);
+  const torch::Tensor want = (f * torch::rsqrt(f.pow(2).mean(-1, true) + 1e-6) * scale).to(torch::kBFloat16);
+  EXPECT_LT(max_ulp_gap(ko::rms_norm_scaled(x, scale, 1e-6), want), 1.01);
+  // The gated norm: z a strided view, 3 heads of 40.
+  const torch::Tensor core = torch::randn({29, 3, 40}, on);
+  const torch::Tensor projected = torch::randn({29, 120 + 8}, on);
+  const torch::Tensor z = projected.narrow(1, 8, 120);
+  const torch::Tensor w = torch::randn({40}, on);
+  const torch::Tensor c = core.to(torch::kFloat);
+  const torch::Tensor normed = w * (c * torch::rsqrt(c.pow(2).mean(-1, true) + 1e-6)).to(torch::kBFloat16);
+  const torch::Tensor gated = (normed * torch::silu(z.view({29, 3, 40}).to(torch::kFloat))).to(torch::kBFloat16);
+  EXPECT_LT(max_ulp_gap(ko::gated_rms_norm(core, z, w, 1e-6), gated.view({29, 120})), 2.01);
+}

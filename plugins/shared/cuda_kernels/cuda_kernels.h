@@ -85,6 +85,16 @@ void rms_norm_scaled(Element element, const void* x, const float* scale, void* o
 // out[r, :] = round(round(weight ⊙ round(x̂)) · SiLU(gate)), x̂ and SiLU in fp32.
 void gated_rms_norm(Element element, const void* x, const void* gate, const void* weight, void* out, int64_t rows,
                     int64_t heads, int64_t width, int64_t gate_stride, float eps, cudaStream_t stream);
+// Gated DeltaNet's causal depthwise conv1d and SiLU (causal_conv.cu): x
+// [rows, seq, channels] at the given row and token strides (channels
+// contiguous), weight [channels, taps] (taps ≤ 8), prefix [rows, taps − 1,
+// channels] (the inputs before each row; null: zeros), in_document int32
+// [rows, seq] (each token's index in its document; taps before it read
+// nothing; null: no document starts in the rows) → out [rows, seq,
+// channels] contiguous = round(SiLU(round(Σ taps in fp32))).
+void causal_conv_silu(Element element, const void* x, int64_t row_stride, int64_t token_stride, const void* weight,
+                      const void* prefix, const int32_t* in_document, void* out, int64_t rows, int64_t seq,
+                      int64_t channels, int64_t taps, cudaStream_t stream);
 
 // Row-invariant kernels of exact decoding (hf_decoder's `exact_decoding`):
 // each output row is computed by the same instructions in the same order

@@ -132,6 +132,27 @@ at::Tensor gated_rms_norm(const at::Tensor& x_in, const at::Tensor& gate_in, con
   return out;
 }
 
+at::Tensor causal_conv_silu(const at::Tensor& x_in, const at::Tensor& weight_in, const at::Tensor& prefix_in,
+                            const at::Tensor& in_document_in) {
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.stride(2) == 1 ? x_in : x_in.contiguous();
+  const int64_t rows = x.size(0), seq = x.size(1), channels = x.size(2), taps = weight_in.size(-1);
+  const at::Tensor weight = weight_in.to(x.scalar_type()).reshape({channels, taps}).contiguous();
+  const at::Tensor prefix = prefix_in.defined() ? prefix_in.to(x.scalar_type()).contiguous() : at::Tensor();
+  if (prefix.defined() && (prefix.dim() != 3 || prefix.size(0) != rows || prefix.size(1) != taps - 1 ||
+                           prefix.size(2) != channels))
+    throw std::invalid_argument("causal_conv_silu: prefix " + c10::str(prefix.sizes()) + " is not [" +
+                                std::to_string(rows) + ", " + std::to_string(taps - 1) + ", " +
+                                std::to_string(channels) + "]");
+  const at::Tensor in_document =
+      in_document_in.defined() ? in_document_in.to(at::kInt).contiguous() : at::Tensor();
+  at::Tensor out = at::empty({rows, seq, channels}, x.options());
+  cuda_kernels::causal_conv_silu(element_of(x), x.data_ptr(), x.stride(0), x.stride(1), weight.data_ptr(),
+                                 data_or_null(prefix), in_document.defined() ? in_document.data_ptr<int32_t>() : nullptr,
+                                 out.data_ptr(), rows, seq, channels, taps, stream_of(x));
+  return out;
+}
+
 NormForward rms_norm_with_rstd(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous(), w = weight.contiguous();
@@ -355,6 +376,7 @@ at::Tensor qk_norm_rope_into_cache(const at::Tensor&, const at::Tensor&, const a
 at::Tensor swiglu(const at::Tensor&) { unavailable(); }
 at::Tensor rms_norm_scaled(const at::Tensor&, const at::Tensor&, double) { unavailable(); }
 at::Tensor gated_rms_norm(const at::Tensor&, const at::Tensor&, const at::Tensor&, double) { unavailable(); }
+at::Tensor causal_conv_silu(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
 NormForward rms_norm_with_rstd(const at::Tensor&, const at::Tensor&, double) { unavailable(); }
 NormBackward rms_norm_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
 NormForward head_norm_rope(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {

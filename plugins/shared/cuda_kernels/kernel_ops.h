@@ -58,6 +58,12 @@ at::Tensor rms_norm_scaled(const at::Tensor& x, const at::Tensor& scale, double 
 // heads·width] (its rows may be strided: a view into the projection; the
 // last dimension contiguous), weight [width] → [tokens, heads·width].
 at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight, double eps);
+// Gated DeltaNet's causal conv1d + SiLU: x [B, S, C] (the last dimension
+// contiguous; e.g. a view into the projection), weight [C, K], prefix
+// [B, K−1, C] or undefined (zeros), in_document [B, S] (each token's index
+// in its document, any integer type) or undefined → [B, S, C] contiguous.
+at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& prefix,
+                            const at::Tensor& in_document);
 
 // ---- Training (the dflash drafter's layers; trainable_ops.h wraps them in
 // autograd): forwards that also return what their backward needs, and the

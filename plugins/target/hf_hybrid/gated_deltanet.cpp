@@ -1,5 +1,7 @@
 #include "gated_deltanet.h"
 
+#include <kernel_ops.h>
+
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -63,6 +65,9 @@ at::Tensor heads_first(const at::Tensor& x, int64_t value_heads) {
 at::Tensor causal_conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& resets,
                        const at::Tensor& prefix) {
   const int64_t b = x.size(0), s = x.size(1), c = x.size(2), taps = weight.size(1);
+  if (kernel_ops::runs_on(x) && taps <= 8)  // the same arithmetic in one pass (cuda_kernels.h)
+    return kernel_ops::causal_conv_silu(x, weight, prefix,
+                                        resets.defined() ? position_in_document(resets, b, s, x.options()) : at::Tensor());
   const at::Tensor window = prefix.defined() ? prefix.to(x.scalar_type()) : at::zeros({b, taps - 1, c}, x.options());
   const at::Tensor padded = at::cat({window, x}, 1);  // [B, K-1+S, C]
   // The whole rows through one depthwise conv1d, as transformers'
