@@ -82,8 +82,11 @@ at::Tensor causal_conv(const at::Tensor& x, const at::Tensor& weight, const at::
     // only those tokens are recomputed, their window's taps from before the
     // document dropped (summed in fp32 and rounded once, as conv1d does).
     const at::Tensor in_document = position_in_document(resets, b, s, x.options());
-    const at::Tensor near_start = in_document.lt(taps - 1).logical_and(at::arange(s, in_document.options()).ge(taps - 1));
-    const at::Tensor where = near_start.nonzero();  // [M, 2] (row, token); a row's first tokens read the zero window
+    // A row's first K-1 tokens read the window before the row: zeros (no
+    // fix-up needed) unless a prefix was given.
+    at::Tensor near_start = in_document.lt(taps - 1);
+    if (!prefix.defined()) near_start = near_start.logical_and(at::arange(s, in_document.options()).ge(taps - 1));
+    const at::Tensor where = near_start.nonzero();  // [M, 2] (row, token)
     if (where.size(0) > 0) {
       const at::Tensor row = where.select(1, 0), token = where.select(1, 1);
       const at::Tensor tap = at::arange(taps, token.options());
