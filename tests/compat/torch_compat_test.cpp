@@ -4,7 +4,9 @@
 #include <dflash/sdk/torch_compat.hpp>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <cmath>
 

@@ -7,7 +7,10 @@
 #include "train/sharded_adamw.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/autograd.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <netinet/in.h>
 #include <sys/socket.h>

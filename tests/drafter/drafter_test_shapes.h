@@ -7,7 +7,9 @@
 #include "plugin/instances.h"
 
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 namespace dflash::drafter::testing {
 

@@ -26,7 +26,9 @@
 #include <cuda_graph.h>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <map>
 #include <set>

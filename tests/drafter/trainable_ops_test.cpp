@@ -16,7 +16,10 @@
 #include <trainable_ops.h>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/autograd.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <functional>

@@ -14,7 +14,9 @@
 #include "support/temp_dir.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <fstream>
 #include <map>

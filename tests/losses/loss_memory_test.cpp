@@ -10,7 +10,9 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <atomic>

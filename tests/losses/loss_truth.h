@@ -5,7 +5,9 @@
 // plugin uses 1 − Σ top-K.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <limits>
 

@@ -8,7 +8,9 @@
 #include "plugin/registry.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 namespace {
 using namespace dflash::host;

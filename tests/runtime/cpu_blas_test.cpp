@@ -4,7 +4,9 @@
 #include "runtime/cpu_blas.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <cstdlib>
 

@@ -6,7 +6,9 @@
 #include <dflash/sdk/safetensors_torch.hpp>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 #include <fstream>

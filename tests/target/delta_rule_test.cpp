@@ -14,7 +14,9 @@
 #include <kernel_ops.h>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <set>

@@ -11,7 +11,9 @@
 #include "train/run_support.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <fcntl.h>
 #include <signal.h>

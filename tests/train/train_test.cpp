@@ -13,7 +13,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <sys/stat.h>
 

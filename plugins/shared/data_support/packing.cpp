@@ -1,6 +1,8 @@
 #include "packing.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <stdexcept>
 

@@ -3,7 +3,9 @@
 #include <limits>
 #include <dflash/sdk.hpp>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <chrono>
 #include <thread>
