@@ -1,8 +1,6 @@
 #include "packing.h"
 
 #include <torch/types.h>
-#include <torch/cuda.h>
-#include <torch/utils.h>
 
 #include <stdexcept>
 
