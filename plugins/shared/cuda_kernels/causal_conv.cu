@@ -3,6 +3,7 @@
 // concatenates the window, transposes, convolves, transposes back and
 // applies SiLU (five passes), and then fixes up each document's first taps.
 #include "cuda_kernels.h"
+#include "device_math.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -13,15 +14,6 @@
 
 namespace dflash::cuda_kernels {
 namespace {
-
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-template <class T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
 
 constexpr int kMaxTaps = 8;
 
@@ -64,9 +56,7 @@ void causal_conv_silu_typed(const void* x, int64_t row_stride, int64_t token_str
   causal_conv_silu_kernel<T><<<static_cast<unsigned>((total + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
       static_cast<const T*>(x), row_stride, token_stride, static_cast<const T*>(weight), static_cast<const T*>(prefix),
       in_document, static_cast<T*>(out), rows, seq, channels, static_cast<int>(taps));
-  const cudaError_t error = cudaGetLastError();
-  if (error != cudaSuccess)
-    throw std::runtime_error(std::string("dflash CUDA kernel causal_conv_silu: ") + cudaGetErrorString(error));
+  check_launch("causal_conv_silu");
 }
 
 }  // namespace

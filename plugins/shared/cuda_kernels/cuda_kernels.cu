@@ -1,4 +1,5 @@
 #include "cuda_kernels.h"
+#include "device_math.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -8,61 +9,6 @@
 
 namespace dflash::cuda_kernels {
 namespace {
-
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-template <class T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
-// x rounded to T and back: where transformers stores an intermediate in the
-// activation dtype, so do we.
-template <class T>
-__device__ __forceinline__ float rounded(float x) { return to_float(from_float<T>(x)); }
-
-template <class T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
-};
-
-struct Add {
-  __device__ float operator()(float a, float b) const { return a + b; }
-};
-struct Max {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
-// Across the warp by a fixed butterfly; every lane gets the result.
-template <class Op>
-__device__ __forceinline__ float warp_reduce(float x, Op op) {
-  for (int offset = 16; offset > 0; offset /= 2) x = op(x, __shfl_xor_sync(0xffffffff, x, offset));
-  return x;
-}
-__device__ __forceinline__ float warp_sum(float x) { return warp_reduce(x, Add{}); }
-
-// Across the block: each warp, then the warps' results in warp order (a
-// fixed tree for a given block size); every thread gets the result.
-// `identity` fills the lanes past the block's warps.
-template <class Op>
-__device__ float block_reduce(float x, float identity, Op op) {
-  __shared__ float partial[32];
-  __shared__ float total;
-  x = warp_reduce(x, op);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) partial[warp] = x;
-  __syncthreads();
-  if (warp == 0) {
-    float y = lane < (blockDim.x + 31) / 32 ? partial[lane] : identity;
-    y = warp_reduce(y, op);
-    if (lane == 0) total = y;
-  }
-  __syncthreads();
-  return total;
-}
-__device__ float block_sum(float x) { return block_reduce(x, 0.f, Add{}); }
-__device__ float block_max(float x) { return block_reduce(x, -INFINITY, Max{}); }
 
 constexpr int kRowThreads = 256;
 
@@ -465,11 +411,6 @@ size_t shared_memory_limit() {
       cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
     return 48 * 1024;
   return static_cast<size_t>(bytes);
-}
-
-void check_launch(const char* what) {
-  const cudaError_t error = cudaGetLastError();
-  if (error != cudaSuccess) throw std::runtime_error(std::string("dflash CUDA kernel ") + what + ": " + cudaGetErrorString(error));
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

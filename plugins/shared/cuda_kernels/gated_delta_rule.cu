@@ -1,4 +1,5 @@
 #include "gated_delta_rule.h"
+#include "device_math.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -20,20 +21,6 @@ constexpr int kColumns = 64;    // value columns a recurrence block carries
 constexpr int kFloatLd = 64 + 4;  // fp32 [64, 64] matrices, padded against bank conflicts
 constexpr int kHalfLd = 64 + 8;   // 16-bit [·, 64] matrices
 
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-template <class T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
-
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffff, x, offset);
-  return x;
-}
-
 __host__ __device__ constexpr int pad16(int64_t d) { return static_cast<int>((d + 15) / 16 * 16); }
 
 template <class T>
@@ -45,6 +32,21 @@ using FragB = wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, T, wmma::row_m
 template <class T>
 using FragBt = wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, T, wmma::col_major>;
 using Acc = wmma::fragment<wmma::accumulator, kTile, kTile, kTile, float>;
+
+// acc += Σ_{kk < tiles} A_kk B_kk over 16 × 16 tiles: A_kk at a + kk·a_step
+// (row stride lda), B_kk at b + kk·b_step (row stride ldb), loaded as the
+// fragment types say (row- or column-major).
+template <class FragAType, class FragBType, class T>
+__device__ __forceinline__ void mma_tiles(Acc& acc, const T* a, int lda, int a_step, const T* b, int ldb, int b_step,
+                                          int tiles) {
+  for (int kk = 0; kk < tiles; ++kk) {
+    FragAType fa;
+    FragBType fb;
+    wmma::load_matrix_sync(fa, a + kk * a_step, lda);
+    wmma::load_matrix_sync(fb, b + kk * b_step, ldb);
+    wmma::mma_sync(acc, fa, fb, acc);
+  }
+}
 
 // The workspace of one (chunk, value head): w [64, dkp], u [64, dvp], P [64, 64].
 __host__ __device__ inline int64_t workspace_elements(int dkp, int dvp) {
@@ -179,13 +181,8 @@ __global__ void __launch_bounds__(kThreads) delta_prepare(DeltaRuleArgs a) {
     const int tj = t;
     Acc acc;
     wmma::fill_fragment(acc, 0.f);
-    for (int kk = 0; kk < k_tiles; ++kk) {
-      FragA<T> fa;
-      FragBt<T> fb;
-      wmma::load_matrix_sync(fa, (is_q ? qn : kn) + ti * kTile * l.ld + kk * kTile, l.ld);
-      wmma::load_matrix_sync(fb, kn + tj * kTile * l.ld + kk * kTile, l.ld);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
+    mma_tiles<FragA<T>, FragBt<T>>(acc, (is_q ? qn : kn) + ti * kTile * l.ld, l.ld, kTile, kn + tj * kTile * l.ld, l.ld,
+                                   kTile, k_tiles);
     wmma::store_matrix_sync((is_q ? X : A) + ti * kTile * kFloatLd + tj * kTile, acc, kFloatLd, wmma::mem_row_major);
   }
   __syncthreads();
@@ -234,13 +231,8 @@ __global__ void __launch_bounds__(kThreads) delta_prepare(DeltaRuleArgs a) {
     const int col = (is_w ? tj : tj - w_tiles) * kTile;
     Acc acc;
     wmma::fill_fragment(acc, 0.f);
-    for (int kk = 0; kk <= ti; ++kk) {
-      FragA<T> fa;
-      FragB<T> fb;
-      wmma::load_matrix_sync(fa, Tb + ti * kTile * kHalfLd + kk * kTile, kHalfLd);
-      wmma::load_matrix_sync(fb, (is_w ? kb : vb) + kk * kTile * l.ld + col, l.ld);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
+    mma_tiles<FragA<T>, FragB<T>>(acc, Tb + ti * kTile * kHalfLd, kHalfLd, kTile, (is_w ? kb : vb) + col, l.ld,
+                                  kTile * l.ld, ti + 1);
     wmma::store_matrix_sync(staging, acc, kTile, wmma::mem_row_major);
     __syncwarp();
     T* dst = (is_w ? w_out : u_out) + ti * kTile * (is_w ? dkp : dvp) + col;
@@ -334,13 +326,8 @@ __global__ void __launch_bounds__(kThreads) delta_recurrence(DeltaRuleArgs a) {
       const int ti = job / 4, tj = job % 4;
       Acc acc;
       wmma::fill_fragment(acc, 0.f);
-      for (int kk = 0; kk < k_tiles; ++kk) {
-        FragA<T> fa;
-        FragB<T> fb;
-        wmma::load_matrix_sync(fa, W + ti * kTile * l.ld + kk * kTile, l.ld);
-        wmma::load_matrix_sync(fb, Hb + kk * kTile * kHalfLd + tj * kTile, kHalfLd);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
+      mma_tiles<FragA<T>, FragB<T>>(acc, W + ti * kTile * l.ld, l.ld, kTile, Hb + tj * kTile, kHalfLd, kTile * kHalfLd,
+                                    k_tiles);
       wmma::store_matrix_sync(S + ti * kTile * kFloatLd + tj * kTile, acc, kFloatLd, wmma::mem_row_major);
     }
     __syncthreads();
@@ -355,20 +342,10 @@ __global__ void __launch_bounds__(kThreads) delta_recurrence(DeltaRuleArgs a) {
       const int ti = job / 4, tj = job % 4;
       Acc acc;
       wmma::fill_fragment(acc, 0.f);
-      for (int kk = 0; kk < k_tiles; ++kk) {
-        FragA<T> fa;
-        FragB<T> fb;
-        wmma::load_matrix_sync(fa, Qd + ti * kTile * l.ld + kk * kTile, l.ld);
-        wmma::load_matrix_sync(fb, Hb + kk * kTile * kHalfLd + tj * kTile, kHalfLd);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
-      for (int kk = 0; kk <= ti; ++kk) {
-        FragA<T> fa;
-        FragB<T> fb;
-        wmma::load_matrix_sync(fa, P + ti * kTile * kHalfLd + kk * kTile, kHalfLd);
-        wmma::load_matrix_sync(fb, Vn + kk * kTile * kHalfLd + tj * kTile, kHalfLd);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
+      mma_tiles<FragA<T>, FragB<T>>(acc, Qd + ti * kTile * l.ld, l.ld, kTile, Hb + tj * kTile, kHalfLd, kTile * kHalfLd,
+                                    k_tiles);
+      mma_tiles<FragA<T>, FragB<T>>(acc, P + ti * kTile * kHalfLd, kHalfLd, kTile, Vn + tj * kTile, kHalfLd,
+                                    kTile * kHalfLd, ti + 1);
       wmma::store_matrix_sync(S + ti * kTile * kFloatLd + tj * kTile, acc, kFloatLd, wmma::mem_row_major);
     }
     // H ← exp(decay_last) H + (k ⊙ exp(decay_last − decay))ᵀ v'  (H is not
@@ -379,13 +356,8 @@ __global__ void __launch_bounds__(kThreads) delta_recurrence(DeltaRuleArgs a) {
       Acc acc;
       wmma::load_matrix_sync(acc, H + ti * kTile * kFloatLd + tj * kTile, kFloatLd, wmma::mem_row_major);
       for (int e = 0; e < acc.num_elements; ++e) acc.x[e] *= carry;
-      for (int kk = 0; kk < kChunk / kTile; ++kk) {
-        FragAt<T> fa;
-        FragB<T> fb;
-        wmma::load_matrix_sync(fa, Kd + kk * kTile * l.ld + ti * kTile, l.ld);
-        wmma::load_matrix_sync(fb, Vn + kk * kTile * kHalfLd + tj * kTile, kHalfLd);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
+      mma_tiles<FragAt<T>, FragB<T>>(acc, Kd + ti * kTile, l.ld, kTile * l.ld, Vn + tj * kTile, kHalfLd, kTile * kHalfLd,
+                                     kChunk / kTile);
       wmma::store_matrix_sync(H + ti * kTile * kFloatLd + tj * kTile, acc, kFloatLd, wmma::mem_row_major);
     }
     __syncthreads();

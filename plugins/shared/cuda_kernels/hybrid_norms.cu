@@ -2,6 +2,7 @@
 // pass over its rows instead of ATen's fp32 copy, square, mean, scale and
 // round (four to six passes over a [tokens, width] fp32 temporary).
 #include "cuda_kernels.h"
+#include "device_math.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -13,44 +14,7 @@
 namespace dflash::cuda_kernels {
 namespace {
 
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-template <class T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
-template <class T>
-__device__ __forceinline__ float rounded(float x) { return to_float(from_float<T>(x)); }
-
-template <class T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
-};
-
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffff, x, offset);
-  return x;
-}
-
 constexpr int kRowThreads = 256;
-
-__device__ float block_sum(float x) {
-  __shared__ float partial[32];
-  __shared__ float total;
-  x = warp_sum(x);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) partial[warp] = x;
-  __syncthreads();
-  if (warp == 0) {
-    float y = lane < (blockDim.x + 31) / 32 ? partial[lane] : 0.f;
-    y = warp_sum(y);
-    if (lane == 0) total = y;
-  }
-  __syncthreads();
-  return total;
-}
 
 // One block per row: out = round(x · rsqrt(mean(x²) + eps) · scale), the
 // product formed in fp32 and rounded once (transformers' Qwen3_5RMSNorm,
@@ -104,11 +68,6 @@ __global__ void gated_rms_norm_kernel(const T* __restrict__ x, const T* __restri
     const float g = to_float(z[j]);
     dst[j] = from_float<T>(normed * (g / (1.f + expf(-g))));
   }
-}
-
-void check_launch(const char* what) {
-  const cudaError_t error = cudaGetLastError();
-  if (error != cudaSuccess) throw std::runtime_error(std::string("dflash CUDA kernel ") + what + ": " + cudaGetErrorString(error));
 }
 
 template <class T>
