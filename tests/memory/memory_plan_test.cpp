@@ -687,7 +687,7 @@ TEST(PlanCommand, TheSeedsCaseWithItsRealHybridTarget) {
   // projections, conv output, the kernels' workspace, g and β in fp32, the
   // rule's output) and the MLP's (input, gate_up, SwiGLU).
   const int64_t full_stage = 2 * (h + (2 * 24 + 2 * 4) * 256 + 5 * 24 * 256 + 4096) + 4 * 24 * 256;
-  const int64_t linear_stage = 2 * (h + 16480 + 10240) + 2 * 48 * (128 + 128 + 64) + 8 * 48 + 2 * 48 * 128;
+  const int64_t linear_stage = 2 * (h + 16480 + 10240) + 2 * 48 * (3 * 128 + 128 + 64) + 8 * 48 + 2 * 48 * 128;
   const int64_t mlp_stage = 2 * (h + 3 * inter);
   ASSERT_GT(full_stage, std::max(linear_stage, mlp_stage));
   const int64_t per_token = 2 * 2 * h + full_stage;

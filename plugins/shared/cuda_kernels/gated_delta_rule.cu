@@ -17,7 +17,6 @@ constexpr int kChunk = static_cast<int>(kDeltaChunk);
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 16;       // the tensor cores' tile (m16n16k16)
-constexpr int kColumns = 64;    // value columns a recurrence block carries
 constexpr int kFloatLd = 64 + 4;  // fp32 [64, 64] matrices, padded against bank conflicts
 constexpr int kHalfLd = 64 + 8;   // 16-bit [·, 64] matrices
 
@@ -33,24 +32,21 @@ template <class T>
 using FragBt = wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, T, wmma::col_major>;
 using Acc = wmma::fragment<wmma::accumulator, kTile, kTile, kTile, float>;
 
-// acc += Σ_{kk < tiles} A_kk B_kk over 16 × 16 tiles: A_kk at a + kk·a_step
-// (row stride lda), B_kk at b + kk·b_step (row stride ldb), loaded as the
-// fragment types say (row- or column-major).
-template <class FragAType, class FragBType, class T>
-__device__ __forceinline__ void mma_tiles(Acc& acc, const T* a, int lda, int a_step, const T* b, int ldb, int b_step,
-                                          int tiles) {
-  for (int kk = 0; kk < tiles; ++kk) {
-    FragAType fa;
-    FragBType fb;
-    wmma::load_matrix_sync(fa, a + kk * a_step, lda);
-    wmma::load_matrix_sync(fb, b + kk * b_step, ldb);
-    wmma::mma_sync(acc, fa, fb, acc);
-  }
-}
-
-// The workspace of one (chunk, value head): w [64, dkp], u [64, dvp], P [64, 64].
-__host__ __device__ inline int64_t workspace_elements(int dkp, int dvp) {
-  return static_cast<int64_t>(kChunk) * (dkp + dvp + kChunk);
+// The workspace of one (chunk, value head), 16-bit: w [64, dkp], u [64, dvp],
+// P [64, 64], q ⊙ exp(decay) [64, dkp] and k ⊙ exp(decay_last − decay)
+// [64, dkp]; then, after every chunk's, one fp32 decay_last per chunk and head.
+struct Workspace {
+  int64_t w, u, p, qd, kd, per;  // element offsets within one (chunk, head), and its size
+};
+__host__ __device__ inline Workspace workspace_layout(int dkp, int dvp) {
+  Workspace l{};
+  l.w = 0;
+  l.u = l.w + int64_t{kChunk} * dkp;
+  l.p = l.u + int64_t{kChunk} * dvp;
+  l.qd = l.p + int64_t{kChunk} * kChunk;
+  l.kd = l.qd + int64_t{kChunk} * dkp;
+  l.per = l.kd + int64_t{kChunk} * dkp;
+  return l;
 }
 
 // gc[i] = Σ_{j ≤ i} g[j] over the chunk's tokens (0 past its length), and
@@ -65,61 +61,67 @@ __device__ void chunk_decay(const float* g, const float* beta, int64_t stride, i
   hi += __shfl_sync(0xffffffff, lo, 31);
   gc[lane] = lo;
   gc[lane + 32] = hi;
-  if (bt != nullptr) {
-    bt[lane] = lane < length ? beta[lane * stride] : 0.f;
-    bt[lane + 32] = lane + 32 < length ? beta[(lane + 32) * stride] : 0.f;
-  }
+  bt[lane] = lane < length ? beta[lane * stride] : 0.f;
+  bt[lane + 32] = lane + 32 < length ? beta[(lane + 32) * stride] : 0.f;
 }
+
+// Where load_rows writes: dst [64, ld] (shared or global memory), each row
+// i times factor[i] (null: 1).
+template <class T>
+struct RowsOut {
+  T* dst = nullptr;
+  int ld = 0;
+  const float* factor = nullptr;
+};
 
 // Rows i < length of src (token stride `stride`, d ≤ 128 values each),
-// L2-normalised and scaled (`normalise`; else as they are), times
-// factor[i] (null: 1), rounded to T into dst [64, ld]: columns d..dpad and
-// rows past the length are zeros. A second destination (dst2, factor2) may
-// take the same rows under another factor.
-template <class T>
+// L2-normalised and scaled (`normalise`; else as they are), to each of the
+// outputs (times its factor, rounded to T): columns d..dpad and rows past
+// the length are zeros. A warp takes 8 rows and issues all their loads
+// before any sum (the loads' latency overlaps), 4 values a lane, 8 bytes at
+// once where the rows allow.
+template <class T, int kOuts>
 __device__ void load_rows(const T* src, int64_t stride, int length, int d, int dpad, bool normalise, float scale,
-                          T* dst, int ld, const float* factor, T* dst2 = nullptr, const float* factor2 = nullptr) {
+                          const RowsOut<T> (&outs)[kOuts]) {
+  constexpr int kRowsPerWarp = kChunk / kWarps;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int i = warp; i < kChunk; i += kWarps) {
-    float x[4];
-    float squares = 0.f;
+  const int c0 = 4 * lane;  // this lane's four columns
+  const bool vector = d % 4 == 0 && stride % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 8 == 0;
+  float x[kRowsPerWarp][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = lane + 32 * j;
-      x[j] = i < length && c < d ? to_float(src[i * stride + c]) : 0.f;
-      squares += x[j] * x[j];
-    }
-    const float r = normalise ? rsqrtf(warp_sum(squares) + 1e-6f) * scale : scale;
-    const float f = factor != nullptr ? factor[i] : 1.f;
-    const float f2 = factor2 != nullptr ? factor2[i] : 1.f;
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int i = warp * kRowsPerWarp + r;
+    const T* row = src + i * stride;
+    if (vector && i < length && c0 < d) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(row + c0);
+      const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = lane + 32 * j;
-      if (c < dpad) {
-        dst[i * ld + c] = from_float<T>(x[j] * r * f);
-        if (dst2 != nullptr) dst2[i * ld + c] = from_float<T>(x[j] * r * f2);
-      }
+      for (int j = 0; j < 4; ++j) x[r][j] = to_float(v[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x[r][j] = i < length && c0 + j < d ? to_float(row[c0 + j]) : 0.f;
     }
   }
-}
-
-// Copies a [64, width] 16-bit matrix (row stride src_ld) into shared memory
-// (row stride dst_ld), columns [col0, col0 + cols) of src; zeros past
-// src_cols. 16-byte moves where the columns allow.
-template <class T>
-__device__ void copy_rows(const T* src, int src_ld, int col0, int src_cols, T* dst, int dst_ld, int cols) {
-  const int vectors = cols / 8;
-  for (int e = threadIdx.x; e < kChunk * vectors; e += kThreads) {
-    const int i = e / vectors, c = (e % vectors) * 8;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (col0 + c + 8 <= src_cols) value = *reinterpret_cast<const uint4*>(src + static_cast<int64_t>(i) * src_ld + col0 + c);
-    *reinterpret_cast<uint4*>(dst + i * dst_ld + c) = value;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int i = warp * kRowsPerWarp + r;
+    float squares = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) squares += x[r][j] * x[r][j];
+    const float norm = normalise ? rsqrtf(warp_sum(squares) + 1e-6f) * scale : scale;
+#pragma unroll
+    for (int o = 0; o < kOuts; ++o) {
+      const float f = norm * (outs[o].factor != nullptr ? outs[o].factor[i] : 1.f);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (c0 + j < dpad) outs[o].dst[i * outs[o].ld + c0 + j] = from_float<T>(x[r][j] * f);
+    }
   }
 }
 
 struct PrepareLayout {
   int dkp, dvp, ld;  // ld: the 16-bit [64, ·] matrices' row stride
-  int64_t kn, qn, kb, vb, a, x, tb, gc, bt, bytes;  // byte offsets
+  int64_t kn, qn, kb, vb, a, x, tb, gc, bt, f1, f2, bytes;  // byte offsets
 };
 __host__ __device__ inline PrepareLayout prepare_layout(int64_t dk, int64_t dv) {
   PrepareLayout l{};
@@ -136,7 +138,9 @@ __host__ __device__ inline PrepareLayout prepare_layout(int64_t dk, int64_t dv) 
   l.tb = l.x + float_matrix;
   l.gc = l.tb + int64_t{kChunk} * kHalfLd * 2;
   l.bt = l.gc + kChunk * 4;
-  l.bytes = l.bt + kChunk * 4;
+  l.f1 = l.bt + kChunk * 4;       // per-row factors of the outputs: k's two
+  l.f2 = l.f1 + 2 * kChunk * 4;   // q's
+  l.bytes = l.f2 + kChunk * 4;
   return l;
 }
 
@@ -147,6 +151,7 @@ __global__ void __launch_bounds__(kThreads) delta_prepare(DeltaRuleArgs a) {
   const int dk = static_cast<int>(a.dk), dv = static_cast<int>(a.dv);
   const int64_t key_head = head / (a.value_heads / a.key_heads);
   const PrepareLayout l = prepare_layout(dk, dv);
+  const int dkp = l.dkp, dvp = l.dvp;
   extern __shared__ __align__(128) unsigned char smem[];
   T* kn = reinterpret_cast<T*>(smem + l.kn);
   T* qn = reinterpret_cast<T*>(smem + l.qn);
@@ -157,23 +162,41 @@ __global__ void __launch_bounds__(kThreads) delta_prepare(DeltaRuleArgs a) {
   T* Tb = reinterpret_cast<T*>(smem + l.tb);
   float* gc = reinterpret_cast<float*>(smem + l.gc);
   float* bt = reinterpret_cast<float*>(smem + l.bt);
+  float* kb_factor = reinterpret_cast<float*>(smem + l.f1);
+  float* kd_factor = kb_factor + kChunk;
+  float* qd_factor = reinterpret_cast<float*>(smem + l.f2);
 
+  const Workspace ws = workspace_layout(dkp, dvp);
+  T* work = static_cast<T*>(a.workspace) + (static_cast<int64_t>(blockIdx.x) * a.value_heads + head) * ws.per;
   const int64_t token0 = static_cast<int64_t>(ch.row) * a.seq_len + ch.start;
   const int64_t gate = token0 * a.value_heads + head;
   if (warp == 0) chunk_decay(a.g + gate, a.beta + gate, a.value_heads, ch.length, gc, bt);
   __syncthreads();
-  __shared__ float kb_factor[kChunk];
-  if (threadIdx.x < kChunk) kb_factor[threadIdx.x] = bt[threadIdx.x] * expf(gc[threadIdx.x]);
+  const float last = gc[kChunk - 1];  // padding tokens add no decay
+  if (threadIdx.x < kChunk) {
+    const int i = threadIdx.x;
+    kb_factor[i] = bt[i] * expf(gc[i]);
+    kd_factor[i] = expf(last - gc[i]);
+    qd_factor[i] = expf(gc[i]);
+  }
+  if (threadIdx.x == 0) {
+    float* lasts = reinterpret_cast<float*>(static_cast<T*>(a.workspace) + a.chunk_count * a.value_heads * ws.per);
+    lasts[static_cast<int64_t>(blockIdx.x) * a.value_heads + head] = last;
+  }
   __syncthreads();
   const T* q = static_cast<const T*>(a.q) + ch.row * a.q_stride[0] + ch.start * a.q_stride[1] + key_head * a.q_stride[2];
   const T* k = static_cast<const T*>(a.k) + ch.row * a.k_stride[0] + ch.start * a.k_stride[1] + key_head * a.k_stride[2];
   const T* v = static_cast<const T*>(a.v) + ch.row * a.v_stride[0] + ch.start * a.v_stride[1] + head * a.v_stride[2];
-  load_rows(k, a.k_stride[1], ch.length, dk, l.dkp, true, 1.f, kn, l.ld, nullptr, kb, kb_factor);
-  load_rows(q, a.q_stride[1], ch.length, dk, l.dkp, true, rsqrtf(static_cast<float>(dk)), qn, l.ld, nullptr);
+  {
+    const RowsOut<T> k_outs[3] = {{kn, l.ld, nullptr}, {kb, l.ld, kb_factor}, {work + ws.kd, dkp, kd_factor}};
+    load_rows(k, a.k_stride[1], ch.length, dk, dkp, true, 1.f, k_outs);
+    const RowsOut<T> q_outs[2] = {{qn, l.ld, nullptr}, {work + ws.qd, dkp, qd_factor}};
+    load_rows(q, a.q_stride[1], ch.length, dk, dkp, true, rsqrtf(static_cast<float>(dk)), q_outs);
+  }
   __syncthreads();
 
   // A = k kᵀ and q kᵀ, lower tiles only (the upper ones are masked to zero).
-  const int k_tiles = l.dkp / kTile;
+  const int k_tiles = dkp / kTile;
   for (int job = warp; job < 20; job += kWarps) {
     const bool is_q = job >= 10;
     int t = job % 10, ti = 0;
@@ -181,26 +204,29 @@ __global__ void __launch_bounds__(kThreads) delta_prepare(DeltaRuleArgs a) {
     const int tj = t;
     Acc acc;
     wmma::fill_fragment(acc, 0.f);
-    mma_tiles<FragA<T>, FragBt<T>>(acc, (is_q ? qn : kn) + ti * kTile * l.ld, l.ld, kTile, kn + tj * kTile * l.ld, l.ld,
-                                   kTile, k_tiles);
+    for (int kk = 0; kk < k_tiles; ++kk) {
+      FragA<T> fa;
+      FragBt<T> fb;
+      wmma::load_matrix_sync(fa, (is_q ? qn : kn) + ti * kTile * l.ld + kk * kTile, l.ld);
+      wmma::load_matrix_sync(fb, kn + tj * kTile * l.ld + kk * kTile, l.ld);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
     wmma::store_matrix_sync((is_q ? X : A) + ti * kTile * kFloatLd + tj * kTile, acc, kFloatLd, wmma::mem_row_major);
   }
   __syncthreads();
 
   // The decays; P to the workspace; β v into q's buffer (q is read).
-  const int dkp = l.dkp, dvp = l.dvp;
-  T* work = static_cast<T*>(a.workspace) + (static_cast<int64_t>(blockIdx.x) * a.value_heads + head) *
-                                               workspace_elements(dkp, dvp);
-  T* w_out = work;
-  T* u_out = w_out + kChunk * dkp;
-  T* p_out = u_out + kChunk * dvp;
+  T* p_out = work + ws.p;
   for (int e = threadIdx.x; e < kChunk * kChunk; e += kThreads) {
     const int i = e / kChunk, j = e % kChunk;
     const float decay = i >= j ? expf(gc[i] - gc[j]) : 0.f;
     A[i * kFloatLd + j] = i > j ? bt[i] * A[i * kFloatLd + j] * decay : 0.f;
     p_out[e] = from_float<T>(i >= j ? X[i * kFloatLd + j] * decay : 0.f);
   }
-  load_rows(v, a.v_stride[1], ch.length, dv, dvp, false, 1.f, vb, l.ld, bt);
+  {
+    const RowsOut<T> v_outs[1] = {{vb, l.ld, bt}};
+    load_rows(v, a.v_stride[1], ch.length, dv, dvp, false, 1.f, v_outs);
+  }
   __syncthreads();
 
   // T = (I + A)⁻¹, unit lower triangular: column c by forward substitution,
@@ -231,151 +257,170 @@ __global__ void __launch_bounds__(kThreads) delta_prepare(DeltaRuleArgs a) {
     const int col = (is_w ? tj : tj - w_tiles) * kTile;
     Acc acc;
     wmma::fill_fragment(acc, 0.f);
-    mma_tiles<FragA<T>, FragB<T>>(acc, Tb + ti * kTile * kHalfLd, kHalfLd, kTile, (is_w ? kb : vb) + col, l.ld,
-                                  kTile * l.ld, ti + 1);
+    for (int kk = 0; kk <= ti; ++kk) {
+      FragA<T> fa;
+      FragB<T> fb;
+      wmma::load_matrix_sync(fa, Tb + ti * kTile * kHalfLd + kk * kTile, kHalfLd);
+      wmma::load_matrix_sync(fb, (is_w ? kb : vb) + kk * kTile * l.ld + col, l.ld);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
     wmma::store_matrix_sync(staging, acc, kTile, wmma::mem_row_major);
     __syncwarp();
-    T* dst = (is_w ? w_out : u_out) + ti * kTile * (is_w ? dkp : dvp) + col;
-    for (int e = lane; e < kTile * kTile; e += 32)
-      dst[(e / kTile) * (is_w ? dkp : dvp) + e % kTile] = from_float<T>(staging[e]);
+    const int width = is_w ? dkp : dvp;
+    T* dst = work + (is_w ? ws.w : ws.u) + ti * kTile * width + col;
+    for (int e = lane; e < kTile * kTile; e += 32) dst[(e / kTile) * width + e % kTile] = from_float<T>(staging[e]);
     __syncwarp();
   }
 }
 
+// The recurrence: one block per (sequence, value head, 32 value columns),
+// the column block the fastest grid index (a head's blocks run together and
+// share its chunks' workspace in L2). The state lives in the warps'
+// accumulator fragments, fp32: warp w holds rows [16w, 16w + 16) of its
+// 32 columns; a 16-bit copy in shared memory feeds the products. The
+// chunks' w, q, k and P are read from the workspace straight into fragments.
+constexpr int kStateColumns = 32;
+constexpr int kStateTiles = kStateColumns / kTile;
+constexpr int kVnLd = kStateColumns + 8;
+
 struct RecurrenceLayout {
-  int dkp, dvp, ld;
-  int64_t h, hb, w, qd, kd, u, p, vn, s, gc, bytes;
+  int dkp, dvp;
+  int64_t hb, vn, staging, bytes;
 };
 __host__ __device__ inline RecurrenceLayout recurrence_layout(int64_t dk, int64_t dv) {
   RecurrenceLayout l{};
   l.dkp = pad16(dk);
   l.dvp = pad16(dv);
-  l.ld = l.dkp + 8;
-  const int64_t key_matrix = int64_t{kChunk} * l.ld * 2, column_matrix = int64_t{kChunk} * kHalfLd * 2;
-  l.h = 0;                                              // fp32 [dkp, 64]
-  l.hb = l.h + int64_t{l.dkp} * kFloatLd * 4;           // T [dkp, 64]
-  l.w = l.hb + int64_t{l.dkp} * kHalfLd * 2;
-  l.qd = l.w + key_matrix;
-  l.kd = l.qd + key_matrix;
-  l.u = l.kd + key_matrix;
-  l.p = l.u + column_matrix;
-  l.vn = l.p + column_matrix;
-  l.s = l.vn + column_matrix;                           // fp32 [64, 64]
-  l.gc = l.s + int64_t{kChunk} * kFloatLd * 4;
-  l.bytes = l.gc + 2 * kChunk * 4;
+  l.hb = 0;                                                  // T [dkp, 32 + 8]
+  l.vn = l.hb + int64_t{l.dkp} * kVnLd * 2;                  // T [64, 32 + 8]
+  l.staging = l.vn + int64_t{kChunk} * kVnLd * 2;            // fp32 [warps][16 × 16]
+  l.bytes = l.staging + int64_t{kWarps} * kTile * kTile * 4;
   return l;
 }
 
 template <class T>
-__global__ void __launch_bounds__(kThreads) delta_recurrence(DeltaRuleArgs a) {
-  const DeltaSequence sq = a.sequences[blockIdx.x];
-  const int head = blockIdx.y, warp = threadIdx.x / 32;
+__global__ void __launch_bounds__(kThreads, 3) delta_recurrence(DeltaRuleArgs a) {
+  const DeltaSequence sq = a.sequences[blockIdx.y];
+  const int head = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int dk = static_cast<int>(a.dk), dv = static_cast<int>(a.dv);
-  const int col0 = blockIdx.z * kColumns, cols = min(kColumns, dv - col0);
-  const int64_t key_head = head / (a.value_heads / a.key_heads);
+  const int col0 = blockIdx.x * kStateColumns, cols = min(kStateColumns, dv - col0);
   const RecurrenceLayout l = recurrence_layout(dk, dv);
-  const int dkp = l.dkp, dvp = l.dvp;
+  const int dkp = l.dkp, dvp = l.dvp, k_tiles = dkp / kTile;
+  const Workspace ws = workspace_layout(dkp, dvp);
   extern __shared__ __align__(128) unsigned char smem[];
-  float* H = reinterpret_cast<float*>(smem + l.h);
   T* Hb = reinterpret_cast<T*>(smem + l.hb);
-  T* W = reinterpret_cast<T*>(smem + l.w);
-  T* Qd = reinterpret_cast<T*>(smem + l.qd);
-  T* Kd = reinterpret_cast<T*>(smem + l.kd);
-  T* U = reinterpret_cast<T*>(smem + l.u);
-  T* P = reinterpret_cast<T*>(smem + l.p);
   T* Vn = reinterpret_cast<T*>(smem + l.vn);
-  float* S = reinterpret_cast<float*>(smem + l.s);
-  float* gc = reinterpret_cast<float*>(smem + l.gc);
-  float* kd_factor = gc + kChunk;
-  __shared__ float q_factor[kChunk];
+  float* staging = reinterpret_cast<float*>(smem + l.staging) + warp * kTile * kTile;
+  const bool holds_state = warp < k_tiles;  // warp w: state rows [16w, 16w + 16)
+  // This warp's output tile of the 64 × 32 products (8 warps, 4 × 2 tiles).
+  const int oi = warp / kStateTiles, oj = warp % kStateTiles;
 
   const int64_t state0 = (static_cast<int64_t>(sq.row) * a.value_heads + head) * dk * dv;
   const bool from_initial = (sq.flags & kSequenceFromInitial) != 0 && a.initial != nullptr;
-  for (int e = threadIdx.x; e < dkp * kColumns; e += kThreads) {
-    const int r = e / kColumns, c = e % kColumns;
-    const float value = from_initial && r < dk && c < cols ? a.initial[state0 + static_cast<int64_t>(r) * dv + col0 + c] : 0.f;
-    H[r * kFloatLd + c] = value;
-    Hb[r * kHalfLd + c] = from_float<T>(value);
-  }
-  const int k_tiles = dkp / kTile;
-  for (int n = 0; n < sq.chunk_count; ++n) {
-    const int chunk_index = sq.first_chunk + n;
-    const DeltaChunk ch = a.chunks[chunk_index];
-    const int64_t token0 = static_cast<int64_t>(ch.row) * a.seq_len + ch.start;
-    if (warp == 0) chunk_decay(a.g + token0 * a.value_heads + head, nullptr, a.value_heads, ch.length, gc, nullptr);
-    __syncthreads();  // gc; and the previous chunk's Hb
-    const float last = gc[kChunk - 1];  // padding tokens add no decay
-    if (threadIdx.x < kChunk) {
-      q_factor[threadIdx.x] = expf(gc[threadIdx.x]);
-      kd_factor[threadIdx.x] = expf(last - gc[threadIdx.x]);
+  Acc h[kStateTiles];
+  for (int t = 0; t < kStateTiles; ++t) {
+    if (holds_state) {
+      for (int e = lane; e < kTile * kTile; e += 32) {
+        const int r = warp * kTile + e / kTile, c = t * kTile + e % kTile;
+        staging[e] = from_initial && r < dk && c < cols ? a.initial[state0 + static_cast<int64_t>(r) * dv + col0 + c] : 0.f;
+      }
+      __syncwarp();
+      wmma::load_matrix_sync(h[t], staging, kTile, wmma::mem_row_major);
+      for (int e = lane; e < kTile * kTile; e += 32)
+        Hb[(warp * kTile + e / kTile) * kVnLd + t * kTile + e % kTile] = from_float<T>(staging[e]);
+      __syncwarp();
     }
-    __syncthreads();
-    const T* q = static_cast<const T*>(a.q) + ch.row * a.q_stride[0] + ch.start * a.q_stride[1] + key_head * a.q_stride[2];
-    const T* k = static_cast<const T*>(a.k) + ch.row * a.k_stride[0] + ch.start * a.k_stride[1] + key_head * a.k_stride[2];
-    load_rows(q, a.q_stride[1], ch.length, dk, dkp, true, rsqrtf(static_cast<float>(dk)), Qd, l.ld, q_factor);
-    load_rows(k, a.k_stride[1], ch.length, dk, dkp, true, 1.f, Kd, l.ld, kd_factor);
-    const T* work = static_cast<const T*>(a.workspace) + (static_cast<int64_t>(chunk_index) * a.value_heads + head) *
-                                                             workspace_elements(dkp, dvp);
-    copy_rows(work, dkp, 0, dkp, W, l.ld, dkp);
-    copy_rows(work + kChunk * dkp, dvp, col0, dvp, U, kHalfLd, kColumns);
-    copy_rows(work + kChunk * (dkp + dvp), kChunk, 0, kChunk, P, kHalfLd, kChunk);
-    __syncthreads();
+  }
+  __syncthreads();
 
-    // S = w H  [64, 64]
-    for (int job = warp; job < 16; job += kWarps) {
-      const int ti = job / 4, tj = job % 4;
+  const T* base = static_cast<const T*>(a.workspace);
+  const float* lasts = reinterpret_cast<const float*>(base + a.chunk_count * a.value_heads * ws.per);
+  for (int n = 0; n < sq.chunk_count; ++n) {
+    const int64_t chunk_index = sq.first_chunk + n;
+    const DeltaChunk ch = a.chunks[chunk_index];
+    const T* work = base + (chunk_index * a.value_heads + head) * ws.per;
+    // v' = u − w H, this warp's 16 × 16 tile, into Vn.
+    {
       Acc acc;
       wmma::fill_fragment(acc, 0.f);
-      mma_tiles<FragA<T>, FragB<T>>(acc, W + ti * kTile * l.ld, l.ld, kTile, Hb + tj * kTile, kHalfLd, kTile * kHalfLd,
-                                    k_tiles);
-      wmma::store_matrix_sync(S + ti * kTile * kFloatLd + tj * kTile, acc, kFloatLd, wmma::mem_row_major);
+      for (int kk = 0; kk < k_tiles; ++kk) {
+        FragA<T> fa;
+        FragB<T> fb;
+        wmma::load_matrix_sync(fa, work + ws.w + oi * kTile * dkp + kk * kTile, dkp);
+        wmma::load_matrix_sync(fb, Hb + kk * kTile * kVnLd + oj * kTile, kVnLd);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(staging, acc, kTile, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < kTile * kTile; e += 32) {
+        const int i = oi * kTile + e / kTile, c = oj * kTile + e % kTile;
+        const float u = col0 + c < dvp ? to_float(work[ws.u + static_cast<int64_t>(i) * dvp + col0 + c]) : 0.f;
+        Vn[i * kVnLd + c] = from_float<T>(u - staging[e]);
+      }
     }
-    __syncthreads();
-    // v' = u − w H
-    for (int e = threadIdx.x; e < kChunk * kColumns; e += kThreads) {
-      const int i = e / kColumns, c = e % kColumns;
-      Vn[i * kHalfLd + c] = from_float<T>(to_float(U[i * kHalfLd + c]) - S[i * kFloatLd + c]);
-    }
-    __syncthreads();
+    __syncthreads();  // Vn whole
     // o = (q ⊙ exp(decay)) H + P v'
-    for (int job = warp; job < 16; job += kWarps) {
-      const int ti = job / 4, tj = job % 4;
+    {
       Acc acc;
       wmma::fill_fragment(acc, 0.f);
-      mma_tiles<FragA<T>, FragB<T>>(acc, Qd + ti * kTile * l.ld, l.ld, kTile, Hb + tj * kTile, kHalfLd, kTile * kHalfLd,
-                                    k_tiles);
-      mma_tiles<FragA<T>, FragB<T>>(acc, P + ti * kTile * kHalfLd, kHalfLd, kTile, Vn + tj * kTile, kHalfLd,
-                                    kTile * kHalfLd, ti + 1);
-      wmma::store_matrix_sync(S + ti * kTile * kFloatLd + tj * kTile, acc, kFloatLd, wmma::mem_row_major);
+      for (int kk = 0; kk < k_tiles; ++kk) {
+        FragA<T> fa;
+        FragB<T> fb;
+        wmma::load_matrix_sync(fa, work + ws.qd + oi * kTile * dkp + kk * kTile, dkp);
+        wmma::load_matrix_sync(fb, Hb + kk * kTile * kVnLd + oj * kTile, kVnLd);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      for (int kk = 0; kk <= oi; ++kk) {
+        FragA<T> fa;
+        FragB<T> fb;
+        wmma::load_matrix_sync(fa, work + ws.p + oi * kTile * kChunk + kk * kTile, kChunk);
+        wmma::load_matrix_sync(fb, Vn + kk * kTile * kVnLd + oj * kTile, kVnLd);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(staging, acc, kTile, wmma::mem_row_major);
+      __syncwarp();
+      T* out = static_cast<T*>(a.out) + ((static_cast<int64_t>(ch.row) * a.seq_len + ch.start) * a.value_heads + head) * dv + col0;
+      for (int e = lane; e < kTile * kTile; e += 32) {
+        const int i = oi * kTile + e / kTile, c = oj * kTile + e % kTile;
+        if (i < ch.length && c < cols) out[static_cast<int64_t>(i) * a.value_heads * dv + c] = from_float<T>(staging[e]);
+      }
+      __syncwarp();
     }
-    // H ← exp(decay_last) H + (k ⊙ exp(decay_last − decay))ᵀ v'  (H is not
-    // read by the o products above: they read Hb)
-    const float carry = expf(last);
-    for (int job = warp; job < k_tiles * 4; job += kWarps) {
-      const int ti = job / 4, tj = job % 4;
-      Acc acc;
-      wmma::load_matrix_sync(acc, H + ti * kTile * kFloatLd + tj * kTile, kFloatLd, wmma::mem_row_major);
-      for (int e = 0; e < acc.num_elements; ++e) acc.x[e] *= carry;
-      mma_tiles<FragAt<T>, FragB<T>>(acc, Kd + ti * kTile, l.ld, kTile * l.ld, Vn + tj * kTile, kHalfLd, kTile * kHalfLd,
-                                     kChunk / kTile);
-      wmma::store_matrix_sync(H + ti * kTile * kFloatLd + tj * kTile, acc, kFloatLd, wmma::mem_row_major);
+    // H ← exp(decay_last) H + (k ⊙ exp(decay_last − decay))ᵀ v'
+    if (holds_state) {
+      const float carry = expf(lasts[chunk_index * a.value_heads + head]);
+      for (int t = 0; t < kStateTiles; ++t) {
+        for (int e = 0; e < h[t].num_elements; ++e) h[t].x[e] *= carry;
+        for (int kk = 0; kk < kChunk / kTile; ++kk) {
+          FragAt<T> fa;
+          FragB<T> fb;
+          wmma::load_matrix_sync(fa, work + ws.kd + kk * kTile * dkp + warp * kTile, dkp);
+          wmma::load_matrix_sync(fb, Vn + kk * kTile * kVnLd + t * kTile, kVnLd);
+          wmma::mma_sync(h[t], fa, fb, h[t]);
+        }
+      }
     }
-    __syncthreads();
-    T* out = static_cast<T*>(a.out) + (token0 * a.value_heads + head) * dv + col0;
-    for (int e = threadIdx.x; e < kChunk * kColumns; e += kThreads) {
-      const int i = e / kColumns, c = e % kColumns;
-      if (i < ch.length && c < cols) out[static_cast<int64_t>(i) * a.value_heads * dv + c] = from_float<T>(S[i * kFloatLd + c]);
+    __syncthreads();  // every read of Hb and Vn is done
+    if (holds_state) {
+      for (int t = 0; t < kStateTiles; ++t) {
+        wmma::store_matrix_sync(staging, h[t], kTile, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < kTile * kTile; e += 32)
+          Hb[(warp * kTile + e / kTile) * kVnLd + t * kTile + e % kTile] = from_float<T>(staging[e]);
+        __syncwarp();
+      }
     }
-    for (int e = threadIdx.x; e < dkp * kColumns; e += kThreads) {
-      const int r = e / kColumns, c = e % kColumns;
-      Hb[r * kHalfLd + c] = from_float<T>(H[r * kFloatLd + c]);
-    }
+    __syncthreads();  // Hb whole
   }
-  if ((sq.flags & kSequenceWritesFinal) != 0 && a.final_state != nullptr) {
-    __syncthreads();
-    for (int e = threadIdx.x; e < dk * kColumns; e += kThreads) {
-      const int r = e / kColumns, c = e % kColumns;
-      if (c < cols) a.final_state[state0 + static_cast<int64_t>(r) * dv + col0 + c] = H[r * kFloatLd + c];
+  if ((sq.flags & kSequenceWritesFinal) != 0 && a.final_state != nullptr && holds_state) {
+    for (int t = 0; t < kStateTiles; ++t) {
+      wmma::store_matrix_sync(staging, h[t], kTile, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < kTile * kTile; e += 32) {
+        const int r = warp * kTile + e / kTile, c = t * kTile + e % kTile;
+        if (r < dk && c < cols) a.final_state[state0 + static_cast<int64_t>(r) * dv + col0 + c] = staging[e];
+      }
+      __syncwarp();
     }
   }
 }
@@ -399,8 +444,8 @@ void launch(const DeltaRuleArgs& a, cudaStream_t stream) {
   delta_prepare<T><<<dim3(static_cast<unsigned>(a.chunk_count), static_cast<unsigned>(a.value_heads)), kThreads,
                      prepare.bytes, stream>>>(a);
   check(cudaGetLastError(), "prepare kernel launch");
-  delta_recurrence<T><<<dim3(static_cast<unsigned>(a.sequence_count), static_cast<unsigned>(a.value_heads),
-                             static_cast<unsigned>((a.dv + kColumns - 1) / kColumns)),
+  delta_recurrence<T><<<dim3(static_cast<unsigned>((a.dv + kStateColumns - 1) / kStateColumns),
+                             static_cast<unsigned>(a.sequence_count), static_cast<unsigned>(a.value_heads)),
                         kThreads, recurrence.bytes, stream>>>(a);
   check(cudaGetLastError(), "recurrence kernel launch");
 }
@@ -408,7 +453,7 @@ void launch(const DeltaRuleArgs& a, cudaStream_t stream) {
 }  // namespace
 
 int64_t delta_rule_workspace_bytes(int64_t chunk_count, int64_t value_heads, int64_t dk, int64_t dv) {
-  return chunk_count * value_heads * workspace_elements(pad16(dk), pad16(dv)) * 2;
+  return chunk_count * value_heads * (workspace_layout(pad16(dk), pad16(dv)).per * 2 + 4);
 }
 
 void chunked_gated_delta_rule(Element element, const DeltaRuleArgs& a, cudaStream_t stream) {

@@ -7,9 +7,10 @@
 //     L2-normalised, the in-chunk cumulative log decay, A = β K Kᵀ ⊙ decay
 //     (strictly lower), T = (I + A)⁻¹ by forward substitution, and
 //     w = T (β k ⊙ exp(decay)), u = T (β v), P = (q kᵀ ⊙ decay) (lower, with
-//     the diagonal), written to a workspace;
-//   recurrence (one block per document, value head and 64 value columns):
-//     the state [dk, 64] in shared memory, fp32, chunk after chunk:
+//     the diagonal), q ⊙ exp(decay) and k ⊙ exp(decay_last − decay), written
+//     to a workspace;
+//   recurrence (one block per document, value head and 32 value columns):
+//     the state [dk, 32] in the warps' fp32 accumulators, chunk after chunk:
 //     v' = u − w S, o = (q ⊙ exp(decay)) S + P v',
 //     S ← exp(decay_last) S + (k ⊙ exp(decay_last − decay))ᵀ v'.
 //

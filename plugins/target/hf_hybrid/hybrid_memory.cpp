@@ -47,8 +47,9 @@ HybridMemory plan_hybrid_memory(const fs::path& dir, c10::ScalarType dtype, int6
   //     decayed β·k: q, k, β·k, the new values, its result and two chunk
   //     matrices — gated_deltanet.cpp releases the rest as it goes); in the
   //     CUDA kernels (16-bit on CUDA, head dims ≤ 128), their workspace (w,
-  //     u and the 64 × 64 intra-chunk matrix, 16-bit, head dims padded to
-  //     16), g and β in fp32 and the output;
+  //     u, the decayed q and k and the 64 × 64 intra-chunk matrix, 16-bit,
+  //     head dims padded to 16; a chunk's last decay in fp32), g and β in
+  //     fp32 and the output;
   //   the gated RMSNorm after it — the rule's output and the result; in
   //     ATen also its fp32 copy and square, the normalised product, SiLU(z)
   //     in fp32 and their product.
@@ -59,7 +60,7 @@ HybridMemory plan_hybrid_memory(const fs::path& dir, c10::ScalarType dtype, int6
   const auto pad16 = [](double d) { return std::ceil(d / 16) * 16; };
   const bool rule_kernels = kernels && dk <= 128 && dv <= 128;
   const double rule =
-      rule_kernels ? 2 * hv * (pad16(dk) + pad16(dv) + chunk) + 8 * hv + e * vd
+      rule_kernels ? 2 * hv * (3 * pad16(dk) + pad16(dv) + chunk) + 4 * hv / chunk + 8 * hv + e * vd
                    : 4 * hv * std::max({3 * dk + dv + 3 * chunk, 3 * dk + 2 * dv + 2 * chunk, 4 * dk + dv + 2 * chunk});
   const double gated_norm = kernels ? 2 * e * vd : e * vd + 4 * 2 * vd + e * vd + 4 * 2 * vd + e * vd;
   const double linear_work = e * (h + projected + conv_dim) + std::max(rule, gated_norm);
