@@ -241,3 +241,38 @@ TEST(DeltaRuleCuda, NormKernelsMatchTheAtenForm) {
   const torch::Tensor gated = (normed * torch::silu(z.view({29, 3, 40}).to(torch::kFloat))).to(torch::kBFloat16);
   EXPECT_LT(max_ulp_gap(ko::gated_rms_norm(core, z, w, 1e-6), gated.view({29, 120})), 2.01);
 }
+
+// ---- The recurrent form's kernel (decoding steps).
+
+TEST(DeltaRuleCuda, RecurrentKernelMatchesTheAtenLoopAndIsCutAndRowInvariant) {
+  SKIP_WITHOUT_KERNELS();
+  // Three sessions of a 9-token step, Qwen3.6's head dims, from states.
+  const Layer l = random_layer(3, 9, 2, 6, 128, 128, torch::kBFloat16, true, {});
+  const gdn::DeltaOutput got = gdn::recurrent_delta_rule(l.q, l.k, l.v, l.g, l.beta, l.initial);
+  const auto f32 = [](const torch::Tensor& t) { return t.to(torch::kFloat); };
+  const gdn::DeltaOutput want =
+      gdn::recurrent_delta_rule(f32(l.q), f32(l.k), f32(l.v), l.g, f32(l.beta), l.initial, /*reference=*/true);
+  EXPECT_LT(relative_error(got.out, want.out), 1e-2) << "bf16 outputs of fp32 arithmetic";
+  EXPECT_LT(relative_error(got.state, want.state), 1e-5) << "the state is fp32 throughout";
+  // Cut at token 4 and resumed: bitwise the state and outputs of one call.
+  const auto first = [](const torch::Tensor& t, int64_t n) { return t.narrow(1, 0, n); };
+  const auto rest = [](const torch::Tensor& t, int64_t n) { return t.narrow(1, n, t.size(1) - n); };
+  const gdn::DeltaOutput a = gdn::recurrent_delta_rule(first(l.q, 4), first(l.k, 4), first(l.v, 4), first(l.g, 4),
+                                                       first(l.beta, 4), l.initial);
+  const gdn::DeltaOutput b = gdn::recurrent_delta_rule(rest(l.q, 4), rest(l.k, 4), rest(l.v, 4), rest(l.g, 4),
+                                                       rest(l.beta, 4), a.state);
+  EXPECT_TRUE(torch::equal(b.state, got.state));
+  EXPECT_TRUE(torch::equal(torch::cat({a.out, b.out}, 1), got.out));
+  // One session alone: bitwise its row of the batch.
+  const auto row1 = [](const torch::Tensor& t) { return t.narrow(0, 1, 1); };
+  const gdn::DeltaOutput alone =
+      gdn::recurrent_delta_rule(row1(l.q), row1(l.k), row1(l.v), row1(l.g), row1(l.beta), row1(l.initial));
+  EXPECT_TRUE(torch::equal(alone.state, row1(got.state)));
+  EXPECT_TRUE(torch::equal(alone.out, row1(got.out)));
+  // Odd head dims (the fixtures' tiny models).
+  const Layer odd = random_layer(2, 5, 1, 3, 12, 40, torch::kBFloat16, true, {});
+  const gdn::DeltaOutput odd_got = gdn::recurrent_delta_rule(odd.q, odd.k, odd.v, odd.g, odd.beta, odd.initial);
+  const gdn::DeltaOutput odd_want = gdn::recurrent_delta_rule(f32(odd.q), f32(odd.k), f32(odd.v), odd.g, f32(odd.beta),
+                                                              odd.initial, true);
+  EXPECT_LT(relative_error(odd_got.state, odd_want.state), 1e-5);
+}

@@ -64,58 +64,95 @@ bool delta_rule_fits(const at::Tensor& like, int64_t key_heads, int64_t value_he
          value_heads % key_heads == 0;
 }
 
+namespace {
+
+// The tensors both forms read, checked and laid out as the kernels take them.
+struct RuleTensors {
+  at::Tensor q, k, v, g, beta, initial;
+};
+RuleTensors rule_tensors(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& g_in,
+                         const at::Tensor& beta_in, const at::Tensor& initial_in, const char* who) {
+  const int64_t hv = v_in.size(2), dv = v_in.size(3), hk = k_in.size(2), dk = k_in.size(3);
+  if (!delta_rule_fits(v_in, hk, hv, dk, dv))
+    throw std::invalid_argument(std::string(who) + ": the kernels do not take v " + c10::str(v_in.sizes()) + " " +
+                                c10::toString(v_in.scalar_type()) + " with " + std::to_string(hk) + " key heads of " +
+                                std::to_string(dk));
+  const auto dense_last = [](const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); };
+  RuleTensors r;
+  r.q = dense_last(q_in.to(v_in.scalar_type()));
+  r.k = dense_last(k_in.to(v_in.scalar_type()));
+  r.v = dense_last(v_in);
+  r.g = g_in.to(at::kFloat).contiguous();
+  r.beta = beta_in.to(at::kFloat).contiguous();
+  r.initial = initial_in.defined() ? initial_in.to(at::kFloat).contiguous() : at::Tensor();
+  return r;
+}
+
+cuda_kernels::DeltaRuleArgs rule_args(const RuleTensors& t, DeltaRuleResult& result) {
+  cuda_kernels::DeltaRuleArgs a;
+  a.q = t.q.data_ptr();
+  a.k = t.k.data_ptr();
+  a.v = t.v.data_ptr();
+  for (int d = 0; d < 3; ++d) {
+    a.q_stride[d] = t.q.stride(d);
+    a.k_stride[d] = t.k.stride(d);
+    a.v_stride[d] = t.v.stride(d);
+  }
+  a.g = t.g.data_ptr<float>();
+  a.beta = t.beta.data_ptr<float>();
+  a.initial = t.initial.defined() ? t.initial.data_ptr<float>() : nullptr;
+  const int64_t b = t.v.size(0), s = t.v.size(1), hv = t.v.size(2), dv = t.v.size(3), dk = t.k.size(3);
+  result.out = at::empty({b, s, hv, dv}, t.v.options());
+  result.state = at::zeros({b, hv, dk, dv}, t.v.options().dtype(at::kFloat));
+  a.out = result.out.data_ptr();
+  a.final_state = result.state.data_ptr<float>();
+  a.rows = b;
+  a.seq_len = s;
+  a.key_heads = t.k.size(2);
+  a.value_heads = hv;
+  a.dk = dk;
+  a.dv = dv;
+  return a;
+}
+
+cuda_kernels::Element element_of(const at::Tensor& v) {
+  return v.scalar_type() == at::kBFloat16 ? cuda_kernels::Element::kBFloat16 : cuda_kernels::Element::kFloat16;
+}
+
+}  // namespace
+
 DeltaRuleResult chunked_gated_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                          const at::Tensor& g_in, const at::Tensor& beta_in, const at::Tensor& initial_in,
                                          const DeltaChunkPlan& plan) {
   const c10::cuda::CUDAGuard guard(v_in.device());
-  const int64_t b = v_in.size(0), s = v_in.size(1), hv = v_in.size(2), dv = v_in.size(3);
-  const int64_t hk = k_in.size(2), dk = k_in.size(3);
-  if (!delta_rule_fits(v_in, hk, hv, dk, dv))
-    throw std::invalid_argument("chunked_gated_delta_rule: the kernels do not take v " + c10::str(v_in.sizes()) + " " +
-                                c10::toString(v_in.scalar_type()) + " with " + std::to_string(hk) + " key heads of " +
-                                std::to_string(dk));
-  if (plan.rows != b || plan.seq_len != s || !plan.device_chunks.defined() ||
+  const RuleTensors t = rule_tensors(q_in, k_in, v_in, g_in, beta_in, initial_in, "chunked_gated_delta_rule");
+  if (plan.rows != v_in.size(0) || plan.seq_len != v_in.size(1) || !plan.device_chunks.defined() ||
       plan.device_chunks.device() != v_in.device())
     throw std::invalid_argument("chunked_gated_delta_rule: the chunk plan is not of these rows on " +
                                 v_in.device().str());
-  const auto dense_last = [](const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); };
-  const at::Tensor q = dense_last(q_in.to(v_in.scalar_type())), k = dense_last(k_in.to(v_in.scalar_type()));
-  const at::Tensor v = dense_last(v_in);
-  const at::Tensor g = g_in.to(at::kFloat).contiguous(), beta = beta_in.to(at::kFloat).contiguous();
-  const at::Tensor initial = initial_in.defined() ? initial_in.to(at::kFloat).contiguous() : at::Tensor();
   DeltaRuleResult result;
-  result.out = at::empty({b, s, hv, dv}, v.options());
-  result.state = at::zeros({b, hv, dk, dv}, v.options().dtype(at::kFloat));
+  cuda_kernels::DeltaRuleArgs a = rule_args(t, result);
   const int64_t chunks = plan.chunk_count();
-  const at::Tensor workspace =
-      at::empty({cuda_kernels::delta_rule_workspace_bytes(chunks, hv, dk, dv)}, v.options().dtype(at::kByte));
-  cuda_kernels::DeltaRuleArgs a;
-  a.q = q.data_ptr();
-  a.k = k.data_ptr();
-  a.v = v.data_ptr();
-  for (int d = 0; d < 3; ++d) {
-    a.q_stride[d] = q.stride(d);
-    a.k_stride[d] = k.stride(d);
-    a.v_stride[d] = v.stride(d);
-  }
-  a.g = g.data_ptr<float>();
-  a.beta = beta.data_ptr<float>();
-  a.initial = initial.defined() ? initial.data_ptr<float>() : nullptr;
-  a.out = result.out.data_ptr();
-  a.final_state = result.state.data_ptr<float>();
+  const at::Tensor workspace = at::empty({cuda_kernels::delta_rule_workspace_bytes(chunks, a.value_heads, a.dk, a.dv)},
+                                         t.v.options().dtype(at::kByte));
   a.chunks = reinterpret_cast<const cuda_kernels::DeltaChunk*>(plan.device_chunks.data_ptr<int32_t>());
   a.sequences = reinterpret_cast<const cuda_kernels::DeltaSequence*>(plan.device_sequences.data_ptr<int32_t>());
   a.chunk_count = chunks;
   a.sequence_count = plan.sequence_count();
-  a.seq_len = s;
-  a.key_heads = hk;
-  a.value_heads = hv;
-  a.dk = dk;
-  a.dv = dv;
   a.workspace = workspace.data_ptr();
-  cuda_kernels::chunked_gated_delta_rule(
-      v.scalar_type() == at::kBFloat16 ? cuda_kernels::Element::kBFloat16 : cuda_kernels::Element::kFloat16, a,
-      c10::cuda::getCurrentCUDAStream(v.device().index()).stream());
+  cuda_kernels::chunked_gated_delta_rule(element_of(t.v), a, c10::cuda::getCurrentCUDAStream(v_in.device().index()).stream());
+  return result;
+}
+
+DeltaRuleResult recurrent_gated_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                           const at::Tensor& g_in, const at::Tensor& beta_in,
+                                           const at::Tensor& initial_in) {
+  const c10::cuda::CUDAGuard guard(v_in.device());
+  const RuleTensors t = rule_tensors(q_in, k_in, v_in, g_in, beta_in, initial_in, "recurrent_gated_delta_rule");
+  DeltaRuleResult result;
+  const cuda_kernels::DeltaRuleArgs a = rule_args(t, result);
+  cuda_kernels::recurrent_gated_delta_rule(element_of(t.v), a,
+                                           c10::cuda::getCurrentCUDAStream(v_in.device().index()).stream());
   return result;
 }
 
@@ -125,6 +162,10 @@ bool delta_rule_fits(const at::Tensor&, int64_t, int64_t, int64_t, int64_t) { re
 DeltaRuleResult chunked_gated_delta_rule(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                          const at::Tensor&, const at::Tensor&, const DeltaChunkPlan&) {
   throw std::logic_error("dflash: this build has no CUDA kernels (chunked_gated_delta_rule)");
+}
+DeltaRuleResult recurrent_gated_delta_rule(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                           const at::Tensor&, const at::Tensor&) {
+  throw std::logic_error("dflash: this build has no CUDA kernels (recurrent_gated_delta_rule)");
 }
 
 #endif

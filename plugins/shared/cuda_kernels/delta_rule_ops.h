@@ -52,4 +52,10 @@ DeltaRuleResult chunked_gated_delta_rule(const at::Tensor& q, const at::Tensor& 
                                          const at::Tensor& g, const at::Tensor& beta, const at::Tensor& initial,
                                          const DeltaChunkPlan& plan);
 
+// The recurrent form (decoding steps), the same inputs, every row continuing
+// `initial` over all its tokens; fp32 inside, and row- and cut-invariant
+// bitwise (gated_delta_rule.h).
+DeltaRuleResult recurrent_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const at::Tensor& g, const at::Tensor& beta, const at::Tensor& initial);
+
 }  // namespace dflash::kernel_ops

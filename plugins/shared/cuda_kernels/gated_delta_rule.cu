@@ -425,6 +425,92 @@ __global__ void __launch_bounds__(kThreads, 3) delta_recurrence(DeltaRuleArgs a)
   }
 }
 
+// The recurrent form: thread (lane c, warp w) holds column c of the block's
+// 32 and state rows [32w, 32w + 32) in registers; column sums over dk go
+// through shared memory in warp order (fixed).
+constexpr int kRecurrentColumns = 32;
+constexpr int kRecurrentWarps = 4;            // 4 × 32 state rows: dk ≤ 128
+constexpr int kRowsPerThread = kDeltaMaxHeadDim / kRecurrentWarps;
+
+template <class T>
+__global__ void __launch_bounds__(kRecurrentWarps * 32) delta_recurrent(DeltaRuleArgs a) {
+  const int64_t row = blockIdx.y;
+  const int head = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int dk = static_cast<int>(a.dk), dv = static_cast<int>(a.dv);
+  const int col = blockIdx.x * kRecurrentColumns + lane;
+  const bool live = col < dv;
+  const int64_t key_head = head / (a.value_heads / a.key_heads);
+  __shared__ float qs[kDeltaMaxHeadDim], ks[kDeltaMaxHeadDim];
+  __shared__ float partial[kRecurrentWarps][kRecurrentColumns];
+  __shared__ float norms[2][kRecurrentWarps];
+
+  const int64_t state0 = (row * a.value_heads + head) * dk * dv;
+  float s[kRowsPerThread];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const int i = warp * kRowsPerThread + r;
+    s[r] = a.initial != nullptr && live && i < dk ? a.initial[state0 + static_cast<int64_t>(i) * dv + col] : 0.f;
+  }
+  const float q_scale = rsqrtf(static_cast<float>(dk));
+  for (int64_t t = 0; t < a.seq_len; ++t) {
+    // q and k of this token, L2-normalised in fp32 (sums in a fixed order).
+    const int i = threadIdx.x;  // 128 threads, dk ≤ 128
+    const T* qrow = static_cast<const T*>(a.q) + row * a.q_stride[0] + t * a.q_stride[1] + key_head * a.q_stride[2];
+    const T* krow = static_cast<const T*>(a.k) + row * a.k_stride[0] + t * a.k_stride[1] + key_head * a.k_stride[2];
+    const float qv = i < dk ? to_float(qrow[i]) : 0.f, kv = i < dk ? to_float(krow[i]) : 0.f;
+    const float qsum = warp_sum(qv * qv), ksum = warp_sum(kv * kv);
+    if (lane == 0) norms[0][warp] = qsum, norms[1][warp] = ksum;
+    __syncthreads();
+    float qn = 0.f, kn = 0.f;
+#pragma unroll
+    for (int w = 0; w < kRecurrentWarps; ++w) qn += norms[0][w], kn += norms[1][w];
+    qs[i] = qv * rsqrtf(qn + 1e-6f) * q_scale;
+    ks[i] = kv * rsqrtf(kn + 1e-6f);
+    const int64_t gate = (row * a.seq_len + t) * a.value_heads + head;
+    const float decay = expf(a.g[gate]), beta = a.beta[gate];
+    const T* vrow = static_cast<const T*>(a.v) + row * a.v_stride[0] + t * a.v_stride[1] + head * a.v_stride[2];
+    const float v = live ? to_float(vrow[col]) : 0.f;
+    __syncthreads();  // qs, ks
+    // S ← exp(g) S; the memory Sᵀk of this column.
+    float mem = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+      s[r] *= decay;
+      mem += s[r] * ks[warp * kRowsPerThread + r];
+    }
+    partial[warp][lane] = mem;
+    __syncthreads();
+    mem = 0.f;
+#pragma unroll
+    for (int w = 0; w < kRecurrentWarps; ++w) mem += partial[w][lane];
+    const float delta = (v - mem) * beta;
+    __syncthreads();  // partial is read
+    // S ← S + k δᵀ; o = Sᵀq.
+    float o = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+      s[r] += ks[warp * kRowsPerThread + r] * delta;
+      o += s[r] * qs[warp * kRowsPerThread + r];
+    }
+    partial[warp][lane] = o;
+    __syncthreads();
+    if (warp == 0 && live) {
+      o = 0.f;
+#pragma unroll
+      for (int w = 0; w < kRecurrentWarps; ++w) o += partial[w][lane];
+      static_cast<T*>(a.out)[gate * dv + col] = from_float<T>(o);
+    }
+    __syncthreads();  // partial, qs and ks are free for the next token
+  }
+  if (a.final_state != nullptr && live) {
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+      const int i = warp * kRowsPerThread + r;
+      if (i < dk) a.final_state[state0 + static_cast<int64_t>(i) * dv + col] = s[r];
+    }
+  }
+}
+
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
     throw std::runtime_error(std::string("chunked_gated_delta_rule: ") + what + ": " + cudaGetErrorString(status));
@@ -450,6 +536,15 @@ void launch(const DeltaRuleArgs& a, cudaStream_t stream) {
   check(cudaGetLastError(), "recurrence kernel launch");
 }
 
+template <class T>
+void launch_recurrent(const DeltaRuleArgs& a, cudaStream_t stream) {
+  if (a.seq_len == 0 || a.rows == 0) return;
+  delta_recurrent<T><<<dim3(static_cast<unsigned>((a.dv + kRecurrentColumns - 1) / kRecurrentColumns),
+                            static_cast<unsigned>(a.rows), static_cast<unsigned>(a.value_heads)),
+                       kRecurrentWarps * 32, 0, stream>>>(a);
+  check(cudaGetLastError(), "recurrent kernel launch");
+}
+
 }  // namespace
 
 int64_t delta_rule_workspace_bytes(int64_t chunk_count, int64_t value_heads, int64_t dk, int64_t dv) {
@@ -465,6 +560,17 @@ void chunked_gated_delta_rule(Element element, const DeltaRuleArgs& a, cudaStrea
                                 " value heads do not share " + std::to_string(a.key_heads) + " key heads evenly");
   if (element == Element::kBFloat16) launch<__nv_bfloat16>(a, stream);
   else launch<__half>(a, stream);
+}
+
+void recurrent_gated_delta_rule(Element element, const DeltaRuleArgs& a, cudaStream_t stream) {
+  if (a.dk < 1 || a.dk > kDeltaMaxHeadDim || a.dv < 1 || a.dv > kDeltaMaxHeadDim)
+    throw std::invalid_argument("recurrent_gated_delta_rule: head dims " + std::to_string(a.dk) + " × " +
+                                std::to_string(a.dv) + " outside 1.." + std::to_string(kDeltaMaxHeadDim));
+  if (a.key_heads < 1 || a.value_heads % a.key_heads != 0)
+    throw std::invalid_argument("recurrent_gated_delta_rule: " + std::to_string(a.value_heads) +
+                                " value heads do not share " + std::to_string(a.key_heads) + " key heads evenly");
+  if (element == Element::kBFloat16) launch_recurrent<__nv_bfloat16>(a, stream);
+  else launch_recurrent<__half>(a, stream);
 }
 
 }  // namespace dflash::cuda_kernels

@@ -65,6 +65,7 @@ struct DeltaRuleArgs {
   int64_t chunk_count = 0, sequence_count = 0;
   int64_t seq_len = 0, key_heads = 0, value_heads = 0, dk = 0, dv = 0;
   void* workspace = nullptr;  // delta_rule_workspace_bytes(chunk_count, value_heads, dk, dv)
+  int64_t rows = 0;           // B (the recurrent form's grid; the chunked form reads its tables)
 };
 
 int64_t delta_rule_workspace_bytes(int64_t chunk_count, int64_t value_heads, int64_t dk, int64_t dv);
@@ -73,5 +74,18 @@ int64_t delta_rule_workspace_bytes(int64_t chunk_count, int64_t value_heads, int
 // one chunk; rows without a sequence flagged kSequenceWritesFinal leave their
 // final_state untouched.
 void chunked_gated_delta_rule(Element element, const DeltaRuleArgs& args, cudaStream_t stream);
+
+// The recurrent form, token after token (decoding steps: a few tokens a
+// session): the same arguments but for the chunk tables and the workspace
+// (unused); every row continues `initial` (null: zeros) over all seq_len
+// tokens, and final_state gets every row's state after its last token.
+// One block per (row, value head, 32 value columns); all arithmetic fp32, in
+// transformers' recurrent order (decay, S ᵀk, the delta, the update, Sᵀq),
+// each sum in a fixed order that depends on nothing but the head's
+// dimensions: a row's result is bitwise the same whatever the other rows,
+// and running a step's first t tokens, or all of them in two calls cut at
+// t, gives bitwise the same state after token t (decode_truncate replays a
+// step that way).
+void recurrent_gated_delta_rule(Element element, const DeltaRuleArgs& args, cudaStream_t stream);
 
 }  // namespace dflash::cuda_kernels

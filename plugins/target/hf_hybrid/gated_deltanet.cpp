@@ -221,8 +221,13 @@ DeltaOutput chunked_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, c
 }
 
 DeltaOutput recurrent_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                                 const at::Tensor& g_in, const at::Tensor& beta_in, const at::Tensor& initial) {
+                                 const at::Tensor& g_in, const at::Tensor& beta_in, const at::Tensor& initial,
+                                 bool reference) {
   const int64_t b = v_in.size(0), s = v_in.size(1), heads = v_in.size(2), dv = v_in.size(3), dk = k_in.size(3);
+  if (!reference && kernel_ops::delta_rule_fits(v_in, k_in.size(2), heads, dk, dv)) {
+    kernel_ops::DeltaRuleResult r = kernel_ops::recurrent_gated_delta_rule(q_in, k_in, v_in, g_in, beta_in, initial);
+    return DeltaOutput{std::move(r.out), std::move(r.state)};
+  }
   const auto f32 = v_in.options().dtype(at::kFloat);
   const at::Tensor q = l2norm(heads_first(q_in, heads)) / std::sqrt(static_cast<double>(dk));
   const at::Tensor k = l2norm(heads_first(k_in, heads));

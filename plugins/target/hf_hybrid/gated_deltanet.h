@@ -61,9 +61,13 @@ bool kernels_take(const at::Tensor& like, int64_t key_heads, int64_t value_heads
 // token's state depends only on the state before it and its own inputs, so
 // replaying a step's first t tokens from the state before the step gives the
 // state the step had after token t (the same operations; bitwise on the
-// CPU, where a reduction does not split by the batch's shape): a session is
-// cut back that way (hybrid_model.cpp), keeping a step's inputs, not its states.
+// CPU, where a reduction does not split by the batch's shape, and in the
+// CUDA kernel, whose sums have a fixed order): a session is cut back that
+// way (hybrid_model.cpp), keeping a step's inputs, not its states. Where the
+// kernels take the layer (bf16 / fp16 on CUDA) one kernel runs the whole
+// step (kernel_ops::recurrent_gated_delta_rule, fp32 inside); `reference`
+// or elsewhere, the ATen loop below.
 DeltaOutput recurrent_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                                 const at::Tensor& beta, const at::Tensor& initial);
+                                 const at::Tensor& beta, const at::Tensor& initial, bool reference = false);
 
 }  // namespace dflash::target::gdn
