@@ -229,20 +229,51 @@ __global__ void __launch_bounds__(kThreads) delta_prepare(DeltaRuleArgs a) {
   }
   __syncthreads();
 
-  // T = (I + A)⁻¹, unit lower triangular: column c by forward substitution,
-  // x_i = −Σ_{c ≤ m < i} A[i, m] x_m, four lanes splitting each sum.
+  // T = (I + A)⁻¹, unit lower triangular, by 16 × 16 blocks: the four
+  // diagonal blocks' inverses by forward substitution (a warp each, two
+  // lanes a column), then the blocks below them one block row at a time,
+  // X_ij = −X_ii Σ_{j ≤ m < i} A_im X_mj (fp32 sums in a fixed order): three
+  // dependent stages where substitution over the 64 rows takes 64.
   {
-    const int c = threadIdx.x / 4, part = threadIdx.x % 4;
-    for (int i = 0; i < kChunk; ++i) {
-      float s = 0.f;
-      for (int m = c + part; m < i; m += 4) s += A[i * kFloatLd + m] * X[m * kFloatLd + c];
-      s += __shfl_xor_sync(0xffffffff, s, 1);
-      s += __shfl_xor_sync(0xffffffff, s, 2);
-      if (part == 0) X[i * kFloatLd + c] = i == c ? 1.f : (i < c ? 0.f : -s);
-      __syncwarp();
+    constexpr int kBlock = 16, kBlocks = kChunk / kBlock;
+    if (warp < kBlocks) {
+      const int base = warp * kBlock, c = lane / 2, part = lane % 2;
+      for (int i = 0; i < kBlock; ++i) {
+        float sum = 0.f;
+        for (int m = c + part; m < i; m += 2) sum += A[(base + i) * kFloatLd + base + m] * X[(base + m) * kFloatLd + base + c];
+        sum += __shfl_xor_sync(0xffffffff, sum, 1);
+        if (part == 0) X[(base + i) * kFloatLd + base + c] = i == c ? 1.f : (i < c ? 0.f : -sum);
+        __syncwarp();
+      }
+    }
+    // The blocks above the diagonal are zero (X still holds q kᵀ there).
+    for (int e = threadIdx.x; e < kChunk * kChunk; e += kThreads) {
+      const int i = e / kChunk, j = e % kChunk;
+      if (j / kBlock > i / kBlock) X[i * kFloatLd + j] = 0.f;
+    }
+    __syncthreads();
+    // Y_j = Σ_m A_im X_mj, kept in A's first block row right of the diagonal
+    // (A's strictly upper part, never read).
+    float* Y = A + kBlock;
+    for (int bi = 1; bi < kBlocks; ++bi) {
+      for (int e = threadIdx.x; e < bi * kBlock * kBlock; e += kThreads) {
+        const int j = e / (kBlock * kBlock), r = (e / kBlock) % kBlock, c = e % kBlock;
+        float y = 0.f;
+        for (int m = j; m < bi; ++m)
+          for (int t = 0; t < kBlock; ++t)
+            y += A[(bi * kBlock + r) * kFloatLd + m * kBlock + t] * X[(m * kBlock + t) * kFloatLd + j * kBlock + c];
+        Y[r * kFloatLd + j * kBlock + c] = y;
+      }
+      __syncthreads();
+      for (int e = threadIdx.x; e < bi * kBlock * kBlock; e += kThreads) {
+        const int j = e / (kBlock * kBlock), r = (e / kBlock) % kBlock, c = e % kBlock;
+        float x = 0.f;
+        for (int t = 0; t <= r; ++t) x += X[(bi * kBlock + r) * kFloatLd + bi * kBlock + t] * Y[t * kFloatLd + j * kBlock + c];
+        X[(bi * kBlock + r) * kFloatLd + j * kBlock + c] = -x;
+      }
+      __syncthreads();
     }
   }
-  __syncthreads();
   for (int e = threadIdx.x; e < kChunk * kChunk; e += kThreads)
     Tb[(e / kChunk) * kHalfLd + e % kChunk] = from_float<T>(X[(e / kChunk) * kFloatLd + e % kChunk]);
   __syncthreads();
