@@ -29,7 +29,7 @@ out="${OUT:-$work}"
 target_seconds="${DFLASH_DEMO_TARGET_SECONDS:-75}"
 target_layers="${DFLASH_DEMO_TARGET_LAYERS:-12}"
 # qwen3: a dense Qwen3 target (hf_decoder); qwen3_5: the Qwen3.5 / Qwen3.6
-# hybrid of the same width and depth (hf_hybrid, its ATen path: generate runs
+# hybrid of the same width and depth (hf_hybrid: generate runs
 # fewer prompts by default, and the stages that exist for hf_decoder's own
 # settings, 4b and 4c, are left out).
 target_family="${DFLASH_DEMO_TARGET_FAMILY:-qwen3}"

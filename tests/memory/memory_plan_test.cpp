@@ -693,11 +693,12 @@ TEST(PlanCommand, TheSeedsCaseWithItsRealHybridTarget) {
   const int64_t per_token = 2 * 2 * h + full_stage;
   EXPECT_EQ(line(target, "target forward working memory"), int64_t{65536} * per_token);
   // The plugin's facts, with the plan: what decoding keeps per session (the
-  // linear layers' fp32 states and conv windows, whatever the length) and
-  // per token (the full layers' KV).
+  // linear layers' fp32 states and conv windows, whatever the length, two of
+  // each: the current and the one before the last step) and per token (the
+  // full layers' KV).
   const auto& facts = target.at("facts").at("target");
   EXPECT_EQ(facts.at("layer_types").size(), 64u);
-  EXPECT_EQ(facts.at("decode_state_bytes_per_session").get<int64_t>(), 48 * (4 * 48 * 128 * 128 + 2 * 3 * 10240));
+  EXPECT_EQ(facts.at("decode_state_bytes_per_session").get<int64_t>(), 2 * 48 * (4 * 48 * 128 * 128 + 2 * 3 * 10240));
   EXPECT_EQ(facts.at("decode_kv_bytes_per_token").get<int64_t>(), 16 * 2 * 4 * 256 * 2);
   EXPECT_EQ(facts.at("default_layer_ids"), nlohmann::json({1, 16, 31, 46, 61}));
   EXPECT_FALSE(drafter.at("facts").contains("target")) << "a drafter rank holds no target";

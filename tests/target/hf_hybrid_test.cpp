@@ -315,6 +315,45 @@ TEST(HfHybrid, TruncateIntoTheVerifiedBlock) {
   }
 }
 
+// The linear layers' states live in a pool of two buffers a session
+// (linear_state_pool.h): they must survive the pool's growth while sessions
+// are live, start from zero in a slot an ended session gave back, and be
+// cut back per session after a batched verification step, twice in the
+// same step included.
+TEST(HfHybrid, PooledStatesSurviveGrowthSlotReuseAndBatchedCuts) {
+  auto target = open_target(fixture("qwen3_5_wide"));
+  ASSERT_TRUE(target->can_decode_batch());
+  torch::manual_seed(21);
+  const torch::Tensor prompts = torch::randint(263, {4, 70}, torch::kLong);  // > 64 tokens: chunked steps
+  const torch::Tensor block = torch::randint(263, {3, 8}, torch::kLong);
+  const torch::Tensor after = torch::randint(263, {3, 4}, torch::kLong);
+  const int64_t s1 = target->decode_begin(100);
+  target->decode_extend(s1, prompts[0], {}, false);
+  const int64_t s2 = target->decode_begin(100), s3 = target->decode_begin(100);  // the pool grows twice
+  target->decode_extend(s2, prompts[1], {}, false);
+  target->decode_extend(s3, prompts[2], {}, false);
+  target->decode_end(s2);
+  const int64_t s4 = target->decode_begin(100);  // s2's slot again
+  target->decode_extend(s4, prompts[3], {}, false);
+  target->decode_extend_batch({s1, s3, s4}, block, {}, LogitRows::kNone);
+  target->decode_truncate(s3, 70 + 5);
+  target->decode_truncate(s3, 70 + 2);  // a second, shorter cut into the same step
+  target->decode_truncate(s4, 70);      // the whole block dropped
+  const NamedTensors batched = target->decode_extend_batch({s1, s3, s4}, after, {2}, LogitRows::kAll);
+  const int64_t accepted[3] = {8, 2, 0};
+  const int64_t prompt_of[3] = {0, 2, 3};
+  for (int64_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    const int64_t r = target->decode_begin(100);
+    target->decode_extend(r, torch::cat({prompts[prompt_of[i]], block[i].narrow(0, 0, accepted[i])}), {}, false);
+    const NamedTensors straight = target->decode_extend(r, after[i], {2}, true);
+    target->decode_end(r);
+    EXPECT_LE(relative_error(get(batched, "logits")[i], get(straight, "logits")), kSamePathTolerance);
+    EXPECT_LE(relative_error(get(batched, "hidden.2")[i], get(straight, "hidden.2")), kSamePathTolerance);
+  }
+  for (int64_t s : {s1, s3, s4}) target->decode_end(s);
+}
+
 TEST(HfHybrid, TruncatePastTheLastStepIsRefused) {
   auto target = open_target(fixture("qwen3_5_wide"));
   const int64_t s = target->decode_begin(200);

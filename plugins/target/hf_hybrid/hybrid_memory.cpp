@@ -81,8 +81,10 @@ HybridMemory plan_hybrid_memory(const fs::path& dir, c10::ScalarType dtype, int6
                  : e * (h + (kernels ? 3 : 4) * static_cast<double>(c.intermediate_size));
   m.forward_bytes = sdk::MemoryPlan::saturated_bytes(
       tokens * (2 * e * h + std::max({linear_layers > 0 ? linear_work : 0.0, full_layers > 0 ? full_work : 0.0, mlp_work})));
+  // Two of each a session (linear_state_pool.h): the current one and the one
+  // before the last step, which truncate goes back to.
   m.state_bytes_per_session = sdk::MemoryPlan::saturated_bytes(
-      linear_layers * (4.0 * hv * dk * dv + e * static_cast<double>(c.conv_kernel - 1) * conv_dim));
+      2 * linear_layers * (4.0 * hv * dk * dv + e * static_cast<double>(c.conv_kernel - 1) * conv_dim));
   m.kv_bytes_per_token = sdk::MemoryPlan::saturated_bytes(full_layers * 2 * kv * hd * e);
   return m;
 }

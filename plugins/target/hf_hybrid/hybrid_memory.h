@@ -16,7 +16,7 @@ struct HybridMemory {
   HybridConfig config;
   uint64_t weight_bytes = 0;
   uint64_t forward_bytes = 0;            // one forward over [rows, row_length], hidden states returned not counted
-  uint64_t state_bytes_per_session = 0;  // a decoding session's conv windows + recurrent states (fp32)
+  uint64_t state_bytes_per_session = 0;  // a decoding session's conv windows + recurrent states (fp32), two of each
   uint64_t kv_bytes_per_token = 0;       // its KV cache, per token, over the full-attention layers
 };
 // on_cuda: the model runs on a CUDA device, where a 16-bit dtype runs the

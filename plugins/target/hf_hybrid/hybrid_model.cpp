@@ -141,21 +141,26 @@ bool has_full_attention(const HybridConfig& c) { return c.count(Mixer::kFullAtte
 
 }  // namespace
 
-// Per session, for each linear layer: the conv window (the last K-1 conv
-// inputs) and the recurrent state; and the last extend's record, from which
-// truncate restores any length inside that step: the window before it and
-// the step's conv inputs, the state before it, and (a recurrent step) the
-// delta rule's inputs, replayed from that state up to the cut — a few KB a
-// token where the states themselves would be Hv·dk·dv·4 bytes (3 MiB at
-// Qwen3.6-27B's shape) a token and layer.
+// A recurrent step's record, shared by the sessions that took it together
+// (row i is sessions[i]'s), for each linear layer: the conv inputs
+// [count, K-1+n, C] (the window before the step, then the step's own) and
+// the delta rule's inputs [count, n, ...]. From it and the state before the
+// step truncate restores any length inside the step, replaying the rule up
+// to the cut — a few KB a token where keeping the states themselves would
+// be Hv·dk·dv·4 bytes (3 MiB at Qwen3.6-27B's shape) a token and layer.
+struct StepRecord {
+  std::vector<at::Tensor> inputs;
+  std::vector<RuleInputs> rule;
+};
+
+// Per session: its slot in linear_states_ (the conv windows and recurrent
+// states, with the ones before the last step) and the last step's extent.
 struct HybridModel::SessionStates {
-  std::vector<at::Tensor> window;  // [K-1, C] in the model's dtype
-  std::vector<at::Tensor> state;   // [Hv, dk, dv] fp32
+  int64_t slot = 0;
   int64_t step_start = 0, step_tokens = 0;
-  bool step_replayable = true;          // a recurrent step (or none yet); a chunked one keeps only its start
-  std::vector<at::Tensor> step_inputs;  // [K-1+n, C]: the window before the step, then its inputs
-  std::vector<at::Tensor> step_before;  // the state before the step
-  std::vector<RuleInputs> step_rule;    // [1, n, ...]: the delta rule's inputs of a recurrent step
+  bool step_replayable = true;              // a recurrent step (or none yet); a chunked one keeps only its start
+  std::shared_ptr<const StepRecord> step;  // the last recurrent step's record (null otherwise)
+  int64_t step_row = 0;                     // this session's row in it
 };
 
 HybridModel::HybridModel(const fs::path& dir, c10::ScalarType dtype, c10::Device device)
@@ -224,6 +229,9 @@ HybridModel::HybridModel(const fs::path& dir, c10::ScalarType dtype, c10::Device
   inv_freq_ = at::pow(c.rope_theta, at::arange(0, rd, 2, embed_.options().dtype(at::kFloat)) / static_cast<double>(rd))
                   .reciprocal();
   kv_ = hf::DecodeSessions(c.count(Mixer::kFullAttention), c.num_kv_heads, hd, embed_.options());
+  linear_states_ = LinearStatePool(c.count(Mixer::kLinearAttention), {c.conv_kernel - 1, c.conv_dim()},
+                                   {c.linear_value_heads, c.linear_key_dim, c.linear_value_dim}, embed_.options(),
+                                   embed_.options().dtype(at::kFloat));
 }
 
 HybridModel::~HybridModel() = default;
@@ -299,23 +307,18 @@ HybridOutputs HybridModel::forward(const at::Tensor& input_ids, const at::Tensor
 
 int64_t HybridModel::begin(int64_t capacity) {
   const int64_t id = kv_.begin(capacity);
-  const HybridConfig& c = config_;
   SessionStates st;
-  const auto options = embed_.options();
-  for (int64_t i = 0; i < c.count(Mixer::kLinearAttention); ++i) {
-    st.window.push_back(at::zeros({c.conv_kernel - 1, c.conv_dim()}, options));
-    st.state.push_back(at::zeros({c.linear_value_heads, c.linear_key_dim, c.linear_value_dim}, options.dtype(at::kFloat)));
-  }
-  st.step_inputs = st.window;
-  st.step_before = st.state;
-  st.step_rule.assign(st.state.size(), RuleInputs{});
+  st.slot = linear_states_.acquire();
   states_[id] = std::move(st);
   return id;
 }
 
 void HybridModel::end(int64_t session) {
   kv_.end(session);
-  states_.erase(session);
+  const auto found = states_.find(session);
+  if (found == states_.end()) return;
+  linear_states_.release(found->second.slot);
+  states_.erase(found);
 }
 
 int64_t HybridModel::length(int64_t session) { return kv_.at(session).length; }
@@ -329,7 +332,8 @@ void HybridModel::truncate(int64_t session, int64_t length) {
   SessionStates& st = states_.at(session);
   const int64_t first = st.step_start, kept = length - first, taps = config_.conv_kernel - 1;
   const bool chunked_step = !st.step_replayable;
-  if (!st.state.empty() && (kept < 0 || (kept > 0 && chunked_step)))
+  const int64_t linear_layers = config_.count(Mixer::kLinearAttention);
+  if (linear_layers > 0 && (kept < 0 || (kept > 0 && chunked_step)))
     throw std::invalid_argument(
         "decode_truncate: session " + std::to_string(session) + ": the linear-attention layers keep their state only "
         "within the last decoding step (tokens " + std::to_string(first) + " to " + std::to_string(s.length) + ", " +
@@ -337,20 +341,24 @@ void HybridModel::truncate(int64_t session, int64_t length) {
                       : "each token") +
         "); cutting back to " + std::to_string(length) + " would need a state that is gone. Truncate only into the "
         "block just verified, or start a new session");
-  for (size_t l = 0; l < st.state.size(); ++l) {
-    RuleInputs& in = st.step_rule[l];
-    if (kept == 0) {
-      st.state[l] = st.step_before[l];
-    } else {
-      // The step's first `kept` tokens again, from the state before it: the
-      // same operations in the same order (gated_deltanet.h).
-      auto first_kept = [&](at::Tensor& t) { t = t.narrow(1, 0, kept); };
-      for (at::Tensor* t : {&in.q, &in.k, &in.v, &in.g, &in.beta}) first_kept(*t);
-      st.state[l] = gdn::recurrent_delta_rule(in.q, in.k, in.v, in.g, in.beta, st.step_before[l].unsqueeze(0))
-                        .state.squeeze(0);
+  if (linear_layers > 0 && kept == 0) {
+    linear_states_.flip(st.slot);  // the buffer before the step is current again
+  } else if (linear_layers > 0) {
+    // The step's first `kept` tokens again, from the state before it: the
+    // same operations in the same order (gated_deltanet.h), into the
+    // current buffer; the one before the step stays for a shorter cut.
+    const int64_t now = linear_states_.buffer(st.slot, true), before = linear_states_.buffer(st.slot, false);
+    const int64_t row = st.step_row;
+    for (size_t l = 0; l < static_cast<size_t>(linear_layers); ++l) {
+      const RuleInputs& in = st.step->rule[l];
+      auto first_kept = [&](const at::Tensor& t) { return t.narrow(0, row, 1).narrow(1, 0, kept); };
+      const at::Tensor state =
+          gdn::recurrent_delta_rule(first_kept(in.q), first_kept(in.k), first_kept(in.v), first_kept(in.g),
+                                    first_kept(in.beta), linear_states_.states(l).narrow(0, before, 1))
+              .state;
+      linear_states_.states(l).narrow(0, now, 1).copy_(state);
+      linear_states_.windows(l)[now].copy_(st.step->inputs[l][row].narrow(0, kept, taps));
     }
-    st.window[l] = st.step_inputs[l].narrow(0, kept, taps);
-    st.step_inputs[l] = st.step_inputs[l].narrow(0, 0, taps + kept);
   }
   st.step_tokens = kept;
   s.length = length;
@@ -410,10 +418,18 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
                .masked_fill_(at::arange(keys, long_options).view({1, 1, 1, keys}).gt(positions.view({count, 1, n, 1})),
                              -std::numeric_limits<float>::infinity());
   }
-  // The linear layers' carried windows and states, stacked over the sessions.
+  // The linear layers' carried windows and states: each session's current
+  // buffers in, the other ones out (linear_state_pool.h).
   const bool recurrent = n <= kRecurrentMaxTokens;
   const int64_t linear_layers = c.count(Mixer::kLinearAttention);
   std::vector<LinearResult> linear_results(static_cast<size_t>(linear_layers));
+  at::Tensor current_buffers, next_buffers;
+  std::vector<int64_t> pool_slots;
+  if (linear_layers > 0) {
+    for (int64_t id : ids) pool_slots.push_back(states_.at(id).slot);
+    current_buffers = linear_states_.buffers(pool_slots, true);
+    next_buffers = linear_states_.buffers(pool_slots, false);
+  }
 
   HybridOutputs out;
   at::Tensor x = embed_.index_select(0, tokens);  // [count·n, H]
@@ -423,13 +439,10 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
     at::Tensor mixed;
     if (w.mixer == Mixer::kLinearAttention) {
       const size_t l = static_cast<size_t>(linear_index_[static_cast<size_t>(i)]);
-      std::vector<at::Tensor> windows, states;
-      for (int64_t id : ids) {
-        windows.push_back(states_.at(id).window[l]);
-        states.push_back(states_.at(id).state[l]);
-      }
-      linear_results[l] = linear_attention(c, w.linear, normed.view({count, n, h}), {}, at::stack(windows),
-                                            at::stack(states), recurrent, /*keep_inputs=*/true);
+      linear_results[l] = linear_attention(c, w.linear, normed.view({count, n, h}), {},
+                                            linear_states_.windows(l).index_select(0, current_buffers),
+                                            linear_states_.states(l).index_select(0, current_buffers), recurrent,
+                                            /*keep_inputs=*/true);
       mixed = linear_results[l].out.view({tokens_in_step, h});
     } else {
       const int64_t f = full_index_[static_cast<size_t>(i)], kv = c.num_kv_heads, hd = c.head_dim;
@@ -457,23 +470,28 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
     out.logits = at::linear(norm_1p(x.view({count, n, h}).select(1, n - 1), final_norm_, c.rms_norm_eps), lm_head_)
                      .unsqueeze(1);
 
-  // Only now, with nothing left to throw: the sessions take their new states.
+  // The new windows and states go to the buffers not current; only now,
+  // with nothing left to throw, do the sessions make them current.
   const int64_t taps = c.conv_kernel - 1;
+  std::shared_ptr<StepRecord> record;
+  if (recurrent && linear_layers > 0) record = std::make_shared<StepRecord>();
+  for (size_t l = 0; l < linear_results.size(); ++l) {
+    const LinearResult& r = linear_results[l];
+    linear_states_.windows(l).index_copy_(0, next_buffers, r.inputs.narrow(1, n, taps));
+    linear_states_.states(l).index_copy_(0, next_buffers, r.delta.state);
+    if (record) {
+      record->inputs.push_back(r.inputs);
+      record->rule.push_back(r.rule);
+    }
+  }
   for (int64_t i = 0; i < count; ++i) {
     SessionStates& st = states_.at(ids[static_cast<size_t>(i)]);
     st.step_start = sessions[static_cast<size_t>(i)]->length;
     st.step_tokens = n;
     st.step_replayable = recurrent;
-    for (size_t l = 0; l < linear_results.size(); ++l) {
-      const LinearResult& r = linear_results[l];
-      st.step_before[l] = st.state[l];
-      st.step_inputs[l] = r.inputs.select(0, i).clone();
-      auto own = [&](const at::Tensor& t) { return t.narrow(0, i, 1).clone(); };  // [1, n, ...]
-      st.step_rule[l] = recurrent ? RuleInputs{own(r.rule.q), own(r.rule.k), own(r.rule.v), own(r.rule.g), own(r.rule.beta)}
-                                  : RuleInputs{};
-      st.state[l] = r.delta.state.select(0, i).clone();
-      st.window[l] = st.step_inputs[l].narrow(0, n, taps);
-    }
+    st.step = record;
+    st.step_row = i;
+    if (linear_layers > 0) linear_states_.flip(st.slot);
     sessions[static_cast<size_t>(i)]->length += n;
   }
   return out;

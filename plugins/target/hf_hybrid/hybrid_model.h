@@ -13,6 +13,7 @@
 #pragma once
 
 #include "hybrid_config.h"
+#include "linear_state_pool.h"
 
 #include <decode_sessions.h>
 #include <moe.h>
@@ -114,6 +115,7 @@ class HybridModel {
   std::vector<int64_t> full_index_, linear_index_;  // per layer: its ordinal among its kind, or -1
   hf::DecodeSessions kv_;
   std::map<int64_t, SessionStates> states_;
+  LinearStatePool linear_states_;  // the linear layers' windows and states, by SessionStates::slot
 };
 
 }  // namespace dflash::target
