@@ -204,21 +204,37 @@ TEST(DeltaRuleCuda, CausalConvMatchesTheAtenForm) {
   torch::manual_seed(3);
   const auto on = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
   // x a strided view (the projection's first columns), documents mid-row, a
-  // window before the rows.
-  const torch::Tensor projected = torch::randn({3, 40, 96 + 17}, on);
-  const torch::Tensor x = projected.narrow(2, 0, 96);
-  const torch::Tensor weight = torch::randn({96, 4}, on) * 0.5;
-  const torch::Tensor prefix = torch::randn({3, 3, 96}, on);
-  const torch::Tensor resets = resets_at(3, 40, {{0, 0}, {0, 2}, {0, 30}, {1, 17}}).to(torch::kCUDA);
-  const torch::Tensor got = gdn::causal_conv(x, weight, resets, prefix);
-  // The ATen form: fp32 inputs (runs_on is false), the output rounded as
-  // conv1d rounds, SiLU rounded again.
-  const torch::Tensor want = gdn::causal_conv(x.to(torch::kFloat), weight.to(torch::kFloat), resets, prefix.to(torch::kFloat));
-  ASSERT_EQ(got.sizes(), want.sizes());
-  EXPECT_LT(max_ulp_gap(got, want), 2.01) << "off by more than a rounding";
-  // Document starts read no earlier tokens: row 0's token 2 sees itself only.
-  const torch::Tensor alone = torch::silu((x[0][2].to(torch::kFloat) * weight.select(1, 3).to(torch::kFloat)));
-  EXPECT_TRUE(torch::allclose(got[0][2].to(torch::kFloat), alone, 1e-2, 1e-2));
+  // window before the rows; rows longer than one thread's 32-token tile.
+  // Strides of 113 take the one-channel path; 104 and 64 the 8-channel one.
+  struct Case {
+    int64_t channels, extra_columns, taps, seq;
+  };
+  for (const Case c : {Case{96, 17, 4, 40}, Case{96, 8, 4, 70}, Case{64, 0, 3, 33}, Case{64, 0, 1, 5}}) {
+    SCOPED_TRACE("channels " + std::to_string(c.channels) + " + " + std::to_string(c.extra_columns) + ", " +
+                 std::to_string(c.taps) + " taps, " + std::to_string(c.seq) + " tokens");
+    const torch::Tensor projected = torch::randn({3, c.seq, c.channels + c.extra_columns}, on);
+    const torch::Tensor x = projected.narrow(2, 0, c.channels);
+    const torch::Tensor weight = torch::randn({c.channels, c.taps}, on) * 0.5;
+    const torch::Tensor prefix = torch::randn({3, c.taps - 1, c.channels}, on);
+    const torch::Tensor resets =
+        resets_at(3, c.seq, {{0, 0}, {0, 2}, {0, c.seq - 10}, {1, 17}, {2, 31}, {2, 32}}).to(torch::kCUDA);
+    const torch::Tensor got = gdn::causal_conv(x, weight, resets, prefix);
+    // The ATen form: fp32 inputs (runs_on is false), the output rounded as
+    // conv1d rounds, SiLU rounded again.
+    const torch::Tensor want =
+        gdn::causal_conv(x.to(torch::kFloat), weight.to(torch::kFloat), resets, prefix.to(torch::kFloat));
+    ASSERT_EQ(got.sizes(), want.sizes());
+    EXPECT_LT(max_ulp_gap(got, want), 2.01) << "off by more than a rounding";
+    // Document starts read no earlier tokens: row 0's token 2 sees itself only.
+    const torch::Tensor alone =
+        torch::silu((x[0][2].to(torch::kFloat) * weight.select(1, c.taps - 1).to(torch::kFloat)));
+    EXPECT_TRUE(torch::allclose(got[0][2].to(torch::kFloat), alone, 1e-2, 1e-2));
+    // Without documents or a window: the plain causal conv from zeros.
+    const torch::Tensor plain = gdn::causal_conv(x, weight, torch::Tensor(), torch::Tensor());
+    const torch::Tensor plain_want =
+        gdn::causal_conv(x.to(torch::kFloat), weight.to(torch::kFloat), torch::Tensor(), torch::Tensor());
+    EXPECT_LT(max_ulp_gap(plain, plain_want), 2.01);
+  }
 }
 
 TEST(DeltaRuleCuda, NormKernelsMatchTheAtenForm) {
