@@ -206,10 +206,11 @@ TEST(DeltaRuleCuda, CausalConvMatchesTheAtenForm) {
   // x a strided view (the projection's first columns), documents mid-row, a
   // window before the rows; rows longer than one thread's 32-token tile.
   // Strides of 113 take the one-channel path; 104 and 64 the 8-channel one.
+  // (Every case needs seq > 32: the document starts below reach token 32.)
   struct Case {
     int64_t channels, extra_columns, taps, seq;
   };
-  for (const Case c : {Case{96, 17, 4, 40}, Case{96, 8, 4, 70}, Case{64, 0, 3, 33}, Case{64, 0, 1, 5}}) {
+  for (const Case c : {Case{96, 17, 4, 40}, Case{96, 8, 4, 70}, Case{64, 0, 3, 33}, Case{64, 0, 1, 40}}) {
     SCOPED_TRACE("channels " + std::to_string(c.channels) + " + " + std::to_string(c.extra_columns) + ", " +
                  std::to_string(c.taps) + " taps, " + std::to_string(c.seq) + " tokens");
     const torch::Tensor projected = torch::randn({3, c.seq, c.channels + c.extra_columns}, on);

@@ -406,6 +406,8 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
     lengths_host.push_back(s->length);
   }
   const at::Tensor rows = at::tensor(rows_host, at::kLong).to(device), lengths = at::tensor(lengths_host, at::kLong).to(device);
+  bool consecutive_rows = true;
+  for (size_t i = 1; i < rows_host.size(); ++i) consecutive_rows = consecutive_rows && rows_host[i] == rows_host[0] + static_cast<int64_t>(i);
   const at::Tensor positions = (lengths.unsqueeze(1) + at::arange(n, long_options).unsqueeze(0)).reshape({tokens_in_step});
   const int64_t capacity = kv_.row_capacity();
   const at::Tensor slots = (rows.unsqueeze(1) * capacity).reshape({count, 1}).expand({count, n}).reshape({tokens_in_step}) +
@@ -451,8 +453,11 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
       at::Tensor& value_pool = kv_.values(f);
       key_pool.view({-1, kv, hd}).index_copy_(0, slots, p.k);
       value_pool.view({-1, kv, hd}).index_copy_(0, slots, p.v);
-      auto cached = [&](const at::Tensor& pool) {  // [count, kv, keys, hd]
-        return pool.index_select(0, rows).narrow(1, 0, keys).transpose(1, 2);
+      // [count, kv, keys, hd]: only the keys in use are gathered (not each
+      // row's whole capacity), and consecutive rows are not copied at all.
+      auto cached = [&](const at::Tensor& pool) {
+        const at::Tensor used = pool.narrow(1, 0, keys);
+        return (consecutive_rows ? used.narrow(0, rows_host.front(), count) : used.index_select(0, rows)).transpose(1, 2);
       };
       const at::Tensor attention = attend(p.q.view({count, n, c.num_heads, hd}).transpose(1, 2), cached(key_pool),
                                           cached(value_pool), mask, false)
