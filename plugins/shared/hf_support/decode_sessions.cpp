@@ -13,8 +13,10 @@ int64_t DecodeSessions::begin(int64_t capacity) {
   if (capacity < 1) throw std::invalid_argument("a decoding session needs room for at least one token");
   auto free_row = std::find(row_used_.begin(), row_used_.end(), false);
   const int64_t row = free_row - row_used_.begin();
-  if (free_row == row_used_.end() || capacity > row_capacity_) {
-    int64_t row_capacity = std::max(row_capacity_, capacity);
+  // The size the pool must reach: what it has or a growth already recorded.
+  const int64_t have_capacity = std::max(row_capacity_, pending_capacity_);
+  if (free_row == row_used_.end() || capacity > have_capacity) {
+    int64_t row_capacity = std::max(have_capacity, capacity);
     // A kept pool that must hold longer sequences than before (a run of
     // varied lengths, one after another) grows to a power of two, so it moves
     // a few times, not at every new longest sequence. Its first size is what
@@ -25,7 +27,9 @@ int64_t DecodeSessions::begin(int64_t capacity) {
       if (capacity_limit_ > 0) rounded = std::min(rounded, std::max(capacity_limit_, capacity));
       row_capacity = std::max(row_capacity, rounded);
     }
-    grow(std::max(rows(), row + 1), row_capacity);
+    pending_rows_ = std::max(static_cast<int64_t>(row_used_.size()), row + 1);
+    pending_capacity_ = row_capacity;
+    if (free_row == row_used_.end()) row_used_.push_back(false);
   }
   row_used_[static_cast<size_t>(row)] = true;
   sessions_.emplace(next_id_, Session{row, 0, capacity});
@@ -43,6 +47,7 @@ void DecodeSessions::end(int64_t id) {
     values_.clear();
     row_used_.clear();
     row_capacity_ = 0;
+    pending_rows_ = pending_capacity_ = 0;
   }
 }
 
@@ -58,7 +63,8 @@ void DecodeSessions::grow(int64_t rows, int64_t row_capacity) {
   // admitted the new rows are empty, so growing then copies nothing.
   int64_t valid = 0;
   for (const auto& [id, s] : sessions_) valid = std::max(valid, s.length);
-  const int64_t old_rows = this->rows();
+  pending_rows_ = pending_capacity_ = 0;  // this is the growth recorded
+  const int64_t old_rows = keys_.empty() ? 0 : keys_.front().size(0);
   for (int64_t layer = 0; layer < layers_; ++layer) {
     for (auto* pool : {&keys_, &values_}) {
       // Zero-filled: a batched step reads every session's row up to the

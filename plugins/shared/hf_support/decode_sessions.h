@@ -15,6 +15,13 @@
 //
 // generation() changes whenever the tensors move (grown, freed): whatever
 // holds their addresses (a captured graph) is stale then.
+//
+// Growth is deferred: begin() only records the rows and capacity the pool
+// must reach, and the first look at the pool after it (keys, values, rows,
+// row_capacity, generation) makes them real in one move. Admitting a batch
+// of N sessions one begin() at a time so costs one allocation of N rows,
+// not N allocations of 1, 2, …, N rows (zero-filled and copied: quadratic in
+// N, most of a CPU generate's time at batch 256).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -45,11 +52,26 @@ class DecodeSessions {
   Session& at(int64_t id);
 
   // [rows, row_capacity, kv_heads, head_dim] of layer `layer`.
-  at::Tensor& keys(int64_t layer) { return keys_[static_cast<size_t>(layer)]; }
-  at::Tensor& values(int64_t layer) { return values_[static_cast<size_t>(layer)]; }
-  int64_t rows() const { return static_cast<int64_t>(row_used_.size()); }
-  int64_t row_capacity() const { return row_capacity_; }
-  uint64_t generation() const { return generation_; }
+  at::Tensor& keys(int64_t layer) {
+    settle();
+    return keys_[static_cast<size_t>(layer)];
+  }
+  at::Tensor& values(int64_t layer) {
+    settle();
+    return values_[static_cast<size_t>(layer)];
+  }
+  int64_t rows() const {
+    settle();
+    return static_cast<int64_t>(row_used_.size());
+  }
+  int64_t row_capacity() const {
+    settle();
+    return row_capacity_;
+  }
+  uint64_t generation() const {
+    settle();
+    return generation_;
+  }
   // Keep the pool when its last session ends, and grow the row capacity, once
   // it has one, to powers of two (at most `capacity_limit` when that is > 0,
   // and never below what a session asks for).
@@ -59,6 +81,11 @@ class DecodeSessions {
   }
 
  private:
+  // Makes a growth begin() recorded real (const: the pool's size is
+  // already decided; this only allocates and moves it).
+  void settle() const {
+    if (pending_rows_ > 0) const_cast<DecodeSessions*>(this)->grow(pending_rows_, pending_capacity_);
+  }
   void grow(int64_t rows, int64_t row_capacity);
 
   int64_t layers_ = 0, kv_heads_ = 0, head_dim_ = 0;
@@ -66,6 +93,7 @@ class DecodeSessions {
   std::vector<at::Tensor> keys_, values_;
   std::vector<bool> row_used_;
   int64_t row_capacity_ = 0;
+  int64_t pending_rows_ = 0, pending_capacity_ = 0;  // a growth begin() recorded (0: none)
   uint64_t generation_ = 0;
   bool keep_when_empty_ = false;
   int64_t capacity_limit_ = 0;
