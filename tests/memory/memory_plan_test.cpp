@@ -782,7 +782,19 @@ TEST(PlanCommand, OutOfRangeIntegersAndBadDevicesAreRefusedAtConfigTime) {
     const Result steps = host_run(std::string(command) + " --config " + config + " --set train.steps=18446744073709551615", dir);
     EXPECT_EQ(steps.status, 2) << command << ": " << steps.err;
     EXPECT_CONTAINS(steps.err, "train.steps: 18446744073709551615 is out of range, must be <= 9223372036854775807 (a "
-                               "64-bit integer); accepted: integer >= 1 (dflash-host)");
+                               "64-bit integer); accepted: integer >= 1 and <= 1000000000 (dflash-host)");
+    // Durations and rates past any real run: refused naming the key, where
+    // 1e300 s overflowed to a timeout of −9.2e15 s, 1e-300 s became 0 s and
+    // lr 1e300 failed at step 0 naming no setting.
+    const std::pair<const char*, const char*> out_of_range[] = {
+        {"train.collective_timeout_s=1e300", "train.collective_timeout_s: 1e+300 is out of range, must be <= 604800.0"},
+        {"train.collective_timeout_s=1e-300", "train.collective_timeout_s: 1e-300 is out of range, must be >= 1.0"},
+        {"train.lr=1e300", "train.lr: 1e+300 is out of range, must be <= 10.0"}};
+    for (const auto& [setting, message] : out_of_range) {
+      const Result refused = host_run(std::string(command) + " --config " + config + " --set " + setting, dir);
+      EXPECT_EQ(refused.status, 2) << command << " " << setting << ": " << refused.err;
+      EXPECT_CONTAINS(refused.err, message);
+    }
     const Result device = host_run(std::string(command) + " --config " + config + " --set train.device=gpu", dir);
     EXPECT_EQ(device.status, 2) << command << ": " << device.err;
     EXPECT_CONTAINS(device.err, "train.device: \"gpu\" is not a device, did you mean \"cuda\"?; accepted: a device: "

@@ -43,11 +43,11 @@ class JsonLines : public sdk::DataSource {
                  Bounds::between(2, 1LL << 32))
         .memory_knob("token budget")
         .boolean("shuffle", true, "a new order every epoch, from the run's seed")
-        .integer("epochs", 0, "epochs before the data ends (0 = endless)", Bounds::at_least(0))
+        .integer("epochs", 0, "epochs before the data ends (0 = endless)", Bounds::between(0, 1 << 20))
         .string("on_bad_line", "skip", "skip: count it, log file:line, go on; stop: fail with file:line", {"skip", "stop"})
         .string("long_sequences", "truncate", "a sequence longer than row_length: truncate it or skip it (both counted)",
                 {"truncate", "skip"})
-        .integer("log_bad_lines", 10, "how many skipped lines to log one by one (all are counted)", Bounds::at_least(0))
+        .integer("log_bad_lines", 10, "how many skipped lines to log one by one (all are counted)", Bounds::between(0, 1 << 20))
         .dump();
   }
 

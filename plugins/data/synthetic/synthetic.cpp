@@ -45,7 +45,7 @@ class SyntheticData : public sdk::DataSource {
         .integer("tokens_per_batch", 2048, "the batch's token budget: rows = tokens_per_batch / row_length",
                  Bounds::between(2, 1LL << 32))
         .memory_knob("token budget")
-        .integer("epochs", 0, "epochs before the data ends (0 = endless)", Bounds::at_least(0))
+        .integer("epochs", 0, "epochs before the data ends (0 = endless)", Bounds::between(0, 1 << 20))
         .dump();
   }
 

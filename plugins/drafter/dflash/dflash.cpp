@@ -46,15 +46,15 @@ class DFlashDrafter : public sdk::Drafter {
         .integer("max_anchors", 512, "blocks per batch row at most", Bounds::between(1, 1 << 20))
         .memory_knob("anchor count")
         .number("gamma", 0.0, "slot weight exp(−(k − 1)/γ); 0 = the recipe's: 7 for block_size ≥ 16, 4 for ≥ 8, else 2",
-                Bounds::at_least(0))
+                Bounds::between(0, 1e6))
         .integer("mask_token_id", -1, "token fed to slots 1…; −1 = the last id of the target's vocabulary",
-                 Bounds::at_least(-1))
+                 Bounds::between(-1, (int64_t{1} << 31) - 1))
         .integer_array("target_layer_ids", {},
                        "target layers fed to fc; empty = num_layers ids spaced from 1 to L − 3 as the reference "
                        "DFlash code spaces them (one layer: L / 2)",
                        Bounds::at_least(0))
-        .number("init_std", 0.02, "standard deviation of the initial weights", Bounds::above(0))
-        .number("rope_theta", 0.0, "0 = the target's (1e6 when the target does not say)", Bounds::at_least(0))
+        .number("init_std", 0.02, "standard deviation of the initial weights", Bounds::above(0).up_to(10))
+        .number("rope_theta", 0.0, "0 = the target's (1e6 when the target does not say)", Bounds::between(0, 1e12))
         .string("attention", "blocks",
                 "blocks: no mask at all — each group's shared context prefix through cuDNN's attention, and each "
                 "block's remaining context and its own slots through our block kernel, merged by log-sum-exp (CUDA "
@@ -66,12 +66,12 @@ class DFlashDrafter : public sdk::Drafter {
                 {"grouped", "blocks", "dense"})
         .integer("attention_group_blocks", 64,
                  "blocks per grouped attention call: fewer compute fewer masked pairs, more give each call more work",
-                 Bounds::at_least(1))
+                 Bounds::between(1, 1 << 20))
         .integer("attention_group_key_multiple", 128,
                  "grouped: each group's context range is widened to a multiple of this many keys (the extra keys are "
                  "masked) so the attention calls come in few shapes: groups of one shape share a call, and fused "
                  "kernels (cuDNN's) plan each new shape once, which with exact ranges happens nearly every step",
-                 Bounds::at_least(1))
+                 Bounds::between(1, 1 << 20))
         .string("attention_kernel", "auto",
                 "auto: cuDNN's fused attention on CUDA in bf16/fp16 where it runs and matches SDPA (checked once), "
                 "SDPA elsewhere; sdpa: always SDPA",

@@ -14,8 +14,8 @@ class ConstantSchedule : public dflash::sdk::Scheduler {
   static std::string config_schema() {
     using dflash::sdk::Bounds;
     return dflash::sdk::Schema()
-        .number("scale", 1.0, "multiplies the optimizer's base lr", Bounds::above(0))
-        .integer("warmup_steps", 0, "steps of linear warm-up from 0 (0 = none)", Bounds::at_least(0))
+        .number("scale", 1.0, "multiplies the optimizer's base lr", Bounds::above(0).up_to(1e3))
+        .integer("warmup_steps", 0, "steps of linear warm-up from 0 (0 = none)", Bounds::between(0, 1e9))
         .dump();
   }
 

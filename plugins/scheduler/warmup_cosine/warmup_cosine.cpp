@@ -16,7 +16,7 @@ class WarmupCosine : public sdk::Scheduler {
   static std::string config_schema() {
     using sdk::Bounds;
     sdk::Schema schema;
-    schema.number("scale", 1.0, "multiplies the optimizer's base lr (the peak)", Bounds::above(0));
+    schema.number("scale", 1.0, "multiplies the optimizer's base lr (the peak)", Bounds::above(0).up_to(1e3));
     schedule::add_warmup_keys(schema, 0.04);
     schema.number("min_lr_ratio", 0.0, "the lr at the last step, as a fraction of the peak", Bounds::between(0, 1));
     return schema.dump();

@@ -16,7 +16,7 @@ class WarmupStableDecay : public sdk::Scheduler {
   static std::string config_schema() {
     using sdk::Bounds;
     sdk::Schema schema;
-    schema.number("scale", 1.0, "multiplies the optimizer's base lr (the peak)", Bounds::above(0));
+    schema.number("scale", 1.0, "multiplies the optimizer's base lr (the peak)", Bounds::above(0).up_to(1e3));
     schedule::add_warmup_keys(schema, 0.04);
     schema.number("decay_ratio", 0.2, "the decay phase, as a fraction of the run's steps", Bounds::between(0, 1));
     schema.string("decay_shape", "linear", "linear: 1 − p; sqrt: 1 − √p; cosine: (1 + cos πp) / 2",

@@ -11,7 +11,7 @@ sdk::Schema& add_distillation(sdk::Schema& schema, double default_kl_weight) {
   return schema
       .number("kl_weight", default_kl_weight,
               "α in (1 − α)·CE + α·T²·KL(teacher ‖ student); 0 = CE only, 1 = KL only", Bounds::between(0, 1))
-      .number("temperature", 1.0, "T of the distillation term (CE stays at temperature 1)", Bounds::above(0));
+      .number("temperature", 1.0, "T of the distillation term (CE stays at temperature 1)", Bounds::above(0).up_to(1e3));
 }
 
 KlTerm full_kl_term(const sdk::LossChunk& c, double t) {

@@ -36,7 +36,7 @@ inline double decay_factor(const std::string& shape, double progress) {
 inline sdk::Schema& add_warmup_keys(sdk::Schema& schema, double default_ratio) {
   using sdk::Bounds;
   return schema
-      .integer("warmup_steps", 0, "steps of linear warm-up; when > 0 it overrides warmup_ratio", Bounds::at_least(0))
+      .integer("warmup_steps", 0, "steps of linear warm-up; when > 0 it overrides warmup_ratio", Bounds::between(0, 1e9))
       .number("warmup_ratio", default_ratio, "warm-up as a fraction of the run's steps (used when warmup_steps = 0)",
               Bounds::between(0, 1));
 }

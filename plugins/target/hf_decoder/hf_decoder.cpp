@@ -37,7 +37,7 @@ class HfDecoderTarget : public sdk::TargetModel {
         .integer("feature_layers", 5,
                  "how many layers default_layer_ids lists (the drafter's layer count), by the recipe's rule "
                  "(sdk::default_target_layer_ids: evenly from 1 to L − 3, as the reference DFlash code)",
-                 Bounds::at_least(1))
+                 Bounds::between(1, 1024))
         .string("kernels", "auto",
                 "auto = our CUDA kernels and flash attention on a CUDA device in bf16/fp16 (the ATen path "
                 "elsewhere); aten = the ATen reference path everywhere",

@@ -44,7 +44,7 @@ class HfHybridTarget : public sdk::TargetModel {
         .integer("feature_layers", 5,
                  "how many layers default_layer_ids lists (the drafter's layer count), by the recipe's rule "
                  "(sdk::default_target_layer_ids over all the model's layers, linear and full alike)",
-                 Bounds::at_least(1))
+                 Bounds::between(1, 1024))
         .dump();
   }
 

@@ -92,7 +92,7 @@ inline Schema chunked_loss_schema() {
       .integer("chunk_size", 0, "rows per chunk; 0 = as many as chunk_memory_mb allows (at most 2048)",
                Bounds::between(0, 1LL << 32))
       .memory_knob("chunk size")
-      .number("chunk_memory_mb", 4096, "workspace budget of one chunk when chunk_size is 0", Bounds::above(0));
+      .number("chunk_memory_mb", 4096, "workspace budget of one chunk when chunk_size is 0", Bounds::above(0).up_to(1 << 30));
   return schema;
 }
 

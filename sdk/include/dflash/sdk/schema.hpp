@@ -25,6 +25,12 @@ struct Bounds {
   static Bounds above(double v) { Bounds b; b.exclusive_minimum = v; return b; }
   static Bounds at_most(double v) { Bounds b; b.maximum = v; return b; }
   static Bounds between(double lo, double hi) { Bounds b; b.minimum = lo; b.maximum = hi; return b; }
+  // The same bounds with an upper one added: Bounds::above(0).up_to(10).
+  Bounds up_to(double hi) const {
+    Bounds b = *this;
+    b.maximum = hi;
+    return b;
+  }
   static Bounds strictly_between(double lo, double hi) {
     Bounds b;
     b.exclusive_minimum = lo;
