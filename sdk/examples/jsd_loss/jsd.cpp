@@ -19,7 +19,7 @@ class Jsd : public ChunkedLoss<Jsd> {
   static std::string config_schema() {
     return chunked_loss_schema()
         .number("beta", 0.5, "β: the teacher's share of the mixture m", Bounds::strictly_between(0, 1))
-        .number("temperature", 1.0, "T of both distributions", Bounds::above(0))
+        .number("temperature", 1.0, "T of both distributions", Bounds::above(0).up_to(1e3))
         .dump();
   }
 

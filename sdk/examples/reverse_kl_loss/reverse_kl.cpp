@@ -15,7 +15,7 @@ class ReverseKl : public ChunkedLoss<ReverseKl> {
   static constexpr PluginInfo info{"example_reverse_kl", "1.0.0", "example: KL(student || teacher), closed-form gradient"};
 
   static std::string config_schema() {
-    return chunked_loss_schema().number("temperature", 1.0, "T of both distributions", Bounds::above(0)).dump();
+    return chunked_loss_schema().number("temperature", 1.0, "T of both distributions", Bounds::above(0).up_to(1e3)).dump();
   }
 
   explicit ReverseKl(const CreateContext& context)

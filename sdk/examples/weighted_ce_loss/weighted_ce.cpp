@@ -14,7 +14,7 @@ class WeightedCrossEntropy : public ChunkedLoss<WeightedCrossEntropy> {
   static constexpr PluginInfo info{"example_weighted_ce", "2.0.0", "example: weighted cross-entropy (chunked)"};
 
   static std::string config_schema() {
-    return chunked_loss_schema().number("temperature", 1.0, "logits are divided by it", Bounds::above(0)).dump();
+    return chunked_loss_schema().number("temperature", 1.0, "logits are divided by it", Bounds::above(0).up_to(1e3)).dump();
   }
 
   explicit WeightedCrossEntropy(const CreateContext& context)
