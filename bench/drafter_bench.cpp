@@ -13,7 +13,11 @@
 //                 [--attention-keeps auto|rows|calls]
 //                 [--checkpointing] [--embedding-on-cpu] [--adamw-kernel aten|ours]
 //                 [--repeats 5 --warmup 2 --json out.jsonl] [--trace step.json]
-//                 [--shard-optimizer]
+//                 [--shard-optimizer] [--peer peer.jsonl]
+//
+// --peer names the peer's figures measured in the same call
+// (scripts/peer_drafter_step.py --json); with it, and the peer's shape and
+// bf16 states, the bench prints its ratios to them. No figure is kept here.
 //
 // Under torchrun (its RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
 // each process is one rank of a data-parallel step, the drafter alone on GPU
@@ -59,27 +63,36 @@ namespace {
 using namespace dflash;
 using Clock = std::chrono::steady_clock;
 
-// The peer's published figures (SpecForge's DFlash trainer: flex attention,
-// bf16 weights, gradients and AdamW states, fwd + bwd + fused AdamW), from
-// its own runs on an H200 (../shared/design/performance.md, corrected table).
-// step_ms at 4096 is the middle of its 302–314 ms. Not the same run as
-// ours: the ratios say so.
+// The peer's step at this shape, measured in the same call
+// (scripts/peer_drafter_step.py --json, which scripts/device_peer_drafter.sh
+// runs just before this bench): ratios are printed only against a figure of
+// the same run, never against numbers kept in the program.
 struct PeerFigures {
-  int64_t context, anchors, block;
-  double step_ms, step_peak_gib, total_peak_gib;
+  double step_ms = 0, step_peak_gib = 0, total_peak_gib = 0;
+  std::string who;
 };
-constexpr PeerFigures kPeerFigures[] = {{4096, 512, 16, 308.0, 13.84, 28.5},
-                                        {8192, 1024, 16, 603.0, 24.83, 39.7},
-                                        {3072, 1024, 32, 1208.0, 48.52, 63.1}};
-constexpr const char* kPeerSource = "SpecForge DFlash, its own H200 run of 2026-12-01";
-const PeerFigures* peer_at(int64_t context, int64_t anchors, int64_t block) {
-  for (const PeerFigures& p : kPeerFigures)
-    if (p.context == context && p.anchors == anchors && p.block == block) return &p;
-  return nullptr;
+std::optional<PeerFigures> peer_from(const std::string& file, int64_t context, int64_t anchors, int64_t block) {
+  if (file.empty()) return std::nullopt;
+  std::ifstream in(file);
+  if (!in) throw std::invalid_argument("--peer " + file + ": cannot be read");
+  std::optional<PeerFigures> found;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("who") || j.value("context", int64_t{-1}) != context ||
+        j.value("anchors", int64_t{-1}) != anchors || j.value("block", int64_t{-1}) != block)
+      continue;
+    found = PeerFigures{j.at("step_ms").get<double>(), j.at("step_peak_gib").get<double>(),
+                        j.at("total_peak_gib").get<double>(), j.at("who").get<std::string>()};  // the last one
+  }
+  if (!found)
+    throw std::invalid_argument("--peer " + file + ": no line of the peer at context " + std::to_string(context) +
+                                ", " + std::to_string(anchors) + " anchors × block " + std::to_string(block));
+  return found;
 }
 
 struct Args {
-  std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, trace, attention, kernel = "auto";  // attention empty: the plugin's default
+  std::string plugin_dir, loss = "fused_ckpt_kl", precision = "same", json, trace, attention, kernel = "auto";
+  std::string peer;  // --peer FILE: the peer's figures from this call  // attention empty: the plugin's default
   std::string layer_ops = "fused", attention_keeps;  // empty: the plugin's default
   std::string adamw_kernel;                          // empty: AdamWOptions' default
   bool checkpointing = false, embedding_on_cpu = false, shard_optimizer = false;
@@ -108,6 +121,7 @@ Args parse(int argc, char** argv) {
     else if (r.is("--loss-set")) add_loss_setting(a, r.text());
     else if (r.is("--precision")) a.precision = r.text();
     else if (r.is("--json")) a.json = r.text();
+    else if (r.is("--peer")) a.peer = r.text();
     else if (r.is("--trace")) a.trace = r.text();
     else if (r.is("--attention")) a.attention = r.text();
     else if (r.is("--group-blocks")) a.group_blocks = r.integer();
@@ -350,12 +364,13 @@ int main(int argc, char** argv) {
   double slowest_ms = 0;
   for (const nlohmann::json& r : ranks) slowest_ms = std::max(slowest_ms, r.at("step_ms").get<double>());
   const double world_tokens_per_s = world * block_tokens / (slowest_ms / 1000);
-  const PeerFigures* peer = world == 1 ? peer_at(a.context, a.anchors, a.block) : nullptr;  // its figures are one GPU's
+  // The peer's figures are one GPU's.
+  const std::optional<PeerFigures> peer = world == 1 ? peer_from(a.peer, a.context, a.anchors, a.block) : std::nullopt;
   // Like with like: the peer's shape and state precision (bf16 weights,
   // gradients, AdamW states). Where the frozen embedding lives is ours to
   // choose: with embedding_on_cpu it is simply not on the device, and the
   // total says so.
-  const bool like_with_like = peer != nullptr && a.precision == "same";
+  const bool like_with_like = peer.has_value() && a.precision == "same";
 
   std::cout << std::fixed << std::setprecision(1);
   std::cout << "drafter_bench: " << a.layers << " layers, H " << a.hidden << ", " << a.heads << "/" << a.kv_heads << " heads x "
@@ -376,12 +391,12 @@ int main(int argc, char** argv) {
             << " block tokens/s; step peak " << std::setprecision(2) << step_peak_gib << " GiB (above the "
             << before_step / double(1 << 30) << " GiB allocated before the step); total peak " << total_peak_gib << " GiB\n";
   if (like_with_like)
-    std::cout << "vs the peer at this shape (" << kPeerSource << "): speed " << peer->step_ms / step_ms << " x, step peak "
+    std::cout << "vs the peer in this call (" << peer->who << ", " << a.peer << "): speed " << peer->step_ms / step_ms << " x, step peak "
               << step_peak_gib / peer->step_peak_gib << " x its " << peer->step_peak_gib << " GiB, total peak "
               << total_peak_gib / peer->total_peak_gib << " x its " << peer->total_peak_gib << " GiB"
               << (a.embedding_on_cpu ? " (our frozen embedding in host memory, the peer's on its device)" : "") << "\n";
-  else if (peer != nullptr)
-    std::cout << "the peer published this shape with bf16 states; this run's differ, so no ratio is printed\n";
+  else if (peer)
+    std::cout << "the peer ran this shape with bf16 states; this run's differ, so no ratio is printed\n";
   if (world > 1) {
     std::cout << std::setprecision(1) << "data-parallel over " << world << " GPUs (NCCL"
               << (a.shard_optimizer ? ", AdamW states sharded" : "") << "): slowest rank's step " << slowest_ms

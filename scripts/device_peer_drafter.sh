@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Our drafter step and the peer's, side by side in one run on the GPU
 # machine, at the peer's three published shapes (issue 20): bench/drafter_bench
-# and scripts/peer_drafter_step.py, each shape ours then the peer's.
+# and scripts/peer_drafter_step.py, each shape the peer then ours (whose ratios
+# are to the peer's line of the same call: drafter_bench --peer).
 #   scripts/device_peer_drafter.sh [OUTDIR]   (carry .deps/debs and .peer)
 # The peer's code is not part of this repository: put a copy of SpecForge's
 # `specforge` package under .peer/ (ignored by git) and carry it:
@@ -25,19 +26,26 @@ mkdir -p "$out"
 IFS=';' read -ra shapes <<< "${SHAPES:-4096 512 16;8192 1024 16;3072 1024 32}"
 for shape in "${shapes[@]}"; do
   set -- $shape
+  # The peer first: ours then prints its ratios against the peer's line of
+  # this call (drafter_bench --peer), never against remembered figures.
+  peer=()
+  if [ "${NO_PEER:-0}" != 1 ]; then
+    echo "== peer $shape" >> "$out/steps.txt"
+    if python3 "$root/scripts/peer_drafter_step.py" --specforge "$root/.peer" --context "$1" --anchors "$2" --block "$3" \
+      --json "$out/peer.jsonl" 2>&1 | grep -v -E "UserWarning|^ +(warnings\.warn|_warn_once)\(" >> "$out/steps.txt"; then
+      peer=(--peer "$out/peer.jsonl")
+    else
+      echo "peer $shape failed" >> "$out/steps.txt"
+    fi
+  fi
   IFS=';' read -ra variants <<< "${OURS_VARIANTS:-}"
   for flags in "" "${variants[@]}"; do
     echo "== ours $shape ${flags}" >> "$out/steps.txt"
     # shellcheck disable=SC2086
     "$root/build-gpu/bin/drafter_bench" --plugin-dir "$root/build-gpu/lib/dflash-host/plugins" --context "$1" --anchors "$2" \
-      --block "$3" $flags --json "$out/steps.jsonl" 2>&1 | grep -v "\[info\] loading" >> "$out/steps.txt" ||
+      --block "$3" $flags "${peer[@]}" --json "$out/steps.jsonl" 2>&1 | grep -v "\[info\] loading" >> "$out/steps.txt" ||
       echo "ours $shape $flags failed" >> "$out/steps.txt"
   done
-  if [ "${NO_PEER:-0}" != 1 ]; then
-    echo "== peer $shape" >> "$out/steps.txt"
-    python3 "$root/scripts/peer_drafter_step.py" --specforge "$root/.peer" --context "$1" --anchors "$2" --block "$3" \
-      --json "$out/steps.jsonl" 2>&1 | grep -v -E "UserWarning|^ +(warnings\.warn|_warn_once)\(" >> "$out/steps.txt" ||
-      echo "peer $shape failed" >> "$out/steps.txt"
-  fi
 done
+cat "$out/peer.jsonl" >> "$out/steps.jsonl" 2>/dev/null || true
 grep -E "^==|^step|^useful|step_ms|failed" "$out/steps.txt"

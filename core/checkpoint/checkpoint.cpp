@@ -231,6 +231,25 @@ void make_directories(const std::string& path) {
   }
 }
 
+void check_writable(const std::string& root) {
+  make_directories(root);
+  if (!is_directory(root)) {
+    errno = ENOTDIR;
+    throw io_error(root, "cannot hold checkpoints");
+  }
+  const std::string probe = root + "/.write-probe-" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw io_error(root, "cannot write checkpoints there");
+  const bool written = ::write(fd, "x", 1) == 1 && ::fsync(fd) == 0;
+  const int error = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!written) {
+    errno = error;
+    throw io_error(root, "cannot write checkpoints there");
+  }
+}
+
 std::string save(const std::string& root, int64_t step, const nlohmann::json& drafter_config,
                  const host::NamedTensors& weights, const host::NamedTensors& optimizer,
                  const nlohmann::json& trainer_state, int64_t keep) {

@@ -43,6 +43,11 @@ class DamagedCheckpoint : public std::runtime_error {
 
 // mkdir -p: creates path and its missing parents; throws naming the one that fails.
 void make_directories(const std::string& path);
+// Before the first step: that checkpoints can be written under root (it is
+// created, and a probe file written, synced and removed). Throws
+// std::runtime_error naming the path and the reason, so a run that could
+// never save stops before it trains, not at its first checkpoint.
+void check_writable(const std::string& root);
 
 std::string step_name(int64_t step);                               // step-00000012
 std::optional<int64_t> step_of(const std::string& folder_name);    // step-00000012 → 12

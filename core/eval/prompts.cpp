@@ -3,6 +3,7 @@
 #include "text/tokenizer.h"
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -22,9 +23,12 @@ std::vector<int64_t> id_list(const nlohmann::json& value, const std::string& at,
   std::vector<int64_t> ids;
   for (const auto& v : value) {
     if (!v.is_number_integer()) throw std::invalid_argument(at + ": \"" + key + "\" holds a non-integer: " + v.dump());
-    const int64_t id = v.get<int64_t>();
-    if (id < 0 || (vocab > 0 && id >= vocab))
-      throw std::invalid_argument(at + ": \"" + key + "\" holds id " + std::to_string(id) + ", outside the target's vocabulary [0, " +
+    // An id past int64 (JSON's unsigned 2^64 − 1) is named as written, not
+    // as the negative number a conversion would make of it.
+    const bool beyond = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
+    const int64_t id = beyond ? -1 : v.get<int64_t>();
+    if (beyond || id < 0 || (vocab > 0 && id >= vocab))
+      throw std::invalid_argument(at + ": \"" + key + "\" holds id " + v.dump() + ", outside the target's vocabulary [0, " +
                                   std::to_string(vocab) + ")");
     ids.push_back(id);
   }

@@ -56,7 +56,8 @@ SplitStep read_split(const Fields& f) {
   const char* which = regex ? "Regex" : "String";
   SplitStep step;
   try {
-    step.pattern = std::make_shared<const unicode::Regex>(pattern.string(which), literal);
+    step.pattern = std::make_shared<const unicode::Regex>(pattern.string(which), literal,
+                                                          f.file().string() + " (" + pattern.key(which) + ")");
   } catch (const std::invalid_argument& e) {
     pattern.fail(which, std::string(e.what()) + "; the pattern must be one ICU's regex syntax accepts");
   }

@@ -7,6 +7,9 @@
 #include <unicode/unistr.h>
 #include <unicode/utf16.h>
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <stdexcept>
 
 namespace dflash::text::unicode {
@@ -54,9 +57,15 @@ std::string Normalization::apply(std::string_view text) const {
 
 struct Regex::Impl {
   std::unique_ptr<icu::RegexPattern> pattern;
+  std::string text, origin;
+  int32_t time_limit_steps = 0;
 };
 
-Regex::Regex(std::string_view pattern, bool literal) : impl_(std::make_unique<Impl>()) {
+Regex::Regex(std::string_view pattern, bool literal, std::string origin, int32_t time_limit_steps)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->text = std::string(pattern);
+  impl_->origin = std::move(origin);
+  impl_->time_limit_steps = time_limit_steps;
   UParseError where{};
   UErrorCode status = U_ZERO_ERROR;
   impl_->pattern.reset(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(piece(pattern)),
@@ -69,6 +78,14 @@ Regex::Regex(std::string_view pattern, bool literal) : impl_(std::make_unique<Im
 }
 
 Regex::~Regex() = default;
+
+// The pattern as a JSON string literal, cut after 200 bytes (at a character).
+std::string Regex::quoted_pattern(const std::string& pattern) {
+  std::size_t end = std::min<std::size_t>(pattern.size(), 200);
+  while (end > 0 && end < pattern.size() && (static_cast<unsigned char>(pattern[end]) & 0xC0) == 0x80) --end;
+  return nlohmann::json(pattern.substr(0, end)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+         (end < pattern.size() ? "…" : "");
+}
 Regex::Regex(Regex&&) noexcept = default;
 Regex& Regex::operator=(Regex&&) noexcept = default;
 
@@ -83,8 +100,10 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<std::size_t, s
   if (U_FAILURE(status)) throw std::runtime_error(std::string("ICU cannot start a regex search: ") + u_errorName(status));
   // ICU keeps a backtracking frame per repetition of a group such as
   // \s+(?!\S); its default 8 MB stack overflows on a whitespace run of a few
-  // hundred kB. The heap it may use instead grows with the text, so no limit.
-  matcher->setStackLimit(0, status);
+  // hundred kB. The heap it may use grows with the text, up to a bound; the
+  // time limit stops a pattern that backtracks without end.
+  matcher->setStackLimit(kStackLimitBytes, status);
+  matcher->setTimeLimit(impl_->time_limit_steps, status);
   const char16_t* units = u.getBuffer();
   const int32_t length = u.length();
   int32_t at16 = 0;
@@ -108,9 +127,21 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<std::size_t, s
     const std::size_t b = to_bytes(begin);
     matches.emplace_back(b, to_bytes(end));
   }
-  if (U_FAILURE(status))
-    throw std::runtime_error(std::string("ICU's regex search failed (") + u_errorName(status) + ") on a text of " +
+  if (U_FAILURE(status)) {
+    const std::string who = (impl_->origin.empty() ? std::string() : impl_->origin + ": ") + "the pattern " +
+                            quoted_pattern(impl_->text);
+    if (status == U_REGEX_TIME_OUT)
+      throw std::runtime_error(who + " took more than ICU's time limit (" + std::to_string(impl_->time_limit_steps) +
+                               " steps of 10,000 operations) on a text of " + std::to_string(text.size()) +
+                               " bytes: it backtracks without bound on such input; simplify it (no nested or "
+                               "overlapping repetition such as (a|aa)+)");
+    if (status == U_REGEX_STACK_OVERFLOW)
+      throw std::runtime_error(who + " needed more than " + std::to_string(kStackLimitBytes >> 20) +
+                               " MiB of backtracking memory on a text of " + std::to_string(text.size()) +
+                               " bytes; simplify it");
+    throw std::runtime_error(who + ": ICU's regex search failed (" + u_errorName(status) + ") on a text of " +
                              std::to_string(text.size()) + " bytes");
+  }
 }
 
 bool is_white_space(char32_t c) { return u_hasBinaryProperty(static_cast<UChar32>(c), UCHAR_WHITE_SPACE); }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -31,19 +32,36 @@ class Normalization {
 // patterns use). Shared between threads; each search makes its own matcher.
 class Regex {
  public:
+  // ICU's match engine counts its work in steps of 10,000 operations; a
+  // search that takes more than this many on one match (a pattern that
+  // backtracks exponentially, as (a|aa)+$ on a run of a's) is stopped, where
+  // ICU alone would run for minutes or hours. Well-formed pre-tokenizer
+  // patterns take a few steps per match on any text.
+  static constexpr int32_t kDefaultTimeLimitSteps = 20000;
+  // The backtracking heap one search may use: ICU's own default, 8 MB, is
+  // too small for the GPT-2 pattern on a whitespace run of 1 MB (it needs
+  // under 64 MB); 512 MiB takes runs of several MB. Not 1 GiB: ICU 72
+  // reported an overflow at once there on the 1 MB run (its limit
+  // arithmetic; 2^29 and below behave).
+  static constexpr int32_t kStackLimitBytes = 1 << 29;
+
   // Throws std::invalid_argument with ICU's reason and the offset in the
-  // pattern. literal: the pattern is a plain string to find.
-  Regex(std::string_view pattern, bool literal);
+  // pattern. literal: the pattern is a plain string to find. origin names
+  // where the pattern comes from in messages (a file and key).
+  Regex(std::string_view pattern, bool literal, std::string origin = {},
+        int32_t time_limit_steps = kDefaultTimeLimitSteps);
   ~Regex();
   Regex(Regex&&) noexcept;
   Regex& operator=(Regex&&) noexcept;
 
   // The [begin, end) byte ranges of the successive matches in `text` (valid
   // UTF-8), as a left-to-right search finds them (empty matches included).
-  // Throws std::runtime_error if ICU gives up (e.g. its backtracking limit).
+  // Throws std::runtime_error naming the origin and the pattern if ICU
+  // gives up (its time or backtracking limit).
   void find_all(std::string_view text, std::vector<std::pair<std::size_t, std::size_t>>& matches) const;
 
  private:
+  static std::string quoted_pattern(const std::string& pattern);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -230,6 +230,11 @@ void AdamW::load_state(const host::NamedTensors& state) {
     if (it == by_name.end()) throw std::runtime_error("optimizer state: tensor '" + name + "' is missing");
     if (it->second.sizes() != into.sizes())
       throw std::runtime_error("optimizer state: tensor '" + name + "' has the wrong shape for this drafter");
+    if (it->second.scalar_type() != into.scalar_type())
+      throw std::runtime_error("optimizer state: tensor '" + name + "' holds " +
+                               std::string(c10::toString(it->second.scalar_type())) + " values where the optimizer keeps " +
+                               c10::toString(into.scalar_type()) +
+                               "; the file was altered, or written with another train.dtype or train.precision");
     into.copy_(it->second);
   };
   for (size_t i = 0; i < parameters_.size(); ++i) {
@@ -240,6 +245,8 @@ void AdamW::load_state(const host::NamedTensors& state) {
   }
   auto step = by_name.find("step");
   if (step == by_name.end()) throw std::runtime_error("optimizer state: 'step' is missing");
+  if (step->second.scalar_type() != at::kLong || step->second.numel() != 1)
+    throw std::runtime_error("optimizer state: 'step' must be one int64 value; the file was altered");
   steps_ = step->second.item<int64_t>();
 }
 

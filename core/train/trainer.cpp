@@ -88,7 +88,8 @@ std::string first_line(const std::exception& e) {
   if (dynamic_cast<const std::invalid_argument*>(&e) != nullptr) throw;
   if (dynamic_cast<const dist::CollectiveError*>(&e) != nullptr) throw;
   std::string where = "step " + std::to_string(step);
-  if (micro_batches > 1) where += ", micro-batch " + std::to_string(micro + 1) + " of " + std::to_string(micro_batches);
+  if (micro_batches > 1 && micro >= 0)  // micro < 0: a stage of the whole step
+    where += ", micro-batch " + std::to_string(micro + 1) + " of " + std::to_string(micro_batches);
   if (!phase.empty()) where += ", " + phase;
   if (const auto* call = dynamic_cast<const host::PluginCallError*>(&e)) throw host::PluginCallError(call->code(), where + ": " + e.what());
   throw std::runtime_error(where + ": " + first_line(e));
@@ -294,9 +295,21 @@ void Trainer::resume() {
     if (it == weights.end() || it->second.sizes() != tensor.sizes())
       throw std::runtime_error(saved.dir + "/model.safetensors: '" + name +
                                "' is missing or misshapen for this drafter; resume with the configuration that wrote it");
+    // A tensor of another dtype would be converted number by number (an I32
+    // label on float bytes trains on garbage): the run wrote its own dtype.
+    if (it->second.scalar_type() != tensor.scalar_type())
+      throw std::runtime_error(saved.dir + "/model.safetensors: '" + name + "' holds " +
+                               std::string(c10::toString(it->second.scalar_type())) + " values where this drafter's " +
+                               "parameter is " + c10::toString(tensor.scalar_type()) +
+                               "; the file was altered, or written with another train.dtype: resume with the "
+                               "configuration that wrote it");
     tensor.copy_(it->second);
   }
-  optimizer_->load_state(saved.optimizer);
+  try {
+    optimizer_->load_state(saved.optimizer);
+  } catch (const std::runtime_error& e) {  // name the file the state came from
+    throw std::runtime_error(saved.dir + "/optimizer.safetensors: " + e.what());
+  }
   first_step_ = state.step;
   nonfinite_total_ = state.nonfinite_steps;
   if (run_.has_data()) run_.data().load_state(state.data_state);
@@ -515,17 +528,22 @@ Trainer::Next Trainer::step(int64_t step) {
       return Next::kEndBefore;
     }
     phase_ = "optimizer step";
+    micro_at_ = -1;  // the stages from here on are the whole step's
     const double grad_norm = global_grad_norm(parameters_);
     if (!std::isfinite(grad_norm)) finite = false;
     const double lr = run_.scheduler().lr_at(step, s_.steps, s_.lr);
     update(grad_norm, lr, finite);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    phase_ = "metrics";
     if (!record(step, f, ranks, lr, grad_norm, finite, seconds, memory::memory_now(device_))) return Next::kStop;
     if (f.data_ended) {
       progress_->message("the data source has ended (its epochs are done)");
       return Next::kEndAfter;
     }
-    if (s_.checkpoint_every > 0 && (step + 1) % s_.checkpoint_every == 0 && step + 1 < s_.steps) save(step + 1);
+    if (s_.checkpoint_every > 0 && (step + 1) % s_.checkpoint_every == 0 && step + 1 < s_.steps) {
+      phase_ = "checkpoint save";  // a full disk here is the save's, not the optimizer's
+      save(step + 1);
+    }
     return Next::kStep;
   } catch (const std::exception& e) {
     if (!memory::is_out_of_memory(e)) rethrow_at_step(e, step, micro_at_, per_step, phase_);
@@ -600,7 +618,15 @@ int Trainer::train() {
     return 0;
   }
   set_up_evaluation();
-  if (root()) metrics_file_ = std::make_unique<metrics::MetricsFile>(output_dir_ + "/metrics.jsonl", first_step_);
+  if (root()) {
+    try {
+      checkpoint::check_writable(checkpoint_root_);
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(std::string(e.what()) + "; train.output_dir must be a folder this run can write "
+                               "(nothing was trained)");
+    }
+    metrics_file_ = std::make_unique<metrics::MetricsFile>(output_dir_ + "/metrics.jsonl", first_step_);
+  }
   // Only rank 0 draws progress; the others' console lines are their logs.
   progress_ = std::make_unique<metrics::ConsoleProgress>(root() ? s_.progress : "quiet", first_step_, s_.steps, s_.log_every);
   int64_t parameter_count = 0;

@@ -398,6 +398,11 @@ TEST(Eval, BadInputsGetClearErrors) {
   };
   EXPECT_CONTAINS(prompts_error("{\"prompt_ids\": [1, 2]}\n{\"prompt_ids\": []}\n"), "p.jsonl:2: the prompt is empty");
   EXPECT_CONTAINS(prompts_error("{\"prompt_ids\": [1, 999]}\n"), "p.jsonl:1: \"prompt_ids\" holds id 999, outside the target's vocabulary [0, 260)");
+  // 2^64 − 1 is named as written (it was "id -1"), and so is a negative id.
+  EXPECT_CONTAINS(prompts_error("{\"prompt_ids\": [1, 18446744073709551615]}\n"),
+                  "p.jsonl:1: \"prompt_ids\" holds id 18446744073709551615, outside the target's vocabulary [0, 260)");
+  EXPECT_CONTAINS(prompts_error("{\"prompt_ids\": [-3]}\n"),
+                  "p.jsonl:1: \"prompt_ids\" holds id -3, outside the target's vocabulary [0, 260)");
   EXPECT_CONTAINS(prompts_error("not json\n"), "p.jsonl:1: not a JSON object");
   EXPECT_CONTAINS(prompts_error("{\"ids\": [1]}\n"), "p.jsonl:1: needs \"prompt_ids\", \"input_ids\" or \"text\"");
   EXPECT_CONTAINS(prompts_error("\n\n"), "holds no prompts");

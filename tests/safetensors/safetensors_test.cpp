@@ -137,6 +137,12 @@ TEST_F(Safetensors, MalformedFilesAreRefusedWithTheFileAndTensorNamed) {
        "4 bytes after the last tensor belong to no tensor"},
       {"no_offsets.st", R"({"a": {"dtype": "F32", "shape": [1]}})", eight, -1, "tensor 'a' needs data_offsets"},
       {"bad_metadata.st", R"({"__metadata__": {"k": 1}})", "", -1, "__metadata__.k is not a string"},
+      // A key twice: the JSON parser kept the last one silently.
+      {"duplicate_tensor.st",
+       R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+       eight, -1, "header gives the key 'w' twice"},
+      {"duplicate_field.st", R"({"w": {"dtype": "I32", "dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", eight,
+       -1, "header gives the key 'dtype' twice"},
   };
   for (const Bad& c : cases) {
     fs::path file = raw(c.name, c.header, c.data, c.length);

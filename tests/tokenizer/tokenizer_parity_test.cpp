@@ -79,6 +79,34 @@ void expect_parity(const FamilyParity& r, std::size_t documents) {
 
 }  // namespace
 
+// A mismatch inside non-ASCII text is reported, not thrown: the report's
+// 60-byte window used to cut a character in two, and printing it as JSON
+// aborted the whole parity run with a UTF-8 exception.
+TEST(TokenizerParity, AMismatchInsideMultiByteTextIsReportedWhole) {
+  const dflash::test::TempDir dir("tokparity_utf8");
+  const Tokenizer t = Tokenizer::load(dflash::test::write_json(dir, dflash::test::tiny_tokenizer_json()));
+  // Thirty 中 (three bytes each, one token a byte: the tiny tokenizer has no
+  // merges for them), then two- and four-byte characters. A difference at
+  // token i puts the window's start at byte i − 20: inside a character here.
+  std::string document;
+  for (int i = 0; i < 30; ++i) document += "\xE4\xB8\xAD";
+  document += "\xC3\xA9t\xC3\xA9 \xF0\x9F\x8F\xBD";
+  const std::vector<int64_t> ids = t.encode(document, false);
+  for (std::size_t wrong : {std::size_t{31}, std::size_t{43}, std::size_t{61}}) {
+    SCOPED_TRACE(wrong);
+    std::vector<int64_t> reference_ids = ids;
+    ASSERT_LT(wrong, reference_ids.size());
+    reference_ids[wrong] = (reference_ids[wrong] + 1) % 256;
+    const nlohmann::json row = {{"tiny", {{"ids", reference_ids}, {"text", t.decode(reference_ids)}}}};
+    FamilyParity r;
+    ASSERT_NO_THROW(r = dflash::test::compare_family(t, "tiny", {document}, {row}, false, "", false));
+    EXPECT_EQ(r.id_mismatches, 1);
+    ASSERT_FALSE(r.reports.empty());
+    EXPECT_NE(r.reports.front().find("first difference at token " + std::to_string(wrong)), std::string::npos)
+        << r.reports.front();
+  }
+}
+
 // What the sample must hold for the comparison to mean something.
 TEST(TokenizerParity, TheSampleCoversTheHardCases) {
   const auto& docs = sample();

@@ -12,6 +12,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
+
 using dflash::test::TempDir;
 using dflash::test::tiny_tokenizer_json;
 using dflash::test::write_json;
@@ -81,6 +84,34 @@ TEST(PreTokenizer, SplitBehavesAsHuggingFaceDocuments) {
   EXPECT_EQ(pieces(SplitBehavior::kMergedWithNext, false), (V{"the", "-final", "-", "-countdown"}));
   EXPECT_EQ(pieces(SplitBehavior::kContiguous, false), (V{"the", "-", "final", "--", "countdown"}));
   EXPECT_EQ(pieces(SplitBehavior::kRemoved, true), (V{"-", "-", "-"}));  // invert: the matches are kept
+}
+
+// A tokenizer.json pattern that backtracks exponentially ((a|aa)+$ on 40
+// a's took 32.5 s; longer runs, hours) is stopped by ICU's time limit, and
+// the error names the file, the key and the pattern.
+TEST(PreTokenizer, AnExponentialPatternIsStoppedNamingTheFileAndPattern) {
+  json j = tiny_tokenizer_json();
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", "(a|aa)+$"}}}, {"behavior", "Isolated"}, {"invert", false}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
+  TempDir dir("tok_evil");
+  const auto file = write_json(dir, j);
+  const Tokenizer t = Tokenizer::load(file);
+  EXPECT_EQ(t.decode(t.encode("aaa", false)), "aaa") << "a benign text still encodes";
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    (void)t.encode(std::string(64, 'a') + "b", false);
+    FAIL() << "the search ran to its end";
+  } catch (const std::runtime_error& e) {
+    EXPECT_CONTAINS(e.what(), file.string() + " (pre_tokenizer.pretokenizers[0].pattern.Regex): the pattern \"(a|aa)+$\" took more "
+                              "than ICU's time limit");
+    EXPECT_CONTAINS(e.what(), "on a text of 65 bytes");
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 30.0) << "the limit stopped it (64 a's alone would take days)";
+  std::printf("[ limit    ] stopped after %.2f s\n", seconds);
 }
 
 TEST(PreTokenizer, Gpt2PatternCutsWordsSpacesAndContractions) {

@@ -405,6 +405,40 @@ TEST(CrashSafety, AFailedMetricsWriteStopsTheRunWithoutATornLine) {
   EXPECT_EQ(text.back(), '\n') << "the file ends at a whole record";
 }
 
+// A full disk during a periodic checkpoint: the message named the phase
+// before it, "optimizer step", as if the update had failed.
+TEST(CrashSafety, AFullDiskDuringACheckpointIsNamedAsTheSave) {
+  test::TempDir temp("dflash_fsize_save");
+  const std::string dir = temp.path().string(), run = dir + "/run";
+  ::mkdir(run.c_str(), 0755);
+  // 16 blocks hold the first metrics lines, not the drafter's weights.
+  const std::string command = "sh -c 'trap \"\" XFSZ; ulimit -f 16; " + std::string(DFLASH_HOST_EXE) +
+                              " --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR + " --config " +
+                              small_config(dir, run, 30) + " --set train.checkpoint_every=2; echo $? > " + dir +
+                              "/rc' 2>&1 >/dev/null | cat > " + dir + "/err";
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  EXPECT_EQ(file_bytes(dir + "/rc"), "1\n");
+  const std::string err = file_bytes(dir + "/err");
+  EXPECT_CONTAINS(err, "step 1, checkpoint save: ");
+  EXPECT_EQ(err.find("optimizer step"), std::string::npos) << err;
+  EXPECT_EQ(metrics_of(run).size(), 2u) << "both steps were recorded before the save";
+}
+
+// An output folder where checkpoints cannot be written was found only at the
+// first save, after steps were trained; it is refused before step 0.
+TEST(RunDirectory, AFolderWhereCheckpointsCannotBeWrittenIsRefusedBeforeTraining) {
+  test::TempDir temp("dflash_unwritable");
+  const std::string dir = temp.path().string(), run = dir + "/run";
+  ::mkdir(run.c_str(), 0755);
+  std::ofstream(run + "/checkpoints") << "a file where the checkpoints folder goes";
+  const Result refused = host("--config " + small_config(dir, run, 6) + " --set train.checkpoint_every=2", dir);
+  EXPECT_NE(refused.status, 0) << refused.err;
+  EXPECT_CONTAINS(refused.err, run + "/checkpoints: cannot hold checkpoints (Not a directory)");
+  EXPECT_CONTAINS(refused.err, "nothing was trained");
+  EXPECT_FALSE(exists(run + "/metrics.jsonl") && !file_bytes(run + "/metrics.jsonl").empty()) << "no step ran";
+  EXPECT_EQ(file_bytes(run + "/checkpoints"), "a file where the checkpoints folder goes") << "left as it was";
+}
+
 // ---- 7. a trainer state is checked before anything acts on it -------------------
 
 TEST(CrashSafety, ACorruptTrainerStateIsRefusedAndTruncatesNothing) {
@@ -500,6 +534,48 @@ TEST(Checkpoint, NonFiniteWeightsWithMatchingChecksumsAreRefused) {
   std::ofstream(model, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
   EXPECT_CONTAINS(checkpoint::verify(root + "/step-00000002"), "bytes, but the checkpoint recorded");
   EXPECT_TRUE(checkpoint::intact_checkpoints(root).size() == 1) << "only step 4's files are as written";
+}
+
+// A checkpoint tensor relabelled with another dtype of the same size (I32 on
+// float bytes), its checksums written to match: resume converted it number
+// by number and trained on garbage with exit 0. Weights and optimizer states
+// must have the dtype the run keeps; the message names the file and tensor.
+TEST(Checkpoint, ATensorOfAnotherDtypeIsRefusedOnResume) {
+  test::TempDir temp("dflash_dtype");
+  const std::string dir = temp.path().string(), run = dir + "/run", root = run + "/checkpoints";
+  ASSERT_EQ(host("--config " + small_config(dir, run, 6) + " --stop-after 2", dir).status, 0);
+  const checkpoint::Checkpoint saved = checkpoint::load(root + "/step-00000002");
+  const nlohmann::json drafter_config = nlohmann::json::parse(file_bytes(saved.dir + "/config.json"));
+  const auto relabelled = [](host::NamedTensors tensors, const std::string& prefix) {
+    for (auto& [name, tensor] : tensors)
+      if (name.rfind(prefix, 0) == 0 && tensor.scalar_type() == torch::kFloat) {
+        tensor = tensor.view(torch::kInt);  // the same bytes under another label
+        return std::make_pair(tensors, name);
+      }
+    ADD_FAILURE() << "no float tensor named " << prefix << "*";
+    return std::make_pair(tensors, std::string());
+  };
+  {
+    const auto [weights, name] = relabelled(saved.weights, "");
+    checkpoint::save(root, 2, drafter_config, weights, saved.optimizer, saved.trainer_state, 5);
+    ASSERT_EQ(checkpoint::verify(saved.dir), "") << "checksums match the altered file";
+    const Result refused = host("--config " + small_config(dir, run, 6), dir);
+    EXPECT_NE(refused.status, 0) << refused.err;
+    EXPECT_CONTAINS(refused.err, saved.dir + "/model.safetensors: '" + name + "' holds Int values where this "
+                                 "drafter's parameter is Float");
+  }
+  {
+    const auto [optimizer, name] = relabelled(saved.optimizer, "exp_avg_sq.");
+    checkpoint::save(root, 2, drafter_config, saved.weights, optimizer, saved.trainer_state, 5);
+    const Result refused = host("--config " + small_config(dir, run, 6), dir);
+    EXPECT_NE(refused.status, 0) << refused.err;
+    EXPECT_CONTAINS(refused.err, saved.dir + "/optimizer.safetensors: optimizer state: tensor '" + name +
+                                 "' holds Int values where the optimizer keeps Float");
+  }
+  // The files as the run wrote them resume and finish.
+  checkpoint::save(root, 2, drafter_config, saved.weights, saved.optimizer, saved.trainer_state, 5);
+  const Result resumed = host("--config " + small_config(dir, run, 6), dir);
+  EXPECT_EQ(resumed.status, 0) << resumed.err;
 }
 
 // ---- 9. a run that trains nothing ------------------------------------------------

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -104,11 +105,28 @@ inline Header parse_header(const uint8_t* bytes, size_t size, const std::string&
     throw fail("header length " + std::to_string(header_bytes) + " is larger than the file after it (" +
                std::to_string(size - 8) + " bytes); the file is truncated or not safetensors");
   nlohmann::json json;
+  // A key given twice (a tensor, or a field of one) is refused: the JSON
+  // parser would keep the last silently, and two readers of the same file
+  // could then disagree on what it holds.
+  std::vector<std::set<std::string>> keys_seen;
+  std::string duplicate;
+  const auto no_duplicates = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) keys_seen.emplace_back();
+    else if (event == Event::object_end && !keys_seen.empty()) keys_seen.pop_back();
+    else if (event == Event::key && !keys_seen.empty() && !keys_seen.back().insert(parsed.get<std::string>()).second &&
+             duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
   try {
-    json = nlohmann::json::parse(reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + 8 + header_bytes));
+    json = nlohmann::json::parse(reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + 8 + header_bytes),
+                                 no_duplicates);
   } catch (const nlohmann::json::exception& e) {
     throw fail(std::string("header is not valid JSON (") + e.what() + ")");
   }
+  if (!duplicate.empty())
+    throw fail("header gives the key '" + duplicate + "' twice; the file is corrupt or was altered");
   if (!json.is_object()) throw fail("header is not a JSON object");
   Header header;
   header.data_start = 8 + header_bytes;
