@@ -4,6 +4,7 @@
 #include "cli/commands.h"
 #include "config/config_schema.h"
 #include "log/log.h"
+#include "memory/cpu_tensor_bytes.h"
 #include "plugin/host_api.h"
 #include "plugin/instances.h"
 #include "plugin/registry.h"
@@ -23,6 +24,9 @@ int main(int argc, char** argv) {
   // CPU quickstart's system time by more than half.
   ::mallopt(M_MMAP_THRESHOLD, 512 << 20);
   ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // CPU tensors are counted from here on, so a CPU run's memory figures are
+  // tensor bytes, comparable with the planner's (memory/cpu_tensor_bytes.h).
+  memory::install_cpu_tensor_counter();
   // `launch` starts the ranks; its arguments after the launcher's own are
   // theirs, not parsed here.
   if (argc > 1 && std::string(argv[1]) == "launch") return cli::run_launch(argc, argv);

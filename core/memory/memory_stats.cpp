@@ -1,5 +1,7 @@
 #include "memory/memory_stats.h"
 
+#include "memory/cpu_tensor_bytes.h"
+
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -23,6 +25,13 @@ MemoryFigures memory_now(const c10::Device& device) {
     return m;
   }
 #endif
+  if (cpu_tensor_counter_installed()) {  // tensor bytes, as the CUDA allocator counts them
+    const CpuTensorBytes counted = cpu_tensor_bytes();
+    m.current_bytes = counted.current;
+    m.peak_bytes = counted.peak;
+    m.source = "cpu_allocator";
+    return m;
+  }
   (void)device;
   long pages = 0, resident = 0;
   std::ifstream statm("/proc/self/statm");
@@ -39,7 +48,7 @@ void reset_peak(const c10::Device& device) {
 #if DFLASH_HOST_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : 0);
 #endif
-  (void)device;
+  if (!device.is_cuda()) reset_cpu_tensor_peak();
 }
 
 }  // namespace dflash::memory

@@ -1,5 +1,7 @@
 // The allocator's current and peak bytes where the drafter trains: the CUDA
-// caching allocator on a GPU, the process's resident set on the CPU.
+// caching allocator on a GPU; on the CPU the counted tensor bytes
+// (cpu_tensor_bytes.h) where dflash-host installed the counter, else the
+// process's resident set.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -11,9 +13,9 @@ namespace dflash::memory {
 
 struct MemoryFigures {
   int64_t current_bytes = 0;
-  int64_t peak_bytes = 0;  // since the last reset_peak (CUDA) or the process start (CPU)
+  int64_t peak_bytes = 0;  // since the last reset_peak (or the process start)
   int64_t reserved_bytes = 0;  // CUDA: held by the caching allocator (allocated + cached); CPU: 0
-  std::string source;      // "cuda_allocator" or "process_rss"
+  std::string source;      // "cuda_allocator", "cpu_allocator" or "process_rss"
 };
 
 MemoryFigures memory_now(const c10::Device& device);

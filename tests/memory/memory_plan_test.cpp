@@ -23,8 +23,10 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -451,6 +453,50 @@ std::string write_config(const std::string& dir, const nlohmann::json& root) {
   const std::string path = dir + "/config.json";
   std::ofstream(path) << root.dump(2);
   return path;
+}
+
+// On the CPU dflash-host counts tensor bytes as LibTorch allocates them
+// (memory/cpu_tensor_bytes.h), so a CPU run's measured peak is what the
+// planner predicts, not the process's resident set. The quickstart's shape
+// and variations of it that the planner models: the planned step peak
+// within ±10 % of the measured one. (Block 16 and 8 anchors are not yet
+// within it on the CPU: docs/memory.md.)
+TEST(PlanCommand, ACpuRunsMeasuredPeakIsTensorBytesWithinTenPercentOfThePlan) {
+  struct Variant {
+    const char* what;
+    std::string settings;
+  };
+  const std::string source = DFLASH_SOURCE_DIR;
+  for (const Variant& v : {Variant{"the quickstart", ""}, Variant{"4 drafter layers", " --set drafter.num_layers=4"},
+                           Variant{"fp32 masters, 2 batches a step", " --set train.precision=fp32_master"
+                                                                     " --set train.grad_accumulation=2"},
+                           Variant{"the kl loss", " --set loss.plugin=kl"},
+                           Variant{"4 × the tokens", " --set data.tokens_per_batch=8192"}}) {
+    SCOPED_TRACE(v.what);
+    test::TempDir temp("dflash_cpu_peak");
+    const std::string dir = temp.path().string();
+    const Result run = host_run("--config " + source + "/configs/quickstart.json --set train.steps=2 --set train.output_dir=" +
+                                    dir + "/run --set train.eval_every=0 --set train.checkpoint_every=0"
+                                    " --set data.path=" + source + "/configs/quickstart/data/train.jsonl"
+                                    " --set target.path=" + source + "/configs/quickstart/target" + v.settings,
+                                dir);
+    ASSERT_EQ(run.status, 0) << run.err;
+    std::ifstream metrics(dir + "/run/metrics.jsonl");
+    int64_t measured = 0, planned = 0;
+    for (std::string line; std::getline(metrics, line);) {
+      const nlohmann::json record = nlohmann::json::parse(line);
+      if (!record.contains("memory_peak_bytes")) continue;
+      EXPECT_EQ(record.at("memory_source"), "cpu_allocator");
+      measured = std::max(measured, record.at("memory_peak_bytes").get<int64_t>());
+      planned = record.at("memory_planned_peak_bytes").get<int64_t>();
+    }
+    ASSERT_GT(measured, 0);
+    const double ratio = static_cast<double>(planned) / static_cast<double>(measured);
+    EXPECT_GT(ratio, 0.9) << "planned " << planned << " bytes, measured " << measured;
+    EXPECT_LT(ratio, 1.1) << "planned " << planned << " bytes, measured " << measured;
+    std::printf("[ plan     ] %s: planned %.1f MiB, measured %.1f MiB (%.3f)\n", v.what, planned / 1048576.0,
+                measured / 1048576.0, ratio);
+  }
 }
 
 TEST(PlanCommand, PrintsTheTableComparesWithTheDeviceAndProposesSettings) {
