@@ -3,69 +3,32 @@
 // and in the plugins alike), and the peak of live tensor bytes is measured
 // over forward + backward of every loss on the chunked-loss toolkit and of a
 // loss that keeps its full logits.
+#include "memory/cpu_tensor_bytes.h"
 #include "plugin/instances.h"
 #include "plugin/registry.h"
 
-#include <dflash/sdk/torch_compat.hpp>
-
-#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/types.h>
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
 #include <algorithm>
-#include <atomic>
 
 namespace {
 using namespace dflash::host;
 
-// Wraps LibTorch's own CPU allocator and counts the bytes it hands out.
-class CountingCpuAllocator final : public c10::Allocator {
- public:
-  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
-  c10::DataPtr allocate(size_t bytes) DFLASH_COMPAT_ALLOCATE_QUALIFIER override {
-    c10::DataPtr inner = inner_->allocate(bytes);
-    void* data = inner.get();
-    auto* record = new Record{std::move(inner), bytes, const_cast<CountingCpuAllocator*>(this)};
-    record->owner->add(static_cast<int64_t>(bytes));
-    return {data, record, &release, c10::Device(c10::DeviceType::CPU)};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-  DFLASH_COMPAT_ALLOCATOR_COPY_DATA
-
-  void reset_peak() { peak_ = current_.load(); }
-  int64_t current() const { return current_; }
-  int64_t peak() const { return peak_; }
-
- private:
-  struct Record {
-    c10::DataPtr inner;  // frees through the wrapped allocator when deleted
-    size_t bytes;
-    CountingCpuAllocator* owner;
-  };
-  static void release(void* context) {
-    auto* record = static_cast<Record*>(context);
-    record->owner->add(-static_cast<int64_t>(record->bytes));
-    delete record;
-  }
-  void add(int64_t bytes) {
-    const int64_t now = current_ += bytes;
-    int64_t seen = peak_;
-    while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
-    }
-  }
-  c10::Allocator* inner_;
-  std::atomic<int64_t> current_{0}, peak_{0};
+// The host's own counter (memory/cpu_tensor_bytes.h), installed for this
+// program as dflash-host installs it.
+struct Counter {
+  Counter() { dflash::memory::install_cpu_tensor_counter(); }
+  int64_t current() const { return dflash::memory::cpu_tensor_bytes().current; }
+  int64_t peak() const { return dflash::memory::cpu_tensor_bytes().peak; }
+  void reset_peak() const { dflash::memory::reset_cpu_tensor_peak(); }
 };
 
-CountingCpuAllocator& counting_allocator() {
-  static CountingCpuAllocator* allocator = [] {
-    auto* made = new CountingCpuAllocator(c10::GetCPUAllocator());
-    c10::SetCPUAllocator(made, /*priority=*/255);
-    return made;
-  }();
-  return *allocator;
+const Counter& counting_allocator() {
+  static const Counter counter;
+  return counter;
 }
 
 const PluginRecord& loss_record(const std::string& name) {
@@ -110,7 +73,7 @@ struct Peak {
 };
 
 Peak peak_of(const Arm& arm, int64_t rows, bool with_chunk = true) {
-  CountingCpuAllocator& counter = counting_allocator();
+  const Counter& counter = counting_allocator();
   torch::manual_seed(0);
   auto hidden = torch::randn({rows, kHidden}).requires_grad_(true);
   auto weight = torch::randn({kVocab, kHidden}) * 0.3;
@@ -173,7 +136,7 @@ TEST(LossMemory, AFullLogitsLossGrowsWithTheRowsTimesTheVocabulary) {
 }
 
 TEST(LossMemory, TheCounterSeesTensorAllocations) {
-  CountingCpuAllocator& counter = counting_allocator();
+  const Counter& counter = counting_allocator();
   const int64_t before = counter.current();
   {
     auto t = torch::empty({1024, 1024});  // 4 MiB
