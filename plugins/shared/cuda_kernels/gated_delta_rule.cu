@@ -576,6 +576,16 @@ void launch_recurrent(const DeltaRuleArgs& a, cudaStream_t stream) {
   check(cudaGetLastError(), "recurrent kernel launch");
 }
 
+// The head shapes both forms take; `what` names the caller in the message.
+void check_heads(const DeltaRuleArgs& a, const char* what) {
+  if (a.dk < 1 || a.dk > kDeltaMaxHeadDim || a.dv < 1 || a.dv > kDeltaMaxHeadDim)
+    throw std::invalid_argument(std::string(what) + ": head dims " + std::to_string(a.dk) + " × " +
+                                std::to_string(a.dv) + " outside 1.." + std::to_string(kDeltaMaxHeadDim));
+  if (a.key_heads < 1 || a.value_heads % a.key_heads != 0)
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(a.value_heads) +
+                                " value heads do not share " + std::to_string(a.key_heads) + " key heads evenly");
+}
+
 }  // namespace
 
 int64_t delta_rule_workspace_bytes(int64_t chunk_count, int64_t value_heads, int64_t dk, int64_t dv) {
@@ -583,23 +593,13 @@ int64_t delta_rule_workspace_bytes(int64_t chunk_count, int64_t value_heads, int
 }
 
 void chunked_gated_delta_rule(Element element, const DeltaRuleArgs& a, cudaStream_t stream) {
-  if (a.dk < 1 || a.dk > kDeltaMaxHeadDim || a.dv < 1 || a.dv > kDeltaMaxHeadDim)
-    throw std::invalid_argument("chunked_gated_delta_rule: head dims " + std::to_string(a.dk) + " × " +
-                                std::to_string(a.dv) + " outside 1.." + std::to_string(kDeltaMaxHeadDim));
-  if (a.key_heads < 1 || a.value_heads % a.key_heads != 0)
-    throw std::invalid_argument("chunked_gated_delta_rule: " + std::to_string(a.value_heads) +
-                                " value heads do not share " + std::to_string(a.key_heads) + " key heads evenly");
+  check_heads(a, "chunked_gated_delta_rule");
   if (element == Element::kBFloat16) launch<__nv_bfloat16>(a, stream);
   else launch<__half>(a, stream);
 }
 
 void recurrent_gated_delta_rule(Element element, const DeltaRuleArgs& a, cudaStream_t stream) {
-  if (a.dk < 1 || a.dk > kDeltaMaxHeadDim || a.dv < 1 || a.dv > kDeltaMaxHeadDim)
-    throw std::invalid_argument("recurrent_gated_delta_rule: head dims " + std::to_string(a.dk) + " × " +
-                                std::to_string(a.dv) + " outside 1.." + std::to_string(kDeltaMaxHeadDim));
-  if (a.key_heads < 1 || a.value_heads % a.key_heads != 0)
-    throw std::invalid_argument("recurrent_gated_delta_rule: " + std::to_string(a.value_heads) +
-                                " value heads do not share " + std::to_string(a.key_heads) + " key heads evenly");
+  check_heads(a, "recurrent_gated_delta_rule");
   if (element == Element::kBFloat16) launch_recurrent<__nv_bfloat16>(a, stream);
   else launch_recurrent<__half>(a, stream);
 }
