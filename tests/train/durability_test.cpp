@@ -384,18 +384,26 @@ TEST(CrashSafety, AMissingLatestIsRecoveredFromTheNewestCompleteCheckpoint) {
 
 // ---- 6. a metrics write that fails ---------------------------------------------
 
+// Trains the small config (30 steps, plus `settings`) under a file-size
+// limit of `blocks`, which fails writes as a full disk would (EFBIG instead
+// of ENOSPC); stderr goes through a pipe, which no limit touches. Returns
+// {exit status as text, stderr}.
+std::pair<std::string, std::string> train_with_file_size_limit(const std::string& dir, const std::string& run,
+                                                               int blocks, const std::string& settings) {
+  ::mkdir(run.c_str(), 0755);
+  const std::string command = "sh -c 'trap \"\" XFSZ; ulimit -f " + std::to_string(blocks) + "; " +
+                              std::string(DFLASH_HOST_EXE) + " --no-default-plugin-dirs --plugin-dir " +
+                              DFLASH_INTREE_PLUGIN_DIR + " --config " + small_config(dir, run, 30) + settings +
+                              "; echo $? > " + dir + "/rc' 2>&1 >/dev/null | cat > " + dir + "/err";
+  EXPECT_EQ(std::system(command.c_str()), 0);
+  return {file_bytes(dir + "/rc"), file_bytes(dir + "/err")};
+}
+
 TEST(CrashSafety, AFailedMetricsWriteStopsTheRunWithoutATornLine) {
   test::TempDir temp("dflash_fsize");
   const std::string dir = temp.path().string(), run = dir + "/run";
-  ::mkdir(run.c_str(), 0755);
-  // A file-size limit fails the metrics append as a full disk would
-  // (EFBIG instead of ENOSPC); stderr goes through a pipe, which no limit touches.
-  const std::string command = "sh -c 'trap \"\" XFSZ; ulimit -f 4; " + std::string(DFLASH_HOST_EXE) +
-                              " --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR + " --config " +
-                              small_config(dir, run, 30) + "; echo $? > " + dir + "/rc' 2>&1 >/dev/null | cat > " + dir + "/err";
-  ASSERT_EQ(std::system(command.c_str()), 0);
-  EXPECT_EQ(file_bytes(dir + "/rc"), "1\n");
-  const std::string err = file_bytes(dir + "/err");
+  const auto [rc, err] = train_with_file_size_limit(dir, run, 4, "");
+  EXPECT_EQ(rc, "1\n");
   EXPECT_CONTAINS(err, run + "/metrics.jsonl: cannot write (File too large); training stopped at step ");
   EXPECT_CONTAINS(err, "No checkpoint was written yet");
   const auto records = metrics_of(run);  // throws on a torn line
@@ -410,15 +418,9 @@ TEST(CrashSafety, AFailedMetricsWriteStopsTheRunWithoutATornLine) {
 TEST(CrashSafety, AFullDiskDuringACheckpointIsNamedAsTheSave) {
   test::TempDir temp("dflash_fsize_save");
   const std::string dir = temp.path().string(), run = dir + "/run";
-  ::mkdir(run.c_str(), 0755);
   // 16 blocks hold the first metrics lines, not the drafter's weights.
-  const std::string command = "sh -c 'trap \"\" XFSZ; ulimit -f 16; " + std::string(DFLASH_HOST_EXE) +
-                              " --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR + " --config " +
-                              small_config(dir, run, 30) + " --set train.checkpoint_every=2; echo $? > " + dir +
-                              "/rc' 2>&1 >/dev/null | cat > " + dir + "/err";
-  ASSERT_EQ(std::system(command.c_str()), 0);
-  EXPECT_EQ(file_bytes(dir + "/rc"), "1\n");
-  const std::string err = file_bytes(dir + "/err");
+  const auto [rc, err] = train_with_file_size_limit(dir, run, 16, " --set train.checkpoint_every=2");
+  EXPECT_EQ(rc, "1\n");
   EXPECT_CONTAINS(err, "step 1, checkpoint save: ");
   EXPECT_EQ(err.find("optimizer step"), std::string::npos) << err;
   EXPECT_EQ(metrics_of(run).size(), 2u) << "both steps were recorded before the save";
