@@ -1,5 +1,7 @@
 #include "text/unicode.h"
 
+#include "text/utf8.h"
+
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
 #include <unicode/regex.h>
@@ -81,10 +83,9 @@ Regex::~Regex() = default;
 
 // The pattern as a JSON string literal, cut after 200 bytes (at a character).
 std::string Regex::quoted_pattern(const std::string& pattern) {
-  std::size_t end = std::min<std::size_t>(pattern.size(), 200);
-  while (end > 0 && end < pattern.size() && (static_cast<unsigned char>(pattern[end]) & 0xC0) == 0x80) --end;
-  return nlohmann::json(pattern.substr(0, end)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
-         (end < pattern.size() ? "…" : "");
+  const std::string_view shown = utf8::window(pattern, 0, 200);
+  return nlohmann::json(std::string(shown)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+         (shown.size() < pattern.size() ? "…" : "");
 }
 Regex::Regex(Regex&&) noexcept = default;
 Regex& Regex::operator=(Regex&&) noexcept = default;

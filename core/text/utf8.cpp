@@ -1,5 +1,6 @@
 #include "text/utf8.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace dflash::text::utf8 {
@@ -105,6 +106,17 @@ char32_t code_point(std::string_view text, std::size_t i, std::size_t n) {
     case 3: return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
     default: return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
   }
+}
+
+std::string_view window(std::string_view text, std::size_t begin, std::size_t length) {
+  const auto continuation = [&](std::size_t i) {
+    return i < text.size() && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80;
+  };
+  begin = std::min(begin, text.size());
+  while (begin > 0 && continuation(begin)) --begin;
+  std::size_t end = begin + std::min(length, text.size() - begin);
+  while (end > begin && continuation(end)) --end;
+  return text.substr(begin, end - begin);
 }
 
 }  // namespace dflash::text::utf8

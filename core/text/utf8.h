@@ -19,6 +19,10 @@ bool is_valid(std::string_view text);
 // `text` with every maximal ill-formed subpart replaced by U+FFFD.
 std::string make_valid(std::string_view text);
 
+// text[begin, begin + length) moved to character boundaries (the start
+// back, the end back), so a quoted excerpt never cuts a character in two.
+std::string_view window(std::string_view text, std::size_t begin, std::size_t length);
+
 // Appends the UTF-8 form of code point `c` (which must be a scalar value).
 void append(std::string& out, char32_t c);
 

@@ -1,8 +1,8 @@
 #include "tokenizer/parity.h"
 
 #include "text/unicode.h"
+#include "text/utf8.h"
 
-#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -32,27 +32,16 @@ std::vector<nlohmann::json> read_reference(const std::filesystem::path& file) {
 
 namespace {
 
-// text[begin, begin + length) moved to character boundaries (the start back,
-// the end back), so a report never cuts a UTF-8 character in two.
-std::string utf8_window(const std::string& text, std::size_t begin, std::size_t length) {
-  const auto continuation = [&](std::size_t i) { return i < text.size() && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80; };
-  begin = std::min(begin, text.size());
-  while (begin > 0 && continuation(begin)) --begin;
-  std::size_t end = std::min(text.size(), begin + length);
-  while (end > begin && continuation(end)) --end;
-  return text.substr(begin, end - begin);
-}
-
 // A JSON string literal of text; bytes that are not UTF-8 (a token's piece of
 // a character, a decode of altered ids) become U+FFFD instead of throwing.
-std::string quoted(const std::string& text) {
-  return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+std::string json_quoted(std::string_view text) {
+  return nlohmann::json(std::string(text)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string spell(const text::Tokenizer& tokenizer, const std::vector<int64_t>& ids, std::size_t from, std::size_t to) {
   std::string out;
   for (std::size_t i = from; i < to && i < ids.size(); ++i)
-    out += quoted(tokenizer.id_to_token(ids[i]).value_or("?")) + "=" + std::to_string(ids[i]) + " ";
+    out += json_quoted(tokenizer.id_to_token(ids[i]).value_or("?")) + "=" + std::to_string(ids[i]) + " ";
   return out;
 }
 
@@ -65,10 +54,10 @@ std::string explain_difference(const text::Tokenizer& tokenizer, const std::stri
   const std::size_t from = first >= 3 ? first - 3 : 0;
   // Where in the text: the bytes the common prefix covers.
   const std::size_t offset = tokenizer.decode(std::vector<int64_t>(ours.begin(), ours.begin() + static_cast<long>(first))).size();
-  const std::string context = utf8_window(document, offset >= 20 ? offset - 20 : 0, 60);
+  const std::string context(text::utf8::window(document, offset >= 20 ? offset - 20 : 0, 60));
   std::ostringstream s;
   s << "first difference at token " << first << " (of " << ours.size() << " ours, " << reference.size()
-    << " reference), near byte " << offset << ": " << quoted(context) << "\n  ours:      "
+    << " reference), near byte " << offset << ": " << json_quoted(context) << "\n  ours:      "
     << spell(tokenizer, ours, from, first + 6) << "\n  reference: " << spell(tokenizer, reference, from, first + 6);
   return s.str();
 }
@@ -103,8 +92,8 @@ FamilyParity compare_family(const text::Tokenizer& tokenizer, const std::string&
     const std::string decoded = tokenizer.decode(expected);
     if (decoded != expected_text) {
       ++r.decode_mismatches;
-      note("decode differs: ours " + quoted(utf8_window(decoded, 0, 80)) + ", reference " +
-           quoted(utf8_window(expected_text, 0, 80)));
+      note("decode differs: ours " + json_quoted(text::utf8::window(decoded, 0, 80)) + ", reference " +
+           json_quoted(text::utf8::window(expected_text, 0, 80)));
     }
     const std::string source = nfc ? nfc_form.apply(documents[i]) : documents[i];
     if (tokenizer.decode(encoded[i]) != round_trip_prefix + source) {

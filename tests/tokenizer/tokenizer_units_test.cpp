@@ -34,6 +34,17 @@ const std::string kFFFD = "\xEF\xBF\xBD";
 
 }  // namespace
 
+// An excerpt for a message starts and ends on character boundaries.
+TEST(Utf8, AWindowNeverCutsACharacter) {
+  using dflash::text::utf8::window;
+  const std::string text = "ab\xE4\xB8\xAD\xF0\x9F\x98\x80z";  // a b 中 😀 z: 2 + 3 + 4 + 1 bytes
+  EXPECT_EQ(window(text, 0, 4), "ab");                             // 中 would be cut: left out
+  EXPECT_EQ(window(text, 3, 5), "\xE4\xB8\xAD");                    // starts back at 中's first byte
+  EXPECT_EQ(window(text, 4, 100), "\xE4\xB8\xAD\xF0\x9F\x98\x80z");  // back to 中, to the end
+  EXPECT_EQ(window(text, 100, 5), "");
+  EXPECT_TRUE(dflash::text::utf8::is_valid(window(text, 6, 3)));
+}
+
 TEST(Utf8, ReplacesEachMaximalSubpartByOneReplacementCharacter) {
   using dflash::text::utf8::make_valid;
   EXPECT_EQ(make_valid("plain ascii"), "plain ascii");
