@@ -429,8 +429,8 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
   std::vector<int64_t> pool_slots;
   if (linear_layers > 0) {
     for (int64_t id : ids) pool_slots.push_back(states_.at(id).slot);
-    current_buffers = linear_states_.buffers(pool_slots, true);
-    next_buffers = linear_states_.buffers(pool_slots, false);
+    current_buffers = linear_states_.current_buffers(pool_slots);
+    next_buffers = current_buffers.bitwise_xor(1);  // the slots' other buffers, without a second copy to the device
   }
 
   HybridOutputs out;

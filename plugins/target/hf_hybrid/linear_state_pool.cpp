@@ -69,10 +69,10 @@ void LinearStatePool::release(int64_t slot) {
   used_[static_cast<size_t>(slot)] = false;
 }
 
-at::Tensor LinearStatePool::buffers(const std::vector<int64_t>& slots, bool current) const {
+at::Tensor LinearStatePool::current_buffers(const std::vector<int64_t>& slots) const {
   std::vector<int64_t> rows;
   rows.reserve(slots.size());
-  for (int64_t slot : slots) rows.push_back(buffer(slot, current));
+  for (int64_t slot : slots) rows.push_back(buffer(slot, true));
   return at::tensor(rows, at::kLong).to(state_options_.device());
 }
 
