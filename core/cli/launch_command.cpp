@@ -1,12 +1,15 @@
 // `dflash-host launch --nproc-per-node N [--master-port P] [--] ARGS…`:
 // starts N ranks of `dflash-host ARGS…` on this machine with the torchrun
 // environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-// MASTER_PORT), for users without Python. It forwards SIGINT and SIGTERM to
+// MASTER_PORT) and a secret of the run's own ($DFLASH_RUN_SECRET, made
+// here unless its environment has one: the ranks prove it to the rendezvous
+// store), for users without Python. It forwards SIGINT and SIGTERM to
 // the ranks, waits for them all, and when one fails gives the others
 // --stop-grace-s to stop on their own (they name the failed rank) before it
 // stops them. Its exit status is the first failing rank's.
 #include "cli/commands.h"
 #include "dist/process_group.h"
+#include "dist/rendezvous/run_secret.h"
 #include "log/log.h"
 
 #include <boost/dll/runtime_symbol_info.hpp>
@@ -138,6 +141,15 @@ int run_launch(int argc, char** argv) {
     std::cerr << "dflash-host launch: " << e.what() << "\n";
     return kExitFailure;
   }
+  std::string secret;
+  try {
+    // Never logged. The user's own (for ranks started elsewhere by hand), else one made for this run.
+    const auto given = dist::rendezvous::RunSecret::from_environment();
+    secret = given ? given->text() : dist::rendezvous::RunSecret::generate().text();
+  } catch (const std::exception& e) {
+    std::cerr << "dflash-host launch: " << e.what() << "\n";
+    return kExitUsage;
+  }
   const std::string program = boost::dll::program_location().string();
   // As torchrun: ranks sharing the CPUs run one intra-op thread each unless
   // told otherwise (N ranks × all cores each would oversubscribe them).
@@ -167,7 +179,7 @@ int run_launch(int argc, char** argv) {
           {"RANK", std::to_string(rank)},          {"WORLD_SIZE", std::to_string(o.nproc)},
           {"LOCAL_RANK", std::to_string(rank)},    {"LOCAL_WORLD_SIZE", std::to_string(o.nproc)},
           {"GROUP_RANK", "0"},                     {"MASTER_ADDR", o.master_addr},
-          {"MASTER_PORT", std::to_string(port)}};
+          {"MASTER_PORT", std::to_string(port)},  {dist::rendezvous::kSecretVariable, secret}};
       for (const auto& [name, value] : env) ::setenv(name, value.c_str(), 1);
       std::vector<char*> argv_child;
       for (std::string& a : args) argv_child.push_back(a.data());

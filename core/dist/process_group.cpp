@@ -1,6 +1,8 @@
 #include "dist/process_group.h"
 
 #include "dist/c10d_collective.h"
+#include "dist/rendezvous/store_server.h"
+#include "dist/secure_store.h"
 #include "log/log.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -22,6 +24,7 @@
 namespace dflash::dist {
 namespace {
 
+using detail::SecureStore;
 using std::chrono::milliseconds;
 
 std::optional<std::string> variable(const char* name) {
@@ -43,19 +46,56 @@ std::string key(const std::string& what, int rank) { return "dflash/" + what + "
 
 std::string as_text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
 
-c10::intrusive_ptr<c10d::Store> connect(const LaunchEnvironment& env, bool serve, milliseconds timeout) {
+// What every group of a run shares: the rendezvous and the device.
+struct GroupContext {
+  std::shared_ptr<rendezvous::StoreServer> server;  // rank 0's; the others' is null
+  rendezvous::Endpoint store_at;
+  c10::intrusive_ptr<c10d::Store> store;
+  LaunchEnvironment env;
+  std::string address, device;
+  milliseconds timeout;
+};
+
+// A new client of the run's store (each group's watch and key-value users have their own).
+c10::intrusive_ptr<c10d::Store> connect(const GroupContext& ctx) {
+  return c10::make_intrusive<SecureStore>(ctx.store_at, *ctx.env.secret, ctx.timeout);
+}
+
+// Under torchrun's agent store: rank 0 serves the run's store on a port of
+// its own, on the address facing MASTER_ADDR, and publishes where in the
+// agent's store, signed; the others read it there and check the signature,
+// so a key written by anyone else into the agent's (open) store is refused.
+constexpr const char* kPublishedKey = "dflash/rendezvous_store";
+constexpr const char* kAddressProof = "dflash rendezvous address";
+
+rendezvous::Endpoint meet_through_agent(GroupContext& ctx, const rendezvous::Endpoint& agent_at) {
+  const LaunchEnvironment& env = ctx.env;
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(env.master_port);
-  options.isServer = serve;
-  if (serve) options.numWorkers = static_cast<size_t>(env.world_size);
-  options.waitWorkers = false;  // the join below names the ranks that are missing
-  options.timeout = timeout;
-  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
-  // torchrun's agent store is shared by every attempt of the group: each
-  // attempt works under its own prefix, as torch.distributed does.
-  if (env.agent_store)
-    store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count), store);
-  return store;
+  options.isServer = false;
+  options.waitWorkers = false;
+  options.timeout = ctx.timeout;
+  const auto agent = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count),
+                                                            c10::make_intrusive<c10d::TCPStore>(env.master_addr, options));
+  if (env.rank == 0) {
+    ctx.server = std::make_shared<rendezvous::StoreServer>(rendezvous::local_address_toward(agent_at), *env.secret);
+    const std::string where = ctx.server->address().host() + " " + std::to_string(ctx.server->address().port());
+    const rendezvous::Digest proof = env.secret->prove(kAddressProof, where);
+    const std::string value = where + " " + rendezvous::to_hex(proof);
+    agent->set(kPublishedKey, std::vector<uint8_t>(value.begin(), value.end()));
+    return ctx.server->address();
+  }
+  const std::string value = as_text(agent->get(kPublishedKey));
+  std::istringstream in(value);
+  std::string host, port, proof_hex;
+  in >> host >> port >> proof_hex;
+  const std::string where = host + " " + port;
+  const std::optional<int> port_number = parse_bounded_int(port, 1, 65535);
+  if (!port_number || proof_hex != rendezvous::to_hex(env.secret->prove(kAddressProof, where)))
+    throw CollectiveError("rank " + std::to_string(env.rank) + ": the address of the run's store published in torchrun's store at " +
+                          agent_at.text() + " is not signed with this rank's run secret: the ranks do not share one $" +
+                          rendezvous::kSecretVariable + ", or another program wrote it. Export the same secret on every node");
+  return rendezvous::resolve(host, *port_number);
 }
 
 // Every rank checks in; the ranks that have not within the timeout are named.
@@ -78,10 +118,13 @@ void await_ranks(c10d::Store& store, const LaunchEnvironment& env, milliseconds 
 }
 
 #if DFLASH_HOST_GLOO
-std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env) {
+std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnvironment& env, const rendezvous::Endpoint& store_at) {
   // As torch.distributed: the interface GLOO_SOCKET_IFNAME names, else the
   // address this host's name resolves to; a single host falls back to loopback.
+  // Ranks that meet at a loopback address are all on this host: Gloo's
+  // connections stay on loopback too, reachable from no other machine.
   if (const auto ifname = variable("GLOO_SOCKET_IFNAME")) return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
+  if (store_at.is_loopback()) return c10d::ProcessGroupGloo::createDeviceForHostname(store_at.host());
   try {
     return c10d::ProcessGroupGloo::createDefaultDevice();
   } catch (const std::exception& e) {
@@ -131,6 +174,12 @@ std::optional<LaunchEnvironment> launch_environment() {
   env.restart_count = variable("TORCHELASTIC_RESTART_COUNT")
                           ? whole("TORCHELASTIC_RESTART_COUNT", *variable("TORCHELASTIC_RESTART_COUNT"), 0, 1 << 20)
                           : 0;
+  env.secret = rendezvous::RunSecret::from_environment();
+  if (!env.secret)
+    throw std::invalid_argument(std::string("$") + rendezvous::kSecretVariable + " is not set: the ranks of a run prove to its "
+                                "rendezvous store that they belong to it with a secret they share. `dflash-host launch` gives its "
+                                "ranks one; under torchrun export the same one on every node (e.g. " + rendezvous::kSecretVariable +
+                                "=$(openssl rand -hex 32)), or name a file only you can read in $" + rendezvous::kSecretFileVariable);
   return env;
 }
 
@@ -163,14 +212,6 @@ class StoreKeyValue final : public KeyValue {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
-// What every group of a run shares: the rendezvous and the device.
-struct GroupContext {
-  c10::intrusive_ptr<c10d::Store> store;
-  LaunchEnvironment env;
-  std::string address, device;
-  milliseconds timeout;
-};
-
 // The group of the world ranks `members` (ascending; this rank among them),
 // named `name` ("" for the world): its own store prefix, its own watch, and
 // the way its members make subgroups of it.
@@ -184,7 +225,7 @@ std::unique_ptr<Collective> make_group(const std::shared_ptr<const GroupContext>
   const std::string scope = name.empty() ? "" : name + "/";
   // The watch's own client: its heartbeats never wait behind a collective's
   // store traffic.
-  auto watch = std::make_unique<detail::Watch>(connect(env, false, ctx->timeout), rank, size, ctx->address, scope, members);
+  auto watch = std::make_unique<detail::Watch>(connect(*ctx), rank, size, ctx->address, scope, members);
   const auto group_store = c10::make_intrusive<c10d::PrefixStore>(name.empty() ? "dflash_group" : "dflash_group/" + name, ctx->store);
   GroupMakers makers;
   makers.subgroup = [ctx, members](const std::vector<int>& sub, const std::string& sub_name) {
@@ -193,7 +234,7 @@ std::unique_ptr<Collective> make_group(const std::shared_ptr<const GroupContext>
     return make_group(ctx, world, sub_name);
   };
   makers.key_value = [ctx]() -> std::unique_ptr<KeyValue> {
-    return std::make_unique<StoreKeyValue>(connect(ctx->env, false, ctx->timeout));
+    return std::make_unique<StoreKeyValue>(connect(*ctx));
   };
   const c10::Device where(ctx->device);
   if (where.is_cuda()) {
@@ -204,7 +245,7 @@ std::unique_ptr<Collective> make_group(const std::shared_ptr<const GroupContext>
   }
 #if DFLASH_HOST_GLOO
   auto options = c10d::ProcessGroupGloo::Options::create(ctx->timeout);
-  options->devices.push_back(gloo_device(env));
+  options->devices.push_back(gloo_device(env, ctx->store_at));
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   try {
     group = c10::make_intrusive<c10d::ProcessGroupGloo>(group_store, rank, size, options);
@@ -226,22 +267,36 @@ std::unique_ptr<Collective> make_group(const std::shared_ptr<const GroupContext>
 }  // namespace
 
 std::unique_ptr<Collective> join(const LaunchEnvironment& env, const std::string& device, double timeout_s) {
+  if (!env.secret) throw std::logic_error("dist::join without the run secret (launch_environment() reads it)");
   auto ctx = std::make_shared<GroupContext>();
   ctx->env = env;
   ctx->device = device;
   ctx->timeout = milliseconds(static_cast<int64_t>(timeout_s * 1000));
   ctx->address = env.master_addr + ":" + std::to_string(env.master_port);
   try {
-    ctx->store = connect(env, env.rank == 0 && !env.agent_store, ctx->timeout);
+    const rendezvous::Endpoint master = rendezvous::resolve(env.master_addr, env.master_port);
+    if (env.agent_store) {
+      ctx->store_at = meet_through_agent(*ctx, master);
+    } else {
+      // Rank 0 serves on MASTER_ADDR's address alone: the one the ranks use.
+      if (env.rank == 0) ctx->server = std::make_shared<rendezvous::StoreServer>(master, *env.secret);
+      ctx->store_at = master;
+    }
+    ctx->address = ctx->store_at.text();
+    if (ctx->server)
+      log::info("serving the run's rendezvous store at " + ctx->address + " to the ranks that prove the run secret" +
+                (env.agent_store ? " (its address signed in torchrun's store)" : ""));
+    ctx->store = connect(*ctx);
     await_ranks(*ctx->store, env, ctx->timeout, ctx->address);
   } catch (const CollectiveError&) {
     throw;
+  } catch (const rendezvous::StoreError& e) {
+    throw CollectiveError("rank " + std::to_string(env.rank) + ": " + e.what());
   } catch (const std::exception& e) {
     std::string text = e.what();
     text = text.substr(0, text.find('\n'));
     throw CollectiveError("rank " + std::to_string(env.rank) + ": the rendezvous at " + ctx->address + " failed: " + text +
-                          (env.rank == 0 && !env.agent_store ? " (rank 0 serves it: is the port free?)"
-                                                             : " (is rank 0 running, and MASTER_ADDR reachable from here?)"));
+                          (env.rank == 0 ? "" : " (is rank 0 running, and MASTER_ADDR reachable from here?)"));
   }
   std::vector<int> everyone(static_cast<size_t>(env.world_size));
   for (int r = 0; r < env.world_size; ++r) everyone[static_cast<size_t>(r)] = r;

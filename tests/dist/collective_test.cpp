@@ -38,6 +38,7 @@ int free_port() {
 // body(rank's collective) on `world` threads; the first failure is rethrown.
 void on_ranks(int world, const std::string& device, const std::function<void(dist::Collective&)>& body) {
   const int port = free_port();
+  const auto secret = dist::rendezvous::RunSecret::generate();
   std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
@@ -49,6 +50,7 @@ void on_ranks(int world, const std::string& device, const std::function<void(dis
         env.local_rank = r;
         env.master_addr = "127.0.0.1";
         env.master_port = port;
+        env.secret = secret;
         auto group = dist::join(env, device, 60);
         body(*group);
       } catch (...) {

@@ -135,6 +135,10 @@ inline double largest_relative_difference(const std::string& a, const std::strin
   return worst;
 }
 
+// The run secret of the tests that start ranks by hand, as a user of
+// torchrun exports one (`dflash-host launch` makes its own).
+inline constexpr const char* kTestRunSecret = "0123456789abcdef0123456789abcdef-test-run";
+
 // `dflash-host launch --nproc-per-node N -- <the test's plugin folders> ARGS`.
 inline Result launched(int ranks, const std::string& args, const std::string& scratch) {
   const std::string err_file = scratch + "/stderr.txt";

@@ -112,7 +112,8 @@ TEST_F(DataParallel, ATorchrunEnvironmentSetByHandTrainsAsTheLauncherDoes) {
   for (int r = 0; r < 2; ++r)
     // torchrun also sets OMP_NUM_THREADS=1 for several processes per node.
     script += "(RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
-              " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " OMP_NUM_THREADS=1 " + base +
+              " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " OMP_NUM_THREADS=1 " +
+              "DFLASH_RUN_SECRET=" + test::kTestRunSecret + " " + base +
               " > /dev/null 2> " +
               dir + "/err" + std::to_string(r) + ".txt; echo $? > " + dir + "/status" + std::to_string(r) + ") & ";
   script += "wait";
@@ -136,8 +137,8 @@ TEST_F(DataParallel, RanksWithDifferentConfigsAreRefusedNamingTheRankAndTheSetti
   const int port = 20000 + static_cast<int>((::getpid() + 7) % 20000);
   std::string script;
   for (int r = 0; r < 2; ++r)
-    script += "(RANK=" + std::to_string(r) + " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " +
-              base + (r == 1 ? " --set train.lr=0.002" : "") + " > /dev/null 2> " + dir + "/err" + std::to_string(r) +
+    script += "(RANK=" + std::to_string(r) + " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+              " DFLASH_RUN_SECRET=" + test::kTestRunSecret + " " + base + (r == 1 ? " --set train.lr=0.002" : "") + " > /dev/null 2> " + dir + "/err" + std::to_string(r) +
               ".txt; echo $? > " + dir + "/status" + std::to_string(r) + ") & ";
   script += "wait";
   ASSERT_EQ(std::system(("bash -c '" + script + "'").c_str()), 0);

@@ -95,12 +95,13 @@ struct Environment {
   std::vector<std::string> names;
   explicit Environment(std::initializer_list<std::pair<const char*, const char*>> values) {
     for (const char* n : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                          "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT"})
+                          "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "DFLASH_RUN_SECRET", "DFLASH_RUN_SECRET_FILE"})
       ::unsetenv(n);
     for (const auto& [n, v] : values) ::setenv(n, v, 1);
   }
   ~Environment() {
-    for (const char* n : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) ::unsetenv(n);
+    for (const char* n : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "DFLASH_RUN_SECRET"})
+      ::unsetenv(n);
   }
 };
 
@@ -118,9 +119,18 @@ TEST(LaunchEnvironment, NoneIsOneProcessAPartialOneIsRefusedNamingWhatIsMissing)
     EXPECT_THROW_WITH(dist::launch_environment(), std::invalid_argument, "$RANK is '2'; expected a whole number from 0 to 1");
   }
   {
+    Environment no_secret({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}});
+    EXPECT_THROW_WITH(dist::launch_environment(), std::invalid_argument, "$DFLASH_RUN_SECRET is not set");
+  }
+  {
+    Environment weak({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"},
+                      {"DFLASH_RUN_SECRET", "password"}});
+    EXPECT_THROW_WITH(dist::launch_environment(), std::invalid_argument, "$DFLASH_RUN_SECRET holds 8 characters; a run secret needs at least 32");
+  }
+  {
     Environment torchrun({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29400"},
                           {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
-                          {"TORCHELASTIC_RESTART_COUNT", "2"}});
+                          {"TORCHELASTIC_RESTART_COUNT", "2"}, {"DFLASH_RUN_SECRET", "0123456789abcdef0123456789abcdef"}});
     const auto env = dist::launch_environment();
     ASSERT_TRUE(env.has_value());
     EXPECT_EQ(env->rank, 5);
@@ -128,6 +138,8 @@ TEST(LaunchEnvironment, NoneIsOneProcessAPartialOneIsRefusedNamingWhatIsMissing)
     EXPECT_EQ(env->local_world_size, 4);
     EXPECT_TRUE(env->agent_store);
     EXPECT_EQ(env->restart_count, 2);
+    ASSERT_TRUE(env->secret.has_value());
+    EXPECT_EQ(env->secret->text(), "0123456789abcdef0123456789abcdef");
     EXPECT_EQ(dist::rank_device("cuda", *env), "cuda:1");
     EXPECT_EQ(dist::rank_device("cpu", *env), "cpu");
     EXPECT_THROW_WITH(dist::rank_device("cuda:0", *env), std::invalid_argument, "they would share one GPU");
