@@ -88,6 +88,8 @@ fi
 if [[ $parts == *" scaling "* ]]; then
   echo "== scaling: drafter_bench, 1 GPU then N ranks (torchrun)"
   bench="$bin/drafter_bench --plugin-dir $plugins --json $out/scaling.jsonl"
+  # The ranks prove this run's secret to its rendezvous store (docs/distributed.md).
+  export DFLASH_RUN_SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
   $bench > "$out/scaling_1.txt" 2>&1 || tail -5 "$out/scaling_1.txt"
   for n in 2 4; do
     [ "$gpus" -ge "$n" ] || continue

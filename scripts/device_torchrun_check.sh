@@ -17,6 +17,8 @@ cat > /tmp/tr.json <<JSON
  "loss": {"plugin": "fused_ckpt_kl", "kl_weight": 0.5}, "scheduler": {"plugin": "constant"}}
 JSON
 rm -rf /tmp/tr_run
+# The ranks prove this run's secret to its rendezvous store (docs/distributed.md).
+export DFLASH_RUN_SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 torchrun --no-python --nnodes 1 --nproc-per-node 1 --max-restarts 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29555 \
   "$root/build-gpu/bin/dflash-host" --no-default-plugin-dirs --plugin-dir "$root/build-gpu/lib/dflash-host/plugins" \
   --config /tmp/tr.json > "$out/torchrun.txt" 2>&1 &

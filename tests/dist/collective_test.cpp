@@ -4,6 +4,7 @@
 #include "dist/gradient_reducer.h"
 #include "dist/process_group.h"
 #include "support/expect.h"
+#include "support/free_port.h"
 #include "train/sharded_adamw.h"
 
 #include <gtest/gtest.h>
@@ -23,21 +24,9 @@
 namespace dflash {
 namespace {
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t n = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 // body(rank's collective) on `world` threads; the first failure is rethrown.
 void on_ranks(int world, const std::string& device, const std::function<void(dist::Collective&)>& body) {
-  const int port = free_port();
+  const int port = test::free_loopback_port();
   const auto secret = dist::rendezvous::RunSecret::generate();
   std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;

@@ -62,6 +62,19 @@ inline bool runs_here(int ranks, const std::string& what) {
   if (!::dflash::test::enough_devices(n))                                                                  \
   GTEST_SKIP() << (n) << " ranks need " << (n) << " GPUs; this machine has " << torch::cuda::device_count()
 
+// The tests of two or more ranks: on the CPU they need Gloo (Debian's
+// LibTorch has its headers; the GPU machine's torch wheel does not); on GPUs
+// (DFLASH_TEST_DIST_DEVICE=cuda) NCCL and two devices.
+class TwoRanks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#if !DFLASH_TEST_HAVE_GLOO
+    if (!ranks_on_gpus()) GTEST_SKIP() << "this build has no Gloo (DFLASH_TEST_DIST_DEVICE=cuda: NCCL on GPUs)";
+#endif
+    DFLASH_DIST_SKIP_UNLESS_RANKS(2);
+  }
+};
+
 // The tolerance two runs are compared with: `cpu` on the CPU, where only the
 // order of a few sums differs; on GPUs at least 1e-4 relative, as cuBLAS,
 // NCCL's rings and atomic adds order the fp32 sums differently from run to

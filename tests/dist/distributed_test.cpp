@@ -43,18 +43,7 @@ using test::Latest;
 using test::latest_checkpoint;
 using test::signal_and_wait;
 
-// Several ranks on the CPU need Gloo (the torch wheel of the GPU machine has
-// no Gloo headers; Debian's LibTorch has them); on GPUs
-// (DFLASH_TEST_DIST_DEVICE=cuda, dist_support.h) they use NCCL.
-class DataParallel : public ::testing::Test {
- protected:
-  void SetUp() override {
-#if !DFLASH_TEST_HAVE_GLOO
-    if (!test::ranks_on_gpus()) GTEST_SKIP() << "this build has no Gloo (DFLASH_TEST_DIST_DEVICE=cuda: NCCL on GPUs)";
-#endif
-    DFLASH_DIST_SKIP_UNLESS_RANKS(2);
-  }
-};
+class DataParallel : public test::TwoRanks {};
 
 TEST_F(DataParallel, TwoAndThreeRanksMatchOneProcessAccumulatingTheSameGlobalBatches) {
   test::TempDir temp("dflash_dp");

@@ -20,15 +20,7 @@ using test::launched;
 using test::metrics_of;
 using test::Result;
 
-class Pipeline : public ::testing::Test {
- protected:
-  void SetUp() override {
-#if !DFLASH_TEST_HAVE_GLOO
-    if (!test::ranks_on_gpus()) GTEST_SKIP() << "this build has no Gloo (DFLASH_TEST_DIST_DEVICE=cuda: NCCL on GPUs)";
-#endif
-    DFLASH_DIST_SKIP_UNLESS_RANKS(2);
-  }
-};
+class Pipeline : public test::TwoRanks {};
 
 std::string split(int targets, int drafters) {
   return " --target-ranks " + std::to_string(targets) + " --drafter-ranks " + std::to_string(drafters);

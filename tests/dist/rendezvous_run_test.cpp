@@ -7,6 +7,7 @@
 #include "dist/dist_support.h"
 #include "dist/rendezvous/store_client.h"
 #include "support/expect.h"
+#include "support/free_port.h"
 #include "support/temp_dir.h"
 #include "train/run_support.h"
 
@@ -37,18 +38,6 @@ namespace rdv = dist::rendezvous;
 namespace fs = std::filesystem;
 using test::file_bytes;
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t n = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 // A TCP connection to `at`, or -1 while nothing listens there.
 int connect_to(const rdv::Endpoint& at) {
   const int fd = ::socket(at.address.ss_family, SOCK_STREAM, 0);
@@ -57,15 +46,7 @@ int connect_to(const rdv::Endpoint& at) {
   return -1;
 }
 
-class RunStore : public ::testing::Test {
- protected:
-  void SetUp() override {
-#if !DFLASH_TEST_HAVE_GLOO
-    if (!test::ranks_on_gpus()) GTEST_SKIP() << "this build has no Gloo (DFLASH_TEST_DIST_DEVICE=cuda: NCCL on GPUs)";
-#endif
-    DFLASH_DIST_SKIP_UNLESS_RANKS(2);
-  }
-};
+class RunStore : public test::TwoRanks {};
 
 // The launcher with `flags`, to its end; its wall time in seconds, or -1
 // (and the launcher killed) past `limit`.
@@ -107,7 +88,7 @@ TEST_F(RunStore, AnOutsiderCanNeitherReadNorWriteItsKeysNorReachItElsewhereAndAH
   // afterwards); the outsiders do not.
   const rdv::RunSecret secret = rdv::RunSecret::from_text(test::kTestRunSecret, "the test's secret");
   ::setenv(rdv::kSecretVariable, test::kTestRunSecret, 1);
-  const int port = free_port();
+  const int port = test::free_loopback_port();
   const rdv::Endpoint store = rdv::resolve("127.0.0.1", port);
   std::atomic<bool> done{false};
   std::string outsider_error, insider_error, elsewhere;
@@ -204,7 +185,7 @@ TEST_F(RunStore, AnOutsiderCanNeitherReadNorWriteItsKeysNorReachItElsewhereAndAH
 TEST_F(RunStore, UnderTorchrunsAgentStoreTheRanksMeetAtASignedAddressAndRefuseAnother) {
   test::TempDir temp("dflash_run_agent");
   const std::string dir = temp.path().string();
-  const int port = free_port();
+  const int port = test::free_loopback_port();
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(port);
   options.isServer = true;
@@ -250,7 +231,7 @@ TEST_F(RunStore, ARankWithAnotherSecretIsRefusedAndOneWithoutIsToldHowToGetOne) 
   const std::string config = test::dp_config(dir, dir + "/run", 2);
   const std::string base = std::string(DFLASH_HOST_EXE) + " --no-default-plugin-dirs --plugin-dir " + DFLASH_INTREE_PLUGIN_DIR +
                            " --config " + config + " --set train.collective_timeout_s=5" + test::device_flag();
-  const int port = free_port();
+  const int port = test::free_loopback_port();
   const std::string secrets[2] = {test::kTestRunSecret, "another-secret-of-32-characters-or-more"};
   std::string script;
   for (int r = 0; r < 2; ++r)

@@ -19,10 +19,10 @@ std::string seconds_text(milliseconds timeout) {
 StoreClient::StoreClient(Endpoint server, RunSecret secret, milliseconds timeout)
     : server_(std::move(server)), secret_(std::move(secret)) {
   std::lock_guard<std::mutex> lock(mutex_);
-  connect(Clock::now() + timeout);
+  connect(Clock::now() + timeout, true);
 }
 
-void StoreClient::connect(Clock::time_point deadline) {
+void StoreClient::connect(Clock::time_point deadline, bool patient) {
   const auto started = Clock::now();
   std::string last = "no attempt";
   for (;;) {
@@ -33,6 +33,9 @@ void StoreClient::connect(Clock::time_point deadline) {
       last = "no answer";
     } catch (const WireError& e) {
       last = e.what();  // refused: rank 0 may not serve yet
+      if (!patient)
+        throw StoreError("the rendezvous store at " + server_.text() + " no longer accepts connections (" + last +
+                         "): rank 0, which serves it, has exited");
     }
     if (Clock::now() + milliseconds(100) >= deadline)
       throw StoreError("could not reach the rendezvous store at " + server_.text() + " within " +
@@ -89,7 +92,7 @@ void StoreClient::prove(Clock::time_point deadline) {
 std::string StoreClient::request(const std::string& frame, const std::string& what, milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto deadline = Clock::now() + timeout;
-  if (!socket_) connect(deadline);
+  if (!socket_) connect(deadline, false);
   try {
     send_before(socket_.fd(), frame, deadline);
     std::string answer = receive_frame_before(socket_.fd(), deadline, kLargestFrame);

@@ -51,7 +51,10 @@ class StoreClient {
  private:
   // The reply to `frame`; `what` names the request in errors ("get 'k'").
   std::string request(const std::string& frame, const std::string& what, std::chrono::milliseconds timeout);
-  void connect(Clock::time_point deadline);
+  // `patient`: retry a refused connection until the deadline (the first
+  // time: rank 0 may not serve yet); otherwise a refusal means the store,
+  // reached before, is gone, and is reported at once.
+  void connect(Clock::time_point deadline, bool patient);
   void prove(Clock::time_point deadline);
 
   const Endpoint server_;
