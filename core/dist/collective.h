@@ -1,7 +1,7 @@
 // The ranks of a run and the few collectives the trainer needs, behind one
 // small interface so that the trainer's translation units never include
 // c10d: process_group.cpp implements it over c10d's ProcessGroupNCCL (CUDA
-// tensors) and ProcessGroupGloo (CPU tensors) after a TCPStore rendezvous;
+// tensors) and ProcessGroupGloo (CPU tensors) after a rendezvous at the run's store;
 // single_process() is the world of one, where every collective is the
 // identity and nothing is communicated.
 #pragma once
