@@ -7,6 +7,8 @@
 #   scripts/device_memory_plan.sh [OUTDIR]     (carry .deps/debs)
 #   SKIP_BUILD=1 to reuse build-gpu/; OOM_ONLY=1 for the out-of-memory demonstration alone;
 #   ONLY="REGEX" for the cases whose names it finds (scripts/memory_accuracy.py)
+#   GRID=1 for the grid of small shapes instead (issue 40, item 8: the GPU demonstration's
+#   drafter and its neighbours, and a small target of the block kernel's head shape)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-${OUT:-/tmp/memory_plan}}
@@ -15,6 +17,15 @@ mkdir -p "$out" "$work"
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   "$root/scripts/device_build.sh" -R "MemoryPlan|PlanCommand|OutOfMemory|DFlashDrafter|AdamW" > "$out/build_and_tests.txt" 2>&1 || true
   grep -E "tests passed|FAILED|Failed|error:" "$out/build_and_tests.txt" | head -40 || true
+fi
+if [ -n "${GRID:-}" ]; then
+  [ -f "$work/demo/model.safetensors" ] || python3 "$root/scripts/make_wide_target.py" "$work/demo" --preset gpu-demo --layers 8
+  [ -f "$work/small128/model.safetensors" ] || python3 "$root/scripts/make_wide_target.py" "$work/small128" --preset small-128 --layers 5
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$out/gpu.txt" || true
+  python3 "$root/scripts/memory_accuracy.py" --host "$root/build-gpu/bin/dflash-host --no-default-plugin-dirs --plugin-dir $root/build-gpu/lib/dflash-host/plugins" \
+    --work "$work" --out "$out" --grid ${ONLY:+--only "$ONLY"}
+  cat "$out/memory_accuracy.md"
+  exit 0
 fi
 [ -f "$work/q27/model.safetensors" ] || python3 "$root/scripts/make_wide_target.py" "$work/q27" --preset qwen3.6-27b
 # The 8B-wide target only where a chosen case uses it (ONLY is a regular expression over the cases' names).

@@ -5,7 +5,7 @@ the target's width, vocabulary and head layout, not on its depth, so a
 5-layer "Qwen3.6-27B-wide" target trains the 27B drafter shape in ~8 GB.
 Used by scripts/device_memory_plan.sh (GPU machine: torch + safetensors).
 
-    python3 scripts/make_wide_target.py OUT_DIR --preset qwen3.6-27b|qwen3-8b [--layers 5]
+    python3 scripts/make_wide_target.py OUT_DIR --preset qwen3.6-27b|qwen3-8b|gpu-demo|small-128 [--layers 5]
 """
 import argparse
 import json
@@ -20,6 +20,13 @@ PRESETS = {
                         head_dim=128, vocab_size=248320),
     "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8,
                      head_dim=128, vocab_size=151936),
+    # The GPU demonstration's target (scripts/gpu_demo/train_target.py's defaults): head_dim 64, 2 query heads
+    # per KV head, so the drafter's block kernel does not take it (grouped attention instead).
+    "gpu-demo": dict(hidden_size=512, intermediate_size=1536, num_attention_heads=8, num_key_value_heads=4,
+                     head_dim=64, vocab_size=8192),
+    # Small, of the block kernel's head shape (head_dim 128, 4 query heads per KV head).
+    "small-128": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=8, num_key_value_heads=2,
+                      head_dim=128, vocab_size=32000),
 }
 
 

@@ -48,6 +48,9 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--only", default="", help="run only the configurations whose name this regular expression finds")
     p.add_argument("--oom-only", action="store_true", help="only the out-of-memory demonstration")
+    p.add_argument("--grid", action="store_true",
+                   help="the grid of small shapes instead (issue 40, item 8): the GPU demonstration's target and a small "
+                        "one of the block kernel's head shape, over block sizes, anchors, rows, layers and losses")
     a = p.parse_args()
     runs_root = "/dev/shm/dflash_memory_runs" if os.path.isdir("/dev/shm") else os.path.join(a.work, "runs")
     q27, q8 = os.path.join(a.work, "q27"), os.path.join(a.work, "q8")
@@ -62,6 +65,8 @@ def main():
         # Grouped attention keeping every call's q/k/v (drafter.attention_keeps; the default keeps the layer's rows).
         ("27B-wide, ctx 4096, 512 × 16, attention keeping calls", q27, 4096, 1, 512, 16, {"attention_keeps": "calls"}, {}),
     ]
+    if a.grid:
+        cases = grid_cases(a.work)
     results = []
     if a.oom_only:
         cases = []
@@ -113,8 +118,31 @@ def main():
             else:
                 f.write(f"| {r['name']} | — | — | — | run failed ({r['train_status']}) | |\n")
 
-    if not a.only:
+    if not a.only and not a.grid:
         oom_demo(a, runs_root, q27)
+
+
+def grid_cases(work):
+    """Small shapes around the GPU demonstration's drafter (configs/gpu-demo.json: 3 layers, block 16, 128
+    anchors, 32 rows × 1024 on its 512-wide target, which the planner put 25.6 % low on 2026-12-04) and
+    around the block kernel's head shape. Each varies one setting from its base."""
+    demo, small = os.path.join(work, "demo"), os.path.join(work, "small128")
+    out = []
+    for target, label in ((demo, "demo-target"), (small, "small-128")):
+        # The recipe's target layers, as the demonstration uses (config() names five otherwise).
+        layers = lambda n, **more: dict({"num_layers": n, "target_layer_ids": []}, **more)
+        base = dict(length=1024, rows=32, anchors=128, block=16, drafter=layers(3), train={})
+        variants = [("base", {}), ("block 8", dict(block=8)), ("block 32", dict(block=32)),
+                    ("32 anchors", dict(anchors=32)), ("8 rows × 2048", dict(rows=8, length=2048)),
+                    ("4 rows × 512", dict(rows=4, length=512)), ("1 layer", dict(drafter=layers(1))),
+                    ("5 layers", dict(drafter=layers(5))),
+                    ("checkpointing", dict(drafter=layers(3, activation_checkpointing=True))),
+                    ("fp32 masters", dict(train={"precision": "fp32_master"}))]
+        for name, change in variants:
+            v = dict(base, **change)
+            out.append((f"{label}, {name}", target, v["length"], v["rows"], v["anchors"], v["block"], v["drafter"],
+                        v["train"]))
+    return out
 
 
 def oom_demo(a, runs_root, q27):

@@ -204,11 +204,19 @@ class DFlashDrafter : public sdk::Drafter {
     step.checkpointing = config.at("activation_checkpointing").get<bool>();
     step.fused = config.value("layer_ops", std::string("fused")) == "fused";
     // attention: blocks on the GPU keeps the rows too (and the merged output), with no masks.
-    step.block_kernel = step.cudnn && config.at("attention").get<std::string>() == "blocks" &&
-                        dflash::cuda_kernels::block_size_fits(step.block_size);
+    const bool block_layout = config.at("attention").get<std::string>() == "blocks" &&
+                              drafter::takes_block_layout(step.group_blocks, step.block_size, shape.heads, shape.kv_heads);
+    // The GPU runs it by the block kernel where the kernel takes the shape
+    // (bf16, its head shape); a step of another shape falls back to grouped
+    // attention, and is planned as such (the GPU demonstration's drafter,
+    // head_dim 64, was planned as the kernel's and measured 25.6 % above it).
+    step.block_kernel = step.cudnn && block_layout && request.dtype() == "bfloat16" &&
+                        dflash::cuda_kernels::block_kernel_shape_fits(shape.heads, shape.kv_heads, shape.head_dim, step.block_size);
+    // The CPU runs the block layout by the kernel's ATen reference (dflash_model.cpp).
+    step.block_reference = !step.cuda && block_layout;
     step.keeps_rows = drafter::keeps_rows(
         drafter::attention_keeps_named(config.value("attention_keeps", std::string(kDefaultAttentionKeeps))), step.cudnn) ||
-        step.block_kernel;
+        step.block_kernel || step.block_reference;
     step.teacher = context.value("teacher", false);
     sdk::MemoryPlan plan = drafter::step_memory(shape, step);
     const int64_t q_out = shape.heads * shape.head_dim;

@@ -428,8 +428,7 @@ at::Tensor DFlashModel::forward(const at::Tensor& features, const at::Tensor& co
   Attention plan;
   // Block attention: on the GPU where its kernels take the step, on the CPU
   // by its ATen reference (exact, slow: the tests' path); grouped elsewhere.
-  const bool block_shape = masks.block_kernel && masks.group_blocks > 0 &&
-                           cuda_kernels::block_size_fits(masks.block_size) && s.heads % s.kv_heads == 0;
+  const bool block_shape = masks.block_kernel && takes_block_layout(masks.group_blocks, masks.block_size, s.heads, s.kv_heads);
   if (block_shape &&
       (options.device().is_cpu() ||
        (cudnn && kernel_ops::block_attention_fits(slot_embeddings, s.heads, s.kv_heads, s.head_dim, masks.block_size) &&

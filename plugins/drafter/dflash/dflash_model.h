@@ -47,6 +47,14 @@ struct BlockMasks {
   bool block_kernel = false;
 };
 
+// Whether a step with drafter.attention "blocks" takes the block layout:
+// grouped, of a block size the block kernel takes, whole KV groups. Then the
+// CPU runs the kernel's ATen reference, and the GPU the kernel itself where
+// cuDNN's attention works there. One rule for the step and its memory plan.
+inline bool takes_block_layout(int64_t group_blocks, int64_t block_size, int64_t heads, int64_t kv_heads) {
+  return group_blocks > 0 && cuda_kernels::block_size_fits(block_size) && kv_heads > 0 && heads % kv_heads == 0;
+}
+
 // One sequence's context for speculative drafting: every layer's keys and
 // values of the accepted positions (after k-norm and RoPE), computed once when
 // the positions are accepted and reused by every later proposal. The buffers

@@ -105,7 +105,8 @@ sdk::MemoryPlan step_memory(const DrafterShape& s, const StepShape& step) {
     score_elements = B * static_cast<double>(slots_per_row) * static_cast<double>(keys);
     bias_elements = B * static_cast<double>(slots_per_row) * static_cast<double>(pad16(keys));
   }
-  if (step.block_kernel) bias_elements = 0;  // no mask: the prefixes run unmasked, the kernel needs none
+  // No mask: the prefixes run unmasked, the kernel (and its reference) needs none.
+  if (step.block_kernel || step.block_reference) bias_elements = 0;
   // K and V as the kernel saves them: per group (or the whole row) for
   // cuDNN, repeated to every query head for SDPA's GQA.
   const double kv_width = (!step.cudnn && s.heads > s.kv_heads) ? HQ : HKV;
@@ -121,7 +122,8 @@ sdk::MemoryPlan step_memory(const DrafterShape& s, const StepShape& step) {
   // fused kernels write [n, queries, heads, d]), so autograd keeps one
   // tensor for both; SDPA's math path writes [n, heads, queries, d] and the
   // view becomes a copy.
-  const double outputs_kept = step.cuda ? 1.0 : 2.0;
+  // The block reference writes [n, heads, d] rows as the kernels do.
+  const double outputs_kept = step.cuda || step.block_reference ? 1.0 : 2.0;
   const double kernel_saves = (rows_kept ? 2 * e * Q * HKV : 2 * e * Q * kv_width)  // the slots' k and v as the kernel keeps them
                               + outputs_kept * e * Q * HQ + 4 * heads * Q            // kernel output (o_proj's input); log-sum-exp
                               + (step.cuda || rows_kept ? 0.0 : e * heads * score_elements + e * Q * HQ);  // SDPA math: probabilities
@@ -174,17 +176,34 @@ sdk::MemoryPlan step_memory(const DrafterShape& s, const StepShape& step) {
   // Fused: the MLP block's backward holds the recomputed product's gradient
   // [Q, I] and gate|up's [Q, 2I] beside the incoming gradient and the down
   // projection's weight gradient.
-  const double mlp_backward = step.fused ? 3 * e * Q * I + e * H * I + e * Q * H : 2 * e * Q * I + e * H * I + e * Q * H;
+  // Off the kernels (trainable_ops runs them on CUDA in bf16/fp16) the fused
+  // MLP block's backward is its closed form: the product's gradient, σ,
+  // d_up, d_gate and the slope 1 + gate·(1 − σ), in the statistics dtype
+  // (and gate, up and the gradient converted to it first, when that differs).
+  const bool mlp_kernels = step.cuda && step.element_bytes == 2;
+  const double fused_mlp = mlp_kernels ? 3 * e * Q * I : e * Q * I + (f != e ? 3 * f * Q * I : 0.0) + 4 * f * Q * I;
+  double layer_backward = step.fused ? fused_mlp + e * H * I + e * Q * H : 2 * e * Q * I + e * H * I + e * Q * H;
+  if (step.block_reference) {
+    // The block reference's backward (grouped_attention.cpp) takes its parts
+    // one at a time: a group's prefix call (its queries against the context
+    // before the group's first anchor: at most the row) or a 16-row entry.
+    // Each holds its scores, probabilities, dP, dP − δ and dS at once, in
+    // fp32 (fp64 for fp64), beside dq, dk, dv and the incoming gradient.
+    const double queries = static_cast<double>(std::min(step.group_blocks, step.anchors) * step.block_size);
+    const double part = std::max(queries * S, 16.0 * (S + static_cast<double>(step.block_size)));
+    const double attention_backward = 5 * f * heads * part + 2 * e * Q * HQ + 2 * e * (Q + C) * HKV;
+    layer_backward = std::max(layer_backward, attention_backward);
+  }
   if (step.checkpointing) {
     // The layer runs again with grad, then its backward returns every
     // gradient of the layer at once: its weights', x's and the context's,
     // beside the incoming gradient.
     plan.add("backward: one layer recomputed", layer_full, MemoryPhase::kBackward);
     plan.add("backward working memory (one layer's gradients)",
-             mlp_backward + e * static_cast<double>(layer_parameter_count(s)) + e * Q * H + e * C * H,
+             layer_backward + e * static_cast<double>(layer_parameter_count(s)) + e * Q * H + e * C * H,
              MemoryPhase::kBackward);
   } else {
-    plan.add("backward working memory (largest layer)", mlp_backward, MemoryPhase::kBackward);
+    plan.add("backward working memory (largest layer)", layer_backward, MemoryPhase::kBackward);
   }
   return plan;
 }

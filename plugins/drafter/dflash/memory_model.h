@@ -47,6 +47,8 @@ struct StepShape {
   bool fused = true;           // layer_ops fused (trainable_ops) rather than aten (op-by-op autograd)
   bool keeps_rows = false;     // grouped attention keeps the layer's q/k/v rows, not each call's copies
   bool block_kernel = false;   // attention: blocks on the GPU (keeps rows, no masks)
+  bool block_reference = false;  // attention: blocks on the CPU, by the kernel's ATen reference (as block_kernel,
+                                 // plus each part's scores at once: largest in the backward)
   bool teacher = false;        // the target's last hidden state feeds teacher rows
 };
 

@@ -26,6 +26,13 @@ constexpr int64_t kMaxSlots = 64;
 constexpr bool block_size_fits(int64_t block_size) {
   return block_size > 0 && block_size % kEntryRows == 0 && block_size <= kMaxSlots;
 }
+// The head shapes the kernels take (in bf16, on CUDA): head_dim 128, 4
+// query heads per KV head. One rule for the step (kernel_ops'
+// block_attention_fits) and the drafter's memory plan, which must plan the
+// grouped attention a step of another shape falls back to.
+constexpr bool block_kernel_shape_fits(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size) {
+  return head_dim == 128 && heads == 4 * kv_heads && block_size_fits(block_size);
+}
 
 // out and lse (fp32 [Rq, heads], natural log of each row's softmax
 // denominator over scale·q·k) for every entry; bf16; 4 query heads per KV

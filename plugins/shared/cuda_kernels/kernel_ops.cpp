@@ -291,8 +291,8 @@ bool invariant_decode_attention_fits(int64_t head_dim, int64_t capacity) {
 }
 
 bool block_attention_fits(const at::Tensor& like, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size) {
-  return like.is_cuda() && like.scalar_type() == at::kBFloat16 && head_dim == 128 && heads == 4 * kv_heads &&
-         cuda_kernels::block_size_fits(block_size);
+  return like.is_cuda() && like.scalar_type() == at::kBFloat16 &&
+         cuda_kernels::block_kernel_shape_fits(heads, kv_heads, head_dim, block_size);
 }
 
 namespace {

@@ -89,20 +89,25 @@ DecoderMemory plan_decoder_memory(const fs::path& dir, c10::ScalarType dtype, co
   // its copy into them (at most N·k·H each), with gate_up and silu·up over
   // the largest expert's slice (at most every pair: N·k·3I).
   const double tokens = static_cast<double>(rows) * static_cast<double>(row_length);
-  const double attention_half = h + 2 * qkv_out + q_out;
+  double attention_half = tokens * e * (h + 2 * qkv_out + q_out);
   const double k = static_cast<double>(c.moe.top_k), experts = static_cast<double>(c.moe.experts);
-  const double dense_half = sparse < layers ? h + 3 * inter : 0.0;
-  const double sparse_half = sparse > 0 ? 2 * h + experts * (1 + 4.0 / e) + k * (3 * h + 3 * static_cast<double>(c.moe.intermediate))
-                                        : 0.0;
-  double bytes = tokens * e * (h + std::max({attention_half, dense_half, sparse_half})) + tokens * hd * 8.0 /* fp64 angles */ +
-                 tokens * hd * (m.cuda_kernels ? 4.0 : e) /* cos, sin */;
+  const double dense_half = sparse < layers ? tokens * e * (h + 3 * inter) : 0.0;
+  const double sparse_half =
+      sparse > 0 ? tokens * e * (2 * h + experts * (1 + 4.0 / e) + k * (3 * h + 3 * static_cast<double>(c.moe.intermediate))) : 0.0;
+  double norm_temporaries = 0;
   if (!m.cuda_kernels) {
-    // The ATen path: fp32 norm temporaries, K/V repeated to every head, and
-    // (off CUDA) SDPA's math path with its [heads, S, S] probabilities per row.
-    bytes += tokens * h * 8.0 + tokens * q_out * e * 2;
-    if (!device.is_cuda()) bytes += static_cast<double>(rows) * heads * static_cast<double>(row_length) *
-                                    static_cast<double>(row_length) * e * 2;
+    // The ATen path: fp32 norm temporaries (before either half), K/V repeated
+    // to every head and (off CUDA) SDPA's math path with its [heads, S, S]
+    // scores and probabilities per row (the attention half's, freed before
+    // the MLP half).
+    norm_temporaries = tokens * h * 8.0;
+    attention_half += tokens * q_out * e * 2;
+    if (!device.is_cuda())
+      attention_half += static_cast<double>(rows) * heads * static_cast<double>(row_length) * static_cast<double>(row_length) * e * 2;
   }
+  const double bytes = tokens * e * h /* the residual stream */ +
+                       std::max({attention_half, dense_half, sparse_half, norm_temporaries}) +
+                       tokens * hd * 8.0 /* fp64 angles */ + tokens * hd * (m.cuda_kernels ? 4.0 : e) /* cos, sin */;
   m.forward_bytes = sdk::MemoryPlan::saturated_bytes(bytes);
   return m;
 }
