@@ -6,7 +6,11 @@
 // store), for users without Python. It forwards SIGINT and SIGTERM to
 // the ranks, waits for them all, and when one fails gives the others
 // --stop-grace-s to stop on their own (they name the failed rank) before it
-// stops them. Its exit status is the first failing rank's.
+// stops them. Its exit status is the first failing rank's, except that a
+// specific status (not the generic 1: a usage error, out of memory, …) of a
+// rank that ended on its own wins over the generic failures of ranks that
+// may only have noticed it first (a rank whose peer exits can fail before
+// the peer's own exit is seen).
 #include "cli/commands.h"
 #include "dist/process_group.h"
 #include "dist/rendezvous/run_secret.h"
@@ -193,7 +197,7 @@ int run_launch(int argc, char** argv) {
   }
   log::info("launch: " + std::to_string(o.nproc) + " ranks, rendezvous at " + o.master_addr + ":" + std::to_string(port));
 
-  std::optional<int> first_failure;
+  std::optional<int> first_failure, first_specific;
   std::optional<std::chrono::steady_clock::time_point> stop_by;
   bool terminated = false, killed = false;
   int forwarded = 0;
@@ -211,6 +215,7 @@ int run_launch(int argc, char** argv) {
       ranks.erase(it);
       if (exit_code(status) != 0) {
         log::warn("launch: rank " + std::to_string(rank) + " ended: " + exit_text(status));
+        if (!first_specific && !terminated && exit_code(status) != kExitFailure) first_specific = exit_code(status);
         if (!first_failure) {
           first_failure = exit_code(status);
           stop_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_s * 1000));
@@ -234,7 +239,7 @@ int run_launch(int argc, char** argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  return first_failure.value_or(kExitOk);
+  return first_specific ? *first_specific : first_failure.value_or(kExitOk);
 }
 
 }  // namespace dflash::cli

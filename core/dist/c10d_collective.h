@@ -37,7 +37,11 @@ namespace dflash::dist::detail {
 // messages name world ranks (`world_ranks[r]` for its rank r).
 class Watch {
  public:
-  Watch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, std::string store_address,
+  // `beats`: the heartbeat thread's own client; `store`: the diagnosis's
+  // and announcements' (so that a diagnosis never waits behind a heartbeat
+  // stuck on a stalled store).
+  Watch(c10::intrusive_ptr<c10d::Store> beats, c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
+        std::string store_address,
         std::string scope = "", std::vector<int> world_ranks = {});
   ~Watch();
   void begun() { ++collectives_; }
@@ -53,7 +57,7 @@ class Watch {
   void beat_loop();
   std::string failed_key(int rank) const;
   std::string name(int rank) const;
-  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Store> beats_, store_;
   const int rank_, world_size_;
   const std::string store_address_, scope_;
   const std::vector<int> world_ranks_;

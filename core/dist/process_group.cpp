@@ -14,6 +14,7 @@
 #include <c10/core/Device.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -57,9 +58,19 @@ struct GroupContext {
 };
 
 // A new client of the run's store (each group's watch and key-value users have their own).
-c10::intrusive_ptr<c10d::Store> connect(const GroupContext& ctx) {
-  return c10::make_intrusive<SecureStore>(ctx.store_at, *ctx.env.secret, ctx.timeout);
+// `timeout`: how long one request may wait (the run's collective_timeout_s unless shorter).
+c10::intrusive_ptr<c10d::Store> connect(const GroupContext& ctx, milliseconds timeout) {
+  return c10::make_intrusive<SecureStore>(ctx.store_at, *ctx.env.secret, timeout);
 }
+c10::intrusive_ptr<c10d::Store> connect(const GroupContext& ctx) { return connect(ctx, ctx.timeout); }
+
+// A read of the others' heartbeats when a collective failed waits at most
+// this long: a store that does not answer by then is stalled (rank 0
+// stopped), and the diagnosis says so instead of waiting out
+// collective_timeout_s a second time. A heartbeat (one a second) that
+// cannot be written in 2 s is skipped; nor does it hold up the rank's exit.
+constexpr milliseconds kWatchReadTimeout{10000};
+constexpr milliseconds kHeartbeatTimeout{2000};
 
 // Under torchrun's agent store: rank 0 serves the run's store on a port of
 // its own, on the address facing MASTER_ADDR, and publishes where in the
@@ -223,9 +234,11 @@ std::unique_ptr<Collective> make_group(const std::shared_ptr<const GroupContext>
     throw std::logic_error("group '" + name + "' made on rank " + std::to_string(env.rank) + ", not one of its members");
   const int rank = static_cast<int>(at - members.begin()), size = static_cast<int>(members.size());
   const std::string scope = name.empty() ? "" : name + "/";
-  // The watch's own client: its heartbeats never wait behind a collective's
-  // store traffic.
-  auto watch = std::make_unique<detail::Watch>(connect(*ctx), rank, size, ctx->address, scope, members);
+  // The watch's own clients, one for its heartbeats and one for reading
+  // them: neither waits behind a collective's store traffic or the other.
+  auto watch = std::make_unique<detail::Watch>(connect(*ctx, std::min(ctx->timeout, kHeartbeatTimeout)),
+                                               connect(*ctx, std::min(ctx->timeout, kWatchReadTimeout)), rank, size,
+                                               ctx->address, scope, members);
   const auto group_store = c10::make_intrusive<c10d::PrefixStore>(name.empty() ? "dflash_group" : "dflash_group/" + name, ctx->store);
   GroupMakers makers;
   makers.subgroup = [ctx, members](const std::vector<int>& sub, const std::string& sub_name) {
@@ -268,6 +281,10 @@ std::unique_ptr<Collective> make_group(const std::shared_ptr<const GroupContext>
 
 std::unique_ptr<Collective> join(const LaunchEnvironment& env, const std::string& device, double timeout_s) {
   if (!env.secret) throw std::logic_error("dist::join without the run secret (launch_environment() reads it)");
+  // A write to a peer that has gone (Gloo's connections, the store's) must
+  // fail with EPIPE and be reported, not kill this rank with SIGPIPE. (c10d's
+  // TCPStore, which the rendezvous used before, ignored it the same way.)
+  ::signal(SIGPIPE, SIG_IGN);
   auto ctx = std::make_shared<GroupContext>();
   ctx->env = env;
   ctx->device = device;
@@ -305,9 +322,10 @@ std::unique_ptr<Collective> join(const LaunchEnvironment& env, const std::string
 
 namespace detail {
 
-Watch::Watch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, std::string store_address, std::string scope,
+Watch::Watch(c10::intrusive_ptr<c10d::Store> beats, c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
+             std::string store_address, std::string scope,
              std::vector<int> world_ranks)
-    : store_(std::move(store)), rank_(rank), world_size_(world_size), store_address_(std::move(store_address)),
+    : beats_(std::move(beats)), store_(std::move(store)), rank_(rank), world_size_(world_size), store_address_(std::move(store_address)),
       scope_(std::move(scope)), world_ranks_(std::move(world_ranks)) {
   thread_ = std::thread([this] { beat_loop(); });
 }
@@ -336,7 +354,7 @@ void Watch::beat_loop() {
     const std::string value = std::to_string(beat) + " " + std::to_string(collectives_.load());
     lock.unlock();
     try {
-      store_->set(heartbeat_key(rank_, scope_), std::vector<uint8_t>(value.begin(), value.end()));
+      beats_->set(heartbeat_key(rank_, scope_), std::vector<uint8_t>(value.begin(), value.end()));
     } catch (const std::exception&) {
       // The store is gone (its host exited): the collective that fails says so.
     }

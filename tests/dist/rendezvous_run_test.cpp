@@ -20,6 +20,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -176,6 +177,34 @@ TEST_F(RunStore, AnOutsiderCanNeitherReadNorWriteItsKeysNorReachItElsewhereAndAH
   // A half-open client no longer holds the run: it ends in about its undisturbed time.
   EXPECT_LT(attacked, undisturbed * 1.5 + 10) << "undisturbed " << undisturbed << " s\n" << log;
   std::cout << "[ note     ] undisturbed " << undisturbed << " s, with the outsiders " << attacked << " s\n";
+}
+
+// Rank 0 stopped (SIGSTOP): the store it serves stalls with it. Rank 1's
+// collective times out, and its diagnosis, whose reads of the store wait at
+// most collective_timeout_s, names the store and rank 0 rather than waiting
+// on it.
+TEST_F(RunStore, AStalledStoreIsReportedByNameWithinTheTimeout) {
+  test::TempDir temp("dflash_run_stall");
+  const std::string dir = temp.path().string();
+  const std::string config = test::dp_config(dir, dir + "/run", 400);
+  const std::string err_file = dir + "/launch.txt";
+  const test::Background run = test::launch_in_background(
+      "--stop-grace-s 1", "--config " + config + " --set train.checkpoint_every=2 --set train.collective_timeout_s=4", err_file,
+      dir + "/run/checkpoints/step-00000002");
+  ASSERT_GT(run.launcher, 0);
+  ASSERT_NE(run.rank0, 0) << file_bytes(err_file);
+  const test::Ended ended = test::signal_and_wait(run.rank0, SIGSTOP, run.launcher);
+  const std::string log = file_bytes(err_file);
+  EXPECT_NE(ended.exit_status, 0) << log;
+  EXPECT_CONTAINS(log, "rank 1: ");
+  EXPECT_CONTAINS(log, "the rendezvous store at 127.0.0.1:");
+  EXPECT_CONTAINS(log, "so rank 0 (which serves it) has exited or is stopped");
+  // The collective's 4 s, the diagnosis's reads (at most 4 s), the rank's
+  // exit (its heartbeat's last write: at most 2 s), the launcher's 1 s of
+  // grace, and rank 0's own end once it runs again (its collective fails
+  // and it diagnoses rank 1: 2.5 s), with room for a loaded machine.
+  EXPECT_LT(ended.seconds, 4 + 4 + 2 + 1 + 3 + 15) << log;
+  std::cout << "[ note     ] ended " << ended.seconds << " s after rank 0 stopped\n";
 }
 
 // Under torchrun's agent store (its TCPStore at MASTER_ADDR:MASTER_PORT,
