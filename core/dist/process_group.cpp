@@ -102,7 +102,8 @@ rendezvous::Endpoint meet_through_agent(GroupContext& ctx, const rendezvous::End
   in >> host >> port >> proof_hex;
   const std::string where = host + " " + port;
   const std::optional<int> port_number = parse_bounded_int(port, 1, 65535);
-  if (!port_number || proof_hex != rendezvous::to_hex(env.secret->prove(kAddressProof, where)))
+  const std::optional<rendezvous::Digest> proof = rendezvous::digest_from_hex(proof_hex);
+  if (!port_number || !proof || !env.secret->verify(kAddressProof, where, *proof))
     throw CollectiveError("rank " + std::to_string(env.rank) + ": the address of the run's store published in torchrun's store at " +
                           agent_at.text() + " is not signed with this rank's run secret: the ranks do not share one $" +
                           rendezvous::kSecretVariable + ", or another program wrote it. Export the same secret on every node");

@@ -26,8 +26,9 @@ struct LaunchEnvironment {
   int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
   std::string master_addr;
   int master_port = 0;
-  // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True):
-  // every rank is a client; otherwise rank 0 hosts it.
+  // torchrun's agent hosts a store (TORCHELASTIC_USE_AGENT_STORE=True):
+  // rank 0 then serves the run's store on a port of its own and publishes
+  // its signed address there; otherwise rank 0 serves it at MASTER_PORT.
   bool agent_store = false;
   int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: which attempt of the group this is
   // How this rank proves it belongs to the run (never logged).

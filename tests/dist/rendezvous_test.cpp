@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -58,6 +59,17 @@ TEST(Sha256, HmacMatchesRfc4231) {
   // A key longer than the block is hashed first (test case 6).
   EXPECT_EQ(to_hex(hmac_sha256(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First")),
             "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+}
+
+TEST(Sha256, DigestsReadBackFromHexAndNothingElseDoes) {
+  const Digest d = sha256("abc");
+  EXPECT_EQ(digest_from_hex(to_hex(d)), d);
+  std::string upper = to_hex(d);
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  EXPECT_EQ(digest_from_hex(upper), d);
+  EXPECT_FALSE(digest_from_hex(to_hex(d).substr(1)).has_value()) << "63 digits";
+  EXPECT_FALSE(digest_from_hex(to_hex(d).substr(1) + "g").has_value()) << "not a hex digit";
+  EXPECT_FALSE(digest_from_hex("").has_value());
 }
 
 TEST(RunSecret, IsRandomLongEnoughAndReadOnlyFromAFileNoOneElseCanRead) {

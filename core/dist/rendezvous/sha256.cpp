@@ -125,4 +125,21 @@ std::string to_hex(const Digest& digest) {
   return out;
 }
 
+std::optional<Digest> digest_from_hex(const std::string& hex) {
+  Digest out{};
+  if (hex.size() != 2 * out.size()) return std::nullopt;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int high = nibble(hex[2 * i]), low = nibble(hex[2 * i + 1]);
+    if (high < 0 || low < 0) return std::nullopt;
+    out[i] = static_cast<uint8_t>(high << 4 | low);
+  }
+  return out;
+}
+
 }  // namespace dflash::dist::rendezvous

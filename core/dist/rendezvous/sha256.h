@@ -9,6 +9,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace dflash::dist::rendezvous {
@@ -38,5 +39,7 @@ Digest hmac_sha256(const std::string& key, const std::string& message);
 bool equal_in_constant_time(const Digest& a, const Digest& b);
 
 std::string to_hex(const Digest& digest);
+// 64 hex digits (either case) as a digest; nullopt for anything else.
+std::optional<Digest> digest_from_hex(const std::string& hex);
 
 }  // namespace dflash::dist::rendezvous

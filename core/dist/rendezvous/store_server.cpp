@@ -36,7 +36,13 @@ struct Connection {
   std::string why_gone;                 // for the log when it was dropped
 };
 
-std::string reply(Reply kind) { return FrameWriter().byte(static_cast<uint8_t>(kind)).frame(); }
+// A reply of `kind`, its fields to follow.
+FrameWriter answer(Reply kind) {
+  FrameWriter w;
+  w.byte(static_cast<uint8_t>(kind));
+  return w;
+}
+std::string reply(Reply kind) { return answer(kind).frame(); }
 
 }  // namespace
 
@@ -157,7 +163,7 @@ void StoreServer::serve() {
   // The reply to a parked get or wait, once its keys are there.
   auto answer_parked = [&](Connection& c) {
     if (!c.parked || !s.has_all(c.parked_keys)) return false;
-    if (*c.parked == Op::get) c.out += FrameWriter().byte(static_cast<uint8_t>(Reply::value)).text(s.values[c.parked_keys[0]]).frame();
+    if (*c.parked == Op::get) c.out += answer(Reply::value).text(s.values[c.parked_keys[0]]).frame();
     else c.out += reply(Reply::ok);
     c.parked.reset();
     c.parked_keys.clear();
@@ -207,24 +213,24 @@ void StoreServer::serve() {
             now = std::stoll(it->second, &used);
             if (used != it->second.size()) throw std::invalid_argument("");
           } catch (const std::exception&) {
-            c.out += FrameWriter().byte(static_cast<uint8_t>(Reply::error)).text("key '" + key + "' does not hold a whole number").frame();
+            c.out += answer(Reply::error).text("key '" + key + "' does not hold a whole number").frame();
             break;
           }
         }
         now += delta;
         s.values[key] = std::to_string(now);
-        c.out += FrameWriter().byte(static_cast<uint8_t>(Reply::integer)).integer(now).frame();
+        c.out += answer(Reply::integer).integer(now).frame();
         changed = true;
         break;
       }
       case Op::check:
-        c.out += FrameWriter().byte(static_cast<uint8_t>(Reply::boolean)).byte(s.has_all(r.texts())).frame();
+        c.out += answer(Reply::boolean).byte(s.has_all(r.texts())).frame();
         break;
       case Op::erase:
-        c.out += FrameWriter().byte(static_cast<uint8_t>(Reply::boolean)).byte(s.values.erase(r.text()) > 0).frame();
+        c.out += answer(Reply::boolean).byte(s.values.erase(r.text()) > 0).frame();
         break;
       case Op::num_keys:
-        c.out += FrameWriter().byte(static_cast<uint8_t>(Reply::integer)).integer(static_cast<int64_t>(s.values.size())).frame();
+        c.out += answer(Reply::integer).integer(static_cast<int64_t>(s.values.size())).frame();
         break;
       case Op::compare_set: {
         // As c10d's stores: set `desired` when the key holds `expected` (or
@@ -242,7 +248,7 @@ void StoreServer::serve() {
         } else {
           result = it->second;
         }
-        c.out += FrameWriter().byte(static_cast<uint8_t>(Reply::value)).text(result).frame();
+        c.out += answer(Reply::value).text(result).frame();
         break;
       }
       default:
