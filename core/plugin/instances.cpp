@@ -288,6 +288,39 @@ NamedTensors TargetModelInstance::decode_extend_batch(const std::vector<int64_t>
   return from_map(out);
 }
 
+bool TargetModelInstance::can_verify_tree() const {
+  const auto& vtable = table<dflash_target_vtable>();
+  return can_decode() && DFLASH_HAS_FIELD(dflash_target_vtable, &vtable, decode_accept_path) &&
+         vtable.decode_verify_tree != nullptr;
+}
+NamedTensors TargetModelInstance::decode_verify_tree(int64_t session, const at::Tensor& tokens, const std::vector<int64_t>& parents,
+                                                     const std::vector<int64_t>& layer_ids, bool want_logits) const {
+  if (!can_verify_tree())
+    throw PluginCallError(DFLASH_ERR_UNIMPLEMENTED, record().label() +
+                                                      " does not verify draft trees (ABI 1.4's decode_verify_tree); use "
+                                                      "--verify chain, or a target that does");
+  if (tokens.dim() != 1 || tokens.size(0) < 1 || tokens.size(0) != static_cast<int64_t>(parents.size()))
+    throw std::invalid_argument("decode_verify_tree: tokens must be [n] with n >= 1 and one parent each; got " +
+                                c10::str(tokens.sizes()) + " and " + std::to_string(parents.size()) + " parents");
+  const TensorHandle token_handle(new_handle(tokens));
+  dflash_target_tree_request request{};
+  request.struct_size = sizeof(request);
+  request.tokens = token_handle.get();
+  request.parents = parents.data();
+  request.count = parents.size();
+  request.layer_ids = layer_ids.data();
+  request.layer_count = layer_ids.size();
+  request.want_logits = want_logits;
+  dflash_tensor_map out;
+  check(table<dflash_target_vtable>().decode_verify_tree(self(), session, &request, &out), "decode_verify_tree");
+  return from_map(out);
+}
+void TargetModelInstance::decode_accept_path(int64_t session, const std::vector<int64_t>& path) const {
+  if (!can_verify_tree())
+    throw PluginCallError(DFLASH_ERR_UNIMPLEMENTED, record().label() + " does not verify draft trees (ABI 1.4)");
+  check(table<dflash_target_vtable>().decode_accept_path(self(), session, path.data(), path.size()), "decode_accept_path");
+}
+
 // --- drafter ---
 bool DrafterInstance::can_draft() const {
   const auto& vtable = table<dflash_drafter_vtable>();
@@ -315,6 +348,35 @@ at::Tensor DrafterInstance::draft_propose(int64_t session, const NamedTensors& i
 }
 void DrafterInstance::draft_end(int64_t session) const noexcept {
   if (can_draft()) table<dflash_drafter_vtable>().draft_end(self(), session);
+}
+bool DrafterInstance::can_draft_topk() const {
+  const auto& vtable = table<dflash_drafter_vtable>();
+  return can_draft() && DFLASH_HAS_FIELD(dflash_drafter_vtable, &vtable, draft_propose_topk) &&
+         vtable.draft_propose_topk != nullptr;
+}
+DrafterInstance::TopK DrafterInstance::draft_propose_topk(int64_t session, const NamedTensors& inputs, int64_t count,
+                                                          int64_t k) const {
+  if (!can_draft_topk())
+    throw PluginCallError(DFLASH_ERR_UNIMPLEMENTED, record().label() +
+                                                      " does not propose a tree's candidates (ABI 1.4's draft_propose_topk); "
+                                                      "use --verify chain, or a drafter that does");
+  auto in = to_map(inputs);
+  dflash_tensor_map out;
+  check(table<dflash_drafter_vtable>().draft_propose_topk(self(), session, in.get(), count, k, &out), "draft_propose_topk");
+  const NamedTensors got = from_map(out);
+  TopK topk{find_tensor(got, "tokens"), find_tensor(got, "log_probs")};
+  const std::string who = record().label() + ": draft_propose_topk";
+  if (!topk.tokens.defined() || !topk.log_probs.defined())
+    throw PluginCallError(DFLASH_ERR_INTERNAL, who + " returned no 'tokens' or no 'log_probs'");
+  if (topk.tokens.dim() != 2 || topk.tokens.sizes() != topk.log_probs.sizes() || topk.tokens.size(0) > count ||
+      (topk.tokens.size(0) > 0 && topk.tokens.size(1) != k) || topk.tokens.scalar_type() != at::kLong ||
+      !at::isFloatingType(topk.log_probs.scalar_type()))
+    throw PluginCallError(DFLASH_ERR_INTERNAL, who + " returned tokens " + c10::str(topk.tokens.sizes()) + " " +
+                                                   c10::toString(topk.tokens.scalar_type()) + " and log_probs " +
+                                                   c10::str(topk.log_probs.sizes()) + " " +
+                                                   c10::toString(topk.log_probs.scalar_type()) + "; expected [m, " +
+                                                   std::to_string(k) + "] int64 and float each, m ≤ " + std::to_string(count));
+  return topk;
 }
 
 NamedTensors DrafterInstance::parameters() const {

@@ -140,6 +140,15 @@ class TargetModelInstance : public PluginInstance {
   // if one of those calls fails, the sessions before it have been extended.
   NamedTensors decode_extend_batch(const std::vector<int64_t>& sessions, const at::Tensor& tokens,
                                    const std::vector<int64_t>& layer_ids, LogitRows logits) const;
+  // Tree verification (ABI 1.4, optional): whether the target has the pair.
+  bool can_verify_tree() const;
+  // tokens [n] int64, parents[i] in [−1, i): "hidden.<id>" [n, H] and, if
+  // asked, "logits" [n, V], node i's rows as for its path alone. The tree is
+  // pending until decode_accept_path keeps `path` (a chain from a child of
+  // the last cached token) and drops the rest.
+  NamedTensors decode_verify_tree(int64_t session, const at::Tensor& tokens, const std::vector<int64_t>& parents,
+                                  const std::vector<int64_t>& layer_ids, bool want_logits) const;
+  void decode_accept_path(int64_t session, const std::vector<int64_t>& path) const;
 };
 
 // --- drafter ---
@@ -157,6 +166,14 @@ class DrafterInstance : public PluginInstance {
   void draft_extend(int64_t session, const NamedTensors& inputs) const;
   at::Tensor draft_propose(int64_t session, const NamedTensors& inputs, int64_t count) const;
   void draft_end(int64_t session) const noexcept;
+  // A tree's candidates (ABI 1.4, optional): the best k tokens at each of up
+  // to `count` positions, [m, k] each, checked: tokens int64, log_probs
+  // float, the same shape, m ≤ count.
+  bool can_draft_topk() const;
+  struct TopK {
+    at::Tensor tokens, log_probs;
+  };
+  TopK draft_propose_topk(int64_t session, const NamedTensors& inputs, int64_t count, int64_t k) const;
 };
 
 }  // namespace dflash::host

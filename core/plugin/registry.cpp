@@ -235,6 +235,17 @@ std::string check_descriptor(const dflash_plugin_descriptor* d, PluginRecord& re
         slot_is_null(d->vtable, offsetof(dflash_target_vtable, decode_begin)))
       return kind_who + " sets 'decode_extend_batch' without the decoding group (decode_begin, decode_extend, "
                         "decode_truncate, decode_end); set the group too, or leave decode_extend_batch NULL";
+    // ABI 1.4: tree verification, a pair, on sessions the decoding group opens.
+    const std::string tree = group("tree verification",
+                                   {SlotRule{"decode_verify_tree", offsetof(dflash_target_vtable, decode_verify_tree)},
+                                    SlotRule{"decode_accept_path", offsetof(dflash_target_vtable, decode_accept_path)}},
+                                   DFLASH_SIZE_THROUGH(dflash_target_vtable, decode_accept_path));
+    if (!tree.empty()) return tree;
+    if (table_size >= DFLASH_SIZE_THROUGH(dflash_target_vtable, decode_accept_path) &&
+        !slot_is_null(d->vtable, offsetof(dflash_target_vtable, decode_verify_tree)) &&
+        slot_is_null(d->vtable, offsetof(dflash_target_vtable, decode_begin)))
+      return kind_who + " sets 'decode_verify_tree' and 'decode_accept_path' without the decoding group (decode_begin, "
+                        "decode_extend, decode_truncate, decode_end); set the group too, or leave both NULL";
   }
   if (kind == DFLASH_KIND_DRAFTER) {
     const std::string problem = group("drafting",
@@ -242,6 +253,12 @@ std::string check_descriptor(const dflash_plugin_descriptor* d, PluginRecord& re
                                        SlotRule{"draft_propose", offsetof(dflash_drafter_vtable, draft_propose)}, SlotRule{"draft_end", offsetof(dflash_drafter_vtable, draft_end)}},
                                       DFLASH_SIZE_THROUGH(dflash_drafter_vtable, draft_end));
     if (!problem.empty()) return problem;
+    // ABI 1.4: a tree's candidates come from the sessions the drafting group opens.
+    if (table_size >= DFLASH_SIZE_THROUGH(dflash_drafter_vtable, draft_propose_topk) &&
+        !slot_is_null(d->vtable, offsetof(dflash_drafter_vtable, draft_propose_topk)) &&
+        slot_is_null(d->vtable, offsetof(dflash_drafter_vtable, draft_begin)))
+      return kind_who + " sets 'draft_propose_topk' without the drafting group (draft_begin, draft_extend, "
+                        "draft_propose, draft_end); set the group too, or leave draft_propose_topk NULL";
   }
   if (kind == DFLASH_KIND_SCHEDULER) {
     const auto* table = static_cast<const dflash_scheduler_vtable*>(d->vtable);

@@ -343,6 +343,28 @@ class DFlashDrafter : public sdk::Drafter {
     const at::Tensor hidden = bound().draft(context, embed_.index_select(0, slot_ids).to(device_));
     return at::linear(hidden.narrow(0, 1, take), draft_lm_head_).argmax(-1);
   }
+  // A tree's candidates (DDTree): the same block pass as draft_propose, run
+  // eagerly, and each slot's best k tokens with their log-probabilities
+  // (log-softmax in fp32) instead of the argmax alone.
+  sdk::TopKProposal draft_propose_topk(int64_t session, const sdk::TensorDict& inputs, int64_t count, int64_t k) {
+    drafter::DraftContext& context = draft_context(session);
+    const c10::NoGradGuard no_grad;
+    const at::Tensor last = inputs.at("last_token").reshape({-1});
+    if (last.numel() != 1) throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "draft_propose_topk: last_token must hold one id");
+    if (k > vocab_)
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "draft_propose_topk: k " + std::to_string(k) + " is beyond the vocabulary's " +
+                                                        std::to_string(vocab_) + " tokens");
+    const int64_t take = std::max<int64_t>(0, std::min(count, block_size_ - 1));
+    const auto longs = at::TensorOptions().dtype(at::kLong);
+    if (take == 0) return sdk::TopKProposal{at::empty({0, k}, longs), at::empty({0, k}, at::kFloat)};
+    flush_held_extension(session, context);
+    at::Tensor slot_ids = at::full({block_size_}, mask_token_, longs.device(embed_.device()));
+    slot_ids.narrow(0, 0, 1).copy_(last.to(at::kLong));
+    const at::Tensor hidden = bound().draft(context, embed_.index_select(0, slot_ids).to(device_));
+    const at::Tensor log_probs = at::log_softmax(at::linear(hidden.narrow(0, 1, take), draft_lm_head_).to(at::kFloat), -1);
+    const auto [values, indices] = log_probs.topk(k, -1, /*largest=*/true, /*sorted=*/true);
+    return sdk::TopKProposal{indices, values};
+  }
   // Back to training after an evaluation: what drafting keeps between
   // sessions — the graphs, the spare context, the fused path's copies of the
   // projections — is freed, so training has the memory it was planned with.

@@ -4,6 +4,7 @@
 
 #include <checkpoint.h>
 #include <cuda_graph.h>
+#include <pending_trees.h>
 #include <kernel_ops.h>
 #include <moe.h>
 #include <target_outputs.h>
@@ -404,6 +405,9 @@ struct Decoder::StepPlan {
   bool consecutive_rows = false;  // the sessions' pool rows are r, r + 1, …: a view, no gather
   bool equal_lengths = false;     // every session sees every key (no mask for one token each)
   bool fresh_prompt = false;      // one session, empty before the step: plain causal attention
+  // A draft tree (verify_tree): the nodes' positions [n] and the additive
+  // mask [1, 1, n, keys] on the device; undefined for a chain.
+  at::Tensor tree_positions, tree_mask;
 };
 
 namespace {
@@ -469,7 +473,8 @@ DecoderOutputs Decoder::decode_step(DecodeSessions& pool, const StepPlan& plan, 
   // slot in the pool flattened to [rows · capacity, kv_heads, hd].
   const at::Tensor row = params.select(1, 0), length = params.select(1, 1);
   const at::Tensor offsets = at::arange(n, params.options()).unsqueeze(0);
-  const at::Tensor positions = (length.unsqueeze(1) + offsets).reshape({tokens_in_step});
+  const at::Tensor positions =
+      plan.tree_positions.defined() ? plan.tree_positions : (length.unsqueeze(1) + offsets).reshape({tokens_in_step});
   const at::Tensor slots = (row.unsqueeze(1) * capacity + length.unsqueeze(1) + offsets).reshape({tokens_in_step});
   // The kernel path picks its rotary rows and writes the cache inside one
   // kernel (qk_norm_rope_into_cache); the ATen path gathers the rows here.
@@ -483,6 +488,8 @@ DecoderOutputs Decoder::decode_step(DecodeSessions& pool, const StepPlan& plan, 
     cu_q = at::arange(0, tokens_in_step + 1, n, params.options()).to(at::kInt);
     cu_k = at::cat({row * capacity, at::full({1}, pool_rows * capacity, params.options())}).to(at::kInt);
     seqused_k = (length + n).to(at::kInt);
+  } else if (plan.tree_mask.defined()) {
+    mask = plan.tree_mask;
   } else {
     if (!(n == 1 && plan.equal_lengths) && !(n > 1 && plan.fresh_prompt)) {
       mask = at::zeros({count, 1, n, plan.keys}, embed_.options())
@@ -653,6 +660,86 @@ DecoderOutputs Decoder::extend(DecodeSessions& pool, const std::vector<int64_t>&
   // session's length are not part of it).
   for (DecodeSessions::Session* s : plan.sessions) s->length += plan.n;
   return out;
+}
+
+DecoderOutputs Decoder::verify_tree(DecodeSessions& pool, int64_t id, const at::Tensor& tokens_in,
+                                    const std::vector<int64_t>& parents, const std::vector<int64_t>& layer_ids,
+                                    bool want_logits) const {
+  const c10::NoGradGuard no_grad;
+  const DecoderConfig& c = config_;
+  const auto device = embed_.device();
+  const int64_t n = static_cast<int64_t>(parents.size());
+  if (tokens_in.numel() != n || n < 1)
+    throw std::invalid_argument("decode_verify_tree: " + std::to_string(tokens_in.numel()) + " tokens for " + std::to_string(n) +
+                                " parents");
+  const std::vector<int64_t> depths = decode_support::tree_depths(parents);
+  DecodeSessions::Session& s = pool.at(id);
+  const int64_t deepest = *std::max_element(depths.begin(), depths.end());
+  if (s.length + deepest > s.capacity)
+    throw std::invalid_argument("decode_verify_tree: session " + std::to_string(id) + ": the tree's deepest path of " +
+                                std::to_string(deepest) + " tokens would make " + std::to_string(s.length + deepest) +
+                                ", beyond the session's max_length " + std::to_string(s.capacity));
+  if (s.length + n > pool.row_capacity())
+    throw std::invalid_argument("decode_verify_tree: session " + std::to_string(id) + ": the tree's " + std::to_string(n) +
+                                " nodes need cache rows " + std::to_string(s.length) + " to " + std::to_string(s.length + n) +
+                                ", but its pool row holds " + std::to_string(pool.row_capacity()) + "; verify fewer nodes");
+  const at::Tensor tokens = tokens_in.reshape({n});
+  if (tokens.device().is_cpu()) {
+    const auto [low, high] = at::aminmax(tokens);
+    if (low.item<int64_t>() < 0 || high.item<int64_t>() >= c.vocab_size)
+      throw std::invalid_argument("decode_verify_tree: token ids outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  }
+  hf::check_layer_ids(layer_ids, c.num_layers);
+  const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
+  ensure_rotary_tables(pool.row_capacity());
+
+  StepPlan plan;
+  plan.sessions = {&s};
+  plan.count = 1;
+  plan.n = n;
+  plan.keys = s.length + n;
+  plan.consecutive_rows = plan.equal_lengths = true;
+  // Positions by depth; the mask: every cached key, then node i's ancestors and itself.
+  std::vector<int64_t> positions(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = s.length + depths[static_cast<size_t>(i)] - 1;
+  at::Tensor visible = at::zeros({n, plan.keys}, at::kBool);
+  visible.narrow(1, 0, s.length).fill_(true);
+  auto* v = visible.data_ptr<bool>();
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) v[i * plan.keys + s.length + a] = true;
+  plan.tree_positions = decode_support::upload(positions, device);
+  plan.tree_mask = at::zeros({1, 1, n, plan.keys}, embed_.options())
+                       .masked_fill_(decode_support::on_device(visible, device).logical_not().view({1, 1, n, plan.keys}),
+                                     -std::numeric_limits<float>::infinity());
+  DecoderOutputs out = decode_step(pool, plan, decode_support::ids_on(tokens, device),
+                                   decode_support::upload({s.row, s.length}, device).view({1, 2}), wanted,
+                                   want_logits ? LogitRows::kAll : LogitRows::kNone, /*flash=*/false);
+  s.length += n;  // the rows hold the tree until accept_path (a pool growth keeps them)
+  return out;
+}
+
+void Decoder::accept_path(DecodeSessions& pool, int64_t id, int64_t tree_start, const std::vector<int64_t>& path) const {
+  const c10::NoGradGuard no_grad;
+  DecodeSessions::Session& s = pool.at(id);
+  const auto m = static_cast<int64_t>(path.size());
+  bool in_place = true;  // a path 0, 1, …, m − 1 already sits where it is kept
+  for (int64_t j = 0; j < m; ++j) in_place &= path[static_cast<size_t>(j)] == j;
+  if (!in_place) {
+    const int64_t capacity = pool.row_capacity(), base = s.row * capacity + tree_start;
+    std::vector<int64_t> from, to;
+    for (int64_t j = 0; j < m; ++j) {
+      from.push_back(base + path[static_cast<size_t>(j)]);
+      to.push_back(base + j);
+    }
+    const auto device = embed_.device();
+    const at::Tensor source = decode_support::upload(from, device), target = decode_support::upload(to, device);
+    for (int64_t layer = 0; layer < config_.num_layers; ++layer)
+      for (at::Tensor* cache : {&pool.keys(layer), &pool.values(layer)}) {
+        const at::Tensor flat = cache->view({pool.rows() * capacity, config_.num_kv_heads, config_.head_dim});
+        flat.index_copy_(0, target, flat.index_select(0, source));  // gathered first: sources and targets may overlap
+      }
+  }
+  s.length = tree_start + m;
 }
 
 // The reference path (any device and dtype): ATen operations, Hugging Face's

@@ -146,6 +146,19 @@ class Decoder {
   DecodeSessions new_sessions() const;
   DecoderOutputs extend(DecodeSessions& sessions, const std::vector<int64_t>& ids, const at::Tensor& tokens,
                         const std::vector<int64_t>& layer_ids, LogitRows logits) const;
+  // A draft tree (ABI 1.4): tokens [n] after session `id`'s cache, node i
+  // below node parents[i] (−1: the last cached token), at position
+  // length + depth − 1, attending to the cache, its ancestors and itself.
+  // Its keys and values go to cache rows [length, length + n) in node
+  // order, and the session's length then covers them until accept_path
+  // keeps `path` (a chain, checked by the caller) at [length, length + m).
+  // Throws std::invalid_argument, changing nothing, when the deepest node
+  // passes the session's capacity or the nodes do not fit its pool row.
+  // The attention runs through the masked ATen form (exact_decoding's
+  // row-invariant kernels take chains only).
+  DecoderOutputs verify_tree(DecodeSessions& sessions, int64_t id, const at::Tensor& tokens,
+                             const std::vector<int64_t>& parents, const std::vector<int64_t>& layer_ids, bool want_logits) const;
+  void accept_path(DecodeSessions& sessions, int64_t id, int64_t tree_start, const std::vector<int64_t>& path) const;
 
  private:
   DecoderOutputs forward_kernels(const PackedBatch& batch, const std::set<int64_t>& wanted, bool want_last_hidden) const;

@@ -8,6 +8,7 @@
 // hidden_states[i + 1].
 #include "decoder.h"
 
+#include <pending_trees.h>
 #include <plugin_errors.h>
 #include <target_outputs.h>
 #include <tokenizer_fact.h>
@@ -176,6 +177,7 @@ class HfDecoderTarget : public sdk::TargetModel {
   }
   sdk::TensorDict decode_extend(int64_t session, const sdk::DecodeRequest& request) {
     const target::DecoderOutputs out = invalid_argument_as_error([&] {
+      trees_.require_none(session, "decode_extend");
       return decoder_->extend(sessions_, {session}, request.tokens.reshape({1, -1}), request.layer_ids,
                               request.want_logits ? target::LogitRows::kAll : target::LogitRows::kNone);
     });
@@ -188,19 +190,49 @@ class HfDecoderTarget : public sdk::TargetModel {
     const target::LogitRows rows = request.logits == sdk::DecodeLogits::kAll    ? target::LogitRows::kAll
                                    : request.logits == sdk::DecodeLogits::kLast ? target::LogitRows::kLast
                                                                                 : target::LogitRows::kNone;
-    const target::DecoderOutputs out = invalid_argument_as_error(
-        [&] { return decoder_->extend(sessions_, request.sessions, request.tokens, request.layer_ids, rows); });
+    const target::DecoderOutputs out = invalid_argument_as_error([&] {
+      for (int64_t session : request.sessions) trees_.require_none(session, "decode_extend_batch");
+      return decoder_->extend(sessions_, request.sessions, request.tokens, request.layer_ids, rows);
+    });
     report_graph_failures();
     return hf::target_outputs(out, request.layer_ids, false, rows != target::LogitRows::kNone);
   }
+  // A tree of drafts (ABI 1.4): verified in one pass, then cut back to the
+  // accepted path (decoder.h; pending_trees.h keeps the rules).
+  sdk::TensorDict decode_verify_tree(int64_t session, const sdk::TreeDecodeRequest& request) {
+    const target::DecoderOutputs out = invalid_argument_as_error([&] {
+      trees_.require_none(session, "decode_verify_tree");
+      const int64_t length = sessions_.at(session).length;
+      target::DecoderOutputs result =
+          decoder_->verify_tree(sessions_, session, request.tokens, request.parents, request.layer_ids, request.want_logits);
+      trees_.add(session, {length, request.parents});
+      return result;
+    });
+    return hf::target_outputs(out, request.layer_ids, false, request.want_logits, /*single_row=*/true);
+  }
+  void decode_accept_path(int64_t session, const std::vector<int64_t>& path) {
+    invalid_argument_as_error([&] {
+      const decode_support::PendingTrees::Tree& tree = trees_.check_path(session, path);
+      decoder_->accept_path(sessions_, session, tree.length, path);
+      trees_.take(session);
+      return 0;
+    });
+  }
   void decode_truncate(int64_t session, int64_t length) {
+    invalid_argument_as_error([&] {
+      trees_.require_none(session, "decode_truncate");
+      return 0;
+    });
     target::DecodeSessions::Session& s = invalid_argument_as_error([&]() -> auto& { return sessions_.at(session); });
     if (length < 0 || length > s.length)
       throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "decode_truncate: length " + std::to_string(length) +
                                                         " is outside [0, " + std::to_string(s.length) + "]");
     s.length = length;
   }
-  void decode_end(int64_t session) { sessions_.end(session); }
+  void decode_end(int64_t session) {
+    trees_.take(session);
+    sessions_.end(session);
+  }
 
   sdk::TensorDict forward(const sdk::TargetRequest& request) {
     const target::DecoderOutputs out = invalid_argument_as_error([&] {
@@ -234,6 +266,7 @@ class HfDecoderTarget : public sdk::TargetModel {
   int64_t feature_layers_ = 5;
   nlohmann::json tokenizer_;  // hf::tokenizer_fact: null unless the folder has a tokenizer
   target::DecodeSessions sessions_;
+  decode_support::PendingTrees trees_;  // verified draft trees awaiting decode_accept_path
 };
 
 }  // namespace

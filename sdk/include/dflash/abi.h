@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define DFLASH_ABI_MAJOR 1
-#define DFLASH_ABI_MINOR 3
+#define DFLASH_ABI_MINOR 4
 
 /* The one exported symbol of a plugin library. Its name carries the major. */
 #define DFLASH_ENTRY_SYMBOL "dflash_plugin_entry_v1"
@@ -359,6 +359,22 @@ typedef struct dflash_target_batch_decode_request {
   int32_t logits;              /* dflash_decode_logits */
 } dflash_target_batch_decode_request;
 
+/* A draft tree verified in one pass (ABI 1.4; speculative decoding with a
+ * tree of drafts, DDTree). Node i holds tokens[i]; its parent is node
+ * parents[i] (−1 ≤ parents[i] < i; −1: the session's last cached token).
+ * A node of depth d (1 for a child of the last cached token) sits at
+ * position length + d − 1 and attends to the session's cache, its
+ * ancestors and itself: nothing else of the tree. */
+typedef struct dflash_target_tree_request {
+  size_t struct_size;
+  const dflash_tensor* tokens; /* borrowed(the call): [n] int64, n ≥ 1 (CPU or the model's device) */
+  const int64_t* parents;      /* borrowed(the call): n entries */
+  size_t count;                /* n */
+  const int64_t* layer_ids;    /* borrowed(the call); layer_count entries */
+  size_t layer_count;
+  int32_t want_logits;         /* nonzero: add "logits" [n, V] */
+} dflash_target_tree_request;
+
 typedef struct dflash_target_request {
   size_t struct_size;
   /* borrowed(the call): a batch as a data source yields it, on the model's device. */
@@ -417,6 +433,23 @@ typedef struct dflash_target_vtable {
    * host calls decode_extend per session when a target leaves it NULL. */
   dflash_error* (*decode_extend_batch)(dflash_instance* self, const dflash_target_batch_decode_request* request,
                                        dflash_tensor_map* out);
+
+  /* ABI 1.4 — tree verification, (optional) both or neither, only beside the
+   * decoding group. decode_verify_tree appends a tree to the session
+   * provisionally and fills `out` with "hidden.<id>" [n, H] for every
+   * requested layer and "logits" [n, V] if asked: node i's rows equal what
+   * decode_extend would give for its path (ancestors, then itself), up to
+   * rounding. Fails, leaving the session as it was, when a parent is out of
+   * range or the deepest node would exceed max_length. Until
+   * decode_accept_path the session takes no other call but decode_end. */
+  dflash_error* (*decode_verify_tree)(dflash_instance* self, int64_t session, const dflash_target_tree_request* request,
+                                      dflash_tensor_map* out);
+  /* Keeps, of the tree just verified, the nodes path[0..count) — path[0] a
+   * child of the last cached token (parent −1), each next node a child of
+   * the one before; count 0 keeps none — and drops the rest: the session
+   * then holds what decode_extend of those tokens would have left. Fails,
+   * leaving the tree pending, when `path` is not such a chain. */
+  dflash_error* (*decode_accept_path)(dflash_instance* self, int64_t session, const int64_t* path, size_t count);
 } dflash_target_vtable;
 
 /* --- drafter ------------------------------------------------------------ */
@@ -475,6 +508,14 @@ typedef struct dflash_drafter_vtable {
    * backward's working memory (BACKWARD). The host counts parameters,
    * gradients, optimizer states and the frozen weights itself. */
   dflash_plan_memory_fn plan_memory;
+
+  /* (optional, ABI 1.4; only beside the drafting group) As draft_propose,
+   * but the drafter's best k tokens at each of up to `count` positions,
+   * for a tree of drafts: fills `out` with "tokens" [m, k] int64 and
+   * "log_probs" [m, k] float32 (its log-softmax's k largest, best first;
+   * 0 ≤ m ≤ count). k ≥ 1 is at most the vocabulary. */
+  dflash_error* (*draft_propose_topk)(dflash_instance* self, int64_t session, const dflash_tensor_map* inputs,
+                                      int64_t count, int64_t k, dflash_tensor_map* out);
 } dflash_drafter_vtable;
 
 /* --- loss --------------------------------------------------------------- */

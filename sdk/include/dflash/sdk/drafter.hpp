@@ -16,6 +16,9 @@
 //     void draft_extend(int64_t session, const dflash::sdk::TensorDict& inputs);  // input_ids [n], hidden.<id> [n, H]
 //     at::Tensor draft_propose(int64_t session, const dflash::sdk::TensorDict& inputs, int64_t count);  // [m ≤ count] int64
 //     void draft_end(int64_t session);
+//     // optional, beside the four (ABI 1.4): a tree's candidates, the best k at each position
+//     dflash::sdk::TopKProposal draft_propose_topk(int64_t session, const dflash::sdk::TensorDict& inputs,
+//                                                  int64_t count, int64_t k);  // tokens, log_probs [m ≤ count, k]
 //     // optional (ABI 1.2): parameters and activations for the planner, no instance needed
 //     static dflash::sdk::MemoryPlan plan_memory(const dflash::sdk::PlanRequest& request);
 //   };
@@ -33,6 +36,12 @@ class Drafter {
   static constexpr dflash_kind kKind = DFLASH_KIND_DRAFTER;
 };
 
+// A tree's candidates (ABI 1.4): tokens [m, k] int64 and log_probs [m, k]
+// float32, row d the drafter's best k at position d + 1, best first.
+struct TopKProposal {
+  at::Tensor tokens, log_probs;
+};
+
 namespace detail {
 
 DFLASH_SDK_DETECT(has_drafter_forward, std::declval<T&>().forward(std::declval<const TensorDict&>()))
@@ -46,6 +55,8 @@ DFLASH_SDK_DETECT(has_draft_extend, std::declval<T&>().draft_extend(int64_t{}, s
 DFLASH_SDK_DETECT(has_draft_propose,
                   std::declval<T&>().draft_propose(int64_t{}, std::declval<const TensorDict&>(), int64_t{}))
 DFLASH_SDK_DETECT(has_draft_end, std::declval<T&>().draft_end(int64_t{}))
+DFLASH_SDK_DETECT(has_draft_propose_topk, std::declval<T&>().draft_propose_topk(int64_t{}, std::declval<const TensorDict&>(),
+                                                                                int64_t{}, int64_t{}))
 
 template <class T>
 struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
@@ -120,6 +131,26 @@ struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
       }
     });
   }
+  static constexpr bool kDraftsTopK = has_draft_propose_topk<T>::value;
+  static_assert(!kDraftsTopK || kDrafts,
+                "a Drafter plugin with `draft_propose_topk` needs the drafting group too (draft_begin, draft_extend, "
+                "draft_propose, draft_end): its sessions are those");
+  static_assert(!kDraftsTopK || std::is_same_v<typename has_draft_propose_topk<T>::type, TopKProposal>,
+                "`draft_propose_topk(int64_t session, const TensorDict&, int64_t count, int64_t k)` must return TopKProposal");
+  static dflash_error* draft_propose_topk(dflash_instance* self, int64_t session, const dflash_tensor_map* inputs,
+                                          int64_t count, int64_t k, dflash_tensor_map* out) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (kDraftsTopK) {
+        if (k < 1) throw Error(DFLASH_ERR_INVALID_ARGUMENT, "draft_propose_topk: k is " + std::to_string(k) + "; it must be at least 1");
+        const TopKProposal proposal = instance->impl->draft_propose_topk(session, read_map(instance->host, inputs), count, k);
+        TensorDict result;
+        result.set("tokens", proposal.tokens);
+        result.set("log_probs", proposal.log_probs);
+        write_map(instance->host, out, result);
+      }
+    });
+  }
   static void draft_end(dflash_instance* self, int64_t session) noexcept {
     auto* instance = instance_of<T>(self);
     if constexpr (kDrafts) {
@@ -138,6 +169,7 @@ struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
         kDrafts ? &draft_begin : nullptr, kDrafts ? &draft_extend : nullptr,
         kDrafts ? &draft_propose : nullptr, kDrafts ? &draft_end : nullptr,
         plan_memory_of<T>(),
+        kDraftsTopK ? &draft_propose_topk : nullptr,
     };
     return &table;
   }

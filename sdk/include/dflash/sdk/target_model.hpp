@@ -16,6 +16,9 @@
 //     void decode_end(int64_t session);
 //     // optional, beside the four (ABI 1.3): one pass over several sessions, for `dflash-host generate`
 //     dflash::sdk::TensorDict decode_extend_batch(const dflash::sdk::BatchDecodeRequest& request);
+//     // optional, both or neither, beside the four (ABI 1.4): a tree of drafts verified in one pass
+//     dflash::sdk::TensorDict decode_verify_tree(int64_t session, const dflash::sdk::TreeDecodeRequest& request);
+//     void decode_accept_path(int64_t session, const std::vector<int64_t>& path);
 //     // optional (ABI 1.2): weights and forward memory for the planner, no instance needed
 //     static dflash::sdk::MemoryPlan plan_memory(const dflash::sdk::PlanRequest& request);
 //   };
@@ -66,6 +69,18 @@ struct BatchDecodeRequest {
   DecodeLogits logits = DecodeLogits::kNone;
 };
 
+// A tree of drafts verified in one pass (ABI 1.4): node i holds tokens[i]
+// and hangs below node parents[i] (< i; −1: the session's last cached token);
+// it attends to the cache, its ancestors and itself. "hidden.<id>" [n, H]
+// and, if asked, "logits" [n, V] come back, each node's rows as for its path
+// alone. The tree is pending until decode_accept_path keeps one chain of it.
+struct TreeDecodeRequest {
+  at::Tensor tokens;
+  std::vector<int64_t> parents;
+  std::vector<int64_t> layer_ids;
+  bool want_logits = false;
+};
+
 namespace detail {
 
 DFLASH_SDK_DETECT(has_decode_begin, std::declval<T&>().decode_begin(int64_t{}))
@@ -73,6 +88,8 @@ DFLASH_SDK_DETECT(has_decode_extend, std::declval<T&>().decode_extend(int64_t{},
 DFLASH_SDK_DETECT(has_decode_truncate, std::declval<T&>().decode_truncate(int64_t{}, int64_t{}))
 DFLASH_SDK_DETECT(has_decode_end, std::declval<T&>().decode_end(int64_t{}))
 DFLASH_SDK_DETECT(has_decode_extend_batch, std::declval<T&>().decode_extend_batch(std::declval<const BatchDecodeRequest&>()))
+DFLASH_SDK_DETECT(has_decode_verify_tree, std::declval<T&>().decode_verify_tree(int64_t{}, std::declval<const TreeDecodeRequest&>()))
+DFLASH_SDK_DETECT(has_decode_accept_path, std::declval<T&>().decode_accept_path(int64_t{}, std::declval<const std::vector<int64_t>&>()))
 DFLASH_SDK_DETECT(has_target_forward, std::declval<T&>().forward(std::declval<const TargetRequest&>()))
 DFLASH_SDK_DETECT(has_target_describe, nlohmann::json(std::declval<T&>().describe()))
 DFLASH_SDK_DETECT(has_frozen_weights, std::declval<T&>().frozen_weights())
@@ -165,6 +182,47 @@ struct KindTraits<T, DFLASH_KIND_TARGET_MODEL> : TorchKind {
       }
     });
   }
+  static constexpr bool kVerifiesTrees = has_decode_verify_tree<T>::value;
+  static_assert(kVerifiesTrees == has_decode_accept_path<T>::value,
+                "a TargetModel plugin that verifies trees needs both `TensorDict decode_verify_tree(int64_t session, "
+                "const TreeDecodeRequest&)` and `void decode_accept_path(int64_t session, const std::vector<int64_t>& path)`");
+  static_assert(!kVerifiesTrees || kDecodes,
+                "a TargetModel plugin that verifies trees needs the decoding group too (decode_begin, decode_extend, "
+                "decode_truncate, decode_end): a tree extends a session");
+  static dflash_error* decode_verify_tree(dflash_instance* self, int64_t session, const dflash_target_tree_request* request,
+                                          dflash_tensor_map* out) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (kVerifiesTrees) {
+        if (request == nullptr || request->tokens == nullptr || request->parents == nullptr || request->count == 0)
+          throw Error(DFLASH_ERR_INVALID_ARGUMENT, "decode_verify_tree called without tokens or parents");
+        TreeDecodeRequest r;
+        r.tokens = borrow_tensor(instance->host, request->tokens);
+        r.parents.assign(request->parents, request->parents + request->count);
+        r.layer_ids.assign(request->layer_ids, request->layer_ids + request->layer_count);
+        r.want_logits = request->want_logits != 0;
+        if (r.tokens.dim() != 1 || r.tokens.size(0) != static_cast<int64_t>(request->count))
+          throw Error(DFLASH_ERR_INVALID_ARGUMENT, "decode_verify_tree: tokens " + c10::str(r.tokens.sizes()) + " for " +
+                                                       std::to_string(request->count) + " parents; expected [" +
+                                                       std::to_string(request->count) + "]");
+        for (size_t i = 0; i < r.parents.size(); ++i)
+          if (r.parents[i] < -1 || r.parents[i] >= static_cast<int64_t>(i))
+            throw Error(DFLASH_ERR_INVALID_ARGUMENT, "decode_verify_tree: node " + std::to_string(i) + "'s parent " +
+                                                         std::to_string(r.parents[i]) + " is not in [-1, " + std::to_string(i) +
+                                                         ") (parents come before their children)");
+        write_map(instance->host, out, instance->impl->decode_verify_tree(session, r));
+      }
+    });
+  }
+  static dflash_error* decode_accept_path(dflash_instance* self, int64_t session, const int64_t* path, size_t count) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (kVerifiesTrees) {
+        if (path == nullptr && count > 0) throw Error(DFLASH_ERR_INVALID_ARGUMENT, "decode_accept_path: a NULL path of " + std::to_string(count) + " nodes");
+        instance->impl->decode_accept_path(session, std::vector<int64_t>(path, path + count));
+      }
+    });
+  }
   static dflash_error* decode_truncate(dflash_instance* self, int64_t session, int64_t length) noexcept {
     auto* instance = instance_of<T>(self);
     return guard(instance->host, T::info.name, translate, [&] {
@@ -185,7 +243,9 @@ struct KindTraits<T, DFLASH_KIND_TARGET_MODEL> : TorchKind {
     static const dflash_target_vtable table = {sizeof(dflash_target_vtable), &describe, &forward, &frozen_weights,
                                                kDecodes ? &decode_begin : nullptr, kDecodes ? &decode_extend : nullptr,
                                                kDecodes ? &decode_truncate : nullptr, kDecodes ? &decode_end : nullptr,
-                                               plan_memory_of<T>(), kBatchDecodes ? &decode_extend_batch : nullptr};
+                                               plan_memory_of<T>(), kBatchDecodes ? &decode_extend_batch : nullptr,
+                                               kVerifiesTrees ? &decode_verify_tree : nullptr,
+                                               kVerifiesTrees ? &decode_accept_path : nullptr};
     return &table;
   }
 };
