@@ -67,6 +67,9 @@ po::options_description visible_options() {
       ("report", po::value<std::string>(), "eval: write the full report (per prompt too) to this JSON file; "
        "generate: its figures (tokens/s, settings)")
       ("no-baseline", "eval: skip decoding with the target alone (no lossless check, no speed-up)")
+      ("verify", po::value<std::string>(), "eval: how a step verifies its drafts: chain (the drafter's block, default) or "
+       "tree (DDTree: the best --tree-nodes paths through the drafter's top candidates, one target pass)")
+      ("tree-nodes", po::value<int64_t>(), "eval with --verify tree: drafted nodes per step (the newest token not counted)")
       ("no-warmup", "eval: time the first prompt cold (by default it is decoded once, untimed, before the clocks run)")
       ("batch-size", po::value<int64_t>(), "generate: sequences decoded together, one target pass per step (default 1)")
       ("temperature", po::value<double>(), "generate: sample at this temperature (default 0: greedy)")
@@ -216,6 +219,16 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   in_range("max-length", options.max_length, 2, "a number of tokens");
   in_range("prompt-tokens", options.prompt_tokens, 1, "a number of tokens");
   in_range("max-prompts", options.max_prompts, 1, "a number of prompts");
+  if (vm.count("verify")) {
+    options.verify = vm["verify"].as<std::string>();
+    if (options.verify != "chain" && options.verify != "tree")
+      throw std::invalid_argument("--verify " + options.verify + ": takes chain or tree");
+  }
+  in_range("tree-nodes", options.tree_nodes, 1, "a number of nodes");
+  if (options.verify == "tree" && options.tree_nodes == 0)
+    throw std::invalid_argument("--verify tree needs --tree-nodes N, the drafted nodes a step verifies (DDTree sweeps 16 to 128)");
+  if (options.verify != "tree" && vm.count("tree-nodes"))
+    throw std::invalid_argument("--tree-nodes sizes a draft tree: it needs --verify tree");
   if (vm.count("batch-size")) options.batch_size = vm["batch-size"].as<int64_t>();
   if (options.batch_size < 1 || options.batch_size > kMaxBatchSize)
     throw std::invalid_argument("--batch-size " + std::to_string(options.batch_size) + ": takes a number of sequences from 1 to " +

@@ -36,6 +36,8 @@ struct CliOptions {
   int64_t max_new_tokens = 128, max_length = 0, prompt_tokens = 64, max_prompts = 0;
   bool baseline = true;                           // --no-baseline turns off
   bool warmup = true;                             // --no-warmup turns off
+  std::string verify = "chain";                   // --verify chain|tree (eval): how drafts are verified
+  int64_t tree_nodes = 0;                         // --tree-nodes N: drafted nodes per step with --verify tree
   // generate (and --prompts, --max-new-tokens, --max-length, --prompt-tokens,
   // --max-prompts, --report, --out)
   int64_t batch_size = 1;                 // --batch-size N: sequences decoded together

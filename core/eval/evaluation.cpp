@@ -81,6 +81,12 @@ nlohmann::json evaluate(const host::TargetModelInstance& target, const host::Dra
   limits.max_length = s.max_length > 0 ? s.max_length : target_info.value("max_position_embeddings", int64_t{0});
   limits.eos_token_ids = target_info.value("eos_token_ids", std::vector<int64_t>{});
 
+  const Verification& verification = s.verification;
+  if (verification.kind == Verification::Kind::kTree && limits.max_length > 0 && verification.tree_nodes + 1 > limits.max_length)
+    throw std::invalid_argument("--tree-nodes " + std::to_string(verification.tree_nodes) + ": a tree of that many nodes and the "
+                                "newest token is beyond the target's context of " + std::to_string(limits.max_length) +
+                                " tokens (max_length, or its max_position_embeddings); verify fewer nodes");
+
   nlohmann::json per_prompt = nlohmann::json::array();
   std::map<int64_t, int64_t> histogram;  // tokens per verification step → steps
   std::vector<int64_t> offered(static_cast<size_t>(block_size), 0), taken(static_cast<size_t>(block_size), 0);
@@ -88,7 +94,7 @@ nlohmann::json evaluate(const host::TargetModelInstance& target, const host::Dra
   double spec_seconds = 0, greedy_seconds = 0;
   if (s.warmup && !prompts.empty()) {  // untimed, unreported: decoding is deterministic, so it changes no result
     try {
-      speculative_decode(target, drafter, prompts.front().ids, limits, block_size, layer_ids);
+      speculative_decode(target, drafter, prompts.front().ids, limits, block_size, layer_ids, nullptr, verification);
       if (s.baseline) greedy_decode(target, prompts.front().ids, limits);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(where(s.prompts_file, prompts.front().line) + ": " + e.what());
@@ -98,7 +104,7 @@ nlohmann::json evaluate(const host::TargetModelInstance& target, const host::Dra
     const std::string at = where(s.prompts_file, p.line);
     Generation spec;
     try {
-      spec = speculative_decode(target, drafter, p.ids, limits, block_size, layer_ids);
+      spec = speculative_decode(target, drafter, p.ids, limits, block_size, layer_ids, nullptr, verification);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(at + ": " + e.what());
     }
@@ -157,6 +163,8 @@ nlohmann::json evaluate(const host::TargetModelInstance& target, const host::Dra
       {"max_new_tokens", limits.max_new_tokens},
       {"max_length", limits.max_length},
       {"warmup_prompts", s.warmup && !prompts.empty() ? 1 : 0},
+      {"verify", verification.kind == Verification::Kind::kTree ? "tree" : "chain"},
+      {"tree_nodes", verification.kind == Verification::Kind::kTree ? verification.tree_nodes : 0},
       {"verification_steps", steps},
       {"tau_mean", steps > 0 ? double(step_tokens) / double(steps) : 0.0},
       {"tau_histogram", hist},
@@ -180,7 +188,9 @@ std::string format_report(const nlohmann::json& r) {
       << r.at("drafter").get<std::string>();
   const std::string checkpoint = r.value("drafter_checkpoint", std::string());
   if (!checkpoint.empty()) out << " (" << checkpoint << ")";
-  out << ", block size " << r.at("block_size") << ", " << r.at("prompts") << " prompts, up to "
+  out << ", block size " << r.at("block_size");
+  if (r.value("verify", std::string("chain")) == "tree") out << ", draft trees of " << r.at("tree_nodes") << " nodes";
+  out << ", " << r.at("prompts") << " prompts, up to "
       << r.at("max_new_tokens") << " new tokens each\n\n";
   out << "  mean acceptance length τ   " << std::setprecision(3) << r.at("tau_mean").get<double>()
       << "  (tokens per target pass, over " << r.at("verification_steps") << " verification steps)\n";

@@ -28,6 +28,7 @@ struct EvalSettings {
   // captures) are then not charged to the first prompt's tokens/s. Off where
   // only τ matters (training's periodic eval, ab).
   bool warmup = true;
+  Verification verification;  // chain (default) or a draft tree of verification.tree_nodes nodes
 };
 
 // The report's path, checked before anything is loaded (prompts.h).

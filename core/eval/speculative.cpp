@@ -1,5 +1,7 @@
 #include "eval/speculative.h"
 
+#include "eval/draft_tree.h"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -152,9 +154,23 @@ Generation greedy_decode(const host::TargetModelInstance& target, const std::vec
 
 Generation speculative_decode(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,
                               const std::vector<int64_t>& prompt, const DecodeLimits& limits, int64_t block_size,
-                              const std::vector<int64_t>& layer_ids, DecodeProfile* profile) {
+                              const std::vector<int64_t>& layer_ids, DecodeProfile* profile, const Verification& verification) {
   check_prompt(prompt, limits);
   if (block_size < 2) throw std::invalid_argument("block_size must be at least 2 (the newest token + one proposal)");
+  const bool tree_mode = verification.kind == Verification::Kind::kTree;
+  int64_t candidates_per_position = 0;  // tree: k of the drafter's top-k, as many as a parent could use
+  if (tree_mode) {
+    if (verification.tree_nodes < 1)
+      throw std::invalid_argument("--tree-nodes is " + std::to_string(verification.tree_nodes) + "; a draft tree needs at least 1 node");
+    if (!target.can_verify_tree())
+      throw std::invalid_argument(target.record().label() + " does not verify draft trees (ABI 1.4's decode_verify_tree); "
+                                  "use --verify chain, or a target that does");
+    if (!drafter.can_draft_topk())
+      throw std::invalid_argument(drafter.record().label() + " does not propose a tree's candidates (ABI 1.4's "
+                                  "draft_propose_topk); use --verify chain, or a drafter that does");
+    const int64_t vocab = target.describe().value("vocab_size", int64_t{0});
+    candidates_per_position = vocab > 0 ? std::min(verification.tree_nodes, vocab) : verification.tree_nodes;
+  }
   const auto start = Clock::now();
   Phases phases(profile);
   Generation g;
@@ -165,13 +181,18 @@ Generation speculative_decode(const host::TargetModelInstance& target, const hos
 
   // The drafter's context: accepted tokens (their ids from the host) with the
   // target's features at them (where the target left them).
-  auto extend_drafter = [&](const host::NamedTensors& out, const std::vector<int64_t>& accepted) {
+  // rows: which rows of `out` hold the accepted tokens (a tree's path); by
+  // default its first ones.
+  auto extend_drafter = [&](const host::NamedTensors& out, const std::vector<int64_t>& accepted,
+                            const std::vector<int64_t>& rows = {}) {
     phases.time(&DecodeProfile::extend, [&] {
       host::NamedTensors inputs = {{"input_ids", ids_tensor(accepted)}};
-      const auto rows = static_cast<int64_t>(accepted.size());
+      const auto count = static_cast<int64_t>(accepted.size());
       for (int64_t id : layer_ids) {
         const std::string name = "hidden." + std::to_string(id);
-        inputs.emplace_back(name, output(out, name, target.record()).narrow(0, 0, rows));
+        const at::Tensor hidden = output(out, name, target.record());
+        inputs.emplace_back(name, rows.empty() ? hidden.narrow(0, 0, count)
+                                               : hidden.index_select(0, ids_tensor(rows).to(hidden.device())));
       }
       drafter.draft_extend(draft, inputs);
     });
@@ -197,6 +218,60 @@ Generation speculative_decode(const host::TargetModelInstance& target, const hos
     int64_t room = std::min<int64_t>(block_size - 1, limits.max_new_tokens - produced - 1);
     if (limits.max_length > 0) room = std::min<int64_t>(room, limits.max_length - static_cast<int64_t>(prompt.size()) - produced);
     room = std::max<int64_t>(room, 0);
+    if (tree_mode && room > 0) {
+      // The tree: the drafter's top candidates at each of `room` positions
+      // (read back: the tree is built on the host), the best paths under
+      // the node budget, verified with the newest token as node 0.
+      const host::DrafterInstance::TopK topk = phases.time(&DecodeProfile::propose, [&] {
+        return drafter.draft_propose_topk(draft, {{"last_token", ids_tensor({next})}}, room, candidates_per_position);
+      });
+      const int64_t positions = topk.tokens.size(0);
+      if (positions > room)
+        throw std::runtime_error(drafter.record().label() + ": draft_propose_topk returned " + std::to_string(positions) +
+                                 " positions, more than the " + std::to_string(room) + " asked for");
+      PositionCandidates candidates;
+      const at::Tensor tokens_cpu = topk.tokens.to(at::kCPU).contiguous();
+      const at::Tensor log_probs_cpu = topk.log_probs.to(at::kCPU, at::kFloat).contiguous();
+      for (int64_t d = 0; d < positions; ++d) {
+        const at::Tensor t = tokens_cpu[d], lp = log_probs_cpu[d];
+        candidates.tokens.emplace_back(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+        candidates.log_probs.emplace_back(lp.data_ptr<float>(), lp.data_ptr<float>() + lp.numel());
+      }
+      const DraftTree tree = build_draft_tree(candidates, verification.tree_nodes);
+      std::vector<int64_t> fed = {next}, parents = {-1};
+      for (int64_t i = 0; i < tree.size(); ++i) {
+        fed.push_back(tree.tokens[static_cast<size_t>(i)]);
+        parents.push_back(tree.parents[static_cast<size_t>(i)] + 1);  // node 0 is the newest token
+      }
+      out = phases.time(&DecodeProfile::target,
+                        [&] { return target.decode_verify_tree(session, ids_tensor(fed), parents, layer_ids, true); });
+      ++g.target_passes;
+      std::vector<int64_t> path = {0}, fresh;
+      phases.time(&DecodeProfile::accept, [&] {
+        const std::vector<int64_t> choice = values_of(output(out, "logits", target.record()).argmax(-1).to(at::kCPU));
+        if (static_cast<int64_t>(choice.size()) != tree.size() + 1)
+          throw std::runtime_error(target.record().label() + ": decode_verify_tree returned " + std::to_string(choice.size()) +
+                                   " rows of logits for " + std::to_string(tree.size() + 1) + " nodes");
+        for (int64_t node : accepted_path(tree, choice)) {
+          path.push_back(node + 1);
+          fresh.push_back(tree.tokens[static_cast<size_t>(node)]);
+        }
+        fresh.push_back(choice[static_cast<size_t>(path.back())]);  // the bonus: the target's own next token
+        target.decode_accept_path(session, path);
+      });
+      std::vector<int64_t> accepted_ids = {next};
+      accepted_ids.insert(accepted_ids.end(), fresh.begin(), fresh.end() - 1);
+      extend_drafter(out, accepted_ids, path);
+      const size_t before = g.tokens.size();
+      const bool done = emit(g, fresh, prompt.size(), limits);
+      g.step_tokens.push_back(static_cast<int64_t>(g.tokens.size() - before));
+      g.step_proposed.push_back(tree.size() == 0 ? 0 : *std::max_element(tree.depths.begin(), tree.depths.end()));
+      g.step_accepted.push_back(static_cast<int64_t>(path.size()) - 1);
+      if (done) break;
+      next = fresh.back();
+      next_on_device = ids_tensor({next});
+      continue;
+    }
     // The proposals, wherever the drafter computed them (their count is known without reading them).
     const at::Tensor proposal = room > 0 ? phases.time(&DecodeProfile::propose, [&] {
       return drafter.draft_propose(draft, {{"last_token", ids_tensor({next})}}, room).reshape({-1});

@@ -46,6 +46,17 @@ struct DecodeProfile {
   int64_t tokens = 0;   // tokens generated
 };
 
+// How a speculative step verifies its drafts: one chain (the drafter's
+// greedy block), or a tree (DDTree, draft_tree.h): the best `tree_nodes`
+// paths through the drafter's top candidates at each block position,
+// verified with the newest token in one target pass (decode_verify_tree),
+// the accepted path kept (decode_accept_path).
+struct Verification {
+  enum class Kind { kChain, kTree };
+  Kind kind = Kind::kChain;
+  int64_t tree_nodes = 0;  // drafted nodes per step (the newest token not counted); tree only
+};
+
 // Throws std::invalid_argument when nothing can be generated after `prompt`:
 // it is empty, or not shorter than max_length.
 void check_prompt(const std::vector<int64_t>& prompt, const DecodeLimits& limits);
@@ -71,8 +82,11 @@ Generation greedy_decode(const host::TargetModelInstance& target, const std::vec
 
 // The same tokens, produced `block_size − 1` proposals at a time. layer_ids:
 // the target layers the drafter reads (its export_config's target_layer_ids).
+// With a tree, step_proposed is the tree's depth (the block positions it
+// offers) and step_accepted the accepted path's length.
 Generation speculative_decode(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,
                               const std::vector<int64_t>& prompt, const DecodeLimits& limits, int64_t block_size,
-                              const std::vector<int64_t>& layer_ids, DecodeProfile* profile = nullptr);
+                              const std::vector<int64_t>& layer_ids, DecodeProfile* profile = nullptr,
+                              const Verification& verification = {});
 
 }  // namespace dflash::eval

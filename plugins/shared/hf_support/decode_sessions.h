@@ -50,6 +50,13 @@ class DecodeSessions {
   void end(int64_t id);
   // Throws std::invalid_argument naming the id when there is no such session.
   Session& at(int64_t id);
+  // Rows of at least `row_capacity` tokens (a draft tree's nodes are stored
+  // past its session's cached tokens, beyond what the session asked for);
+  // the sessions' cached tokens keep their places.
+  void reserve_row_capacity(int64_t row_capacity) {
+    settle();
+    if (row_capacity > row_capacity_ && !row_used_.empty()) grow(static_cast<int64_t>(row_used_.size()), row_capacity);
+  }
 
   // [rows, row_capacity, kv_heads, head_dim] of layer `layer`.
   at::Tensor& keys(int64_t layer) {

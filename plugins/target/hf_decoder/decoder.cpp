@@ -679,10 +679,6 @@ DecoderOutputs Decoder::verify_tree(DecodeSessions& pool, int64_t id, const at::
     throw std::invalid_argument("decode_verify_tree: session " + std::to_string(id) + ": the tree's deepest path of " +
                                 std::to_string(deepest) + " tokens would make " + std::to_string(s.length + deepest) +
                                 ", beyond the session's max_length " + std::to_string(s.capacity));
-  if (s.length + n > pool.row_capacity())
-    throw std::invalid_argument("decode_verify_tree: session " + std::to_string(id) + ": the tree's " + std::to_string(n) +
-                                " nodes need cache rows " + std::to_string(s.length) + " to " + std::to_string(s.length + n) +
-                                ", but its pool row holds " + std::to_string(pool.row_capacity()) + "; verify fewer nodes");
   const at::Tensor tokens = tokens_in.reshape({n});
   if (tokens.device().is_cpu()) {
     const auto [low, high] = at::aminmax(tokens);
@@ -691,6 +687,7 @@ DecoderOutputs Decoder::verify_tree(DecodeSessions& pool, int64_t id, const at::
   }
   hf::check_layer_ids(layer_ids, c.num_layers);
   const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
+  pool.reserve_row_capacity(s.length + n);  // the nodes' rows, in node order (positions come from depths)
   ensure_rotary_tables(pool.row_capacity());
 
   StepPlan plan;

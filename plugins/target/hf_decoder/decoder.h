@@ -153,7 +153,7 @@ class Decoder {
   // order, and the session's length then covers them until accept_path
   // keeps `path` (a chain, checked by the caller) at [length, length + m).
   // Throws std::invalid_argument, changing nothing, when the deepest node
-  // passes the session's capacity or the nodes do not fit its pool row.
+  // passes the session's capacity (the pool's rows grow to hold the nodes).
   // The attention runs through the masked ATen form (exact_decoding's
   // row-invariant kernels take chains only).
   DecoderOutputs verify_tree(DecodeSessions& sessions, int64_t id, const at::Tensor& tokens,
