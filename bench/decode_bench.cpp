@@ -8,7 +8,10 @@
 //                [--drafter-checkpoint DIR | --random-drafter LAYERS [--block-size 16]]
 //                [--prompts FILE.jsonl --prompt-tokens 64 | --random-prompts]  [--max-prompts 8]
 //                [--max-new-tokens 128] [--dtype bfloat16] [--arms graphs,exact,eager,aten] [--json out.json]
-//                [--trace PREFIX]
+//                [--trace PREFIX] [--verify chain|tree --tree-nodes N]
+//
+// --verify tree: speculative decoding verifies DDTree draft trees of N
+// drafted nodes per step (docs/eval.md, "Draft trees") instead of chains.
 //
 // Arms (each its own target and drafter instances):
 //   graphs  GPU kernels, flash decoding, CUDA graphs (decode_graphs: auto), exact_decoding off
@@ -61,6 +64,7 @@ struct Args {
   std::vector<std::string> arms = {"graphs", "eager", "aten"};
   int64_t random_drafter_layers = 0, block_size = 16, prompt_tokens = 64, max_prompts = 8, max_new_tokens = 128;
   bool random_prompts = false;
+  eval::Verification verification;  // --verify tree --tree-nodes N
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -90,9 +94,16 @@ Args parse(int argc, char** argv) {
     else if (r.is("--arms")) a.arms = split(r.text(), ',');
     else if (r.is("--json")) a.json = r.text();
     else if (r.is("--trace")) a.trace = r.text();
+    else if (r.is("--verify")) {
+      const std::string how = r.text();
+      if (how != "chain" && how != "tree") throw std::invalid_argument("--verify " + how + ": takes chain or tree");
+      a.verification.kind = how == "tree" ? eval::Verification::Kind::kTree : eval::Verification::Kind::kChain;
+    } else if (r.is("--tree-nodes")) a.verification.tree_nodes = r.integer();
     else r.unknown();
   }
   if (a.plugin_dir.empty() || a.model.empty()) throw std::invalid_argument("--plugin-dir DIR and --model DIR are required");
+  if ((a.verification.kind == eval::Verification::Kind::kTree) != (a.verification.tree_nodes > 0))
+    throw std::invalid_argument("--verify tree and --tree-nodes N (N >= 1) go together");
   if (a.prompts.empty() == !a.random_prompts) throw std::invalid_argument("give --prompts FILE or --random-prompts");
   if (!a.drafter_checkpoint.empty() && a.random_drafter_layers > 0)
     throw std::invalid_argument("--drafter-checkpoint and --random-drafter exclude each other");
@@ -231,7 +242,7 @@ int main(int argc, char** argv) {
     // Warm-up: the first prompt through both decodings, twice (graphs are captured on a shape's second use).
     for (int i = 0; i < 2; ++i) {
       eval::greedy_decode(target, prompts[0].ids, limits);
-      if (drafter) eval::speculative_decode(target, *drafter, prompts[0].ids, limits, block_size, layer_ids);
+      if (drafter) eval::speculative_decode(target, *drafter, prompts[0].ids, limits, block_size, layer_ids, nullptr, args.verification);
     }
     sync();
 
@@ -260,7 +271,8 @@ int main(int argc, char** argv) {
     if (drafter) {
       Totals spec;
       for (size_t i = 0; i < prompts.size(); ++i) {
-        const eval::Generation g = eval::speculative_decode(target, *drafter, prompts[i].ids, limits, block_size, layer_ids);
+        const eval::Generation g =
+            eval::speculative_decode(target, *drafter, prompts[i].ids, limits, block_size, layer_ids, nullptr, args.verification);
         spec.tokens += static_cast<int64_t>(g.tokens.size());
         spec.seconds += g.seconds;
         spec.steps += static_cast<int64_t>(g.step_tokens.size());
@@ -272,11 +284,14 @@ int main(int argc, char** argv) {
       }
       eval::DecodeProfile profile;
       profile.sync = sync;
-      for (const auto& p : prompts) eval::speculative_decode(target, *drafter, p.ids, limits, block_size, layer_ids, &profile);
+      for (const auto& p : prompts)
+        eval::speculative_decode(target, *drafter, p.ids, limits, block_size, layer_ids, &profile, args.verification);
       const double greedy_rate = greedy.seconds > 0 ? static_cast<double>(greedy.tokens) / greedy.seconds : 0.0;
       const double spec_rate = spec.seconds > 0 ? static_cast<double>(spec.tokens) / spec.seconds : 0.0;
       result["speculative"] = {
           {"block_size", block_size},
+          {"verify", args.verification.kind == eval::Verification::Kind::kTree ? "tree" : "chain"},
+          {"tree_nodes", args.verification.tree_nodes},
           {"tokens", spec.tokens},
           {"seconds", spec.seconds},
           {"steps", spec.steps},
@@ -301,7 +316,7 @@ int main(int argc, char** argv) {
       };
       trace("greedy", [&] { eval::greedy_decode(target, prompts[0].ids, limits); });
       if (drafter)
-        trace("speculative", [&] { eval::speculative_decode(target, *drafter, prompts[0].ids, limits, block_size, layer_ids); });
+        trace("speculative", [&] { eval::speculative_decode(target, *drafter, prompts[0].ids, limits, block_size, layer_ids, nullptr, args.verification); });
     }
     const nlohmann::json after = target.describe();
     result["target"] = {{"cuda_kernels", after.value("cuda_kernels", false)},

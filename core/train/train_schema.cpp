@@ -89,6 +89,10 @@ const nlohmann::json& train_schema() {
                    Bounds::between(1, kMaxEvalTokens))
           .integer("eval_prompt_tokens", 64, "tokens of an input_ids line used as its prompt",
                    Bounds::between(1, kMaxEvalTokens))
+          .integer("eval_tree_nodes", 0,
+                   "beside each periodic evaluation's chain τ, one with DDTree draft trees of this many nodes "
+                   "(`dflash-host eval --verify tree`); its τ goes to metrics.jsonl as eval_tree_tau (0 = none)",
+                   Bounds::between(0, kMaxEvalTokens))
           .boolean("prefetch", true,
                    "fetch the next batch on a worker thread while the step runs (the data source is still called "
                    "one call at a time, in the same order; the training is bitwise the same); false: between steps")

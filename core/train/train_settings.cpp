@@ -65,6 +65,7 @@ TrainSettings parse_train_settings(const nlohmann::json& train) {
   s.eval_max_prompts = read<int64_t>(train, "eval_max_prompts");
   s.eval_max_new_tokens = read<int64_t>(train, "eval_max_new_tokens");
   s.eval_prompt_tokens = read<int64_t>(train, "eval_prompt_tokens");
+  s.eval_tree_nodes = read<int64_t>(train, "eval_tree_nodes");
   s.memory_slack = read<double>(train, "memory_slack");
   return s;
 }

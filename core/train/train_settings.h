@@ -56,6 +56,7 @@ struct TrainSettings {
   int64_t eval_every = 0;
   std::string eval_prompts;
   int64_t eval_max_prompts = 0, eval_max_new_tokens = 0, eval_prompt_tokens = 0;
+  int64_t eval_tree_nodes = 0;  // > 0: a second evaluation with draft trees of this many nodes
 
   // The memory planner's allowance for fragmentation.
   double memory_slack = 0;

@@ -329,6 +329,12 @@ void Trainer::set_up_evaluation() {
     throw std::invalid_argument("train.eval_every needs a target that decodes and a drafter that drafts (ABI 1.1); " +
                                 (run_.target().can_decode() ? run_.drafter().record().label() : run_.target().record().label()) +
                                 " does not; set eval_every to 0");
+  if (s_.eval_tree_nodes > 0 && !(run_.target().can_verify_tree() && run_.drafter().can_draft_topk()))
+    throw std::invalid_argument("train.eval_tree_nodes is " + std::to_string(s_.eval_tree_nodes) +
+                                ": draft trees need a target that verifies them and a drafter that proposes top-k candidates "
+                                "(ABI 1.4); " +
+                                (run_.target().can_verify_tree() ? run_.drafter().record().label() : run_.target().record().label()) +
+                                " does not; set eval_tree_nodes to 0");
   eval_settings_.max_prompts = s_.eval_max_prompts;
   eval_settings_.max_new_tokens = s_.eval_max_new_tokens;
   eval_settings_.prompt_tokens = s_.eval_prompt_tokens;
@@ -442,9 +448,17 @@ bool Trainer::record(int64_t step, StepFigures& f, const RankFigures& ranks, dou
     run_.drafter().set_training(false);
     const nlohmann::json report = eval::evaluate(run_.target(), run_.drafter(), run_.drafter_facts(), eval_prompts_,
                                                  eval_settings_, run_.target_info());
-    run_.drafter().set_training(true);
     record["eval_tau"] = report.at("tau_mean");
     record["eval_acceptance_by_position"] = report.at("acceptance_by_position");
+    if (s_.eval_tree_nodes > 0) {  // the same prompts, verified as DDTree draft trees
+      eval::EvalSettings tree = eval_settings_;
+      tree.verification = {eval::Verification::Kind::kTree, s_.eval_tree_nodes};
+      const nlohmann::json tree_report =
+          eval::evaluate(run_.target(), run_.drafter(), run_.drafter_facts(), eval_prompts_, tree, run_.target_info());
+      record["eval_tree_tau"] = tree_report.at("tau_mean");
+      record["eval_tree_nodes"] = s_.eval_tree_nodes;
+    }
+    run_.drafter().set_training(true);
   }
   if (root()) {
     try {
@@ -464,6 +478,8 @@ bool Trainer::record(int64_t step, StepFigures& f, const RankFigures& ranks, dou
     std::ostringstream line;
     line << "step " << step + 1 << ": speculative decoding on " << eval_prompts_.size() << " held-out prompts, τ = "
          << std::fixed << std::setprecision(3) << record.at("eval_tau").get<double>();
+    if (record.contains("eval_tree_tau"))
+      line << " (draft trees of " << s_.eval_tree_nodes << " nodes: τ = " << record.at("eval_tree_tau").get<double>() << ")";
     progress_->message(line.str());
   }
   if (!finite) {

@@ -301,7 +301,12 @@ TEST(Cli, EvalChecksItsNumbersAndPathsFirst) {
       {"--max-new-tokens 0", "--max-new-tokens 0: takes a number of tokens from 1 to 16777216"},
       {"--max-length 1", "--max-length 1: takes a number of tokens from 2 to 16777216"},
       {"--prompt-tokens 16777217", "--prompt-tokens 16777217: takes a number of tokens from 1 to 16777216"},
-      {"--max-prompts 4294967296", "--max-prompts 4294967296: takes a number of prompts from 1 to 16777216"}};
+      {"--max-prompts 4294967296", "--max-prompts 4294967296: takes a number of prompts from 1 to 16777216"},
+      {"--verify forest", "--verify forest: takes chain or tree"},
+      {"--verify tree", "--verify tree needs --tree-nodes N"},
+      {"--tree-nodes 8", "--tree-nodes sizes a draft tree: it needs --verify tree"},
+      {"--verify tree --tree-nodes 0", "--tree-nodes 0: takes a number of nodes from 1 to 16777216"},
+      {"--verify tree --tree-nodes 16777217", "--tree-nodes 16777217: takes a number of nodes from 1 to 16777216"}};
   for (const auto& [flag, message] : numbers) {
     HostRun r = host(command + " --prompts " + prompts + " " + flag);
     EXPECT_EQ(r.status, 2) << flag;

@@ -4,6 +4,7 @@
 // pending tree, and speculative decoding with trees against the target's
 // own greedy decoding (lossless) at several node budgets.
 #include "eval/evaluation.h"
+#include "plugin/drafter_facts.h"
 #include "plugin/registry.h"
 #include "train/frozen_weights.h"
 
@@ -231,6 +232,48 @@ TEST(TreeVerification, SpeculativeDecodingWithTreesEmitsExactlyTheGreedyTokens) 
     }
   }
   EXPECT_GT(accepted, 20) << "paths were accepted, so the cache compaction ran";
+}
+
+TEST(TreeVerification, BudgetsBeyondTheContextAndPluginsWithoutTreesAreRefusedByName) {
+  auto target = quickstart_target();
+  auto d = dflash_drafter(*target, 8);
+  const auto prompts = heldout_prompts(1, 20);
+  eval::EvalSettings settings;
+  settings.max_new_tokens = 8;
+  settings.max_length = 200;
+  settings.baseline = false;
+  settings.warmup = false;
+  settings.verification = {eval::Verification::Kind::kTree, 200};
+  std::vector<eval::Prompt> prompt_list = {eval::Prompt{prompts[0], 1}};
+  const std::string too_big = message_of([&] {
+    eval::evaluate(*target, *d, host::drafter_facts(*d), prompt_list, settings, target->describe());
+  });
+  EXPECT_NE(too_big.find("--tree-nodes 200: a tree of that many nodes and the newest token is beyond the target's context of 200 "
+                         "tokens"),
+            std::string::npos)
+      << too_big;
+  settings.verification.tree_nodes = 199;  // 199 nodes and the newest token: exactly the context
+  EXPECT_NO_THROW(eval::evaluate(*target, *d, host::drafter_facts(*d), prompt_list, settings, target->describe()));
+
+  // Prompt lookup proposes a chain only: asked for a tree, it is named.
+  const auto& record = registry().find(DFLASH_KIND_DRAFTER, "prompt_lookup");
+  DrafterInstance lookup(record, {{"block_size", 4}, {"max_ngram", 3}, {"min_ngram", 1}}, host::InstanceOptions{"cpu", "float32", 0});
+  lookup.bind_target(target->describe(),
+                     host::place_frozen_weights(target->frozen_weights(), "hf_decoder", torch::kCPU, torch::kFloat));
+  EXPECT_FALSE(lookup.can_draft_topk());
+  eval::DecodeLimits limits;
+  limits.max_new_tokens = 4;
+  const std::string no_topk = message_of([&] {
+    eval::speculative_decode(*target, lookup, prompts[0], limits, 4, {}, nullptr, {eval::Verification::Kind::kTree, 8});
+  });
+  EXPECT_NE(no_topk.find("prompt_lookup"), std::string::npos) << no_topk;
+  EXPECT_NE(no_topk.find("does not propose a tree's candidates (ABI 1.4's draft_propose_topk); use --verify chain"),
+            std::string::npos)
+      << no_topk;
+  EXPECT_NE(message_of([&] {
+              eval::speculative_decode(*target, *d, prompts[0], limits, 8, {}, nullptr, {eval::Verification::Kind::kTree, 0});
+            }).find("--tree-nodes is 0; a draft tree needs at least 1 node"),
+            std::string::npos);
 }
 
 }  // namespace

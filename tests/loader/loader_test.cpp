@@ -120,6 +120,18 @@ TEST(Loader, BatchedDecodingWithoutTheDecodingGroup) {
   EXPECT_CONTAINS(m, "set the group too, or leave decode_extend_batch NULL");
 }
 
+TEST(Loader, TreeVerificationSlotsComeInPairsBesideTheirGroups) {
+  std::string m = problem_of("half_tree");
+  EXPECT_CONTAINS(m, "target model plugin 'half_tree' implements part of the optional tree verification group");
+  EXPECT_CONTAINS(m, "'decode_accept_path' NULL; set all of its slots or none");
+  m = problem_of("tree_without_decode");
+  EXPECT_CONTAINS(m, "target model plugin 'tree_without_decode' sets 'decode_verify_tree' and 'decode_accept_path' without the "
+                     "decoding group");
+  m = problem_of("topk_without_draft");
+  EXPECT_CONTAINS(m, "drafter plugin 'topk_without_draft' sets 'draft_propose_topk' without the drafting group");
+  EXPECT_CONTAINS(m, "set the group too, or leave draft_propose_topk NULL");
+}
+
 TEST(Loader, InvalidConfigSchema) {
   const std::string m = problem_of("bad_schema");
   EXPECT_CONTAINS(m, "loss plugin 'bad_schema' has an invalid config schema");

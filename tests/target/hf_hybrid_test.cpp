@@ -315,6 +315,68 @@ TEST(HfHybrid, TruncateIntoTheVerifiedBlock) {
   }
 }
 
+// Draft trees (ABI 1.4, issue 41): each node's logits and hidden states
+// from one tree pass against its path decoded alone (the linear layers run
+// the tree depth by depth from each parent's window and state, the
+// attention layers with an ancestors-only mask); after accepting a path out
+// of node order, the session continues exactly as one that decoded the
+// path; a cut into the accepted path works as into a verified block; and
+// accepting nothing leaves the session as it was.
+TEST(HfHybrid, DraftTreesVerifyEveryPathAndKeepTheAcceptedOne) {
+  const std::vector<int64_t> parents = {-1, 0, 1, 0, 0, 4, 4, 6, 7}, path = {0, 4, 6, 7};
+  for (const std::string name : {"qwen3_5_wide", "qwen3_5_odd", "qwen3_5_moe_a"}) {
+    SCOPED_TRACE(name);
+    auto target = open_target(fixture(name));
+    ASSERT_TRUE(target->can_verify_tree());
+    torch::manual_seed(21);
+    const int64_t vocab = target->describe().at("vocab_size").get<int64_t>();
+    const torch::Tensor prompt = torch::randint(vocab, {20}, torch::kLong);
+    const torch::Tensor nodes = torch::randint(vocab, {9}, torch::kLong);
+    const torch::Tensor after = torch::randint(vocab, {4}, torch::kLong);
+    const int64_t s = target->decode_begin(64);
+    target->decode_extend(s, prompt, {}, false);
+    const NamedTensors tree = target->decode_verify_tree(s, nodes, parents, {2}, true);
+    for (int64_t i = 0; i < 9; ++i) {
+      std::vector<int64_t> along;
+      for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) along.insert(along.begin(), a);
+      const int64_t r = target->decode_begin(64);
+      target->decode_extend(r, prompt, {}, false);
+      const NamedTensors alone = target->decode_extend(r, nodes.index({torch::tensor(along, torch::kLong)}), {2}, true);
+      target->decode_end(r);
+      const int64_t last = static_cast<int64_t>(along.size()) - 1;
+      EXPECT_LE(relative_error(get(tree, "logits")[i], get(alone, "logits")[last]), kSamePathTolerance) << "node " << i;
+      EXPECT_LE(relative_error(get(tree, "hidden.2")[i], get(alone, "hidden.2")[last]), kSamePathTolerance) << "node " << i;
+    }
+    EXPECT_THROW_WITH(target->decode_extend(s, after, {}, true), std::exception, "has a verified draft tree pending");
+    target->decode_accept_path(s, path);
+    const torch::Tensor kept = nodes.index({torch::tensor(path, torch::kLong)});
+    const int64_t ref = target->decode_begin(64);
+    target->decode_extend(ref, torch::cat({prompt, kept}), {}, false);
+    EXPECT_LE(relative_error(get(target->decode_extend(s, after, {2}, true), "logits"),
+                             get(target->decode_extend(ref, after, {2}, true), "logits")),
+              kSamePathTolerance);
+    target->decode_end(ref);
+    target->decode_end(s);
+
+    // Cut back into the accepted path, then continue; and a tree that keeps nothing.
+    const int64_t cut = target->decode_begin(64), two = target->decode_begin(64);
+    target->decode_extend(cut, prompt, {}, false);
+    target->decode_verify_tree(cut, nodes, parents, {}, true);
+    target->decode_accept_path(cut, path);
+    target->decode_truncate(cut, 22);
+    target->decode_extend(two, torch::cat({prompt, kept.narrow(0, 0, 2)}), {}, false);
+    target->decode_verify_tree(two, nodes, parents, {}, false);
+    target->decode_accept_path(two, {});
+    EXPECT_EQ(target->decode_verify_tree(two, nodes.narrow(0, 0, 1), {-1}, {}, true).size(), 1u);
+    target->decode_accept_path(two, {});
+    EXPECT_LE(relative_error(get(target->decode_extend(cut, after, {2}, true), "logits"),
+                             get(target->decode_extend(two, after, {2}, true), "logits")),
+              kSamePathTolerance);
+    target->decode_end(cut);
+    target->decode_end(two);
+  }
+}
+
 // The linear layers' states live in a pool of two buffers a session
 // (linear_state_pool.h): they must survive the pool's growth while sessions
 // are live, start from zero in a slot an ended session gave back, and be

@@ -10,6 +10,7 @@
 #include "hybrid_memory.h"
 #include "hybrid_model.h"
 
+#include <pending_trees.h>
 #include <plugin_errors.h>
 #include <target_outputs.h>
 #include <tokenizer_fact.h>
@@ -165,6 +166,7 @@ class HfHybridTarget : public sdk::TargetModel {
   }
   sdk::TensorDict decode_extend(int64_t session, const sdk::DecodeRequest& request) {
     const target::HybridOutputs out = invalid_argument_as_error([&] {
+      trees_.require_none(session, "decode_extend");
       return model_->extend({session}, request.tokens.reshape({1, -1}), request.layer_ids,
                             request.want_logits ? target::HybridLogits::kAll : target::HybridLogits::kNone);
     });
@@ -174,19 +176,47 @@ class HfHybridTarget : public sdk::TargetModel {
     const target::HybridLogits rows = request.logits == sdk::DecodeLogits::kAll    ? target::HybridLogits::kAll
                                       : request.logits == sdk::DecodeLogits::kLast ? target::HybridLogits::kLast
                                                                                    : target::HybridLogits::kNone;
-    const target::HybridOutputs out =
-        invalid_argument_as_error([&] { return model_->extend(request.sessions, request.tokens, request.layer_ids, rows); });
+    const target::HybridOutputs out = invalid_argument_as_error([&] {
+      for (int64_t session : request.sessions) trees_.require_none(session, "decode_extend_batch");
+      return model_->extend(request.sessions, request.tokens, request.layer_ids, rows);
+    });
     return hf::target_outputs(out, request.layer_ids, false, rows != target::HybridLogits::kNone);
   }
   void decode_truncate(int64_t session, int64_t length) {
-    invalid_argument_as_error([&] { model_->truncate(session, length); });
+    invalid_argument_as_error([&] {
+      trees_.require_none(session, "decode_truncate");
+      model_->truncate(session, length);
+    });
   }
-  void decode_end(int64_t session) { model_->end(session); }
+  // A tree of drafts (ABI 1.4): verified in one pass, then cut back to the
+  // accepted path (hybrid_model.h; pending_trees.h keeps the rules).
+  sdk::TensorDict decode_verify_tree(int64_t session, const sdk::TreeDecodeRequest& request) {
+    const target::HybridOutputs out = invalid_argument_as_error([&] {
+      trees_.require_none(session, "decode_verify_tree");
+      const int64_t length = model_->length(session);
+      target::HybridOutputs result = model_->verify_tree(session, request.tokens, request.parents, request.layer_ids, request.want_logits);
+      trees_.add(session, {length, request.parents});
+      return result;
+    });
+    return hf::target_outputs(out, request.layer_ids, false, request.want_logits, /*single_row=*/true);
+  }
+  void decode_accept_path(int64_t session, const std::vector<int64_t>& path) {
+    invalid_argument_as_error([&] {
+      const decode_support::PendingTrees::Tree& tree = trees_.check_path(session, path);
+      model_->accept_path(session, tree.length, path);
+      trees_.take(session);
+    });
+  }
+  void decode_end(int64_t session) {
+    trees_.take(session);
+    model_->end(session);
+  }
 
  private:
   const dflash_host_api* host_;
   std::string path_;
   std::unique_ptr<target::HybridModel> model_;
+  decode_support::PendingTrees trees_;  // verified draft trees awaiting decode_accept_path
   int64_t feature_layers_ = 5;
   nlohmann::json tokenizer_;
 };

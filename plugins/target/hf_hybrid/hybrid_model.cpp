@@ -3,6 +3,8 @@
 #include "gated_deltanet.h"
 
 #include <checkpoint.h>
+#include <host_upload.h>
+#include <pending_trees.h>
 #include <kernel_ops.h>
 #include <packed_rows.h>
 #include <target_outputs.h>
@@ -153,6 +155,13 @@ struct StepRecord {
   std::vector<RuleInputs> rule;
 };
 
+// A pending draft tree's per-node inputs, for each linear layer: the conv
+// input [n, C] and the delta rule's inputs [n, 1, ...], in node order.
+struct TreeRecord {
+  std::vector<at::Tensor> conv_inputs;
+  std::vector<RuleInputs> rule;
+};
+
 // Per session: its slot in linear_states_ (the conv windows and recurrent
 // states, with the ones before the last step) and the last step's extent.
 struct HybridModel::SessionStates {
@@ -161,6 +170,7 @@ struct HybridModel::SessionStates {
   bool step_replayable = true;              // a recurrent step (or none yet); a chunked one keeps only its start
   std::shared_ptr<const StepRecord> step;  // the last recurrent step's record (null otherwise)
   int64_t step_row = 0;                     // this session's row in it
+  std::shared_ptr<const TreeRecord> tree;   // a verified tree awaiting accept_path (null otherwise)
 };
 
 HybridModel::HybridModel(const fs::path& dir, c10::ScalarType dtype, c10::Device device)
@@ -500,6 +510,196 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
     sessions[static_cast<size_t>(i)]->length += n;
   }
   return out;
+}
+
+HybridOutputs HybridModel::verify_tree(int64_t id, const at::Tensor& tokens_in, const std::vector<int64_t>& parents,
+                                       const std::vector<int64_t>& layer_ids, bool want_logits) {
+  const c10::NoGradGuard no_grad;
+  const HybridConfig& c = config_;
+  const auto device = embed_.device();
+  const int64_t n = static_cast<int64_t>(parents.size()), h = c.hidden_size;
+  if (n < 1 || tokens_in.numel() != n)
+    throw std::invalid_argument("decode_verify_tree: " + std::to_string(tokens_in.numel()) + " tokens for " + std::to_string(n) +
+                                " parents");
+  const std::vector<int64_t> depths = decode_support::tree_depths(parents);
+  const int64_t deepest = *std::max_element(depths.begin(), depths.end());
+  {
+    const hf::DecodeSessions::Session& s = kv_.at(id);
+    if (s.length + deepest > s.capacity)
+      throw std::invalid_argument("decode_verify_tree: session " + std::to_string(id) + ": the tree's deepest path of " +
+                                  std::to_string(deepest) + " tokens would make " + std::to_string(s.length + deepest) +
+                                  ", beyond the session's max_length " + std::to_string(s.capacity));
+  }
+  if (tokens_in.device().is_cpu()) {
+    const auto [low, high] = at::aminmax(tokens_in);
+    if (low.item<int64_t>() < 0 || high.item<int64_t>() >= c.vocab_size)
+      throw std::invalid_argument("decode_verify_tree: token ids outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  }
+  hf::check_layer_ids(layer_ids, c.num_layers);
+  const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
+  const at::Tensor tokens = decode_support::ids_on(tokens_in.reshape({n}), device);
+  if (has_full_attention(c)) kv_.reserve_row_capacity(kv_.at(id).length + n);  // the nodes' rows, in node order
+  hf::DecodeSessions::Session& s = kv_.at(id);
+  SessionStates& st = states_.at(id);
+
+  // The nodes by depth; where each lies in that order (rank) and, past depth
+  // 1, which row of the level above holds its parent.
+  std::vector<std::vector<int64_t>> levels(static_cast<size_t>(deepest));
+  for (int64_t i = 0; i < n; ++i) levels[static_cast<size_t>(depths[static_cast<size_t>(i)] - 1)].push_back(i);
+  std::vector<int64_t> rank(static_cast<size_t>(n)), local(static_cast<size_t>(n));
+  std::vector<at::Tensor> level_nodes, level_parents;
+  for (size_t d = 0, at_rank = 0; d < levels.size(); ++d) {
+    std::vector<int64_t> parent_rows;
+    for (size_t j = 0; j < levels[d].size(); ++j) {
+      const int64_t node = levels[d][j];
+      rank[static_cast<size_t>(node)] = static_cast<int64_t>(at_rank++);
+      local[static_cast<size_t>(node)] = static_cast<int64_t>(j);
+      if (d > 0) parent_rows.push_back(local[static_cast<size_t>(parents[static_cast<size_t>(node)])]);
+    }
+    level_nodes.push_back(decode_support::upload(levels[d], device));
+    level_parents.push_back(d > 0 ? decode_support::upload(parent_rows, device) : at::Tensor());
+  }
+  const at::Tensor node_order = decode_support::upload(rank, device);  // level order → node order
+
+  // The full-attention layers: positions by depth, keys at rows length + i,
+  // each node seeing the cache, its ancestors and itself.
+  const int64_t keys = s.length + n;
+  at::Tensor rotary, slots;
+  c10::optional<at::Tensor> mask;
+  if (has_full_attention(c)) {
+    std::vector<int64_t> positions, rows;
+    for (int64_t i = 0; i < n; ++i) {
+      positions.push_back(s.length + depths[static_cast<size_t>(i)] - 1);
+      rows.push_back(s.row * kv_.row_capacity() + s.length + i);
+    }
+    rotary = rotary_cos_sin(decode_support::upload(positions, device));
+    slots = decode_support::upload(rows, device);
+    at::Tensor visible = at::zeros({n, keys}, at::kBool);
+    visible.narrow(1, 0, s.length).fill_(true);
+    bool* v = visible.data_ptr<bool>();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) v[i * keys + s.length + a] = true;
+    mask = at::zeros({1, 1, n, keys}, embed_.options())
+               .masked_fill_(decode_support::on_device(visible, device).logical_not().view({1, 1, n, keys}),
+                             -std::numeric_limits<float>::infinity());
+  }
+
+  const int64_t current = linear_states_.buffer(st.slot, true), taps = c.conv_kernel - 1;
+  auto record = std::make_shared<TreeRecord>();
+  HybridOutputs out;
+  at::Tensor x = embed_.index_select(0, tokens);  // [n, H]
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const HybridLayerWeights& w = layers_[static_cast<size_t>(i)];
+    const at::Tensor normed = norm_1p(x, w.input_norm, c.rms_norm_eps);
+    at::Tensor mixed;
+    if (w.mixer == Mixer::kLinearAttention) {
+      const size_t l = static_cast<size_t>(linear_index_[static_cast<size_t>(i)]);
+      const at::Tensor window0 = linear_states_.windows(l)[current], state0 = linear_states_.states(l)[current];
+      at::Tensor windows, states;  // the level above's, per node of it
+      std::vector<at::Tensor> outs, convs, qs, ks, vs, gs, betas;
+      for (size_t d = 0; d < levels.size(); ++d) {
+        const int64_t m = static_cast<int64_t>(levels[d].size());
+        const at::Tensor window = d == 0 ? window0.unsqueeze(0).expand({m, taps, window0.size(-1)}).contiguous()
+                                         : windows.index_select(0, level_parents[d]);
+        const at::Tensor initial = d == 0 ? state0.unsqueeze(0).expand({m, state0.size(0), state0.size(1), state0.size(2)}).contiguous()
+                                          : states.index_select(0, level_parents[d]);
+        const LinearResult r = linear_attention(c, w.linear, normed.index_select(0, level_nodes[d]).view({m, 1, h}), {}, window,
+                                                initial, /*recurrent=*/true, /*keep_inputs=*/true);
+        windows = r.inputs.narrow(1, 1, taps);
+        states = r.delta.state;
+        outs.push_back(r.out.view({m, h}));
+        convs.push_back(r.inputs.select(1, taps));
+        qs.push_back(r.rule.q);
+        ks.push_back(r.rule.k);
+        vs.push_back(r.rule.v);
+        gs.push_back(r.rule.g);
+        betas.push_back(r.rule.beta);
+      }
+      auto in_node_order = [&](const std::vector<at::Tensor>& parts) { return at::cat(parts).index_select(0, node_order); };
+      mixed = in_node_order(outs);
+      record->conv_inputs.push_back(in_node_order(convs));
+      record->rule.push_back({in_node_order(qs), in_node_order(ks), in_node_order(vs), in_node_order(gs), in_node_order(betas)});
+    } else {
+      const int64_t f = full_index_[static_cast<size_t>(i)], kv = c.num_kv_heads, hd = c.head_dim;
+      const Projected p = project_full(c, w.full, normed, rotary.select(1, 0), rotary.select(1, 1));
+      at::Tensor& key_pool = kv_.keys(f);
+      at::Tensor& value_pool = kv_.values(f);
+      key_pool.view({-1, kv, hd}).index_copy_(0, slots, p.k);
+      value_pool.view({-1, kv, hd}).index_copy_(0, slots, p.v);
+      auto cached = [&](const at::Tensor& pool) { return pool.narrow(1, 0, keys).narrow(0, s.row, 1).transpose(1, 2); };
+      const at::Tensor attention =
+          attend(p.q.view({1, n, c.num_heads, hd}).transpose(1, 2), cached(key_pool), cached(value_pool), mask, false)
+              .transpose(1, 2)
+              .reshape({n, c.num_heads * hd});
+      mixed = finish_full(w.full, attention, p.gate);
+    }
+    x = x + mixed;
+    x = x + mlp(w, norm_1p(x, w.post_attention_norm, c.rms_norm_eps));
+    if (wanted.count(i)) out.layers[i] = x.view({1, n, h});
+  }
+  if (want_logits) out.logits = at::linear(norm_1p(x, final_norm_, c.rms_norm_eps), lm_head_).view({1, n, c.vocab_size});
+  // Only now, with nothing left to throw: the tree is the session's until accept_path.
+  st.tree = record;
+  s.length += n;
+  return out;
+}
+
+void HybridModel::accept_path(int64_t id, int64_t tree_start, const std::vector<int64_t>& path) {
+  const c10::NoGradGuard no_grad;
+  const HybridConfig& c = config_;
+  const auto device = embed_.device();
+  hf::DecodeSessions::Session& s = kv_.at(id);
+  SessionStates& st = states_.at(id);
+  if (!st.tree) throw std::invalid_argument("decode_accept_path: session " + std::to_string(id) + " has no verified draft tree");
+  const int64_t m = static_cast<int64_t>(path.size());
+  // The full-attention layers: the path's rows next to each other (gathered first: they may overlap).
+  bool in_place = true;
+  for (int64_t j = 0; j < m; ++j) in_place &= path[static_cast<size_t>(j)] == j;
+  if (has_full_attention(c) && !in_place) {
+    const int64_t capacity = kv_.row_capacity(), base = s.row * capacity + tree_start;
+    std::vector<int64_t> from, to;
+    for (int64_t j = 0; j < m; ++j) {
+      from.push_back(base + path[static_cast<size_t>(j)]);
+      to.push_back(base + j);
+    }
+    const at::Tensor source = decode_support::upload(from, device), target = decode_support::upload(to, device);
+    for (int64_t f = 0; f < c.count(Mixer::kFullAttention); ++f)
+      for (at::Tensor* pool : {&kv_.keys(f), &kv_.values(f)}) {
+        const at::Tensor flat = pool->view({-1, c.num_kv_heads, c.head_dim});
+        flat.index_copy_(0, target, flat.index_select(0, source));
+      }
+  }
+  // The linear layers: the rule replayed along the path from the state
+  // before the tree, into the other buffer, which then becomes current; the
+  // path is the session's last step (truncate may cut back into it).
+  const int64_t linear_layers = c.count(Mixer::kLinearAttention), taps = c.conv_kernel - 1;
+  if (linear_layers > 0 && m > 0) {
+    const at::Tensor picked = decode_support::upload(path, device);
+    const int64_t now = linear_states_.buffer(st.slot, true), next = linear_states_.buffer(st.slot, false);
+    auto step = std::make_shared<StepRecord>();
+    for (size_t l = 0; l < static_cast<size_t>(linear_layers); ++l) {
+      const RuleInputs& in = st.tree->rule[l];
+      auto along = [&](const at::Tensor& t) { return t.index_select(0, picked).transpose(0, 1); };  // [m, 1, ...] → [1, m, ...]
+      const RuleInputs kept{along(in.q), along(in.k), along(in.v), along(in.g), along(in.beta)};
+      const at::Tensor state = gdn::recurrent_delta_rule(kept.q, kept.k, kept.v, kept.g, kept.beta,
+                                                         linear_states_.states(l).narrow(0, now, 1))
+                                   .state;
+      linear_states_.states(l).narrow(0, next, 1).copy_(state);
+      const at::Tensor inputs =
+          at::cat({linear_states_.windows(l).narrow(0, now, 1), st.tree->conv_inputs[l].index_select(0, picked).unsqueeze(0)}, 1);
+      linear_states_.windows(l)[next].copy_(inputs[0].narrow(0, m, taps));
+      step->inputs.push_back(inputs);
+      step->rule.push_back(kept);
+    }
+    linear_states_.flip(st.slot);
+    st.step = step;
+    st.step_row = 0;
+  }
+  st.step_start = tree_start;
+  st.step_tokens = m;
+  st.step_replayable = true;
+  st.tree.reset();
+  s.length = tree_start + m;
 }
 
 }  // namespace dflash::target

@@ -102,6 +102,20 @@ class HybridModel {
   void truncate(int64_t session, int64_t length);
   int64_t length(int64_t session);
 
+  // A draft tree (ABI 1.4), as hf_decoder's (decoder.h): node i below node
+  // parents[i] (−1: the last cached token), at position length + depth − 1,
+  // attending to the cache, its ancestors and itself. The full-attention
+  // layers keep the nodes' keys and values at cache rows [length, length + n)
+  // (the session's length covers them until accept_path); the linear layers
+  // run depth by depth, each node from its parent's window and state, and
+  // keep only the nodes' inputs: accept_path replays the rule along the kept
+  // path from the state before the tree (the same operations in the same
+  // order, as truncate replays a step), then makes that path the session's
+  // last step. The caller checks that `path` is a chain of the tree.
+  HybridOutputs verify_tree(int64_t session, const at::Tensor& tokens, const std::vector<int64_t>& parents,
+                            const std::vector<int64_t>& layer_ids, bool want_logits);
+  void accept_path(int64_t session, int64_t tree_start, const std::vector<int64_t>& path);
+
  private:
   struct SessionStates;
   at::Tensor rotary_cos_sin(const at::Tensor& positions) const;  // [N] → [N, 2, rotary_dim] in dtype

@@ -28,14 +28,20 @@ static const dflash_loss_vtable loss_table = {
     NULL, /* estimate_memory (optional) */
 };
 
-#if defined(DEFECT_PARTIAL_DECODE) || defined(DEFECT_BATCH_WITHOUT_DECODE)
+#if defined(DEFECT_PARTIAL_DECODE) || defined(DEFECT_BATCH_WITHOUT_DECODE) || defined(DEFECT_HALF_TREE) || \
+    defined(DEFECT_TREE_WITHOUT_DECODE)
 #define BROKEN_TARGET 1
+#endif
+#ifdef DEFECT_TOPK_WITHOUT_DRAFT
+#define BROKEN_DRAFTER 1
 #endif
 
 #ifdef BROKEN_TARGET
 /* DEFECT_PARTIAL_DECODE: a target model that fills only one slot of the
  * optional decoding group. DEFECT_BATCH_WITHOUT_DECODE: one that sets ABI
- * 1.3's decode_extend_batch but not the group whose sessions it steps. */
+ * 1.3's decode_extend_batch but not the group whose sessions it steps.
+ * DEFECT_HALF_TREE: ABI 1.4's decode_verify_tree without decode_accept_path.
+ * DEFECT_TREE_WITHOUT_DECODE: both tree slots, no decoding group. */
 static dflash_error* t_describe(dflash_instance* self, const char** out_json) {
   (void)self;
   *out_json = "{}";
@@ -49,26 +55,68 @@ static dflash_error* t_frozen(dflash_instance* self, dflash_tensor_map* out) {
   (void)self, (void)out;
   return NULL;
 }
-#ifdef DEFECT_PARTIAL_DECODE
+#if defined(DEFECT_PARTIAL_DECODE)
 static dflash_error* t_decode_begin(dflash_instance* self, int64_t max_length, int64_t* out_session) {
   (void)self, (void)max_length;
   *out_session = 1;
   return NULL;
 }
-#else
+#elif defined(DEFECT_BATCH_WITHOUT_DECODE)
 static dflash_error* t_decode_extend_batch(dflash_instance* self, const dflash_target_batch_decode_request* r,
                                            dflash_tensor_map* out) {
   (void)self, (void)r, (void)out;
   return NULL;
 }
+#else
+static dflash_error* t_verify_tree(dflash_instance* self, int64_t session, const dflash_target_tree_request* r,
+                                   dflash_tensor_map* out) {
+  (void)self, (void)session, (void)r, (void)out;
+  return NULL;
+}
+#ifdef DEFECT_TREE_WITHOUT_DECODE
+static dflash_error* t_accept_path(dflash_instance* self, int64_t session, const int64_t* path, size_t count) {
+  (void)self, (void)session, (void)path, (void)count;
+  return NULL;
+}
+#endif
 #endif
 static const dflash_target_vtable target_table = {
     sizeof(dflash_target_vtable), t_describe, t_forward, t_frozen,
-#ifdef DEFECT_PARTIAL_DECODE
-    t_decode_begin, NULL, NULL, NULL, NULL /* plan_memory (optional) */, NULL,
+#if defined(DEFECT_PARTIAL_DECODE)
+    t_decode_begin, NULL, NULL, NULL, NULL /* plan_memory (optional) */, NULL, NULL, NULL,
+#elif defined(DEFECT_BATCH_WITHOUT_DECODE)
+    NULL, NULL, NULL, NULL, NULL /* plan_memory (optional) */, t_decode_extend_batch, NULL, NULL,
+#elif defined(DEFECT_HALF_TREE)
+    NULL, NULL, NULL, NULL, NULL /* plan_memory (optional) */, NULL, t_verify_tree, NULL,
 #else
-    NULL, NULL, NULL, NULL, NULL /* plan_memory (optional) */, t_decode_extend_batch,
+    NULL, NULL, NULL, NULL, NULL /* plan_memory (optional) */, NULL, t_verify_tree, t_accept_path,
 #endif
+};
+#endif
+
+#ifdef BROKEN_DRAFTER
+/* DEFECT_TOPK_WITHOUT_DRAFT: a drafter that sets ABI 1.4's
+ * draft_propose_topk but not the drafting group whose sessions it reads. */
+static dflash_error* d_parameters(dflash_instance* self, dflash_tensor_map* out) {
+  (void)self, (void)out;
+  return NULL;
+}
+static dflash_error* d_bind_target(dflash_instance* self, const char* json, const dflash_tensor_map* frozen) {
+  (void)self, (void)json, (void)frozen;
+  return NULL;
+}
+static dflash_error* d_forward(dflash_instance* self, const dflash_tensor_map* inputs, dflash_tensor_map* out) {
+  (void)self, (void)inputs, (void)out;
+  return NULL;
+}
+static dflash_error* d_propose_topk(dflash_instance* self, int64_t session, const dflash_tensor_map* inputs, int64_t count,
+                                    int64_t k, dflash_tensor_map* out) {
+  (void)self, (void)session, (void)inputs, (void)count, (void)k, (void)out;
+  return NULL;
+}
+static const dflash_drafter_vtable drafter_table = {
+    sizeof(dflash_drafter_vtable), d_parameters, d_bind_target, d_forward, NULL, NULL,
+    NULL, NULL, NULL, NULL, NULL /* plan_memory (optional) */, d_propose_topk,
 };
 #endif
 
@@ -113,6 +161,8 @@ static const dflash_plugin_descriptor descriptor = {
     42,
 #elif defined(BROKEN_TARGET)
     DFLASH_KIND_TARGET_MODEL,
+#elif defined(BROKEN_DRAFTER)
+    DFLASH_KIND_DRAFTER,
 #else
     DFLASH_KIND_LOSS,
 #endif
@@ -126,8 +176,10 @@ static const dflash_plugin_descriptor descriptor = {
 #endif
     create,
     destroy,
-#ifdef BROKEN_TARGET
+#if defined(BROKEN_TARGET)
     &target_table,
+#elif defined(BROKEN_DRAFTER)
+    &drafter_table,
 #else
     &loss_table,
 #endif
