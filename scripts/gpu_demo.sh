@@ -9,7 +9,8 @@
 #      speed-up over target-only decoding, beside prompt lookup; then the
 #      DFlash eval again with the target's exact decoding off (4c,
 #      DFLASH_DEMO_USUAL_KERNELS=0 skips it), and in fp32 on request
-#      (DFLASH_DEMO_FP32_CHECK=1).
+#      (DFLASH_DEMO_FP32_CHECK=1); then DDTree verification at node budgets
+#      16, 32, 64, 128 (4d, DFLASH_DEMO_TREE_NODES; "" skips it).
 # Everything is made inside the run (nothing survives between device calls).
 #
 #   scripts/gpu_demo.sh            # on the GPU machine; carry .deps/debs and .corpus
@@ -19,8 +20,8 @@
 # Needs: .corpus/corpus.jsonl.gz (scripts/gpu_demo/make_corpus.py, run on the
 # CPU machine) and the device build (scripts/device_build.sh, run first unless
 # DFLASH_DEMO_SKIP_BUILD=1). Results: $OUT (or the work folder) gets demo.log,
-# summary.md, results.json (the figures), metrics.jsonl, curves.png and the two
-# eval reports.
+# summary.md, results.json (the figures), metrics.jsonl, curves.png, trees.png
+# (τ and speed-up against the node budget) and the eval reports.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build="${DFLASH_DEVICE_BUILD_DIR:-$root/build-gpu}"
@@ -55,6 +56,9 @@ profile_prompts="${DFLASH_DEMO_PROFILE_PROMPTS:-8}"
 profile_arms="${DFLASH_DEMO_PROFILE_ARMS:-graphs,exact}"
 peer_prompts="${DFLASH_DEMO_PEER_PROMPTS:-512}"  # generate beside transformers on the same prompts
 fp32_prompts="${DFLASH_DEMO_FP32_PROMPTS:-8}"  # the fp32 check (DFLASH_DEMO_FP32_CHECK=1: on)
+# 4d: DDTree verification (docs/eval.md, "Draft trees") with the same drafter and
+# prompts at each node budget, beside the chain of stage 4 ("" skips it).
+tree_nodes="${DFLASH_DEMO_TREE_NODES-16 32 64 128}"
 # DFLASH_DEMO_PROFILE=true: the drafter's training logs phase_seconds per step (train.profile_phases).
 # A warm device machine keeps the last call's files: a run left in $work/run
 # would be resumed (and, at train.steps already, not trained at all), so what
@@ -155,6 +159,15 @@ fi
 [ "$target_family" = "qwen3" ] && "$build/bin/decode_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$work/target" \
   --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" --max-prompts "$profile_prompts" \
   --max-new-tokens "$eval_new_tokens" --arms "$profile_arms" --json "$out/decode_profile.json" >/dev/null 2>>"$log" || true
+
+if [ -n "$tree_nodes" ]; then
+  stage trees "4d. draft trees: DFlash on the same eval prompts, one tree a step, node budgets $tree_nodes"
+  for nodes in $tree_nodes; do
+    "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter-checkpoint "$work/run" \
+      --verify tree --tree-nodes "$nodes" --prompts "$work/eval_prompts.jsonl" --max-new-tokens "$eval_new_tokens" \
+      --report "$out/eval_tree_$nodes.json" 2>&1 | tee -a "$log" || note "the tree eval at $nodes nodes failed (see above)"
+  done
+fi
 
 if [ "${DFLASH_DEMO_UNSEEN:-0}" = "1" ]; then
   "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter-checkpoint "$work/run" \

@@ -1,4 +1,5 @@
 #include "memory/memory_plan.h"
+#include "memory/memory_stats.h"
 
 #include "train/run.h"
 
@@ -158,6 +159,16 @@ DevicePlan compute_plan(const PlanInputs& in) {
     add_items(in.target, in.target_label);
     plan.facts["target"] = in.target.facts;
   }
+  // cuBLAS's workspace for each stream that runs GEMMs, kept from first use:
+  // the training stream's, and those of the streams the target's forward
+  // runs on besides it (its fact forward_streams).
+  if (in.gemm_workspace_bytes > 0) {
+    add("cuBLAS workspace of the training stream", "host", in.gemm_workspace_bytes, kEveryPhase);
+    const int64_t target_streams = holds_target ? fact(in.target.facts, "forward_streams", 0) : 0;
+    if (target_streams > 0)
+      add("cuBLAS workspaces of the target forward's " + std::to_string(target_streams) + " streams", in.target_label,
+          Bytes(target_streams) * in.gemm_workspace_bytes, kEveryPhase);
+  }
   // The frozen verifier weights on the drafter's device: the host's copies
   // alias the target's own where device and dtype agree (one device here).
   // A drafter rank received its own copy from target rank 0.
@@ -301,6 +312,7 @@ DevicePlan plan_for(const host::PluginRegistry& registry, const nlohmann::json& 
   in.world_size = world_size;
   in.role = role;
   in.queue_depth = train.queue_depth;
+  in.gemm_workspace_bytes = memory::gemm_workspace_bytes(c10::Device(options.device));
   const auto& data = record(DFLASH_KIND_DATA_SOURCE);
   const auto& target = record(DFLASH_KIND_TARGET_MODEL);
   const auto& drafter = record(DFLASH_KIND_DRAFTER);

@@ -8,7 +8,9 @@
 #include <fstream>
 
 #if DFLASH_HOST_CUDA
+#include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 namespace dflash::memory {
@@ -49,6 +51,21 @@ void reset_peak(const c10::Device& device) {
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : 0);
 #endif
   if (!device.is_cuda()) reset_cpu_tensor_peak();
+}
+
+int64_t gemm_workspace_bytes(const c10::Device& device) {
+#if DFLASH_HOST_CUDA
+  if (device.is_cuda() && c10::cuda::device_count() > 0) {
+    // LibTorch sizes it by the current device's properties.
+    const c10::DeviceIndex previous = c10::cuda::current_device();
+    c10::cuda::set_device(device.has_index() ? device.index() : 0);
+    const auto bytes = static_cast<int64_t>(at::cuda::getChosenWorkspaceSize());
+    c10::cuda::set_device(previous);
+    return bytes;
+  }
+#endif
+  (void)device;
+  return 0;
 }
 
 }  // namespace dflash::memory

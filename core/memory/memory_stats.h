@@ -21,4 +21,10 @@ struct MemoryFigures {
 MemoryFigures memory_now(const c10::Device& device);
 void reset_peak(const c10::Device& device);
 
+// The cuBLAS workspace LibTorch gives every CUDA stream that runs a GEMM
+// (allocated through the caching allocator on first use, kept for the
+// process: CUBLAS_WORKSPACE_CONFIG, or LibTorch's default for the device —
+// 32 MiB on Hopper with LibTorch 2.11). 0 for the CPU or a build without CUDA.
+int64_t gemm_workspace_bytes(const c10::Device& device);
+
 }  // namespace dflash::memory

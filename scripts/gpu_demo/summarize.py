@@ -8,6 +8,7 @@ and writes OUT/summary.md (the tables docs/quality.md quotes), OUT/results.json
 import argparse
 import json
 import os
+import re
 
 
 def load(path):
@@ -54,7 +55,8 @@ def eval_summary(report):
 def eval_row(name, report):
     if not report:
         return f"| {name} | (no report) | | | | |"
-    accept = " ".join(f"{a:.2f}" for a in report.get("acceptance_by_position", [])[:15])
+    # A position never offered (a tree that never reached its depth) is null.
+    accept = " ".join("—" if a is None else f"{a:.2f}" for a in report.get("acceptance_by_position", [])[:15])
     return (f"| {name} | {report['tau_mean']:.3f} | {accept} | {report['speculative_tokens_per_s']:.0f} "
             f"({report.get('greedy_tokens_per_s', 0):.0f}) | {report.get('speedup', 0):.2f}x | "
             f"{lossless_cell(report)} |")
@@ -85,6 +87,42 @@ def plot(metrics, path):
     axes[2].set_title("acceptance length")
     axes[2].set_xlabel("step")
     axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def tree_sweep(out_dir):
+    """The tree evals of stage 4d, by node budget: {nodes: report}."""
+    sweep = {}
+    for name in os.listdir(out_dir):
+        m = re.fullmatch(r"eval_tree_(\d+)\.json", name)
+        if m:
+            report = load(os.path.join(out_dir, name))
+            if report:
+                sweep[int(m.group(1))] = report
+    return dict(sorted(sweep.items()))
+
+
+def plot_trees(chain, sweep, path):
+    """τ and speed-up against the node budget, the chain's as a line across."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    budgets = list(sweep)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, title in ((axes[0], "tau_mean", "acceptance length τ"), (axes[1], "speedup", "speed-up at batch 1")):
+        ax.plot(budgets, [sweep[b].get(key, 0) for b in budgets], "o-", label="tree (DDTree)")
+        if chain and key in chain:
+            ax.axhline(chain[key], color="gray", linestyle="--", label="chain")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        ax.set_xlabel("node budget")
+        ax.set_title(title)
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return True
@@ -199,7 +237,22 @@ def main():
         lines.append(eval_row("DFlash, fp32: the lossless check", fp32))
     if usual:
         lines.append(eval_row("DFlash, the target's exact_decoding off (target alone: the same kernels)", usual))
+    sweep = tree_sweep(args.out)
+    for nodes, report in sweep.items():
+        lines.append(eval_row(f"DFlash, draft tree of {nodes} nodes (same drafter, same prompts)", report))
     lines.append("")
+    if sweep:
+        results["eval_tree"] = {str(n): eval_summary(r) for n, r in sweep.items()}
+        if dflash and dflash.get("tau_mean") and dflash.get("speedup"):
+            for nodes, r in sweep.items():
+                results["eval_tree"][str(nodes)]["tau_ratio_to_chain"] = r["tau_mean"] / dflash["tau_mean"]
+                results["eval_tree"][str(nodes)]["speedup_ratio_to_chain"] = r.get("speedup", 0) / dflash["speedup"]
+            best = max(sweep, key=lambda n: sweep[n].get("speedup", 0))
+            lines.append(f"draft trees against the chain: " + ", ".join(
+                f"{n} nodes tau {sweep[n]['tau_mean'] / dflash['tau_mean']:.2f}x, speed-up "
+                f"{sweep[n].get('speedup', 0) / dflash['speedup']:.2f}x" for n in sweep) + f" (best budget: {best})")
+        if plot_trees(dflash, sweep, os.path.join(args.out, "trees.png")):
+            lines.append("tree curves: trees.png")
     if "tau_ratio_to_prompt_lookup" in results:
         lines.append(f"tau ratio DFlash / prompt lookup: {results['tau_ratio_to_prompt_lookup']:.2f}")
     loops = repeated_ngram_share(lookup or dflash)

@@ -254,6 +254,37 @@ TEST(MemoryPlan, PhasesAccumulationPrecisionAndFrozenCopies) {
   EXPECT_CONTAINS(plan.missing.front(), "drafter my_drafter does not estimate its memory");
 }
 
+// cuBLAS keeps a workspace for every CUDA stream that runs a GEMM: the plan
+// counts the training stream's and one per stream the target's forward runs
+// on (its fact forward_streams), resident; a drafter rank has only its own;
+// none off CUDA (the host passes 0 there).
+TEST(MemoryPlan, CountsACublasWorkspacePerGemmStream) {
+  memory::PlanInputs in = synthetic_inputs();
+  const memory::DevicePlan without = memory::compute_plan(in);
+  in.gemm_workspace_bytes = int64_t{32} << 20;
+  in.target.facts["forward_streams"] = 2;
+  memory::DevicePlan plan = memory::compute_plan(in);
+  EXPECT_EQ(plan.bytes_of("cuBLAS workspace of the training stream"), int64_t{32} << 20);
+  EXPECT_EQ(plan.bytes_of("cuBLAS workspaces of the target forward's 2 streams"), int64_t{64} << 20);
+  for (int phase = 0; phase < 4; ++phase) EXPECT_EQ(plan.phase_bytes[phase], without.phase_bytes[phase] + (int64_t{96} << 20));
+
+  in.role = memory::PlanRole::kDrafterRank;
+  const memory::DevicePlan drafter_without = [&] {
+    memory::PlanInputs none = in;
+    none.gemm_workspace_bytes = 0;
+    return memory::compute_plan(none);
+  }();
+  plan = memory::compute_plan(in);
+  EXPECT_EQ(plan.bytes_of("cuBLAS workspaces"), 0);
+  EXPECT_EQ(plan.peak_bytes, drafter_without.peak_bytes + (int64_t{32} << 20));
+
+  in = synthetic_inputs();
+  in.target.facts["forward_streams"] = 2;  // the CPU: no workspace, no line
+  plan = memory::compute_plan(in);
+  EXPECT_EQ(plan.bytes_of("cuBLAS"), 0);
+  EXPECT_EQ(plan.peak_bytes, without.peak_bytes);
+}
+
 // One rank of a data-parallel run: its share of the global batch decides
 // whether gradients stay alive across phases; under shard_optimizer its
 // AdamW states and masters are about 1/N (at most 1/N + the largest tensor);

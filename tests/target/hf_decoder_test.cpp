@@ -3,6 +3,7 @@
 // independently in this file: per-head attention with explicit scores, rotary
 // embeddings on (i, i + d/2) pairs, documents separated by an explicit mask.
 // Parity with Hugging Face transformers itself: tests/target/hf_parity_test.cpp.
+#include "memory/memory_stats.h"
 #include "plugin/instances.h"
 #include "plugin/registry.h"
 #include "support/expect.h"
@@ -416,6 +417,45 @@ TEST_F(HfDecoder, CudaKernelsMatchTheNaiveModelAsCloselyAsTheReferencePath) {
   }
 }
 
+// The GPU forward runs its row groups on CUDA streams it keeps, so cuBLAS's
+// per-stream workspace is allocated once: repeated forwards (a training run's
+// target, step after step) end with exactly the memory the first left, and
+// the plan names the streams (fact forward_streams) for the host to count
+// their workspaces. Fresh pool streams every forward grew the allocated
+// memory by a workspace per stream and step (issue 40, item 8).
+TEST_F(HfDecoder, RepeatedGpuForwardsAllocateNoNewStreamWorkspaces) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  TinySpec t;
+  t.hidden = 64;
+  t.inter = 96;
+  t.head_dim = 16;
+  const fs::path model = write_model(dir_ / "streams", t, make_weights(t));
+  const nlohmann::json section = {{"path", model.string()}, {"dtype", "bfloat16"}, {"feature_layers", 3},
+                                  {"kernels", "auto"},      {"streams", 3},        {"attention", "auto"},
+                                  {"decode_graphs", "auto"}, {"exact_decoding", "auto"}};
+  const PluginMemoryPlan plan = plan_memory(registry_->find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"), section,
+                                            InstanceOptions{"cuda:0", "bfloat16", 0}, {{"rows", 4}, {"row_length", 40}});
+  ASSERT_TRUE(plan.available);
+  EXPECT_EQ(plan.facts.at("forward_streams").get<int64_t>(), 3);  // min(streams, rows)
+  const PluginMemoryPlan one_row = plan_memory(registry_->find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"), section,
+                                               InstanceOptions{"cuda:0", "bfloat16", 0}, {{"rows", 1}, {"row_length", 40}});
+  EXPECT_EQ(one_row.facts.at("forward_streams").get<int64_t>(), 0);  // one group runs on the caller's stream
+
+  TargetModelInstance target(registry_->find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"), section,
+                             InstanceOptions{"cuda:0", "bfloat16", 0});
+  ASSERT_TRUE(target.describe().at("cuda_kernels").get<bool>());
+  const auto ids = torch::randint(0, t.vocab, {4, 40}, torch::kLong);
+  const auto positions = torch::arange(40).repeat({4, 1});
+  auto forward_and_measure = [&] {
+    { const NamedTensors out = target.forward({{"input_ids", ids}, {"position_ids", positions}}, {0, 1}, true, false); }
+    torch::cuda::synchronize();
+    return dflash::memory::memory_now(c10::Device("cuda:0")).current_bytes;
+  };
+  const int64_t after_first = forward_and_measure();
+  // More forwards than LibTorch's pool has streams per device (32) / groups.
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(forward_and_measure(), after_first) << "forward " << i + 2;
+}
+
 // The frozen tensors for a drafter device: a detached copy in the drafter's
 // dtype (tied weights copied once), or the target's own tensor when it
 // already sits there in that dtype.
@@ -567,6 +607,67 @@ TEST_F(HfDecoder, ExactDecodingGivesABlockTheNumbersItsTokensGetAlone) {
     EXPECT_EQ(stats.at("failed").get<int64_t>(), 0) << stats.dump();
     EXPECT_GE(stats.at("replayed").get<int64_t>(), 20) << stats.dump();
   }
+}
+
+// Exact decoding verifies a draft tree losslessly: every node gets bitwise
+// the logits and hidden states its token gets when the node's path from the
+// root is decoded one token at a time (a tree of 40 nodes: more than one
+// 16-row tile of the linear kernel, branches at several depths), and an
+// accepted path continues exactly as the chain would.
+TEST_F(HfDecoder, ExactDecodingGivesATreeNodeTheNumbersItsPathGetsAlone) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  TinySpec t;
+  t.hidden = 64;
+  t.inter = 96;
+  t.head_dim = 16;
+  const fs::path model = write_model(dir_ / "exact_tree", t, make_weights(t));
+  TargetModelInstance target(registry_->find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"),
+                             nlohmann::json{{"path", model.string()}, {"dtype", "bfloat16"}, {"feature_layers", 2},
+                                            {"kernels", "auto"}, {"exact_decoding", "on"}},
+                             InstanceOptions{"cuda:0", "bfloat16", 0});
+  if (!target.describe().at("flash_decoding").get<bool>()) GTEST_SKIP() << "no flash decoding in this build";
+  ASSERT_TRUE(target.can_verify_tree());
+  torch::manual_seed(23);
+  const auto prompt = torch::randint(0, t.vocab, {29}, torch::kLong);
+  // 40 nodes: node i's parent is drawn from the nodes before it (the root's is -1).
+  const int64_t n = 40;
+  std::vector<int64_t> parents = {-1};
+  for (int64_t i = 1; i < n; ++i) parents.push_back(torch::randint(0, i, {1}, torch::kLong).item<int64_t>());
+  const auto tokens = torch::randint(0, t.vocab, {n}, torch::kLong);
+  const std::vector<int64_t> layers = {1, 3};
+  const int64_t session = target.decode_begin(128);
+  target.decode_extend(session, prompt, {}, false);
+  const NamedTensors tree = target.decode_verify_tree(session, tokens, parents, layers, true);
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<int64_t> path;
+    for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) path.insert(path.begin(), a);
+    const int64_t alone = target.decode_begin(128);
+    target.decode_extend(alone, prompt, {}, false);
+    NamedTensors last;
+    for (int64_t node : path) last = target.decode_extend(alone, tokens.narrow(0, node, 1), layers, true);
+    target.decode_end(alone);
+    EXPECT_TRUE(torch::equal(get(tree, "logits").reshape({n, -1})[i], get(last, "logits").reshape({-1}))) << "node " << i;
+    EXPECT_TRUE(torch::equal(get(tree, "hidden.3").reshape({n, -1})[i], get(last, "hidden.3").reshape({-1}))) << "node " << i;
+  }
+  // Accept the deepest node's path; the next token continues as the chain's.
+  int64_t deepest = 0, depth_of_deepest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t d = 0;
+    for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) ++d;
+    if (d > depth_of_deepest) deepest = i, depth_of_deepest = d;
+  }
+  std::vector<int64_t> path;
+  for (int64_t a = deepest; a >= 0; a = parents[static_cast<size_t>(a)]) path.insert(path.begin(), a);
+  target.decode_accept_path(session, path);
+  const auto next = torch::randint(0, t.vocab, {1}, torch::kLong);
+  const auto after_tree = target.decode_extend(session, next, {}, true);
+  const int64_t chain = target.decode_begin(128);
+  target.decode_extend(chain, prompt, {}, false);
+  for (int64_t node : path) target.decode_extend(chain, tokens.narrow(0, node, 1), {}, false);
+  const auto after_chain = target.decode_extend(chain, next, {}, true);
+  EXPECT_TRUE(torch::equal(get(after_tree, "logits"), get(after_chain, "logits")));
+  target.decode_end(chain);
+  target.decode_end(session);
 }
 
 TEST_F(HfDecoder, BadRequestsFailClearly) {

@@ -276,9 +276,16 @@ __device__ __forceinline__ void mma_16x8x16<__half>(float (&d)[4], const uint32_
 template <class T>
 __global__ void __launch_bounds__(kLinearWarps * 32)
     invariant_linear_kernel(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                            const T* residual, T* out, int rows, int64_t out_features, int64_t in_features) {
+                            const T* residual, T* out, int all_rows, int64_t out_features, int64_t in_features) {
   using P = Pack<T, 8>;
   __shared__ float partial[kLinearWarps][32][4];
+  // Rows past the first 16 (a draft tree's nodes): tile blockIdx.y of 16
+  // rows, by the same instructions as a call with only those rows.
+  const int64_t first_row = static_cast<int64_t>(blockIdx.y) * 16;
+  x += first_row * in_features;
+  out += first_row * out_features;
+  if (residual != nullptr) residual += first_row * out_features;
+  const int rows = min(16, all_rows - static_cast<int>(first_row));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad = lane % 4;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 8;
@@ -335,8 +342,11 @@ constexpr int kAttentionThreads = 256;
 template <class T>
 __global__ void invariant_decode_attention_kernel(const T* __restrict__ q, const T* __restrict__ keys,
                                                   const T* __restrict__ values, const int32_t* __restrict__ cu_k,
-                                                  const int32_t* __restrict__ seqused_k, T* __restrict__ out, int n,
-                                                  int heads, int kv_heads, int head_dim, float scale) {
+                                                  const int32_t* __restrict__ seqused_k,
+                                                  const int32_t* __restrict__ tree_rows,
+                                                  const int32_t* __restrict__ tree_lengths, int tree_stride,
+                                                  T* __restrict__ out, int n, int heads, int kv_heads, int head_dim,
+                                                  float scale) {
   using P = Pack<T, 8>;
   extern __shared__ float shared[];
   const int chunks = head_dim / 8, slices = kAttentionThreads / chunks;
@@ -345,7 +355,14 @@ __global__ void invariant_decode_attention_kernel(const T* __restrict__ q, const
   float* scores = partial + slices * head_dim;   // [key count]
   const int token = blockIdx.x, head = blockIdx.y, tid = threadIdx.x;
   const int session = token / n;
-  const int key_count = seqused_k[session] - n + token % n + 1;
+  // A chain's query t sees the session's first prefix + t + 1 rows. A draft
+  // tree's node sees the prefix and then its path from the root, itself
+  // last (tree_rows: their rows in the session): the same keys, in the same
+  // order, as the token decoded alone after that path, so the same sums.
+  const int prefix = seqused_k[session] - n;
+  const int key_count = prefix + (tree_rows != nullptr ? tree_lengths[token] : token % n + 1);
+  const int32_t* path = tree_rows != nullptr ? tree_rows + static_cast<int64_t>(token) * tree_stride - prefix : nullptr;
+  auto row_of = [&](int key) -> int64_t { return path != nullptr && key >= prefix ? path[key] : key; };
   const int64_t stride = static_cast<int64_t>(kv_heads) * head_dim;
   const int kv = head / (heads / kv_heads);
   const T* k0 = keys + static_cast<int64_t>(cu_k[session]) * stride + kv * head_dim;
@@ -356,7 +373,7 @@ __global__ void invariant_decode_attention_kernel(const T* __restrict__ q, const
 
   float local_max = -INFINITY;
   for (int key = tid; key < key_count; key += kAttentionThreads) {
-    const P* kr = reinterpret_cast<const P*>(k0 + key * stride);
+    const P* kr = reinterpret_cast<const P*>(k0 + row_of(key) * stride);
     float dot = 0.f;
     for (int c = 0; c < chunks; ++c) {
       const P kv8 = kr[c];
@@ -383,7 +400,7 @@ __global__ void invariant_decode_attention_kernel(const T* __restrict__ q, const
     for (int e = 0; e < 8; ++e) acc[e] = 0.f;
     for (int key = slice; key < key_count; key += slices) {
       const float p = scores[key];
-      const P v8 = reinterpret_cast<const P*>(v0 + key * stride)[chunk];
+      const P v8 = reinterpret_cast<const P*>(v0 + row_of(key) * stride)[chunk];
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(p, to_float(v8.v[e]), acc[e]);
     }
@@ -547,7 +564,7 @@ template <class T>
 void invariant_linear_typed(const void* x, const void* w, const void* bias, const void* residual, void* out, int64_t rows,
                             int64_t out_features, int64_t in_features, cudaStream_t stream) {
   if (rows == 0 || out_features == 0) return;
-  const auto blocks = static_cast<unsigned>((out_features + 7) / 8);
+  const dim3 blocks(static_cast<unsigned>((out_features + 7) / 8), static_cast<unsigned>((rows + 15) / 16));
   invariant_linear_kernel<T><<<blocks, kLinearWarps * 32, 0, stream>>>(
       static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias), static_cast<const T*>(residual),
       static_cast<T*>(out), static_cast<int>(rows), out_features, in_features);
@@ -556,8 +573,9 @@ void invariant_linear_typed(const void* x, const void* w, const void* bias, cons
 
 template <class T>
 void invariant_decode_attention_typed(const void* q, const void* keys, const void* values, const int32_t* cu_k,
-                                      const int32_t* seqused_k, void* out, int64_t tokens, int64_t n, int64_t heads,
-                                      int64_t kv_heads, int64_t head_dim, int64_t max_keys, cudaStream_t stream) {
+                                      const int32_t* seqused_k, const DecodeTree& tree, void* out, int64_t tokens,
+                                      int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys,
+                                      cudaStream_t stream) {
   if (tokens == 0) return;
   const size_t shared = attention_shared_bytes(head_dim, max_keys);
   // Above the default 48 KiB a kernel must opt in, per device; raised to what
@@ -576,8 +594,9 @@ void invariant_decode_attention_typed(const void* q, const void* keys, const voi
   }
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(heads));
   invariant_decode_attention_kernel<T><<<grid, kAttentionThreads, shared, stream>>>(
-      static_cast<const T*>(q), static_cast<const T*>(keys), static_cast<const T*>(values), cu_k, seqused_k,
-      static_cast<T*>(out), static_cast<int>(n), static_cast<int>(heads), static_cast<int>(kv_heads),
+      static_cast<const T*>(q), static_cast<const T*>(keys), static_cast<const T*>(values), cu_k, seqused_k, tree.rows,
+      tree.lengths, static_cast<int>(tree.stride), static_cast<T*>(out), static_cast<int>(n), static_cast<int>(heads),
+      static_cast<int>(kv_heads),
       static_cast<int>(head_dim), 1.f / sqrtf(static_cast<float>(head_dim)));
   check_launch("invariant_decode_attention");
 }
@@ -646,18 +665,18 @@ void invariant_linear(Element e, const void* x, const void* weight, const void* 
 }
 
 bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight) {
-  return rows <= kInvariantMaxRows && in_features % 8 == 0 && aligned16(x) && aligned16(weight);
+  return rows <= 16 * int64_t{65535} && in_features % 8 == 0 && aligned16(x) && aligned16(weight);
 }
 
 void invariant_decode_attention(Element e, const void* q, const void* keys, const void* values, const int32_t* cu_k,
-                                const int32_t* seqused_k, void* out, int64_t tokens, int64_t n, int64_t heads,
-                                int64_t kv_heads, int64_t head_dim, int64_t max_keys, cudaStream_t stream) {
+                                const int32_t* seqused_k, const DecodeTree& tree, void* out, int64_t tokens, int64_t n,
+                                int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys, cudaStream_t stream) {
   if (e == Element::kBFloat16)
-    invariant_decode_attention_typed<__nv_bfloat16>(q, keys, values, cu_k, seqused_k, out, tokens, n, heads, kv_heads,
-                                                    head_dim, max_keys, stream);
+    invariant_decode_attention_typed<__nv_bfloat16>(q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads,
+                                                    kv_heads, head_dim, max_keys, stream);
   else
-    invariant_decode_attention_typed<__half>(q, keys, values, cu_k, seqused_k, out, tokens, n, heads, kv_heads, head_dim,
-                                             max_keys, stream);
+    invariant_decode_attention_typed<__half>(q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads, kv_heads,
+                                             head_dim, max_keys, stream);
 }
 
 bool invariant_decode_attention_fits(int64_t head_dim, int64_t max_keys) {

@@ -105,8 +105,10 @@ void causal_conv_silu(Element element, const void* x, int64_t row_stride, int64_
 constexpr int64_t kInvariantMaxRows = 16;
 
 // out[r, j] = round(Σ_k x[r, k]·weight[j, k] + bias[j] + residual[r, j]) for
-// r < rows ≤ kInvariantMaxRows, j < out_features: summed in fp32 on the tensor
-// cores (a fixed 16-row tile, a fixed split of k), rounded once.
+// r < rows, j < out_features: summed in fp32 on the tensor cores (fixed
+// 16-row tiles, a fixed split of k), rounded once. Rows go in tiles of 16, each
+// by the instructions a call of those rows alone runs: a row's result depends
+// on nothing but its own row.
 // bias and residual may be null; out may be residual (in place). x and weight
 // 16-byte aligned (they are read 8 elements at a time; bias, residual and out
 // one at a time) and in_features a multiple of 8 (invariant_linear_fits).
@@ -120,9 +122,17 @@ bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, con
 // q [tokens, heads, head_dim] contiguous → out [tokens, heads·head_dim]. A
 // query's arithmetic depends only on its own key count, never on n or tokens.
 // max_keys bounds every session's length (its pool row capacity).
+// A draft tree in one session's step (null rows: a chain): node i attends
+// to the session's keys before the step, then to rows[i·stride + j],
+// j < lengths[i] — the session rows of its path from the root, itself last.
+struct DecodeTree {
+  const int32_t* rows = nullptr;
+  const int32_t* lengths = nullptr;
+  int64_t stride = 0;
+};
 void invariant_decode_attention(Element element, const void* q, const void* keys, const void* values, const int32_t* cu_k,
-                                const int32_t* seqused_k, void* out, int64_t tokens, int64_t n, int64_t heads,
-                                int64_t kv_heads, int64_t head_dim, int64_t max_keys, cudaStream_t stream);
+                                const int32_t* seqused_k, const DecodeTree& tree, void* out, int64_t tokens, int64_t n,
+                                int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys, cudaStream_t stream);
 // Whether invariant_decode_attention takes this head_dim (a multiple of 8,
 // ≤ 256) and a session of max_keys keys (their scores fit in shared memory).
 bool invariant_decode_attention_fits(int64_t head_dim, int64_t max_keys);

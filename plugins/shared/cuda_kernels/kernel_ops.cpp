@@ -271,7 +271,8 @@ void invariant_add_linear_(at::Tensor& residual, const at::Tensor& a, const at::
 }
 
 at::Tensor invariant_decode_attention(const at::Tensor& q_in, const at::Tensor& keys, const at::Tensor& values,
-                                      const at::Tensor& cu_k, const at::Tensor& seqused_k, int64_t n, int64_t capacity) {
+                                      const at::Tensor& cu_k, const at::Tensor& seqused_k, int64_t n, int64_t capacity,
+                                      const at::Tensor& tree_rows, const at::Tensor& tree_lengths) {
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = q_in.contiguous();
   const int64_t tokens = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = keys.size(1);
@@ -279,10 +280,21 @@ at::Tensor invariant_decode_attention(const at::Tensor& q_in, const at::Tensor& 
       cu_k.scalar_type() != at::kInt || seqused_k.scalar_type() != at::kInt || heads % kv_heads != 0)
     throw std::invalid_argument("invariant_decode_attention: unsupported head_dim " + std::to_string(head_dim) +
                                 " or capacity " + std::to_string(capacity) + ", or inputs not as documented");
+  cuda_kernels::DecodeTree tree;
+  if (tree_rows.defined()) {
+    if (tree_rows.scalar_type() != at::kInt || tree_lengths.scalar_type() != at::kInt || tree_rows.dim() != 2 ||
+        tree_rows.size(0) != tokens || tree_lengths.numel() != tokens || !tree_rows.is_contiguous() ||
+        !tree_lengths.is_contiguous() || tree_rows.device() != q.device() || tree_lengths.device() != q.device())
+      throw std::invalid_argument("invariant_decode_attention: a tree needs int32 rows [tokens, depth] and lengths [tokens], "
+                                  "contiguous on the queries' device");
+    tree.rows = tree_rows.data_ptr<int32_t>();
+    tree.lengths = tree_lengths.data_ptr<int32_t>();
+    tree.stride = tree_rows.size(1);
+  }
   at::Tensor out = at::empty({tokens, heads * head_dim}, q.options());
   cuda_kernels::invariant_decode_attention(element_of(q), q.data_ptr(), keys.data_ptr(), values.data_ptr(),
-                                           cu_k.data_ptr<int32_t>(), seqused_k.data_ptr<int32_t>(), out.data_ptr(), tokens,
-                                           n, heads, kv_heads, head_dim, capacity, stream_of(q));
+                                           cu_k.data_ptr<int32_t>(), seqused_k.data_ptr<int32_t>(), tree, out.data_ptr(),
+                                           tokens, n, heads, kv_heads, head_dim, capacity, stream_of(q));
   return out;
 }
 
@@ -391,7 +403,7 @@ bool invariant_linear_fits(const at::Tensor&, const at::Tensor&) { return false;
 at::Tensor invariant_linear(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
 void invariant_add_linear_(at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
 at::Tensor invariant_decode_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                      const at::Tensor&, int64_t, int64_t) {
+                                      const at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::Tensor&) {
   unavailable();
 }
 bool invariant_decode_attention_fits(int64_t, int64_t) { return false; }

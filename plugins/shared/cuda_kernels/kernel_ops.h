@@ -89,12 +89,13 @@ NormBackward head_norm_rope_backward(const at::Tensor& dout, const at::Tensor& x
 at::Tensor swiglu_backward(const at::Tensor& gate_up, const at::Tensor& d_out);
 
 // Exact decoding's row-invariant kernels (cuda_kernels.h says why): a row's
-// result is bitwise the same whether it is computed alone or among up to
-// kInvariantMaxRows rows.
+// result is bitwise the same whether it is computed alone or among other
+// rows. A chain step takes them up to kInvariantMaxRows tokens (a drafted
+// block); a draft tree's nodes, any number (the linear runs 16-row tiles).
 constexpr int64_t kInvariantMaxRows = 16;
 
 // Whether invariant_linear takes x [rows, in] and weight [out, in]: CUDA
-// bf16/fp16, rows ≤ kInvariantMaxRows, in a multiple of 8.
+// bf16/fp16, in a multiple of 8.
 bool invariant_linear_fits(const at::Tensor& x, const at::Tensor& weight);
 // x [rows, in] · weightᵀ (+ bias [out]) (+ residual [rows, out]) → [rows, out],
 // summed in fp32 and rounded once (as cuBLAS's epilogue rounds).
@@ -105,9 +106,13 @@ void invariant_add_linear_(at::Tensor& residual, const at::Tensor& a, const at::
 
 // Decoding attention over the pool (the arguments of the hf_decoder's
 // fast_path::decode_attention, which it replaces in exact decoding), one
-// query at a time. Returns [tokens, heads·head_dim].
+// query at a time. Returns [tokens, heads·head_dim]. A draft tree (one
+// session, n nodes): tree_rows int32 [n, depth] holds each node's path from
+// the root, itself last, as rows of the session, tree_lengths int32 [n] its
+// length; the node sees the session's keys before the step, then its path.
 at::Tensor invariant_decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                                      const at::Tensor& cu_k, const at::Tensor& seqused_k, int64_t n, int64_t capacity);
+                                      const at::Tensor& cu_k, const at::Tensor& seqused_k, int64_t n, int64_t capacity,
+                                      const at::Tensor& tree_rows = {}, const at::Tensor& tree_lengths = {});
 // Whether it takes this head_dim and sessions of up to `capacity` tokens.
 bool invariant_decode_attention_fits(int64_t head_dim, int64_t capacity);
 

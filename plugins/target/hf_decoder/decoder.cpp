@@ -110,6 +110,10 @@ DecoderMemory plan_decoder_memory(const fs::path& dir, c10::ScalarType dtype, co
                        std::max({attention_half, dense_half, sparse_half, norm_temporaries}) +
                        tokens * hd * 8.0 /* fp64 angles */ + tokens * hd * (m.cuda_kernels ? 4.0 : e) /* cos, sin */;
   m.forward_bytes = sdk::MemoryPlan::saturated_bytes(bytes);
+  // The GPU forward splits the rows over this many CUDA streams of its own
+  // (forward_kernels); each keeps a cuBLAS workspace, which the host counts.
+  const int64_t groups = std::max<int64_t>(1, std::min<int64_t>(options.streams, rows));
+  m.side_streams = m.cuda_kernels && groups > 1 ? groups : 0;
   return m;
 }
 
@@ -405,9 +409,11 @@ struct Decoder::StepPlan {
   bool consecutive_rows = false;  // the sessions' pool rows are r, r + 1, …: a view, no gather
   bool equal_lengths = false;     // every session sees every key (no mask for one token each)
   bool fresh_prompt = false;      // one session, empty before the step: plain causal attention
-  // A draft tree (verify_tree): the nodes' positions [n] and the additive
-  // mask [1, 1, n, keys] on the device; undefined for a chain.
-  at::Tensor tree_positions, tree_mask;
+  // A draft tree (verify_tree): the nodes' positions [n] on the device, and
+  // either the additive mask [1, 1, n, keys] (the ATen step) or, in exact
+  // decoding, each node's path as session rows [n, depth] and its length [n]
+  // (int32, for the row-invariant attention); undefined for a chain.
+  at::Tensor tree_positions, tree_mask, tree_rows, tree_lengths;
 };
 
 namespace {
@@ -504,11 +510,12 @@ DecoderOutputs Decoder::decode_step(DecodeSessions& pool, const StepPlan& plan, 
     return mine.narrow(1, 0, plan.keys).transpose(1, 2);
   };
 
-  // Exact decoding: a step of up to kInvariantMaxRows (16) tokens runs the
-  // row-invariant kernels, so each token's numbers are those it gets alone
-  // (past the attention's shared-memory bound, exact_decoding: auto takes
-  // the usual kernels; `on` was refused in extend).
-  const bool exact = exact_decoding_ && flash && tokens_in_step <= kernel_ops::kInvariantMaxRows &&
+  // Exact decoding: a step of up to kInvariantMaxRows (16) tokens, or a draft
+  // tree of any size, runs the row-invariant kernels, so each token's numbers
+  // are those it gets alone (past the attention's shared-memory bound,
+  // exact_decoding: auto takes the usual kernels; `on` was refused in extend).
+  const bool exact = exact_decoding_ && flash &&
+                     (tokens_in_step <= kernel_ops::kInvariantMaxRows || plan.tree_rows.defined()) &&
                      kernel_ops::invariant_decode_attention_fits(hd, capacity);
   DecoderOutputs out;
   at::Tensor x = embed_.index_select(0, tokens);  // [count·n, H]
@@ -529,7 +536,9 @@ DecoderOutputs Decoder::decode_step(DecodeSessions& pool, const StepPlan& plan, 
       q = t.q;
     }
     at::Tensor attention;
-    if (exact) attention = kernel_ops::invariant_decode_attention(q, keys, values, cu_k, seqused_k, n, capacity);
+    if (exact)
+      attention = kernel_ops::invariant_decode_attention(q, keys, values, cu_k, seqused_k, n, capacity, plan.tree_rows,
+                                                         plan.tree_lengths);
     else if (flash) attention = fast_path::decode_attention(q, keys, values, cu_q, cu_k, seqused_k, n, capacity);
     else attention = cached_attention(c, q, gather(pool.keys(i)), gather(pool.values(i)), mask, n > 1 && plan.fresh_prompt,
                                       count, n);
@@ -696,21 +705,45 @@ DecoderOutputs Decoder::verify_tree(DecodeSessions& pool, int64_t id, const at::
   plan.n = n;
   plan.keys = s.length + n;
   plan.consecutive_rows = plan.equal_lengths = true;
-  // Positions by depth; the mask: every cached key, then node i's ancestors and itself.
+  // Positions by depth.
   std::vector<int64_t> positions(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = s.length + depths[static_cast<size_t>(i)] - 1;
-  at::Tensor visible = at::zeros({n, plan.keys}, at::kBool);
-  visible.narrow(1, 0, s.length).fill_(true);
-  auto* v = visible.data_ptr<bool>();
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) v[i * plan.keys + s.length + a] = true;
   plan.tree_positions = decode_support::upload(positions, device);
-  plan.tree_mask = at::zeros({1, 1, n, plan.keys}, embed_.options())
-                       .masked_fill_(decode_support::on_device(visible, device).logical_not().view({1, 1, n, plan.keys}),
-                                     -std::numeric_limits<float>::infinity());
+  // Exact decoding: the row-invariant kernels with each node's path, so a
+  // node on the accepted path gets the numbers its token gets decoded alone
+  // after that path (lossless in bf16). Otherwise the ATen step with a mask.
+  const bool flash = flash_decoding_ && pool_fits_int32(pool);
+  const bool exact_fits = kernel_ops::invariant_decode_attention_fits(c.head_dim, pool.row_capacity());
+  if (exact_required_ && !exact_fits)
+    throw std::invalid_argument("decode_verify_tree: exact_decoding holds a session's attention scores in shared memory, "
+                                "which cannot take the pool's " + std::to_string(pool.row_capacity()) +
+                                " tokens per session on this device; use shorter sessions or exact_decoding: auto");
+  const bool exact = exact_decoding_ && flash && exact_fits;
+  if (exact) {
+    at::Tensor rows = at::zeros({n, deepest}, at::kInt), lengths = at::empty({n}, at::kInt);
+    auto* r = rows.data_ptr<int32_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t depth = depths[static_cast<size_t>(i)];
+      lengths.data_ptr<int32_t>()[i] = static_cast<int32_t>(depth);
+      int64_t d = depth;
+      for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) r[i * deepest + --d] = static_cast<int32_t>(s.length + a);
+    }
+    plan.tree_rows = decode_support::on_device(rows, device);
+    plan.tree_lengths = decode_support::on_device(lengths, device);
+  } else {
+    // The mask: every cached key, then node i's ancestors and itself.
+    at::Tensor visible = at::zeros({n, plan.keys}, at::kBool);
+    visible.narrow(1, 0, s.length).fill_(true);
+    auto* v = visible.data_ptr<bool>();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) v[i * plan.keys + s.length + a] = true;
+    plan.tree_mask = at::zeros({1, 1, n, plan.keys}, embed_.options())
+                         .masked_fill_(decode_support::on_device(visible, device).logical_not().view({1, 1, n, plan.keys}),
+                                       -std::numeric_limits<float>::infinity());
+  }
   DecoderOutputs out = decode_step(pool, plan, decode_support::ids_on(tokens, device),
                                    decode_support::upload({s.row, s.length}, device).view({1, 2}), wanted,
-                                   want_logits ? LogitRows::kAll : LogitRows::kNone, /*flash=*/false);
+                                   want_logits ? LogitRows::kAll : LogitRows::kNone, /*flash=*/exact);
   s.length += n;  // the rows hold the tree until accept_path (a pool growth keeps them)
   return out;
 }

@@ -90,6 +90,7 @@ struct DecoderMemory {
   uint64_t weight_bytes = 0;
   uint64_t forward_bytes = 0;
   bool cuda_kernels = false;  // whether the forward would take the GPU path
+  int64_t side_streams = 0;   // CUDA streams the forward runs GEMMs on besides the caller's
 };
 DecoderMemory plan_decoder_memory(const std::filesystem::path& model_dir, c10::ScalarType dtype, const c10::Device& device,
                                   const DecoderOptions& options, int64_t rows, int64_t row_length);

@@ -14,6 +14,8 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <vector>
 #endif
@@ -104,6 +106,24 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
 #endif
 }
 
+namespace {
+// The forward's side streams, taken from LibTorch's pool once per device and
+// kept: cuBLAS gets a workspace per stream it runs on (32 MiB on Hopper,
+// allocated on first use and never freed), so fresh pool streams every
+// forward grew the allocated memory by one workspace per group and step until
+// the pool's 32 streams came round (measured on an H100, 2026-12-06: +64 MiB
+// a training step). The memory planner counts these (fact forward_streams).
+std::vector<c10::cuda::CUDAStream> side_streams(c10::DeviceIndex device, int64_t count) {
+  static std::mutex mutex;
+  static std::map<c10::DeviceIndex, std::vector<c10::cuda::CUDAStream>> kept;
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::vector<c10::cuda::CUDAStream>& streams = kept[device];
+  while (static_cast<int64_t>(streams.size()) < count)
+    streams.push_back(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device));
+  return {streams.begin(), streams.begin() + count};
+}
+}  // namespace
+
 void interleave_on_streams(const c10::Device& device, int64_t groups, int64_t steps,
                            const std::function<void(int64_t, int64_t)>& body) {
   if (groups <= 1) {
@@ -114,11 +134,8 @@ void interleave_on_streams(const c10::Device& device, int64_t groups, int64_t st
   const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device.index());
   at::cuda::CUDAEvent ready;
   ready.record(caller);
-  std::vector<c10::cuda::CUDAStream> streams;
-  for (int64_t g = 0; g < groups; ++g) {
-    streams.push_back(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index()));
-    ready.block(streams.back());
-  }
+  const std::vector<c10::cuda::CUDAStream> streams = side_streams(device.index(), groups);
+  for (const auto& stream : streams) ready.block(stream);
   auto join = [&] {
     for (const auto& stream : streams) {
       at::cuda::CUDAEvent done;

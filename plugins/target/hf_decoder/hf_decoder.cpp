@@ -112,6 +112,7 @@ class HfDecoderTarget : public sdk::TargetModel {
     plan.add("target forward working memory", static_cast<double>(m.forward_bytes), sdk::MemoryPhase::kTargetForward);
     plan.facts = describe_config(m.config, config.at("feature_layers").get<int64_t>());
     plan.facts["cuda_kernels"] = m.cuda_kernels;
+    plan.facts["forward_streams"] = m.side_streams;
     plan.facts["weights_dtype"] = weights_dtype;
     plan.facts["tied_embeddings"] = m.config.tie_word_embeddings;
     plan.facts["tokenizer"] = hf::tokenizer_fact(path);

@@ -405,7 +405,9 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
   }
   hf::check_layer_ids(layer_ids, c.num_layers);
   const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
-  const at::Tensor tokens = tokens_in.to(device, at::kLong).reshape({tokens_in_step});
+  // Uploads through page-locked memory without waiting for the device: a
+  // pageable copy would make every step wait for the one before.
+  const at::Tensor tokens = decode_support::ids_on(tokens_in, device).reshape({tokens_in_step});
   const auto long_options = tokens.options();
 
   // Per session: its pool row and length; token t of session i is at
@@ -415,7 +417,7 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
     rows_host.push_back(s->row);
     lengths_host.push_back(s->length);
   }
-  const at::Tensor rows = at::tensor(rows_host, at::kLong).to(device), lengths = at::tensor(lengths_host, at::kLong).to(device);
+  const at::Tensor rows = decode_support::upload(rows_host, device), lengths = decode_support::upload(lengths_host, device);
   bool consecutive_rows = true;
   for (size_t i = 1; i < rows_host.size(); ++i) consecutive_rows = consecutive_rows && rows_host[i] == rows_host[0] + static_cast<int64_t>(i);
   const at::Tensor positions = (lengths.unsqueeze(1) + at::arange(n, long_options).unsqueeze(0)).reshape({tokens_in_step});

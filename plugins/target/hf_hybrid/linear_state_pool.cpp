@@ -1,6 +1,7 @@
 #include "linear_state_pool.h"
 
 #include <ATen/ATen.h>
+#include <host_upload.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -73,7 +74,7 @@ at::Tensor LinearStatePool::current_buffers(const std::vector<int64_t>& slots) c
   std::vector<int64_t> rows;
   rows.reserve(slots.size());
   for (int64_t slot : slots) rows.push_back(buffer(slot, true));
-  return at::tensor(rows, at::kLong).to(state_options_.device());
+  return decode_support::upload(rows, state_options_.device());  // no wait for the device
 }
 
 }  // namespace dflash::target
