@@ -635,9 +635,7 @@ TEST_F(HfDecoder, ExactDecodingGivesATreeNodeTheNumbersItsPathGetsAlone) {
   for (int64_t i = 1; i < n; ++i) parents.push_back(torch::randint(0, i, {1}, torch::kLong).item<int64_t>());
   const auto tokens = torch::randint(0, t.vocab, {n}, torch::kLong);
   const std::vector<int64_t> layers = {1, 3};
-  const int64_t session = target.decode_begin(128);
-  target.decode_extend(session, prompt, {}, false);
-  const NamedTensors tree = target.decode_verify_tree(session, tokens, parents, layers, true);
+  std::vector<NamedTensors> alone_results;  // node i's path decoded one token at a time
   for (int64_t i = 0; i < n; ++i) {
     std::vector<int64_t> path;
     for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) path.insert(path.begin(), a);
@@ -646,9 +644,31 @@ TEST_F(HfDecoder, ExactDecodingGivesATreeNodeTheNumbersItsPathGetsAlone) {
     NamedTensors last;
     for (int64_t node : path) last = target.decode_extend(alone, tokens.narrow(0, node, 1), layers, true);
     target.decode_end(alone);
-    EXPECT_TRUE(torch::equal(get(tree, "logits").reshape({n, -1})[i], get(last, "logits").reshape({-1}))) << "node " << i;
-    EXPECT_TRUE(torch::equal(get(tree, "hidden.3").reshape({n, -1})[i], get(last, "hidden.3").reshape({-1}))) << "node " << i;
+    alone_results.push_back(last);
   }
+  // Three times: eagerly, captured as a CUDA graph (a node count's second
+  // use), replayed.
+  for (int round = 0; round < 3; ++round) {
+    const int64_t session = target.decode_begin(128);
+    target.decode_extend(session, prompt, {}, false);
+    const int64_t replays = target.describe().at("decode_graph_stats").at("replayed").get<int64_t>();
+    const NamedTensors tree = target.decode_verify_tree(session, tokens, parents, layers, true);
+    const int64_t replays_after = target.describe().at("decode_graph_stats").at("replayed").get<int64_t>();
+    EXPECT_EQ(replays_after - replays, round == 0 ? 0 : 1) << "round " << round << ": the tree step graphed from its second use";
+    target.decode_end(session);
+    for (int64_t i = 0; i < n; ++i) {
+      const NamedTensors& last = alone_results[static_cast<size_t>(i)];
+      EXPECT_TRUE(torch::equal(get(tree, "logits").reshape({n, -1})[i], get(last, "logits").reshape({-1})))
+          << "node " << i << ", round " << round;
+      EXPECT_TRUE(torch::equal(get(tree, "hidden.3").reshape({n, -1})[i], get(last, "hidden.3").reshape({-1})))
+          << "node " << i << ", round " << round;
+    }
+  }
+  const auto graphs_after = target.describe().at("decode_graph_stats");
+  EXPECT_EQ(graphs_after.at("failed").get<int64_t>(), 0) << graphs_after.dump();
+  const int64_t session = target.decode_begin(128);
+  target.decode_extend(session, prompt, {}, false);
+  target.decode_verify_tree(session, tokens, parents, layers, true);
   // Accept the deepest node's path; the next token continues as the chain's.
   int64_t deepest = 0, depth_of_deepest = 0;
   for (int64_t i = 0; i < n; ++i) {

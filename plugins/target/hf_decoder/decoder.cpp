@@ -381,13 +381,16 @@ struct Decoder::DecodeState {
   int64_t rotary_positions = 0;
   uint64_t rotary_generation = 0;
 
-  // One step shape: its token count, the layers it returns, its logits.
-  using GraphKey = std::tuple<int64_t, std::vector<int64_t>, int>;
+  // One step shape: its token count, the layers it returns, its logits, and
+  // for a draft tree the stride of its node paths (0: a chain).
+  using GraphKey = std::tuple<int64_t, std::vector<int64_t>, int, int64_t>;
   struct Graph {
     int64_t uses = 0;
     bool failed = false;
     std::unique_ptr<decode_support::CudaGraph> graph;
     at::Tensor tokens, params;  // static inputs: [n] int64, [1, 2] int64 (row, length)
+    // A tree's static inputs: positions [n] int64, paths [n, stride] and lengths [n] int32.
+    at::Tensor tree_positions, tree_rows, tree_lengths;
     DecoderOutputs out;         // static outputs, in the graphs' memory pool
   };
   decode_support::CudaGraphPool graphs;
@@ -423,6 +426,8 @@ namespace {
 // captured only if the same length comes again.
 constexpr int64_t kMaxGraphTokens = 64;
 constexpr size_t kMaxGraphs = 96;
+// Draft trees (verify_tree) of up to this many nodes are graphed too.
+constexpr int64_t kMaxGraphTreeNodes = 1024;
 
 }  // namespace
 
@@ -567,7 +572,8 @@ bool Decoder::decode_step_graphed(DecodeSessions& pool, const StepPlan& plan, co
     d.graphs.renew();
     d.captured_against = against;
   }
-  const auto key = DecodeState::GraphKey{plan.n, layer_ids, static_cast<int>(logit_rows)};
+  const bool tree = plan.tree_rows.defined();
+  const auto key = DecodeState::GraphKey{plan.n, layer_ids, static_cast<int>(logit_rows), tree ? plan.tree_rows.size(1) : 0};
   auto found = d.by_shape.find(key);
   if (found == d.by_shape.end()) {
     if (d.by_shape.size() >= kMaxGraphs) return false;
@@ -579,15 +585,29 @@ bool Decoder::decode_step_graphed(DecodeSessions& pool, const StepPlan& plan, co
   if (!g.graph) {
     g.tokens = at::empty({plan.n}, at::TensorOptions().dtype(at::kLong).device(device));
     g.params = at::empty({1, 2}, at::TensorOptions().dtype(at::kLong).device(device));
+    if (tree) {
+      g.tree_positions = at::empty_like(plan.tree_positions);
+      g.tree_rows = at::empty_like(plan.tree_rows);
+      g.tree_lengths = at::empty_like(plan.tree_lengths);
+    }
   }
   // This step's inputs into the static buffers (asynchronous copies).
   if (tokens.device() == device) g.tokens.copy_(tokens.reshape({plan.n}));
   else g.tokens.copy_(decode_support::ids_on(tokens.reshape({plan.n}), device));
   g.params.copy_(decode_support::host_staging(params, device).view({1, 2}), /*non_blocking=*/true);
+  StepPlan replayed = plan;  // the step as captured: a tree's inputs from the static buffers
+  if (tree) {
+    g.tree_positions.copy_(plan.tree_positions);
+    g.tree_rows.copy_(plan.tree_rows);
+    g.tree_lengths.copy_(plan.tree_lengths);
+    replayed.tree_positions = g.tree_positions;
+    replayed.tree_rows = g.tree_rows;
+    replayed.tree_lengths = g.tree_lengths;
+  }
   if (!g.graph) {
     std::string error;
-    g.graph = d.graphs.capture([&] { g.out = decode_step(pool, plan, g.tokens, g.params, wanted, logit_rows, /*flash=*/true); },
-                               error);
+    g.graph = d.graphs.capture(
+        [&] { g.out = decode_step(pool, replayed, g.tokens, g.params, wanted, logit_rows, /*flash=*/true); }, error);
     if (!g.graph) {
       // The warm-up ran the step (or failed before writing anything); running
       // it again eagerly writes the same keys and values.
@@ -720,13 +740,17 @@ DecoderOutputs Decoder::verify_tree(DecodeSessions& pool, int64_t id, const at::
                                 " tokens per session on this device; use shorter sessions or exact_decoding: auto");
   const bool exact = exact_decoding_ && flash && exact_fits;
   if (exact) {
-    at::Tensor rows = at::zeros({n, deepest}, at::kInt), lengths = at::empty({n}, at::kInt);
+    // Paths padded to a power of two, so trees of one node count and similar
+    // depth share a CUDA graph.
+    int64_t stride = 1;
+    while (stride < deepest) stride *= 2;
+    at::Tensor rows = at::zeros({n, stride}, at::kInt), lengths = at::empty({n}, at::kInt);
     auto* r = rows.data_ptr<int32_t>();
     for (int64_t i = 0; i < n; ++i) {
       const int64_t depth = depths[static_cast<size_t>(i)];
       lengths.data_ptr<int32_t>()[i] = static_cast<int32_t>(depth);
       int64_t d = depth;
-      for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) r[i * deepest + --d] = static_cast<int32_t>(s.length + a);
+      for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) r[i * stride + --d] = static_cast<int32_t>(s.length + a);
     }
     plan.tree_rows = decode_support::on_device(rows, device);
     plan.tree_lengths = decode_support::on_device(lengths, device);
@@ -741,9 +765,15 @@ DecoderOutputs Decoder::verify_tree(DecodeSessions& pool, int64_t id, const at::
                          .masked_fill_(decode_support::on_device(visible, device).logical_not().view({1, 1, n, plan.keys}),
                                        -std::numeric_limits<float>::infinity());
   }
-  DecoderOutputs out = decode_step(pool, plan, decode_support::ids_on(tokens, device),
-                                   decode_support::upload({s.row, s.length}, device).view({1, 2}), wanted,
-                                   want_logits ? LogitRows::kAll : LogitRows::kNone, /*flash=*/exact);
+  const LogitRows logit_rows = want_logits ? LogitRows::kAll : LogitRows::kNone;
+  DecoderOutputs out;
+  // An exact tree step replays a CUDA graph from a node count's second use on
+  // (the budget keeps it mostly the same from step to step).
+  const bool graphed = exact && decode_graphs_ && n <= kMaxGraphTreeNodes &&
+                       decode_step_graphed(pool, plan, tokens, {s.row, s.length}, layer_ids, wanted, logit_rows, out);
+  if (!graphed)
+    out = decode_step(pool, plan, decode_support::ids_on(tokens, device),
+                      decode_support::upload({s.row, s.length}, device).view({1, 2}), wanted, logit_rows, /*flash=*/exact);
   s.length += n;  // the rows hold the tree until accept_path (a pool growth keeps them)
   return out;
 }
