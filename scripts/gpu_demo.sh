@@ -167,6 +167,13 @@ if [ -n "$tree_nodes" ]; then
       --verify tree --tree-nodes "$nodes" --prompts "$work/eval_prompts.jsonl" --max-new-tokens "$eval_new_tokens" \
       --report "$out/eval_tree_$nodes.json" 2>&1 | tee -a "$log" || note "the tree eval at $nodes nodes failed (see above)"
   done
+  # Where a tree step's time goes (dense targets): decode_bench's phases at
+  # the sweep's first budget, exact kernels, beside the chain's in 4b.
+  tree_profile_nodes="${DFLASH_DEMO_TREE_PROFILE_NODES:-${tree_nodes%% *}}"
+  [ "$target_family" = "qwen3" ] && "$build/bin/decode_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$work/target" \
+    --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" --max-prompts "$profile_prompts" \
+    --max-new-tokens "$eval_new_tokens" --arms exact --verify tree --tree-nodes "$tree_profile_nodes" \
+    --json "$out/decode_profile_tree.json" >/dev/null 2>>"$log" || true
 fi
 
 if [ "${DFLASH_DEMO_UNSEEN:-0}" = "1" ]; then

@@ -206,6 +206,7 @@ def main():
     fp32 = load(os.path.join(args.work, "eval_dflash_fp32.json"))
     usual = load(os.path.join(args.work, "eval_dflash_usual.json"))
     profile = load(os.path.join(args.out, "decode_profile.json"))
+    tree_profile = load(os.path.join(args.out, "decode_profile_tree.json"))
     gen = load(os.path.join(args.work, "generate.json"))
     gen_slice = load(os.path.join(args.work, "generate_slice.json"))
     peer = load_lines(os.path.join(args.work, "generate_transformers.json"))
@@ -285,7 +286,9 @@ def main():
         results["drafter_step_memory"] = {"planned_peak_bytes": planned, "measured_peak_bytes": measured}
         lines.append(f"drafter training memory: planned peak {planned / 2**30:.2f} GiB, measured peak "
                      f"{measured / 2**30:.2f} GiB ({100 * (planned - measured) / measured:+.1f} %)")
-    for arm in (profile or {}).get("arms", []):
+    if tree_profile:
+        results["decode_profile_tree"] = tree_profile
+    for arm in (profile or {}).get("arms", []) + [dict(a, arm=a["arm"] + ", tree") for a in (tree_profile or {}).get("arms", [])]:
         g, sp = arm.get("greedy", {}), arm.get("speculative", {})
         phases = ", ".join(f"{k} {v:.3f}" for k, v in sp.get("profiled_ms_per_step", {}).items())
         lines.append(f"decode profile, {arm['arm']}: target alone {g.get('ms_per_token', 0):.3f} ms/token; speculative "
