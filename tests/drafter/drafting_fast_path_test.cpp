@@ -437,4 +437,64 @@ TEST(DFlashFusedDrafting, ThePluginsProposalsMatchTheAtenPluginAndFollowLoadedWe
       << "the new weights hardly change the ATen plugin's proposals: the check above would prove nothing";
 }
 
+// A tree's candidates (draft_propose_topk) through the CUDA graphs of the
+// fused drafting step (an accepted path's extension folded into the next
+// proposal) against a drafter with graphs off: the same best tokens and
+// log-probabilities up to bf16 rounding, each slot's sorted best first.
+TEST(DFlashFusedDrafting, TopKProposalsThroughGraphsMatchTheEagerOnes) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  PluginRegistry registry;
+  registry.add_directory(DFLASH_INTREE_PLUGIN_DIR);
+  const PluginRecord& record = registry.find(DFLASH_KIND_DRAFTER, "dflash");
+  const dd::testing::GpuTarget gpu = dd::testing::small_gpu_target(41);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  std::vector<std::unique_ptr<DrafterInstance>> drafters;  // graphs, then none
+  for (const char* graphs : {"auto", "off"}) {
+    const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
+                                   {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", 8}, {"max_anchors", 6},
+                                   {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", {1, 5}}, {"init_std", kInitStd},
+                                   {"rope_theta", 0.0}, {"attention", "grouped"}, {"attention_group_blocks", 64},
+                                   {"attention_group_key_multiple", 128}, {"attention_kernel", "auto"},
+                                   {"embedding_on_cpu", false},
+                                   {"activation_checkpointing", false}, {"decode_graphs", graphs}, {"kernels", "auto"}};
+    drafters.push_back(std::make_unique<DrafterInstance>(record, config, InstanceOptions{"cuda:0", "bfloat16", 3}));
+    drafters.back()->bind_target(gpu.info, gpu.frozen);
+    drafters.back()->set_training(false);
+  }
+  std::vector<int64_t> sessions;
+  for (const auto& d : drafters) sessions.push_back(d->draft_begin());
+  torch::manual_seed(42);
+  const auto ids = torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA);
+  const int64_t k = 5;
+  int64_t same = 0, total = 0;
+  for (int64_t n : {12, 3, 3, 1, 3, 1, 1, 3}) {  // repeated lengths replay their graphs
+    const NamedTensors inputs = {{"input_ids", torch::randint(0, 50, {n}, ids)},
+                                 {"hidden.1", torch::randn({n, 64}, cuda)},
+                                 {"hidden.5", torch::randn({n, 64}, cuda)}};
+    const NamedTensors last = {{"last_token", torch::randint(0, 50, {1}, ids)}};
+    std::vector<DrafterInstance::TopK> got;
+    for (size_t i = 0; i < drafters.size(); ++i) {
+      drafters[i]->draft_extend(sessions[i], inputs);
+      got.push_back(drafters[i]->draft_propose_topk(sessions[i], last, 7, k));
+    }
+    for (const auto& g : got) {
+      ASSERT_EQ(g.tokens.sizes(), (torch::IntArrayRef{7, k}));
+      ASSERT_EQ(g.log_probs.sizes(), (torch::IntArrayRef{7, k}));
+      const auto lp = g.log_probs.to(torch::kCPU, torch::kFloat);
+      EXPECT_TRUE(lp.isfinite().all().item<bool>());
+      EXPECT_TRUE((lp.narrow(1, 0, k - 1) >= lp.narrow(1, 1, k - 1)).all().item<bool>()) << "best first";
+      EXPECT_TRUE((lp <= 0).all().item<bool>());
+    }
+    const auto a = got[0].tokens.to(torch::kCPU), b = got[1].tokens.to(torch::kCPU);
+    same += a.eq(b).sum().item<int64_t>();
+    total += a.numel();
+    const auto rows_equal = a.eq(b).all(1);
+    const auto la = got[0].log_probs.to(torch::kCPU, torch::kFloat), lb = got[1].log_probs.to(torch::kCPU, torch::kFloat);
+    for (int64_t r = 0; r < 7; ++r)
+      if (rows_equal[r].item<bool>()) EXPECT_LE((la[r] - lb[r]).abs().max().item<float>(), 0.1f) << "slot " << r;
+  }
+  EXPECT_GE(10 * same, 9 * total) << same << " of " << total << " candidates identical";
+  for (size_t i = 0; i < drafters.size(); ++i) drafters[i]->draft_end(sessions[i]);
+}
+
 }  // namespace

@@ -343,9 +343,10 @@ class DFlashDrafter : public sdk::Drafter {
     const at::Tensor hidden = bound().draft(context, embed_.index_select(0, slot_ids).to(device_));
     return at::linear(hidden.narrow(0, 1, take), draft_lm_head_).argmax(-1);
   }
-  // A tree's candidates (DDTree): the same block pass as draft_propose, run
-  // eagerly, and each slot's best k tokens with their log-probabilities
-  // (log-softmax in fp32) instead of the argmax alone.
+  // A tree's candidates (DDTree): the same block pass as draft_propose (with
+  // a held extension folded in, as CUDA graphs where draft_propose has them),
+  // and each slot's best k tokens with their log-probabilities (log-softmax
+  // in fp32) instead of the argmax alone.
   sdk::TopKProposal draft_propose_topk(int64_t session, const sdk::TensorDict& inputs, int64_t count, int64_t k) {
     drafter::DraftContext& context = draft_context(session);
     const c10::NoGradGuard no_grad;
@@ -357,7 +358,12 @@ class DFlashDrafter : public sdk::Drafter {
     const int64_t take = std::max<int64_t>(0, std::min(count, block_size_ - 1));
     const auto longs = at::TensorOptions().dtype(at::kLong);
     if (take == 0) return sdk::TopKProposal{at::empty({0, k}, longs), at::empty({0, k}, at::kFloat)};
-    flush_held_extension(session, context);
+    at::Tensor tokens, log_probs_out;
+    if (held_rows_ > 0 && held_session_ == session) {
+      if (propose_after_extension(context, last, take, tokens, k, &log_probs_out)) return sdk::TopKProposal{tokens, log_probs_out};
+      flush_held_extension(session, context);
+    }
+    if (propose_graphed(context, last, take, tokens, k, &log_probs_out)) return sdk::TopKProposal{tokens, log_probs_out};
     at::Tensor slot_ids = at::full({block_size_}, mask_token_, longs.device(embed_.device()));
     slot_ids.narrow(0, 0, 1).copy_(last.to(at::kLong));
     const at::Tensor hidden = bound().draft(context, embed_.index_select(0, slot_ids).to(device_));
@@ -416,8 +422,23 @@ class DFlashDrafter : public sdk::Drafter {
     bool failed = false;
     std::unique_ptr<decode_support::CudaGraph> graph;
     at::Tensor params, mask_tail, slots, out;  // static inputs and output
+    at::Tensor log_probs;                        // a top-k proposal's second output
   };
-  static constexpr int64_t kPropose = 0, kExtendAndPropose = 1;
+  // Graph keys: kind + kKindsPerHead · k, where k is a top-k proposal's
+  // candidates per slot (0: the argmax proposal).
+  static constexpr int64_t kPropose = 0, kExtendAndPropose = 1, kKindsPerHead = 2;
+  // The proposal's head over the block's slot rows: the argmax (k = 0), or
+  // each slot's best k tokens with their fp32 log-probabilities.
+  void propose_head(const at::Tensor& rows, int64_t k, Graph& g) const {
+    const at::Tensor logits = at::linear(rows, draft_lm_head_);
+    if (k == 0) {
+      g.out = logits.argmax(-1);
+      return;
+    }
+    auto [values, indices] = at::log_softmax(logits.to(at::kFloat), -1).topk(k, -1, /*largest=*/true, /*sorted=*/true);
+    g.out = indices;
+    g.log_probs = values;
+  }
   // The graph of `key`, valid for this context's buffers; null when this call runs eagerly.
   Graph* graph_for(drafter::DraftContext& context, int64_t key) {
     if (!graphs_possible_ || drafts_.size() != 1) return nullptr;
@@ -469,12 +490,14 @@ class DFlashDrafter : public sdk::Drafter {
     bound().extend_context(context, held_features_.narrow(0, 0, held_rows_));
     held_rows_ = 0;
   }
-  bool propose_after_extension(drafter::DraftContext& context, const at::Tensor& last, int64_t take, at::Tensor& proposal) {
+  bool propose_after_extension(drafter::DraftContext& context, const at::Tensor& last, int64_t take, at::Tensor& proposal,
+                               int64_t k = 0, at::Tensor* log_probs = nullptr) {
     if (!graphs_possible_ || drafts_.size() != 1) return false;
     bound().reserve(context, context.length + held_features_.size(0) + block_size_);
     bound().prepare_drafting(context);
-    Graph* g = graph_for(context, kExtendAndPropose);  // null: this call runs eagerly (the same body)
-    Graph& step = graphs_[kExtendAndPropose];
+    const int64_t key = kExtendAndPropose + kKindsPerHead * k;
+    Graph* g = graph_for(context, key);  // null: this call runs eagerly (the same body)
+    Graph& step = graphs_[key];
     const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
     const int64_t rows = held_features_.size(0);
     if (!step.params.defined()) {
@@ -495,7 +518,7 @@ class DFlashDrafter : public sdk::Drafter {
       at::Tensor newest = step.slots.narrow(0, 0, 1);
       at::index_select_out(newest, embed_, 0, step.params.narrow(0, 0, 1));
       const at::Tensor hidden = bound().extend_and_draft_at(context, held_features_, step.slots, where);
-      step.out = at::linear(hidden.narrow(0, 1, block_size_ - 1), draft_lm_head_).argmax(-1);
+      propose_head(hidden.narrow(0, 1, block_size_ - 1), k, step);
     };
     if (g && (g->graph || capture(*g, body))) {
       g->graph->replay();
@@ -506,13 +529,15 @@ class DFlashDrafter : public sdk::Drafter {
     context.length += held_rows_;
     held_rows_ = 0;
     proposal = step.out.narrow(0, 0, take).clone();  // the graphs' pool is reused by the next replay
+    if (log_probs != nullptr) *log_probs = step.log_probs.narrow(0, 0, take).clone();
     return true;
   }
-  bool propose_graphed(drafter::DraftContext& context, const at::Tensor& last, int64_t take, at::Tensor& proposal) {
+  bool propose_graphed(drafter::DraftContext& context, const at::Tensor& last, int64_t take, at::Tensor& proposal,
+                       int64_t k = 0, at::Tensor* log_probs = nullptr) {
     if (!graphs_possible_) return false;
     bound().reserve(context, context.length + block_size_);
     bound().prepare_drafting(context);
-    Graph* g = graph_for(context, kPropose);
+    Graph* g = graph_for(context, kPropose + kKindsPerHead * k);
     if (!g) return false;
     const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
     if (!g->graph) {
@@ -529,12 +554,13 @@ class DFlashDrafter : public sdk::Drafter {
     auto body = [&] {
       const at::Tensor slot_ids = at::cat({g->params.narrow(0, 0, 1), g->mask_tail});
       const at::Tensor hidden = bound().draft_at(context, embed_.index_select(0, slot_ids), g->params.narrow(0, 1, 1));
-      g->out = at::linear(hidden.narrow(0, 1, block_size_ - 1), draft_lm_head_).argmax(-1);
+      propose_head(hidden.narrow(0, 1, block_size_ - 1), k, *g);
     };
     if (!g->graph && !capture(*g, body)) return false;
     g->graph->replay();
     ++graph_stats_.replayed;
     proposal = g->out.narrow(0, 0, take).clone();  // the graphs' pool is reused by the next replay
+    if (log_probs != nullptr) *log_probs = g->log_probs.narrow(0, 0, take).clone();
     return true;
   }
 
