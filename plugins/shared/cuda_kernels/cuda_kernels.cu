@@ -273,60 +273,68 @@ __device__ __forceinline__ void mma_16x8x16<__half>(float (&d)[4], const uint32_
 // slots (2·quad, 2·quad + 1) and (2·quad + 8, +9), pairs (4,5), (6,7) the
 // second's. A and B see the same permutation of k, so the products are the
 // right ones. K past in_features (a multiple of 8) is zeros.
-template <class T>
+// kTiles 16-row tiles per block (a draft tree's nodes: more rows than one
+// tile): each chunk of the weight row is loaded once and multiplied into
+// every tile's own accumulators, in the same order as for a single tile, so a
+// row's arithmetic is that of a call with its tile alone.
+template <class T, int kTiles>
 __global__ void __launch_bounds__(kLinearWarps * 32)
     invariant_linear_kernel(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
                             const T* residual, T* out, int all_rows, int64_t out_features, int64_t in_features) {
   using P = Pack<T, 8>;
-  __shared__ float partial[kLinearWarps][32][4];
-  // Rows past the first 16 (a draft tree's nodes): tile blockIdx.y of 16
-  // rows, by the same instructions as a call with only those rows.
-  const int64_t first_row = static_cast<int64_t>(blockIdx.y) * 16;
-  x += first_row * in_features;
-  out += first_row * out_features;
-  if (residual != nullptr) residual += first_row * out_features;
-  const int rows = min(16, all_rows - static_cast<int>(first_row));
+  __shared__ float partial[kTiles][kLinearWarps][32][4];
+  const int first_row = static_cast<int>(blockIdx.y) * kTiles * 16;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad = lane % 4;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 8;
   const bool feature_in = n0 + group < out_features;
   const T* w_row = weight + (n0 + group) * in_features;
-  const T* x_lo = x + static_cast<int64_t>(group) * in_features;
-  const T* x_hi = x + static_cast<int64_t>(group + 8) * in_features;
   const int64_t chunks = (in_features + 31) / 32;
-  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  float d[kTiles][4];
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) d[t][0] = d[t][1] = d[t][2] = d[t][3] = 0.f;
 #pragma unroll 2
   for (int64_t c = warp; c < chunks; c += kLinearWarps) {
     const int64_t k = c * 32 + quad * 8;
-    P w{}, lo{}, hi{};
-    if (k < in_features) {
-      if (feature_in) w = *reinterpret_cast<const P*>(w_row + k);
-      if (group < rows) lo = *reinterpret_cast<const P*>(x_lo + k);
-      if (group + 8 < rows) hi = *reinterpret_cast<const P*>(x_hi + k);
-    }
+    P w{};
+    if (k < in_features && feature_in) w = *reinterpret_cast<const P*>(w_row + k);
     const uint32_t* wv = reinterpret_cast<const uint32_t*>(&w);
-    const uint32_t* lv = reinterpret_cast<const uint32_t*>(&lo);
-    const uint32_t* hv = reinterpret_cast<const uint32_t*>(&hi);
-    const uint32_t a0[4] = {lv[0], hv[0], lv[1], hv[1]}, b0[2] = {wv[0], wv[1]};
-    mma_16x8x16<T>(d, a0, b0);
-    const uint32_t a1[4] = {lv[2], hv[2], lv[3], hv[3]}, b1[2] = {wv[2], wv[3]};
-    mma_16x8x16<T>(d, a1, b1);
+    const uint32_t b0[2] = {wv[0], wv[1]}, b1[2] = {wv[2], wv[3]};
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      const int lo_row = first_row + t * 16 + group, hi_row = lo_row + 8;
+      P lo{}, hi{};
+      if (k < in_features) {
+        if (lo_row < all_rows) lo = *reinterpret_cast<const P*>(x + static_cast<int64_t>(lo_row) * in_features + k);
+        if (hi_row < all_rows) hi = *reinterpret_cast<const P*>(x + static_cast<int64_t>(hi_row) * in_features + k);
+      }
+      const uint32_t* lv = reinterpret_cast<const uint32_t*>(&lo);
+      const uint32_t* hv = reinterpret_cast<const uint32_t*>(&hi);
+      const uint32_t a0[4] = {lv[0], hv[0], lv[1], hv[1]};
+      mma_16x8x16<T>(d[t], a0, b0);
+      const uint32_t a1[4] = {lv[2], hv[2], lv[3], hv[3]};
+      mma_16x8x16<T>(d[t], a1, b1);
+    }
   }
 #pragma unroll
-  for (int e = 0; e < 4; ++e) partial[warp][lane][e] = d[e];
+  for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) partial[t][warp][lane][e] = d[t][e];
   __syncthreads();
   if (warp != 0) return;
-  // d[e] is row group (+8 for e ≥ 2), feature n0 + 2·quad + (e & 1).
+  // d[t][e] is row 16t + group (+8 for e ≥ 2) of the block's rows, feature n0 + 2·quad + (e & 1).
+  for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    float y = partial[0][lane][e];
-    for (int w = 1; w < kLinearWarps; ++w) y = __fadd_rn(y, partial[w][lane][e]);
-    const int row = group + (e >= 2 ? 8 : 0);
-    const int64_t j = n0 + 2 * quad + (e & 1);
-    if (row < rows && j < out_features) {
-      if (bias != nullptr) y = __fadd_rn(y, to_float(bias[j]));
-      if (residual != nullptr) y = __fadd_rn(y, to_float(residual[row * out_features + j]));
-      out[row * out_features + j] = from_float<T>(y);
+    for (int e = 0; e < 4; ++e) {
+      float y = partial[t][0][lane][e];
+      for (int w = 1; w < kLinearWarps; ++w) y = __fadd_rn(y, partial[t][w][lane][e]);
+      const int64_t row = first_row + t * 16 + group + (e >= 2 ? 8 : 0);
+      const int64_t j = n0 + 2 * quad + (e & 1);
+      if (row < all_rows && j < out_features) {
+        if (bias != nullptr) y = __fadd_rn(y, to_float(bias[j]));
+        if (residual != nullptr) y = __fadd_rn(y, to_float(residual[row * out_features + j]));
+        out[row * out_features + j] = from_float<T>(y);
+      }
     }
   }
 }
@@ -564,10 +572,18 @@ template <class T>
 void invariant_linear_typed(const void* x, const void* w, const void* bias, const void* residual, void* out, int64_t rows,
                             int64_t out_features, int64_t in_features, cudaStream_t stream) {
   if (rows == 0 || out_features == 0) return;
-  const dim3 blocks(static_cast<unsigned>((out_features + 7) / 8), static_cast<unsigned>((rows + 15) / 16));
-  invariant_linear_kernel<T><<<blocks, kLinearWarps * 32, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias), static_cast<const T*>(residual),
-      static_cast<T*>(out), static_cast<int>(rows), out_features, in_features);
+  const int64_t tiles = (rows + 15) / 16;
+  const int per_block = tiles >= 8 ? 8 : tiles >= 4 ? 4 : tiles >= 2 ? 2 : 1;
+  const dim3 blocks(static_cast<unsigned>((out_features + 7) / 8), static_cast<unsigned>((tiles + per_block - 1) / per_block));
+  auto launch = [&](auto kernel) {
+    kernel<<<blocks, kLinearWarps * 32, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(w),
+                                                     static_cast<const T*>(bias), static_cast<const T*>(residual),
+                                                     static_cast<T*>(out), static_cast<int>(rows), out_features, in_features);
+  };
+  if (per_block == 8) launch(invariant_linear_kernel<T, 8>);
+  else if (per_block == 4) launch(invariant_linear_kernel<T, 4>);
+  else if (per_block == 2) launch(invariant_linear_kernel<T, 2>);
+  else launch(invariant_linear_kernel<T, 1>);
   check_launch("invariant_linear");
 }
 
@@ -665,7 +681,7 @@ void invariant_linear(Element e, const void* x, const void* weight, const void* 
 }
 
 bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight) {
-  return rows <= 16 * int64_t{65535} && in_features % 8 == 0 && aligned16(x) && aligned16(weight);
+  return rows <= 8 * 16 * int64_t{65535} && in_features % 8 == 0 && aligned16(x) && aligned16(weight);
 }
 
 void invariant_decode_attention(Element e, const void* q, const void* keys, const void* values, const int32_t* cu_k,
