@@ -45,7 +45,10 @@ constexpr double kFp32Tolerance = 2e-4;
 // against single, cut back against straight): the same arithmetic over
 // different GEMM shapes and chunk boundaries, so fp32 rounding apart. A wrong
 // state or a leak between documents is an error of the order of the scale.
-constexpr double kSamePathTolerance = 1e-4;
+// OpenBLAS's AVX-512 (SkylakeX) kernels, which scripts/test.sh selects on
+// such CPUs, round GEMMs of different row counts apart by up to 1.3e-4 of the
+// scale on these fixtures (measured 2026-12-06; its Haswell kernels: < 1e-4).
+constexpr double kSamePathTolerance = 3e-4;
 
 const std::vector<std::string> kDense = {"qwen3_5_mm", "qwen3_5_odd", "qwen3_5_wide"};
 const std::vector<std::string> kMoe = {"qwen3_5_moe_a", "qwen3_5_moe_k1", "qwen3_5_moe_k3"};
