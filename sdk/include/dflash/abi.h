@@ -417,7 +417,9 @@ typedef struct dflash_target_vtable {
   /* (optional, ABI 1.2) Context: {"rows", "row_length"} (the batch). Facts:
    * what describe would return (at least num_layers, hidden_size,
    * vocab_size, default_layer_ids) plus "weights_dtype" and
-   * "tied_embeddings" (bool). Items: its weights (RESIDENT) and its
+   * "tied_embeddings" (bool), and (optional) "forward_streams": how many
+   * CUDA streams besides the caller's its forward runs GEMMs on (the host
+   * counts a cuBLAS workspace for each; absent: 0). Items: its weights (RESIDENT) and its
    * forward's working memory (TARGET_FORWARD); not the hidden states it
    * returns, which the host counts. */
   dflash_plan_memory_fn plan_memory;
