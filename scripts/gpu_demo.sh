@@ -124,10 +124,12 @@ stage eval "4. eval on prompts from documents the drafter never saw: DFlash, the
   --prompts "$work/eval_prompts.jsonl" --max-new-tokens "$eval_new_tokens" --report "$out/eval_prompt_lookup.json" 2>&1 | tee -a "$log"
 
 # The same drafter on prompts it trained on: the gap to the line above is the
-# distribution gap (memorised answers against generalisation).
-"${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter-checkpoint "$work/run" \
-  --prompts "$work/gen_prompts.jsonl" --max-prompts "$train_eval_prompts" --max-new-tokens "$eval_new_tokens" \
-  --report "$work/eval_dflash_train_prompts.json" 2>&1 | tee -a "$log" || note "the eval on training prompts failed (see above)"
+# distribution gap (memorised answers against generalisation). 0 skips it.
+if [ "$train_eval_prompts" != "0" ]; then
+  "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter-checkpoint "$work/run" \
+    --prompts "$work/gen_prompts.jsonl" --max-prompts "$train_eval_prompts" --max-new-tokens "$eval_new_tokens" \
+    --report "$work/eval_dflash_train_prompts.json" 2>&1 | tee -a "$log" || note "the eval on training prompts failed (see above)"
+fi
 
 # On request (DFLASH_DEMO_FP32_CHECK=1), the same eval in fp32: the drafter
 # (trained in bf16, its weights upcast exactly by the checkpoint load) and the
