@@ -370,28 +370,32 @@ TEST(DFlashFusedDrafting, CapturedGraphsReplayTheFusedPath) {
 // against kernels aten, the same weights, the same drafting sessions; then
 // the weights replaced through parameters(), as eval's checkpoint loading
 // does, and again.
+// A small dflash drafter on the GPU, bound to `gpu`'s target and set for
+// decoding: its layer ops (`kernels`) and its drafting graphs (`graphs`) as asked.
+std::unique_ptr<DrafterInstance> decoding_drafter(const PluginRecord& record, const dd::testing::GpuTarget& gpu,
+                                                  const std::string& kernels, const std::string& graphs) {
+  const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
+                                 {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", 8}, {"max_anchors", 6},
+                                 {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", {1, 5}}, {"init_std", kInitStd},
+                                 {"rope_theta", 0.0}, {"attention", "grouped"}, {"attention_group_blocks", 64},
+                                 {"attention_group_key_multiple", 128}, {"attention_kernel", "auto"},
+                                 {"embedding_on_cpu", false},
+                                 {"activation_checkpointing", false}, {"decode_graphs", graphs}, {"kernels", kernels}};
+  auto drafter = std::make_unique<DrafterInstance>(record, config, InstanceOptions{"cuda:0", "bfloat16", 3});
+  drafter->bind_target(gpu.info, gpu.frozen);
+  drafter->set_training(false);
+  return drafter;
+}
+
 TEST(DFlashFusedDrafting, ThePluginsProposalsMatchTheAtenPluginAndFollowLoadedWeights) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   PluginRegistry registry;
   registry.add_directory(DFLASH_INTREE_PLUGIN_DIR);
   const PluginRecord& record = registry.find(DFLASH_KIND_DRAFTER, "dflash");
   const dd::testing::GpuTarget gpu = dd::testing::small_gpu_target(37);
-  const nlohmann::json& target = gpu.info;
-  const NamedTensors& frozen = gpu.frozen;
   const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
   std::vector<std::unique_ptr<DrafterInstance>> drafters;  // fused, then ATen
-  for (const char* kernels : {"auto", "aten"}) {
-    const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
-                                   {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", 8}, {"max_anchors", 6},
-                                   {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", {1, 5}}, {"init_std", kInitStd},
-                                   {"rope_theta", 0.0}, {"attention", "grouped"}, {"attention_group_blocks", 64},
-                                   {"attention_group_key_multiple", 128}, {"attention_kernel", "auto"},
-                                   {"embedding_on_cpu", false},
-                                   {"activation_checkpointing", false}, {"decode_graphs", "auto"}, {"kernels", kernels}};
-    drafters.push_back(std::make_unique<DrafterInstance>(record, config, InstanceOptions{"cuda:0", "bfloat16", 3}));
-    drafters.back()->bind_target(target, frozen);
-    drafters.back()->set_training(false);
-  }
+  for (const char* kernels : {"auto", "aten"}) drafters.push_back(decoding_drafter(record, gpu, kernels, "auto"));
   auto decode = [&](uint64_t seed) {  // one session per drafter: extensions and proposals
     std::vector<std::vector<torch::Tensor>> proposals(2);
     std::vector<int64_t> sessions;
@@ -449,18 +453,7 @@ TEST(DFlashFusedDrafting, TopKProposalsThroughGraphsMatchTheEagerOnes) {
   const dd::testing::GpuTarget gpu = dd::testing::small_gpu_target(41);
   const auto cuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
   std::vector<std::unique_ptr<DrafterInstance>> drafters;  // graphs, then none
-  for (const char* graphs : {"auto", "off"}) {
-    const nlohmann::json config = {{"num_layers", 2}, {"num_attention_heads", 0}, {"num_key_value_heads", 0},
-                                   {"head_dim", 0}, {"intermediate_size", 0}, {"block_size", 8}, {"max_anchors", 6},
-                                   {"gamma", 0.0}, {"mask_token_id", -1}, {"target_layer_ids", {1, 5}}, {"init_std", kInitStd},
-                                   {"rope_theta", 0.0}, {"attention", "grouped"}, {"attention_group_blocks", 64},
-                                   {"attention_group_key_multiple", 128}, {"attention_kernel", "auto"},
-                                   {"embedding_on_cpu", false},
-                                   {"activation_checkpointing", false}, {"decode_graphs", graphs}, {"kernels", "auto"}};
-    drafters.push_back(std::make_unique<DrafterInstance>(record, config, InstanceOptions{"cuda:0", "bfloat16", 3}));
-    drafters.back()->bind_target(gpu.info, gpu.frozen);
-    drafters.back()->set_training(false);
-  }
+  for (const char* graphs : {"auto", "off"}) drafters.push_back(decoding_drafter(record, gpu, "auto", graphs));
   std::vector<int64_t> sessions;
   for (const auto& d : drafters) sessions.push_back(d->draft_begin());
   torch::manual_seed(42);

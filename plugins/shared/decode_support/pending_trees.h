@@ -30,6 +30,26 @@ inline std::vector<int64_t> tree_depths(const std::vector<int64_t>& parents) {
   return depths;
 }
 
+// A decode_verify_tree request's checks that need no tensor, as every target
+// makes them before touching its session: one token per parent, parents
+// before their children (tree_depths), and the deepest path within the
+// session's max_length (`capacity`) after its `length` cached tokens.
+// Returns the node depths; throws std::invalid_argument naming what is wrong.
+inline std::vector<int64_t> checked_tree_depths(int64_t session, int64_t tokens, const std::vector<int64_t>& parents,
+                                                int64_t length, int64_t capacity) {
+  const auto n = static_cast<int64_t>(parents.size());
+  if (n < 1 || tokens != n)
+    throw std::invalid_argument("decode_verify_tree: " + std::to_string(tokens) + " tokens for " + std::to_string(n) + " parents");
+  std::vector<int64_t> depths = tree_depths(parents);
+  int64_t deepest = 0;
+  for (int64_t d : depths) deepest = d > deepest ? d : deepest;
+  if (length + deepest > capacity)
+    throw std::invalid_argument("decode_verify_tree: session " + std::to_string(session) + ": the tree's deepest path of " +
+                                std::to_string(deepest) + " tokens would make " + std::to_string(length + deepest) +
+                                ", beyond the session's max_length " + std::to_string(capacity));
+  return depths;
+}
+
 class PendingTrees {
  public:
   struct Tree {

@@ -698,16 +698,9 @@ DecoderOutputs Decoder::verify_tree(DecodeSessions& pool, int64_t id, const at::
   const DecoderConfig& c = config_;
   const auto device = embed_.device();
   const int64_t n = static_cast<int64_t>(parents.size());
-  if (tokens_in.numel() != n || n < 1)
-    throw std::invalid_argument("decode_verify_tree: " + std::to_string(tokens_in.numel()) + " tokens for " + std::to_string(n) +
-                                " parents");
-  const std::vector<int64_t> depths = decode_support::tree_depths(parents);
   DecodeSessions::Session& s = pool.at(id);
+  const std::vector<int64_t> depths = decode_support::checked_tree_depths(id, tokens_in.numel(), parents, s.length, s.capacity);
   const int64_t deepest = *std::max_element(depths.begin(), depths.end());
-  if (s.length + deepest > s.capacity)
-    throw std::invalid_argument("decode_verify_tree: session " + std::to_string(id) + ": the tree's deepest path of " +
-                                std::to_string(deepest) + " tokens would make " + std::to_string(s.length + deepest) +
-                                ", beyond the session's max_length " + std::to_string(s.capacity));
   const at::Tensor tokens = tokens_in.reshape({n});
   if (tokens.device().is_cpu()) {
     const auto [low, high] = at::aminmax(tokens);

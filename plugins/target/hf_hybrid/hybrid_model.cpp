@@ -76,6 +76,17 @@ Projected project_full(const HybridConfig& c, const FullAttentionWeights& w, con
   return p;
 }
 
+// A decoding step's projections of a full-attention layer (rotary [N, 2, ·]:
+// cos, sin), its keys and values written into the layer's pools at `slots`
+// (rows of the pools flattened to [rows · capacity, kv_heads, hd]).
+Projected project_into_cache(const HybridConfig& c, const FullAttentionWeights& w, const at::Tensor& h,
+                             const at::Tensor& rotary, at::Tensor& key_pool, at::Tensor& value_pool, const at::Tensor& slots) {
+  Projected p = project_full(c, w, h, rotary.select(1, 0), rotary.select(1, 1));
+  key_pool.view({-1, c.num_kv_heads, c.head_dim}).index_copy_(0, slots, p.k);
+  value_pool.view({-1, c.num_kv_heads, c.head_dim}).index_copy_(0, slots, p.v);
+  return p;
+}
+
 // The output gate and o_proj after attention [N, heads hd].
 at::Tensor finish_full(const FullAttentionWeights& w, const at::Tensor& attention, const at::Tensor& gate) {
   return at::linear(attention * at::sigmoid(gate), w.o);
@@ -459,12 +470,10 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
                                             /*keep_inputs=*/true);
       mixed = linear_results[l].out.view({tokens_in_step, h});
     } else {
-      const int64_t f = full_index_[static_cast<size_t>(i)], kv = c.num_kv_heads, hd = c.head_dim;
-      const Projected p = project_full(c, w.full, normed, rotary.select(1, 0), rotary.select(1, 1));
+      const int64_t f = full_index_[static_cast<size_t>(i)], hd = c.head_dim;
       at::Tensor& key_pool = kv_.keys(f);
       at::Tensor& value_pool = kv_.values(f);
-      key_pool.view({-1, kv, hd}).index_copy_(0, slots, p.k);
-      value_pool.view({-1, kv, hd}).index_copy_(0, slots, p.v);
+      const Projected p = project_into_cache(c, w.full, normed, rotary, key_pool, value_pool, slots);
       // [count, kv, keys, hd]: only the keys in use are gathered (not each
       // row's whole capacity), and consecutive rows are not copied at all.
       auto cached = [&](const at::Tensor& pool) {
@@ -520,18 +529,8 @@ HybridOutputs HybridModel::verify_tree(int64_t id, const at::Tensor& tokens_in, 
   const HybridConfig& c = config_;
   const auto device = embed_.device();
   const int64_t n = static_cast<int64_t>(parents.size()), h = c.hidden_size;
-  if (n < 1 || tokens_in.numel() != n)
-    throw std::invalid_argument("decode_verify_tree: " + std::to_string(tokens_in.numel()) + " tokens for " + std::to_string(n) +
-                                " parents");
-  const std::vector<int64_t> depths = decode_support::tree_depths(parents);
-  const int64_t deepest = *std::max_element(depths.begin(), depths.end());
-  {
-    const hf::DecodeSessions::Session& s = kv_.at(id);
-    if (s.length + deepest > s.capacity)
-      throw std::invalid_argument("decode_verify_tree: session " + std::to_string(id) + ": the tree's deepest path of " +
-                                  std::to_string(deepest) + " tokens would make " + std::to_string(s.length + deepest) +
-                                  ", beyond the session's max_length " + std::to_string(s.capacity));
-  }
+  const std::vector<int64_t> depths =
+      decode_support::checked_tree_depths(id, tokens_in.numel(), parents, kv_.at(id).length, kv_.at(id).capacity);
   if (tokens_in.device().is_cpu()) {
     const auto [low, high] = at::aminmax(tokens_in);
     if (low.item<int64_t>() < 0 || high.item<int64_t>() >= c.vocab_size)
@@ -546,6 +545,7 @@ HybridOutputs HybridModel::verify_tree(int64_t id, const at::Tensor& tokens_in, 
 
   // The nodes by depth; where each lies in that order (rank) and, past depth
   // 1, which row of the level above holds its parent.
+  const int64_t deepest = *std::max_element(depths.begin(), depths.end());
   std::vector<std::vector<int64_t>> levels(static_cast<size_t>(deepest));
   for (int64_t i = 0; i < n; ++i) levels[static_cast<size_t>(depths[static_cast<size_t>(i)] - 1)].push_back(i);
   std::vector<int64_t> rank(static_cast<size_t>(n)), local(static_cast<size_t>(n));
@@ -622,12 +622,10 @@ HybridOutputs HybridModel::verify_tree(int64_t id, const at::Tensor& tokens_in, 
       record->conv_inputs.push_back(in_node_order(convs));
       record->rule.push_back({in_node_order(qs), in_node_order(ks), in_node_order(vs), in_node_order(gs), in_node_order(betas)});
     } else {
-      const int64_t f = full_index_[static_cast<size_t>(i)], kv = c.num_kv_heads, hd = c.head_dim;
-      const Projected p = project_full(c, w.full, normed, rotary.select(1, 0), rotary.select(1, 1));
+      const int64_t f = full_index_[static_cast<size_t>(i)], hd = c.head_dim;
       at::Tensor& key_pool = kv_.keys(f);
       at::Tensor& value_pool = kv_.values(f);
-      key_pool.view({-1, kv, hd}).index_copy_(0, slots, p.k);
-      value_pool.view({-1, kv, hd}).index_copy_(0, slots, p.v);
+      const Projected p = project_into_cache(c, w.full, normed, rotary, key_pool, value_pool, slots);
       auto cached = [&](const at::Tensor& pool) { return pool.narrow(1, 0, keys).narrow(0, s.row, 1).transpose(1, 2); };
       const at::Tensor attention =
           attend(p.q.view({1, n, c.num_heads, hd}).transpose(1, 2), cached(key_pool), cached(value_pool), mask, false)
