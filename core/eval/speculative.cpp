@@ -188,11 +188,13 @@ Generation speculative_decode(const host::TargetModelInstance& target, const hos
     phases.time(&DecodeProfile::extend, [&] {
       host::NamedTensors inputs = {{"input_ids", ids_tensor(accepted)}};
       const auto count = static_cast<int64_t>(accepted.size());
+      at::Tensor picked;  // `rows`, uploaded once for every layer's features
       for (int64_t id : layer_ids) {
         const std::string name = "hidden." + std::to_string(id);
         const at::Tensor hidden = output(out, name, target.record());
-        inputs.emplace_back(name, rows.empty() ? hidden.narrow(0, 0, count)
-                                               : hidden.index_select(0, ids_tensor(rows).to(hidden.device())));
+        if (!rows.empty() && (!picked.defined() || picked.device() != hidden.device()))
+          picked = ids_tensor(rows).to(hidden.device(), /*non_blocking=*/true);
+        inputs.emplace_back(name, rows.empty() ? hidden.narrow(0, 0, count) : hidden.index_select(0, picked));
       }
       drafter.draft_extend(draft, inputs);
     });
@@ -222,16 +224,22 @@ Generation speculative_decode(const host::TargetModelInstance& target, const hos
       // The tree: the drafter's top candidates at each of `room` positions
       // (read back: the tree is built on the host), the best paths under
       // the node budget, verified with the newest token as node 0.
-      const host::DrafterInstance::TopK topk = phases.time(&DecodeProfile::propose, [&] {
-        return drafter.draft_propose_topk(draft, {{"last_token", ids_tensor({next})}}, room, candidates_per_position);
+      // Read back in one copy (the step's wait for the drafter).
+      at::Tensor tokens_cpu, log_probs_cpu;
+      phases.time(&DecodeProfile::propose, [&] {
+        const host::DrafterInstance::TopK topk =
+            drafter.draft_propose_topk(draft, {{"last_token", ids_tensor({next})}}, room, candidates_per_position);
+        const at::Tensor both = at::cat({topk.tokens.to(at::kDouble), topk.log_probs.to(topk.tokens.device(), at::kDouble)}, 1)
+                                    .to(at::kCPU);
+        const int64_t k = topk.tokens.size(1);
+        tokens_cpu = both.narrow(1, 0, k).to(at::kLong).contiguous();
+        log_probs_cpu = both.narrow(1, k, k).to(at::kFloat).contiguous();
       });
-      const int64_t positions = topk.tokens.size(0);
+      const int64_t positions = tokens_cpu.size(0);
       if (positions > room)
         throw std::runtime_error(drafter.record().label() + ": draft_propose_topk returned " + std::to_string(positions) +
                                  " positions, more than the " + std::to_string(room) + " asked for");
       PositionCandidates candidates;
-      const at::Tensor tokens_cpu = topk.tokens.to(at::kCPU).contiguous();
-      const at::Tensor log_probs_cpu = topk.log_probs.to(at::kCPU, at::kFloat).contiguous();
       for (int64_t d = 0; d < positions; ++d) {
         const at::Tensor t = tokens_cpu[d], lp = log_probs_cpu[d];
         candidates.tokens.emplace_back(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());

@@ -137,4 +137,20 @@ void invariant_decode_attention(Element element, const void* q, const void* keys
 // ≤ 256) and a session of max_keys keys (their scores fit in shared memory).
 bool invariant_decode_attention_fits(int64_t head_dim, int64_t max_keys);
 
+// A draft tree's accepted path kept in place in several caches at once (each
+// layer's keys and values): in every buffer, row to_start + j ← row from[j]
+// for j = 0 … moves − 1, rows of row_bytes bytes. The sources must increase
+// and never fall below their destinations (from[j] ≥ to_start + j), as a
+// path's nodes, stored parents first, do; kernel_ops checks it. The moves
+// travel in the launch's arguments: no upload, nothing to wait for.
+constexpr int32_t kMaxCacheRowBuffers = 64;
+constexpr int32_t kMaxCacheRowMoves = 256;
+struct CacheRowMoves {
+  void* buffers[kMaxCacheRowBuffers] = {};
+  int64_t from[kMaxCacheRowMoves] = {};
+  int64_t to_start = 0, row_bytes = 0;
+  int32_t buffers_used = 0, moves = 0;
+};
+void move_cache_rows(const CacheRowMoves& moves, cudaStream_t stream);
+
 }  // namespace dflash::cuda_kernels

@@ -304,47 +304,97 @@ __global__ void __launch_bounds__(kThreads) delta_prepare(DeltaRuleArgs a) {
   }
 }
 
-// The recurrence: one block per (sequence, value head, 32 value columns),
+// The recurrence: one block per (sequence, value head, 64 value columns),
 // the column block the fastest grid index (a head's blocks run together and
 // share its chunks' workspace in L2). The state lives in the warps'
-// accumulator fragments, fp32: warp w holds rows [16w, 16w + 16) of its
-// 32 columns; a 16-bit copy in shared memory feeds the products. The
-// chunks' w, q, k and P are read from the workspace straight into fragments.
-constexpr int kStateColumns = 32;
+// accumulator fragments, fp32: warp w holds rows [16w, 16w + 16) of its 64
+// columns; a 16-bit copy in shared memory feeds the products. Each chunk's
+// w, q, k, P and u columns are copied to shared memory with cp.async while
+// the chunk before is computed (two stages), so the products read shared
+// memory and the copies' latency hides behind them.
+constexpr int kStateColumns = 64;
 constexpr int kStateTiles = kStateColumns / kTile;
-constexpr int kVnLd = kStateColumns + 8;
+constexpr int kColLd = kStateColumns + 8;  // 16-bit [·, 64] matrices, padded
+
+__device__ __forceinline__ void copy_async16(void* dst_shared, const void* src, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_shared));
+  const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
 
 struct RecurrenceLayout {
-  int dkp, dvp;
+  int dkp, dvp, kld;  // kld: the [64, dkp] matrices' row stride in shared memory
+  int64_t w, q, k, p, u, stage;  // byte offsets within a stage, and its size
   int64_t hb, vn, staging, bytes;
 };
 __host__ __device__ inline RecurrenceLayout recurrence_layout(int64_t dk, int64_t dv) {
   RecurrenceLayout l{};
   l.dkp = pad16(dk);
   l.dvp = pad16(dv);
-  l.hb = 0;                                                  // T [dkp, 32 + 8]
-  l.vn = l.hb + int64_t{l.dkp} * kVnLd * 2;                  // T [64, 32 + 8]
-  l.staging = l.vn + int64_t{kChunk} * kVnLd * 2;            // fp32 [warps][16 × 16]
+  l.kld = l.dkp + 8;
+  const int64_t key_matrix = int64_t{kChunk} * l.kld * 2, col_matrix = int64_t{kChunk} * kColLd * 2;
+  l.w = 0;
+  l.q = l.w + key_matrix;
+  l.k = l.q + key_matrix;
+  l.p = l.k + key_matrix;
+  l.u = l.p + col_matrix;  // P [64, 64] and u's 64 columns share the padded width
+  l.stage = l.u + col_matrix;
+  l.hb = 2 * l.stage;                                        // T [dkp, 64 + 8]
+  l.vn = l.hb + int64_t{l.dkp} * kColLd * 2;                 // T [64, 64 + 8]
+  l.staging = l.vn + int64_t{kChunk} * kColLd * 2;           // fp32 [warps][16 × 16]
   l.bytes = l.staging + int64_t{kWarps} * kTile * kTile * 4;
   return l;
 }
 
+// Chunk `chunk_index`'s workspace (w, q, k, P, this block's u columns) into
+// one stage, 16 bytes a copy, as one cp.async group.
 template <class T>
-__global__ void __launch_bounds__(kThreads, 3) delta_recurrence(DeltaRuleArgs a) {
+__device__ void stage_chunk(const T* work, const Workspace& ws, const RecurrenceLayout& l, int col0, unsigned char* stage) {
+  const int key_pieces = l.dkp / 8;  // 16-byte pieces a row
+  for (int e = threadIdx.x; e < 3 * kChunk * key_pieces; e += kThreads) {
+    const int m = e / (kChunk * key_pieces), r = (e / key_pieces) % kChunk, c = (e % key_pieces) * 8;
+    const int64_t from = (m == 0 ? ws.w : m == 1 ? ws.qd : ws.kd) + int64_t{r} * l.dkp + c;
+    T* to = reinterpret_cast<T*>(stage + (m == 0 ? l.w : m == 1 ? l.q : l.k)) + r * l.kld + c;
+    copy_async16(to, work + from, true);
+  }
+  constexpr int kColPieces = kStateColumns / 8;
+  for (int e = threadIdx.x; e < 2 * kChunk * kColPieces; e += kThreads) {
+    const bool is_p = e < kChunk * kColPieces;
+    const int r = (e / kColPieces) % kChunk, c = (e % kColPieces) * 8;
+    const bool valid = is_p || col0 + c < l.dvp;  // u's padding columns past dvp: zeros
+    const int64_t from = is_p ? ws.p + int64_t{r} * kChunk + c : ws.u + int64_t{r} * l.dvp + (valid ? col0 + c : 0);
+    T* to = reinterpret_cast<T*>(stage + (is_p ? l.p : l.u)) + r * kColLd + c;
+    copy_async16(to, work + from, valid);
+  }
+  copy_async_commit();
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1) delta_recurrence(DeltaRuleArgs a) {
   const DeltaSequence sq = a.sequences[blockIdx.y];
   const int head = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int dk = static_cast<int>(a.dk), dv = static_cast<int>(a.dv);
   const int col0 = blockIdx.x * kStateColumns, cols = min(kStateColumns, dv - col0);
   const RecurrenceLayout l = recurrence_layout(dk, dv);
-  const int dkp = l.dkp, dvp = l.dvp, k_tiles = dkp / kTile;
+  const int dkp = l.dkp, dvp = l.dvp, k_tiles = dkp / kTile, kld = l.kld;
   const Workspace ws = workspace_layout(dkp, dvp);
   extern __shared__ __align__(128) unsigned char smem[];
   T* Hb = reinterpret_cast<T*>(smem + l.hb);
   T* Vn = reinterpret_cast<T*>(smem + l.vn);
   float* staging = reinterpret_cast<float*>(smem + l.staging) + warp * kTile * kTile;
   const bool holds_state = warp < k_tiles;  // warp w: state rows [16w, 16w + 16)
-  // This warp's output tile of the 64 × 32 products (8 warps, 4 × 2 tiles).
-  const int oi = warp / kStateTiles, oj = warp % kStateTiles;
+  // This warp's two output tiles of the 64 × 64 products (8 warps, 4 × 4 tiles).
+  const int oi = warp / 2, oj0 = (warp % 2) * 2;
+
+  const T* base = static_cast<const T*>(a.workspace);
+  const float* lasts = reinterpret_cast<const float*>(base + a.chunk_count * a.value_heads * ws.per);
+  auto chunk_work = [&](int n) { return base + ((sq.first_chunk + n) * a.value_heads + head) * ws.per; };
+  if (sq.chunk_count > 0) stage_chunk(chunk_work(0), ws, l, col0, smem);
 
   const int64_t state0 = (static_cast<int64_t>(sq.row) * a.value_heads + head) * dk * dv;
   const bool from_initial = (sq.flags & kSequenceFromInitial) != 0 && a.initial != nullptr;
@@ -358,59 +408,67 @@ __global__ void __launch_bounds__(kThreads, 3) delta_recurrence(DeltaRuleArgs a)
       __syncwarp();
       wmma::load_matrix_sync(h[t], staging, kTile, wmma::mem_row_major);
       for (int e = lane; e < kTile * kTile; e += 32)
-        Hb[(warp * kTile + e / kTile) * kVnLd + t * kTile + e % kTile] = from_float<T>(staging[e]);
+        Hb[(warp * kTile + e / kTile) * kColLd + t * kTile + e % kTile] = from_float<T>(staging[e]);
       __syncwarp();
     }
   }
-  __syncthreads();
 
-  const T* base = static_cast<const T*>(a.workspace);
-  const float* lasts = reinterpret_cast<const float*>(base + a.chunk_count * a.value_heads * ws.per);
   for (int n = 0; n < sq.chunk_count; ++n) {
     const int64_t chunk_index = sq.first_chunk + n;
     const DeltaChunk ch = a.chunks[chunk_index];
-    const T* work = base + (chunk_index * a.value_heads + head) * ws.per;
-    // v' = u − w H, this warp's 16 × 16 tile, into Vn.
-    {
+    const float carry = expf(lasts[chunk_index * a.value_heads + head]);
+    const unsigned char* stage = smem + (n % 2) * l.stage;
+    copy_async_wait<0>();
+    __syncthreads();  // this chunk's stage, Hb whole; the other stage is free
+    if (n + 1 < sq.chunk_count) stage_chunk(chunk_work(n + 1), ws, l, col0, smem + ((n + 1) % 2) * l.stage);
+    const T* W = reinterpret_cast<const T*>(stage + l.w);
+    const T* Q = reinterpret_cast<const T*>(stage + l.q);
+    const T* K = reinterpret_cast<const T*>(stage + l.k);
+    const T* P = reinterpret_cast<const T*>(stage + l.p);
+    const T* U = reinterpret_cast<const T*>(stage + l.u);
+    // v' = u − w H, this warp's two 16 × 16 tiles, into Vn.
+    for (int j = 0; j < 2; ++j) {
+      const int oj = oj0 + j;
       Acc acc;
       wmma::fill_fragment(acc, 0.f);
       for (int kk = 0; kk < k_tiles; ++kk) {
         FragA<T> fa;
         FragB<T> fb;
-        wmma::load_matrix_sync(fa, work + ws.w + oi * kTile * dkp + kk * kTile, dkp);
-        wmma::load_matrix_sync(fb, Hb + kk * kTile * kVnLd + oj * kTile, kVnLd);
+        wmma::load_matrix_sync(fa, W + oi * kTile * kld + kk * kTile, kld);
+        wmma::load_matrix_sync(fb, Hb + kk * kTile * kColLd + oj * kTile, kColLd);
         wmma::mma_sync(acc, fa, fb, acc);
       }
       wmma::store_matrix_sync(staging, acc, kTile, wmma::mem_row_major);
       __syncwarp();
       for (int e = lane; e < kTile * kTile; e += 32) {
         const int i = oi * kTile + e / kTile, c = oj * kTile + e % kTile;
-        const float u = col0 + c < dvp ? to_float(work[ws.u + static_cast<int64_t>(i) * dvp + col0 + c]) : 0.f;
-        Vn[i * kVnLd + c] = from_float<T>(u - staging[e]);
+        Vn[i * kColLd + c] = from_float<T>(to_float(U[i * kColLd + c]) - staging[e]);
       }
+      __syncwarp();
     }
     __syncthreads();  // Vn whole
     // o = (q ⊙ exp(decay)) H + P v'
-    {
+    T* out = static_cast<T*>(a.out) + ((static_cast<int64_t>(ch.row) * a.seq_len + ch.start) * a.value_heads + head) * dv + col0;
+    for (int j = 0; j < 2; ++j) {
+      const int oj = oj0 + j;
       Acc acc;
       wmma::fill_fragment(acc, 0.f);
       for (int kk = 0; kk < k_tiles; ++kk) {
         FragA<T> fa;
         FragB<T> fb;
-        wmma::load_matrix_sync(fa, work + ws.qd + oi * kTile * dkp + kk * kTile, dkp);
-        wmma::load_matrix_sync(fb, Hb + kk * kTile * kVnLd + oj * kTile, kVnLd);
+        wmma::load_matrix_sync(fa, Q + oi * kTile * kld + kk * kTile, kld);
+        wmma::load_matrix_sync(fb, Hb + kk * kTile * kColLd + oj * kTile, kColLd);
         wmma::mma_sync(acc, fa, fb, acc);
       }
       for (int kk = 0; kk <= oi; ++kk) {
         FragA<T> fa;
         FragB<T> fb;
-        wmma::load_matrix_sync(fa, work + ws.p + oi * kTile * kChunk + kk * kTile, kChunk);
-        wmma::load_matrix_sync(fb, Vn + kk * kTile * kVnLd + oj * kTile, kVnLd);
+        wmma::load_matrix_sync(fa, P + oi * kTile * kColLd + kk * kTile, kColLd);
+        wmma::load_matrix_sync(fb, Vn + kk * kTile * kColLd + oj * kTile, kColLd);
         wmma::mma_sync(acc, fa, fb, acc);
       }
       wmma::store_matrix_sync(staging, acc, kTile, wmma::mem_row_major);
       __syncwarp();
-      T* out = static_cast<T*>(a.out) + ((static_cast<int64_t>(ch.row) * a.seq_len + ch.start) * a.value_heads + head) * dv + col0;
       for (int e = lane; e < kTile * kTile; e += 32) {
         const int i = oi * kTile + e / kTile, c = oj * kTile + e % kTile;
         if (i < ch.length && c < cols) out[static_cast<int64_t>(i) * a.value_heads * dv + c] = from_float<T>(staging[e]);
@@ -419,14 +477,13 @@ __global__ void __launch_bounds__(kThreads, 3) delta_recurrence(DeltaRuleArgs a)
     }
     // H ← exp(decay_last) H + (k ⊙ exp(decay_last − decay))ᵀ v'
     if (holds_state) {
-      const float carry = expf(lasts[chunk_index * a.value_heads + head]);
       for (int t = 0; t < kStateTiles; ++t) {
         for (int e = 0; e < h[t].num_elements; ++e) h[t].x[e] *= carry;
         for (int kk = 0; kk < kChunk / kTile; ++kk) {
           FragAt<T> fa;
           FragB<T> fb;
-          wmma::load_matrix_sync(fa, work + ws.kd + kk * kTile * dkp + warp * kTile, dkp);
-          wmma::load_matrix_sync(fb, Vn + kk * kTile * kVnLd + t * kTile, kVnLd);
+          wmma::load_matrix_sync(fa, K + kk * kTile * kld + warp * kTile, kld);
+          wmma::load_matrix_sync(fb, Vn + kk * kTile * kColLd + t * kTile, kColLd);
           wmma::mma_sync(h[t], fa, fb, h[t]);
         }
       }
@@ -437,11 +494,10 @@ __global__ void __launch_bounds__(kThreads, 3) delta_recurrence(DeltaRuleArgs a)
         wmma::store_matrix_sync(staging, h[t], kTile, wmma::mem_row_major);
         __syncwarp();
         for (int e = lane; e < kTile * kTile; e += 32)
-          Hb[(warp * kTile + e / kTile) * kVnLd + t * kTile + e % kTile] = from_float<T>(staging[e]);
+          Hb[(warp * kTile + e / kTile) * kColLd + t * kTile + e % kTile] = from_float<T>(staging[e]);
         __syncwarp();
       }
     }
-    __syncthreads();  // Hb whole
   }
   if ((sq.flags & kSequenceWritesFinal) != 0 && a.final_state != nullptr && holds_state) {
     for (int t = 0; t < kStateTiles; ++t) {

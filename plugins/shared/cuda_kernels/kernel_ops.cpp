@@ -1,5 +1,6 @@
 #include "kernel_ops.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -234,6 +235,44 @@ at::Tensor swiglu_backward(const at::Tensor& gate_up_in, const at::Tensor& d_out
   return d_gate_up;
 }
 
+void move_cache_rows_(const std::vector<at::Tensor>& caches, int64_t row_numel, const std::vector<int64_t>& from,
+                      int64_t to_start) {
+  if (caches.empty() || from.empty()) return;
+  const at::Tensor& first = caches.front();
+  const int64_t rows = row_numel > 0 ? first.numel() / row_numel : 0;
+  for (const at::Tensor& cache : caches)
+    if (!cache.is_cuda() || !cache.is_contiguous() || cache.device() != first.device() || row_numel < 1 ||
+        cache.numel() != rows * row_numel || cache.scalar_type() != first.scalar_type())
+      throw std::invalid_argument("move_cache_rows_: caches must be contiguous CUDA tensors on one device, of one dtype "
+                                  "and " + std::to_string(rows) + " rows of " + std::to_string(row_numel) + " elements; got " +
+                                  c10::str(cache.sizes()));
+  for (size_t j = 0; j < from.size(); ++j) {
+    const int64_t to = to_start + static_cast<int64_t>(j);
+    if (from[j] < to || (j > 0 && from[j] <= from[j - 1]) || from[j] >= rows)
+      throw std::invalid_argument("move_cache_rows_: move " + std::to_string(j) + " takes row " + std::to_string(from[j]) +
+                                  " to row " + std::to_string(to) + "; sources must increase, never fall below their "
+                                  "destinations and stay below the caches' " + std::to_string(rows) + " rows");
+  }
+  const c10::cuda::CUDAGuard guard(first.device());
+  cuda_kernels::CacheRowMoves moves;
+  moves.row_bytes = row_numel * static_cast<int64_t>(first.element_size());
+  const auto stream = stream_of(first);
+  // Sources past a chunk's end keep their rows until that chunk moves them:
+  // moves run in order, so the chunks do too.
+  for (size_t m = 0; m < from.size(); m += cuda_kernels::kMaxCacheRowMoves) {
+    const size_t m_end = std::min(from.size(), m + static_cast<size_t>(cuda_kernels::kMaxCacheRowMoves));
+    moves.moves = static_cast<int32_t>(m_end - m);
+    moves.to_start = to_start + static_cast<int64_t>(m);
+    std::copy(from.begin() + static_cast<std::ptrdiff_t>(m), from.begin() + static_cast<std::ptrdiff_t>(m_end), moves.from);
+    for (size_t b = 0; b < caches.size(); b += cuda_kernels::kMaxCacheRowBuffers) {
+      const size_t b_end = std::min(caches.size(), b + static_cast<size_t>(cuda_kernels::kMaxCacheRowBuffers));
+      moves.buffers_used = static_cast<int32_t>(b_end - b);
+      for (size_t i = b; i < b_end; ++i) moves.buffers[i - b] = caches[i].data_ptr();
+      cuda_kernels::move_cache_rows(moves, stream);
+    }
+  }
+}
+
 bool invariant_linear_fits(const at::Tensor& x, const at::Tensor& weight) {
   return runs_on(x) && x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && x.is_contiguous() &&
          weight.is_contiguous() && weight.scalar_type() == x.scalar_type() &&
@@ -399,6 +438,7 @@ NormBackward head_norm_rope_backward(const at::Tensor&, const at::Tensor&, const
   unavailable();
 }
 at::Tensor swiglu_backward(const at::Tensor&, const at::Tensor&) { unavailable(); }
+void move_cache_rows_(const std::vector<at::Tensor>&, int64_t, const std::vector<int64_t>&, int64_t) { unavailable(); }
 bool invariant_linear_fits(const at::Tensor&, const at::Tensor&) { return false; }
 at::Tensor invariant_linear(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
 void invariant_add_linear_(at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }

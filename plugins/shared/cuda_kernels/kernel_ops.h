@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace dflash::kernel_ops {
 
@@ -64,6 +65,15 @@ at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& gate, const at:
 // in its document, any integer type) or undefined → [B, S, C] contiguous.
 at::Tensor causal_conv_silu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& prefix,
                             const at::Tensor& in_document);
+
+// A draft tree's accepted path kept in every cache at once: in each tensor of
+// `caches` (CUDA, contiguous, any dtype; viewed as rows of row_numel
+// elements), row to_start + j ← row from[j] for each j, in launches of up to
+// 64 caches and 256 moves (no upload, no wait). Throws std::invalid_argument
+// unless the sources increase and from[j] ≥ to_start + j (a path's nodes,
+// stored parents first after to_start) and stay inside every cache.
+void move_cache_rows_(const std::vector<at::Tensor>& caches, int64_t row_numel, const std::vector<int64_t>& from,
+                      int64_t to_start);
 
 // ---- Training (the dflash drafter's layers; trainable_ops.h wraps them in
 // autograd): forwards that also return what their backward needs, and the

@@ -1,5 +1,10 @@
 #include "decode_sessions.h"
 
+#include <host_upload.h>
+#include <kernel_ops.h>
+
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -83,6 +88,37 @@ void DecodeSessions::grow(int64_t rows, int64_t row_capacity) {
   row_used_.resize(static_cast<size_t>(rows), false);
   row_capacity_ = row_capacity;
   ++generation_;
+}
+
+void DecodeSessions::keep_path(int64_t id, int64_t tree_start, const std::vector<int64_t>& path) {
+  const Session& s = at(id);
+  const auto m = static_cast<int64_t>(path.size());
+  bool in_place = true;  // a path 0, 1, …, m − 1 already sits where it is kept
+  for (int64_t j = 0; j < m; ++j) in_place &= path[static_cast<size_t>(j)] == j;
+  if (in_place || layers_ == 0) return;
+  settle();
+  const int64_t base = s.row * row_capacity_ + tree_start;
+  std::vector<int64_t> from, to;
+  for (int64_t j = 0; j < m; ++j) {
+    from.push_back(base + path[static_cast<size_t>(j)]);
+    to.push_back(base + j);
+  }
+  const auto device = keys_.front().device();
+  if (device.is_cuda() && kernel_ops::available()) {
+    std::vector<at::Tensor> caches;
+    for (size_t layer = 0; layer < keys_.size(); ++layer) {
+      caches.push_back(keys_[layer]);
+      caches.push_back(values_[layer]);
+    }
+    kernel_ops::move_cache_rows_(caches, kv_heads_ * head_dim_, from, base);
+    return;
+  }
+  const at::Tensor source = decode_support::upload(from, device), target = decode_support::upload(to, device);
+  for (size_t layer = 0; layer < keys_.size(); ++layer)
+    for (at::Tensor* cache : {&keys_[layer], &values_[layer]}) {
+      const at::Tensor flat = cache->view({-1, kv_heads_, head_dim_});
+      flat.index_copy_(0, target, flat.index_select(0, source));  // gathered first: sources and targets may overlap
+    }
 }
 
 }  // namespace dflash::hf

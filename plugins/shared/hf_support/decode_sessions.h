@@ -58,6 +58,14 @@ class DecodeSessions {
     if (row_capacity > row_capacity_ && !row_used_.empty()) grow(static_cast<int64_t>(row_used_.size()), row_capacity);
   }
 
+  // A verified draft tree's accepted path kept in every layer: the tree's
+  // nodes sit in session `id`'s row from `tree_start` on, node order; node
+  // path[j] moves to tree_start + j (path increasing, parents first, as a
+  // tree's nodes are stored). The length is left to the caller. On a CUDA
+  // build's GPU one launch moves every layer's rows; elsewhere a gather
+  // then a scatter per cache.
+  void keep_path(int64_t id, int64_t tree_start, const std::vector<int64_t>& path);
+
   // [rows, row_capacity, kv_heads, head_dim] of layer `layer`.
   at::Tensor& keys(int64_t layer) {
     settle();

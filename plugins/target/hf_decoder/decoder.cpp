@@ -773,26 +773,8 @@ DecoderOutputs Decoder::verify_tree(DecodeSessions& pool, int64_t id, const at::
 
 void Decoder::accept_path(DecodeSessions& pool, int64_t id, int64_t tree_start, const std::vector<int64_t>& path) const {
   const c10::NoGradGuard no_grad;
-  DecodeSessions::Session& s = pool.at(id);
-  const auto m = static_cast<int64_t>(path.size());
-  bool in_place = true;  // a path 0, 1, …, m − 1 already sits where it is kept
-  for (int64_t j = 0; j < m; ++j) in_place &= path[static_cast<size_t>(j)] == j;
-  if (!in_place) {
-    const int64_t capacity = pool.row_capacity(), base = s.row * capacity + tree_start;
-    std::vector<int64_t> from, to;
-    for (int64_t j = 0; j < m; ++j) {
-      from.push_back(base + path[static_cast<size_t>(j)]);
-      to.push_back(base + j);
-    }
-    const auto device = embed_.device();
-    const at::Tensor source = decode_support::upload(from, device), target = decode_support::upload(to, device);
-    for (int64_t layer = 0; layer < config_.num_layers; ++layer)
-      for (at::Tensor* cache : {&pool.keys(layer), &pool.values(layer)}) {
-        const at::Tensor flat = cache->view({pool.rows() * capacity, config_.num_kv_heads, config_.head_dim});
-        flat.index_copy_(0, target, flat.index_select(0, source));  // gathered first: sources and targets may overlap
-      }
-  }
-  s.length = tree_start + m;
+  pool.keep_path(id, tree_start, path);
+  pool.at(id).length = tree_start + static_cast<int64_t>(path.size());
 }
 
 // The reference path (any device and dtype): ATen operations, Hugging Face's

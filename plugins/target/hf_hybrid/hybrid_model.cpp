@@ -652,23 +652,8 @@ void HybridModel::accept_path(int64_t id, int64_t tree_start, const std::vector<
   SessionStates& st = states_.at(id);
   if (!st.tree) throw std::invalid_argument("decode_accept_path: session " + std::to_string(id) + " has no verified draft tree");
   const int64_t m = static_cast<int64_t>(path.size());
-  // The full-attention layers: the path's rows next to each other (gathered first: they may overlap).
-  bool in_place = true;
-  for (int64_t j = 0; j < m; ++j) in_place &= path[static_cast<size_t>(j)] == j;
-  if (has_full_attention(c) && !in_place) {
-    const int64_t capacity = kv_.row_capacity(), base = s.row * capacity + tree_start;
-    std::vector<int64_t> from, to;
-    for (int64_t j = 0; j < m; ++j) {
-      from.push_back(base + path[static_cast<size_t>(j)]);
-      to.push_back(base + j);
-    }
-    const at::Tensor source = decode_support::upload(from, device), target = decode_support::upload(to, device);
-    for (int64_t f = 0; f < c.count(Mixer::kFullAttention); ++f)
-      for (at::Tensor* pool : {&kv_.keys(f), &kv_.values(f)}) {
-        const at::Tensor flat = pool->view({-1, c.num_kv_heads, c.head_dim});
-        flat.index_copy_(0, target, flat.index_select(0, source));
-      }
-  }
+  // The full-attention layers: the path's rows next to each other.
+  if (has_full_attention(c)) kv_.keep_path(id, tree_start, path);
   // The linear layers: the rule replayed along the path from the state
   // before the tree, into the other buffer, which then becomes current; the
   // path is the session's last step (truncate may cut back into it).
