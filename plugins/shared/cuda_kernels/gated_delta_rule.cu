@@ -306,15 +306,18 @@ __global__ void __launch_bounds__(kThreads) delta_prepare(DeltaRuleArgs a) {
 
 // The recurrence: one block per (sequence, value head, 64 value columns),
 // the column block the fastest grid index (a head's blocks run together and
-// share its chunks' workspace in L2). The state lives in the warps'
-// accumulator fragments, fp32: warp w holds rows [16w, 16w + 16) of its 64
-// columns; a 16-bit copy in shared memory feeds the products. Each chunk's
-// w, q, k, P and u columns are copied to shared memory with cp.async while
-// the chunk before is computed (two stages), so the products read shared
-// memory and the copies' latency hides behind them.
+// share its chunks' workspace in L2). Written with the tensor cores' own
+// instructions (mma.sync m16n8k16, operands by ldmatrix), whose register
+// layouts are known, so results go from the accumulators to where they are
+// used without a staging pass: the fp32 state lives in the warps'
+// accumulators (warp w: rows [16w, 16w + 16), all 64 columns) and its 16-bit
+// copy, which feeds the products, alternates between two buffers (a chunk
+// reads one while the other is written). Each chunk's w, q, k, P and u
+// columns are copied to shared memory by cp.async while the chunk before is
+// computed (two stages). Two block-wide barriers a chunk.
 constexpr int kStateColumns = 64;
-constexpr int kStateTiles = kStateColumns / kTile;
 constexpr int kColLd = kStateColumns + 8;  // 16-bit [·, 64] matrices, padded
+constexpr int kColBlocks = kStateColumns / 8;  // the mma's n = 8 column blocks
 
 __device__ __forceinline__ void copy_async16(void* dst_shared, const void* src, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_shared));
@@ -327,10 +330,76 @@ __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// Four 8 × 8 16-bit matrices from shared memory; lane l gives the address of
+// row l % 8 of matrix l / 8. trans: each delivered transposed.
+template <bool kTrans>
+__device__ __forceinline__ void load_matrices(uint32_t (&r)[4], const void* row_address) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row_address));
+  if (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+
+// d += a b, a 16 × 16 (row), b 16 × 8 (col), fp32 accumulators.
+template <class T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two values rounded to T, packed (the first at the lower address), and back.
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float x, float y) {
+  Pack<T, 2> p;
+  p.v[0] = from_float<T>(x);
+  p.v[1] = from_float<T>(y);
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+template <class T>
+__device__ __forceinline__ float2 unpack2(uint32_t bits) {
+  const Pack<T, 2> p = *reinterpret_cast<const Pack<T, 2>*>(&bits);
+  return make_float2(to_float(p.v[0]), to_float(p.v[1]));
+}
+
+// The A operand (16 × 16) at (row, col) of a row-major matrix, and its
+// transpose read from a row-major matrix holding Aᵀ; the B operands of two
+// column blocks (16 × 16) at (row, col) of a row-major [k, n] matrix.
+template <class T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* m, int ld, int row, int col) {
+  const int lane = threadIdx.x % 32;
+  load_matrices<false>(a, m + (row + lane % 16) * ld + col + (lane / 16) * 8);
+}
+template <class T>
+__device__ __forceinline__ void load_a_transposed(uint32_t (&a)[4], const T* mt, int ld, int row, int col) {
+  const int lane = threadIdx.x % 32;  // A(r, c) = mt[c][r]
+  load_matrices<true>(a, mt + (col + lane % 8 + (lane / 16) * 8) * ld + row + ((lane / 8) % 2) * 8);
+}
+template <class T>
+__device__ __forceinline__ void load_b2(uint32_t (&b)[4], const T* m, int ld, int row, int col) {
+  const int lane = threadIdx.x % 32;  // b[0], b[1]: columns col..col+7; b[2], b[3]: col+8..col+15
+  load_matrices<true>(b, m + (row + lane % 16) * ld + col + (lane / 16) * 8);
+}
+
 struct RecurrenceLayout {
   int dkp, dvp, kld;  // kld: the [64, dkp] matrices' row stride in shared memory
   int64_t w, q, k, p, u, stage;  // byte offsets within a stage, and its size
-  int64_t hb, vn, staging, bytes;
+  int64_t hb, vn, bytes;         // hb: two 16-bit states [dkp, 64 + 8]
 };
 __host__ __device__ inline RecurrenceLayout recurrence_layout(int64_t dk, int64_t dv) {
   RecurrenceLayout l{};
@@ -344,15 +413,14 @@ __host__ __device__ inline RecurrenceLayout recurrence_layout(int64_t dk, int64_
   l.p = l.k + key_matrix;
   l.u = l.p + col_matrix;  // P [64, 64] and u's 64 columns share the padded width
   l.stage = l.u + col_matrix;
-  l.hb = 2 * l.stage;                                        // T [dkp, 64 + 8]
-  l.vn = l.hb + int64_t{l.dkp} * kColLd * 2;                 // T [64, 64 + 8]
-  l.staging = l.vn + int64_t{kChunk} * kColLd * 2;           // fp32 [warps][16 × 16]
-  l.bytes = l.staging + int64_t{kWarps} * kTile * kTile * 4;
+  l.hb = 2 * l.stage;
+  l.vn = l.hb + 2 * int64_t{l.dkp} * kColLd * 2;  // T [64, 64 + 8]
+  l.bytes = l.vn + int64_t{kChunk} * kColLd * 2;
   return l;
 }
 
-// Chunk `chunk_index`'s workspace (w, q, k, P, this block's u columns) into
-// one stage, 16 bytes a copy, as one cp.async group.
+// Chunk `work`'s w, q, k, P and this block's u columns into one stage, 16
+// bytes a copy, as one cp.async group.
 template <class T>
 __device__ void stage_chunk(const T* work, const Workspace& ws, const RecurrenceLayout& l, int col0, unsigned char* stage) {
   const int key_pieces = l.dkp / 8;  // 16-byte pieces a row
@@ -378,18 +446,19 @@ template <class T>
 __global__ void __launch_bounds__(kThreads, 1) delta_recurrence(DeltaRuleArgs a) {
   const DeltaSequence sq = a.sequences[blockIdx.y];
   const int head = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t2 = (lane % 4) * 2;  // an accumulator's rows g, g + 8 and columns t2, t2 + 1
   const int dk = static_cast<int>(a.dk), dv = static_cast<int>(a.dv);
   const int col0 = blockIdx.x * kStateColumns, cols = min(kStateColumns, dv - col0);
   const RecurrenceLayout l = recurrence_layout(dk, dv);
   const int dkp = l.dkp, dvp = l.dvp, k_tiles = dkp / kTile, kld = l.kld;
   const Workspace ws = workspace_layout(dkp, dvp);
   extern __shared__ __align__(128) unsigned char smem[];
-  T* Hb = reinterpret_cast<T*>(smem + l.hb);
+  T* const hb = reinterpret_cast<T*>(smem + l.hb);  // buffer i at hb + i · dkp · kColLd
   T* Vn = reinterpret_cast<T*>(smem + l.vn);
-  float* staging = reinterpret_cast<float*>(smem + l.staging) + warp * kTile * kTile;
   const bool holds_state = warp < k_tiles;  // warp w: state rows [16w, 16w + 16)
-  // This warp's two output tiles of the 64 × 64 products (8 warps, 4 × 4 tiles).
-  const int oi = warp / 2, oj0 = (warp % 2) * 2;
+  const int srow = warp * kTile;
+  // The 64 × 64 products: warp w takes row tile w / 2, column blocks 4 (w % 2) … + 3.
+  const int orow = (warp / 2) * kTile, ocol = (warp % 2) * 32;
 
   const T* base = static_cast<const T*>(a.workspace);
   const float* lasts = reinterpret_cast<const float*>(base + a.chunk_count * a.value_heads * ws.per);
@@ -398,117 +467,130 @@ __global__ void __launch_bounds__(kThreads, 1) delta_recurrence(DeltaRuleArgs a)
 
   const int64_t state0 = (static_cast<int64_t>(sq.row) * a.value_heads + head) * dk * dv;
   const bool from_initial = (sq.flags & kSequenceFromInitial) != 0 && a.initial != nullptr;
-  Acc h[kStateTiles];
-  for (int t = 0; t < kStateTiles; ++t) {
-    if (holds_state) {
-      for (int e = lane; e < kTile * kTile; e += 32) {
-        const int r = warp * kTile + e / kTile, c = t * kTile + e % kTile;
-        staging[e] = from_initial && r < dk && c < cols ? a.initial[state0 + static_cast<int64_t>(r) * dv + col0 + c] : 0.f;
-      }
-      __syncwarp();
-      wmma::load_matrix_sync(h[t], staging, kTile, wmma::mem_row_major);
-      for (int e = lane; e < kTile * kTile; e += 32)
-        Hb[(warp * kTile + e / kTile) * kColLd + t * kTile + e % kTile] = from_float<T>(staging[e]);
-      __syncwarp();
+  float h[kColBlocks][4];
+#pragma unroll
+  for (int b = 0; b < kColBlocks; ++b)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = srow + g + (e / 2) * 8, c = b * 8 + t2 + e % 2;
+      h[b][e] = holds_state && from_initial && r < dk && c < cols ? a.initial[state0 + static_cast<int64_t>(r) * dv + col0 + c]
+                                                                  : 0.f;
     }
-  }
+  // The 16-bit copy of this warp's state rows into `to`.
+  auto publish = [&](T* to) {
+#pragma unroll
+    for (int b = 0; b < kColBlocks; ++b) {
+      *reinterpret_cast<uint32_t*>(to + (srow + g) * kColLd + b * 8 + t2) = pack2<T>(h[b][0], h[b][1]);
+      *reinterpret_cast<uint32_t*>(to + (srow + g + 8) * kColLd + b * 8 + t2) = pack2<T>(h[b][2], h[b][3]);
+    }
+  };
+  if (holds_state) publish(hb);
 
   for (int n = 0; n < sq.chunk_count; ++n) {
     const int64_t chunk_index = sq.first_chunk + n;
     const DeltaChunk ch = a.chunks[chunk_index];
     const float carry = expf(lasts[chunk_index * a.value_heads + head]);
     const unsigned char* stage = smem + (n % 2) * l.stage;
+    const T* Hb = hb + (n % 2) * dkp * kColLd;
     copy_async_wait<0>();
-    __syncthreads();  // this chunk's stage, Hb whole; the other stage is free
+    __syncthreads();  // this chunk's stage and Hb whole; the other stage and Vn free
     if (n + 1 < sq.chunk_count) stage_chunk(chunk_work(n + 1), ws, l, col0, smem + ((n + 1) % 2) * l.stage);
     const T* W = reinterpret_cast<const T*>(stage + l.w);
     const T* Q = reinterpret_cast<const T*>(stage + l.q);
     const T* K = reinterpret_cast<const T*>(stage + l.k);
     const T* P = reinterpret_cast<const T*>(stage + l.p);
     const T* U = reinterpret_cast<const T*>(stage + l.u);
-    // v' = u − w H, this warp's two 16 × 16 tiles, into Vn.
-    for (int j = 0; j < 2; ++j) {
-      const int oj = oj0 + j;
-      Acc acc;
-      wmma::fill_fragment(acc, 0.f);
+
+    // v' = u − w H: this warp's 16 × 32 into Vn.
+    {
+      float acc[4][4] = {};
       for (int kk = 0; kk < k_tiles; ++kk) {
-        FragA<T> fa;
-        FragB<T> fb;
-        wmma::load_matrix_sync(fa, W + oi * kTile * kld + kk * kTile, kld);
-        wmma::load_matrix_sync(fb, Hb + kk * kTile * kColLd + oj * kTile, kColLd);
-        wmma::mma_sync(acc, fa, fb, acc);
+        uint32_t fa[4], fb[2][4];
+        load_a(fa, W, kld, orow, kk * kTile);
+        load_b2(fb[0], Hb, kColLd, kk * kTile, ocol);
+        load_b2(fb[1], Hb, kColLd, kk * kTile, ocol + 16);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) mma16816<T>(acc[b], fa, fb[b / 2][(b % 2) * 2], fb[b / 2][(b % 2) * 2 + 1]);
       }
-      wmma::store_matrix_sync(staging, acc, kTile, wmma::mem_row_major);
-      __syncwarp();
-      for (int e = lane; e < kTile * kTile; e += 32) {
-        const int i = oi * kTile + e / kTile, c = oj * kTile + e % kTile;
-        Vn[i * kColLd + c] = from_float<T>(to_float(U[i * kColLd + c]) - staging[e]);
-      }
-      __syncwarp();
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = orow + g + half * 8, c = ocol + b * 8 + t2;
+          const float2 u = unpack2<T>(*reinterpret_cast<const uint32_t*>(U + i * kColLd + c));
+          *reinterpret_cast<uint32_t*>(Vn + i * kColLd + c) =
+              pack2<T>(u.x - acc[b][half * 2], u.y - acc[b][half * 2 + 1]);
+        }
     }
     __syncthreads();  // Vn whole
     // o = (q ⊙ exp(decay)) H + P v'
-    T* out = static_cast<T*>(a.out) + ((static_cast<int64_t>(ch.row) * a.seq_len + ch.start) * a.value_heads + head) * dv + col0;
-    for (int j = 0; j < 2; ++j) {
-      const int oj = oj0 + j;
-      Acc acc;
-      wmma::fill_fragment(acc, 0.f);
+    {
+      float acc[4][4] = {};
       for (int kk = 0; kk < k_tiles; ++kk) {
-        FragA<T> fa;
-        FragB<T> fb;
-        wmma::load_matrix_sync(fa, Q + oi * kTile * kld + kk * kTile, kld);
-        wmma::load_matrix_sync(fb, Hb + kk * kTile * kColLd + oj * kTile, kColLd);
-        wmma::mma_sync(acc, fa, fb, acc);
+        uint32_t fa[4], fb[2][4];
+        load_a(fa, Q, kld, orow, kk * kTile);
+        load_b2(fb[0], Hb, kColLd, kk * kTile, ocol);
+        load_b2(fb[1], Hb, kColLd, kk * kTile, ocol + 16);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) mma16816<T>(acc[b], fa, fb[b / 2][(b % 2) * 2], fb[b / 2][(b % 2) * 2 + 1]);
       }
-      for (int kk = 0; kk <= oi; ++kk) {
-        FragA<T> fa;
-        FragB<T> fb;
-        wmma::load_matrix_sync(fa, P + oi * kTile * kColLd + kk * kTile, kColLd);
-        wmma::load_matrix_sync(fb, Vn + kk * kTile * kColLd + oj * kTile, kColLd);
-        wmma::mma_sync(acc, fa, fb, acc);
+      for (int kk = 0; kk * kTile <= orow; ++kk) {
+        uint32_t fa[4], fb[2][4];
+        load_a(fa, P, kColLd, orow, kk * kTile);
+        load_b2(fb[0], Vn, kColLd, kk * kTile, ocol);
+        load_b2(fb[1], Vn, kColLd, kk * kTile, ocol + 16);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) mma16816<T>(acc[b], fa, fb[b / 2][(b % 2) * 2], fb[b / 2][(b % 2) * 2 + 1]);
       }
-      wmma::store_matrix_sync(staging, acc, kTile, wmma::mem_row_major);
-      __syncwarp();
-      for (int e = lane; e < kTile * kTile; e += 32) {
-        const int i = oi * kTile + e / kTile, c = oj * kTile + e % kTile;
-        if (i < ch.length && c < cols) out[static_cast<int64_t>(i) * a.value_heads * dv + c] = from_float<T>(staging[e]);
-      }
-      __syncwarp();
+      T* out = static_cast<T*>(a.out) + ((static_cast<int64_t>(ch.row) * a.seq_len + ch.start) * a.value_heads + head) * dv + col0;
+      const int64_t row_stride = a.value_heads * dv;
+      const bool pairs = dv % 2 == 0;  // two values a 4-byte store
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = orow + g + half * 8, c = ocol + b * 8 + t2;
+          if (i >= ch.length || c >= cols) continue;
+          T* at = out + i * row_stride + c;
+          const float x = acc[b][half * 2], y = acc[b][half * 2 + 1];
+          if (pairs && c + 1 < cols) {
+            *reinterpret_cast<uint32_t*>(at) = pack2<T>(x, y);
+          } else {
+            at[0] = from_float<T>(x);
+            if (c + 1 < cols) at[1] = from_float<T>(y);
+          }
+        }
     }
-    // H ← exp(decay_last) H + (k ⊙ exp(decay_last − decay))ᵀ v'
+    // H ← exp(decay_last) H + (k ⊙ exp(decay_last − decay))ᵀ v', published
+    // into the other buffer (nothing reads it this chunk).
     if (holds_state) {
-      for (int t = 0; t < kStateTiles; ++t) {
-        for (int e = 0; e < h[t].num_elements; ++e) h[t].x[e] *= carry;
-        for (int kk = 0; kk < kChunk / kTile; ++kk) {
-          FragAt<T> fa;
-          FragB<T> fb;
-          wmma::load_matrix_sync(fa, K + kk * kTile * kld + warp * kTile, kld);
-          wmma::load_matrix_sync(fb, Vn + kk * kTile * kColLd + t * kTile, kColLd);
-          wmma::mma_sync(h[t], fa, fb, h[t]);
+#pragma unroll
+      for (int b = 0; b < kColBlocks; ++b)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) h[b][e] *= carry;
+#pragma unroll
+      for (int kk = 0; kk < kChunk / kTile; ++kk) {
+        uint32_t fa[4];
+        load_a_transposed(fa, K, kld, srow, kk * kTile);
+#pragma unroll
+        for (int pair = 0; pair < kColBlocks / 2; ++pair) {
+          uint32_t fb[4];
+          load_b2(fb, Vn, kColLd, kk * kTile, pair * 16);
+          mma16816<T>(h[2 * pair], fa, fb[0], fb[1]);
+          mma16816<T>(h[2 * pair + 1], fa, fb[2], fb[3]);
         }
       }
-    }
-    __syncthreads();  // every read of Hb and Vn is done
-    if (holds_state) {
-      for (int t = 0; t < kStateTiles; ++t) {
-        wmma::store_matrix_sync(staging, h[t], kTile, wmma::mem_row_major);
-        __syncwarp();
-        for (int e = lane; e < kTile * kTile; e += 32)
-          Hb[(warp * kTile + e / kTile) * kColLd + t * kTile + e % kTile] = from_float<T>(staging[e]);
-        __syncwarp();
-      }
+      publish(hb + ((n + 1) % 2) * dkp * kColLd);
     }
   }
   if ((sq.flags & kSequenceWritesFinal) != 0 && a.final_state != nullptr && holds_state) {
-    for (int t = 0; t < kStateTiles; ++t) {
-      wmma::store_matrix_sync(staging, h[t], kTile, wmma::mem_row_major);
-      __syncwarp();
-      for (int e = lane; e < kTile * kTile; e += 32) {
-        const int r = warp * kTile + e / kTile, c = t * kTile + e % kTile;
-        if (r < dk && c < cols) a.final_state[state0 + static_cast<int64_t>(r) * dv + col0 + c] = staging[e];
+#pragma unroll
+    for (int b = 0; b < kColBlocks; ++b)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = srow + g + (e / 2) * 8, c = b * 8 + t2 + e % 2;
+        if (r < dk && c < cols) a.final_state[state0 + static_cast<int64_t>(r) * dv + col0 + c] = h[b][e];
       }
-      __syncwarp();
-    }
   }
 }
 

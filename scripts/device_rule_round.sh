@@ -1,0 +1,9 @@
+set -uo pipefail
+k=/tmp/k; mkdir -p $k
+DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host delta_rule_tests hybrid_bench" scripts/device_build.sh > $k/build.log 2>&1 || { tail -30 $k/build.log; exit 1; }
+nvidia-smi --query-gpu=name --format=csv,noheader
+build-gpu/bin/delta_rule_tests > $k/tests.log 2>&1; grep -E "^\[ +(OK|PASSED|FAILED) |Failure|Expected|Which|actual" $k/tests.log | head -30
+build-gpu/bin/hybrid_bench --plugin-dir build-gpu/lib/dflash-host/plugins --profile 4 > $k/bench.txt 2>&1; tail -8 $k/bench.txt
+python3 bench/hybrid_forward_transformers.py --fla .ref/fla_pkg --skip-model > $k/fla.txt 2>&1; grep -v -i warn $k/fla.txt | tail -4
+timeout 100 ncu --clock-control none -k regex:delta_ --launch-count 2 --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats build-gpu/bin/hybrid_bench --plugin-dir build-gpu/lib/dflash-host/plugins > $k/ncu.txt 2>&1; grep -E "delta_|Duration|Registers Per|Warp Cycles Per Issued|Achieved Occupancy" $k/ncu.txt
+tar czf $OUT/k.tgz -C /tmp k
