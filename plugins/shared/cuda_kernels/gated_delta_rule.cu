@@ -109,20 +109,34 @@ __device__ void load_rows(const T* src, int64_t stride, int length, int d, int d
 #pragma unroll
     for (int j = 0; j < 4; ++j) squares += x[r][j] * x[r][j];
     const float norm = normalise ? rsqrtf(warp_sum(squares) + 1e-6f) * scale : scale;
+    if (c0 >= dpad) continue;  // dpad is a multiple of 16: a lane's four columns are all in or all out
 #pragma unroll
     for (int o = 0; o < kOuts; ++o) {
       const float f = norm * (outs[o].factor != nullptr ? outs[o].factor[i] : 1.f);
+      Pack<T, 4> packed;
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (c0 + j < dpad) outs[o].dst[i * outs[o].ld + c0 + j] = from_float<T>(x[r][j] * f);
+      for (int j = 0; j < 4; ++j) packed.v[j] = from_float<T>(x[r][j] * f);
+      T* dst = outs[o].dst + i * outs[o].ld + c0;
+      if (reinterpret_cast<uintptr_t>(dst) % sizeof(packed) == 0) {
+        *reinterpret_cast<Pack<T, 4>*>(dst) = packed;  // one 8-byte store
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dst[j] = packed.v[j];
+      }
     }
   }
 }
 
+// 69 KB with 128-wide heads: three blocks an SM. Each region holds two
+// things in turn: k (normalised), then β k ⊙ exp(decay) once k kᵀ is done;
+// q, then β v once q kᵀ is done; A, then T in 16 bits and the warps' staging
+// of w and u once the inverse is done.
 struct PrepareLayout {
   int dkp, dvp, ld;  // ld: the 16-bit [64, ·] matrices' row stride
-  int64_t kn, qn, kb, vb, a, x, tb, gc, bt, f1, f2, bytes;  // byte offsets
+  int64_t kn, kb, qn, vb, a, tb, staging, x, gc, bt, f1, f2, bytes;  // byte offsets
 };
+static_assert(int64_t{kChunk} * kHalfLd * 2 + int64_t{kWarps} * kTile * kTile * 4 <= int64_t{kChunk} * kFloatLd * 4,
+              "T in 16 bits and the staging of w and u fit where A was");
 __host__ __device__ inline PrepareLayout prepare_layout(int64_t dk, int64_t dv) {
   PrepareLayout l{};
   l.dkp = pad16(dk);
@@ -130,13 +144,14 @@ __host__ __device__ inline PrepareLayout prepare_layout(int64_t dk, int64_t dv) 
   l.ld = (l.dkp > l.dvp ? l.dkp : l.dvp) + 8;
   const int64_t half_matrix = int64_t{kChunk} * l.ld * 2, float_matrix = int64_t{kChunk} * kFloatLd * 4;
   l.kn = 0;
-  l.qn = l.kn + half_matrix;  // q, then (after q kᵀ) β v
+  l.kb = l.kn;
+  l.qn = l.kn + half_matrix;
   l.vb = l.qn;
-  l.kb = l.qn + half_matrix;
-  l.a = l.kb + half_matrix;   // A, then the per-warp staging of w and u
+  l.a = l.qn + half_matrix;
+  l.tb = l.a;
+  l.staging = l.tb + int64_t{kChunk} * kHalfLd * 2;
   l.x = l.a + float_matrix;   // q kᵀ, then T in fp32
-  l.tb = l.x + float_matrix;
-  l.gc = l.tb + int64_t{kChunk} * kHalfLd * 2;
+  l.gc = l.x + float_matrix;
   l.bt = l.gc + kChunk * 4;
   l.f1 = l.bt + kChunk * 4;       // per-row factors of the outputs: k's two
   l.f2 = l.f1 + 2 * kChunk * 4;   // q's
@@ -145,7 +160,7 @@ __host__ __device__ inline PrepareLayout prepare_layout(int64_t dk, int64_t dv) 
 }
 
 template <class T>
-__global__ void __launch_bounds__(kThreads) delta_prepare(DeltaRuleArgs a) {
+__global__ void __launch_bounds__(kThreads, 3) delta_prepare(DeltaRuleArgs a) {
   const DeltaChunk ch = a.chunks[blockIdx.x];
   const int head = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int dk = static_cast<int>(a.dk), dv = static_cast<int>(a.dv);
@@ -188,7 +203,7 @@ __global__ void __launch_bounds__(kThreads) delta_prepare(DeltaRuleArgs a) {
   const T* k = static_cast<const T*>(a.k) + ch.row * a.k_stride[0] + ch.start * a.k_stride[1] + key_head * a.k_stride[2];
   const T* v = static_cast<const T*>(a.v) + ch.row * a.v_stride[0] + ch.start * a.v_stride[1] + head * a.v_stride[2];
   {
-    const RowsOut<T> k_outs[3] = {{kn, l.ld, nullptr}, {kb, l.ld, kb_factor}, {work + ws.kd, dkp, kd_factor}};
+    const RowsOut<T> k_outs[2] = {{kn, l.ld, nullptr}, {work + ws.kd, dkp, kd_factor}};
     load_rows(k, a.k_stride[1], ch.length, dk, dkp, true, 1.f, k_outs);
     const RowsOut<T> q_outs[2] = {{qn, l.ld, nullptr}, {work + ws.qd, dkp, qd_factor}};
     load_rows(q, a.q_stride[1], ch.length, dk, dkp, true, rsqrtf(static_cast<float>(dk)), q_outs);
@@ -216,16 +231,27 @@ __global__ void __launch_bounds__(kThreads) delta_prepare(DeltaRuleArgs a) {
   __syncthreads();
 
   // The decays; P to the workspace; β v into q's buffer (q is read).
+  // Eight neighbours of a row a thread, P's written as one 16-byte store.
   T* p_out = work + ws.p;
-  for (int e = threadIdx.x; e < kChunk * kChunk; e += kThreads) {
-    const int i = e / kChunk, j = e % kChunk;
-    const float decay = i >= j ? expf(gc[i] - gc[j]) : 0.f;
-    A[i * kFloatLd + j] = i > j ? bt[i] * A[i * kFloatLd + j] * decay : 0.f;
-    p_out[e] = from_float<T>(i >= j ? X[i * kFloatLd + j] * decay : 0.f);
+  for (int e = threadIdx.x; e < kChunk * kChunk / 8; e += kThreads) {
+    const int i = e / (kChunk / 8), j0 = (e % (kChunk / 8)) * 8;
+    Pack<T, 8> p;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const int j = j0 + jj;
+      const float decay = i >= j ? expf(gc[i] - gc[j]) : 0.f;
+      A[i * kFloatLd + j] = i > j ? bt[i] * A[i * kFloatLd + j] * decay : 0.f;
+      p.v[jj] = from_float<T>(i >= j ? X[i * kFloatLd + j] * decay : 0.f);
+    }
+    *reinterpret_cast<Pack<T, 8>*>(p_out + i * kChunk + j0) = p;
   }
   {
     const RowsOut<T> v_outs[1] = {{vb, l.ld, bt}};
     load_rows(v, a.v_stride[1], ch.length, dv, dvp, false, 1.f, v_outs);
+    // k read again (from L2: this block just read it) for β k ⊙ exp(decay)
+    // where k was, the same arithmetic as its first pass.
+    const RowsOut<T> kb_outs[1] = {{kb, l.ld, kb_factor}};
+    load_rows(k, a.k_stride[1], ch.length, dk, dkp, true, 1.f, kb_outs);
   }
   __syncthreads();
 
@@ -274,13 +300,18 @@ __global__ void __launch_bounds__(kThreads) delta_prepare(DeltaRuleArgs a) {
       __syncthreads();
     }
   }
-  for (int e = threadIdx.x; e < kChunk * kChunk; e += kThreads)
-    Tb[(e / kChunk) * kHalfLd + e % kChunk] = from_float<T>(X[(e / kChunk) * kFloatLd + e % kChunk]);
+  for (int e = threadIdx.x; e < kChunk * kChunk / 8; e += kThreads) {
+    const int i = e / (kChunk / 8), j0 = (e % (kChunk / 8)) * 8;
+    Pack<T, 8> t;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) t.v[jj] = from_float<T>(X[i * kFloatLd + j0 + jj]);
+    *reinterpret_cast<Pack<T, 8>*>(Tb + i * kHalfLd + j0) = t;
+  }
   __syncthreads();
 
   // w = T (β k ⊙ exp(decay)), u = T (β v); T is lower triangular, so row
-  // tile ti reads only k tiles ≤ ti. Each warp stages its tile in A's space.
-  float* staging = A + warp * kTile * kTile;
+  // tile ti reads only k tiles ≤ ti. Each warp stages its tile where A was.
+  float* staging = reinterpret_cast<float*>(smem + l.staging) + warp * kTile * kTile;
   const int w_tiles = dkp / kTile, u_tiles = dvp / kTile;
   for (int job = warp; job < 4 * (w_tiles + u_tiles); job += kWarps) {
     const int ti = job % 4, tj = job / 4;
@@ -299,7 +330,13 @@ __global__ void __launch_bounds__(kThreads) delta_prepare(DeltaRuleArgs a) {
     __syncwarp();
     const int width = is_w ? dkp : dvp;
     T* dst = work + (is_w ? ws.w : ws.u) + ti * kTile * width + col;
-    for (int e = lane; e < kTile * kTile; e += 32) dst[(e / kTile) * width + e % kTile] = from_float<T>(staging[e]);
+    {
+      const int r = lane / 2, c = (lane % 2) * 8;  // eight neighbours a lane: one 16-byte store
+      Pack<T, 8> out;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out.v[j] = from_float<T>(staging[r * kTile + c + j]);
+      *reinterpret_cast<Pack<T, 8>*>(dst + r * width + c) = out;
+    }
     __syncwarp();
   }
 }
