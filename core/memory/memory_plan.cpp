@@ -2,6 +2,7 @@
 #include "memory/memory_stats.h"
 
 #include "train/run.h"
+#include "train/train_schema.h"
 
 #include "plugin/plugin_kind.h"
 
@@ -462,13 +463,12 @@ Verdict check_fit(const host::PluginRegistry& registry, const nlohmann::json& ro
   v.fits = plan.total_bytes <= available_bytes;
   if (v.fits) return v;
   v.short_by = plan.total_bytes - available_bytes;
-  // Every memory knob, alone: the largest value below the current one that fits.
-  for (dflash_kind kind : host::kAllKinds) {
-    const std::string section = host::kind_section(kind);
-    if (!root.contains(section) || !root.at(section).contains("plugin")) continue;
-    const host::PluginRecord& record = registry.find(kind, root.at(section).at("plugin").get<std::string>());
-    if (!record.schema.contains("properties")) continue;
-    for (const auto& [key, property] : record.schema.at("properties").items()) {
+  // Every memory knob, alone: the largest value below the current one that
+  // fits. The plugins' (their schemas' memoryKnob properties), then the
+  // host's own (train.queue_depth), found the same way in train_schema().
+  auto search_section = [&](const std::string& section, const nlohmann::json& schema) {
+    if (!schema.contains("properties") || !root.contains(section)) return;
+    for (const auto& [key, property] : schema.at("properties").items()) {
       if (!property.contains("memoryKnob") || !root.at(section).contains(key)) continue;
       const int64_t current = root.at(section).at(key).get<int64_t>();
       const int64_t lowest = std::max<int64_t>(1, property.value("minimum", int64_t{1}));
@@ -512,19 +512,15 @@ Verdict check_fit(const host::PluginRegistry& registry, const nlohmann::json& ro
       if (used.contains(section) && used.at(section).contains(key)) s.value = used.at(section).at(key).get<int64_t>();
       v.suggestions.push_back(s);
     }
+  };
+  for (dflash_kind kind : host::kAllKinds) {
+    const std::string section = host::kind_section(kind);
+    if (!root.contains(section) || !root.at(section).contains("plugin")) continue;
+    search_section(section, registry.find(kind, root.at(section).at("plugin").get<std::string>()).schema);
   }
-  // A drafter rank's queue is the host's own knob: the deepest that fits.
-  if (plan.role == PlanRole::kDrafterRank) {
-    const int64_t depth = root.at("train").at("queue_depth").get<int64_t>();
-    auto fits_at = [&](int64_t d) {
-      nlohmann::json candidate = root;
-      candidate["train"]["queue_depth"] = d;
-      const DevicePlan p = plan_for(registry, candidate, nullptr, plan.world_size, plan.role);
-      return p.complete() && p.total_bytes <= available_bytes;
-    };
-    if (depth > 1 && fits_at(1))
-      v.suggestions.push_back(Suggestion{"train", "queue_depth", "queue depth", depth, largest_that_fits(1, depth - 1, fits_at)});
-  }
+  // The host's knobs change a plan only where they apply (a queue only on a
+  // drafter rank); elsewhere every value plans the same and none is proposed.
+  search_section("train", train::train_schema());
   return v;
 }
 

@@ -83,7 +83,7 @@ struct PlanInputs {
   bool shard_optimizer = false;
   bool teacher = false;
   PlanRole role = PlanRole::kColocated;
-  int64_t queue_depth = 1;  // a drafter rank's items at most
+  int64_t queue_depth = 0;  // a drafter rank's items at most: train.queue_depth (plan_for fills it; no default here)
   int64_t gemm_workspace_bytes = 0;  // cuBLAS's per stream (memory::gemm_workspace_bytes); 0 off CUDA
   double slack_fraction = 0.05;
   std::string data_label = "data", target_label = "target", drafter_label = "drafter", loss_label = "loss";

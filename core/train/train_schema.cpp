@@ -57,6 +57,7 @@ const nlohmann::json& train_schema() {
                    "trained on); target ranks send only against the free slots it grants, so its memory for items is "
                    "queue_depth × the item size whatever the number of target ranks",
                    Bounds::between(1, 1024))
+          .memory_knob("queue depth")
           .boolean("shard_optimizer", false,
                    "ZeRO-1 with several ranks: each rank keeps the AdamW states (and fp32 masters) of 1/N of the "
                    "parameters, updates that slice, and the ranks all-gather the updated parameters")

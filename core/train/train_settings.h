@@ -34,11 +34,12 @@ struct TrainSettings {
   Precision precision = Precision::kSame;
   Teacher teacher = Teacher::kHidden;
   Mode mode = Mode::kColocated;
-  bool shard_optimizer = false;
+  bool shard_optimizer = false;  // ZeRO-1: each rank keeps the AdamW states of 1/N of the parameters
   // mode = disaggregated: ranks [0, target_ranks) run the target, the next
-  // drafter_ranks train; each drafter rank holds at most queue_depth items.
+  // drafter_ranks train; each drafter rank holds at most queue_depth items
+  // (a memory knob: plan proposes the deepest queue that fits).
   int target_ranks = 1, drafter_ranks = 1;
-  int64_t queue_depth = 0;  // ZeRO-1: each rank keeps the AdamW states of 1/N of the parameters
+  int64_t queue_depth = 0;
 
   // Faults and checkpoints.
   OnNonfinite on_nonfinite = OnNonfinite::kSkip;
