@@ -72,9 +72,10 @@ nlohmann::json evaluate(const host::TargetModelInstance& target, const host::Dra
   if (!drafter.can_draft())
     throw std::invalid_argument(drafter.record().label() + " cannot propose tokens (no draft_* slots); eval needs a drafter that can");
   const int64_t block_size = facts.block_size;
-  if (block_size < 2)
+  if (block_size < kMinDecodeBlockSize)
     throw std::invalid_argument(drafter.record().label() + ": its block_size is " + std::to_string(block_size) +
-                                "; speculative decoding needs blocks of 2 tokens or more");
+                                "; speculative decoding needs blocks of " + std::to_string(kMinDecodeBlockSize) +
+                                " tokens or more");
   const std::vector<int64_t>& layer_ids = facts.target_layer_ids;
   DecodeLimits limits;
   limits.max_new_tokens = s.max_new_tokens;

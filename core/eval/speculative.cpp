@@ -156,7 +156,9 @@ Generation speculative_decode(const host::TargetModelInstance& target, const hos
                               const std::vector<int64_t>& prompt, const DecodeLimits& limits, int64_t block_size,
                               const std::vector<int64_t>& layer_ids, DecodeProfile* profile, const Verification& verification) {
   check_prompt(prompt, limits);
-  if (block_size < 2) throw std::invalid_argument("block_size must be at least 2 (the newest token + one proposal)");
+  if (block_size < kMinDecodeBlockSize)
+    throw std::invalid_argument("block_size is " + std::to_string(block_size) + "; speculative decoding needs at least " +
+                                std::to_string(kMinDecodeBlockSize) + " (the newest token + one proposal)");
   const bool tree_mode = verification.kind == Verification::Kind::kTree;
   int64_t candidates_per_position = 0;  // tree: k of the drafter's top-k, as many as a parent could use
   if (tree_mode) {

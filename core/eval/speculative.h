@@ -15,6 +15,11 @@
 
 namespace dflash::eval {
 
+// The smallest block speculative decoding verifies: the newest token and one
+// proposal. (Training takes any block_size ≥ 1, the slots a drafter
+// predicts; a drafter's own schema may ask for more, e.g. dflash's 2..256.)
+constexpr int64_t kMinDecodeBlockSize = 2;
+
 struct DecodeLimits {
   int64_t max_new_tokens = 128;  // tokens generated per prompt at most
   int64_t max_length = 0;        // prompt + generated at most (the KV cache's size)

@@ -23,7 +23,8 @@ struct DrafterFacts {
 
 // `exported`: the drafter's export_config; `label`: the plugin, for messages.
 // Throws std::invalid_argument naming the plugin and the key when
-// block_size (an integer ≥ 1), target_layer_ids (a list of integers ≥ 0) or
+// block_size (an integer ≥ 1: training's slot table; decoding asks for
+// eval::kMinDecodeBlockSize), target_layer_ids (a list of integers ≥ 0) or
 // mask_token_id (an integer ≥ 0, or null) is missing or malformed.
 DrafterFacts parse_drafter_facts(const std::optional<nlohmann::json>& exported, const std::string& label);
 

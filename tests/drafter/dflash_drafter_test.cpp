@@ -259,6 +259,20 @@ TEST(DFlashLayout, BlockKernelLayoutCoversTheMaskOnceAndTilesEveryKeySeen) {
 
 // ---- a whole drafter step against a naive implementation ---------------------
 
+// The block kernel's block sizes: one rule (block_size_fits), and the words
+// that messages and the schema print come from it; a layout for any other
+// size is refused with those words.
+TEST(DFlashLayout, TheBlockKernelsSizesAreStatedOnceAndRefusedByTheirRule) {
+  std::string listed;
+  for (int64_t size = 1; size <= 2 * dflash::cuda_kernels::kMaxSlots; ++size)
+    if (dflash::cuda_kernels::block_size_fits(size)) listed += (listed.empty() ? "" : " ") + std::to_string(size);
+  EXPECT_EQ(listed, "16 32 48 64");
+  EXPECT_EQ(dflash::cuda_kernels::block_sizes_in_words(), "16, 32, 48 or 64");
+  const torch::Tensor anchors = torch::zeros({1, 1}, torch::kLong), documents = torch::zeros({1, 8}, torch::kLong);
+  EXPECT_THROW_WITH(dflash::drafter::block_kernel_layout(anchors, documents, 8, 1, 1), std::invalid_argument,
+                    "block_size is 8; the kernels take 16, 32, 48 or 64");
+}
+
 torch::Tensor rms(const torch::Tensor& x, const torch::Tensor& w) { return w * x / torch::sqrt(x.pow(2).mean(-1, true) + 1e-6); }
 
 torch::Tensor naive_rope(const torch::Tensor& x, const torch::Tensor& positions, double theta) {  // x [L, d]

@@ -183,7 +183,8 @@ BlockKernelLayout block_kernel_layout(const at::Tensor& anchors_in, const at::Te
                                       int64_t group_blocks, int64_t key_multiple) {
   constexpr int64_t kRowsPerEntry = cuda_kernels::kEntryRows, kTile = cuda_kernels::kKeyTileRows;
   if (!cuda_kernels::block_size_fits(block_size))
-    throw std::invalid_argument("block_kernel_layout: block_size must be 16, 32, 48 or 64");
+    throw std::invalid_argument("block_kernel_layout: block_size is " + std::to_string(block_size) + "; the kernels take " +
+                                cuda_kernels::block_sizes_in_words());
   if (group_blocks < 1 || key_multiple < 1)
     throw std::invalid_argument("block_kernel_layout: group_blocks and key_multiple must be at least 1");
   const at::Tensor anchors = cpu_long(anchors_in), documents = cpu_long(documents_in);

@@ -58,7 +58,8 @@ class DFlashDrafter : public sdk::Drafter {
         .string("attention", "blocks",
                 "blocks: no mask at all — each group's shared context prefix through cuDNN's attention, and each "
                 "block's remaining context and its own slots through our block kernel, merged by log-sum-exp (CUDA "
-                "bf16, head_dim 128, 4 query heads per KV head, block_size 16/32/48/64; grouped elsewhere, and an ATen "
+                "bf16, head_dim 128, 4 query heads per KV head, block_size " + cuda_kernels::block_sizes_in_words() +
+                    "; grouped elsewhere, and an ATen "
                 "reference of the same composition on the CPU; docs/drafter.md); grouped: one attention call per "
                 "group of attention_group_blocks blocks, over the context up to the group's last anchor and the "
                 "group's own slots (few masked pairs computed, under a mask); dense: one call per batch over every "

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 struct CUstream_st;  // cudaStream_t, without the CUDA headers: the drafter includes this for the structs
 
@@ -25,6 +26,14 @@ constexpr int64_t kMaxSlots = 64;
 // The block sizes the kernels take: whole entries, one key tile of slots.
 constexpr bool block_size_fits(int64_t block_size) {
   return block_size > 0 && block_size % kEntryRows == 0 && block_size <= kMaxSlots;
+}
+// The same rule in words, "16, 32, 48 or 64", for messages and schema
+// descriptions (so the text never disagrees with the rule).
+inline std::string block_sizes_in_words() {
+  std::string words;
+  for (int64_t size = kEntryRows; size <= kMaxSlots; size += kEntryRows)
+    words += (words.empty() ? "" : size + kEntryRows > kMaxSlots ? " or " : ", ") + std::to_string(size);
+  return words;
 }
 // The head shapes the kernels take (in bf16, on CUDA): head_dim 128, 4
 // query heads per KV head. One rule for the step (kernel_ops'

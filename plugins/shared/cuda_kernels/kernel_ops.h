@@ -130,8 +130,8 @@ bool invariant_decode_attention_fits(int64_t head_dim, int64_t capacity);
 // attention without a mask tensor. q/k/v rows [R, heads or kv_heads, d]
 // (made contiguous); blocks: device int64 [n, kBlockKeysFields] laid out as
 // BlockKeys; tiles: device int64 [m, kKeyTileInt64s] laid out as KeyTile.
-// Whether the kernels take this shape: a build with them, CUDA bf16, head_dim
-// 128, 4 query heads per KV head, blocks of 16, 32, 48 or 64 slots.
+// Whether the kernels take this shape: a build with them, CUDA bf16, and
+// block_kernel_shape_fits (block_attention.h: the one statement of the rule).
 bool block_attention_fits(const at::Tensor& like, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size);
 struct BlockAttentionForward {
   at::Tensor out;  // like q
