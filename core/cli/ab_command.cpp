@@ -143,14 +143,14 @@ int run_ab(const CliOptions& options) {
       try {
         const std::unique_ptr<train::Run> arm_run = make_run(arm_options(arm, seed), registry);
         const int code = train::run_training(*arm_run, train::RunOptions{});
-        if (code == train::kStoppedOnRequest) {  // the user or the scheduler ends the comparison, not one arm
+        if (code == kExitStoppedOnRequest) {  // the user or the scheduler ends the comparison, not one arm
           log::warn("ab: stopped by a signal in arm " + arm.name + ", seed " + std::to_string(run.seed) +
                     "; no report written; that arm's checkpoints are in " + dir);
-          return train::kStoppedOnRequest;
+          return kExitStoppedOnRequest;
         }
         if (code != 0) {
           run.failed = true;
-          run.failure = code == train::kNonFinite ? "stopped on non-finite losses (exit status 4)"
+          run.failure = code == kExitNonFinite ? "stopped on non-finite losses (exit status 4)"
                                                   : "training ended with exit status " + std::to_string(code);
         } else if (!eval_settings.prompts_file.empty()) {
           const nlohmann::json& target_info = arm_run->target_info();

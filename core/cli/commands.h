@@ -1,24 +1,15 @@
-// The subcommands of dflash-host. Each returns the process exit status:
-// 0 success, 1 a failure while running, 2 bad usage or configuration,
-// 3 a feature this build does not have yet.
+// The subcommands of dflash-host. Each returns the process exit status
+// (runtime/exit_codes.h).
 #pragma once
 
 #include "cli/cli_options.h"
 #include "plugin/registry.h"
+#include "runtime/exit_codes.h"
 #include "train/trainer.h"
 
 #include <memory>
 
 namespace dflash::cli {
-
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailure = 1;
-inline constexpr int kExitUsage = 2;
-inline constexpr int kExitUnavailable = 3;
-// train::kNonFinite = 4 and train::kOutOfMemory = 5 come from the trainer.
-inline constexpr int kExitDoesNotFit = 6;  // the memory plan says the run will not fit
-// train::kStoppedOnRequest = 7 comes from the trainer.
-inline constexpr int kExitSomeArmsFailed = 8;  // ab: the report is written, and an arm or seed failed
 
 int run_command(const CliOptions& options);
 

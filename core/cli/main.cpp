@@ -36,34 +36,34 @@ int main(int argc, char** argv) {
     log::set_level(options.log_level);
   } catch (const std::exception& e) {
     std::cerr << "dflash-host: " << e.what() << "\n";
-    return cli::kExitUsage;
+    return kExitUsage;
   }
   if (options.help) {
     std::cout << cli::usage_text();
-    return cli::kExitOk;
+    return kExitOk;
   }
   if (options.version) {
     std::cout << "dflash-host " << DFLASH_HOST_VERSION << ", plugin ABI " << DFLASH_ABI_MAJOR << "." << DFLASH_ABI_MINOR
               << ", " << host::describe_torch_build(host::host_torch_build()) << "\n";
-    return cli::kExitOk;
+    return kExitOk;
   }
   if (const auto warning = runtime::openblas_core_warning()) log::warn(*warning);
   try {
     return cli::run_command(options);
   } catch (const config::ConfigError& e) {
     std::cerr << log::program_prefix() << "config error: " << e.what() << "\n";
-    return cli::kExitUsage;
+    return kExitUsage;
   } catch (const host::PluginLookupError& e) {
     std::cerr << log::program_prefix() << e.what() << "\n";
-    return cli::kExitUsage;
+    return kExitUsage;
   } catch (const std::invalid_argument& e) {
     std::cerr << log::program_prefix() << e.what() << "\n";
-    return cli::kExitUsage;
+    return kExitUsage;
   } catch (const host::PluginCallError& e) {
     std::cerr << log::program_prefix() << e.what() << "\n";
-    return cli::kExitFailure;
+    return kExitFailure;
   } catch (const std::exception& e) {
     std::cerr << log::program_prefix() << e.what() << "\n";
-    return cli::kExitFailure;
+    return kExitFailure;
   }
 }

@@ -6,6 +6,7 @@
 #include "memory/oom_report.h"
 #include "pipeline/credits.h"
 #include "pipeline/item.h"
+#include "runtime/exit_codes.h"
 #include "train/batch_lookahead.h"
 #include "train/frozen_weights.h"
 #include "train/resume.h"
@@ -293,7 +294,7 @@ int run_target_rank(train::Run& run, const train::RunOptions& options, dist::Col
     log::error(line + "; the drafter ranks' last checkpoint is intact. `dflash-host plan` shows each role's memory; a "
                "smaller data token budget (--tokens-per-batch) shrinks the target's forward and its items");
     world.announce_failure(line);
-    return train::kOutOfMemory;
+    return kExitOutOfMemory;
   }
 }
 

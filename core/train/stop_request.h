@@ -2,7 +2,7 @@
 // end a job (SLURM's time limit, a preemption, `timeout`, Ctrl-C). While a
 // StopRequest lives, the first such signal only sets a flag; the trainer
 // reads it between steps, finishes the step it is in, writes a checkpoint
-// and returns kStoppedOnRequest, so that running the same command resumes.
+// and returns kExitStoppedOnRequest, so that running the same command resumes.
 // A second signal ends the process as the signal would have (the default
 // action), for a user who does not want to wait.
 #pragma once

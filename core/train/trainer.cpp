@@ -490,7 +490,7 @@ bool Trainer::record(int64_t step, StepFigures& f, const RankFigures& ranks, dou
                                                    : "; " + std::to_string(consecutive_nonfinite_) +
                                                          " in a row reached train.max_nonfinite") +
                          "; stopping. The last checkpoint holds the last good state.");
-      exit_code_ = kNonFinite;
+      exit_code_ = kExitNonFinite;
       return false;
     }
     progress_->message(what + "; its update was skipped (train.on_nonfinite = skip)");
@@ -617,7 +617,7 @@ int Trainer::out_of_memory(const std::exception& e, int64_t step, const std::str
   if (options_.memory_plan) summary << " vs predicted " << memory::format_bytes(options_.memory_plan->peak_bytes);
   summary << "; " << saved << "; report in " << output_dir_ << "/oom_report.txt; `dflash-host plan` proposes settings that fit";
   log::error(summary.str());
-  return kOutOfMemory;
+  return kExitOutOfMemory;
 }
 
 int Trainer::train() {
@@ -666,11 +666,11 @@ int Trainer::train() {
     if (const int sig = group_.world_size() > 1 ? agreed_stop_signal_ : stop_request.signal()) {
       progress_->message(std::string(stop_signal_name(sig)) + ": stopping before step " + std::to_string(step) +
                          " with a checkpoint of the steps done; run the same command to resume");
-      exit_code_ = kStoppedOnRequest;
+      exit_code_ = kExitStoppedOnRequest;
       break;
     }
     const Next next = this->step(step);
-    if (exit_code_ == kOutOfMemory) {
+    if (exit_code_ == kExitOutOfMemory) {
       feed_->finish();  // a target rank waiting for a grant hears "stop"
       return exit_code_;
     }
@@ -680,7 +680,7 @@ int Trainer::train() {
   progress_->finish();
   // A step already saved (--stop-after at a checkpoint_every step, or a
   // resumed run whose data had ended) is not written again.
-  if ((exit_code_ == 0 || exit_code_ == kStoppedOnRequest) && step != last_checkpoint_step_) save(step);
+  if ((exit_code_ == 0 || exit_code_ == kExitStoppedOnRequest) && step != last_checkpoint_step_) save(step);
   feed_->finish();
   stop_request_ = nullptr;
   // The target ranks of a disaggregated run wait for the end (rank 0 serves

@@ -15,6 +15,7 @@
 #include "checkpoint/run_lock.h"
 #include "dist/collective.h"
 #include "memory/memory_plan.h"
+#include "runtime/exit_codes.h"
 #include "train/micro_batch_feed.h"
 #include "train/run.h"
 
@@ -40,15 +41,6 @@ struct RunOptions {
   // --allow-config-change: resume although settings that shape the run changed.
   bool allow_config_change = false;
 };
-
-// Exit code when non-finite losses stopped the run (after the policy allowed no more).
-inline constexpr int kNonFinite = 4;
-// Exit code when the device ran out of memory (after the report and an
-// emergency checkpoint of the last completed step).
-inline constexpr int kOutOfMemory = 5;
-// Exit code when SIGTERM or SIGINT asked the run to stop (train/stop_request.h):
-// the step in progress finished and was checkpointed; the same command resumes.
-inline constexpr int kStoppedOnRequest = 7;
 
 // The ranks a training rank works with.
 struct TrainingRanks {
