@@ -1,5 +1,7 @@
 #include "config/config_file.h"
 
+#include "json/strict_json.h"
+
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -25,109 +27,12 @@ std::string json_quote(const std::string& s) { return json(s).dump(-1, ' ', fals
 
 const char* const kCheckPath = "check the path given to --config";
 
-// 1-based line and column (in characters, not bytes) of byte `index`.
-std::pair<std::size_t, std::size_t> line_and_column(const std::string& text, std::size_t index) {
-  std::size_t line = 1;
-  std::size_t column = 1;
-  for (std::size_t i = 0; i < index && i < text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c == '\n') {
-      ++line;
-      column = 1;
-    } else if ((c & 0xC0U) != 0x80U) {  // skip UTF-8 continuation bytes
-      ++column;
-    }
-  }
-  return {line, column};
-}
-
-// nlohmann's message without its "[json.exception...] parse error at ...:" head.
-std::string short_reason(const std::string& what) {
-  const std::size_t head = what.find("parse error");
-  if (head == std::string::npos) return what;
-  const std::size_t colon = what.find(": ", head);
-  if (colon == std::string::npos) return what;
-  return what.substr(colon + 2);
-}
-
 // True when `event` opens an object or array `depth` containers deep (nlohmann's
 // depth: 0 for the top level) that would nest deeper than `levels`.
 bool opens_too_deep(int depth, json::parse_event_t event, std::size_t levels) {
   const bool opens = event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
   return opens && static_cast<std::size_t>(depth) + 1 > levels;
 }
-
-// Tracks where the parser is, to name duplicate keys and too-deep values by
-// their path. Stopping a deep file here, while it is parsed (the parser
-// itself does not recurse), is what keeps it from reaching the recursive
-// copies later.
-class FileStructureCheck {
- public:
-  explicit FileStructureCheck(std::string file) : file_(std::move(file)) {}
-
-  bool operator()(int depth, json::parse_event_t event, json& parsed) {
-    if (opens_too_deep(depth, event, kMaxNesting)) {
-      const std::string path = current_path();
-      throw ConfigError(path, "config file \"" + file_ + "\": the value at " + json_quote(path) +
-                                  " nests more than " + std::to_string(kMaxNesting) +
-                                  " objects and arrays deep, the most a configuration may; check the file");
-    }
-    switch (event) {
-      case json::parse_event_t::object_start:
-        frames_.push_back(Frame{false, 0, {}, {}});
-        break;
-      case json::parse_event_t::array_start:
-        frames_.push_back(Frame{true, 0, {}, {}});
-        break;
-      case json::parse_event_t::key: {
-        Frame& frame = frames_.back();
-        frame.key = parsed.get<std::string>();
-        if (!frame.keys.insert(frame.key).second) {
-          const std::string path = current_path();
-          throw ConfigError(path, "config file \"" + file_ + "\": duplicate key " + json_quote(path) +
-                                      "; a key may appear only once in an object");
-        }
-        break;
-      }
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        frames_.pop_back();
-        element_done();
-        break;
-      case json::parse_event_t::value:
-        element_done();
-        break;
-    }
-    return true;
-  }
-
- private:
-  struct Frame {
-    bool is_array;
-    std::size_t index;           // arrays: elements completed so far
-    std::set<std::string> keys;  // objects: keys seen so far
-    std::string key;             // objects: key of the current member
-  };
-
-  void element_done() {
-    if (!frames_.empty() && frames_.back().is_array) ++frames_.back().index;
-  }
-
-  std::string current_path() const {
-    std::string path;
-    for (const auto& frame : frames_) {
-      if (frame.is_array) {
-        path += "[" + std::to_string(frame.index) + "]";
-      } else {
-        path += (path.empty() ? "" : ".") + frame.key;
-      }
-    }
-    return path;
-  }
-
-  std::string file_;
-  std::vector<Frame> frames_;
-};
 
 // What a file that is not a regular file is, for the message; nullptr for a
 // regular file.
@@ -281,24 +186,23 @@ json override_value(const std::string& text, std::size_t key_levels, const std::
 json load_json_file(const std::filesystem::path& file) {
   const std::string name = file.string();
   const std::string text = read_config_text(name);
-  // nlohmann's parser takes a NUL byte for the end of the input: whatever
-  // follows would be dropped without a word.
-  if (const std::size_t nul = text.find('\0'); nul != std::string::npos) {
-    const auto [line, column] = line_and_column(text, nul);
-    throw ConfigError("", "config file \"" + name + "\": a NUL byte at line " + std::to_string(line) + ", column " +
-                              std::to_string(column) + "; a JSON file is text, check the path given to --config");
-  }
-
   json root;
   try {
-    root = json::parse(text, FileStructureCheck(name), /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const json::parse_error& e) {
-    const std::size_t index = e.byte == 0 ? 0 : e.byte - 1;
-    const auto [line, column] = line_and_column(text, index);
-    std::string message = "config file \"" + name + "\": invalid JSON at line " + std::to_string(line) +
-                          ", column " + std::to_string(column) + ": " + short_reason(e.what());
-    if (index < text.size() && text[index] == '/') message += " (comments are not allowed in JSON)";
-    throw ConfigError("", message);
+    root = json_text::parse_strict(text, kMaxNesting);
+  } catch (const json_text::StrictJsonError& e) {
+    const std::string head = "config file \"" + name + "\": ";
+    switch (e.kind) {
+      case json_text::StrictJsonError::Kind::kNulByte:
+        throw ConfigError("", head + e.what() + "; a JSON file is text, check the path given to --config");
+      case json_text::StrictJsonError::Kind::kSyntax:
+        throw ConfigError("", head + e.what() + (e.at_slash ? " (comments are not allowed in JSON)" : ""));
+      case json_text::StrictJsonError::Kind::kTooDeep:
+        throw ConfigError(e.path, head + "the value at " + json_quote(e.path) + " nests more than " +
+                                      std::to_string(kMaxNesting) +
+                                      " objects and arrays deep, the most a configuration may; check the file");
+      case json_text::StrictJsonError::Kind::kDuplicateKey:
+        throw ConfigError(e.path, head + "duplicate key " + json_quote(e.path) + "; a key may appear only once in an object");
+    }
   }
   if (!root.is_object()) {
     throw ConfigError("", "config file \"" + name + "\": the top level must be a JSON object ({...}), got " +

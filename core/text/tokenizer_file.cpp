@@ -1,5 +1,7 @@
 #include "text/tokenizer_file.h"
 
+#include "json/strict_json.h"
+
 #include <cerrno>
 #include <cstring>
 #include <unordered_set>
@@ -24,76 +26,6 @@ namespace detail {
 namespace {
 
 constexpr int kMaxNesting = 64;  // tokenizer.json nests 5 deep; this stops hostile files early
-
-std::pair<std::size_t, std::size_t> line_and_column(const std::string& text, std::size_t index) {
-  std::size_t line = 1, column = 1;
-  for (std::size_t i = 0; i < index && i < text.size(); ++i) {
-    if (text[i] == '\n') {
-      ++line, column = 1;
-    } else {
-      ++column;
-    }
-  }
-  return {line, column};
-}
-
-// nlohmann's message without its "[json.exception.parse_error.101] parse error at ...: " head.
-std::string short_reason(const std::string& what) {
-  const std::size_t head = what.find("parse error");
-  if (head == std::string::npos) return what;
-  const std::size_t colon = what.find(": ", head);
-  return colon == std::string::npos ? what : what.substr(colon + 2);
-}
-
-struct TooDeep {};
-struct DuplicateKey {
-  std::string key;
-};
-
-// Stops a file nested too deep while it is parsed, and notices keys written
-// twice in one object (JSON keeps the last silently; in a vocabulary that
-// would lose a token): an object that ends with fewer members than keys were
-// read. Counting is cheap; naming the key takes NamingCheck's second pass.
-class StructureCheck {
- public:
-  bool operator()(int depth, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        if (depth + 1 > kMaxNesting) throw TooDeep{};
-        if (event == json::parse_event_t::object_start) keys_.push_back(0);
-        break;
-      case json::parse_event_t::key:
-        ++keys_.back();
-        break;
-      case json::parse_event_t::object_end:
-        if (parsed.size() != keys_.back()) throw DuplicateKey{};
-        keys_.pop_back();
-        break;
-      default:
-        break;
-    }
-    return true;
-  }
-
- private:
-  std::vector<std::size_t> keys_;  // keys read so far, per open object
-};
-
-// The slow pass, run only on a file that has a duplicate: which key.
-class NamingCheck {
- public:
-  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) keys_.emplace_back();
-    if (event == json::parse_event_t::object_end) keys_.pop_back();
-    if (event == json::parse_event_t::key && !keys_.back().insert(parsed.get<std::string>()).second)
-      throw DuplicateKey{parsed.get<std::string>()};
-    return true;
-  }
-
- private:
-  std::vector<std::unordered_set<std::string>> keys_;
-};
 
 }  // namespace
 
@@ -137,35 +69,22 @@ std::string read_file(const fs::path& file) {
 }
 
 json parse_json(const std::string& text, const fs::path& file) {
-  if (const std::size_t nul = text.find('\0'); nul != std::string::npos) {
-    const auto [line, column] = line_and_column(text, nul);
-    fail(file, "", "a NUL byte at line " + std::to_string(line) + ", column " + std::to_string(column) +
-                       ": not a JSON text file (a binary or a damaged download?)");
-  }
   try {
-    return json::parse(text.begin(), text.end(), StructureCheck(), /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const json::parse_error& e) {
-    const std::size_t index = e.byte == 0 ? 0 : e.byte - 1;
-    const auto [line, column] = line_and_column(text, index);
-    const bool at_end = index + 1 >= text.size();
-    fail(file, "", "invalid JSON at line " + std::to_string(line) + ", column " + std::to_string(column) + ": " +
-                       short_reason(e.what()) +
-                       (at_end ? " (the file ends early: an interrupted download? fetch it again)" : ""));
-  } catch (const TooDeep&) {
-    fail(file, "", "JSON nested more than " + std::to_string(kMaxNesting) +
-                       " levels deep; a tokenizer.json nests about 5: this is not one");
-  } catch (const DuplicateKey&) {
-    std::string key;
-    try {
-      const json again = json::parse(text.begin(), text.end(), NamingCheck(), true, false);
-      (void)again;
-    } catch (const DuplicateKey& d) {
-      key = d.key;
+    return json_text::parse_strict(text, kMaxNesting);
+  } catch (const json_text::StrictJsonError& e) {
+    switch (e.kind) {
+      case json_text::StrictJsonError::Kind::kNulByte:
+        fail(file, "", std::string(e.what()) + ": not a JSON text file (a binary or a damaged download?)");
+      case json_text::StrictJsonError::Kind::kSyntax:
+        fail(file, "", std::string(e.what()) + (e.at_end ? " (the file ends early: an interrupted download? fetch it again)" : ""));
+      case json_text::StrictJsonError::Kind::kTooDeep:
+        fail(file, "", "JSON nested more than " + std::to_string(kMaxNesting) +
+                           " levels deep; a tokenizer.json nests about 5: this is not one");
+      case json_text::StrictJsonError::Kind::kDuplicateKey:
+        fail(file, e.path, "the key \"" + e.key + "\" appears twice in one object; each key must appear once (a vocabulary "
+                           "lists each token once): the file is damaged or hand-edited");
     }
-    fail(file, "", "the key \"" + key + "\" appears twice in one object; each key must appear once (a vocabulary "
-                   "lists each token once): the file is damaged or hand-edited");
-  } catch (const json::exception& e) {
-    fail(file, "", std::string("invalid JSON: ") + e.what());
+    throw;
   }
 }
 

@@ -99,7 +99,9 @@ TEST(TokenizerLoad, BrokenJson) {
   EXPECT_REFUSED(refusal_of_text("{\"model\":\n\n  {,}}"), "", "line 3");
   EXPECT_REFUSED(refusal_of_text(std::string("{\"a\": 1}\0garbage", 16)), "", "a NUL byte at line 1, column 9");
   EXPECT_REFUSED(refusal_of_text(std::string(200, '[') + std::string(200, ']')), "", "nested more than 64 levels");
-  EXPECT_REFUSED(refusal_of_text("{\"model\": {\"vocab\": {\"a\": 1, \"a\": 2}}}"), "", "the key \"a\" appears twice");
+  EXPECT_REFUSED(refusal_of_text("{\"model\": {\"vocab\": {\"a\": 1, \"a\": 2}}}"), "model.vocab.a", "the key \"a\" appears twice");
+  // Columns count characters, not bytes, as the configuration files' do (one reader).
+  EXPECT_REFUSED(refusal_of_text("{\"\xc3\xa9\": x}"), "", "invalid JSON at line 1, column 7");
   EXPECT_REFUSED(refusal_of_text("[1, 2]"), "", "must be an object, not an array");
   EXPECT_REFUSED(refusal_of_text("\"just a string\""), "", "must be an object, not a string");
 }
