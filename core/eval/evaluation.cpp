@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -39,13 +40,23 @@ void load_drafter_checkpoint(const std::string& path, const host::DrafterInstanc
     return std::invalid_argument(config_file + ": " + key + " is " + theirs.dump() + " but " + whose + " has " + ours.dump() +
                                  "; evaluate the drafter with the target and drafter settings it was trained with");
   };
-  for (const char* key : {"vocab_size", "hidden_size"})
-    if (saved.config.contains(key) && target_info.contains(key) && saved.config[key] != target_info[key])
-      throw mismatch(key, saved.config[key], target_info[key], "the target");
-  for (const char* key : {"block_size", "target_layer_ids", "mask_token_id", "num_hidden_layers", "num_attention_heads",
-                          "num_key_value_heads", "head_dim", "intermediate_size"})
+  // What must agree: the host's three facts, and what the drafter names
+  // (ABI 1.5's checkpoint_match) of its own config and of the target's.
+  std::vector<std::string> drafter_keys = {"block_size", "target_layer_ids", "mask_token_id"};
+  std::vector<std::pair<std::string, std::string>> target_keys;
+  if (const std::optional<nlohmann::json> match = drafter.checkpoint_match()) {
+    for (const auto& key : match->value("drafter", nlohmann::json::array()))
+      if (std::find(drafter_keys.begin(), drafter_keys.end(), key.get<std::string>()) == drafter_keys.end())
+        drafter_keys.push_back(key.get<std::string>());
+    const nlohmann::json of_target = match->value("target", nlohmann::json::object());  // items() must not outlive it
+    for (const auto& [key, fact] : of_target.items()) target_keys.emplace_back(key, fact.get<std::string>());
+  }
+  for (const auto& [key, fact] : target_keys)
+    if (saved.config.contains(key) && target_info.contains(fact) && saved.config[key] != target_info[fact])
+      throw mismatch(key.c_str(), saved.config[key], target_info[fact], "the target");
+  for (const std::string& key : drafter_keys)
     if (saved.config.contains(key) && own.contains(key) && saved.config[key] != own[key])
-      throw mismatch(key, saved.config[key], own[key], "the configured drafter (set it in the config's drafter section)");
+      throw mismatch(key.c_str(), saved.config[key], own[key], "the configured drafter (set it in the config's drafter section)");
   if (saved.config.contains("target_layer_ids") && target_info.contains("num_layers"))
     for (const auto& id : saved.config["target_layer_ids"])
       if (id.get<int64_t>() >= target_info["num_layers"].get<int64_t>())

@@ -402,6 +402,33 @@ std::optional<nlohmann::json> DrafterInstance::export_config() const {
   check(vtable.export_config(self(), &json), "export_config");
   return parse_plugin_json(json, record(), "export_config");
 }
+std::optional<nlohmann::json> DrafterInstance::checkpoint_match() const {
+  const auto& vtable = table<dflash_drafter_vtable>();
+  if (!DFLASH_HAS_FIELD(dflash_drafter_vtable, &vtable, checkpoint_match) || vtable.checkpoint_match == nullptr)
+    return std::nullopt;
+  const char* json = nullptr;
+  check(vtable.checkpoint_match(self(), &json), "checkpoint_match");
+  nlohmann::json match = parse_plugin_json(json, record(), "checkpoint_match");
+  const std::string who = record().label() + ": checkpoint_match";
+  auto bad = [&](const std::string& what) {
+    return PluginCallError(DFLASH_ERR_INTERNAL, who + " returned " + match.dump() + "; " + what);
+  };
+  if (!match.is_object()) throw bad("expected an object {\"drafter\": [keys], \"target\": {key: fact}}");
+  for (const auto& [section, value] : match.items()) {
+    if (section == "drafter") {
+      if (!value.is_array()) throw bad("\"drafter\" must be a list of config.json keys");
+      for (const auto& key : value)
+        if (!key.is_string()) throw bad("\"drafter\" holds " + key.dump() + ", not a key");
+    } else if (section == "target") {
+      if (!value.is_object()) throw bad("\"target\" must map config.json keys to the target's describe facts");
+      for (const auto& [key, fact] : value.items())
+        if (!fact.is_string()) throw bad("\"target\"." + key + " is " + fact.dump() + ", not a fact's name");
+    } else {
+      throw bad("unknown section \"" + section + "\" (drafter, target)");
+    }
+  }
+  return match;
+}
 void DrafterInstance::set_training(bool training) const {
   const auto& vtable = table<dflash_drafter_vtable>();
   if (vtable.set_training != nullptr) check(vtable.set_training(self(), training ? 1 : 0), "set_training");

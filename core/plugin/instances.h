@@ -159,6 +159,10 @@ class DrafterInstance : public PluginInstance {
   void bind_target(const nlohmann::json& target, const NamedTensors& frozen_weights) const;
   NamedTensors forward(const NamedTensors& inputs) const;
   std::optional<nlohmann::json> export_config() const;
+  // ABI 1.5's checkpoint_match: {"drafter": [keys], "target": {key: fact}},
+  // checked here (a list of strings, an object of strings); nullopt when the
+  // drafter does not say (then only its three facts are compared).
+  std::optional<nlohmann::json> checkpoint_match() const;
   void set_training(bool training) const;  // no-op when the optional slot is absent
   // Speculative decoding (ABI 1.1, optional): false when the plugin lacks it.
   bool can_draft() const;

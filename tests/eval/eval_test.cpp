@@ -467,6 +467,19 @@ TEST(Eval, BadInputsGetClearErrors) {
   bad = config;
   bad["block_size"] = 16;
   EXPECT_CONTAINS(checkpoint_error(bad, weights), "block_size is 16 but the configured drafter (set it in the config's drafter section) has 8");
+  // What the drafter itself names (ABI 1.5's checkpoint_match): a head count
+  // whose weights' shapes would all still agree (twice the heads of half the
+  // width) is refused by name, not loaded into the wrong split.
+  const std::optional<nlohmann::json> match = dflash->checkpoint_match();
+  ASSERT_TRUE(match.has_value());
+  EXPECT_EQ(match->at("target").at("hidden_size"), "hidden_size");
+  bad = config;
+  bad["num_attention_heads"] = 2 * config.at("num_attention_heads").get<int64_t>();
+  bad["head_dim"] = config.at("head_dim").get<int64_t>() / 2;
+  EXPECT_CONTAINS(checkpoint_error(bad, weights), "config.json: num_attention_heads is " + bad["num_attention_heads"].dump() +
+                                                      " but the configured drafter");
+  // A drafter that names nothing (prompt lookup) is held to the host's three facts alone.
+  EXPECT_FALSE(drafter("prompt_lookup", prompt_lookup_config(8), *target)->checkpoint_match().has_value());
   NamedTensors wrong = weights;
   wrong[0].second = torch::zeros({3, 3});
   EXPECT_CONTAINS(checkpoint_error(config, wrong), "model.safetensors: tensor '" + weights[0].first + "' has shape [3, 3]");

@@ -132,6 +132,22 @@ TEST(Loader, TreeVerificationSlotsComeInPairsBesideTheirGroups) {
   EXPECT_CONTAINS(m, "set the group too, or leave draft_propose_topk NULL");
 }
 
+// export_config became required in ABI 1.5: a drafter of this ABI without it
+// is refused at load, naming the slot and the version; one built for 1.4,
+// when it was optional, still loads (and is refused only where a run needs
+// the facts, as before).
+TEST(Loader, ADrafterOfAbi15WithoutExportConfigIsRefusedOneOf14Loads) {
+  const std::string m = problem_of("no_export_config");
+  EXPECT_CONTAINS(m, "drafter plugin 'no_export_config' (ABI " + kHostAbi +
+                         ") leaves vtable slot 'export_config' NULL, required since ABI 1.5");
+  EXPECT_CONTAINS(m, "block_size, target_layer_ids and mask_token_id");
+  PluginRegistry registry;
+  registry.add_library(broken("no_export_config_1_4"));
+  EXPECT_TRUE(registry.problems().empty()) << registry.problems().front().message;
+  ASSERT_EQ(registry.plugins().size(), 1u);
+  EXPECT_EQ(registry.plugins().front().abi_minor, 4u);
+}
+
 TEST(Loader, InvalidConfigSchema) {
   const std::string m = problem_of("bad_schema");
   EXPECT_CONTAINS(m, "loss plugin 'bad_schema' has an invalid config schema");

@@ -51,4 +51,15 @@ class BatchOnly : public TargetModel {
   TensorDict decode_extend_batch(const BatchDecodeRequest&) { return {}; }  // but no sessions to step
 };
 DFLASH_PLUGINS(BatchOnly)
+#elif defined(CASE_NO_EXPORT_CONFIG)
+class Unstated : public Drafter {  // required since ABI 1.5
+ public:
+  static constexpr PluginInfo info{"unstated", "1.0.0", ""};
+  static std::string config_schema() { return Schema().dump(); }
+  explicit Unstated(const CreateContext&) {}
+  TensorDict parameters() { return {}; }
+  void bind_target(const nlohmann::json&, const TensorDict&) {}
+  TensorDict forward(const TensorDict&) { return {}; }
+};
+DFLASH_PLUGINS(Unstated)
 #endif

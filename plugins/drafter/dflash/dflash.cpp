@@ -394,6 +394,13 @@ class DFlashDrafter : public sdk::Drafter {
   }
 
   // config.json as the reference DFlashDraftModel reads it (export_format.h).
+  // The config.json keys a checkpoint must share before its weights load
+  // here: the architecture's shape (a head count can differ where every
+  // weight's shape agrees), and the target's vocabulary and width.
+  nlohmann::json checkpoint_match() const {
+    return {{"drafter", {"num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"}},
+            {"target", {{"vocab_size", "vocab_size"}, {"hidden_size", "hidden_size"}}}};
+  }
   nlohmann::json export_config() const {
     drafter::ExportFacts facts;
     facts.target_layers = target_layers_;

@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define DFLASH_ABI_MAJOR 1
-#define DFLASH_ABI_MINOR 4
+#define DFLASH_ABI_MINOR 5
 
 /* The one exported symbol of a plugin library. Its name carries the major. */
 #define DFLASH_ENTRY_SYMBOL "dflash_plugin_entry_v1"
@@ -295,6 +295,33 @@ typedef struct dflash_create_args {
 } dflash_create_args;
 
 /* ------------------------------------------------------------------------ */
+/* Threads and CUDA streams (stated in ABI 1.5; hosts of 1.0–1.4 already     */
+/* kept to it)                                                               */
+/* ------------------------------------------------------------------------ */
+/* - One instance's calls never overlap: the host calls an instance from one
+ *   thread at a time. A data source's next_batch and save_state may run on
+ *   a worker thread of the host (train.prefetch), still one call at a time
+ *   and in the order a single thread would make them; every other instance
+ *   is called from the thread that created it.
+ * - Different instances may be called at the same time from different
+ *   threads (a data source's fetch beside a target's forward), so anything
+ *   a library shares between its instances (statics, caches, a pool of
+ *   streams) must be safe to use from two threads.
+ * - The host API's functions may be called from the thread the host called
+ *   the plugin on, during that call, and from no other thread.
+ * - CUDA: the host passes no stream. A plugin orders its device work on the
+ *   current CUDA stream of the device its tensors are on, as LibTorch's
+ *   getCurrentCUDAStream gives it when the call begins. Input tensors are
+ *   ready for work queued on that stream; output tensors must be ready for
+ *   work the host queues on it after the call returns. Work a plugin puts
+ *   on streams of its own must be joined to that stream (an event wait)
+ *   before the call returns. The host does not synchronize the device
+ *   around calls, and a plugin need not either; it waits only where it
+ *   needs a value on the host itself.
+ * - Sessions (decode_*, draft_*) belong to their instance and follow the
+ *   same rules. */
+
+/* ------------------------------------------------------------------------ */
 /* Per-kind function tables. Slots marked (optional) may be NULL; every     */
 /* other slot is required and the loader refuses a library that leaves one  */
 /* NULL. Unless said otherwise, input pointers are borrowed(the call).       */
@@ -475,7 +502,9 @@ typedef struct dflash_drafter_vtable {
    * and optionally "teacher_hidden" [N, H]. */
   dflash_error* (*forward)(dflash_instance* self, const dflash_tensor_map* inputs,
                            dflash_tensor_map* out);
-  /* (optional) *out_json: borrowed(the next call on self): the fields a
+  /* Required from ABI 1.5 (the loader refuses a 1.5 drafter that leaves it
+   * NULL); optional in 1.0–1.4, where the host then refused the drafter at
+   * train or eval. *out_json: borrowed(the next call on self): the fields a
    * checkpoint's config.json needs. The host reads three facts from it and
    * trains or evaluates no drafter that lacks them: "block_size" (integer
    * ≥ 1), "target_layer_ids" (the target layers it reads, in order) and
@@ -518,6 +547,16 @@ typedef struct dflash_drafter_vtable {
    * 0 ≤ m ≤ count). k ≥ 1 is at most the vocabulary. */
   dflash_error* (*draft_propose_topk)(dflash_instance* self, int64_t session, const dflash_tensor_map* inputs,
                                       int64_t count, int64_t k, dflash_tensor_map* out);
+
+  /* (optional, ABI 1.5) *out_json: borrowed(the next call on self): which
+   * keys of a saved checkpoint's config.json must agree before its weights
+   * are loaded into this instance (eval, and anything else that loads a
+   * drafter checkpoint): {"drafter": [key, …], compared with this instance's
+   * export_config, and "target": {key: fact, …}, each config.json key
+   * compared with that fact of the target's describe}. A key absent on
+   * either side is not compared. NULL: the host compares only the three
+   * facts above (block_size, target_layer_ids, mask_token_id). */
+  dflash_error* (*checkpoint_match)(dflash_instance* self, const char** out_json);
 } dflash_drafter_vtable;
 
 /* --- loss --------------------------------------------------------------- */

@@ -32,7 +32,7 @@ static const dflash_loss_vtable loss_table = {
     defined(DEFECT_TREE_WITHOUT_DECODE)
 #define BROKEN_TARGET 1
 #endif
-#ifdef DEFECT_TOPK_WITHOUT_DRAFT
+#if defined(DEFECT_TOPK_WITHOUT_DRAFT) || defined(DEFECT_NO_EXPORT_CONFIG) || defined(DEFECT_NO_EXPORT_CONFIG_1_4)
 #define BROKEN_DRAFTER 1
 #endif
 
@@ -96,7 +96,17 @@ static const dflash_target_vtable target_table = {
 
 #ifdef BROKEN_DRAFTER
 /* DEFECT_TOPK_WITHOUT_DRAFT: a drafter that sets ABI 1.4's
- * draft_propose_topk but not the drafting group whose sessions it reads. */
+ * draft_propose_topk but not the drafting group whose sessions it reads.
+ * DEFECT_NO_EXPORT_CONFIG: one of this ABI without export_config (required
+ * since 1.5); DEFECT_NO_EXPORT_CONFIG_1_4: the same, built as for ABI 1.4,
+ * when it was optional (it loads). */
+#if !defined(DEFECT_NO_EXPORT_CONFIG) && !defined(DEFECT_NO_EXPORT_CONFIG_1_4)
+static dflash_error* d_export_config(dflash_instance* self, const char** out_json) {
+  (void)self;
+  *out_json = "{\"block_size\": 4, \"target_layer_ids\": [0], \"mask_token_id\": null}";
+  return NULL;
+}
+#endif
 static dflash_error* d_parameters(dflash_instance* self, dflash_tensor_map* out) {
   (void)self, (void)out;
   return NULL;
@@ -109,14 +119,27 @@ static dflash_error* d_forward(dflash_instance* self, const dflash_tensor_map* i
   (void)self, (void)inputs, (void)out;
   return NULL;
 }
+#ifdef DEFECT_TOPK_WITHOUT_DRAFT
 static dflash_error* d_propose_topk(dflash_instance* self, int64_t session, const dflash_tensor_map* inputs, int64_t count,
                                     int64_t k, dflash_tensor_map* out) {
   (void)self, (void)session, (void)inputs, (void)count, (void)k, (void)out;
   return NULL;
 }
+#endif
 static const dflash_drafter_vtable drafter_table = {
-    sizeof(dflash_drafter_vtable), d_parameters, d_bind_target, d_forward, NULL, NULL,
-    NULL, NULL, NULL, NULL, NULL /* plan_memory (optional) */, d_propose_topk,
+    sizeof(dflash_drafter_vtable), d_parameters, d_bind_target, d_forward,
+#if defined(DEFECT_NO_EXPORT_CONFIG) || defined(DEFECT_NO_EXPORT_CONFIG_1_4)
+    NULL,
+#else
+    d_export_config,
+#endif
+    NULL, NULL, NULL, NULL, NULL, NULL /* plan_memory (optional) */,
+#ifdef DEFECT_TOPK_WITHOUT_DRAFT
+    d_propose_topk,
+#else
+    NULL,
+#endif
+    NULL /* checkpoint_match (optional) */,
 };
 #endif
 
@@ -200,6 +223,8 @@ static const dflash_plugin_library library = {
 #endif
 #ifdef DEFECT_NEWER_MINOR
     DFLASH_ABI_MINOR + 5,
+#elif defined(DEFECT_NO_EXPORT_CONFIG_1_4)
+    4,
 #else
     DFLASH_ABI_MINOR,
 #endif

@@ -8,9 +8,13 @@
 //     dflash::sdk::TensorDict parameters();     // live trainable leaves, stable names
 //     void bind_target(const nlohmann::json& target, const dflash::sdk::TensorDict& frozen);
 //     dflash::sdk::TensorDict forward(const dflash::sdk::TensorDict& inputs);
+//     nlohmann::json export_config() const;     // the checkpoint's config.json, with block_size,
+//                                               // target_layer_ids and mask_token_id (required, ABI 1.5)
 //     // optional:
-//     nlohmann::json export_config() const;     // fields for the checkpoint's config.json
 //     void set_training(bool training);
+//     // optional (ABI 1.5): the config.json keys a checkpoint must share before its weights load,
+//     // {"drafter": [keys of export_config], "target": {key: the target's describe fact}}
+//     nlohmann::json checkpoint_match() const;
 //     // optional, all four or none (speculative decoding, for `dflash-host eval`):
 //     int64_t draft_begin();                                        // a new session's id
 //     void draft_extend(int64_t session, const dflash::sdk::TensorDict& inputs);  // input_ids [n], hidden.<id> [n, H]
@@ -50,6 +54,7 @@ DFLASH_SDK_DETECT(has_bind_target, std::declval<T&>().bind_target(std::declval<c
                                                                   std::declval<const TensorDict&>()))
 DFLASH_SDK_DETECT(has_export_config, nlohmann::json(std::declval<T&>().export_config()))
 DFLASH_SDK_DETECT(has_set_training, std::declval<T&>().set_training(true))
+DFLASH_SDK_DETECT(has_checkpoint_match, nlohmann::json(std::declval<T&>().checkpoint_match()))
 DFLASH_SDK_DETECT(has_draft_begin, std::declval<T&>().draft_begin())
 DFLASH_SDK_DETECT(has_draft_extend, std::declval<T&>().draft_extend(int64_t{}, std::declval<const TensorDict&>()))
 DFLASH_SDK_DETECT(has_draft_propose,
@@ -66,6 +71,9 @@ struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
                 "a Drafter plugin needs `TensorDict parameters()`");
   static_assert(has_bind_target<T>::value,
                 "a Drafter plugin needs `void bind_target(const nlohmann::json& target, const TensorDict& frozen)`");
+  static_assert(has_export_config<T>::value,
+                "a Drafter plugin needs `nlohmann::json export_config() const` (required since ABI 1.5), stating "
+                "block_size, target_layer_ids and mask_token_id");
 
   static dflash_error* parameters(dflash_instance* self, dflash_tensor_map* out) noexcept {
     auto* instance = instance_of<T>(self);
@@ -92,6 +100,13 @@ struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
     return guard(instance->host, T::info.name, translate, [&] {
       if constexpr (has_export_config<T>::value)
         *out_json = keep_until_next_call(instance, nlohmann::json(instance->impl->export_config()).dump());
+    });
+  }
+  static dflash_error* checkpoint_match(dflash_instance* self, const char** out_json) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (has_checkpoint_match<T>::value)
+        *out_json = keep_until_next_call(instance, nlohmann::json(instance->impl->checkpoint_match()).dump());
     });
   }
   static dflash_error* set_training(dflash_instance* self, int32_t training) noexcept {
@@ -164,12 +179,13 @@ struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
   static const void* vtable() noexcept {
     static const dflash_drafter_vtable table = {
         sizeof(dflash_drafter_vtable), &parameters, &bind_target, &forward,
-        has_export_config<T>::value ? &export_config : nullptr,
+        &export_config,
         has_set_training<T>::value ? &set_training : nullptr,
         kDrafts ? &draft_begin : nullptr, kDrafts ? &draft_extend : nullptr,
         kDrafts ? &draft_propose : nullptr, kDrafts ? &draft_end : nullptr,
         plan_memory_of<T>(),
         kDraftsTopK ? &draft_propose_topk : nullptr,
+        has_checkpoint_match<T>::value ? &checkpoint_match : nullptr,
     };
     return &table;
   }
