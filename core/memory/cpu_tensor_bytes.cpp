@@ -1,95 +1,20 @@
 #include "memory/cpu_tensor_bytes.h"
 
-#include <dflash/sdk/torch_compat.hpp>
+#include <dflash/sdk/cpu_tensor_counter.hpp>
 
-#include <c10/core/CPUAllocator.h>
-
-#include <atomic>
-#include <mutex>
-#include <unordered_map>
-
+// The counter itself is the SDK's (one definition, which plugin authors'
+// tests install too); the host's names for it.
 namespace dflash::memory {
-namespace {
 
-// Wraps LibTorch's CPU allocator. Each allocation is returned with its own
-// data pointer as context (as the default allocator does: raw_allocate,
-// which oneDNN's and other kernels' scratch buffers use, requires it), and
-// its size and the wrapped allocator's DataPtr are kept in a table until
-// the deleter removes them.
-class CountingCpuAllocator final : public c10::Allocator {
- public:
-  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
-  c10::DataPtr allocate(size_t bytes) DFLASH_COMPAT_ALLOCATE_QUALIFIER override {
-    c10::DataPtr inner = inner_->allocate(bytes);
-    void* data = inner.get();
-    if (data == nullptr) return inner;  // nothing to count (0 bytes)
-    auto* self = const_cast<CountingCpuAllocator*>(this);
-    {
-      const std::lock_guard<std::mutex> lock(self->mutex_);
-      self->live_.emplace(data, Entry{std::move(inner), bytes});
-    }
-    self->add(static_cast<int64_t>(bytes));
-    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
-  DFLASH_COMPAT_ALLOCATOR_COPY_DATA
+void install_cpu_tensor_counter() { sdk::install_cpu_tensor_counter(); }
 
-  CpuTensorBytes bytes() const { return {current_.load(), peak_.load()}; }
-  void reset_peak() { peak_ = current_.load(); }
-
- private:
-  struct Entry {
-    c10::DataPtr inner;  // frees through the wrapped allocator when erased
-    size_t bytes;
-  };
-  static void release(void* data);
-  void add(int64_t bytes) {
-    const int64_t now = current_ += bytes;
-    int64_t seen = peak_;
-    while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
-    }
-  }
-  c10::Allocator* inner_;
-  std::mutex mutex_;
-  std::unordered_map<void*, Entry> live_;
-  std::atomic<int64_t> current_{0}, peak_{0};
-};
-
-std::atomic<CountingCpuAllocator*> installed{nullptr};
-
-void CountingCpuAllocator::release(void* data) {
-  CountingCpuAllocator* self = installed.load();
-  Entry entry;
-  {
-    const std::lock_guard<std::mutex> lock(self->mutex_);
-    auto it = self->live_.find(data);
-    if (it == self->live_.end()) return;  // not ours: cannot happen, and freeing a stranger would be worse
-    entry = std::move(it->second);
-    self->live_.erase(it);
-  }
-  self->add(-static_cast<int64_t>(entry.bytes));
-  // entry.inner frees the memory as it goes out of scope, outside the lock.
-}
-
-}  // namespace
-
-void install_cpu_tensor_counter() {
-  if (installed.load() != nullptr) return;
-  // Never deleted: tensors anywhere in the process may outlive any owner.
-  auto* counter = new CountingCpuAllocator(c10::GetCPUAllocator());
-  c10::SetCPUAllocator(counter, /*priority=*/255);
-  installed = counter;
-}
-
-bool cpu_tensor_counter_installed() { return installed.load() != nullptr; }
+bool cpu_tensor_counter_installed() { return sdk::cpu_tensor_counter_installed(); }
 
 CpuTensorBytes cpu_tensor_bytes() {
-  const CountingCpuAllocator* counter = installed.load();
-  return counter != nullptr ? counter->bytes() : CpuTensorBytes{};
+  const sdk::CpuTensorBytes bytes = sdk::cpu_tensor_bytes();
+  return {bytes.current, bytes.peak};
 }
 
-void reset_cpu_tensor_peak() {
-  if (CountingCpuAllocator* counter = installed.load()) counter->reset_peak();
-}
+void reset_cpu_tensor_peak() { sdk::reset_cpu_tensor_peak(); }
 
 }  // namespace dflash::memory

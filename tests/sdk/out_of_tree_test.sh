@@ -17,7 +17,8 @@ host_mtime=$(stat -c %Y "$host")
 torch_dir=$(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt")
 examples="$work/prefix/share/dflash-host/sdk-examples"
 # Each example is its own project, as a researcher's loss would be; a loss on
-# the chunked-loss toolkit stays under 60 lines of C++.
+# the chunked-loss toolkit stays under 60 lines of C++ (its test/ beside it
+# not counted).
 declare -A plugin_of=([weighted_ce_loss]=example_weighted_ce [reverse_kl_loss]=example_reverse_kl [jsd_loss]=example_jsd)
 for example in weighted_ce_loss reverse_kl_loss jsd_loss; do
   lines=$(cat "$examples/$example"/*.cpp | wc -l)
@@ -25,6 +26,12 @@ for example in weighted_ce_loss reverse_kl_loss jsd_loss; do
   cmake -S "$examples/$example" -B "$work/plugins/$example" -DCMAKE_PREFIX_PATH="$work/prefix" -DTorch_DIR="$torch_dir" \
     -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
   cmake --build "$work/plugins/$example" -j2 >/dev/null
+  # Its own test, on the SDK's loss test kit: values, gradients and memory, no host.
+  ctest --test-dir "$work/plugins/$example" --output-on-failure >"$work/ctest.log" 2>&1 || {
+    cat "$work/ctest.log" >&2
+    echo "FAIL: $example's own test (the SDK's loss test kit) failed" >&2
+    exit 1
+  }
   # It compiled against the installed headers, never the host's source tree.
   if grep -q "$src/" "$work/plugins/$example/compile_commands.json"; then
     echo "FAIL: the out-of-tree build of $example referenced the host source tree" >&2
