@@ -48,6 +48,10 @@ po::options_description visible_options() {
       ("tokens-per-batch", po::value<int64_t>(), "train, plan: the data source's token budget per batch (sets "
        "data.tokens_per_batch)")
       ("skip-memory-check", "train: start even when the memory plan says the run will not fit")
+      ("rows", po::value<int64_t>(), "plan: plan the --loss alone, no target or drafter, at this many rows "
+       "(with --vocab, and --hidden; dtype and teacher from the train section)")
+      ("vocab", po::value<int64_t>(), "plan --rows: the vocabulary of the loss's logits")
+      ("hidden", po::value<int64_t>(), "plan --rows: the hidden size of the rows (default 4096)")
       ("stop-after", po::value<int64_t>(), "train: stop after this many steps of this run, with a checkpoint "
        "(run again to resume from it)")
       ("resume-from", po::value<std::string>(), "train: resume from this checkpoint (step-NNNNNNNN, or a step number) "
@@ -190,6 +194,12 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
       throw std::invalid_argument("--calibrate " + std::to_string(options.calibrate) + ": expected a number of batches from 1 to 1000");
   }
   count_flag("tokens-per-batch", "data.tokens_per_batch", 1);
+  if (vm.count("rows")) options.loss_alone_rows = vm["rows"].as<int64_t>();
+  if (vm.count("vocab")) options.loss_alone_vocab = vm["vocab"].as<int64_t>();
+  if (vm.count("hidden")) options.loss_alone_hidden = vm["hidden"].as<int64_t>();
+  if ((options.loss_alone_vocab || options.loss_alone_hidden) && !options.loss_alone_rows)
+    throw std::invalid_argument("--vocab and --hidden size a loss planned alone: give --rows too (plan --loss NAME "
+                                "--rows N --vocab V)");
   if (vm.count("kind")) options.kind = vm["kind"].as<std::string>();
   if (vm.count("stop-after")) {
     options.stop_after = vm["stop-after"].as<int64_t>();

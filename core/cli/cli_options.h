@@ -26,6 +26,8 @@ struct CliOptions {
   int64_t world_size = 1;  // plan --world-size
   int64_t calibrate = 0;   // plan --calibrate N: batches timed for the throughput forecast
   bool skip_memory_check = false;
+  // plan --loss NAME --rows N --vocab V [--hidden H]: the loss alone
+  std::optional<int64_t> loss_alone_rows, loss_alone_vocab, loss_alone_hidden;
   int64_t stop_after = 0;                  // --stop-after N (train)
   std::optional<std::string> resume_from;  // --resume-from step-N (train)
   bool allow_config_change = false;        // --allow-config-change (train)

@@ -378,7 +378,23 @@ int plan_pipeline(const CliOptions& options, const PluginRegistry& registry, con
 }
 
 // `dflash-host plan`: the memory plan, the device, and what fits.
+// plan --loss NAME --rows N --vocab V [--hidden H]: the loss's own estimate at
+// that shape, no target folder, data or drafter needed.
+int plan_loss_alone(const CliOptions& options) {
+  if (!options.plugin_choice.count("loss"))
+    throw std::invalid_argument("plan --rows plans a loss alone: name it with --loss NAME");
+  if (!options.loss_alone_vocab) throw std::invalid_argument("plan --rows: give the vocabulary with --vocab V");
+  const PluginRegistry registry = load_plugins(options);
+  const config::ResolvedConfig resolved = resolve(options, registry, {"loss"});
+  const memory::LossAlonePlan plan = memory::plan_loss_alone(
+      registry, resolved.root, *options.loss_alone_rows, *options.loss_alone_vocab, options.loss_alone_hidden.value_or(4096));
+  if (options.json) std::cout << memory::loss_alone_to_json(plan).dump(2) << "\n";
+  else std::cout << memory::format_loss_alone(plan);
+  return kExitOk;
+}
+
 int plan(const CliOptions& options) {
+  if (options.loss_alone_rows) return plan_loss_alone(options);
   require_run_config(options);
   const PluginRegistry registry = load_plugins(options);
   const config::ResolvedConfig resolved = resolve(options, registry, all_sections());

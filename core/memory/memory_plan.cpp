@@ -350,6 +350,70 @@ DevicePlan plan_for(const host::PluginRegistry& registry, const nlohmann::json& 
 }
 }  // namespace
 
+LossAlonePlan plan_loss_alone(const host::PluginRegistry& registry, const nlohmann::json& root, int64_t rows,
+                              int64_t vocab, int64_t hidden) {
+  for (const auto& [what, value] : {std::pair<const char*, int64_t>{"--rows", rows}, {"--vocab", vocab}, {"--hidden", hidden}})
+    if (value < 1) throw std::invalid_argument(std::string("plan: ") + what + " is " + std::to_string(value) + "; give at least 1");
+  const train::TrainSettings train = train::parse_train_settings(root.at("train"));
+  const std::string loss_name = root.at("loss").at("plugin").get<std::string>();
+  const host::PluginRecord& record = registry.find(DFLASH_KIND_LOSS, loss_name);
+  nlohmann::json settings = root.at("loss");
+  settings.erase("plugin");
+  const host::LossInstance loss(record, settings, train::instance_options(train));
+  LossAlonePlan plan;
+  plan.loss_label = record.label();
+  plan.device = train.device;
+  plan.dtype = train.dtype;
+  plan.rows = rows;
+  plan.vocab = vocab;
+  plan.hidden = hidden;
+  plan.teacher = train.wants_teacher();
+  dflash_loss_shape shape{};
+  shape.struct_size = sizeof(shape);
+  shape.rows = rows;
+  shape.hidden = hidden;
+  shape.vocab = vocab;
+  shape.teacher_kind = plan.teacher ? DFLASH_TEACHER_HIDDEN : DFLASH_TEACHER_NONE;
+  shape.element_bytes = static_cast<int32_t>(element_bytes(train.dtype));
+  const std::optional<host::LossMemoryEstimate> estimate = loss.estimate_memory(shape);
+  if (!estimate)
+    throw std::invalid_argument(plan.loss_label + " does not estimate its memory (no estimate_memory slot): the planner "
+                                "cannot size it; a loss on the SDK's chunked-loss toolkit has one");
+  plan.estimate = *estimate;
+  plan.full_logits_bytes = as_bytes(static_cast<double>(rows) * static_cast<double>(vocab) *
+                                    static_cast<double>(element_bytes(train.dtype)));
+  return plan;
+}
+
+std::string format_loss_alone(const LossAlonePlan& p) {
+  std::ostringstream out;
+  const double share =
+      p.full_logits_bytes > 0 ? static_cast<double>(p.estimate.peak_bytes) / static_cast<double>(p.full_logits_bytes) : 0.0;
+  out << "memory plan of " << p.loss_label << " alone: " << p.rows << " rows, vocabulary " << p.vocab << ", hidden "
+      << p.hidden << ", " << p.dtype << " on " << p.device << ", teacher " << (p.teacher ? "hidden states" : "none")
+      << "\n\n"
+      << "  working memory at its peak (compute and backward)  " << format_bytes(static_cast<int64_t>(p.estimate.peak_bytes))
+      << "\n"
+      << "  kept from compute for backward                     "
+      << format_bytes(static_cast<int64_t>(p.estimate.saved_for_backward_bytes)) << "\n"
+      << "  the full [rows, V] logits, for comparison          " << format_bytes(p.full_logits_bytes) << " (the peak is "
+      << std::fixed << std::setprecision(3) << share << "× of them)\n";
+  return out.str();
+}
+
+nlohmann::json loss_alone_to_json(const LossAlonePlan& p) {
+  return {{"loss", p.loss_label},
+          {"device", p.device},
+          {"dtype", p.dtype},
+          {"rows", p.rows},
+          {"vocab", p.vocab},
+          {"hidden", p.hidden},
+          {"teacher", p.teacher},
+          {"peak_bytes", p.estimate.peak_bytes},
+          {"saved_for_backward_bytes", p.estimate.saved_for_backward_bytes},
+          {"full_logits_bytes", p.full_logits_bytes}};
+}
+
 void require_device(const std::string& device_text) {
   const c10::Device device(device_text);
   if (!device.is_cuda()) return;

@@ -110,6 +110,23 @@ DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& 
 DevicePlan plan_role(const host::PluginRegistry& registry, const nlohmann::json& root, PlanRole role,
                      const host::LossInstance* loss = nullptr);
 
+// A loss alone, without a target or drafter (plan --loss NAME --rows R
+// --vocab V [--hidden H]): its estimate_memory at that shape, in the run's
+// dtype and with its teacher (the train section's, defaults filled), beside
+// the full [rows, V] logits a memory-bounded loss never holds. Throws
+// std::invalid_argument naming the loss when it does not estimate its memory.
+struct LossAlonePlan {
+  std::string loss_label, device, dtype;
+  int64_t rows = 0, vocab = 0, hidden = 0;
+  bool teacher = false;
+  host::LossMemoryEstimate estimate;
+  int64_t full_logits_bytes = 0;  // rows × vocab × the dtype's element size
+};
+LossAlonePlan plan_loss_alone(const host::PluginRegistry& registry, const nlohmann::json& root, int64_t rows,
+                              int64_t vocab, int64_t hidden);
+std::string format_loss_alone(const LossAlonePlan& plan);
+nlohmann::json loss_alone_to_json(const LossAlonePlan& plan);
+
 // How much the device has: the CUDA driver's free and total memory (the
 // process's own CUDA context already taken), or the host's MemAvailable for
 // the CPU.

@@ -537,6 +537,46 @@ TEST(PlanCommand, ACpuRunsMeasuredPeakIsTensorBytesWithinTenPercentOfThePlan) {
   }
 }
 
+// plan --loss NAME --rows N --vocab V: a loss alone, no config, target or
+// drafter. Its figures are the loss's own estimate_memory at that shape (in
+// the dtype --set gives), beside the full logits; a chunked loss stays well
+// under them at a large vocabulary, and what is missing is named.
+TEST(PlanCommand, PlansALossAloneAtRowsTimesVocabWithoutATarget) {
+  test::TempDir temp("dflash_plan_loss");
+  const std::string dir = temp.path().string();
+  const Result alone = host_run("plan --loss fused_ckpt_kl --rows 65536 --vocab 151936 --hidden 4096 "
+                                "--set train.dtype=bfloat16 --set loss.kl_weight=0.5 --json", dir);
+  ASSERT_EQ(alone.status, 0) << alone.err;
+  const nlohmann::json got = nlohmann::json::parse(alone.out);
+  const host::PluginRegistry plugins = registry();
+  const host::PluginRecord& record = plugins.find(DFLASH_KIND_LOSS, "fused_ckpt_kl");
+  nlohmann::json settings = config::defaults_of(record.schema);
+  settings["kl_weight"] = 0.5;
+  host::InstanceOptions options;
+  options.dtype = "bfloat16";
+  const host::LossInstance loss(record, settings, options);
+  const dflash_loss_shape shape{sizeof(dflash_loss_shape), 65536, 4096, 151936, 0, DFLASH_TEACHER_HIDDEN, 2, 0};
+  const auto estimate = loss.estimate_memory(shape);
+  ASSERT_TRUE(estimate.has_value());
+  EXPECT_EQ(got.at("peak_bytes").get<uint64_t>(), estimate->peak_bytes);
+  EXPECT_EQ(got.at("saved_for_backward_bytes").get<uint64_t>(), estimate->saved_for_backward_bytes);
+  EXPECT_EQ(got.at("full_logits_bytes").get<int64_t>(), int64_t{65536} * 151936 * 2);
+  EXPECT_LT(got.at("peak_bytes").get<int64_t>(), got.at("full_logits_bytes").get<int64_t>() / 2) << "chunked: well under";
+  const Result table = host_run("plan --loss ce --rows 64 --vocab 1000", dir);
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_CONTAINS(table.out, "alone: 64 rows, vocabulary 1000, hidden 4096, float32 on cpu");
+  EXPECT_CONTAINS(table.out, "working memory at its peak");
+  EXPECT_CONTAINS(host_run("plan --rows 64 --vocab 1000", dir).err, "plan --rows plans a loss alone: name it with --loss NAME");
+  EXPECT_CONTAINS(host_run("plan --loss ce --rows 64", dir).err, "give the vocabulary with --vocab V");
+  EXPECT_CONTAINS(host_run("plan --loss ce --vocab 64", dir).err, "give --rows too");
+  EXPECT_CONTAINS(host_run("plan --loss ce --rows 0 --vocab 64", dir).err, "--rows is 0; give at least 1");
+  // A C loss with no estimate_memory (tests/plugins/broken's valid one, "twin").
+  const std::string twin = std::string(" --plugin-dir ") + DFLASH_BROKEN_PLUGIN_DIR + "/twin_a";
+  EXPECT_CONTAINS(host_run("plan --loss twin --rows 8 --vocab 64" + twin, dir).err,
+                  "loss plugin 'twin' (" );
+  EXPECT_CONTAINS(host_run("plan --loss twin --rows 8 --vocab 64" + twin, dir).err, "does not estimate its memory");
+}
+
 TEST(PlanCommand, PrintsTheTableComparesWithTheDeviceAndProposesSettings) {
   test::TempDir temp("dflash_plan");
   const std::string dir = temp.path().string();
