@@ -1,6 +1,6 @@
 #include "checkpoint/checkpoint.h"
 
-#include "checkpoint/file_hash.h"
+#include "hash/file_hash.h"
 #include "log/log.h"
 
 #include <dflash/sdk/safetensors_torch.hpp>
@@ -277,7 +277,7 @@ std::string save(const std::string& root, int64_t step, const nlohmann::json& dr
   nlohmann::json state = trainer_state;
   state["files"] = nlohmann::json::object();
   for (const char* file : kDataFiles) {
-    const FileDigest digest = digest_file(tmp + "/" + file);
+    const hash::FileDigest digest = hash::digest_file(tmp + "/" + file);
     state["files"][file] = {{"bytes", digest.bytes}, {"xxh64", digest.xxh64}};
   }
   write_text(tmp + "/" + kStateFile, json_text(state, 2) + "\n");
@@ -310,7 +310,7 @@ std::string verify(const std::string& dir) {
         !files[file].contains("bytes") || !files[file]["bytes"].is_number_unsigned() ||
         !files[file].contains("xxh64") || !files[file]["xxh64"].is_string())
       return dir + "/" + kStateFile + ": files." + file + " is missing or malformed (expected {\"bytes\": N, \"xxh64\": \"…\"})";
-    const FileDigest digest = digest_file(path);
+    const hash::FileDigest digest = hash::digest_file(path);
     const uint64_t bytes = files[file]["bytes"].get<uint64_t>();
     if (digest.bytes != bytes)
       return path + ": " + std::to_string(digest.bytes) + " bytes, but the checkpoint recorded " + std::to_string(bytes) +

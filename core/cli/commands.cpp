@@ -12,6 +12,7 @@
 #include "plugin/registry.h"
 #include "eval/evaluation.h"
 #include "memory/memory_plan.h"
+#include "train/run_plan.h"
 #include "train/frozen_weights.h"
 
 #include <dflash/sdk/torch.hpp>
@@ -326,10 +327,10 @@ RolePlans plan_roles(const CliOptions& options, const PluginRegistry& registry, 
                      const host::LossInstance* loss = nullptr) {
   RolePlans out;
   for (memory::PlanRole role : {memory::PlanRole::kTargetRank, memory::PlanRole::kDrafterRank}) {
-    memory::DevicePlan plan = memory::plan_role(registry, resolved.root, role, loss);
+    memory::DevicePlan plan = train::plan_role(registry, resolved.root, role, loss);
     if (out.roles.empty()) out.capacity = capacity_for(options, plan.device);
     std::optional<memory::Verdict> verdict;
-    if (plan.complete()) verdict = memory::check_fit(registry, resolved.root, plan, out.capacity.free_bytes);
+    if (plan.complete()) verdict = train::check_fit(registry, resolved.root, plan, out.capacity.free_bytes);
     out.roles.emplace_back(std::move(plan), verdict);
   }
   return out;
@@ -386,7 +387,7 @@ int plan_loss_alone(const CliOptions& options) {
   if (!options.loss_alone_vocab) throw std::invalid_argument("plan --rows: give the vocabulary with --vocab V");
   const PluginRegistry registry = load_plugins(options);
   const config::ResolvedConfig resolved = resolve(options, registry, {"loss"});
-  const memory::LossAlonePlan plan = memory::plan_loss_alone(
+  const memory::LossAlonePlan plan = train::plan_loss_alone(
       registry, resolved.root, *options.loss_alone_rows, *options.loss_alone_vocab, options.loss_alone_hidden.value_or(4096));
   if (options.json) std::cout << memory::loss_alone_to_json(plan).dump(2) << "\n";
   else std::cout << memory::format_loss_alone(plan);
@@ -402,10 +403,10 @@ int plan(const CliOptions& options) {
   if (options.calibrate > 0)
     throw std::invalid_argument("--calibrate forecasts the splits of a disaggregated run: give --target-ranks and "
                                 "--drafter-ranks (or train.mode = disaggregated) too");
-  const memory::DevicePlan plan = memory::plan_run(registry, resolved.root, nullptr, options.world_size);
+  const memory::DevicePlan plan = train::plan_run(registry, resolved.root, nullptr, options.world_size);
   const memory::Capacity capacity = capacity_for(options, plan.device);
   std::optional<memory::Verdict> verdict;
-  if (plan.complete()) verdict = memory::check_fit(registry, resolved.root, plan, capacity.free_bytes);
+  if (plan.complete()) verdict = train::check_fit(registry, resolved.root, plan, capacity.free_bytes);
   if (options.json) std::cout << memory::plan_to_json(plan, capacity, verdict).dump(2) << "\n";
   else std::cout << memory::format_plan(plan, capacity, verdict);
   return verdict && !verdict->fits ? kExitDoesNotFit : kExitOk;
@@ -441,14 +442,14 @@ std::optional<int> refuse_unless_skipped(const CliOptions& options, const std::s
 std::optional<int> check_memory(const CliOptions& options, const PluginRegistry& registry,
                                 const config::ResolvedConfig& resolved, const host::LossInstance& loss, int64_t world_size,
                                 std::optional<memory::DevicePlan>& plan_out) {
-  const memory::DevicePlan plan = memory::plan_run(registry, resolved.root, &loss, world_size);
+  const memory::DevicePlan plan = train::plan_run(registry, resolved.root, &loss, world_size);
   plan_out = plan;
   if (!plan.complete()) {
     for (const std::string& missing : plan.missing) log::warn("memory plan incomplete: " + missing + "; not checked");
     return std::nullopt;
   }
   const memory::Capacity capacity = capacity_for(options, plan.device);
-  const memory::Verdict verdict = memory::check_fit(registry, resolved.root, plan, capacity.free_bytes);
+  const memory::Verdict verdict = train::check_fit(registry, resolved.root, plan, capacity.free_bytes);
   if (!verdict.fits) {
     std::cerr << memory::format_plan(plan, capacity, verdict) << std::flush;
     return refuse_unless_skipped(options, "the run does not fit on " + plan.device + ": it needs " +

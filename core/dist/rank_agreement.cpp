@@ -1,6 +1,6 @@
 #include "dist/rank_agreement.h"
 
-#include "checkpoint/file_hash.h"
+#include "hash/file_hash.h"
 
 #include <filesystem>
 #include <stdexcept>
@@ -19,7 +19,7 @@ nlohmann::json file_facts(const fs::path& file) {
   nlohmann::json facts = {{"bytes", size}};
   if (size < kHashedBelow) {
     try {
-      facts["xxh64"] = checkpoint::digest_file(file.string()).xxh64;
+      facts["xxh64"] = hash::digest_file(file.string()).xxh64;
     } catch (const std::exception& e) {
       facts["error"] = e.what();
     }

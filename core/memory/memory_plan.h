@@ -92,29 +92,15 @@ struct PlanInputs {
 };
 DevicePlan compute_plan(const PlanInputs& in);
 
-// Asks every plugin of the resolved config (a `config`-style root with train,
-// data, target, drafter, loss sections) and computes the plan. The loss
-// answers through estimate_memory, an instance method: `loss` is the run's
-// own instance (train passes the one it then trains with, so its
-// constructor runs once); without it a loss instance is created for the
-// plan. Throws PluginCallError / std::runtime_error naming the plugin when
-// one fails.
-// `world_size`: the ranks of a data-parallel run; the plan is then one rank's
-// (its share of the global batch, of the optimizer under shard_optimizer,
-// and the gradient buckets).
-DevicePlan plan_run(const host::PluginRegistry& registry, const nlohmann::json& root,
-                    const host::LossInstance* loss = nullptr, int64_t world_size = 1);
-// A rank of a disaggregated run (train.mode = disaggregated): `role` is
-// kTargetRank or kDrafterRank; a drafter rank's plan is one of
-// train.topology.drafter_ranks.
-DevicePlan plan_role(const host::PluginRegistry& registry, const nlohmann::json& root, PlanRole role,
-                     const host::LossInstance* loss = nullptr);
+// What the run's planner (train/run_plan.h, which asks the plugins) shares
+// with compute_plan: a dtype name's element size, a byte count rounded and
+// saturated at kTooManyBytes, and a plugin's integer fact (saturated; the
+// fallback where it is absent or not a number).
+int64_t element_bytes(const std::string& dtype);
+int64_t as_bytes(double v);
+int64_t fact(const nlohmann::json& facts, const char* key, int64_t fallback = 0);
 
-// A loss alone, without a target or drafter (plan --loss NAME --rows R
-// --vocab V [--hidden H]): its estimate_memory at that shape, in the run's
-// dtype and with its teacher (the train section's, defaults filled), beside
-// the full [rows, V] logits a memory-bounded loss never holds. Throws
-// std::invalid_argument naming the loss when it does not estimate its memory.
+// A loss planned alone (train::plan_loss_alone), for `plan --loss NAME --rows N --vocab V`.
 struct LossAlonePlan {
   std::string loss_label, device, dtype;
   int64_t rows = 0, vocab = 0, hidden = 0;
@@ -122,8 +108,6 @@ struct LossAlonePlan {
   host::LossMemoryEstimate estimate;
   int64_t full_logits_bytes = 0;  // rows × vocab × the dtype's element size
 };
-LossAlonePlan plan_loss_alone(const host::PluginRegistry& registry, const nlohmann::json& root, int64_t rows,
-                              int64_t vocab, int64_t hidden);
 std::string format_loss_alone(const LossAlonePlan& plan);
 nlohmann::json loss_alone_to_json(const LossAlonePlan& plan);
 
@@ -157,8 +141,7 @@ struct Verdict {
   int64_t short_by = 0;  // total − available when it does not fit
   std::vector<Suggestion> suggestions;
 };
-Verdict check_fit(const host::PluginRegistry& registry, const nlohmann::json& root, const DevicePlan& plan,
-                  int64_t available_bytes);
+// (train::check_fit, which plans the run again at each value it tries, fills it.)
 
 // The table a person reads, and the same as JSON.
 std::string format_plan(const DevicePlan& plan, const Capacity& capacity, const std::optional<Verdict>& verdict);

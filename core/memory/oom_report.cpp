@@ -1,7 +1,7 @@
 #include "memory/oom_report.h"
 
 #include "plugin/instances.h"
-#include "train/frozen_weights.h"
+#include "plugin/same_device.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,6 +1,6 @@
 #include "plugin/plugin_identity.h"
 
-#include "checkpoint/file_hash.h"
+#include "hash/file_hash.h"
 #include "plugin/plugin_kind.h"
 
 #include <map>
@@ -10,13 +10,13 @@ namespace dflash::host {
 
 nlohmann::json plugin_identity(const PluginRecord& record) {
   static std::mutex mutex;
-  static std::map<std::string, checkpoint::FileDigest> digests;
+  static std::map<std::string, hash::FileDigest> digests;
   const std::string file = record.file.string();
-  checkpoint::FileDigest digest;
+  hash::FileDigest digest;
   {
     const std::lock_guard<std::mutex> lock(mutex);
     auto it = digests.find(file);
-    if (it == digests.end()) it = digests.emplace(file, checkpoint::digest_file(file)).first;
+    if (it == digests.end()) it = digests.emplace(file, hash::digest_file(file)).first;
     digest = it->second;
   }
   return {{"kind", kind_section(record.kind)},

@@ -7,11 +7,6 @@
 
 namespace dflash::host {
 
-bool same_device(const c10::Device& a, const c10::Device& b) {
-  auto index_of = [](const c10::Device& d) { return d.has_index() ? d.index() : c10::DeviceIndex{0}; };
-  return a.type() == b.type() && (a.is_cpu() || index_of(a) == index_of(b));
-}
-
 NamedTensors place_frozen_weights(const NamedTensors& from_target, const std::string& target_name,
                                   const c10::Device& device, c10::ScalarType dtype) {
   std::map<std::string, at::Tensor> by_name(from_target.begin(), from_target.end());

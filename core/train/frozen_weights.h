@@ -6,6 +6,7 @@
 #pragma once
 
 #include "plugin/host_api.h"
+#include "plugin/same_device.h"
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
@@ -14,11 +15,6 @@ namespace dflash::host {
 
 // The names every target model must return from frozen_weights.
 inline constexpr const char* kFrozenWeightNames[] = {"embed_tokens", "lm_head", "final_norm"};
-
-// Whether `a` and `b` are the same device. "cuda" without an index is cuda:0:
-// the host never changes the current CUDA device, so that is where "cuda" puts
-// tensors (train.device is usually written "cuda", tensors report "cuda:0").
-bool same_device(const c10::Device& a, const c10::Device& b);
 
 // Each of the target's frozen tensors on `device` in `dtype`, never requiring
 // grad: a new copy, or the target's own tensor (detached) when it is already

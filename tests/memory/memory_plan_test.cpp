@@ -3,6 +3,7 @@
 // command and the check before `train`, and the out-of-memory report with
 // its emergency checkpoint.
 #include "memory/memory_plan.h"
+#include "train/run_plan.h"
 #include "config/config_schema.h"
 #include "train/train_schema.h"
 #include "memory/oom_report.h"
@@ -87,7 +88,7 @@ TEST(MemoryPlan, EveryCategoryMatchesTheHandComputedValueForASmallConfig) {
   nlohmann::json calls_root = small_root();
   calls_root["drafter"]["attention_keeps"] = "calls";
   const nlohmann::json root = with_defaults(plugins, calls_root);
-  const memory::DevicePlan plan = memory::plan_run(plugins, root);
+  const memory::DevicePlan plan = train::plan_run(plugins, root);
   ASSERT_TRUE(plan.complete()) << plan.missing.front();
 
   // Target weights: embed + lm_head 2·301·72, final norm 72, and per layer
@@ -135,7 +136,7 @@ TEST(MemoryPlan, EveryCategoryMatchesTheHandComputedValueForASmallConfig) {
     // [n, D] keeps 8·n·D (its fp32 copy and the normalised tensor).
     nlohmann::json aten_root = root;
     aten_root["drafter"]["layer_ops"] = "aten";
-    const memory::DevicePlan aten = memory::plan_run(plugins, aten_root);
+    const memory::DevicePlan aten = train::plan_run(plugins, aten_root);
     // Context: fc input 4·128·72 + norm 8·128·72 + context 4·128·72.
     EXPECT_EQ(line(aten, "drafter context: fc input, fc + norm"), 36864 + 73728 + 36864);
     // Attention: input norm 36,864 + h 18,432 + q's norm and rotated q 12·64·96 + slots' k norm 8·64·32 + slots'
@@ -156,7 +157,7 @@ TEST(MemoryPlan, EveryCategoryMatchesTheHandComputedValueForASmallConfig) {
     // no probabilities or scaled q (backward runs each call again).
     nlohmann::json rows_root = root;
     rows_root["drafter"]["attention_keeps"] = "rows";
-    const memory::DevicePlan rows = memory::plan_run(plugins, rows_root);
+    const memory::DevicePlan rows = train::plan_run(plugins, rows_root);
     EXPECT_EQ(line(rows, "drafter layer 0: attention"),
               18432 + 256 + 24576 + 1536 + 24576 + 8192 + 512 + 16384 + 49152 + 1536);
     EXPECT_EQ(line(rows, "drafter layer 0: context K/V projections"), 16384 + 1024 + 32768);
@@ -377,25 +378,25 @@ TEST(MemoryPlan, SizesParseAndBadOnesAreNamed) {
 TEST(MemoryPlan, TheProposedSettingsAreTheLargestThatFit) {
   const host::PluginRegistry plugins = registry();
   const nlohmann::json root = with_defaults(plugins, small_root());
-  const memory::DevicePlan plan = memory::plan_run(plugins, root);
+  const memory::DevicePlan plan = train::plan_run(plugins, root);
   // Just short: less than the drafter's step is above the target's forward
   // (the next phase down), so fewer anchors alone can close it.
   const int64_t short_by = 60000;
   const int64_t available = plan.total_bytes - short_by;
-  const memory::Verdict verdict = memory::check_fit(plugins, root, plan, available);
+  const memory::Verdict verdict = train::check_fit(plugins, root, plan, available);
   EXPECT_FALSE(verdict.fits);
   EXPECT_EQ(verdict.short_by, short_by);
   bool anchors = false, budget = false;
   for (const auto& s : verdict.suggestions) {
     nlohmann::json candidate = root;
     candidate[s.section][s.key] = s.value;
-    EXPECT_LE(memory::plan_run(plugins, candidate).total_bytes, available) << s.override_flag() << " fits";
+    EXPECT_LE(train::plan_run(plugins, candidate).total_bytes, available) << s.override_flag() << " fits";
     if (s.current > 0) EXPECT_LT(s.value, s.current);  // 0 is "automatic" for a loss's chunk size
     if (s.key == "max_anchors") {
       anchors = true;
       EXPECT_EQ(s.label, "anchor count");
       candidate[s.section][s.key] = s.value + 1;
-      EXPECT_GT(memory::plan_run(plugins, candidate).total_bytes, available) << "one more anchor does not fit";
+      EXPECT_GT(train::plan_run(plugins, candidate).total_bytes, available) << "one more anchor does not fit";
       EXPECT_EQ(s.override_flag(), "--set drafter.max_anchors=" + std::to_string(s.value));
     }
     if (s.key == "tokens_per_batch") {
@@ -405,7 +406,7 @@ TEST(MemoryPlan, TheProposedSettingsAreTheLargestThatFit) {
   }
   EXPECT_TRUE(anchors);
   EXPECT_TRUE(budget);
-  EXPECT_TRUE(memory::check_fit(plugins, root, plan, plan.total_bytes).fits);
+  EXPECT_TRUE(train::check_fit(plugins, root, plan, plan.total_bytes).fits);
 }
 
 TEST(MemoryPlan, ACPluginPlansThroughTheAbiAndOneWithoutThePlanSlotSaysSo) {

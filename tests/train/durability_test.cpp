@@ -3,7 +3,7 @@
 // binary where the defect was found there. Every test here failed before the
 // fix it covers.
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/file_hash.h"
+#include "hash/file_hash.h"
 #include "checkpoint/run_lock.h"
 #include "support/expect.h"
 #include "support/temp_dir.h"
@@ -73,10 +73,10 @@ void expect_same_run(const std::string& a, const std::string& b, int steps) {
 
 TEST(Checksum, Xxh64MatchesTheReferenceVectorsInAnyChunking) {
   auto hash = [](const std::string& text, size_t split) {
-    checkpoint::Xxh64 h;
+    hash::Xxh64 h;
     h.update(text.data(), split);
     h.update(text.data() + split, text.size() - split);
-    return checkpoint::to_hex(h.digest());
+    return hash::to_hex(h.digest());
   };
   // Values from the reference implementation (xxhsum -H64).
   EXPECT_EQ(hash("", 0), "ef46db3751d8e999");

@@ -1,4 +1,4 @@
-#include "checkpoint/file_hash.h"
+#include "hash/file_hash.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
-namespace dflash::checkpoint {
+namespace dflash::hash {
 namespace {
 
 constexpr uint64_t kP1 = 0x9E3779B185EBCA87ULL, kP2 = 0xC2B2AE3D27D4EB4FULL, kP3 = 0x165667B19E3779F9ULL,
@@ -111,4 +111,4 @@ FileDigest digest_file(const std::string& path) {
   return out;
 }
 
-}  // namespace dflash::checkpoint
+}  // namespace dflash::hash

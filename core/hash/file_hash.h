@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-namespace dflash::checkpoint {
+namespace dflash::hash {
 
 class Xxh64 {
  public:
@@ -34,4 +34,4 @@ FileDigest digest_file(const std::string& path);
 
 std::string to_hex(uint64_t value);
 
-}  // namespace dflash::checkpoint
+}  // namespace dflash::hash
