@@ -18,3 +18,6 @@ f=open('/tmp/g/p.jsonl','w')
 json.dump({'train':{'device':'cuda','dtype':'bfloat16','output_dir':'/tmp/g/run'},'data':{'plugin':'jsonl','path':'/tmp/g/p.jsonl','row_length':160,'tokens_per_batch':640},'target':{'plugin':'hf_hybrid','path':'tests/data/hf_hybrid/qwen3_5_wide'},'drafter':{'plugin':'dflash','num_layers':1,'block_size':8,'mask_token_id':262},'loss':{'plugin':'fused_ckpt_kl'},'scheduler':{'plugin':'warmup_cosine'}},open('/tmp/g/c.json','w'))"
 timeout 60 $b/bin/dflash-host --plugin-dir $b/lib/dflash-host/plugins generate --config /tmp/g/c.json --prompts /tmp/g/p.jsonl --out /tmp/g/o.jsonl --max-new-tokens 64 --batch-size 256 --report $OUT/generate.json > $OUT/generate.log 2>&1; grep -o '"decode_steps[^,]*\|"seconds[^,]*\|"tokens_per_s[^,]*' $OUT/generate.json
 timeout 90 ncu --clock-control none -k regex:delta_ --launch-count 2 --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis $b/bin/hybrid_bench --plugin-dir $b/lib/dflash-host/plugins > $OUT/ncu.txt 2>&1; grep -E "Duration|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Block Limit" $OUT/ncu.txt | head -30
+# A device call returns only the first few files of $OUT (by name): all of
+# them, packed, come first.
+tar czf "$OUT/0_all.tgz" -C "$OUT" --exclude 0_all.tgz . 2>/dev/null || true

@@ -33,3 +33,6 @@ export DFLASH_DEMO_TRAIN_EVAL_PROMPTS="${DFLASH_DEMO_TRAIN_EVAL_PROMPTS:-0}"
 OUT="$out" "$root/scripts/gpu_demo.sh" > "$out/demo_stdout.txt" 2>&1
 echo "demo exit $?"
 cat "$out/summary.md" 2>/dev/null
+# A device call returns only the first few files of $OUT (by name): all of
+# them, packed, come first.
+tar czf "$out/0_all.tgz" -C "$out" --exclude 0_all.tgz . 2>/dev/null || true
