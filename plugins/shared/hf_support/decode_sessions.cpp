@@ -98,11 +98,8 @@ void DecodeSessions::keep_path(int64_t id, int64_t tree_start, const std::vector
   if (in_place || layers_ == 0) return;
   settle();
   const int64_t base = s.row * row_capacity_ + tree_start;
-  std::vector<int64_t> from, to;
-  for (int64_t j = 0; j < m; ++j) {
-    from.push_back(base + path[static_cast<size_t>(j)]);
-    to.push_back(base + j);
-  }
+  std::vector<int64_t> from;
+  for (int64_t j = 0; j < m; ++j) from.push_back(base + path[static_cast<size_t>(j)]);
   const auto device = keys_.front().device();
   if (device.is_cuda() && kernel_ops::available()) {
     std::vector<at::Tensor> caches;
@@ -113,6 +110,8 @@ void DecodeSessions::keep_path(int64_t id, int64_t tree_start, const std::vector
     kernel_ops::move_cache_rows_(caches, kv_heads_ * head_dim_, from, base);
     return;
   }
+  std::vector<int64_t> to;  // the gather-then-scatter of the other devices: rows base, base + 1, …
+  for (int64_t j = 0; j < m; ++j) to.push_back(base + j);
   const at::Tensor source = decode_support::upload(from, device), target = decode_support::upload(to, device);
   for (size_t layer = 0; layer < keys_.size(); ++layer)
     for (at::Tensor* cache : {&keys_[layer], &values_[layer]}) {
