@@ -3,7 +3,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <mma.h>
 
 #include <stdexcept>
 #include <string>
@@ -11,26 +10,15 @@
 namespace dflash::cuda_kernels {
 namespace {
 
-namespace wmma = nvcuda::wmma;
-
 constexpr int kChunk = static_cast<int>(kDeltaChunk);
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTile = 16;       // the tensor cores' tile (m16n16k16)
+constexpr int kTile = 16;         // the tensor cores' tile side
 constexpr int kFloatLd = 64 + 4;  // fp32 [64, 64] matrices, padded against bank conflicts
 constexpr int kHalfLd = 64 + 8;   // 16-bit [·, 64] matrices
 
 __host__ __device__ constexpr int pad16(int64_t d) { return static_cast<int>((d + 15) / 16 * 16); }
 
-template <class T>
-using FragA = wmma::fragment<wmma::matrix_a, kTile, kTile, kTile, T, wmma::row_major>;
-template <class T>
-using FragAt = wmma::fragment<wmma::matrix_a, kTile, kTile, kTile, T, wmma::col_major>;  // a transposed operand
-template <class T>
-using FragB = wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, T, wmma::row_major>;
-template <class T>
-using FragBt = wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, T, wmma::col_major>;
-using Acc = wmma::fragment<wmma::accumulator, kTile, kTile, kTile, float>;
 
 // The workspace of one (chunk, value head), 16-bit: w [64, dkp], u [64, dvp],
 // P [64, 64], q ⊙ exp(decay) [64, dkp] and k ⊙ exp(decay_last − decay)
@@ -127,235 +115,7 @@ __device__ void load_rows(const T* src, int64_t stride, int length, int d, int d
   }
 }
 
-// 69 KB with 128-wide heads: three blocks an SM. Each region holds two
-// things in turn: k (normalised), then β k ⊙ exp(decay) once k kᵀ is done;
-// q, then β v once q kᵀ is done; A, then T in 16 bits and the warps' staging
-// of w and u once the inverse is done.
-struct PrepareLayout {
-  int dkp, dvp, ld;  // ld: the 16-bit [64, ·] matrices' row stride
-  int64_t kn, kb, qn, vb, a, tb, staging, x, gc, bt, f1, f2, bytes;  // byte offsets
-};
-static_assert(int64_t{kChunk} * kHalfLd * 2 + int64_t{kWarps} * kTile * kTile * 4 <= int64_t{kChunk} * kFloatLd * 4,
-              "T in 16 bits and the staging of w and u fit where A was");
-__host__ __device__ inline PrepareLayout prepare_layout(int64_t dk, int64_t dv) {
-  PrepareLayout l{};
-  l.dkp = pad16(dk);
-  l.dvp = pad16(dv);
-  l.ld = (l.dkp > l.dvp ? l.dkp : l.dvp) + 8;
-  const int64_t half_matrix = int64_t{kChunk} * l.ld * 2, float_matrix = int64_t{kChunk} * kFloatLd * 4;
-  l.kn = 0;
-  l.kb = l.kn;
-  l.qn = l.kn + half_matrix;
-  l.vb = l.qn;
-  l.a = l.qn + half_matrix;
-  l.tb = l.a;
-  l.staging = l.tb + int64_t{kChunk} * kHalfLd * 2;
-  l.x = l.a + float_matrix;   // q kᵀ, then T in fp32
-  l.gc = l.x + float_matrix;
-  l.bt = l.gc + kChunk * 4;
-  l.f1 = l.bt + kChunk * 4;       // per-row factors of the outputs: k's two
-  l.f2 = l.f1 + 2 * kChunk * 4;   // q's
-  l.bytes = l.f2 + kChunk * 4;
-  return l;
-}
-
-template <class T>
-__global__ void __launch_bounds__(kThreads, 3) delta_prepare(DeltaRuleArgs a) {
-  const DeltaChunk ch = a.chunks[blockIdx.x];
-  const int head = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int dk = static_cast<int>(a.dk), dv = static_cast<int>(a.dv);
-  const int64_t key_head = head / (a.value_heads / a.key_heads);
-  const PrepareLayout l = prepare_layout(dk, dv);
-  const int dkp = l.dkp, dvp = l.dvp;
-  extern __shared__ __align__(128) unsigned char smem[];
-  T* kn = reinterpret_cast<T*>(smem + l.kn);
-  T* qn = reinterpret_cast<T*>(smem + l.qn);
-  T* vb = reinterpret_cast<T*>(smem + l.vb);
-  T* kb = reinterpret_cast<T*>(smem + l.kb);
-  float* A = reinterpret_cast<float*>(smem + l.a);
-  float* X = reinterpret_cast<float*>(smem + l.x);
-  T* Tb = reinterpret_cast<T*>(smem + l.tb);
-  float* gc = reinterpret_cast<float*>(smem + l.gc);
-  float* bt = reinterpret_cast<float*>(smem + l.bt);
-  float* kb_factor = reinterpret_cast<float*>(smem + l.f1);
-  float* kd_factor = kb_factor + kChunk;
-  float* qd_factor = reinterpret_cast<float*>(smem + l.f2);
-
-  const Workspace ws = workspace_layout(dkp, dvp);
-  T* work = static_cast<T*>(a.workspace) + (static_cast<int64_t>(blockIdx.x) * a.value_heads + head) * ws.per;
-  const int64_t token0 = static_cast<int64_t>(ch.row) * a.seq_len + ch.start;
-  const int64_t gate = token0 * a.value_heads + head;
-  if (warp == 0) chunk_decay(a.g + gate, a.beta + gate, a.value_heads, ch.length, gc, bt);
-  __syncthreads();
-  const float last = gc[kChunk - 1];  // padding tokens add no decay
-  if (threadIdx.x < kChunk) {
-    const int i = threadIdx.x;
-    kb_factor[i] = bt[i] * expf(gc[i]);
-    kd_factor[i] = expf(last - gc[i]);
-    qd_factor[i] = expf(gc[i]);
-  }
-  if (threadIdx.x == 0) {
-    float* lasts = reinterpret_cast<float*>(static_cast<T*>(a.workspace) + a.chunk_count * a.value_heads * ws.per);
-    lasts[static_cast<int64_t>(blockIdx.x) * a.value_heads + head] = last;
-  }
-  __syncthreads();
-  const T* q = static_cast<const T*>(a.q) + ch.row * a.q_stride[0] + ch.start * a.q_stride[1] + key_head * a.q_stride[2];
-  const T* k = static_cast<const T*>(a.k) + ch.row * a.k_stride[0] + ch.start * a.k_stride[1] + key_head * a.k_stride[2];
-  const T* v = static_cast<const T*>(a.v) + ch.row * a.v_stride[0] + ch.start * a.v_stride[1] + head * a.v_stride[2];
-  {
-    const RowsOut<T> k_outs[2] = {{kn, l.ld, nullptr}, {work + ws.kd, dkp, kd_factor}};
-    load_rows(k, a.k_stride[1], ch.length, dk, dkp, true, 1.f, k_outs);
-    const RowsOut<T> q_outs[2] = {{qn, l.ld, nullptr}, {work + ws.qd, dkp, qd_factor}};
-    load_rows(q, a.q_stride[1], ch.length, dk, dkp, true, rsqrtf(static_cast<float>(dk)), q_outs);
-  }
-  __syncthreads();
-
-  // A = k kᵀ and q kᵀ, lower tiles only (the upper ones are masked to zero).
-  const int k_tiles = dkp / kTile;
-  for (int job = warp; job < 20; job += kWarps) {
-    const bool is_q = job >= 10;
-    int t = job % 10, ti = 0;
-    while (t > ti) t -= ++ti;  // (ti, tj = t) over the 10 lower tiles of 4 × 4
-    const int tj = t;
-    Acc acc;
-    wmma::fill_fragment(acc, 0.f);
-    for (int kk = 0; kk < k_tiles; ++kk) {
-      FragA<T> fa;
-      FragBt<T> fb;
-      wmma::load_matrix_sync(fa, (is_q ? qn : kn) + ti * kTile * l.ld + kk * kTile, l.ld);
-      wmma::load_matrix_sync(fb, kn + tj * kTile * l.ld + kk * kTile, l.ld);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync((is_q ? X : A) + ti * kTile * kFloatLd + tj * kTile, acc, kFloatLd, wmma::mem_row_major);
-  }
-  __syncthreads();
-
-  // The decays; P to the workspace; β v into q's buffer (q is read).
-  // Eight neighbours of a row a thread, P's written as one 16-byte store.
-  T* p_out = work + ws.p;
-  for (int e = threadIdx.x; e < kChunk * kChunk / 8; e += kThreads) {
-    const int i = e / (kChunk / 8), j0 = (e % (kChunk / 8)) * 8;
-    Pack<T, 8> p;
-#pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-      const int j = j0 + jj;
-      const float decay = i >= j ? expf(gc[i] - gc[j]) : 0.f;
-      A[i * kFloatLd + j] = i > j ? bt[i] * A[i * kFloatLd + j] * decay : 0.f;
-      p.v[jj] = from_float<T>(i >= j ? X[i * kFloatLd + j] * decay : 0.f);
-    }
-    *reinterpret_cast<Pack<T, 8>*>(p_out + i * kChunk + j0) = p;
-  }
-  {
-    const RowsOut<T> v_outs[1] = {{vb, l.ld, bt}};
-    load_rows(v, a.v_stride[1], ch.length, dv, dvp, false, 1.f, v_outs);
-    // k read again (from L2: this block just read it) for β k ⊙ exp(decay)
-    // where k was, the same arithmetic as its first pass.
-    const RowsOut<T> kb_outs[1] = {{kb, l.ld, kb_factor}};
-    load_rows(k, a.k_stride[1], ch.length, dk, dkp, true, 1.f, kb_outs);
-  }
-  __syncthreads();
-
-  // T = (I + A)⁻¹, unit lower triangular, by 16 × 16 blocks: the four
-  // diagonal blocks' inverses by forward substitution (a warp each, two
-  // lanes a column), then the blocks below them one block row at a time,
-  // X_ij = −X_ii Σ_{j ≤ m < i} A_im X_mj (fp32 sums in a fixed order): three
-  // dependent stages where substitution over the 64 rows takes 64.
-  {
-    constexpr int kBlock = 16, kBlocks = kChunk / kBlock;
-    if (warp < kBlocks) {
-      const int base = warp * kBlock, c = lane / 2, part = lane % 2;
-      for (int i = 0; i < kBlock; ++i) {
-        float sum = 0.f;
-        for (int m = c + part; m < i; m += 2) sum += A[(base + i) * kFloatLd + base + m] * X[(base + m) * kFloatLd + base + c];
-        sum += __shfl_xor_sync(0xffffffff, sum, 1);
-        if (part == 0) X[(base + i) * kFloatLd + base + c] = i == c ? 1.f : (i < c ? 0.f : -sum);
-        __syncwarp();
-      }
-    }
-    // The blocks above the diagonal are zero (X still holds q kᵀ there).
-    for (int e = threadIdx.x; e < kChunk * kChunk; e += kThreads) {
-      const int i = e / kChunk, j = e % kChunk;
-      if (j / kBlock > i / kBlock) X[i * kFloatLd + j] = 0.f;
-    }
-    __syncthreads();
-    // Y_j = Σ_m A_im X_mj, kept in A's first block row right of the diagonal
-    // (A's strictly upper part, never read).
-    float* Y = A + kBlock;
-    for (int bi = 1; bi < kBlocks; ++bi) {
-      for (int e = threadIdx.x; e < bi * kBlock * kBlock; e += kThreads) {
-        const int j = e / (kBlock * kBlock), r = (e / kBlock) % kBlock, c = e % kBlock;
-        float y = 0.f;
-        for (int m = j; m < bi; ++m)
-          for (int t = 0; t < kBlock; ++t)
-            y += A[(bi * kBlock + r) * kFloatLd + m * kBlock + t] * X[(m * kBlock + t) * kFloatLd + j * kBlock + c];
-        Y[r * kFloatLd + j * kBlock + c] = y;
-      }
-      __syncthreads();
-      for (int e = threadIdx.x; e < bi * kBlock * kBlock; e += kThreads) {
-        const int j = e / (kBlock * kBlock), r = (e / kBlock) % kBlock, c = e % kBlock;
-        float x = 0.f;
-        for (int t = 0; t <= r; ++t) x += X[(bi * kBlock + r) * kFloatLd + bi * kBlock + t] * Y[t * kFloatLd + j * kBlock + c];
-        X[(bi * kBlock + r) * kFloatLd + j * kBlock + c] = -x;
-      }
-      __syncthreads();
-    }
-  }
-  for (int e = threadIdx.x; e < kChunk * kChunk / 8; e += kThreads) {
-    const int i = e / (kChunk / 8), j0 = (e % (kChunk / 8)) * 8;
-    Pack<T, 8> t;
-#pragma unroll
-    for (int jj = 0; jj < 8; ++jj) t.v[jj] = from_float<T>(X[i * kFloatLd + j0 + jj]);
-    *reinterpret_cast<Pack<T, 8>*>(Tb + i * kHalfLd + j0) = t;
-  }
-  __syncthreads();
-
-  // w = T (β k ⊙ exp(decay)), u = T (β v); T is lower triangular, so row
-  // tile ti reads only k tiles ≤ ti. Each warp stages its tile where A was.
-  float* staging = reinterpret_cast<float*>(smem + l.staging) + warp * kTile * kTile;
-  const int w_tiles = dkp / kTile, u_tiles = dvp / kTile;
-  for (int job = warp; job < 4 * (w_tiles + u_tiles); job += kWarps) {
-    const int ti = job % 4, tj = job / 4;
-    const bool is_w = tj < w_tiles;
-    const int col = (is_w ? tj : tj - w_tiles) * kTile;
-    Acc acc;
-    wmma::fill_fragment(acc, 0.f);
-    for (int kk = 0; kk <= ti; ++kk) {
-      FragA<T> fa;
-      FragB<T> fb;
-      wmma::load_matrix_sync(fa, Tb + ti * kTile * kHalfLd + kk * kTile, kHalfLd);
-      wmma::load_matrix_sync(fb, (is_w ? kb : vb) + kk * kTile * l.ld + col, l.ld);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(staging, acc, kTile, wmma::mem_row_major);
-    __syncwarp();
-    const int width = is_w ? dkp : dvp;
-    T* dst = work + (is_w ? ws.w : ws.u) + ti * kTile * width + col;
-    {
-      const int r = lane / 2, c = (lane % 2) * 8;  // eight neighbours a lane: one 16-byte store
-      Pack<T, 8> out;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) out.v[j] = from_float<T>(staging[r * kTile + c + j]);
-      *reinterpret_cast<Pack<T, 8>*>(dst + r * width + c) = out;
-    }
-    __syncwarp();
-  }
-}
-
-// The recurrence: one block per (sequence, value head, 64 value columns),
-// the column block the fastest grid index (a head's blocks run together and
-// share its chunks' workspace in L2). Written with the tensor cores' own
-// instructions (mma.sync m16n8k16, operands by ldmatrix), whose register
-// layouts are known, so results go from the accumulators to where they are
-// used without a staging pass: the fp32 state lives in the warps'
-// accumulators (warp w: rows [16w, 16w + 16), all 64 columns) and its 16-bit
-// copy, which feeds the products, alternates between two buffers (a chunk
-// reads one while the other is written). Each chunk's w, q, k, P and u
-// columns are copied to shared memory by cp.async while the chunk before is
-// computed (two stages). Two block-wide barriers a chunk.
-constexpr int kStateColumns = 64;
-constexpr int kColLd = kStateColumns + 8;  // 16-bit [·, 64] matrices, padded
-constexpr int kColBlocks = kStateColumns / 8;  // the mma's n = 8 column blocks
-
+// ---- cp.async copies and ldmatrix / mma.sync wrappers.
 __device__ __forceinline__ void copy_async16(void* dst_shared, const void* src, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_shared));
   const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled
@@ -414,24 +174,331 @@ __device__ __forceinline__ float2 unpack2(uint32_t bits) {
   return make_float2(to_float(p.v[0]), to_float(p.v[1]));
 }
 
-// The A operand (16 × 16) at (row, col) of a row-major matrix, and its
-// transpose read from a row-major matrix holding Aᵀ; the B operands of two
-// column blocks (16 × 16) at (row, col) of a row-major [k, n] matrix.
+// ---- The tensor cores' own instructions (mma.sync, operands by ldmatrix),
+// whose register layouts are known: results go from the accumulators to
+// where they are used without a staging pass. Lane l of a warp holds an
+// accumulator's rows g = l / 4 and g + 8, columns t2 = 2 (l % 4) and t2 + 1.
+
+// The A operand (16 × 16) at (row, col) of a 16-bit row-major matrix.
 template <class T>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* m, int ld, int row, int col) {
   const int lane = threadIdx.x % 32;
   load_matrices<false>(a, m + (row + lane % 16) * ld + col + (lane / 16) * 8);
 }
+// The A operand (16 × 16) at (row, col) of Aᵀ, from a row-major matrix mt
+// holding it: A(r, c) = mt[col + c][row + r].
 template <class T>
 __device__ __forceinline__ void load_a_transposed(uint32_t (&a)[4], const T* mt, int ld, int row, int col) {
-  const int lane = threadIdx.x % 32;  // A(r, c) = mt[c][r]
+  const int lane = threadIdx.x % 32;
   load_matrices<true>(a, mt + (col + lane % 8 + (lane / 16) * 8) * ld + row + ((lane / 8) % 2) * 8);
 }
+// The B operands of two column blocks (16 × 16 in all) at (row, col) of a
+// row-major [k, n] matrix: b[0], b[1] for columns col..col+7, b[2], b[3] for
+// col+8..col+15.
 template <class T>
 __device__ __forceinline__ void load_b2(uint32_t (&b)[4], const T* m, int ld, int row, int col) {
-  const int lane = threadIdx.x % 32;  // b[0], b[1]: columns col..col+7; b[2], b[3]: col+8..col+15
+  const int lane = threadIdx.x % 32;
   load_matrices<true>(b, m + (row + lane % 16) * ld + col + (lane / 16) * 8);
 }
+// The same for B = mᵀ (a product m_a m_bᵀ): B(r, c) = m[col + c][row + r].
+template <class T>
+__device__ __forceinline__ void load_b2_of_rows(uint32_t (&b)[4], const T* m, int ld, int row, int col) {
+  const int lane = threadIdx.x % 32;
+  load_matrices<false>(b, m + (col + (lane / 16) * 8 + lane % 8) * ld + row + ((lane / 8) % 2) * 8);
+}
+
+// fp32 products on the tensor cores (tf32 operands, m16n8k8), for the
+// inverse of the chunk's triangular matrix: 10-bit mantissas, where its
+// result is rounded to 7 (bf16) before use.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void mma1688(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// The A operand (16 × 8) at (row, col) of a row-major fp32 matrix; the B
+// operand (8 × 8) at (row, col) of a row-major fp32 [k, n] matrix.
+__device__ __forceinline__ void load_a_tf32(uint32_t (&a)[4], const float* m, int ld, int row, int col) {
+  const int lane = threadIdx.x % 32;
+  const float* p = m + (row + lane / 4) * ld + col + lane % 4;
+  a[0] = to_tf32(p[0]);
+  a[1] = to_tf32(p[8 * ld]);
+  a[2] = to_tf32(p[4]);
+  a[3] = to_tf32(p[8 * ld + 4]);
+}
+__device__ __forceinline__ void load_b_tf32(uint32_t& b0, uint32_t& b1, const float* m, int ld, int row, int col) {
+  const int lane = threadIdx.x % 32;
+  const float* p = m + (row + lane % 4) * ld + col + lane / 4;
+  b0 = to_tf32(p[0]);
+  b1 = to_tf32(p[4 * ld]);
+}
+
+// ---- Prepare: one block per (chunk, value head) writes the chunk's
+// workspace. 69 KB of shared memory with 128-wide heads: three blocks an SM.
+// Each 16-bit region holds two things in turn: k (normalised), then
+// β k ⊙ exp(decay) once k kᵀ is done; q, then β v once q kᵀ is done. A is
+// fp32 until the inverse is done, then T in 16 bits.
+struct PrepareLayout {
+  int dkp, dvp, ld;  // ld: the 16-bit [64, ·] matrices' row stride
+  int64_t kn, kb, qn, vb, a, tb, x, gc, bt, f1, f2, bytes;  // byte offsets
+};
+static_assert(int64_t{kChunk} * kHalfLd * 2 <= int64_t{kChunk} * kFloatLd * 4, "T in 16 bits fits where A was");
+__host__ __device__ inline PrepareLayout prepare_layout(int64_t dk, int64_t dv) {
+  PrepareLayout l{};
+  l.dkp = pad16(dk);
+  l.dvp = pad16(dv);
+  l.ld = (l.dkp > l.dvp ? l.dkp : l.dvp) + 8;
+  const int64_t half_matrix = int64_t{kChunk} * l.ld * 2, float_matrix = int64_t{kChunk} * kFloatLd * 4;
+  l.kn = 0;
+  l.kb = l.kn;
+  l.qn = l.kn + half_matrix;
+  l.vb = l.qn;
+  l.a = l.qn + half_matrix;
+  l.tb = l.a;
+  l.x = l.a + float_matrix;  // T in fp32
+  l.gc = l.x + float_matrix;
+  l.bt = l.gc + kChunk * 4;
+  l.f1 = l.bt + kChunk * 4;      // per-row factors of the outputs: k's two
+  l.f2 = l.f1 + 2 * kChunk * 4;  // q's
+  l.bytes = l.f2 + kChunk * 4;
+  return l;
+}
+
+// A = β k kᵀ and P = q kᵀ, both times the decays exp(gc_i − gc_j), on the
+// ten 16 × 16 tiles on and below the diagonal (A strictly below it): a warp
+// takes a tile's two products at once (k's fragments serve both) and applies
+// the decays in its accumulators; A goes to shared memory in fp32 for the
+// inverse, P straight to the workspace. P's tiles above the diagonal are
+// written as zeros (never read, but no stale values in the workspace).
+template <class T>
+__device__ void decayed_products(const T* kn, const T* qn, int ld, int k_tiles, const float* gc, const float* bt,
+                                 float* A, T* p_out) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t2 = (lane % 4) * 2;
+  for (int tile = warp; tile < 10; tile += kWarps) {
+    int tj = tile, ti = 0;
+    while (tj > ti) tj -= ++ti;  // (ti, tj) over the lower tiles of 4 × 4
+    float kk_acc[2][4] = {}, qk_acc[2][4] = {};
+    for (int kk = 0; kk < k_tiles; ++kk) {
+      uint32_t fk[4], fq[4], fb[4];
+      load_a(fk, kn, ld, ti * kTile, kk * kTile);
+      load_a(fq, qn, ld, ti * kTile, kk * kTile);
+      load_b2_of_rows(fb, kn, ld, kk * kTile, tj * kTile);
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        mma16816<T>(kk_acc[b], fk, fb[2 * b], fb[2 * b + 1]);
+        mma16816<T>(qk_acc[b], fq, fb[2 * b], fb[2 * b + 1]);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = ti * kTile + g + half * 8, j = tj * kTile + b * 8 + t2;
+        const float d0 = i >= j ? expf(gc[i] - gc[j]) : 0.f, d1 = i >= j + 1 ? expf(gc[i] - gc[j + 1]) : 0.f;
+        *reinterpret_cast<float2*>(A + i * kFloatLd + j) =
+            make_float2(i > j ? bt[i] * kk_acc[b][2 * half] * d0 : 0.f,
+                        i > j + 1 ? bt[i] * kk_acc[b][2 * half + 1] * d1 : 0.f);
+        *reinterpret_cast<uint32_t*>(p_out + i * kChunk + j) =
+            pack2<T>(qk_acc[b][2 * half] * d0, qk_acc[b][2 * half + 1] * d1);
+      }
+  }
+  for (int e = threadIdx.x; e < kChunk * kChunk / 8; e += kThreads) {
+    const int i = e / (kChunk / 8), j0 = (e % (kChunk / 8)) * 8;
+    if (j0 / kTile > i / kTile) *reinterpret_cast<Pack<T, 8>*>(p_out + i * kChunk + j0) = Pack<T, 8>{};
+  }
+}
+
+// T = (I + A)⁻¹ (A strictly lower triangular, fp32) into X, by 16 × 16
+// blocks. The four diagonal blocks' inverses by forward substitution, a lane
+// a column with the column in registers (warps 0 and 1: call this on them);
+// then the blocks below, one block row at a time (inverse_below_diagonal).
+__device__ void inverse_diagonal_blocks(const float* A, float* X) {
+  const int lane = threadIdx.x % 32, c = lane % kTile;
+  const int base = (2 * (threadIdx.x / 32) + lane / kTile) * kTile;
+  float x[kTile];
+#pragma unroll
+  for (int i = 0; i < kTile; ++i) {
+    const float* a_row = A + (base + i) * kFloatLd + base;
+    float even = 0.f, odd = 0.f;  // two chains of sums, in a fixed order
+#pragma unroll
+    for (int m = 0; m + 1 < i; m += 2) {
+      even += a_row[m] * x[m];
+      odd += a_row[m + 1] * x[m + 1];
+    }
+    if (i % 2 == 1) even += a_row[i - 1] * x[i - 1];
+    x[i] = i == c ? 1.f : i < c ? 0.f : -(even + odd);
+  }
+#pragma unroll
+  for (int i = 0; i < kTile; ++i) X[(base + i) * kFloatLd + base + c] = x[i];
+}
+
+// X_ij = −X_ii Σ_{j ≤ m < i} A_im X_mj for block rows i = 1, 2, 3: three
+// dependent stages where substitution over the 64 rows takes 64. At stage
+// i, warp w < 2i takes block column w / 2, its 8 columns (w % 2) · 8 …; the
+// sum is staged in A's strictly upper first block row (never read).
+__device__ void inverse_below_diagonal(float* A, float* X) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t2 = (lane % 4) * 2;
+  float* sum = A + kTile + warp * 8;  // [16, 8], row stride kFloatLd
+  for (int bi = 1; bi < kChunk / kTile; ++bi) {
+    if (warp < 2 * bi) {
+      const int j = warp / 2, n0 = j * kTile + (warp % 2) * 8;
+      float y[4] = {};
+      for (int m = j; m < bi; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t fa[4], b0, b1;
+          load_a_tf32(fa, A, kFloatLd, bi * kTile, m * kTile + h * 8);
+          load_b_tf32(b0, b1, X, kFloatLd, m * kTile + h * 8, n0);
+          mma1688(y, fa, b0, b1);
+        }
+      *reinterpret_cast<float2*>(sum + g * kFloatLd + t2) = make_float2(y[0], y[1]);
+      *reinterpret_cast<float2*>(sum + (g + 8) * kFloatLd + t2) = make_float2(y[2], y[3]);
+      __syncwarp();
+      float x[4] = {};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t fa[4], b0, b1;
+        load_a_tf32(fa, X, kFloatLd, bi * kTile, bi * kTile + h * 8);
+        load_b_tf32(b0, b1, sum, kFloatLd, h * 8, 0);
+        mma1688(x, fa, b0, b1);
+      }
+      *reinterpret_cast<float2*>(X + (bi * kTile + g) * kFloatLd + n0 + t2) = make_float2(-x[0], -x[1]);
+      *reinterpret_cast<float2*>(X + (bi * kTile + g + 8) * kFloatLd + n0 + t2) = make_float2(-x[2], -x[3]);
+      __syncwarp();  // `sum` is read before the next stage writes it
+    }
+    __syncthreads();
+  }
+}
+
+// w = T (β k ⊙ exp(decay)), u = T (β v), 16 × 16 a job, straight from the
+// accumulators to the workspace. T is lower triangular, so row tile ti reads
+// only k tiles ≤ ti; the jobs are dealt so each warp gets every ti in turn.
+template <class T>
+__device__ void weighted_keys_and_values(const T* Tb, const T* kb, const T* vb, int ld, int dkp, int dvp, T* work,
+                                         const Workspace& ws) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t2 = (lane % 4) * 2;
+  const int w_tiles = dkp / kTile, jobs = 4 * (w_tiles + dvp / kTile);
+  for (int job = warp; job < jobs; job += kWarps) {
+    const int ti = (job + job / kWarps) % 4, tj = job / 4;
+    const bool is_w = tj < w_tiles;
+    const int col = (is_w ? tj : tj - w_tiles) * kTile;
+    float acc[2][4] = {};
+    for (int kk = 0; kk <= ti; ++kk) {
+      uint32_t fa[4], fb[4];
+      load_a(fa, Tb, kHalfLd, ti * kTile, kk * kTile);
+      load_b2(fb, is_w ? kb : vb, ld, kk * kTile, col);
+      mma16816<T>(acc[0], fa, fb[0], fb[1]);
+      mma16816<T>(acc[1], fa, fb[2], fb[3]);
+    }
+    const int width = is_w ? dkp : dvp;
+    T* dst = work + (is_w ? ws.w : ws.u) + (ti * kTile + g) * width + col + t2;
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<uint32_t*>(dst + half * 8 * width + b * 8) = pack2<T>(acc[b][2 * half], acc[b][2 * half + 1]);
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 3) delta_prepare(DeltaRuleArgs a) {
+  const DeltaChunk ch = a.chunks[blockIdx.x];
+  const int head = blockIdx.y, warp = threadIdx.x / 32;
+  const int dk = static_cast<int>(a.dk), dv = static_cast<int>(a.dv);
+  const int64_t key_head = head / (a.value_heads / a.key_heads);
+  const PrepareLayout l = prepare_layout(dk, dv);
+  const int dkp = l.dkp, dvp = l.dvp;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* kn = reinterpret_cast<T*>(smem + l.kn);
+  T* qn = reinterpret_cast<T*>(smem + l.qn);
+  T* vb = reinterpret_cast<T*>(smem + l.vb);
+  T* kb = reinterpret_cast<T*>(smem + l.kb);
+  float* A = reinterpret_cast<float*>(smem + l.a);
+  float* X = reinterpret_cast<float*>(smem + l.x);
+  T* Tb = reinterpret_cast<T*>(smem + l.tb);
+  float* gc = reinterpret_cast<float*>(smem + l.gc);
+  float* bt = reinterpret_cast<float*>(smem + l.bt);
+  float* kb_factor = reinterpret_cast<float*>(smem + l.f1);
+  float* kd_factor = kb_factor + kChunk;
+  float* qd_factor = reinterpret_cast<float*>(smem + l.f2);
+
+  const Workspace ws = workspace_layout(dkp, dvp);
+  T* work = static_cast<T*>(a.workspace) + (static_cast<int64_t>(blockIdx.x) * a.value_heads + head) * ws.per;
+  const int64_t token0 = static_cast<int64_t>(ch.row) * a.seq_len + ch.start;
+  const int64_t gate = token0 * a.value_heads + head;
+  if (warp == 0) chunk_decay(a.g + gate, a.beta + gate, a.value_heads, ch.length, gc, bt);
+  __syncthreads();
+  const float last = gc[kChunk - 1];  // padding tokens add no decay
+  if (threadIdx.x < kChunk) {
+    const int i = threadIdx.x;
+    kb_factor[i] = bt[i] * expf(gc[i]);
+    kd_factor[i] = expf(last - gc[i]);
+    qd_factor[i] = expf(gc[i]);
+  }
+  if (threadIdx.x == 0) {
+    float* lasts = reinterpret_cast<float*>(static_cast<T*>(a.workspace) + a.chunk_count * a.value_heads * ws.per);
+    lasts[static_cast<int64_t>(blockIdx.x) * a.value_heads + head] = last;
+  }
+  __syncthreads();
+  const T* q = static_cast<const T*>(a.q) + ch.row * a.q_stride[0] + ch.start * a.q_stride[1] + key_head * a.q_stride[2];
+  const T* k = static_cast<const T*>(a.k) + ch.row * a.k_stride[0] + ch.start * a.k_stride[1] + key_head * a.k_stride[2];
+  const T* v = static_cast<const T*>(a.v) + ch.row * a.v_stride[0] + ch.start * a.v_stride[1] + head * a.v_stride[2];
+  {
+    const RowsOut<T> k_outs[2] = {{kn, l.ld, nullptr}, {work + ws.kd, dkp, kd_factor}};
+    load_rows(k, a.k_stride[1], ch.length, dk, dkp, true, 1.f, k_outs);
+    const RowsOut<T> q_outs[2] = {{qn, l.ld, nullptr}, {work + ws.qd, dkp, qd_factor}};
+    load_rows(q, a.q_stride[1], ch.length, dk, dkp, true, rsqrtf(static_cast<float>(dk)), q_outs);
+  }
+  __syncthreads();
+  decayed_products(kn, qn, l.ld, dkp / kTile, gc, bt, A, work + ws.p);
+  __syncthreads();  // A whole; k and q read
+
+  // The diagonal blocks' inverses on two warps while the others start on
+  // β v (into q's buffer) and β k ⊙ exp(decay) (into k's: k is read again,
+  // from L2, for the same arithmetic as its first pass).
+  if (warp < 2) inverse_diagonal_blocks(A, X);
+  {
+    const RowsOut<T> v_outs[1] = {{vb, l.ld, bt}};
+    load_rows(v, a.v_stride[1], ch.length, dv, dvp, false, 1.f, v_outs);
+    const RowsOut<T> kb_outs[1] = {{kb, l.ld, kb_factor}};
+    load_rows(k, a.k_stride[1], ch.length, dk, dkp, true, 1.f, kb_outs);
+  }
+  __syncthreads();
+  inverse_below_diagonal(A, X);  // ends on a barrier
+
+  // T in 16 bits where A was, zeros above the diagonal blocks.
+  for (int e = threadIdx.x; e < kChunk * kChunk / 8; e += kThreads) {
+    const int i = e / (kChunk / 8), j0 = (e % (kChunk / 8)) * 8;
+    const bool upper = j0 / kTile > i / kTile;
+    Pack<T, 8> t;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) t.v[jj] = from_float<T>(upper ? 0.f : X[i * kFloatLd + j0 + jj]);
+    *reinterpret_cast<Pack<T, 8>*>(Tb + i * kHalfLd + j0) = t;
+  }
+  __syncthreads();
+  weighted_keys_and_values(Tb, kb, vb, l.ld, dkp, dvp, work, ws);
+}
+
+// The recurrence: one block per (sequence, value head, 64 value columns),
+// the column block the fastest grid index (a head's blocks run together and
+// share its chunks' workspace in L2). Written with the tensor cores' own
+// instructions (mma.sync m16n8k16, operands by ldmatrix), whose register
+// layouts are known, so results go from the accumulators to where they are
+// used without a staging pass: the fp32 state lives in the warps'
+// accumulators (warp w: rows [16w, 16w + 16), all 64 columns) and its 16-bit
+// copy, which feeds the products, alternates between two buffers (a chunk
+// reads one while the other is written). Each chunk's w, q, k, P and u
+// columns are copied to shared memory by cp.async while the chunk before is
+// computed (two stages). Two block-wide barriers a chunk.
+constexpr int kStateColumns = 64;
+constexpr int kColLd = kStateColumns + 8;  // 16-bit [·, 64] matrices, padded
+constexpr int kColBlocks = kStateColumns / 8;  // the mma's n = 8 column blocks
+
 
 struct RecurrenceLayout {
   int dkp, dvp, kld;  // kld: the [64, dkp] matrices' row stride in shared memory
