@@ -133,8 +133,9 @@ DeltaRuleResult chunked_gated_delta_rule(const at::Tensor& q_in, const at::Tenso
   DeltaRuleResult result;
   cuda_kernels::DeltaRuleArgs a = rule_args(t, result);
   const int64_t chunks = plan.chunk_count();
-  const at::Tensor workspace = at::empty({cuda_kernels::delta_rule_workspace_bytes(chunks, a.value_heads, a.dk, a.dv)},
-                                         t.v.options().dtype(at::kByte));
+  const int64_t workspace_bytes =
+      cuda_kernels::delta_rule_workspace_bytes(chunks, a.key_heads, a.value_heads, a.dk, a.dv);
+  const at::Tensor workspace = at::empty({workspace_bytes}, t.v.options().dtype(at::kByte));
   a.chunks = reinterpret_cast<const cuda_kernels::DeltaChunk*>(plan.device_chunks.data_ptr<int32_t>());
   a.sequences = reinterpret_cast<const cuda_kernels::DeltaSequence*>(plan.device_sequences.data_ptr<int32_t>());
   a.chunk_count = chunks;

@@ -20,21 +20,49 @@ constexpr int kHalfLd = 64 + 8;   // 16-bit [·, 64] matrices
 __host__ __device__ constexpr int pad16(int64_t d) { return static_cast<int>((d + 15) / 16 * 16); }
 
 
-// The workspace of one (chunk, value head), 16-bit: w [64, dkp], u [64, dvp],
-// P [64, 64], q ⊙ exp(decay) [64, dkp] and k ⊙ exp(decay_last − decay)
-// [64, dkp]; then, after every chunk's, one fp32 decay_last per chunk and head.
+// The workspace, 16-bit: for each (chunk, value head) w [64, dkp],
+// u [64, dvp] and P [64, 64]; then for each (chunk, key head) q and k
+// L2-normalised [64, dkp] (the value heads sharing a key head share them:
+// written once); then in fp32, for each (chunk, value head), the cumulative
+// log decay gc [64] (its last, the chunk's whole decay).
 struct Workspace {
-  int64_t w, u, p, qd, kd, per;  // element offsets within one (chunk, head), and its size
+  int64_t w, u, p, per_value;  // elements within one (chunk, value head)'s part, and its size
+  int64_t q, k, per_key;       // within one (chunk, key head)'s part
+  int64_t keys, decays, bytes; // where the key parts and the decays start (16-bit elements); the size
+  int64_t value_heads, key_heads;
 };
-__host__ __device__ inline Workspace workspace_layout(int dkp, int dvp) {
+__host__ __device__ inline Workspace workspace_layout(int64_t chunk_count, int64_t value_heads, int64_t key_heads,
+                                                      int dkp, int dvp) {
   Workspace l{};
   l.w = 0;
   l.u = l.w + int64_t{kChunk} * dkp;
   l.p = l.u + int64_t{kChunk} * dvp;
-  l.qd = l.p + int64_t{kChunk} * kChunk;
-  l.kd = l.qd + int64_t{kChunk} * dkp;
-  l.per = l.kd + int64_t{kChunk} * dkp;
+  l.per_value = l.p + int64_t{kChunk} * kChunk;
+  l.q = 0;
+  l.k = int64_t{kChunk} * dkp;
+  l.per_key = 2 * l.k;
+  l.keys = chunk_count * value_heads * l.per_value;  // 16-byte aligned: per_value is a multiple of 1024
+  l.decays = l.keys + chunk_count * key_heads * l.per_key;
+  l.bytes = l.decays * 2 + chunk_count * value_heads * kChunk * 4;
+  l.value_heads = value_heads;
+  l.key_heads = key_heads;
   return l;
+}
+template <class T>
+__device__ inline T* value_part(T* base, const Workspace& l, int64_t chunk, int64_t head) {
+  return base + (chunk * l.value_heads + head) * l.per_value;
+}
+template <class T>
+__device__ inline T* key_part(T* base, const Workspace& l, int64_t chunk, int64_t key_head) {
+  return base + l.keys + (chunk * l.key_heads + key_head) * l.per_key;
+}
+template <class T>
+__device__ inline float* chunk_decays(T* base, const Workspace& l, int64_t chunk, int64_t head) {
+  return reinterpret_cast<float*>(base + l.decays) + (chunk * l.value_heads + head) * kChunk;
+}
+template <class T>
+__device__ inline const float* chunk_decays(const T* base, const Workspace& l, int64_t chunk, int64_t head) {
+  return reinterpret_cast<const float*>(base + l.decays) + (chunk * l.value_heads + head) * kChunk;
 }
 
 // gc[i] = Σ_{j ≤ i} g[j] over the chunk's tokens (0 past its length), and
@@ -53,21 +81,20 @@ __device__ void chunk_decay(const float* g, const float* beta, int64_t stride, i
   bt[lane + 32] = lane + 32 < length ? beta[(lane + 32) * stride] : 0.f;
 }
 
-// Where load_rows writes: dst [64, ld] (shared or global memory), each row
-// i times factor[i] (null: 1).
+// Where load_rows writes: dst [64, ld] (shared or global memory; null: no
+// output there).
 template <class T>
 struct RowsOut {
   T* dst = nullptr;
   int ld = 0;
-  const float* factor = nullptr;
 };
 
 // Rows i < length of src (token stride `stride`, d ≤ 128 values each),
 // L2-normalised and scaled (`normalise`; else as they are), to each of the
-// outputs (times its factor, rounded to T): columns d..dpad and rows past
-// the length are zeros. A warp takes 8 rows and issues all their loads
-// before any sum (the loads' latency overlaps), 4 values a lane, 8 bytes at
-// once where the rows allow.
+// outputs (rounded to T): columns d..dpad and rows past the length are
+// zeros. A warp takes 8 rows and issues all their loads before any sum (the
+// loads' latency overlaps), 4 values a lane, 8 bytes at once where the rows
+// allow.
 template <class T, int kOuts>
 __device__ void load_rows(const T* src, int64_t stride, int length, int d, int dpad, bool normalise, float scale,
                           const RowsOut<T> (&outs)[kOuts]) {
@@ -98,12 +125,12 @@ __device__ void load_rows(const T* src, int64_t stride, int length, int d, int d
     for (int j = 0; j < 4; ++j) squares += x[r][j] * x[r][j];
     const float norm = normalise ? rsqrtf(warp_sum(squares) + 1e-6f) * scale : scale;
     if (c0 >= dpad) continue;  // dpad is a multiple of 16: a lane's four columns are all in or all out
+    Pack<T, 4> packed;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) packed.v[j] = from_float<T>(x[r][j] * norm);
 #pragma unroll
     for (int o = 0; o < kOuts; ++o) {
-      const float f = norm * (outs[o].factor != nullptr ? outs[o].factor[i] : 1.f);
-      Pack<T, 4> packed;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) packed.v[j] = from_float<T>(x[r][j] * f);
+      if (outs[o].dst == nullptr) continue;
       T* dst = outs[o].dst + i * outs[o].ld + c0;
       if (reinterpret_cast<uintptr_t>(dst) % sizeof(packed) == 0) {
         *reinterpret_cast<Pack<T, 4>*>(dst) = packed;  // one 8-byte store
@@ -239,15 +266,14 @@ __device__ __forceinline__ void load_b_tf32(uint32_t& b0, uint32_t& b1, const fl
 }
 
 // ---- Prepare: one block per (chunk, value head) writes the chunk's
-// workspace. 69 KB of shared memory with 128-wide heads: three blocks an SM.
-// Each 16-bit region holds two things in turn: k (normalised), then
-// β k ⊙ exp(decay) once k kᵀ is done; q, then β v once q kᵀ is done. A is
-// fp32 until the inverse is done, then T in 16 bits.
+// workspace. 70 KB of shared memory with 128-wide heads: three blocks an SM.
+// k (normalised) stays for w; q's region holds v once q kᵀ is done; A is
+// fp32 until the inverse is done, then the two column-scaled T in 16 bits.
 struct PrepareLayout {
   int dkp, dvp, ld;  // ld: the 16-bit [64, ·] matrices' row stride
-  int64_t kn, kb, qn, vb, a, tb, x, gc, bt, f1, f2, bytes;  // byte offsets
+  int64_t kn, qn, vr, a, tw, tu, x, gc, bt, w_scale, bytes;  // byte offsets
 };
-static_assert(int64_t{kChunk} * kHalfLd * 2 <= int64_t{kChunk} * kFloatLd * 4, "T in 16 bits fits where A was");
+constexpr int64_t kHalfT = int64_t{kChunk} * kHalfLd * 2;  // a 16-bit [64, 64] matrix, padded
 __host__ __device__ inline PrepareLayout prepare_layout(int64_t dk, int64_t dv) {
   PrepareLayout l{};
   l.dkp = pad16(dk);
@@ -255,18 +281,35 @@ __host__ __device__ inline PrepareLayout prepare_layout(int64_t dk, int64_t dv) 
   l.ld = (l.dkp > l.dvp ? l.dkp : l.dvp) + 8;
   const int64_t half_matrix = int64_t{kChunk} * l.ld * 2, float_matrix = int64_t{kChunk} * kFloatLd * 4;
   l.kn = 0;
-  l.kb = l.kn;
   l.qn = l.kn + half_matrix;
-  l.vb = l.qn;
+  l.vr = l.qn;
   l.a = l.qn + half_matrix;
-  l.tb = l.a;
-  l.x = l.a + float_matrix;  // T in fp32
+  l.tw = l.a;
+  l.tu = l.tw + kHalfT;
+  l.x = l.a + (float_matrix > 2 * kHalfT ? float_matrix : 2 * kHalfT);  // T in fp32
   l.gc = l.x + float_matrix;
   l.bt = l.gc + kChunk * 4;
-  l.f1 = l.bt + kChunk * 4;      // per-row factors of the outputs: k's two
-  l.f2 = l.f1 + 2 * kChunk * 4;  // q's
-  l.bytes = l.f2 + kChunk * 4;
+  l.w_scale = l.bt + kChunk * 4;
+  l.bytes = l.w_scale + kChunk * 4;
   return l;
+}
+
+// Rows i < length of src (d values each, token stride `stride`) into dst
+// [64, ld] as they are, zeros past the length and in columns d..dpad, by
+// cp.async (one group; the caller waits) where 16-byte pieces line up:
+// false where they do not, and nothing copied.
+template <class T>
+__device__ bool copy_rows_async(const T* src, int64_t stride, int length, int d, int dpad, T* dst, int ld) {
+  const bool aligned = d % 8 == 0 && stride % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  if (!aligned) return false;
+  const int pieces = dpad / 8;
+  for (int e = threadIdx.x; e < kChunk * pieces; e += kThreads) {
+    const int r = e / pieces, c = (e % pieces) * 8;
+    const bool valid = r < length && c < d;  // d % 8 == 0: a piece is all in or all out
+    copy_async16(dst + r * ld + c, valid ? src + r * stride + c : src, valid);
+  }
+  copy_async_commit();
+  return true;
 }
 
 // A = β k kᵀ and P = q kᵀ, both times the decays exp(gc_i − gc_j), on the
@@ -375,12 +418,14 @@ __device__ void inverse_below_diagonal(float* A, float* X) {
   }
 }
 
-// w = T (β k ⊙ exp(decay)), u = T (β v), 16 × 16 a job, straight from the
-// accumulators to the workspace. T is lower triangular, so row tile ti reads
-// only k tiles ≤ ti; the jobs are dealt so each warp gets every ti in turn.
+// w = T diag(β exp(gc)) k and u = T diag(β) v (the row factors of k and v
+// folded into T's columns: k and v stay as they are), 16 × 16 a job,
+// straight from the accumulators to the workspace. T is lower triangular,
+// so row tile ti reads only k tiles ≤ ti; the jobs are dealt so each warp
+// gets every ti in turn.
 template <class T>
-__device__ void weighted_keys_and_values(const T* Tb, const T* kb, const T* vb, int ld, int dkp, int dvp, T* work,
-                                         const Workspace& ws) {
+__device__ void weighted_keys_and_values(const T* Tw, const T* Tu, const T* kn, const T* vr, int ld, int dkp, int dvp,
+                                         T* work, const Workspace& ws) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t2 = (lane % 4) * 2;
   const int w_tiles = dkp / kTile, jobs = 4 * (w_tiles + dvp / kTile);
   for (int job = warp; job < jobs; job += kWarps) {
@@ -390,8 +435,8 @@ __device__ void weighted_keys_and_values(const T* Tb, const T* kb, const T* vb, 
     float acc[2][4] = {};
     for (int kk = 0; kk <= ti; ++kk) {
       uint32_t fa[4], fb[4];
-      load_a(fa, Tb, kHalfLd, ti * kTile, kk * kTile);
-      load_b2(fb, is_w ? kb : vb, ld, kk * kTile, col);
+      load_a(fa, is_w ? Tw : Tu, kHalfLd, ti * kTile, kk * kTile);
+      load_b2(fb, is_w ? kn : vr, ld, kk * kTile, col);
       mma16816<T>(acc[0], fa, fb[0], fb[1]);
       mma16816<T>(acc[1], fa, fb[2], fb[3]);
     }
@@ -410,78 +455,78 @@ __global__ void __launch_bounds__(kThreads, 3) delta_prepare(DeltaRuleArgs a) {
   const DeltaChunk ch = a.chunks[blockIdx.x];
   const int head = blockIdx.y, warp = threadIdx.x / 32;
   const int dk = static_cast<int>(a.dk), dv = static_cast<int>(a.dv);
-  const int64_t key_head = head / (a.value_heads / a.key_heads);
+  const int64_t group = a.value_heads / a.key_heads, key_head = head / group;
   const PrepareLayout l = prepare_layout(dk, dv);
   const int dkp = l.dkp, dvp = l.dvp;
   extern __shared__ __align__(128) unsigned char smem[];
   T* kn = reinterpret_cast<T*>(smem + l.kn);
   T* qn = reinterpret_cast<T*>(smem + l.qn);
-  T* vb = reinterpret_cast<T*>(smem + l.vb);
-  T* kb = reinterpret_cast<T*>(smem + l.kb);
+  T* vr = reinterpret_cast<T*>(smem + l.vr);
   float* A = reinterpret_cast<float*>(smem + l.a);
   float* X = reinterpret_cast<float*>(smem + l.x);
-  T* Tb = reinterpret_cast<T*>(smem + l.tb);
+  T* Tw = reinterpret_cast<T*>(smem + l.tw);
+  T* Tu = reinterpret_cast<T*>(smem + l.tu);
   float* gc = reinterpret_cast<float*>(smem + l.gc);
   float* bt = reinterpret_cast<float*>(smem + l.bt);
-  float* kb_factor = reinterpret_cast<float*>(smem + l.f1);
-  float* kd_factor = kb_factor + kChunk;
-  float* qd_factor = reinterpret_cast<float*>(smem + l.f2);
+  float* w_scale = reinterpret_cast<float*>(smem + l.w_scale);
 
-  const Workspace ws = workspace_layout(dkp, dvp);
-  T* work = static_cast<T*>(a.workspace) + (static_cast<int64_t>(blockIdx.x) * a.value_heads + head) * ws.per;
+  const Workspace ws = workspace_layout(a.chunk_count, a.value_heads, a.key_heads, dkp, dvp);
+  T* const base = static_cast<T*>(a.workspace);
+  T* work = value_part(base, ws, blockIdx.x, head);
   const int64_t token0 = static_cast<int64_t>(ch.row) * a.seq_len + ch.start;
   const int64_t gate = token0 * a.value_heads + head;
   if (warp == 0) chunk_decay(a.g + gate, a.beta + gate, a.value_heads, ch.length, gc, bt);
   __syncthreads();
-  const float last = gc[kChunk - 1];  // padding tokens add no decay
   if (threadIdx.x < kChunk) {
     const int i = threadIdx.x;
-    kb_factor[i] = bt[i] * expf(gc[i]);
-    kd_factor[i] = expf(last - gc[i]);
-    qd_factor[i] = expf(gc[i]);
+    w_scale[i] = bt[i] * expf(gc[i]);
+    chunk_decays(base, ws, blockIdx.x, head)[i] = gc[i];
   }
-  if (threadIdx.x == 0) {
-    float* lasts = reinterpret_cast<float*>(static_cast<T*>(a.workspace) + a.chunk_count * a.value_heads * ws.per);
-    lasts[static_cast<int64_t>(blockIdx.x) * a.value_heads + head] = last;
-  }
-  __syncthreads();
   const T* q = static_cast<const T*>(a.q) + ch.row * a.q_stride[0] + ch.start * a.q_stride[1] + key_head * a.q_stride[2];
   const T* k = static_cast<const T*>(a.k) + ch.row * a.k_stride[0] + ch.start * a.k_stride[1] + key_head * a.k_stride[2];
   const T* v = static_cast<const T*>(a.v) + ch.row * a.v_stride[0] + ch.start * a.v_stride[1] + head * a.v_stride[2];
   {
-    const RowsOut<T> k_outs[2] = {{kn, l.ld, nullptr}, {work + ws.kd, dkp, kd_factor}};
+    // The first value head of a key head writes its q and k for all of them.
+    T* keys = head % group == 0 ? key_part(base, ws, blockIdx.x, key_head) : nullptr;
+    const RowsOut<T> k_outs[2] = {{kn, l.ld}, {keys != nullptr ? keys + ws.k : nullptr, dkp}};
     load_rows(k, a.k_stride[1], ch.length, dk, dkp, true, 1.f, k_outs);
-    const RowsOut<T> q_outs[2] = {{qn, l.ld, nullptr}, {work + ws.qd, dkp, qd_factor}};
+    const RowsOut<T> q_outs[2] = {{qn, l.ld}, {keys != nullptr ? keys + ws.q : nullptr, dkp}};
     load_rows(q, a.q_stride[1], ch.length, dk, dkp, true, rsqrtf(static_cast<float>(dk)), q_outs);
   }
   __syncthreads();
   decayed_products(kn, qn, l.ld, dkp / kTile, gc, bt, A, work + ws.p);
-  __syncthreads();  // A whole; k and q read
+  __syncthreads();  // A whole; q read
 
-  // The diagonal blocks' inverses on two warps while the others start on
-  // β v (into q's buffer) and β k ⊙ exp(decay) (into k's: k is read again,
-  // from L2, for the same arithmetic as its first pass).
+  // v into q's region while the inverse runs (through registers where its
+  // rows do not line up for cp.async); the diagonal blocks' inverses on two
+  // warps.
+  const bool v_async = copy_rows_async(v, a.v_stride[1], ch.length, dv, dvp, vr, l.ld);
   if (warp < 2) inverse_diagonal_blocks(A, X);
-  {
-    const RowsOut<T> v_outs[1] = {{vb, l.ld, bt}};
+  if (!v_async) {
+    const RowsOut<T> v_outs[1] = {{vr, l.ld}};
     load_rows(v, a.v_stride[1], ch.length, dv, dvp, false, 1.f, v_outs);
-    const RowsOut<T> kb_outs[1] = {{kb, l.ld, kb_factor}};
-    load_rows(k, a.k_stride[1], ch.length, dk, dkp, true, 1.f, kb_outs);
   }
   __syncthreads();
   inverse_below_diagonal(A, X);  // ends on a barrier
 
-  // T in 16 bits where A was, zeros above the diagonal blocks.
+  // T diag(β exp(gc)) and T diag(β) in 16 bits where A was, zeros above the
+  // diagonal blocks.
   for (int e = threadIdx.x; e < kChunk * kChunk / 8; e += kThreads) {
     const int i = e / (kChunk / 8), j0 = (e % (kChunk / 8)) * 8;
     const bool upper = j0 / kTile > i / kTile;
-    Pack<T, 8> t;
+    Pack<T, 8> tw, tu;
 #pragma unroll
-    for (int jj = 0; jj < 8; ++jj) t.v[jj] = from_float<T>(upper ? 0.f : X[i * kFloatLd + j0 + jj]);
-    *reinterpret_cast<Pack<T, 8>*>(Tb + i * kHalfLd + j0) = t;
+    for (int jj = 0; jj < 8; ++jj) {
+      const float t = upper ? 0.f : X[i * kFloatLd + j0 + jj];
+      tw.v[jj] = from_float<T>(t * w_scale[j0 + jj]);
+      tu.v[jj] = from_float<T>(t * bt[j0 + jj]);
+    }
+    *reinterpret_cast<Pack<T, 8>*>(Tw + i * kHalfLd + j0) = tw;
+    *reinterpret_cast<Pack<T, 8>*>(Tu + i * kHalfLd + j0) = tu;
   }
-  __syncthreads();
-  weighted_keys_and_values(Tb, kb, vb, l.ld, dkp, dvp, work, ws);
+  copy_async_wait<0>();
+  __syncthreads();  // T and v whole
+  weighted_keys_and_values(Tw, Tu, kn, vr, l.ld, dkp, dvp, work, ws);
 }
 
 // The recurrence: one block per (sequence, value head, 64 value columns),
@@ -502,8 +547,8 @@ constexpr int kColBlocks = kStateColumns / 8;  // the mma's n = 8 column blocks
 
 struct RecurrenceLayout {
   int dkp, dvp, kld;  // kld: the [64, dkp] matrices' row stride in shared memory
-  int64_t w, q, k, p, u, stage;  // byte offsets within a stage, and its size
-  int64_t hb, vn, bytes;         // hb: two 16-bit states [dkp, 64 + 8]
+  int64_t w, q, k, p, u, gc, stage;  // byte offsets within a stage, and its size
+  int64_t hb, vn, vd, bytes;         // hb: two 16-bit states [dkp, 64 + 8]
 };
 __host__ __device__ inline RecurrenceLayout recurrence_layout(int64_t dk, int64_t dv) {
   RecurrenceLayout l{};
@@ -516,23 +561,28 @@ __host__ __device__ inline RecurrenceLayout recurrence_layout(int64_t dk, int64_
   l.k = l.q + key_matrix;
   l.p = l.k + key_matrix;
   l.u = l.p + col_matrix;  // P [64, 64] and u's 64 columns share the padded width
-  l.stage = l.u + col_matrix;
+  l.gc = l.u + col_matrix;
+  l.stage = l.gc + kChunk * 4;
   l.hb = 2 * l.stage;
-  l.vn = l.hb + 2 * int64_t{l.dkp} * kColLd * 2;  // T [64, 64 + 8]
-  l.bytes = l.vn + int64_t{kChunk} * kColLd * 2;
+  l.vn = l.hb + 2 * int64_t{l.dkp} * kColLd * 2;  // v' [64, 64 + 8]
+  l.vd = l.vn + col_matrix;                       // v' ⊙ exp(gc_last − gc), the same
+  l.bytes = l.vd + col_matrix;
   return l;
 }
 
-// Chunk `work`'s w, q, k, P and this block's u columns into one stage, 16
-// bytes a copy, as one cp.async group.
+// Chunk `chunk`'s w, P, this block's u columns, q, k and decays into one
+// stage, 16 bytes a copy, as one cp.async group.
 template <class T>
-__device__ void stage_chunk(const T* work, const Workspace& ws, const RecurrenceLayout& l, int col0, unsigned char* stage) {
+__device__ void stage_chunk(const T* base, const Workspace& ws, const RecurrenceLayout& l, int64_t chunk,
+                            int64_t head, int64_t key_head, int col0, unsigned char* stage) {
+  const T* work = value_part(base, ws, chunk, head);
+  const T* keys = key_part(base, ws, chunk, key_head);
   const int key_pieces = l.dkp / 8;  // 16-byte pieces a row
   for (int e = threadIdx.x; e < 3 * kChunk * key_pieces; e += kThreads) {
     const int m = e / (kChunk * key_pieces), r = (e / key_pieces) % kChunk, c = (e % key_pieces) * 8;
-    const int64_t from = (m == 0 ? ws.w : m == 1 ? ws.qd : ws.kd) + int64_t{r} * l.dkp + c;
+    const T* from = (m == 0 ? work + ws.w : keys + (m == 1 ? ws.q : ws.k)) + int64_t{r} * l.dkp + c;
     T* to = reinterpret_cast<T*>(stage + (m == 0 ? l.w : m == 1 ? l.q : l.k)) + r * l.kld + c;
-    copy_async16(to, work + from, true);
+    copy_async16(to, from, true);
   }
   constexpr int kColPieces = kStateColumns / 8;
   for (int e = threadIdx.x; e < 2 * kChunk * kColPieces; e += kThreads) {
@@ -543,6 +593,8 @@ __device__ void stage_chunk(const T* work, const Workspace& ws, const Recurrence
     T* to = reinterpret_cast<T*>(stage + (is_p ? l.p : l.u)) + r * kColLd + c;
     copy_async16(to, work + from, valid);
   }
+  if (threadIdx.x < kChunk / 4)  // 4 floats a copy
+    copy_async16(stage + l.gc + threadIdx.x * 16, chunk_decays(base, ws, chunk, head) + threadIdx.x * 4, true);
   copy_async_commit();
 }
 
@@ -555,19 +607,19 @@ __global__ void __launch_bounds__(kThreads, 1) delta_recurrence(DeltaRuleArgs a)
   const int col0 = blockIdx.x * kStateColumns, cols = min(kStateColumns, dv - col0);
   const RecurrenceLayout l = recurrence_layout(dk, dv);
   const int dkp = l.dkp, dvp = l.dvp, k_tiles = dkp / kTile, kld = l.kld;
-  const Workspace ws = workspace_layout(dkp, dvp);
+  const Workspace ws = workspace_layout(a.chunk_count, a.value_heads, a.key_heads, dkp, dvp);
+  const int64_t key_head = head / (a.value_heads / a.key_heads);
   extern __shared__ __align__(128) unsigned char smem[];
   T* const hb = reinterpret_cast<T*>(smem + l.hb);  // buffer i at hb + i · dkp · kColLd
   T* Vn = reinterpret_cast<T*>(smem + l.vn);
+  T* Vd = reinterpret_cast<T*>(smem + l.vd);
   const bool holds_state = warp < k_tiles;  // warp w: state rows [16w, 16w + 16)
   const int srow = warp * kTile;
   // The 64 × 64 products: warp w takes row tile w / 2, column blocks 4 (w % 2) … + 3.
   const int orow = (warp / 2) * kTile, ocol = (warp % 2) * 32;
 
   const T* base = static_cast<const T*>(a.workspace);
-  const float* lasts = reinterpret_cast<const float*>(base + a.chunk_count * a.value_heads * ws.per);
-  auto chunk_work = [&](int n) { return base + ((sq.first_chunk + n) * a.value_heads + head) * ws.per; };
-  if (sq.chunk_count > 0) stage_chunk(chunk_work(0), ws, l, col0, smem);
+  if (sq.chunk_count > 0) stage_chunk(base, ws, l, sq.first_chunk, head, key_head, col0, smem);
 
   const int64_t state0 = (static_cast<int64_t>(sq.row) * a.value_heads + head) * dk * dv;
   const bool from_initial = (sq.flags & kSequenceFromInitial) != 0 && a.initial != nullptr;
@@ -593,19 +645,22 @@ __global__ void __launch_bounds__(kThreads, 1) delta_recurrence(DeltaRuleArgs a)
   for (int n = 0; n < sq.chunk_count; ++n) {
     const int64_t chunk_index = sq.first_chunk + n;
     const DeltaChunk ch = a.chunks[chunk_index];
-    const float carry = expf(lasts[chunk_index * a.value_heads + head]);
     const unsigned char* stage = smem + (n % 2) * l.stage;
     const T* Hb = hb + (n % 2) * dkp * kColLd;
     copy_async_wait<0>();
-    __syncthreads();  // this chunk's stage and Hb whole; the other stage and Vn free
-    if (n + 1 < sq.chunk_count) stage_chunk(chunk_work(n + 1), ws, l, col0, smem + ((n + 1) % 2) * l.stage);
+    __syncthreads();  // this chunk's stage and Hb whole; the other stage, Vn and Vd free
+    if (n + 1 < sq.chunk_count)
+      stage_chunk(base, ws, l, chunk_index + 1, head, key_head, col0, smem + ((n + 1) % 2) * l.stage);
+    const float* gc = reinterpret_cast<const float*>(stage + l.gc);
+    const float last = gc[kChunk - 1];
     const T* W = reinterpret_cast<const T*>(stage + l.w);
     const T* Q = reinterpret_cast<const T*>(stage + l.q);
     const T* K = reinterpret_cast<const T*>(stage + l.k);
     const T* P = reinterpret_cast<const T*>(stage + l.p);
     const T* U = reinterpret_cast<const T*>(stage + l.u);
 
-    // v' = u − w H: this warp's 16 × 32 into Vn.
+    // v' = u − w H: this warp's 16 × 32 into Vn, and times exp(gc_last − gc)
+    // (k's decay to the chunk's end, folded into v' for k's product) into Vd.
     {
       float acc[4][4] = {};
       for (int kk = 0; kk < k_tiles; ++kk) {
@@ -617,17 +672,22 @@ __global__ void __launch_bounds__(kThreads, 1) delta_recurrence(DeltaRuleArgs a)
         for (int b = 0; b < 4; ++b) mma16816<T>(acc[b], fa, fb[b / 2][(b % 2) * 2], fb[b / 2][(b % 2) * 2 + 1]);
       }
 #pragma unroll
-      for (int b = 0; b < 4; ++b)
+      for (int half = 0; half < 2; ++half) {
+        const int i = orow + g + half * 8;
+        const float to_end = expf(last - gc[i]);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int i = orow + g + half * 8, c = ocol + b * 8 + t2;
+        for (int b = 0; b < 4; ++b) {
+          const int c = ocol + b * 8 + t2;
           const float2 u = unpack2<T>(*reinterpret_cast<const uint32_t*>(U + i * kColLd + c));
-          *reinterpret_cast<uint32_t*>(Vn + i * kColLd + c) =
-              pack2<T>(u.x - acc[b][half * 2], u.y - acc[b][half * 2 + 1]);
+          const float x = u.x - acc[b][half * 2], y = u.y - acc[b][half * 2 + 1];
+          *reinterpret_cast<uint32_t*>(Vn + i * kColLd + c) = pack2<T>(x, y);
+          *reinterpret_cast<uint32_t*>(Vd + i * kColLd + c) = pack2<T>(x * to_end, y * to_end);
         }
+      }
     }
-    __syncthreads();  // Vn whole
-    // o = (q ⊙ exp(decay)) H + P v'
+    __syncthreads();  // Vn and Vd whole
+    // o = exp(gc) ⊙ (q H) + P v' (q's decay from the chunk's start applied
+    // to the rows of q H)
     {
       float acc[4][4] = {};
       for (int kk = 0; kk < k_tiles; ++kk) {
@@ -637,6 +697,12 @@ __global__ void __launch_bounds__(kThreads, 1) delta_recurrence(DeltaRuleArgs a)
         load_b2(fb[1], Hb, kColLd, kk * kTile, ocol + 16);
 #pragma unroll
         for (int b = 0; b < 4; ++b) mma16816<T>(acc[b], fa, fb[b / 2][(b % 2) * 2], fb[b / 2][(b % 2) * 2 + 1]);
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float from_start = expf(gc[orow + g + half * 8]);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) acc[b][half * 2] *= from_start, acc[b][half * 2 + 1] *= from_start;
       }
       for (int kk = 0; kk * kTile <= orow; ++kk) {
         uint32_t fa[4], fb[2][4];
@@ -665,9 +731,10 @@ __global__ void __launch_bounds__(kThreads, 1) delta_recurrence(DeltaRuleArgs a)
           }
         }
     }
-    // H ← exp(decay_last) H + (k ⊙ exp(decay_last − decay))ᵀ v', published
-    // into the other buffer (nothing reads it this chunk).
+    // H ← exp(gc_last) H + kᵀ (v' ⊙ exp(gc_last − gc)), published into the
+    // other buffer (nothing reads it this chunk).
     if (holds_state) {
+      const float carry = expf(last);
 #pragma unroll
       for (int b = 0; b < kColBlocks; ++b)
 #pragma unroll
@@ -679,7 +746,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_recurrence(DeltaRuleArgs a)
 #pragma unroll
         for (int pair = 0; pair < kColBlocks / 2; ++pair) {
           uint32_t fb[4];
-          load_b2(fb, Vn, kColLd, kk * kTile, pair * 16);
+          load_b2(fb, Vd, kColLd, kk * kTile, pair * 16);
           mma16816<T>(h[2 * pair], fa, fb[0], fb[1]);
           mma16816<T>(h[2 * pair + 1], fa, fb[2], fb[3]);
         }
@@ -830,8 +897,9 @@ void check_heads(const DeltaRuleArgs& a, const char* what) {
 
 }  // namespace
 
-int64_t delta_rule_workspace_bytes(int64_t chunk_count, int64_t value_heads, int64_t dk, int64_t dv) {
-  return chunk_count * value_heads * (workspace_layout(pad16(dk), pad16(dv)).per * 2 + 4);
+int64_t delta_rule_workspace_bytes(int64_t chunk_count, int64_t key_heads, int64_t value_heads, int64_t dk,
+                                   int64_t dv) {
+  return workspace_layout(chunk_count, value_heads, key_heads, pad16(dk), pad16(dv)).bytes;
 }
 
 void chunked_gated_delta_rule(Element element, const DeltaRuleArgs& a, cudaStream_t stream) {

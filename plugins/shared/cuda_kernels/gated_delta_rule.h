@@ -5,14 +5,14 @@
 //
 //   prepare (one block per chunk and value head, all in parallel): q and k
 //     L2-normalised, the in-chunk cumulative log decay, A = β K Kᵀ ⊙ decay
-//     (strictly lower), T = (I + A)⁻¹ by forward substitution, and
+//     (strictly lower), T = (I + A)⁻¹ by 16 × 16 blocks, and
 //     w = T (β k ⊙ exp(decay)), u = T (β v), P = (q kᵀ ⊙ decay) (lower, with
-//     the diagonal), q ⊙ exp(decay) and k ⊙ exp(decay_last − decay), written
-//     to a workspace;
-//   recurrence (one block per document, value head and 32 value columns):
-//     the state [dk, 32] in the warps' fp32 accumulators, chunk after chunk:
-//     v' = u − w S, o = (q ⊙ exp(decay)) S + P v',
-//     S ← exp(decay_last) S + (k ⊙ exp(decay_last − decay))ᵀ v'.
+//     the diagonal) and the decays, written to a workspace, and q and k
+//     normalised once per key head;
+//   recurrence (one block per document, value head and 64 value columns):
+//     the state [dk, 64] in the warps' fp32 accumulators, chunk after chunk:
+//     v' = u − w S, o = exp(decay) ⊙ (q S) + P v',
+//     S ← exp(decay_last) S + kᵀ (v' ⊙ exp(decay_last − decay)).
 //
 // Chunks never cross a document: a packed row's documents are cut into
 // their own 64-token chunks (the host lists them), so no chunk needs the
@@ -64,11 +64,12 @@ struct DeltaRuleArgs {
   const DeltaSequence* sequences = nullptr;
   int64_t chunk_count = 0, sequence_count = 0;
   int64_t seq_len = 0, key_heads = 0, value_heads = 0, dk = 0, dv = 0;
-  void* workspace = nullptr;  // delta_rule_workspace_bytes(chunk_count, value_heads, dk, dv)
+  void* workspace = nullptr;  // delta_rule_workspace_bytes(chunk_count, key_heads, value_heads, dk, dv)
   int64_t rows = 0;           // B (the recurrent form's grid; the chunked form reads its tables)
 };
 
-int64_t delta_rule_workspace_bytes(int64_t chunk_count, int64_t value_heads, int64_t dk, int64_t dv);
+int64_t delta_rule_workspace_bytes(int64_t chunk_count, int64_t key_heads, int64_t value_heads, int64_t dk,
+                                   int64_t dv);
 
 // Runs both kernels on `stream`. Every token of every row must lie in exactly
 // one chunk; rows without a sequence flagged kSequenceWritesFinal leave their
