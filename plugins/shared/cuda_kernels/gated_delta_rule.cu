@@ -570,28 +570,50 @@ __host__ __device__ inline RecurrenceLayout recurrence_layout(int64_t dk, int64_
   return l;
 }
 
+// Which 16-byte pieces of a [64, dkp] matrix this thread copies: column
+// piece `col` of rows first_row, first_row + row_step, … where the row's
+// pieces divide the block's threads (dkp = 16, 32, 64 or 128: the index
+// arithmetic is done once); else every kThreads-th piece (`even` false).
+struct KeyPieces {
+  bool even;
+  int col, first_row, row_step, per_row;
+};
+__device__ inline KeyPieces key_pieces(int dkp) {
+  const int per_row = dkp / 8;
+  if (kThreads % per_row != 0) return {false, 0, 0, 0, per_row};
+  return {true, (static_cast<int>(threadIdx.x) % per_row) * 8, static_cast<int>(threadIdx.x) / per_row,
+          kThreads / per_row, per_row};
+}
+
 // Chunk `chunk`'s w, P, this block's u columns, q, k and decays into one
 // stage, 16 bytes a copy, as one cp.async group.
 template <class T>
-__device__ void stage_chunk(const T* base, const Workspace& ws, const RecurrenceLayout& l, int64_t chunk,
-                            int64_t head, int64_t key_head, int col0, unsigned char* stage) {
+__device__ void stage_chunk(const T* base, const Workspace& ws, const RecurrenceLayout& l, const KeyPieces& kp,
+                            int64_t chunk, int64_t head, int64_t key_head, int col0, unsigned char* stage) {
   const T* work = value_part(base, ws, chunk, head);
   const T* keys = key_part(base, ws, chunk, key_head);
-  const int key_pieces = l.dkp / 8;  // 16-byte pieces a row
-  for (int e = threadIdx.x; e < 3 * kChunk * key_pieces; e += kThreads) {
-    const int m = e / (kChunk * key_pieces), r = (e / key_pieces) % kChunk, c = (e % key_pieces) * 8;
-    const T* from = (m == 0 ? work + ws.w : keys + (m == 1 ? ws.q : ws.k)) + int64_t{r} * l.dkp + c;
-    T* to = reinterpret_cast<T*>(stage + (m == 0 ? l.w : m == 1 ? l.q : l.k)) + r * l.kld + c;
-    copy_async16(to, from, true);
+  const T* const from[3] = {work + ws.w, keys + ws.q, keys + ws.k};
+  T* const to[3] = {reinterpret_cast<T*>(stage + l.w), reinterpret_cast<T*>(stage + l.q),
+                    reinterpret_cast<T*>(stage + l.k)};
+  if (kp.even) {
+#pragma unroll
+    for (int m = 0; m < 3; ++m)
+      for (int r = kp.first_row; r < kChunk; r += kp.row_step)
+        copy_async16(to[m] + r * l.kld + kp.col, from[m] + r * l.dkp + kp.col, true);
+  } else {
+    for (int e = threadIdx.x; e < 3 * kChunk * kp.per_row; e += kThreads) {
+      const int m = e / (kChunk * kp.per_row), r = (e / kp.per_row) % kChunk, c = (e % kp.per_row) * 8;
+      copy_async16((m == 0 ? to[0] : m == 1 ? to[1] : to[2]) + r * l.kld + c,
+                   (m == 0 ? from[0] : m == 1 ? from[1] : from[2]) + r * l.dkp + c, true);
+    }
   }
   constexpr int kColPieces = kStateColumns / 8;
   for (int e = threadIdx.x; e < 2 * kChunk * kColPieces; e += kThreads) {
     const bool is_p = e < kChunk * kColPieces;
     const int r = (e / kColPieces) % kChunk, c = (e % kColPieces) * 8;
     const bool valid = is_p || col0 + c < l.dvp;  // u's padding columns past dvp: zeros
-    const int64_t from = is_p ? ws.p + int64_t{r} * kChunk + c : ws.u + int64_t{r} * l.dvp + (valid ? col0 + c : 0);
-    T* to = reinterpret_cast<T*>(stage + (is_p ? l.p : l.u)) + r * kColLd + c;
-    copy_async16(to, work + from, valid);
+    const int64_t at = is_p ? ws.p + int64_t{r} * kChunk + c : ws.u + int64_t{r} * l.dvp + (valid ? col0 + c : 0);
+    copy_async16(reinterpret_cast<T*>(stage + (is_p ? l.p : l.u)) + r * kColLd + c, work + at, valid);
   }
   if (threadIdx.x < kChunk / 4)  // 4 floats a copy
     copy_async16(stage + l.gc + threadIdx.x * 16, chunk_decays(base, ws, chunk, head) + threadIdx.x * 4, true);
@@ -619,7 +641,8 @@ __global__ void __launch_bounds__(kThreads, 1) delta_recurrence(DeltaRuleArgs a)
   const int orow = (warp / 2) * kTile, ocol = (warp % 2) * 32;
 
   const T* base = static_cast<const T*>(a.workspace);
-  if (sq.chunk_count > 0) stage_chunk(base, ws, l, sq.first_chunk, head, key_head, col0, smem);
+  const KeyPieces kp = key_pieces(dkp);
+  if (sq.chunk_count > 0) stage_chunk(base, ws, l, kp, sq.first_chunk, head, key_head, col0, smem);
 
   const int64_t state0 = (static_cast<int64_t>(sq.row) * a.value_heads + head) * dk * dv;
   const bool from_initial = (sq.flags & kSequenceFromInitial) != 0 && a.initial != nullptr;
@@ -650,7 +673,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_recurrence(DeltaRuleArgs a)
     copy_async_wait<0>();
     __syncthreads();  // this chunk's stage and Hb whole; the other stage, Vn and Vd free
     if (n + 1 < sq.chunk_count)
-      stage_chunk(base, ws, l, chunk_index + 1, head, key_head, col0, smem + ((n + 1) % 2) * l.stage);
+      stage_chunk(base, ws, l, kp, chunk_index + 1, head, key_head, col0, smem + ((n + 1) % 2) * l.stage);
     const float* gc = reinterpret_cast<const float*>(stage + l.gc);
     const float last = gc[kChunk - 1];
     const T* W = reinterpret_cast<const T*>(stage + l.w);
@@ -659,22 +682,30 @@ __global__ void __launch_bounds__(kThreads, 1) delta_recurrence(DeltaRuleArgs a)
     const T* P = reinterpret_cast<const T*>(stage + l.p);
     const T* U = reinterpret_cast<const T*>(stage + l.u);
 
-    // v' = u − w H: this warp's 16 × 32 into Vn, and times exp(gc_last − gc)
-    // (k's decay to the chunk's end, folded into v' for k's product) into Vd.
+    // One pass over H for both of its products: v' = u − w H, this warp's
+    // 16 × 32, into Vn, and times exp(gc_last − gc) (k's decay to the
+    // chunk's end, folded into v' for k's product) into Vd; and q H, the
+    // first part of o = exp(gc) ⊙ (q H) + P v' (q's decay from the chunk's
+    // start applied to its rows), kept in o's accumulators.
+    float o[4][4] = {};
     {
       float acc[4][4] = {};
       for (int kk = 0; kk < k_tiles; ++kk) {
-        uint32_t fa[4], fb[2][4];
-        load_a(fa, W, kld, orow, kk * kTile);
+        uint32_t fw[4], fq[4], fb[2][4];
+        load_a(fw, W, kld, orow, kk * kTile);
+        load_a(fq, Q, kld, orow, kk * kTile);
         load_b2(fb[0], Hb, kColLd, kk * kTile, ocol);
         load_b2(fb[1], Hb, kColLd, kk * kTile, ocol + 16);
 #pragma unroll
-        for (int b = 0; b < 4; ++b) mma16816<T>(acc[b], fa, fb[b / 2][(b % 2) * 2], fb[b / 2][(b % 2) * 2 + 1]);
+        for (int b = 0; b < 4; ++b) {
+          mma16816<T>(acc[b], fw, fb[b / 2][(b % 2) * 2], fb[b / 2][(b % 2) * 2 + 1]);
+          mma16816<T>(o[b], fq, fb[b / 2][(b % 2) * 2], fb[b / 2][(b % 2) * 2 + 1]);
+        }
       }
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = orow + g + half * 8;
-        const float to_end = expf(last - gc[i]);
+        const float to_end = expf(last - gc[i]), from_start = expf(gc[i]);
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
           const int c = ocol + b * 8 + t2;
@@ -682,35 +713,20 @@ __global__ void __launch_bounds__(kThreads, 1) delta_recurrence(DeltaRuleArgs a)
           const float x = u.x - acc[b][half * 2], y = u.y - acc[b][half * 2 + 1];
           *reinterpret_cast<uint32_t*>(Vn + i * kColLd + c) = pack2<T>(x, y);
           *reinterpret_cast<uint32_t*>(Vd + i * kColLd + c) = pack2<T>(x * to_end, y * to_end);
+          o[b][half * 2] *= from_start;
+          o[b][half * 2 + 1] *= from_start;
         }
       }
     }
     __syncthreads();  // Vn and Vd whole
-    // o = exp(gc) ⊙ (q H) + P v' (q's decay from the chunk's start applied
-    // to the rows of q H)
     {
-      float acc[4][4] = {};
-      for (int kk = 0; kk < k_tiles; ++kk) {
-        uint32_t fa[4], fb[2][4];
-        load_a(fa, Q, kld, orow, kk * kTile);
-        load_b2(fb[0], Hb, kColLd, kk * kTile, ocol);
-        load_b2(fb[1], Hb, kColLd, kk * kTile, ocol + 16);
-#pragma unroll
-        for (int b = 0; b < 4; ++b) mma16816<T>(acc[b], fa, fb[b / 2][(b % 2) * 2], fb[b / 2][(b % 2) * 2 + 1]);
-      }
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float from_start = expf(gc[orow + g + half * 8]);
-#pragma unroll
-        for (int b = 0; b < 4; ++b) acc[b][half * 2] *= from_start, acc[b][half * 2 + 1] *= from_start;
-      }
       for (int kk = 0; kk * kTile <= orow; ++kk) {
         uint32_t fa[4], fb[2][4];
         load_a(fa, P, kColLd, orow, kk * kTile);
         load_b2(fb[0], Vn, kColLd, kk * kTile, ocol);
         load_b2(fb[1], Vn, kColLd, kk * kTile, ocol + 16);
 #pragma unroll
-        for (int b = 0; b < 4; ++b) mma16816<T>(acc[b], fa, fb[b / 2][(b % 2) * 2], fb[b / 2][(b % 2) * 2 + 1]);
+        for (int b = 0; b < 4; ++b) mma16816<T>(o[b], fa, fb[b / 2][(b % 2) * 2], fb[b / 2][(b % 2) * 2 + 1]);
       }
       T* out = static_cast<T*>(a.out) + ((static_cast<int64_t>(ch.row) * a.seq_len + ch.start) * a.value_heads + head) * dv + col0;
       const int64_t row_stride = a.value_heads * dv;
@@ -722,7 +738,7 @@ __global__ void __launch_bounds__(kThreads, 1) delta_recurrence(DeltaRuleArgs a)
           const int i = orow + g + half * 8, c = ocol + b * 8 + t2;
           if (i >= ch.length || c >= cols) continue;
           T* at = out + i * row_stride + c;
-          const float x = acc[b][half * 2], y = acc[b][half * 2 + 1];
+          const float x = o[b][half * 2], y = o[b][half * 2 + 1];
           if (pairs && c + 1 < cols) {
             *reinterpret_cast<uint32_t*>(at) = pack2<T>(x, y);
           } else {
