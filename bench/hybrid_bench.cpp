@@ -306,10 +306,18 @@ int main(int argc, char** argv) {
     // form they replace, on the same inputs.
     namespace gdn = dflash::target::gdn;
     if (gdn::kernels_take(v, hk, hv, d, d)) {
+      // The call alone builds the rows' chunk plan and uploads it, a copy
+      // from pageable memory that waits for the stream; the forward builds it
+      // once a batch for all its linear layers, so a layer's own cost is the
+      // second arm's.
       const auto call_kernels = [&] { auto out = gdn::chunked_delta_rule(q, k, v, g, beta, {}, {}); };
       const Measurement kernels = measure(args.warmup, args.repeats, call_kernels);
       emit("delta rule: gdn::chunked_delta_rule (CUDA kernels)", kernels);
       profile("delta rule: gdn::chunked_delta_rule (CUDA kernels)", kernels, call_kernels);
+      const dflash::kernel_ops::DeltaChunkPlan plan = dflash::kernel_ops::plan_delta_chunks({}, b, s, v.device());
+      const auto call_planned = [&] { auto out = gdn::chunked_delta_rule(q, k, v, g, beta, {}, {}, 64, &plan); };
+      emit("delta rule: CUDA kernels, the plan built once a batch",
+           measure(args.warmup, args.repeats, call_planned));
     } else {
       std::cout << "delta rule: this build has no CUDA kernels\n";
     }

@@ -42,8 +42,13 @@ DeltaChunkPlan plan_delta_chunks(const at::Tensor& resets_in, int64_t rows, int6
     }
   }
   if (device.has_value()) {
+    // From pinned memory without waiting: a copy from pageable memory would
+    // wait for the stream's earlier work (the caching host allocator keeps
+    // the pinned block until the copy is done).
     const auto upload = [&](const std::vector<int32_t>& table) {
-      return at::tensor(table, at::TensorOptions().dtype(at::kInt)).view({-1, 4}).to(*device);
+      at::Tensor host = at::tensor(table, at::TensorOptions().dtype(at::kInt)).view({-1, 4});
+      if (device->is_cuda()) host = host.pin_memory();
+      return host.to(*device, /*non_blocking=*/true);
     };
     plan.device_chunks = upload(plan.chunks);
     plan.device_sequences = upload(plan.sequences);
