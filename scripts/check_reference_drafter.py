@@ -8,7 +8,7 @@ also runs on a CPU with torch + transformers + safetensors installed.
 
 Inputs:
   --reference  the reference's model.py
-  --dump       what tests/drafter/reference_dump.cpp (build/bin/drafter_reference_dump) wrote: the token ids,
+  --dump       what tests/plugins/drafter/dflash/reference_dump.cpp (build/bin/drafter_reference_dump) wrote: the token ids,
                our target's context features (the hidden states of target_layer_ids, concatenated), the
                blocks, and our drafter's logits for each block from both of our code paths (the cached
                drafting path eval uses, and the training forward)

@@ -2,7 +2,7 @@
 # Issue 39 on the GPU machine, one call:
 #   scripts/device_hybrid_check.sh OUTDIR
 # 1. FIXTURES="name,name" (optional): transformers makes those fixtures of
-#    scripts/make_hybrid_fixtures.py straight into tests/data/hf_hybrid, so the
+#    scripts/make_hybrid_fixtures.py straight into tests/fixtures/hf_hybrid, so the
 #    tests below check against them; they come back as OUTDIR/fixtures.tgz
 #    (the machine returns at most 8 files a call).
 # 2. Builds the two HF target plugins and their tests against the wheel's
@@ -15,10 +15,10 @@ mkdir -p "$out"
 cd "$root"
 { nvidia-smi --query-gpu=name,power.limit,memory.total --format=csv,noheader; date -u; git rev-parse HEAD 2>/dev/null; } > "$out/machine.txt"
 if [ -n "${FIXTURES:-}" ]; then
-  python3 scripts/make_hybrid_fixtures.py tests/data/hf_hybrid "$FIXTURES" > "$out/fixtures.log" 2>&1
+  python3 scripts/make_hybrid_fixtures.py tests/fixtures/hf_hybrid "$FIXTURES" > "$out/fixtures.log" 2>&1
   names=$(echo "$FIXTURES" | tr ',' ' ')
   # shellcheck disable=SC2086
-  (cd tests/data/hf_hybrid && tar -czf "$out/fixtures.tgz" $names manifest.json)
+  (cd tests/fixtures/hf_hybrid && tar -czf "$out/fixtures.tgz" $names manifest.json)
 fi
 # ONLY_HYBRID=1: the hybrid plugin and its tests alone.
 targets="dflash-host dflash_target_hf_hybrid hybrid_target_tests"

@@ -2,7 +2,7 @@
 # Issue 19 on a GPU machine of several GPUs (nvidia-h200-x2 or -x4), one
 # command: a build, then each part named in PARTS (default: all four), its
 # files under OUTDIR and its summary on stdout.
-#   tests     the distributed tests (tests/dist) with every rank on its own
+#   tests     the distributed tests (tests/core/dist) with every rank on its own
 #             GPU through NCCL (DFLASH_TEST_DIST_DEVICE=cuda): parameters
 #             against one process, the kill-a-rank and hang behaviour, the
 #             credit bound; the splits of four where four GPUs are.

@@ -12,7 +12,7 @@ cat > /tmp/tr.json <<JSON
 {"train": {"seed": 3, "device": "cuda", "steps": 300, "lr": 3e-3, "output_dir": "/tmp/tr_run", "progress": "lines",
            "log_every": 50, "checkpoint_every": 5, "grad_accumulation": 2},
  "data": {"plugin": "synthetic", "sequences": 64, "min_length": 24, "max_length": 64, "row_length": 64, "tokens_per_batch": 128},
- "target": {"plugin": "hf_decoder", "path": "$root/tests/data/hf_tiny/qwen3"},
+ "target": {"plugin": "hf_decoder", "path": "$root/tests/fixtures/hf_tiny/qwen3"},
  "drafter": {"plugin": "dflash", "num_layers": 1, "block_size": 4, "max_anchors": 8},
  "loss": {"plugin": "fused_ckpt_kl", "kl_weight": 0.5}, "scheduler": {"plugin": "constant"}}
 JSON

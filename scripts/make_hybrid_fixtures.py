@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Builds tiny random checkpoints of the 2026 target families and transformers'
-own outputs for them, which tests/target/hf_hybrid_parity_test.cpp checks the
+own outputs for them, which tests/plugins/target/hf_hybrid/hf_hybrid_test.cpp checks the
 C++ target plugins against on the CPU at every commit.
 
 Families (three configurations or more each, odd sizes and layer patterns):
@@ -326,4 +326,4 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf_hybrid")
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/hf_hybrid")

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Builds the tiny Hugging Face checkpoints and transformers' reference outputs
-that tests/target/hf_parity_test.cpp checks target/hf_decoder against.
+that tests/plugins/target/hf_decoder/hf_parity_test.cpp checks target/hf_decoder against.
 
 Run on the GPU machine (it has torch + transformers + safetensors):
-    python3 scripts/make_target_fixture.py tests/data/hf_tiny
+    python3 scripts/make_target_fixture.py tests/fixtures/hf_tiny
 For each model it writes <out>/<name>/config.json, model.safetensors (random
 weights, odd sizes) and reference.safetensors: input_ids, and transformers'
 hidden states ("hidden.<i>" = output of layer i = hidden_states[i + 1], for
@@ -77,4 +77,4 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/hf_tiny")
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/hf_tiny")

@@ -2,7 +2,7 @@
 """Builds the text the tokenizer parity checks encode: JSON lines, one
 {"text": ...} document per line, each encoded on its own.
 
-    python3 scripts/make_tokenizer_corpus.py --sample --out tests/tokenizer/data/sample.jsonl   # the CI sample (~150 KB)
+    python3 scripts/make_tokenizer_corpus.py --sample --out tests/core/text/data/sample.jsonl   # the CI sample (~150 KB)
     python3 scripts/make_tokenizer_corpus.py --full --brown DIR --out scratch/corpus.jsonl     # >= 1 MB, docs/tokenizer.md
 
 Sources (offline, see ../shared/design/machines.md):

@@ -47,8 +47,8 @@ if [ "${DFLASH_SKIP_APT:-0}" != "1" ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${test_packages[@]}"
   fi
 fi
-# The real tokenizer files, pinned by tests/tokenizer/node/package-lock.json.
-if [ "$tests" = 1 ]; then (cd "$root/tests/tokenizer/node" && npm ci --no-audit --no-fund); fi
+# The real tokenizer files, pinned by tests/core/text/node/package-lock.json.
+if [ "$tests" = 1 ]; then (cd "$root/tests/core/text/node" && npm ci --no-audit --no-fund); fi
 
 # Release: no debug info. With -g a translation unit that includes LibTorch
 # compiled 1.7× slower (dflash_model.cpp: 20.7 s against 12.4 s on one

@@ -11,7 +11,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build="${DFLASH_BUILD_DIR:-$root/build}"
 work="${1:-$root/scratch/tokenizer-parity}"
-node_dir="$root/tests/tokenizer/node"
+node_dir="$root/tests/core/text/node"
 
 [ -d /usr/share/doc/python3.11/html/_sources ] && [ -d /usr/share/games/fortunes ] ||
   { echo "needs Debian's python3.11-doc and fortunes: apt-get install python3.11-doc fortunes" >&2; exit 2; }

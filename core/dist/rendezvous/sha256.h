@@ -2,7 +2,7 @@
 // store's proof that a client and the server hold the same run secret.
 // Written here rather than taken from OpenSSL because neither build machine
 // may be assumed to have its headers (the GPU machine has no package
-// manager); tests/dist/rendezvous_test.cpp checks both against the
+// manager); tests/core/dist/rendezvous_test.cpp checks both against the
 // published test vectors (FIPS 180-4 examples, RFC 4231).
 #pragma once
 

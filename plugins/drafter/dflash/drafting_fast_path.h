@@ -15,7 +15,7 @@
 // kernels, and the model drafts through flash attention (CUDA, bf16/fp16,
 // head_dim a multiple of 8 up to 256, LibTorch ≥ 2.5). The ATen path in
 // dflash_model.cpp stays the reference (and the only path elsewhere); the
-// two agree to bf16 rounding (tests/drafter/drafting_fast_path_test.cpp).
+// two agree to bf16 rounding (tests/plugins/drafter/dflash/drafting_fast_path_test.cpp).
 //
 // Nothing here waits for the device or reads a device value on the host, so
 // every call can be captured in a CUDA graph. What such a graph reads at

@@ -51,7 +51,7 @@ sdk::ChunkRows blend_rows(const BlendSettings& s, const at::Tensor& ce, const at
 
 // Bytes per logit of `buffers` math-dtype [chunk, V] buffers alive at once:
 // what a loss declares as its logit_bytes(), measured by
-// tests/losses/loss_memory_test.cpp (which fails when a loss uses more).
+// tests/plugins/loss/loss_memory_test.cpp (which fails when a loss uses more).
 inline double math_buffers(const sdk::LossShape& shape, double buffers) {
   return buffers * (shape.element_bytes >= 8 ? 8.0 : 4.0);
 }

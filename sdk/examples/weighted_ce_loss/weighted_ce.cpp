@@ -3,7 +3,7 @@
 // chunks the rows, weights and reduces them, and differentiates each chunk
 // by autograd, so no [N, V] tensor outlives its chunk. CI builds it out of
 // tree against the installed SDK (tests/sdk/) and checks it against fp64
-// autograd of the naive formula (tests/losses/).
+// autograd of the naive formula (tests/plugins/loss/).
 #include <dflash/sdk/chunked_loss.hpp>
 
 namespace {

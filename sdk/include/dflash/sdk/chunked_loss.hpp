@@ -297,7 +297,7 @@ DFLASH_SDK_DETECT(has_reports_correct, T::reports_correct)
 // Bytes per [chunk, V] logit element when the author does not say: sixteen
 // math-dtype buffers for a graph differentiated by autograd, ten for a
 // closed form, the teacher's logits included. Measured on CPU
-// (tests/losses/loss_memory_test.cpp), the SDK's examples need up to 14
+// (tests/plugins/loss/loss_memory_test.cpp), the SDK's examples need up to 14
 // (JSD: both log-softmaxes, the mixture, its stack and their gradients) and
 // 8 (reverse KL). A loss that needs fewer declares logit_bytes() and gets
 // larger chunks; one that needs more must.

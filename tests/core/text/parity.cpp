@@ -1,0 +1,107 @@
+#include "core/text/parity.h"
+
+#include "text/unicode.h"
+#include "text/utf8.h"
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace dflash::test {
+
+std::vector<std::string> read_corpus(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw std::runtime_error("cannot open the corpus " + file.string());
+  std::vector<std::string> docs;
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) docs.push_back(nlohmann::json::parse(line).at("text").get<std::string>());
+  return docs;
+}
+
+std::vector<nlohmann::json> read_reference(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw std::runtime_error("cannot open the reference output " + file.string());
+  std::vector<nlohmann::json> rows;
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+namespace {
+
+// A JSON string literal of text; bytes that are not UTF-8 (a token's piece of
+// a character, a decode of altered ids) become U+FFFD instead of throwing.
+std::string json_quoted(std::string_view text) {
+  return nlohmann::json(std::string(text)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string spell(const text::Tokenizer& tokenizer, const std::vector<int64_t>& ids, std::size_t from, std::size_t to) {
+  std::string out;
+  for (std::size_t i = from; i < to && i < ids.size(); ++i)
+    out += json_quoted(tokenizer.id_to_token(ids[i]).value_or("?")) + "=" + std::to_string(ids[i]) + " ";
+  return out;
+}
+
+}  // namespace
+
+std::string explain_difference(const text::Tokenizer& tokenizer, const std::string& document,
+                               const std::vector<int64_t>& ours, const std::vector<int64_t>& reference) {
+  std::size_t first = 0;
+  while (first < ours.size() && first < reference.size() && ours[first] == reference[first]) ++first;
+  const std::size_t from = first >= 3 ? first - 3 : 0;
+  // Where in the text: the bytes the common prefix covers.
+  const std::size_t offset = tokenizer.decode(std::vector<int64_t>(ours.begin(), ours.begin() + static_cast<long>(first))).size();
+  const std::string context(text::utf8::window(document, offset >= 20 ? offset - 20 : 0, 60));
+  std::ostringstream s;
+  s << "first difference at token " << first << " (of " << ours.size() << " ours, " << reference.size()
+    << " reference), near byte " << offset << ": " << json_quoted(context) << "\n  ours:      "
+    << spell(tokenizer, ours, from, first + 6) << "\n  reference: " << spell(tokenizer, reference, from, first + 6);
+  return s.str();
+}
+
+FamilyParity compare_family(const text::Tokenizer& tokenizer, const std::string& family,
+                            const std::vector<std::string>& documents, const std::vector<nlohmann::json>& reference,
+                            bool add_special_tokens, const std::string& round_trip_prefix, bool nfc) {
+  if (documents.size() != reference.size())
+    throw std::runtime_error("the reference has " + std::to_string(reference.size()) + " rows for " +
+                             std::to_string(documents.size()) + " documents");
+  FamilyParity r;
+  r.family = family;
+  const text::unicode::Normalization nfc_form({text::unicode::Form::kNFC});
+  std::vector<std::vector<int64_t>> encoded(documents.size());
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < documents.size(); ++i) encoded[i] = tokenizer.encode(documents[i], add_special_tokens);
+  r.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (std::size_t i = 0; i < documents.size(); ++i) {
+    const nlohmann::json& row = reference[i].at(family);
+    const auto expected = row.at("ids").get<std::vector<int64_t>>();
+    const auto expected_text = row.at("text").get<std::string>();
+    ++r.documents;
+    r.bytes += static_cast<int64_t>(documents[i].size());
+    r.tokens += static_cast<int64_t>(encoded[i].size());
+    const auto note = [&](const std::string& what) {
+      if (r.reports.size() < 5) r.reports.push_back(family + " document " + std::to_string(i) + ": " + what);
+    };
+    if (encoded[i] != expected) {
+      ++r.id_mismatches;
+      note(explain_difference(tokenizer, documents[i], encoded[i], expected));
+    }
+    const std::string decoded = tokenizer.decode(expected);
+    if (decoded != expected_text) {
+      ++r.decode_mismatches;
+      note("decode differs: ours " + json_quoted(text::utf8::window(decoded, 0, 80)) + ", reference " +
+           json_quoted(text::utf8::window(expected_text, 0, 80)));
+    }
+    const std::string source = nfc ? nfc_form.apply(documents[i]) : documents[i];
+    if (tokenizer.decode(encoded[i]) != round_trip_prefix + source) {
+      ++r.round_trip_failures;
+      note("decode(encode(x)) is not x");
+    }
+  }
+  return r;
+}
+
+}  // namespace dflash::test
