@@ -64,7 +64,7 @@ using namespace dflash;
 using Clock = std::chrono::steady_clock;
 
 // The peer's step at this shape, measured in the same call
-// (scripts/peer_drafter_step.py --json, which scripts/device_peer_drafter.sh
+// (scripts/peer_drafter_step.py --json, which scripts/device/peer_drafter.sh
 // runs just before this bench): ratios are printed only against a figure of
 // the same run, never against numbers kept in the program.
 struct PeerFigures {

@@ -4,7 +4,7 @@
 // one linear layer's shape. A program, not a test: the peer side is
 // bench/hybrid_forward_transformers.py (transformers, and FLA's chunked
 // kernel), which also writes the random Hugging Face directory this program
-// loads; scripts/device_hybrid_bench.sh runs both in one call and
+// loads; scripts/device/hybrid_bench.sh runs both in one call and
 // docs/performance.md has the figures.
 //
 //   hybrid_bench --plugin-dir build-gpu/lib/dflash-host/plugins [--model DIR]

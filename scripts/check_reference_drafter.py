@@ -3,7 +3,7 @@
 
 The reference is z-lab's transformers-based `DFlashDraftModel` (dflash/model.py of github.com/z-lab/dflash).
 Its code is not in this repository: scripts/fetch_reference_dflash.sh copies it into .ref/dflash/ (ignored by
-git), and this script imports it from there. Run on the GPU machine by scripts/device_reference_check.sh; it
+git), and this script imports it from there. Run on the GPU machine by scripts/device/reference_check.sh; it
 also runs on a CPU with torch + transformers + safetensors installed.
 
 Inputs:

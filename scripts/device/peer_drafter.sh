@@ -3,7 +3,7 @@
 # machine, at the peer's three published shapes (issue 20): bench/drafter_bench
 # and scripts/peer_drafter_step.py, each shape the peer then ours (whose ratios
 # are to the peer's line of the same call: drafter_bench --peer).
-#   scripts/device_peer_drafter.sh [OUTDIR]   (carry .deps/debs and .peer)
+#   scripts/device/peer_drafter.sh [OUTDIR]   (carry .deps/debs and .peer)
 # The peer's code is not part of this repository: put a copy of SpecForge's
 # `specforge` package under .peer/ (ignored by git) and carry it:
 #   mkdir -p .peer && git -C <SpecForge clone> archive HEAD specforge | tar -x -C .peer
@@ -16,11 +16,11 @@ set -euo pipefail
 # Four files at most (the GPU machine hands back 8 per call): build.txt,
 # machine.txt (date, GPU), steps.txt (both sides' printed lines, shape by
 # shape) and steps.jsonl (ours: drafter_bench's record; the peer's has "who").
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-${OUT:-/tmp/peer_drafter}}
 mkdir -p "$out"
 [ -d "$root/.peer/specforge" ] || { echo "no .peer/specforge: see this script's header" >&2; exit 2; }
-[ "${SKIP_BUILD:-0}" = 1 ] || DFLASH_DEVICE_NO_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host drafter_bench" "$root/scripts/device_build.sh" \
+[ "${SKIP_BUILD:-0}" = 1 ] || DFLASH_DEVICE_NO_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host drafter_bench" "$root/scripts/device/build.sh" \
   > "$out/build.txt" 2>&1
 { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv || true; } > "$out/machine.txt"
 IFS=';' read -ra shapes <<< "${SHAPES:-4096 512 16;8192 1024 16;3072 1024 32}"

@@ -7,15 +7,16 @@
 # chunked-loss toolkit"). Here first:
 #   mkdir -p scratch/old && git archive 03ba08a | tar -x -C scratch/old
 # then on the device (carry .deps/debs and scratch/old):
-#   timeout 590 scripts/device_loss_before_after.sh
+#   timeout 590 scripts/device/loss_before_after.sh
 set -uo pipefail
-root=$(pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 start=$(date +%s)
 t() { echo "[$(( $(date +%s) - start )) s] $*" | tee -a "$out/timeline.txt"; }
 t "new build"
-DFLASH_DEVICE_SKIP_TESTS=1 scripts/device_build.sh > "$out/build_new.txt" 2>&1 || { tail -50 "$out/build_new.txt"; exit 1; }
+DFLASH_DEVICE_SKIP_TESTS=1 scripts/device/build.sh > "$out/build_new.txt" 2>&1 || { tail -50 "$out/build_new.txt"; exit 1; }
 t "old build"
 ln -sfn "$root/.deps" scratch/old/.deps
 deps="$root/.deps"

@@ -2,12 +2,12 @@
 # The drafter-step benchmark on the GPU machine, one command: builds, runs the
 # whole test suite on the GPU, then bench/drafter_bench.cpp at the
 # Qwen3.6-27B drafter shape in the configurations docs/performance.md reports.
-#   scripts/device_drafter_bench.sh [OUTDIR]       (carry .deps/debs)
+#   scripts/device/drafter_bench.sh [OUTDIR]       (carry .deps/debs)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-${OUT:-/tmp/drafter_bench}}
 mkdir -p "$out"
-"$root/scripts/device_build.sh" > "$out/build_and_tests.txt" 2>&1 || true
+"$root/scripts/device/build.sh" > "$out/build_and_tests.txt" 2>&1 || true
 grep -E "tests passed|FAILED|Failed|error:" "$out/build_and_tests.txt" | head -40 || true
 bench="$root/build-gpu/bin/drafter_bench --plugin-dir $root/build-gpu/lib/dflash-host/plugins --json $out/drafter_bench.jsonl"
 run() {

@@ -5,15 +5,15 @@
 # of target_tests and hybrid_target_tests; then the delta rule alone, ours
 # beside flash-linear-attention's kernel in the same run (when .ref/fla_pkg
 # is carried). Writes OUTDIR/tests.log and OUTDIR/rule.txt.
-#   scripts/device_hybrid_gpu_tests.sh OUTDIR      # carry .deps/debs (and .ref/fla_pkg)
+#   scripts/device/hybrid_gpu_tests.sh OUTDIR      # carry .deps/debs (and .ref/fla_pkg)
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: scripts/device_hybrid_gpu_tests.sh OUTDIR}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:?usage: scripts/device/hybrid_gpu_tests.sh OUTDIR}
 mkdir -p "$out"
 cd "$root"
 build="${DFLASH_DEVICE_BUILD_DIR:-$root/build-gpu}"
 DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host dflash_target_hf_hybrid dflash_target_hf_decoder delta_rule_tests hybrid_target_tests target_tests hybrid_bench" \
-  scripts/device_build.sh > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+  scripts/device/build.sh > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 {
   echo "# $(date -u) $(nvidia-smi --query-gpu=name,power.limit --format=csv,noheader)"
   "$build/bin/delta_rule_tests"

@@ -5,16 +5,16 @@
 # backward; grouped attention keeping calls or rows; AdamW with a clip
 # factor), then drafter_bench with --layer-ops fused and aten in the same run,
 # at each shape.
-#   scripts/device_layer_ops.sh [OUTDIR]      (carry .deps/debs)
+#   scripts/device/layer_ops.sh [OUTDIR]      (carry .deps/debs)
 #   SHAPES="4096:512:16 8192:1024:16 3072:1024:32" (context:anchors:block; default the first)
 #   BENCH_ARGS="--precision fp32_master" adds flags to every bench run
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-${OUT:-/tmp/layer_ops}}
 mkdir -p "$out"
 # Only the targets this needs: a few minutes less than the whole build.
 if ! DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host drafter_bench drafter_tests train_tests" \
-    "$root/scripts/device_build.sh" > "$out/build.txt" 2>&1; then
+    "$root/scripts/device/build.sh" > "$out/build.txt" 2>&1; then
   grep -E "error|Error" "$out/build.txt" | head -40
   exit 1
 fi

@@ -3,11 +3,11 @@
 # tree steps and their graphs, the drafter's graphed top-k, the tiled
 # invariant linear, the chain's exact decoding beside them), then the GPU
 # demonstration with its tree sweep (stage 4d) and the tree step's profile.
-#   scripts/device_tree_round.sh [OUTDIR]      (carry .deps/debs and .corpus)
+#   scripts/device/tree_round.sh [OUTDIR]      (carry .deps/debs and .corpus)
 # The demo runs shortened to fit one 10-minute call with the build and the
 # tests (its DFLASH_DEMO_* settings below; any set in the environment win).
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-${OUT:-/tmp/tree_round}}
 mkdir -p "$out"
 date -u +%Y-%m-%dT%H:%MZ > "$out/machine.txt"
@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv >> "$out/machine.txt" 2>&1
 DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host decode_bench target_tests drafter_tests eval_tests \
 dflash_target_hf_decoder dflash_drafter_dflash dflash_drafter_prompt_lookup dflash_data_jsonl dflash_data_synthetic \
 dflash_loss_fused_ckpt_kl dflash_scheduler_constant dflash_scheduler_warmup_cosine" \
-  "$root/scripts/device_build.sh" > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
+  "$root/scripts/device/build.sh" > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
 bin="$root/build-gpu/bin"
 {
   "$bin/target_tests" --gtest_filter='HfDecoder.*Exact*:HfDecoder.*Stream*:HfDecoder.CudaKernels*'

@@ -2,7 +2,7 @@
 # Does z-lab's reference DFlashDraftModel (transformers) serve the drafters we
 # export, as we compute them? One command on the GPU machine (docs/drafter.md,
 # "Serving: the reference DFlashDraftModel"):
-#   1. builds with scripts/device_build.sh, running the drafter's and the
+#   1. builds with scripts/device/build.sh, running the drafter's and the
 #      export's tests there (DFLASH_SKIP_BUILD=1: use build-gpu as it is);
 #   2. trains two small drafters on the GPU in bf16 on the quickstart target
 #      (300 steps each): A = the quickstart's (2 layers, blocks of 8, mask 259),
@@ -16,9 +16,9 @@
 # Carry the Boost .debs and the reference code (both ignored by git):
 #   scripts/fetch_device_deps.sh                                   # .deps/debs
 #   scripts/fetch_reference_dflash.sh /path/to/z-lab-dflash.git    # .ref/dflash/model.py
-#   run: scripts/device_reference_check.sh      carry: [".deps/debs", ".ref"]
+#   run: scripts/device/reference_check.sh      carry: [".deps/debs", ".ref"]
 #
-#   scripts/device_reference_check.sh [OUTDIR]   (default $OUT, else /tmp/reference_check)
+#   scripts/device/reference_check.sh [OUTDIR]   (default $OUT, else /tmp/reference_check)
 # For a dry run elsewhere: DFLASH_SKIP_BUILD=1 DFLASH_DEVICE_BUILD_DIR=build
 # DFLASH_REFERENCE_DEVICE=cpu DFLASH_REFERENCE_STEPS=20 PYTHON=... (a Python
 # with torch, transformers and safetensors).
@@ -26,7 +26,7 @@
 # dump_*.safetensors, check_*.txt and check_*.json. Exit status 0 only when every
 # check passed.
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-${OUT:-/tmp/reference_check}}
 mkdir -p "$out"
 summary="$out/summary.txt"
@@ -45,8 +45,8 @@ device=${DFLASH_REFERENCE_DEVICE:-cuda}
 steps=${DFLASH_REFERENCE_STEPS:-300}
 python=${PYTHON:-python3}
 if [ "${DFLASH_SKIP_BUILD:-0}" != 1 ]; then
-  say "== build and tests (scripts/device_build.sh -R 'DFlash|Export'): $out/build_and_tests.txt"
-  if ! "$root/scripts/device_build.sh" -R 'DFlash|Export' > "$out/build_and_tests.txt" 2>&1; then
+  say "== build and tests (scripts/device/build.sh -R 'DFlash|Export'): $out/build_and_tests.txt"
+  if ! "$root/scripts/device/build.sh" -R 'DFlash|Export' > "$out/build_and_tests.txt" 2>&1; then
     grep -E "tests passed|FAILED|Failed|error:" "$out/build_and_tests.txt" | head -40 | tee -a "$summary"
     say "RESULT: FAIL (the build or the drafter's tests failed; see build_and_tests.txt)"
     exit 1
@@ -57,7 +57,7 @@ host="$build/bin/dflash-host"
 plugins="$build/lib/dflash-host/plugins"
 dump="$build/bin/drafter_reference_dump"
 for f in "$host" "$dump"; do
-  [ -x "$f" ] || { say "missing $f: build first (scripts/device_build.sh)"; exit 2; }
+  [ -x "$f" ] || { say "missing $f: build first (scripts/device/build.sh)"; exit 2; }
 done
 "$python" -c 'import torch, transformers, safetensors; print("python", __import__("sys").version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tee -a "$summary"
 

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # One GPU call after a change to hf_hybrid or its kernels (issue 39): builds
 # what it needs, runs the kernels' and the hybrid target's GPU tests, the
-# forward bench beside transformers (scripts/device_hybrid_bench.sh), a
+# forward bench beside transformers (scripts/device/hybrid_bench.sh), a
 # generate of 1024 prompts on the tiny qwen3_5_wide fixture (decode steps per
 # second), and Nsight Compute on the delta rule's kernels. Carry .deps/debs
-# and .ref/fla_pkg.   scripts/device_hybrid_round.sh OUTDIR
+# and .ref/fla_pkg.   scripts/device/hybrid_round.sh OUTDIR
 set -uo pipefail
-OUT=${1:?usage: scripts/device_hybrid_round.sh OUTDIR}; mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
-b=build-gpu; DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host dflash_target_hf_hybrid dflash_data_jsonl dflash_drafter_dflash dflash_loss_fused_ckpt_kl dflash_scheduler_warmup_cosine delta_rule_tests hybrid_target_tests hybrid_bench" scripts/device_build.sh > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
+OUT=${1:?usage: scripts/device/hybrid_round.sh OUTDIR}; mkdir -p "$OUT"
+cd "$(dirname "$0")/../.."
+b=build-gpu; DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host dflash_target_hf_hybrid dflash_data_jsonl dflash_drafter_dflash dflash_loss_fused_ckpt_kl dflash_scheduler_warmup_cosine delta_rule_tests hybrid_target_tests hybrid_bench" scripts/device/build.sh > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
 { nvidia-smi --query-gpu=name --format=csv,noheader; git log --oneline -1; $b/bin/delta_rule_tests; $b/bin/hybrid_target_tests --gtest_filter='*Gpu*:*Cuda*'; } > $OUT/tests.log 2>&1; grep -E "^\[  (PASSED|FAILED)|FAILED  \]" $OUT/tests.log
-PROFILE=8 SKIP_BUILD=1 timeout 300 scripts/device_hybrid_bench.sh $OUT/b > /dev/null 2>&1; grep -E "^hf_hybrid|^delta|^ +[0-9.]+ +[0-9.]+%" $OUT/b/bench.txt | head -24 | cut -c1-150; grep -o '"arm": "[^"]*", "median_ms": [0-9.]*' $OUT/b/bench.txt
+PROFILE=8 SKIP_BUILD=1 timeout 300 scripts/device/hybrid_bench.sh $OUT/b > /dev/null 2>&1; grep -E "^hf_hybrid|^delta|^ +[0-9.]+ +[0-9.]+%" $OUT/b/bench.txt | head -24 | cut -c1-150; grep -o '"arm": "[^"]*", "median_ms": [0-9.]*' $OUT/b/bench.txt
 mkdir -p /tmp/g && python3 -c "
 import json,random;random.seed(0)
 f=open('/tmp/g/p.jsonl','w')

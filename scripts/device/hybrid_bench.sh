@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 39's speed figures on the GPU machine, one call (after
-# scripts/device_hybrid_check.sh built build-gpu, or SKIP_BUILD=0 to build):
-#   scripts/device_hybrid_bench.sh OUTDIR
+# scripts/device/hybrid_check.sh built build-gpu, or SKIP_BUILD=0 to build):
+#   scripts/device/hybrid_bench.sh OUTDIR
 # transformers' Qwen3.5 forward at the Qwen3.6-27B shape (8 layers, 8 × 4096,
 # bf16) with its torch delta rule, then with flash-linear-attention's kernels
 # when .ref/fla_pkg holds the fla package (carried, never committed: fetched
@@ -9,14 +9,14 @@
 # alone; then our hybrid_bench on the same random weights. Writes
 # OUTDIR/bench.jsonl (every arm) and OUTDIR/bench.txt (the printed lines).
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: scripts/device_hybrid_bench.sh OUTDIR}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:?usage: scripts/device/hybrid_bench.sh OUTDIR}
 mkdir -p "$out"
 cd "$root"
 build="${DFLASH_DEVICE_BUILD_DIR:-$root/build-gpu}"
 model=${MODEL_DIR:-/tmp/hybrid27b_8layers}
 if [ "${SKIP_BUILD:-1}" = "0" ] || [ ! -x "$build/bin/hybrid_bench" ]; then
-  DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host dflash_target_hf_hybrid hybrid_bench" scripts/device_build.sh \
+  DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host dflash_target_hf_hybrid hybrid_bench" scripts/device/build.sh \
     > "$out/bench_build.log" 2>&1 || { tail -40 "$out/bench_build.log"; exit 1; }
 fi
 {

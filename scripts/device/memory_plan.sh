@@ -4,18 +4,18 @@
 # checkpoints (scripts/make_wide_target.py), then compares `dflash-host plan`
 # with the allocator's measured peak over real training steps, and records
 # the out-of-memory report of a configuration that does not fit.
-#   scripts/device_memory_plan.sh [OUTDIR]     (carry .deps/debs)
+#   scripts/device/memory_plan.sh [OUTDIR]     (carry .deps/debs)
 #   SKIP_BUILD=1 to reuse build-gpu/; OOM_ONLY=1 for the out-of-memory demonstration alone;
 #   ONLY="REGEX" for the cases whose names it finds (scripts/memory_accuracy.py)
 #   GRID=1 for the grid of small shapes instead (issue 40, item 8: the GPU demonstration's
 #   drafter and its neighbours, and a small target of the block kernel's head shape)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-${OUT:-/tmp/memory_plan}}
 work=${DFLASH_MEMORY_WORK:-/tmp/dflash_memory}
 mkdir -p "$out" "$work"
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  "$root/scripts/device_build.sh" -R "MemoryPlan|PlanCommand|OutOfMemory|DFlashDrafter|AdamW" > "$out/build_and_tests.txt" 2>&1 || true
+  "$root/scripts/device/build.sh" -R "MemoryPlan|PlanCommand|OutOfMemory|DFlashDrafter|AdamW" > "$out/build_and_tests.txt" 2>&1 || true
   grep -E "tests passed|FAILED|Failed|error:" "$out/build_and_tests.txt" | head -40 || true
 fi
 if [ -n "${GRID:-}" ]; then

@@ -2,12 +2,12 @@
 # torchrun --no-python starting dflash-host on the GPU machine (which has
 # torch's torchrun): a rank killed mid-run, torchrun --max-restarts relaunches
 # the group on its agent store, and the run resumes from its checkpoint.
-#   scripts/device_torchrun_check.sh [OUTDIR]       (carry .deps/debs)
+#   scripts/device/torchrun_check.sh [OUTDIR]       (carry .deps/debs)
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-${OUT:-/tmp/torchrun_check}}
 mkdir -p "$out"
-DFLASH_DEVICE_NO_TESTS=1 "$root/scripts/device_build.sh" > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
+DFLASH_DEVICE_NO_TESTS=1 "$root/scripts/device/build.sh" > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
 cat > /tmp/tr.json <<JSON
 {"train": {"seed": 3, "device": "cuda", "steps": 300, "lr": 3e-3, "output_dir": "/tmp/tr_run", "progress": "lines",
            "log_every": 50, "checkpoint_every": 5, "grad_accumulation": 2},

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call that checks and times the decoding path (docs/performance.md,
 # "Decoding at batch 1"):
-#   1. builds into build-gpu (scripts/device_build.sh, tests skipped there);
+#   1. builds into build-gpu (scripts/device/build.sh, tests skipped there);
 #   2. runs the decoding tests on the GPU: graphs and flash decoding against
 #      the eager kernels and the ATen path, flash drafting and its graph,
 #      batched decoding on the kernels (ctest -R below: the tests with a GPU
@@ -11,11 +11,11 @@
 #   3. bench/decode_bench.cpp on random-weight targets: the gpu demo's shape
 #      (8 layers, hidden 512, vocab 8192) with a random 2-layer drafter, block
 #      16, and (DFLASH_DECODE_8B=1, the default) a Qwen3-8B shape, 36 layers.
-# Run from the repo root, carrying .deps/debs:  scripts/device_decode_check.sh
+# Run from the repo root, carrying .deps/debs:  scripts/device/decode_check.sh
 # Writes to $OUT (or runs/decode-check): check.log, decode_demo_shape_{8,12}.json (DFLASH_DECODE_DEMO_LAYERS),
 # decode_qwen3_8b.json.
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 out="${OUT:-$root/runs/decode-check}"
 work=/tmp/decode-check
 mkdir -p "$out" "$work"
@@ -24,7 +24,7 @@ log="$out/check.log"
 step() { echo "=== $* ($(date +%T))" | tee -a "$log"; }
 
 step "build"
-DFLASH_DEVICE_SKIP_TESTS=1 "$root/scripts/device_build.sh" >>"$log" 2>&1 || { echo "build failed (see $log)"; tail -40 "$log"; exit 1; }
+DFLASH_DEVICE_SKIP_TESTS=1 "$root/scripts/device/build.sh" >>"$log" 2>&1 || { echo "build failed (see $log)"; tail -40 "$log"; exit 1; }
 build="${DFLASH_DEVICE_BUILD_DIR:-$root/build-gpu}"
 plugins="$build/lib/dflash-host/plugins"
 
