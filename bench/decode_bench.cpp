@@ -4,7 +4,7 @@
 // (eval::greedy_decode / eval::speculative_decode). A program, not a test:
 // docs/performance.md ("Decoding") has the method and the figures.
 //
-//   decode_bench --plugin-dir build-gpu/lib/dflash-host/plugins --model TARGET_DIR
+//   decode_bench --plugin-dir build-gpu/lib/dflash-host/plugins --model TARGET_DIR [--target hf_decoder|hf_hybrid]
 //                [--drafter-checkpoint DIR | --random-drafter LAYERS [--block-size 16]]
 //                [--prompts FILE.jsonl --prompt-tokens 64 | --random-prompts]  [--max-prompts 8]
 //                [--max-new-tokens 128] [--dtype bfloat16] [--arms graphs,exact,eager,aten] [--json out.json]
@@ -12,6 +12,10 @@
 //
 // --verify tree: speculative decoding verifies DDTree draft trees of N
 // drafted nodes per step (docs/eval.md, "Draft trees") instead of chains.
+//
+// --target hf_hybrid: a Qwen3.5 / Qwen3.6 hybrid folder. That plugin has no
+// kernel, graph or exact-decoding settings, so an arm sets only the drafter's
+// (its target runs as dflash-host runs it; the default arm is eager alone).
 //
 // Arms (each its own target and drafter instances):
 //   graphs  GPU kernels, flash decoding, CUDA graphs (decode_graphs: auto), exact_decoding off
@@ -61,7 +65,9 @@ using namespace dflash;
 
 struct Args {
   std::string plugin_dir, model, drafter_checkpoint, prompts, json, trace, dtype = "bfloat16", device = "cuda:0";
+  std::string target = "hf_decoder";
   std::vector<std::string> arms = {"graphs", "eager", "aten"};
+  bool arms_given = false;
   int64_t random_drafter_layers = 0, block_size = 16, prompt_tokens = 64, max_prompts = 8, max_new_tokens = 128;
   bool random_prompts = false;
   eval::Verification verification;  // --verify tree --tree-nodes N
@@ -91,7 +97,8 @@ Args parse(int argc, char** argv) {
     else if (r.is("--max-new-tokens")) a.max_new_tokens = r.integer();
     else if (r.is("--dtype")) a.dtype = r.text();
     else if (r.is("--device")) a.device = r.text();
-    else if (r.is("--arms")) a.arms = split(r.text(), ',');
+    else if (r.is("--arms")) a.arms = split(r.text(), ','), a.arms_given = true;
+    else if (r.is("--target")) a.target = r.text();
     else if (r.is("--json")) a.json = r.text();
     else if (r.is("--trace")) a.trace = r.text();
     else if (r.is("--verify")) {
@@ -107,6 +114,9 @@ Args parse(int argc, char** argv) {
   if (a.prompts.empty() == !a.random_prompts) throw std::invalid_argument("give --prompts FILE or --random-prompts");
   if (!a.drafter_checkpoint.empty() && a.random_drafter_layers > 0)
     throw std::invalid_argument("--drafter-checkpoint and --random-drafter exclude each other");
+  if (a.target != "hf_decoder" && a.target != "hf_hybrid")
+    throw std::invalid_argument("--target " + a.target + ": takes hf_decoder or hf_hybrid");
+  if (a.target == "hf_hybrid" && !a.arms_given) a.arms = {"eager"};
   for (const auto& arm : a.arms)
     if (arm != "graphs" && arm != "exact" && arm != "eager" && arm != "aten")
       throw std::invalid_argument("unknown arm " + arm + " (graphs, exact, eager, aten)");
@@ -183,6 +193,7 @@ int main(int argc, char** argv) {
   }
 
   nlohmann::json report = {{"model", args.model},
+                           {"target", args.target},
                            {"drafter", args.drafter_checkpoint.empty()
                                            ? (args.random_drafter_layers > 0 ? "random, " + std::to_string(args.random_drafter_layers) + " layers"
                                                                              : std::string("none"))
@@ -193,11 +204,14 @@ int main(int argc, char** argv) {
                            {"arms", nlohmann::json::array()}};
   std::vector<eval::Prompt> prompts;
   for (const std::string& arm : args.arms) {
-    nlohmann::json target_config = {{"path", args.model}, {"dtype", "auto"}, {"feature_layers", 5},
-                                    {"kernels", arm == "aten" ? "aten" : "auto"}, {"attention", "auto"},
-                                    {"decode_graphs", arm_uses_graphs(arm) ? "auto" : "off"},
-                                    {"exact_decoding", arm == "exact" ? "on" : "off"}};  // graphs: the usual kernels, to compare
-    host::TargetModelInstance target(registry.find(DFLASH_KIND_TARGET_MODEL, "hf_decoder"), target_config,
+    nlohmann::json target_config = {{"path", args.model}, {"dtype", "auto"}, {"feature_layers", 5}};
+    if (args.target == "hf_decoder") {
+      target_config["kernels"] = arm == "aten" ? "aten" : "auto";
+      target_config["attention"] = "auto";
+      target_config["decode_graphs"] = arm_uses_graphs(arm) ? "auto" : "off";
+      target_config["exact_decoding"] = arm == "exact" ? "on" : "off";  // graphs: the usual kernels, to compare
+    }
+    host::TargetModelInstance target(registry.find(DFLASH_KIND_TARGET_MODEL, args.target), target_config,
                                      {args.device, args.dtype, 0});
     const nlohmann::json info = target.describe();
     if (prompts.empty()) {
@@ -230,7 +244,7 @@ int main(int argc, char** argv) {
       drafter = std::make_unique<host::DrafterInstance>(registry.find(DFLASH_KIND_DRAFTER, "dflash"),
                                                         drafter_config(args, exported, arm),
                                                         host::InstanceOptions{args.device, args.dtype, 1});
-      drafter->bind_target(info, host::place_frozen_weights(target.frozen_weights(), "hf_decoder", device,
+      drafter->bind_target(info, host::place_frozen_weights(target.frozen_weights(), args.target, device,
                                                              sdk::parse_dtype(args.dtype)));
       drafter->set_training(false);
       if (!args.drafter_checkpoint.empty()) eval::load_drafter_checkpoint(args.drafter_checkpoint, *drafter, info);
