@@ -1,6 +1,7 @@
 #include "delta_rule_ops.h"
 
 #include <ATen/ATen.h>
+#include <host_upload.h>
 
 #include <stdexcept>
 #include <string>
@@ -42,13 +43,9 @@ DeltaChunkPlan plan_delta_chunks(const at::Tensor& resets_in, int64_t rows, int6
     }
   }
   if (device.has_value()) {
-    // From pinned memory without waiting: a copy from pageable memory would
-    // wait for the stream's earlier work (the caching host allocator keeps
-    // the pinned block until the copy is done).
+    // Without waiting for the stream's earlier work (host_upload.h).
     const auto upload = [&](const std::vector<int32_t>& table) {
-      at::Tensor host = at::tensor(table, at::TensorOptions().dtype(at::kInt)).view({-1, 4});
-      if (device->is_cuda()) host = host.pin_memory();
-      return host.to(*device, /*non_blocking=*/true);
+      return decode_support::on_device(at::tensor(table, at::TensorOptions().dtype(at::kInt)).view({-1, 4}), *device);
     };
     plan.device_chunks = upload(plan.chunks);
     plan.device_sequences = upload(plan.sequences);
