@@ -66,8 +66,7 @@ using namespace dflash;
 struct Args {
   std::string plugin_dir, model, drafter_checkpoint, prompts, json, trace, dtype = "bfloat16", device = "cuda:0";
   std::string target = "hf_decoder";
-  std::vector<std::string> arms = {"graphs", "eager", "aten"};
-  bool arms_given = false;
+  std::vector<std::string> arms;  // none given: the target's default arms
   int64_t random_drafter_layers = 0, block_size = 16, prompt_tokens = 64, max_prompts = 8, max_new_tokens = 128;
   bool random_prompts = false;
   eval::Verification verification;  // --verify tree --tree-nodes N
@@ -97,7 +96,7 @@ Args parse(int argc, char** argv) {
     else if (r.is("--max-new-tokens")) a.max_new_tokens = r.integer();
     else if (r.is("--dtype")) a.dtype = r.text();
     else if (r.is("--device")) a.device = r.text();
-    else if (r.is("--arms")) a.arms = split(r.text(), ','), a.arms_given = true;
+    else if (r.is("--arms")) a.arms = split(r.text(), ',');
     else if (r.is("--target")) a.target = r.text();
     else if (r.is("--json")) a.json = r.text();
     else if (r.is("--trace")) a.trace = r.text();
@@ -116,7 +115,8 @@ Args parse(int argc, char** argv) {
     throw std::invalid_argument("--drafter-checkpoint and --random-drafter exclude each other");
   if (a.target != "hf_decoder" && a.target != "hf_hybrid")
     throw std::invalid_argument("--target " + a.target + ": takes hf_decoder or hf_hybrid");
-  if (a.target == "hf_hybrid" && !a.arms_given) a.arms = {"eager"};
+  if (a.arms.empty())
+    a.arms = a.target == "hf_hybrid" ? std::vector<std::string>{"eager"} : std::vector<std::string>{"graphs", "eager", "aten"};
   for (const auto& arm : a.arms)
     if (arm != "graphs" && arm != "exact" && arm != "eager" && arm != "aten")
       throw std::invalid_argument("unknown arm " + arm + " (graphs, exact, eager, aten)");
