@@ -36,15 +36,7 @@ for t in "$out"/trace-*-greedy.json; do
 done
 
 # 2. generate at three batch sizes; the largest under Nsight Systems too.
-mkdir -p /tmp/hg && python3 -c "
-import json, random; random.seed(0)
-with open('/tmp/hg/p.jsonl', 'w') as f:
-    for i in range(256): f.write(json.dumps({'input_ids': [random.randrange(260) for _ in range(24)]}) + '\n')
-json.dump({'train': {'device': 'cuda', 'dtype': 'bfloat16', 'output_dir': '/tmp/hg/run'},
-           'data': {'plugin': 'jsonl', 'path': '/tmp/hg/p.jsonl', 'row_length': 160, 'tokens_per_batch': 640},
-           'target': {'plugin': 'hf_hybrid', 'path': '$root/$fixture'},
-           'drafter': {'plugin': 'dflash', 'num_layers': 1, 'block_size': 8, 'mask_token_id': 262},
-           'loss': {'plugin': 'fused_ckpt_kl'}, 'scheduler': {'plugin': 'warmup_cosine'}}, open('/tmp/hg/c.json', 'w'))"
+python3 scripts/hybrid_generate_setup.py /tmp/hg 256 "$root/$fixture"
 for bs in 1 16 256; do
   timeout 120 $b/bin/dflash-host --plugin-dir $b/lib/dflash-host/plugins generate --config /tmp/hg/c.json \
     --prompts /tmp/hg/p.jsonl --out /tmp/hg/o.jsonl --max-new-tokens 32 --batch-size "$bs" \

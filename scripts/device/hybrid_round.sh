@@ -11,11 +11,7 @@ cd "$(dirname "$0")/../.."
 b=build-gpu; DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host dflash_target_hf_hybrid dflash_data_jsonl dflash_drafter_dflash dflash_loss_fused_ckpt_kl dflash_scheduler_warmup_cosine delta_rule_tests hybrid_target_tests hybrid_bench" scripts/device/build.sh > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
 { nvidia-smi --query-gpu=name --format=csv,noheader; git log --oneline -1; $b/bin/delta_rule_tests; $b/bin/hybrid_target_tests --gtest_filter='*Gpu*:*Cuda*'; } > $OUT/tests.log 2>&1; grep -E "^\[  (PASSED|FAILED)|FAILED  \]" $OUT/tests.log
 PROFILE=8 SKIP_BUILD=1 timeout 300 scripts/device/hybrid_bench.sh $OUT/b > /dev/null 2>&1; grep -E "^hf_hybrid|^delta|^ +[0-9.]+ +[0-9.]+%" $OUT/b/bench.txt | head -24 | cut -c1-150; grep -o '"arm": "[^"]*", "median_ms": [0-9.]*' $OUT/b/bench.txt
-mkdir -p /tmp/g && python3 -c "
-import json,random;random.seed(0)
-f=open('/tmp/g/p.jsonl','w')
-[f.write(json.dumps({'input_ids':[random.randrange(260) for _ in range(24)]})+'\n') for i in range(1024)]
-json.dump({'train':{'device':'cuda','dtype':'bfloat16','output_dir':'/tmp/g/run'},'data':{'plugin':'jsonl','path':'/tmp/g/p.jsonl','row_length':160,'tokens_per_batch':640},'target':{'plugin':'hf_hybrid','path':'tests/fixtures/hf_hybrid/qwen3_5_wide'},'drafter':{'plugin':'dflash','num_layers':1,'block_size':8,'mask_token_id':262},'loss':{'plugin':'fused_ckpt_kl'},'scheduler':{'plugin':'warmup_cosine'}},open('/tmp/g/c.json','w'))"
+python3 scripts/hybrid_generate_setup.py /tmp/g 1024 tests/fixtures/hf_hybrid/qwen3_5_wide
 timeout 60 $b/bin/dflash-host --plugin-dir $b/lib/dflash-host/plugins generate --config /tmp/g/c.json --prompts /tmp/g/p.jsonl --out /tmp/g/o.jsonl --max-new-tokens 64 --batch-size 256 --report $OUT/generate.json > $OUT/generate.log 2>&1; grep -o '"decode_steps[^,]*\|"seconds[^,]*\|"tokens_per_s[^,]*' $OUT/generate.json
 timeout 90 ncu --clock-control none -k regex:delta_ --launch-count 2 --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis $b/bin/hybrid_bench --plugin-dir $b/lib/dflash-host/plugins > $OUT/ncu.txt 2>&1; grep -E "Duration|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Block Limit" $OUT/ncu.txt | head -30
 # A device call returns only the first few files of $OUT (by name): all of
