@@ -2,6 +2,7 @@
 # Where hf_hybrid's decoding time goes on the GPU (issue 39, point 7's demo
 # waits on it: ~22 ms a step at batch 256 on the tiny qwen3_5_wide fixture).
 # Carry .deps/debs.   scripts/device.sh hybrid_decode_profile OUTDIR
+#   0. delta_rule_tests and hybrid_target_tests (their GPU cases);
 #   1. decode_bench --target hf_hybrid: target-only greedy decoding at batch
 #      1 (ms a token, the phases) with a Chrome trace, read by
 #      scripts/trace_gaps.py (device busy vs waiting, and on which host op)
@@ -17,10 +18,13 @@ out=${1:?usage: scripts/device.sh hybrid_decode_profile OUTDIR}
 mkdir -p "$out"
 cd "$root"
 b=build-gpu
-DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host dflash_target_hf_hybrid dflash_data_jsonl dflash_drafter_dflash dflash_loss_fused_ckpt_kl dflash_scheduler_warmup_cosine decode_bench" \
+DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host dflash_target_hf_hybrid dflash_data_jsonl dflash_drafter_dflash dflash_loss_fused_ckpt_kl dflash_scheduler_warmup_cosine decode_bench delta_rule_tests hybrid_target_tests" \
   scripts/device/build.sh > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
 fixture=tests/fixtures/hf_hybrid/qwen3_5_wide
+# 0. The hybrid target's GPU tests (the plan upload through pinned memory).
+timeout 240 $b/bin/delta_rule_tests > "$out/delta_rule_tests.log" 2>&1; tail -3 "$out/delta_rule_tests.log"
+timeout 240 $b/bin/hybrid_target_tests > "$out/hybrid_target_tests.log" 2>&1; tail -3 "$out/hybrid_target_tests.log"
 
 # 1. Batch 1 through eval's greedy decoding, traced.
 timeout 120 $b/bin/decode_bench --plugin-dir $b/lib/dflash-host/plugins --target hf_hybrid --model $fixture \
