@@ -31,7 +31,7 @@ done
 
 # 2. Where a decoding step's time goes, on the tiny qwen3_5_wide fixture:
 # batch 1 traced (device busy vs waiting; kernels), and generate at batch 256
-# under Nsight Systems where the machine has it (else plain).
+# under Nsight Systems where the machine has it and DFLASH_ROUND_NSYS is not 0 (else plain).
 fixture="$root/tests/fixtures/hf_hybrid/qwen3_5_wide"
 timeout 60 "$b/bin/decode_bench" --plugin-dir "$plugins" --target hf_hybrid --model "$fixture" --random-prompts \
   --max-prompts 2 --prompt-tokens 24 --max-new-tokens 32 --trace "$out/trace" --json "$out/decode_bench.json" \
@@ -44,7 +44,7 @@ done
 python3 "$root/scripts/hybrid_generate_setup.py" /tmp/hg 256 "$fixture"
 generate=("$b/bin/dflash-host" --plugin-dir "$plugins" generate --config /tmp/hg/c.json --prompts /tmp/hg/p.jsonl
   --out /tmp/hg/o.jsonl --max-new-tokens 32 --batch-size 256 --report "$out/generate_256.json")
-if command -v nsys > /dev/null; then
+if [ "${DFLASH_ROUND_NSYS:-1}" = "1" ] && command -v nsys > /dev/null; then
   timeout 90 nsys profile --stats=false -o "$out/gen256" --force-overwrite true "${generate[@]}" > "$out/generate_256.log" 2>&1
   nsys stats --report cuda_gpu_kern_sum --report cuda_api_sum --format csv -o "$out/gen256" "$out/gen256.nsys-rep" \
     > "$out/nsys_stats.log" 2>&1
