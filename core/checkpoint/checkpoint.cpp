@@ -258,10 +258,13 @@ std::string save(const std::string& root, int64_t step, const nlohmann::json& dr
   const std::string name = step_name(step), tmp = root + "/.tmp-" + name;
   make_directories(tmp);
   nlohmann::json config = drafter_config;
-  if (!weights.empty()) {
+  const auto floating = std::find_if(weights.begin(), weights.end(),
+                                     [](const auto& entry) { return at::isFloatingType(entry.second.scalar_type()); });
+  if (floating != weights.end()) {
     // The weights' dtype under both names: transformers 5 reads "dtype",
-    // earlier versions "torch_dtype".
-    const auto type = weights.front().second.scalar_type();
+    // earlier versions "torch_dtype" (a drafter's integer buffers, such as a
+    // draft vocabulary's maps, say nothing of it).
+    const auto type = floating->second.scalar_type();
     config["dtype"] = type == at::kBFloat16 ? "bfloat16" : type == at::kHalf ? "float16" : "float32";
     config["torch_dtype"] = config["dtype"];
   }

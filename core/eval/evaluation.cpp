@@ -64,15 +64,26 @@ void load_drafter_checkpoint(const std::string& path, const host::DrafterInstanc
                                     target_info["num_layers"].dump() + " layers");
   const c10::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> weights(saved.weights.begin(), saved.weights.end());
-  for (const auto& [name, tensor] : drafter.parameters()) {
-    auto it = weights.find(name);
-    if (it == weights.end())
-      throw std::invalid_argument(saved.dir + "/model.safetensors: tensor '" + name + "' is missing for this drafter");
-    if (it->second.sizes() != tensor.sizes())
-      throw std::invalid_argument(saved.dir + "/model.safetensors: tensor '" + name + "' has shape " +
-                                  c10::str(it->second.sizes()) + ", the drafter's is " + c10::str(tensor.sizes()));
-    tensor.copy_(it->second);
-  }
+  auto restore = [&](const host::NamedTensors& tensors, bool exact_dtype) {
+    for (const auto& [name, tensor] : tensors) {
+      auto it = weights.find(name);
+      if (it == weights.end())
+        throw std::invalid_argument(saved.dir + "/model.safetensors: tensor '" + name + "' is missing for this drafter");
+      if (it->second.sizes() != tensor.sizes())
+        throw std::invalid_argument(saved.dir + "/model.safetensors: tensor '" + name + "' has shape " +
+                                    c10::str(it->second.sizes()) + ", the drafter's is " + c10::str(tensor.sizes()));
+      // Parameters load into the dtype evaluated in (a bf16 run's weights
+      // upcast exactly to fp32); a buffer's values (a vocabulary map, say)
+      // must not be converted.
+      if (exact_dtype && it->second.scalar_type() != tensor.scalar_type())
+        throw std::invalid_argument(saved.dir + "/model.safetensors: buffer '" + name + "' holds " +
+                                    std::string(c10::toString(it->second.scalar_type())) + " values, the drafter's is " +
+                                    c10::toString(tensor.scalar_type()));
+      tensor.copy_(it->second);
+    }
+  };
+  restore(drafter.parameters(), false);
+  restore(drafter.buffers(), true);
 }
 
 nlohmann::json evaluate(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,

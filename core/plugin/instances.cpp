@@ -113,6 +113,13 @@ LossOutput LossInstance::compute(const LossCall& call) const {
   in.teacher_hidden = handle_or_null(call.teacher_hidden, keep);
   in.teacher_topk_ids = handle_or_null(call.teacher_topk_ids, keep);
   in.teacher_topk_logprobs = handle_or_null(call.teacher_topk_logprobs, keep);
+  if (call.teacher_lm_head_weight.defined() && !reads_teacher_head())
+    throw PluginCallError(DFLASH_ERR_INVALID_ARGUMENT,
+                          record().label() + " was built against plugin ABI " + std::to_string(record().abi_major) + "." +
+                              std::to_string(record().abi_minor) +
+                              ", which has no teacher head of its own (ABI 1.6): it would score the teacher through the "
+                              "drafter's head. Rebuild the loss against this SDK, or train with train.teacher = \"none\"");
+  in.teacher_lm_head_weight = handle_or_null(call.teacher_lm_head_weight, keep);
   dflash_tensor_map metrics;
   dflash_loss_outputs out{};
   out.struct_size = sizeof(out);
@@ -123,6 +130,8 @@ LossOutput LossInstance::compute(const LossCall& call) const {
     throw PluginCallError(DFLASH_ERR_INTERNAL, record().label() + ": compute returned no 0-dim loss tensor");
   return {loss->tensor, from_map(metrics)};
 }
+
+bool LossInstance::reads_teacher_head() const { return record().abi_major == 1 && record().abi_minor >= 6; }
 
 std::optional<LossMemoryEstimate> LossInstance::estimate_memory(const dflash_loss_shape& shape) const {
   const auto& vtable = table<dflash_loss_vtable>();
@@ -402,6 +411,45 @@ std::optional<nlohmann::json> DrafterInstance::export_config() const {
   check(vtable.export_config(self(), &json), "export_config");
   return parse_plugin_json(json, record(), "export_config");
 }
+std::optional<DrafterInstance::LossHeads> DrafterInstance::loss_heads() const {
+  const auto& vtable = table<dflash_drafter_vtable>();
+  if (!DFLASH_HAS_FIELD(dflash_drafter_vtable, &vtable, loss_heads) || vtable.loss_heads == nullptr) return std::nullopt;
+  dflash_tensor_map out;
+  check(vtable.loss_heads(self(), &out), "loss_heads");
+  const NamedTensors heads = from_map(out);
+  const std::string who = record().label() + ": loss_heads";
+  LossHeads result;
+  for (const auto& [name, tensor] : heads) {
+    if (name == "lm_head") result.lm_head = tensor;
+    else if (name == "teacher_lm_head") result.teacher_lm_head = tensor;
+    else throw PluginCallError(DFLASH_ERR_INTERNAL, who + " returned '" + name + "'; it may return lm_head and teacher_lm_head only");
+  }
+  if (!result.lm_head.defined() || result.lm_head.dim() != 2)
+    throw PluginCallError(DFLASH_ERR_INTERNAL, who + " returned no lm_head [V_d, H]");
+  if (!result.lm_head.requires_grad())
+    throw PluginCallError(DFLASH_ERR_INTERNAL, who + ": lm_head does not require grad; it must be the drafter's own "
+                                                     "trainable head, the same leaf as among its parameters");
+  const at::Tensor& t = result.teacher_lm_head;
+  if (t.defined() && (t.dim() != 2 || t.size(0) != result.lm_head.size(0) || t.requires_grad()))
+    throw PluginCallError(DFLASH_ERR_INTERNAL, who + ": teacher_lm_head must be a frozen [" +
+                                                   std::to_string(result.lm_head.size(0)) + ", H_t] (lm_head's V_d rows), got " +
+                                                   c10::str(t.sizes()) + (t.requires_grad() ? " requiring grad" : ""));
+  return result;
+}
+
+NamedTensors DrafterInstance::buffers() const {
+  const auto& vtable = table<dflash_drafter_vtable>();
+  if (!DFLASH_HAS_FIELD(dflash_drafter_vtable, &vtable, buffers) || vtable.buffers == nullptr) return {};
+  dflash_tensor_map out;
+  check(vtable.buffers(self(), &out), "buffers");
+  NamedTensors result = from_map(out);
+  for (const auto& [name, tensor] : result)
+    if (tensor.requires_grad())
+      throw PluginCallError(DFLASH_ERR_INTERNAL, record().label() + ": buffers returned '" + name +
+                                                     "', which requires grad; trained tensors belong in parameters");
+  return result;
+}
+
 std::optional<nlohmann::json> DrafterInstance::checkpoint_match() const {
   const auto& vtable = table<dflash_drafter_vtable>();
   if (!DFLASH_HAS_FIELD(dflash_drafter_vtable, &vtable, checkpoint_match) || vtable.checkpoint_match == nullptr)

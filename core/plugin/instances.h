@@ -72,6 +72,8 @@ struct LossCall {
   at::Tensor row_weights;  // undefined = all ones
   dflash_teacher_kind teacher = DFLASH_TEACHER_NONE;
   at::Tensor teacher_hidden, teacher_topk_ids, teacher_topk_logprobs;
+  // (ABI 1.6) the teacher's own head [V, H_t]; undefined: lm_head_weight.
+  at::Tensor teacher_lm_head_weight;
 };
 struct LossOutput {
   at::Tensor loss;
@@ -86,6 +88,10 @@ class LossInstance : public PluginInstance {
  public:
   using PluginInstance::PluginInstance;
   LossOutput compute(const LossCall& call) const;
+  // Whether the library reads a teacher head of its own (built against ABI
+  // 1.6 or later): an older one would send the teacher through the student's
+  // head without a word, so the host never hands it one.
+  bool reads_teacher_head() const;
   // nullopt when the plugin does not implement the optional slot.
   std::optional<LossMemoryEstimate> estimate_memory(const dflash_loss_shape& shape) const;
 };
@@ -164,6 +170,16 @@ class DrafterInstance : public PluginInstance {
   // drafter does not say (then only its three facts are compared).
   std::optional<nlohmann::json> checkpoint_match() const;
   void set_training(bool training) const;  // no-op when the optional slot is absent
+  // ABI 1.6's loss_heads: the drafter's own "lm_head" [V_d, H] (one of its
+  // parameters) and, optionally, "teacher_lm_head" [V_d, H_t], checked;
+  // nullopt when the drafter has none (the target's lm_head serves).
+  struct LossHeads {
+    at::Tensor lm_head, teacher_lm_head;
+  };
+  std::optional<LossHeads> loss_heads() const;
+  // ABI 1.6's buffers: persistent tensors that are not trained, aliasing the
+  // live ones; empty when the drafter has none.
+  NamedTensors buffers() const;
   // Speculative decoding (ABI 1.1, optional): false when the plugin lacks it.
   bool can_draft() const;
   int64_t draft_begin() const;

@@ -56,10 +56,34 @@ void Run::bind_to_remote_target(nlohmann::json target_info, const host::NamedTen
 void Run::bind_drafter(const host::NamedTensors& frozen_on_device) {
   drafter().bind_target(target_info_, frozen_on_device);
   lm_head_ = host::find_tensor(frozen_on_device, "lm_head");
+  if (auto heads = drafter().loss_heads()) adopt_loss_heads(*heads);
   drafter_config_ = drafter().export_config().value_or(nlohmann::json::object());
   facts_ = host::drafter_facts(drafter());
   verify_placement();
   bound_ = true;
+}
+
+void Run::adopt_loss_heads(const host::DrafterInstance::LossHeads& heads) {
+  const std::string who = drafter().record().label();
+  bool among_parameters = false;
+  for (const auto& entry : drafter().parameters()) among_parameters = among_parameters || entry.second.is_same(heads.lm_head);
+  if (!among_parameters)
+    throw std::invalid_argument(who + ": loss_heads' lm_head is not one of its parameters, so the optimizer would never "
+                                      "update it; return the same tensor from both");
+  if (settings_.wants_teacher()) {
+    if (!heads.teacher_lm_head.defined())
+      throw std::invalid_argument(who + " scores with a head of its own over " + std::to_string(heads.lm_head.size(0)) +
+                                  " tokens and gave no teacher_lm_head to score the target's hidden states with; train "
+                                  "with train.teacher = \"none\" (hard labels), or have loss_heads return one");
+    if (plugins_.loss != nullptr && !loss().reads_teacher_head())
+      throw std::invalid_argument(
+          loss().record().label() + " was built against plugin ABI " + std::to_string(loss().record().abi_major) + "." +
+          std::to_string(loss().record().abi_minor) + ", which cannot take " + who +
+          "'s teacher head (ABI 1.6): it would score the teacher through the drafter's head. Rebuild the loss against "
+          "this SDK, or train with train.teacher = \"none\"");
+    teacher_lm_head_ = heads.teacher_lm_head;
+  }
+  lm_head_ = heads.lm_head;
 }
 
 void Run::adopt_remote_drafter(nlohmann::json exported, const std::string& label) {
@@ -80,6 +104,8 @@ void Run::verify_placement() const {
                                 "bind_target hands over on its device");
   };
   if (lm_head_.defined() && !host::same_device(lm_head_.device(), device)) refuse("the lm_head", lm_head_);
+  if (teacher_lm_head_.defined() && !host::same_device(teacher_lm_head_.device(), device))
+    refuse("the teacher's lm_head", teacher_lm_head_);
   for (const auto& [name, tensor] : drafter().parameters())
     if (!host::same_device(tensor.device(), device)) refuse("parameter '" + name + "'", tensor);
 }
@@ -98,6 +124,11 @@ const host::DrafterFacts& Run::drafter_facts() const {
 const at::Tensor& Run::lm_head() const {
   require_bound("lm_head");
   return lm_head_;
+}
+
+const at::Tensor& Run::teacher_lm_head() const {
+  require_bound("teacher_lm_head");
+  return teacher_lm_head_;
 }
 
 nlohmann::json Run::plugin_identities() const {

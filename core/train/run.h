@@ -74,7 +74,11 @@ class Run {
   // After bind: the drafter's export_config, its typed facts, the lm_head.
   const nlohmann::json& drafter_config() const;
   const host::DrafterFacts& drafter_facts() const;
+  // The loss's head: the target's lm_head, or the drafter's own (ABI 1.6
+  // loss_heads); with the latter, the teacher's head over the same tokens
+  // (undefined otherwise: the teacher shares lm_head).
   const at::Tensor& lm_head() const;
+  const at::Tensor& teacher_lm_head() const;
 
   // The libraries of the instances, {section: plugin_identity}: recorded in
   // checkpoints, compared on resume and across ranks.
@@ -83,6 +87,8 @@ class Run {
  private:
   void require_bound(const char* what) const;
   void bind_drafter(const host::NamedTensors& frozen_on_device);
+  // A drafter with its own head: checks it against the settings and the loss.
+  void adopt_loss_heads(const host::DrafterInstance::LossHeads& heads);
   // Refuses a drafter that keeps its parameters, or a lm_head, off this
   // run's device (the seed's verifier weights left on another GPU).
   void verify_placement() const;
@@ -94,7 +100,7 @@ class Run {
   bool bound_ = false;
   nlohmann::json drafter_config_;
   host::DrafterFacts facts_;
-  at::Tensor lm_head_;
+  at::Tensor lm_head_, teacher_lm_head_;
 };
 
 }  // namespace dflash::train

@@ -38,6 +38,7 @@ void draft_and_score(const Run& run, MicroBatch& mb, int64_t step, int64_t micro
   if (run.settings().wants_teacher() && find_tensor(mb.drafted, "teacher_hidden").defined()) {
     mb.call.teacher = DFLASH_TEACHER_HIDDEN;
     mb.call.teacher_hidden = find_tensor(mb.drafted, "teacher_hidden");
+    mb.call.teacher_lm_head_weight = run.teacher_lm_head();
   }
   mb.out = run.loss().compute(mb.call);
   timer.end("loss");

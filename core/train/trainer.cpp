@@ -22,6 +22,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -205,6 +206,12 @@ class Trainer {
   // resumed from the newest checkpoint when there is one.
   void set_up();
   void resume();
+  // What a checkpoint's model.safetensors holds: the parameters, then the buffers.
+  host::NamedTensors saved_tensors() const {
+    host::NamedTensors all = parameters_;
+    all.insert(all.end(), buffers_.begin(), buffers_.end());
+    return all;
+  }
   void set_up_evaluation();
   // One step: every stage. What comes next:
   enum class Next {
@@ -235,6 +242,7 @@ class Trainer {
   const std::string output_dir_, checkpoint_root_;
   std::unique_ptr<checkpoint::RunLock> own_lock_;
   host::NamedTensors parameters_;
+  host::NamedTensors buffers_;  // the drafter's persistent tensors that are not trained (ABI 1.6), saved beside parameters_
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<dist::GradientReducer> reducer_;
   nlohmann::json plugins_record_;
@@ -266,6 +274,12 @@ void Trainer::set_up() {
   if (world_.is_root() && !options_.output_lock) own_lock_ = claim_output_dir(output_dir_);
   run_.bind();
   parameters_ = run_.drafter().parameters();
+  buffers_ = run_.drafter().buffers();
+  for (const auto& [name, buffer] : buffers_)
+    for (const auto& parameter : parameters_)
+      if (parameter.first == name)
+        throw std::invalid_argument(run_.drafter().record().label() + ": '" + name +
+                                    "' is both a parameter and a buffer; a checkpoint holds each name once");
   AdamWOptions adam;
   adam.beta1 = s_.adam_beta1;
   adam.beta2 = s_.adam_beta2;
@@ -290,7 +304,8 @@ void Trainer::resume() {
                        options_.allow_config_change);
   const c10::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> weights(saved.weights.begin(), saved.weights.end());
-  for (const auto& [name, tensor] : parameters_) {
+  for (const auto& [name, tensor] : saved_tensors()) {
+    const bool buffer = std::any_of(buffers_.begin(), buffers_.end(), [&](const auto& b) { return b.first == name; });
     auto it = weights.find(name);
     if (it == weights.end() || it->second.sizes() != tensor.sizes())
       throw std::runtime_error(saved.dir + "/model.safetensors: '" + name +
@@ -300,7 +315,7 @@ void Trainer::resume() {
     if (it->second.scalar_type() != tensor.scalar_type())
       throw std::runtime_error(saved.dir + "/model.safetensors: '" + name + "' holds " +
                                std::string(c10::toString(it->second.scalar_type())) + " values where this drafter's " +
-                               "parameter is " + c10::toString(tensor.scalar_type()) +
+                               (buffer ? "buffer is " : "parameter is ") + c10::toString(tensor.scalar_type()) +
                                "; the file was altered, or written with another train.dtype: resume with the "
                                "configuration that wrote it");
     tensor.copy_(it->second);
@@ -353,7 +368,7 @@ std::string Trainer::save(int64_t next_step, const std::string& data_state, cons
                           {"plugins", plugins_record_}};
   if (run_.scheduler().has_state())
     state["scheduler_state"] = nlohmann::json::parse(scheduler_state.empty() ? run_.scheduler().save_state() : scheduler_state);
-  const std::string dir = checkpoint::save(checkpoint_root_, next_step, run_.drafter_config(), parameters_,
+  const std::string dir = checkpoint::save(checkpoint_root_, next_step, run_.drafter_config(), saved_tensors(),
                                            optimizer_state, state, s_.keep_checkpoints);
   progress_->message("checkpoint: " + dir);
   return dir;

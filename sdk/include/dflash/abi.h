@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define DFLASH_ABI_MAJOR 1
-#define DFLASH_ABI_MINOR 5
+#define DFLASH_ABI_MINOR 6
 
 /* The one exported symbol of a plugin library. Its name carries the major. */
 #define DFLASH_ENTRY_SYMBOL "dflash_plugin_entry_v1"
@@ -557,6 +557,25 @@ typedef struct dflash_drafter_vtable {
    * either side is not compared. NULL: the host compares only the three
    * facts above (block_size, target_layer_ids, mask_token_id). */
   dflash_error* (*checkpoint_match)(dflash_instance* self, const char** out_json);
+
+  /* (optional, ABI 1.6) The heads the loss uses, for a drafter whose output
+   * vocabulary is not the target's (a draft vocabulary). Fills `out` with
+   * "lm_head" [V_d, H]: its own trainable head, the same leaf as in
+   * parameters (the optimizer updates it); and, for a teacher through hidden
+   * states, "teacher_lm_head" [V_d, H_t]: frozen, the target's head
+   * restricted to the draft vocabulary, row i the target token of draft id i.
+   * Its forward then writes "targets" in draft ids (DFLASH_IGNORE_INDEX where
+   * the token is outside the draft vocabulary). Called once, after
+   * bind_target; handles alias live tensors. NULL: the target's lm_head
+   * serves student and teacher. */
+  dflash_error* (*loss_heads)(dflash_instance* self, dflash_tensor_map* out);
+  /* (optional, ABI 1.6) Persistent tensors that are not trained (a draft
+   * vocabulary's maps, say), under stable names distinct from the
+   * parameters'. Handles alias the live tensors: the host saves them in the
+   * checkpoint beside the parameters and, on resume and eval, copies the
+   * saved ones into them in place (same names, shapes and dtypes). They
+   * never reach the optimizer, gradient clipping or the gradient reducer. */
+  dflash_error* (*buffers)(dflash_instance* self, dflash_tensor_map* out);
 } dflash_drafter_vtable;
 
 /* --- loss --------------------------------------------------------------- */
@@ -577,6 +596,13 @@ typedef struct dflash_loss_inputs {
   const dflash_tensor* teacher_hidden;        /* [N, H] when teacher_kind == HIDDEN */
   const dflash_tensor* teacher_topk_ids;      /* [N, K] int64 when TOPK */
   const dflash_tensor* teacher_topk_logprobs; /* [N, K] float when TOPK */
+  /* (optional, ABI 1.6) [V, H_t] when teacher_kind == HIDDEN: the teacher's
+   * logits are teacher_hidden [N, H_t] · this weightᵀ instead of through
+   * lm_head_weight. A drafter with a head of its own over a draft vocabulary
+   * gives the target's head restricted to the same V tokens here. NULL: the
+   * teacher shares lm_head_weight. The host hands it only to a loss library
+   * of ABI 1.6 or later (an older one would not read it). */
+  const dflash_tensor* teacher_lm_head_weight;
 } dflash_loss_inputs;
 
 typedef struct dflash_loss_outputs {
@@ -599,6 +625,11 @@ typedef struct dflash_loss_shape {
   int32_t teacher_kind;
   int32_t element_bytes;     /* of hidden / weight, e.g. 2 for bf16 */
   int32_t weight_trainable;  /* nonzero if the lm_head weight takes grad */
+  /* (ABI 1.6) nonzero when the teacher's logits come through a weight of
+   * their own (dflash_loss_inputs.teacher_lm_head_weight) of hidden size
+   * teacher_hidden. */
+  int32_t separate_teacher_weight;
+  int64_t teacher_hidden; /* H_t */
 } dflash_loss_shape;
 
 typedef struct dflash_memory_estimate {

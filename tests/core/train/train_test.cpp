@@ -278,6 +278,60 @@ TEST(TrainEndToEnd, AResumedRunReproducesTheUninterruptedOneExactly) {
   EXPECT_EQ(ma.back().at("slot_accuracy").size(), 3u) << "slots 1…3 of a block of 4";
 }
 
+// A drafter with a head of its own over a draft vocabulary (ABI 1.6
+// loss_heads and buffers; tests/fixtures/plugins/good's test_vocab_drafter):
+// the loss trains its head (which starts at zero), the teacher goes through
+// the target's head restricted to the draft vocabulary, its buffer lands in
+// the checkpoint beside the parameters, and a resumed run reproduces the
+// uninterrupted one.
+TEST(TrainEndToEnd, ADrafterWithItsOwnHeadTrainsItAndKeepsItsBuffers) {
+  test::TempDir temp("dflash_train_vocab");
+  const std::string dir = temp.path().string();
+  auto config = [&](const std::string& output, const nlohmann::json& drafter) {
+    const nlohmann::json c = {
+        {"train", {{"seed", 5}, {"steps", 6}, {"lr", 1e-2}, {"output_dir", output}, {"progress", "lines"}}},
+        {"data", {{"plugin", "test_data"}, {"batches", 40}}},
+        {"target", {{"plugin", "test_target"}}},
+        {"drafter", drafter},
+        {"loss", {{"plugin", "kl"}, {"kl_weight", 0.5}}},
+        {"scheduler", {{"plugin", "constant"}}}};
+    const std::string path = output + ".json";
+    std::ofstream(path) << c.dump(2);
+    return "--config " + path;
+  };
+  const nlohmann::json drafter = {{"plugin", "test_vocab_drafter"}, {"draft_vocab", 6}};
+  Result whole = host(config(dir + "/whole", drafter), dir);
+  ASSERT_EQ(whole.status, 0) << whole.err;
+  const std::string last = dir + "/whole/checkpoints/step-00000006";
+  auto file = sdk::safetensors::File::open(last + "/model.safetensors");
+  const at::Tensor d2t = sdk::safetensors::load_tensor(file, "d2t");
+  EXPECT_EQ(d2t.scalar_type(), at::kLong);
+  EXPECT_TRUE(d2t.equal(torch::tensor({10, 9, 8, 7, 6, 5}, torch::kLong))) << d2t;
+  const at::Tensor head = sdk::safetensors::load_tensor(file, "head.weight");
+  EXPECT_EQ(head.sizes(), (std::vector<int64_t>{6, 8}));
+  EXPECT_GT(head.abs().sum().item<double>(), 0.0) << "the head started at zero: the loss trained the drafter's own head";
+  std::ifstream saved_config(last + "/config.json");
+  EXPECT_EQ(nlohmann::json::parse(saved_config).at("dtype"), "float32") << "the first floating tensor's, not d2t's";
+  const auto records = metrics_of(dir + "/whole");
+  ASSERT_EQ(records.size(), 6u);
+  EXPECT_LT(records.back().at("loss").get<double>(), records.front().at("loss").get<double>()) << "it learns";
+
+  // Interrupted after 3 steps and resumed: the buffer comes back from the
+  // checkpoint, and the run ends where the uninterrupted one did.
+  Result first = host(config(dir + "/parts", drafter) + " --stop-after 3", dir);
+  ASSERT_EQ(first.status, 0) << first.err;
+  Result rest = host(config(dir + "/parts", drafter), dir);
+  ASSERT_EQ(rest.status, 0) << rest.err;
+  EXPECT_CONTAINS(rest.err, "resumed from");
+  EXPECT_EQ(file_bytes(last + "/model.safetensors"), file_bytes(dir + "/parts/checkpoints/step-00000006/model.safetensors"));
+
+  // A teacher through hidden states needs the teacher's head.
+  Result headless = host(config(dir + "/headless", {{"plugin", "test_vocab_drafter"}, {"teacher_head", false}}), dir);
+  EXPECT_NE(headless.status, 0);
+  EXPECT_CONTAINS(headless.err, "gave no teacher_lm_head");
+  EXPECT_CONTAINS(headless.err, "train.teacher = \"none\"");
+}
+
 // A process killed in the middle of writing a checkpoint: the previous one
 // stays whole and `latest`, and the next run resumes from it to the same
 // result as a run never interrupted.

@@ -44,6 +44,7 @@ struct Case {
   nlohmann::json config;
   LossSpec spec;
   int64_t n = 252, h = 123, v = 507, k = 16;
+  int64_t teacher_h = 0;  // > 0: the teacher's own head [V, teacher_h] (a drafter's draft vocabulary, ABI 1.6)
   double ignored = 0.2;
   bool row_weights = true;
   bool trainable = false;
@@ -63,8 +64,14 @@ LossInputsT make_inputs(const Case& c, uint64_t seed) {
   const auto drop = torch::rand({c.n}, opts).lt(c.ignored);
   in.targets.masked_fill_(drop, -100);
   if (c.row_weights) in.row_weights = torch::rand({c.n}, opts) * 2.0;
-  in.teacher_hidden = in.hidden + 0.7 * torch::randn({c.n, c.h}, opts);
-  const auto teacher_log_p = torch::log_softmax(torch::matmul(in.teacher_hidden, in.weight.t()), 1);
+  if (c.teacher_h > 0) {
+    in.teacher_hidden = torch::randn({c.n, c.teacher_h}, opts);
+    in.teacher_weight = torch::randn({c.v, c.teacher_h}, opts) * (3.0 / std::sqrt(static_cast<double>(c.teacher_h)));
+  } else {
+    in.teacher_hidden = in.hidden + 0.7 * torch::randn({c.n, c.h}, opts);
+  }
+  const auto teacher_log_p = torch::log_softmax(
+      torch::matmul(in.teacher_hidden, (in.teacher_weight.defined() ? in.teacher_weight : in.weight).t()), 1);
   const auto top = teacher_log_p.topk(std::min(c.k, c.v), 1);
   in.topk_logprobs = std::get<0>(top);
   in.topk_ids = std::get<1>(top);
@@ -78,6 +85,7 @@ LossInputsT cast(const LossInputsT& in, torch::ScalarType dtype, bool trainable,
   out.weight = in.weight.to(device, dtype).detach().requires_grad_(trainable);
   out.targets = in.targets.to(device);
   out.teacher_hidden = in.teacher_hidden.to(device, dtype);
+  if (in.teacher_weight.defined()) out.teacher_weight = in.teacher_weight.to(device, dtype);
   if (in.row_weights.defined()) out.row_weights = in.row_weights.to(device, float_type);
   out.topk_ids = in.topk_ids.to(device);
   out.topk_logprobs = in.topk_logprobs.to(device, float_type);
@@ -103,6 +111,7 @@ Result run_plugin(LossInstance& loss, const LossInputsT& in, const LossSpec& spe
   if (spec.teacher == TeacherSignal::kHidden) {
     call.teacher = DFLASH_TEACHER_HIDDEN;
     call.teacher_hidden = in.teacher_hidden;
+    call.teacher_lm_head_weight = in.teacher_weight;
   } else if (spec.teacher == TeacherSignal::kTopK) {
     call.teacher = DFLASH_TEACHER_TOPK;
     call.teacher_topk_ids = in.topk_ids;
@@ -175,6 +184,78 @@ TEST(KlLoss, KlOnlyBlendTemperatureCeOnly) {
   blend.trainable = true;
   check_case(blend);
   check_case({"kl", {{"kl_weight", 0.0}, {"reduction", "sum"}}, spec(0, 1, TeacherSignal::kNone, false)});
+}
+
+// A drafter's own head over a draft vocabulary (ABI 1.6): the student's
+// logits through its trainable head, the teacher's through the target's head
+// restricted to the same tokens, of another hidden size.
+TEST(KlLosses, TheTeacherThroughAHeadOfItsOwn) {
+  for (const char* plugin : {"kl", "fused_ckpt_kl"}) {
+    for (int64_t chunk : {0, 37}) {
+      Case c{plugin, {{"kl_weight", 0.6}, {"temperature", 1.5}, {"chunk_size", chunk}}, spec(0.6, 1.5, TeacherSignal::kHidden)};
+      c.teacher_h = 97;
+      c.trainable = true;
+      c.upstream = 1.25;
+      check_case(c);
+    }
+  }
+  Case bf16{"fused_ckpt_kl", {{"kl_weight", 1.0}, {"chunk_size", 50}}, spec(1, 1, TeacherSignal::kHidden)};
+  bf16.teacher_h = 64;
+  bf16.dtype = torch::kBFloat16;
+  check_case(bf16);
+}
+
+// The teacher's own head must cover the student's V tokens, at teacher_hidden's H.
+TEST(KlLosses, AMisfitTeacherHeadIsRefusedByName) {
+  Case c{"kl", {{"kl_weight", 0.5}}, spec(0.5, 1, TeacherSignal::kHidden)};
+  c.teacher_h = 40;
+  const LossInputsT good = cast(make_inputs(c, 3), torch::kFloat, false);
+  auto loss = make_loss("kl", c.config);
+  auto expect_error = [&](const torch::Tensor& teacher_hidden, const torch::Tensor& teacher_weight, const std::string& fragment) {
+    LossCall call{good.hidden, good.weight, good.targets, -100, good.row_weights};
+    call.teacher = DFLASH_TEACHER_HIDDEN;
+    call.teacher_hidden = teacher_hidden;
+    call.teacher_lm_head_weight = teacher_weight;
+    try {
+      loss->compute(call);
+      ADD_FAILURE() << "accepted, expected: " << fragment;
+    } catch (const PluginCallError& e) {
+      EXPECT_EQ(e.code(), DFLASH_ERR_INVALID_ARGUMENT);
+      EXPECT_CONTAINS(e.what(), fragment);
+    }
+  };
+  expect_error(good.teacher_hidden, good.teacher_weight.narrow(0, 0, c.v - 1),
+               "teacher_lm_head_weight must be [V, H_t] with the V = 507");
+  expect_error(good.teacher_hidden.narrow(1, 0, 39), good.teacher_weight, "teacher_hidden must be [N, H_t] = [252, 40]");
+  expect_error(good.teacher_hidden, good.teacher_weight.to(torch::kDouble), "teacher_lm_head_weight is Double");
+}
+
+// A loss library built before ABI 1.6 never reads the teacher's own head: the
+// host refuses to hand it one rather than let it score the teacher through
+// the student's head.
+TEST(KlLosses, ALibraryBeforeAbi16IsNeverHandedATeacherHead) {
+  PluginRecord old = registry().find(DFLASH_KIND_LOSS, "kl");
+  old.abi_minor = 5;
+  nlohmann::json config = {{"kl_weight", 0.5}};
+  for (auto& [key, property] : old.schema.at("properties").items())
+    if (!config.contains(key)) config[key] = property.at("default");
+  LossInstance loss(old, config, InstanceOptions{});
+  EXPECT_FALSE(loss.reads_teacher_head());
+  Case c{"kl", config, spec(0.5, 1, TeacherSignal::kHidden)};
+  c.teacher_h = 40;
+  const LossInputsT in = cast(make_inputs(c, 4), torch::kFloat, false);
+  LossCall call{in.hidden, in.weight, in.targets, -100, in.row_weights};
+  call.teacher = DFLASH_TEACHER_HIDDEN;
+  call.teacher_hidden = in.teacher_hidden;
+  call.teacher_lm_head_weight = in.teacher_weight;
+  try {
+    loss.compute(call);
+    ADD_FAILURE() << "a 1.5 loss was handed a teacher head";
+  } catch (const PluginCallError& e) {
+    EXPECT_CONTAINS(e.what(), "built against plugin ABI 1.5");
+    EXPECT_CONTAINS(e.what(), "score the teacher through the drafter's head");
+  }
+  EXPECT_TRUE(make_loss("kl", config)->reads_teacher_head());
 }
 
 // --- topk_kl -----------------------------------------------------------------

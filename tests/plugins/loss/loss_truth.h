@@ -25,6 +25,7 @@ struct LossSpec {
 
 struct LossInputsT {
   torch::Tensor hidden, weight, targets, row_weights, teacher_hidden, topk_ids, topk_logprobs;
+  torch::Tensor teacher_weight;  // [V, H_t], or undefined: the teacher goes through `weight`
 };
 
 // Loss as a function of (hidden, weight) in `math` dtype; logits are formed
@@ -40,7 +41,8 @@ inline torch::Tensor direct_loss(const LossInputsT& in, const LossSpec& spec, to
   auto row = (1.0 - spec.alpha) * ce;
   const double t = spec.temperature;
   if (spec.alpha > 0 && spec.teacher == TeacherSignal::kHidden) {
-    const auto u = torch::matmul(in.teacher_hidden, in.weight.t()).to(math).detach();
+    const torch::Tensor& teacher_weight = in.teacher_weight.defined() ? in.teacher_weight : in.weight;
+    const auto u = torch::matmul(in.teacher_hidden, teacher_weight.t()).to(math).detach();
     const auto p = torch::softmax(u / t, 1);
     const auto kl = (p * (torch::log_softmax(u / t, 1) - torch::log_softmax(z / t, 1))).sum(1);
     row = row + spec.alpha * t * t * kl;

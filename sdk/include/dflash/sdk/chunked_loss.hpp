@@ -142,6 +142,8 @@ struct ChunkRun {
   Teacher teacher = Teacher::kNone;
   int64_t chunk = 1;
   at::Tensor targets, valid, row_weights, coefficient, topk_ids, topk_logprobs;  // [N] / [N, K]
+  // [H_t, V]: the teacher's own head, transposed (ABI 1.6); undefined: the student's.
+  at::Tensor teacher_weight_t;
   // Filled by the loop: per-row top-1 hits and the author's per-row metrics.
   at::Tensor correct;
   TensorDict metrics;
@@ -173,7 +175,9 @@ inline LossChunk make_chunk(const ChunkRun& run, const at::Tensor& hidden, const
       run.logits_in_input_dtype ? hidden.scalar_type() : loss_math_dtype(hidden.scalar_type());
   LossChunk c;
   const at::Tensor h = hidden.narrow(0, start, rows);
-  if (run.teacher == Teacher::kHidden && run.closed_form && teacher_hidden.scalar_type() == hidden.scalar_type()) {
+  const bool shared_weight = !run.teacher_weight_t.defined();
+  if (run.teacher == Teacher::kHidden && run.closed_form && shared_weight &&
+      teacher_hidden.scalar_type() == hidden.scalar_type()) {
     // Student and teacher rows through one GEMM of twice the rows: a taller
     // GEMM runs nearer the monolithic one's rate (3 GEMMs in 2048-row chunks
     // 1.045 × the floor, in 1024-row chunks 1.057 ×; docs/performance.md),
@@ -187,7 +191,9 @@ inline LossChunk make_chunk(const ChunkRun& run, const at::Tensor& hidden, const
     c.logits = at::matmul(h, weight_t).to(logit_dtype).contiguous();
     if (run.teacher == Teacher::kHidden) {
       const c10::NoGradGuard frozen_teacher;
-      c.teacher_logits = at::matmul(teacher_hidden.narrow(0, start, rows), weight_t).to(logit_dtype).contiguous();
+      c.teacher_logits = at::matmul(teacher_hidden.narrow(0, start, rows), shared_weight ? weight_t : run.teacher_weight_t)
+                             .to(logit_dtype)
+                             .contiguous();
     }
   }
   if (run.teacher == Teacher::kTopK) {
@@ -346,6 +352,7 @@ class ChunkedLoss : public Loss {
     run.coefficient = coefficients(run.valid, run.row_weights);
     run.topk_ids = in.teacher_topk_ids;
     run.topk_logprobs = in.teacher_topk_logprobs;
+    if (teacher_ == Teacher::kHidden && in.teacher_lm_head_weight.defined()) run.teacher_weight_t = in.teacher_lm_head_weight.t();
     LossShape shape;
     shape.rows = n;
     shape.hidden = in.hidden.size(1);
@@ -353,6 +360,8 @@ class ChunkedLoss : public Loss {
     shape.teacher = teacher_;
     shape.element_bytes = static_cast<int32_t>(in.hidden.element_size());
     shape.weight_trainable = in.lm_head_weight.requires_grad();
+    shape.separate_teacher_weight = run.teacher_weight_t.defined();
+    shape.teacher_hidden = shape.separate_teacher_weight ? in.teacher_lm_head_weight.size(1) : 0;
     run.chunk = chunk_rows(shape);
 
     const at::Tensor teacher_hidden = teacher_ == Teacher::kHidden ? in.teacher_hidden : at::empty({0}, in.hidden.options());

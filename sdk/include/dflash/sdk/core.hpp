@@ -162,6 +162,11 @@ struct has_config_schema : std::false_type {};
 template <class T>
 struct has_config_schema<T, std::void_t<decltype(T::config_schema())>> : std::true_type {};
 
+// A kind's traits may name the oldest host minor its plugin can run under
+// (static uint32_t host_minor_needed()): a slot that an older host would
+// never call, where doing without it gives wrong results, not missing ones.
+DFLASH_SDK_DETECT(has_host_minor_needed, T::host_minor_needed())
+
 template <class T>
 dflash_error* create(const dflash_host_api* host, const dflash_create_args* args,
                      dflash_instance** out) noexcept {
@@ -169,6 +174,14 @@ dflash_error* create(const dflash_host_api* host, const dflash_create_args* args
     if (out == nullptr) throw Error(DFLASH_ERR_INVALID_ARGUMENT, "create called without an output pointer");
     if (host->struct_size < DFLASH_SIZE_THROUGH(dflash_host_api, map_tensor_at))
       throw Error(DFLASH_ERR_INVALID_ARGUMENT, "the host's function table is older than this SDK (ABI 1.0)");
+    using Traits = KindTraits<T, T::kKind>;
+    if constexpr (has_host_minor_needed<Traits>::value) {
+      if (host->abi_minor < Traits::host_minor_needed())
+        throw Error(DFLASH_ERR_INVALID_ARGUMENT,
+                    std::string(T::info.name) + " needs a host of plugin ABI 1." + std::to_string(Traits::host_minor_needed()) +
+                        " or later (" + Traits::host_minor_reason() + "); this host is ABI 1." +
+                        std::to_string(host->abi_minor) + ": update dflash-host");
+    }
     CreateContext context(host, args, T::info.name);
     auto instance = std::make_unique<Instance<T>>();
     instance->host = host;

@@ -23,6 +23,11 @@
 //     // optional, beside the four (ABI 1.4): a tree's candidates, the best k at each position
 //     dflash::sdk::TopKProposal draft_propose_topk(int64_t session, const dflash::sdk::TensorDict& inputs,
 //                                                  int64_t count, int64_t k);  // tokens, log_probs [m ≤ count, k]
+//     // optional (ABI 1.6): a head of its own over a draft vocabulary, for the loss:
+//     // {"lm_head": [V_d, H] (one of its parameters), "teacher_lm_head": [V_d, H_t] (frozen)}
+//     dflash::sdk::TensorDict loss_heads();
+//     // optional (ABI 1.6): persistent tensors that are not trained (saved, restored in place)
+//     dflash::sdk::TensorDict buffers();
 //     // optional (ABI 1.2): parameters and activations for the planner, no instance needed
 //     static dflash::sdk::MemoryPlan plan_memory(const dflash::sdk::PlanRequest& request);
 //   };
@@ -55,6 +60,8 @@ DFLASH_SDK_DETECT(has_bind_target, std::declval<T&>().bind_target(std::declval<c
 DFLASH_SDK_DETECT(has_export_config, nlohmann::json(std::declval<T&>().export_config()))
 DFLASH_SDK_DETECT(has_set_training, std::declval<T&>().set_training(true))
 DFLASH_SDK_DETECT(has_checkpoint_match, nlohmann::json(std::declval<T&>().checkpoint_match()))
+DFLASH_SDK_DETECT(has_loss_heads, std::declval<T&>().loss_heads())
+DFLASH_SDK_DETECT(has_buffers, std::declval<T&>().buffers())
 DFLASH_SDK_DETECT(has_draft_begin, std::declval<T&>().draft_begin())
 DFLASH_SDK_DETECT(has_draft_extend, std::declval<T&>().draft_extend(int64_t{}, std::declval<const TensorDict&>()))
 DFLASH_SDK_DETECT(has_draft_propose,
@@ -74,6 +81,17 @@ struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
   static_assert(has_export_config<T>::value,
                 "a Drafter plugin needs `nlohmann::json export_config() const` (required since ABI 1.5), stating "
                 "block_size, target_layer_ids and mask_token_id");
+
+  static_assert(!has_loss_heads<T>::value || std::is_same_v<typename has_loss_heads<T>::type, TensorDict>,
+                "loss_heads() must return a TensorDict {\"lm_head\", \"teacher_lm_head\"}");
+  static_assert(!has_buffers<T>::value || std::is_same_v<typename has_buffers<T>::type, TensorDict>,
+                "buffers() must return a TensorDict");
+  // A host before ABI 1.6 would never ask for the heads (it would score
+  // draft-vocabulary targets through the target's head) nor save the buffers.
+  static constexpr uint32_t host_minor_needed() { return has_loss_heads<T>::value || has_buffers<T>::value ? 6 : 0; }
+  static std::string host_minor_reason() {
+    return has_loss_heads<T>::value ? "its loss_heads: a head of its own for the loss" : "its buffers: saved beside its parameters";
+  }
 
   static dflash_error* parameters(dflash_instance* self, dflash_tensor_map* out) noexcept {
     auto* instance = instance_of<T>(self);
@@ -107,6 +125,18 @@ struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
     return guard(instance->host, T::info.name, translate, [&] {
       if constexpr (has_checkpoint_match<T>::value)
         *out_json = keep_until_next_call(instance, nlohmann::json(instance->impl->checkpoint_match()).dump());
+    });
+  }
+  static dflash_error* loss_heads(dflash_instance* self, dflash_tensor_map* out) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (has_loss_heads<T>::value) write_map(instance->host, out, instance->impl->loss_heads());
+    });
+  }
+  static dflash_error* buffers(dflash_instance* self, dflash_tensor_map* out) noexcept {
+    auto* instance = instance_of<T>(self);
+    return guard(instance->host, T::info.name, translate, [&] {
+      if constexpr (has_buffers<T>::value) write_map(instance->host, out, instance->impl->buffers());
     });
   }
   static dflash_error* set_training(dflash_instance* self, int32_t training) noexcept {
@@ -186,6 +216,8 @@ struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
         plan_memory_of<T>(),
         kDraftsTopK ? &draft_propose_topk : nullptr,
         has_checkpoint_match<T>::value ? &checkpoint_match : nullptr,
+        has_loss_heads<T>::value ? &loss_heads : nullptr,
+        has_buffers<T>::value ? &buffers : nullptr,
     };
     return &table;
   }

@@ -35,6 +35,12 @@ struct LossInputs {
   at::Tensor teacher_hidden;          // [N, H] when teacher == kHidden
   at::Tensor teacher_topk_ids;        // [N, K] when teacher == kTopK
   at::Tensor teacher_topk_logprobs;   // [N, K] when teacher == kTopK
+  // (ABI 1.6) [V, H_t] or undefined: with teacher == kHidden, the teacher's
+  // logits are teacher_hidden · teacher_lm_head_weightᵀ (a drafter's draft
+  // vocabulary: the target's head restricted to it); undefined: lm_head_weight.
+  at::Tensor teacher_lm_head_weight;
+  // The weight the teacher's logits go through.
+  const at::Tensor& teacher_weight() const { return teacher_lm_head_weight.defined() ? teacher_lm_head_weight : lm_head_weight; }
 };
 
 struct LossResult {
@@ -47,6 +53,10 @@ struct LossShape {
   Teacher teacher = Teacher::kNone;
   int32_t element_bytes = 4;
   bool weight_trainable = false;
+  // (ABI 1.6) the teacher's logits through a weight of their own, of hidden
+  // size teacher_hidden (0: hidden).
+  bool separate_teacher_weight = false;
+  int64_t teacher_hidden = 0;
 };
 
 struct MemoryEstimate {
@@ -82,6 +92,8 @@ struct KindTraits<T, DFLASH_KIND_LOSS> : TorchKind {
       inputs.teacher = static_cast<Teacher>(in->teacher_kind);
       if (in->teacher_kind == DFLASH_TEACHER_HIDDEN) {
         inputs.teacher_hidden = borrow_tensor(host, in->teacher_hidden);
+        if (DFLASH_HAS_FIELD(dflash_loss_inputs, in, teacher_lm_head_weight) && in->teacher_lm_head_weight != nullptr)
+          inputs.teacher_lm_head_weight = borrow_tensor(host, in->teacher_lm_head_weight);
       } else if (in->teacher_kind == DFLASH_TEACHER_TOPK) {
         inputs.teacher_topk_ids = borrow_tensor(host, in->teacher_topk_ids);
         inputs.teacher_topk_logprobs = borrow_tensor(host, in->teacher_topk_logprobs);
@@ -109,6 +121,10 @@ struct KindTraits<T, DFLASH_KIND_LOSS> : TorchKind {
         s.teacher = static_cast<Teacher>(shape->teacher_kind);
         s.element_bytes = shape->element_bytes;
         s.weight_trainable = shape->weight_trainable != 0;
+        if (DFLASH_HAS_FIELD(dflash_loss_shape, shape, teacher_hidden)) {
+          s.separate_teacher_weight = shape->separate_teacher_weight != 0;
+          s.teacher_hidden = shape->teacher_hidden;
+        }
         MemoryEstimate estimate = instance->impl->estimate_memory(s);
         out->peak_bytes = estimate.peak_bytes;
         if (DFLASH_HAS_FIELD(dflash_memory_estimate, out, saved_for_backward_bytes))

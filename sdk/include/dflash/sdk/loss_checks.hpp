@@ -53,8 +53,23 @@ inline void check_teacher_hidden(const LossInputs& in) {
     bad_loss_input("this loss reads the teacher's hidden states (teacher_kind HIDDEN), and none came; "
                    "a distillation loss blended with CE takes kl_weight = 0 for CE only");
   const at::Tensor& th = in.teacher_hidden;
-  if (!th.sizes().equals(in.hidden.sizes()))
+  if (in.teacher_lm_head_weight.defined()) {
+    // The teacher's own head (ABI 1.6): [V, H_t] over the student's V tokens,
+    // and teacher_hidden [N, H_t].
+    const at::Tensor& tw = in.teacher_lm_head_weight;
+    if (tw.dim() != 2 || tw.size(0) != in.lm_head_weight.size(0))
+      bad_loss_input("teacher_lm_head_weight must be [V, H_t] with the V = " + std::to_string(in.lm_head_weight.size(0)) +
+                     " of lm_head_weight " + shape_text(in.lm_head_weight) + ", got " + shape_text(tw));
+    if (tw.scalar_type() != in.lm_head_weight.scalar_type())
+      bad_loss_input(std::string("teacher_lm_head_weight is ") + c10::toString(tw.scalar_type()) + " but lm_head_weight is " +
+                     c10::toString(in.lm_head_weight.scalar_type()));
+    expect_same_device(tw, in.hidden, "teacher_lm_head_weight");
+    if (th.dim() != 2 || th.size(0) != in.hidden.size(0) || th.size(1) != tw.size(1))
+      bad_loss_input("teacher_hidden must be [N, H_t] = [" + std::to_string(in.hidden.size(0)) + ", " +
+                     std::to_string(tw.size(1)) + "] for teacher_lm_head_weight " + shape_text(tw) + ", got " + shape_text(th));
+  } else if (!th.sizes().equals(in.hidden.sizes())) {
     bad_loss_input("teacher_hidden must be " + shape_text(in.hidden) + " like hidden, got " + shape_text(th));
+  }
   if (th.scalar_type() != in.hidden.scalar_type())
     bad_loss_input(std::string("teacher_hidden is ") + c10::toString(th.scalar_type()) + " but hidden is " +
                    c10::toString(in.hidden.scalar_type()));
