@@ -1,0 +1,61 @@
+#pragma once
+// The EAGLE-3 drafter (Li et al., "EAGLE-3", 2025; the layer SpecForge,
+// vLLM and SGLang share): fc projects the concatenated hidden states of
+// three target layers to the drafter's width; one Llama decoder layer whose
+// attention reads [input_layernorm(embedding), hidden_norm(hidden)] (2H wide);
+// its own final norm and a head over a draft vocabulary. Parameter names are
+// the ones vLLM and SGLang load (midlayer.*, fc, norm, lm_head).
+//
+// Training unrolls `steps` of drafting (ttt_layout.h): step 0 reads fc(the
+// target's features), step k > 0 the layer's own output of step k − 1 at the
+// same position. A query at step k attends to the step-0 keys of its
+// document up to its position (causal) and to its own position's keys of
+// steps 1 … k: what it would see while drafting k tokens ahead.
+#include "ttt_layout.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dflash::eagle3 {
+
+struct Eagle3Shape {
+  int64_t hidden = 0;         // H, the drafter's width
+  int64_t target_hidden = 0;  // H_t, each target layer's width
+  int64_t feature_layers = 3;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t intermediate = 0;
+  int64_t draft_vocab = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 1e6;
+};
+
+class Eagle3Model {
+ public:
+  // Initialised as transformers initialises a Llama (normal, σ 0.02; norms 1)
+  // from `seed`, in options' dtype and device; every tensor requires grad.
+  Eagle3Model(const Eagle3Shape& shape, const c10::TensorOptions& options, uint64_t seed);
+
+  // The trainable tensors under the names vLLM and SGLang load.
+  std::vector<std::pair<std::string, at::Tensor>> parameters() const;
+  const Eagle3Shape& shape() const { return shape_; }
+  const at::Tensor& lm_head() const { return lm_head_; }
+
+  // The unrolled steps. features [B, S, feature_layers·H_t]; embeddings
+  // [steps, B, S, H] (the embedding of layout.tokens); documents [B, S].
+  // Returns each step's output before the final norm, [steps, B, S, H].
+  at::Tensor forward_ttt(const at::Tensor& features, const at::Tensor& embeddings, const TttLayout& layout,
+                         const at::Tensor& documents) const;
+  // The final norm, before lm_head.
+  at::Tensor final_norm(const at::Tensor& hidden) const;
+
+ private:
+  Eagle3Shape shape_;
+  at::Tensor fc_, hidden_norm_, input_norm_, q_, k_, v_, o_, post_norm_, gate_, up_, down_, norm_, lm_head_;
+};
+
+}  // namespace dflash::eagle3

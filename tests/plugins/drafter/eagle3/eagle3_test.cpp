@@ -1,0 +1,171 @@
+// The EAGLE-3 drafter's training-time test (TTT): its layout against a loop
+// over positions, and the unrolled forward against a slow fp64 reference that
+// builds each query's list of keys explicitly (SpecForge's rule: step 0's
+// keys of the document up to the query, then the query's own position's keys
+// of steps 1 … k).
+#include "eagle3_model.h"
+#include "ttt_layout.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+namespace {
+using namespace dflash::eagle3;
+
+// Two rows: the first holds two documents (lengths 6 and 5), the second one of 11.
+struct Rows {
+  at::Tensor ids, positions, documents, loss_mask;
+};
+Rows rows() {
+  Rows r;
+  r.ids = at::randint(0, 50, {2, 11}, at::kLong);
+  r.documents = at::tensor({0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, at::kLong).view({2, 11});
+  r.positions = at::tensor({0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, at::kLong).view({2, 11});
+  r.loss_mask = at::tensor({0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 0, 1, 1, 1, 1, 1}, at::kLong).view({2, 11});
+  return r;
+}
+
+TEST(Eagle3Layout, EachStepReadsAndPredictsTheTokensAheadInsideItsDocument) {
+  at::manual_seed(0);
+  const Rows r = rows();
+  const int64_t steps = 3;
+  const TttLayout layout = layout_ttt(r.ids, r.positions, r.documents, r.loss_mask, steps);
+  const int64_t length = r.ids.size(1);
+  for (int64_t k = 0; k < steps; ++k)
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t i = 0; i < length; ++i) {
+        SCOPED_TRACE("step " + std::to_string(k) + " row " + std::to_string(b) + " position " + std::to_string(i));
+        auto doc = [&](int64_t j) { return r.documents[b][j].item<int64_t>(); };
+        const bool read = i + 1 + k < length && doc(i + 1 + k) == doc(i);
+        const bool taught = read && i + 2 + k < length && doc(i + 2 + k) == doc(i) && r.loss_mask[b][i + 2 + k].item<int64_t>() == 1;
+        EXPECT_EQ(layout.active[k][b][i].item<bool>(), read);
+        EXPECT_EQ(layout.tokens[k][b][i].item<int64_t>(), read ? r.ids[b][i + 1 + k].item<int64_t>() : 0);
+        EXPECT_EQ(layout.targets[k][b][i].item<int64_t>(), taught ? r.ids[b][i + 2 + k].item<int64_t>() : -100);
+        EXPECT_EQ(layout.positions[k][b][i].item<int64_t>(), r.positions[b][i].item<int64_t>() + k);
+        EXPECT_EQ(layout.teacher_index[k][b][i].item<int64_t>(), std::min(i + 1 + k, length - 1));
+      }
+  EXPECT_THROW(layout_ttt(r.ids, r.positions, r.documents, r.loss_mask, 0), std::invalid_argument);
+}
+
+// The slow reference: one query at a time, fp64.
+at::Tensor norm(const at::Tensor& x, const at::Tensor& w, double eps) { return w * x * at::rsqrt(x.pow(2).mean(-1, true) + eps); }
+at::Tensor rope(const at::Tensor& x, double position, double theta) {  // x [heads, d]
+  const int64_t d = x.size(-1), half = d / 2;
+  at::Tensor out = x.clone();
+  for (int64_t p = 0; p < half; ++p) {
+    const double angle = position * std::pow(theta, -2.0 * static_cast<double>(p) / static_cast<double>(d));
+    const at::Tensor a = x.select(-1, p), b = x.select(-1, p + half);
+    out.select(-1, p).copy_(a * std::cos(angle) - b * std::sin(angle));
+    out.select(-1, p + half).copy_(b * std::cos(angle) + a * std::sin(angle));
+  }
+  return out;
+}
+
+at::Tensor reference(const Eagle3Model& model, const at::Tensor& features, const at::Tensor& embeddings,
+                     const TttLayout& layout, const at::Tensor& documents) {
+  const Eagle3Shape& s = model.shape();
+  std::map<std::string, at::Tensor> w;
+  for (const auto& [name, t] : model.parameters()) w[name] = t.detach();
+  const int64_t b = features.size(0), length = features.size(1), d = s.head_dim, group = s.heads / s.kv_heads;
+  at::Tensor hidden = at::matmul(features, w["fc.weight"].t());
+  std::vector<at::Tensor> keys, values;  // [B, S, heads, d] per step
+  at::Tensor out = at::zeros({layout.steps, b, length, s.hidden}, features.options());
+  for (int64_t k = 0; k < layout.steps; ++k) {
+    const at::Tensor read = at::cat({norm(embeddings[k], w["midlayer.input_layernorm.weight"], s.rms_norm_eps),
+                                     norm(hidden, w["midlayer.hidden_norm.weight"], s.rms_norm_eps)}, -1);
+    const at::Tensor q_all = at::matmul(read, w["midlayer.self_attn.q_proj.weight"].t()).view({b, length, s.heads, d});
+    const at::Tensor k_all = at::matmul(read, w["midlayer.self_attn.k_proj.weight"].t()).view({b, length, s.kv_heads, d});
+    const at::Tensor v_all = at::matmul(read, w["midlayer.self_attn.v_proj.weight"].t()).view({b, length, s.kv_heads, d});
+    at::Tensor q = at::empty_like(q_all), kk = at::empty_like(k_all);
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t i = 0; i < length; ++i) {
+        const double position = static_cast<double>(layout.positions[k][r][i].item<int64_t>());
+        q[r][i].copy_(rope(q_all[r][i], position, s.rope_theta));
+        kk[r][i].copy_(rope(k_all[r][i], position, s.rope_theta));
+      }
+    keys.push_back(kk.repeat_interleave(group, 2));
+    values.push_back(v_all.repeat_interleave(group, 2));
+    at::Tensor attention = at::zeros({b, length, s.heads, d}, features.options());
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t i = 0; i < length; ++i) {
+        std::vector<at::Tensor> ks, vs;
+        for (int64_t j = 0; j <= i; ++j)
+          if (documents[r][j].item<int64_t>() == documents[r][i].item<int64_t>()) {
+            ks.push_back(keys[0][r][j]);
+            vs.push_back(values[0][r][j]);
+          }
+        for (int64_t step = 1; step <= k; ++step) {
+          ks.push_back(keys[step][r][i]);
+          vs.push_back(values[step][r][i]);
+        }
+        const at::Tensor key = at::stack(ks, 1), value = at::stack(vs, 1);  // [heads, n, d]
+        const at::Tensor p = at::softmax((q[r][i].unsqueeze(1) * key).sum(-1) / std::sqrt(double(d)), -1);  // [heads, n]
+        attention[r][i].copy_((p.unsqueeze(-1) * value).sum(1));
+      }
+    hidden = hidden + at::matmul(attention.reshape({b, length, s.heads * d}), w["midlayer.self_attn.o_proj.weight"].t());
+    const at::Tensor m = norm(hidden, w["midlayer.post_attention_layernorm.weight"], s.rms_norm_eps);
+    hidden = hidden + at::matmul(at::silu(at::matmul(m, w["midlayer.mlp.gate_proj.weight"].t())) *
+                                     at::matmul(m, w["midlayer.mlp.up_proj.weight"].t()),
+                                 w["midlayer.mlp.down_proj.weight"].t());
+    out[k].copy_(hidden);
+  }
+  return out;
+}
+
+Eagle3Shape small_shape() {
+  Eagle3Shape s;
+  s.hidden = 16;
+  s.target_hidden = 12;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 8;
+  s.intermediate = 24;
+  s.draft_vocab = 20;
+  s.rope_theta = 10000.0;
+  return s;
+}
+
+TEST(Eagle3Model, TheUnrolledStepsMatchAQueryByQueryReference) {
+  at::manual_seed(1);
+  const Rows r = rows();
+  const TttLayout layout = layout_ttt(r.ids, r.positions, r.documents, r.loss_mask, 3);
+  const Eagle3Shape s = small_shape();
+  const Eagle3Model model(s, at::TensorOptions().dtype(at::kDouble), 7);
+  const at::Tensor features = at::randn({2, 11, 3 * s.target_hidden}, at::kDouble);
+  const at::Tensor embeddings = at::randn({3, 2, 11, s.hidden}, at::kDouble);
+  const at::Tensor ours = model.forward_ttt(features, embeddings, layout, r.documents);
+  const at::Tensor theirs = reference(model, features, embeddings, layout, r.documents);
+  ASSERT_EQ(ours.sizes(), theirs.sizes());
+  // The rotary angles are formed in fp32 as transformers forms them.
+  EXPECT_LT((ours - theirs).abs().max().item<double>(), 1e-5);
+  // Gradients reach every parameter from a later step's output.
+  ours[2].sum().backward();
+  for (const auto& [name, t] : model.parameters()) {
+    if (name == "norm.weight" || name == "lm_head.weight") continue;  // after the steps
+    ASSERT_TRUE(t.grad().defined()) << name;
+    EXPECT_GT(t.grad().abs().sum().item<double>(), 0.0) << name;
+  }
+}
+
+TEST(Eagle3Model, ADocumentNeverSeesAnother) {
+  at::manual_seed(2);
+  const Rows r = rows();
+  const TttLayout layout = layout_ttt(r.ids, r.positions, r.documents, r.loss_mask, 2);
+  const Eagle3Shape s = small_shape();
+  const Eagle3Model model(s, at::TensorOptions().dtype(at::kDouble), 3);
+  at::Tensor features = at::randn({2, 11, 3 * s.target_hidden}, at::kDouble);
+  at::Tensor embeddings = at::randn({2, 2, 11, s.hidden}, at::kDouble);
+  const at::Tensor before = model.forward_ttt(features, embeddings, layout, r.documents).detach();
+  // The second document of row 0 (positions 6…10) changes; the first must not.
+  features.select(0, 0).narrow(0, 6, 5).normal_();
+  embeddings.select(1, 0).narrow(1, 6, 5).normal_();
+  const at::Tensor after = model.forward_ttt(features, embeddings, layout, r.documents).detach();
+  EXPECT_TRUE(at::equal(before.select(1, 0).narrow(1, 0, 6), after.select(1, 0).narrow(1, 0, 6)));
+  EXPECT_FALSE(at::equal(before.select(1, 0).narrow(1, 6, 5), after.select(1, 0).narrow(1, 6, 5)));
+  EXPECT_TRUE(at::equal(before.select(1, 1), after.select(1, 1)));
+}
+
+}  // namespace
