@@ -3,6 +3,7 @@
 // builds each query's list of keys explicitly (SpecForge's rule: step 0's
 // keys of the document up to the query, then the query's own position's keys
 // of steps 1 … k).
+#include "draft_vocabulary.h"
 #include "eagle3_model.h"
 #include "ttt_layout.h"
 
@@ -10,7 +11,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <map>
+#include <utility>
+#include <vector>
 
 namespace {
 using namespace dflash::eagle3;
@@ -166,6 +170,53 @@ TEST(Eagle3Model, ADocumentNeverSeesAnother) {
   EXPECT_TRUE(at::equal(before.select(1, 0).narrow(1, 0, 6), after.select(1, 0).narrow(1, 0, 6)));
   EXPECT_FALSE(at::equal(before.select(1, 0).narrow(1, 6, 5), after.select(1, 0).narrow(1, 6, 5)));
   EXPECT_TRUE(at::equal(before.select(1, 1), after.select(1, 1)));
+}
+
+}  // namespace
+
+namespace {
+using namespace dflash::eagle3;
+
+// The draft vocabulary against a brute-force rule: by count, then by id.
+TEST(Eagle3DraftVocabulary, TheMostFrequentTokensInIdOrderTiesToTheLowerId) {
+  const at::Tensor counts = at::tensor({5, 0, 9, 5, 1, 9, 0, 2}, at::kLong);
+  const DraftVocabulary v = draft_vocabulary_from_counts(counts, 4);
+  // 9 (ids 2, 5), then 5 (ids 0, 3): the four, ascending.
+  EXPECT_TRUE(at::equal(v.draft_to_target, at::tensor({0, 2, 3, 5}, at::kLong))) << v.draft_to_target;
+  EXPECT_TRUE(at::equal(v.target_to_draft, at::tensor({0, -1, 1, 2, -1, 3, -1, -1}, at::kLong)));
+  EXPECT_TRUE(at::equal(v.d2t(), at::tensor({0, 1, 1, 2}, at::kLong))) << "target = draft + d2t[draft]";
+  EXPECT_TRUE(at::equal(v.t2d(), at::tensor({1, 0, 1, 1, 0, 1, 0, 0}, at::kLong).to(at::kBool)));
+  // Fewer seen than wanted: the lowest unseen ids fill it.
+  EXPECT_TRUE(at::equal(draft_vocabulary_from_counts(counts, 7).draft_to_target, at::tensor({0, 1, 2, 3, 4, 5, 7}, at::kLong)));
+  // A random case against sorting by (−count, id).
+  at::manual_seed(4);
+  const at::Tensor many = at::randint(0, 6, {300}, at::kLong);
+  std::vector<std::pair<int64_t, int64_t>> keyed;
+  for (int64_t i = 0; i < 300; ++i) keyed.emplace_back(-many[i].item<int64_t>(), i);
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<int64_t> expected;
+  for (int64_t i = 0; i < 40; ++i) expected.push_back(keyed[static_cast<size_t>(i)].second);
+  std::sort(expected.begin(), expected.end());
+  EXPECT_TRUE(at::equal(draft_vocabulary_from_counts(many, 40).draft_to_target, at::tensor(expected, at::kLong)));
+  // The exported d2t describes the same vocabulary.
+  const DraftVocabulary back = draft_vocabulary_from_d2t(v.d2t(), 8);
+  EXPECT_TRUE(at::equal(back.draft_to_target, v.draft_to_target));
+}
+
+TEST(Eagle3DraftVocabulary, ImpossibleSizesAndMapsAreRefusedByName) {
+  const at::Tensor counts = at::ones({10}, at::kLong);
+  for (int64_t size : {0, 11}) {
+    try {
+      draft_vocabulary_from_counts(counts, size);
+      ADD_FAILURE() << "size " << size << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("draft_vocab_size is " + std::to_string(size) + ", but the target's vocabulary has 10"),
+                std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(draft_vocabulary_from_counts(at::ones({10}, at::kFloat), 3), std::invalid_argument);
+  EXPECT_THROW(draft_vocabulary_from_d2t(at::tensor({0, 0, -1}, at::kLong), 10), std::invalid_argument);  // not ascending
+  EXPECT_THROW(draft_vocabulary_from_d2t(at::tensor({0, 9}, at::kLong), 10), std::invalid_argument);      // id 10 ≥ V
 }
 
 }  // namespace
