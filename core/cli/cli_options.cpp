@@ -93,7 +93,7 @@ po::options_description visible_options() {
       ("seeds", po::value<int64_t>(), "ab: seeds per arm (0, 1, …; default 1)")
       ("steps", po::value<int64_t>(), "ab: training steps per arm (default: the config's train.steps)")
       ("out", po::value<std::string>(), "ab: the report folder (default: <train.output_dir>/ab); generate: the JSON-lines "
-       "file of training lines to write")
+       "file of training lines to write; token-counts: the JSON file of counts to write")
       ("log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error or off");
   return options;
 }
@@ -131,7 +131,9 @@ std::string usage_text() {
          "                     (--out) in the model's chat format, assistant turns supervised;\n"
          "                     --for-generate writes prompts for generate instead\n"
          "  ab                 train one arm per --loss (same data, seed and initial drafter),\n"
-         "                     check step-0 gradients between arms, and write a report folder\n\n"
+         "                     check step-0 gradients between arms, and write a report folder\n"
+         "  token-counts       how often each target token is supervised in one epoch of the\n"
+         "                     config's data (--out, JSON): what a draft vocabulary is built from\n\n"
       << visible_options() << "\n"
       << "Exit status: 0 success, 1 a failure while running, 2 bad usage or configuration,\n"
          "3 a feature this build does not have yet, 4 training stopped on non-finite losses,\n"
@@ -283,12 +285,13 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   if (vm.count("positional")) positionals = vm["positional"].as<std::vector<std::string>>();
   options.command = positionals.empty() ? "train" : positionals.front();
   if (!positionals.empty()) options.arguments.assign(positionals.begin() + 1, positionals.end());
-  static const char* const kCommands[] = {"train", "list", "describe", "config", "plan", "eval", "generate", "prepare", "ab"};
+  static const char* const kCommands[] = {"train", "list", "describe", "config", "plan", "eval", "generate", "prepare", "ab",
+                                         "token-counts"};
   bool known = false;
   for (const char* command : kCommands) known = known || options.command == command;
   if (!known)
     throw std::invalid_argument("unknown command '" + options.command +
-                                "'; commands are train, list, describe, config, plan, eval, generate, prepare, ab (see dflash-host --help)");
+                                "'; commands are train, list, describe, config, plan, eval, generate, prepare, ab, token-counts (see dflash-host --help)");
   if (options.loss_arms.size() > 1 && options.command != "ab")
     throw std::invalid_argument("--loss is given " + std::to_string(options.loss_arms.size()) +
                                 " times; only `ab` compares several losses (one arm each)");

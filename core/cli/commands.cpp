@@ -629,8 +629,27 @@ nlohmann::json target_facts(const CliOptions& options, const PluginRegistry& reg
   return host::plan_memory(record, config::plugin_config_of(resolved, "target"), instance, batch).facts;
 }
 
+std::unique_ptr<host::DataSourceInstance> make_data_source(const CliOptions& options, const PluginRegistry& registry,
+                                                           int64_t target_vocab, int64_t epochs) {
+  const config::ResolvedConfig resolved = resolve(options, registry, {"data"});
+  nlohmann::json data_config = section_config(resolved, DFLASH_KIND_DATA_SOURCE);
+  if (data_config.contains("vocab_size") && data_config["vocab_size"].is_number_integer() &&
+      data_config["vocab_size"].get<int64_t>() == 0)
+    data_config["vocab_size"] = target_vocab;
+  if (epochs > 0) {
+    const std::string plugin = resolved.root.at("data").at("plugin").get<std::string>();
+    if (!data_config.contains("epochs"))
+      throw std::invalid_argument(options.command + " reads the data for " + std::to_string(epochs) +
+                                  " epoch(s), but data plugin '" + plugin +
+                                  "' has no 'epochs' setting to end it there; use a data source that has one");
+    data_config["epochs"] = epochs;
+  }
+  return instantiate<host::DataSourceInstance>(registry, resolved, DFLASH_KIND_DATA_SOURCE, data_config);
+}
+
 int run_command(const CliOptions& options) {
   if (options.command == "ab") return run_ab(options);
+  if (options.command == "token-counts") return run_token_counts(options);
   if (options.command == "eval") return evaluate(options);
   if (options.command == "generate") return run_generate(options);
   if (options.command == "prepare") return run_prepare(options);

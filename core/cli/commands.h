@@ -46,4 +46,13 @@ nlohmann::json target_facts(const CliOptions& options, const host::PluginRegistr
 // `dflash-host prepare` (cli/prepare_command.cpp).
 int run_prepare(const CliOptions& options);
 
+// The config's data source alone, its vocab_size of 0 made `target_vocab`;
+// with epochs > 0, set to end after that many (refused, naming the plugin,
+// when it has no "epochs" setting).
+std::unique_ptr<host::DataSourceInstance> make_data_source(const CliOptions& options, const host::PluginRegistry& registry,
+                                                           int64_t target_vocab, int64_t epochs);
+
+// `dflash-host token-counts` (cli/token_counts_command.cpp).
+int run_token_counts(const CliOptions& options);
+
 }  // namespace dflash::cli

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -357,6 +358,55 @@ TEST(Cli, TrainRunsAnyFivePluginsThroughTheAbi) {
   HostRun incomplete = host("train --loss test_loss --config " + write_config("part.json", "{}").string() + kGood);
   EXPECT_EQ(incomplete.status, 2);
   EXPECT_CONTAINS(incomplete.err, "--data NAME");
+}
+
+// token-counts: each target token's supervised occurrences in one epoch of
+// the config's data, read through the data plugin (what a draft vocabulary
+// is built from), against counts made here from the same lines.
+TEST(Cli, TokenCountsCountTheSupervisedTokensOfOneEpoch) {
+  const fs::path data = write_config("counts.jsonl", "");
+  std::vector<int64_t> expected(301, 0);
+  {
+    std::ofstream lines(data);
+    for (int line = 0; line < 40; ++line) {
+      nlohmann::json ids = nlohmann::json::array(), mask = nlohmann::json::array();
+      const int length = 5 + line % 7;
+      for (int t = 0; t < length; ++t) {
+        const int64_t id = (line * 37 + t * 11) % 301;
+        const int supervised = t >= 2 ? 1 : 0;
+        ids.push_back(id);
+        mask.push_back(supervised);
+        expected[static_cast<size_t>(id)] += supervised;
+      }
+      lines << nlohmann::json{{"input_ids", ids}, {"loss_mask", mask}}.dump() << "\n";
+    }
+  }
+  const std::string sections = R"("target": {"plugin": "hf_decoder", "path": ")" + std::string(DFLASH_HF_FIXTURES) +
+                               R"(/qwen3"}, "drafter": {"plugin": "prompt_lookup"}, "loss": {"plugin": "test_loss"},
+                               "scheduler": {"plugin": "constant"})";
+  const fs::path config = write_config("counts.json", R"({"data": {"plugin": "jsonl", "path": ")" + data.string() +
+                                                          R"(", "row_length": 16, "tokens_per_batch": 64}, )" + sections + "}");
+  const fs::path out = write_config("counts_out.json", "");
+  const std::string plugins = std::string(" --plugin-dir ") + DFLASH_INTREE_PLUGIN_DIR + kGood;
+  HostRun r = host("token-counts --config " + config.string() + " --out " + out.string() + plugins);
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::ifstream written(out);
+  const nlohmann::json counts = nlohmann::json::parse(written);
+  EXPECT_EQ(counts.at("vocab_size"), 301);
+  EXPECT_EQ(counts.at("counts").get<std::vector<int64_t>>(), expected) << "every supervised token once, none twice";
+  int64_t total = 0;
+  for (int64_t c : expected) total += c;
+  EXPECT_EQ(counts.at("supervised_tokens"), total);
+  EXPECT_CONTAINS(r.err, "token-counts: " + std::to_string(total) + " supervised tokens");
+
+  // A data source that cannot end after one epoch is refused by name.
+  const fs::path endless = write_config("counts_endless.json", R"({"data": {"plugin": "test_data"}, )" + sections + "}");
+  HostRun refused = host("token-counts --config " + endless.string() + " --out " + out.string() + plugins);
+  EXPECT_EQ(refused.status, 2) << refused.err;
+  EXPECT_CONTAINS(refused.err, "data plugin 'test_data' has no 'epochs' setting");
+  HostRun no_out = host("token-counts --config " + config.string() + plugins);
+  EXPECT_EQ(no_out.status, 2);
+  EXPECT_CONTAINS(no_out.err, "token-counts needs an output file: --out FILE.json");
 }
 
 TEST(Cli, ListPrintsEachSkippedLibraryOnce) {
