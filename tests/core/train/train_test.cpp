@@ -19,6 +19,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -330,6 +332,87 @@ TEST(TrainEndToEnd, ADrafterWithItsOwnHeadTrainsItAndKeepsItsBuffers) {
   EXPECT_NE(headless.status, 0);
   EXPECT_CONTAINS(headless.err, "gave no teacher_lm_head");
   EXPECT_CONTAINS(headless.err, "train.teacher = \"none\"");
+}
+
+// EAGLE-3 through the ABI alone (plugins/drafter/eagle3): token counts from
+// the data, its draft vocabulary, its own head and the training-time test's
+// rows; it learns, and the checkpoint holds what vLLM and SGLang load.
+TEST(TrainEndToEnd, Eagle3TrainsOverItsDraftVocabulary) {
+  test::TempDir temp("dflash_train_eagle3");
+  const std::string dir = temp.path().string();
+  // The synthetic data's next token is one of 2 given the current one, so a
+  // drafter that learns reaches about 50 % at every step; the tiny target is
+  // random, so CE (not a KL to it) is what shows the learning.
+  auto config = [&](const std::string& output, const nlohmann::json& drafter,
+                    const nlohmann::json& loss = {{"plugin", "ce"}}, int steps = 250) {
+    const nlohmann::json c = {
+        {"train", {{"seed", 3}, {"steps", steps}, {"lr", 1e-2}, {"output_dir", output}, {"progress", "lines"},
+                   {"checkpoint_every", 0}}},
+        {"data", {{"plugin", "synthetic"}, {"sequences", 64}, {"min_length", 24}, {"max_length", 64}, {"row_length", 64},
+                  {"tokens_per_batch", 128}, {"branching", 2}}},
+        {"target", {{"plugin", "hf_decoder"}, {"path", std::string(DFLASH_HF_FIXTURES) + "/qwen3"}}},
+        {"drafter", drafter},
+        {"loss", loss},
+        {"scheduler", {{"plugin", "constant"}}}};
+    const std::string path = output + ".json";
+    std::ofstream(path) << c.dump(2);
+    return path;
+  };
+  const std::string counts = dir + "/counts.json";
+  nlohmann::json drafter = {{"plugin", "eagle3"}, {"token_counts", counts}, {"draft_vocab_size", 64}, {"ttt_steps", 3}};
+  Result counted = host("token-counts --config " + config(dir + "/run", drafter) + " --out " + counts, dir);
+  ASSERT_EQ(counted.status, 0) << counted.err;
+  Result run = host("--config " + config(dir + "/run", drafter), dir);
+  ASSERT_EQ(run.status, 0) << run.err;
+  const auto records = metrics_of(dir + "/run");
+  ASSERT_EQ(records.size(), 250u);
+  auto mean_accuracy = [&](size_t from, size_t to, size_t step) {
+    double sum = 0;
+    for (size_t i = from; i < to; ++i) sum += records[i].at("slot_accuracy")[step].get<double>();
+    return sum / static_cast<double>(to - from);
+  };
+  for (size_t step = 0; step < 3; ++step) {
+    EXPECT_LT(mean_accuracy(0, 10, step), 0.2) << "step " << step << " starts near chance over 64 tokens";
+    EXPECT_GT(mean_accuracy(230, 250, step), 0.3) << "step " << step << " learns the data's two next tokens";
+  }
+  EXPECT_EQ(records.back().at("slot_accuracy").size(), 3u) << "one accuracy per unrolled step";
+  const std::string last = dir + "/run/checkpoints/step-00000250";
+  std::ifstream config_file(last + "/config.json");
+  const nlohmann::json exported = nlohmann::json::parse(config_file);
+  EXPECT_EQ(exported.at("architectures"), nlohmann::json::array({"LlamaForCausalLMEagle3"}));
+  EXPECT_EQ(exported.at("draft_vocab_size"), 64);
+  EXPECT_EQ(exported.at("target_layer_ids"), nlohmann::json::array({1, 1, 0})) << "1, L/2 − 1, L − 4 of 4 layers";
+  auto weights = sdk::safetensors::File::open(last + "/model.safetensors");
+  for (const char* name : {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight", "norm.weight",
+                           "lm_head.weight", "d2t", "t2d"})
+    EXPECT_NE(weights->find(name), nullptr) << name;
+  EXPECT_EQ(weights->find("embed_tokens.weight"), nullptr) << "the target's embedding is not the drafter's to export";
+  EXPECT_EQ(sdk::safetensors::load_tensor(weights, "lm_head.weight").sizes(), (std::vector<int64_t>{64, 72}));
+  const at::Tensor t2d = sdk::safetensors::load_tensor(weights, "t2d");
+  EXPECT_EQ(t2d.sum().item<int64_t>(), 64);
+  // The draft vocabulary is the 64 most supervised tokens of the counts.
+  std::ifstream counts_file(counts);
+  const auto all = nlohmann::json::parse(counts_file).at("counts").get<std::vector<int64_t>>();
+  const at::Tensor d2t = sdk::safetensors::load_tensor(weights, "d2t");
+  int64_t least_kept = INT64_MAX, most_dropped = 0;
+  for (int64_t t = 0; t < 301; ++t) {
+    if (t2d[t].item<bool>()) least_kept = std::min(least_kept, all[static_cast<size_t>(t)]);
+    else most_dropped = std::max(most_dropped, all[static_cast<size_t>(t)]);
+  }
+  EXPECT_GE(least_kept, most_dropped);
+  EXPECT_EQ((d2t + at::arange(64, at::kLong)).max().item<int64_t>() < 301, true);
+
+  // Distillation: the target's distribution over the draft vocabulary
+  // through its head restricted to it (ABI 1.6's teacher head).
+  Result distilled = host("--config " + config(dir + "/kl", drafter, {{"plugin", "kl"}, {"kl_weight", 0.5}}, 4), dir);
+  ASSERT_EQ(distilled.status, 0) << distilled.err;
+  EXPECT_TRUE(std::isfinite(metrics_of(dir + "/kl").back().at("loss").get<double>()));
+
+  // A draft vocabulary larger than the target's is refused by name.
+  drafter["draft_vocab_size"] = 302;
+  Result too_big = host("--config " + config(dir + "/big", drafter), dir);
+  EXPECT_NE(too_big.status, 0);
+  EXPECT_CONTAINS(too_big.err, "draft_vocab_size is 302, but the target's vocabulary has 301");
 }
 
 // A process killed in the middle of writing a checkpoint: the previous one
