@@ -6,8 +6,9 @@
 // teacher through the target's head restricted to the draft vocabulary, and
 // its draft vocabulary's maps are checkpoint buffers (ABI 1.6 buffers).
 //
-// Not yet here: speculative drafting for eval, the export checked against a
-// reference implementation, the planner's facts.
+// Drafting for eval runs the same layer one sequence at a time (the ATen
+// path). Not yet here: the export checked against a reference
+// implementation, the planner's facts, drafting kernels and graphs.
 #include "draft_vocabulary.h"
 #include "eagle3_model.h"
 #include "ttt_layout.h"
@@ -19,6 +20,7 @@
 #include <c10/core/GradMode.h>
 
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -189,6 +191,81 @@ class Eagle3Drafter : public sdk::Drafter {
     return result;
   }
 
+  // Speculative drafting, one session per sequence. A session holds the
+  // accepted tokens and, for each position whose next token is known, its
+  // key and value (eagle3_model.h: the layer reads the token after a
+  // position with the target's features at it). The newest accepted token's
+  // features come with the next extension; draft_propose completes the
+  // position before it with last_token and drafts from there, its drafts'
+  // keys kept only for the proposal.
+  int64_t draft_begin() {
+    bound();
+    sessions_[next_session_] = Session{};
+    return next_session_++;
+  }
+  void draft_extend(int64_t id, const sdk::TensorDict& inputs) {
+    const c10::NoGradGuard no_grad;
+    Session& s = session(id);
+    const at::Tensor ids = inputs.at("input_ids").to(at::kCPU, at::kLong).reshape({-1});
+    const int64_t n = ids.size(0);
+    if (n == 0) return;
+    std::vector<at::Tensor> features;
+    for (int64_t layer : layer_ids_) {
+      const at::Tensor f = inputs.at("hidden." + std::to_string(layer));
+      if (f.dim() != 2 || f.size(0) != n)
+        throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "draft_extend: hidden." + std::to_string(layer) + " must be [" +
+                                                          std::to_string(n) + ", H] for the " + std::to_string(n) + " tokens");
+      features.push_back(f.to(device_, dtype_));
+    }
+    // A position completed by draft_propose read last_token as its next one:
+    // the extension must start with it.
+    if (s.completed_with >= 0) {
+      if (ids[0].item<int64_t>() != s.completed_with)
+        throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "draft_extend: the session's newest token was " +
+                                                          std::to_string(s.completed_with) + " (draft_propose's last_token), but the "
+                                                          "extension starts with " + std::to_string(ids[0].item<int64_t>()));
+      s.completed_with = -1;
+    }
+    const std::vector<int64_t> fresh(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n);
+    s.tokens.insert(s.tokens.end(), fresh.begin(), fresh.end());
+    const at::Tensor projected = bound().project(at::cat(features, -1));
+    s.pending = s.pending.defined() ? at::cat({s.pending, projected}) : projected;
+    // Every pending position but the newest knows its next token now.
+    commit(s, static_cast<int64_t>(s.tokens.size()) - 1 - s.committed);
+  }
+  at::Tensor draft_propose(int64_t id, const sdk::TensorDict& inputs, int64_t count) {
+    const c10::NoGradGuard no_grad;
+    Session& s = session(id);
+    const int64_t last = inputs.at("last_token").to(at::kCPU, at::kLong).reshape({-1})[0].item<int64_t>();
+    if (last < 0 || last >= target_vocab_)
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "draft_propose: last_token " + std::to_string(last) + " is outside the vocabulary");
+    if (count <= 0 || s.tokens.empty()) return at::empty({0}, at::kLong);
+    if (s.completed_with < 0) {  // the newest position, with last_token after it
+      s.completed_with = last;
+      commit(s, 1, last);
+    } else if (s.completed_with != last) {
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "draft_propose: last_token changed without an extension");
+    }
+    const Eagle3Model& model = bound();
+    at::Tensor keys = s.keys, values = s.values, hidden = s.last_output;
+    const at::Tensor d2t = d2t_.to(at::kCPU);
+    std::vector<int64_t> drafted;
+    int64_t position = static_cast<int64_t>(s.tokens.size()) - 1;  // the completed position's
+    for (int64_t k = 0; k < count; ++k) {
+      const int64_t draft_id = model.draft_logits(hidden).argmax(-1).to(at::kCPU)[0].item<int64_t>();
+      drafted.push_back(draft_id + d2t[draft_id].item<int64_t>());
+      if (k + 1 == count) break;
+      ++position;
+      const Eagle3Model::Pass ahead = model.extend(embed_.index_select(0, at::full({1}, drafted.back(), at::kLong).to(device_)),
+                                                   hidden, at::full({1}, position, at::kLong).to(device_), keys, values);
+      keys = at::cat({keys, ahead.keys}, 1);
+      values = at::cat({values, ahead.values}, 1);
+      hidden = ahead.out;
+    }
+    return at::tensor(drafted, at::kLong);
+  }
+  void draft_end(int64_t id) { sessions_.erase(id); }
+
   nlohmann::json export_config() const {
     const Eagle3Shape& s = bound().shape();
     return {{"architectures", {"LlamaForCausalLMEagle3"}},
@@ -219,6 +296,35 @@ class Eagle3Drafter : public sdk::Drafter {
   }
 
  private:
+  struct Session {
+    std::vector<int64_t> tokens;    // accepted, in order
+    int64_t committed = 0;          // positions whose key and value are cached
+    at::Tensor pending;             // fc'd features of positions committed … tokens.size() − 1
+    at::Tensor keys, values;        // [kv_heads, committed, d]
+    at::Tensor last_output;         // the newest committed position's output [1, H]
+    int64_t completed_with = -1;    // last_token, once draft_propose completed the newest position
+  };
+  Session& session(int64_t id) {
+    auto found = sessions_.find(id);
+    if (found == sessions_.end()) throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "eagle3: no drafting session " + std::to_string(id));
+    return found->second;
+  }
+  // Caches the next n pending positions; the token after the newest of them
+  // is `next_token` when given (draft_propose), else the session's own.
+  void commit(Session& s, int64_t n, int64_t next_token = -1) {
+    if (n <= 0) return;
+    std::vector<int64_t> next(s.tokens.begin() + s.committed + 1, s.tokens.begin() + std::min<int64_t>(s.committed + n + 1, s.tokens.size()));
+    if (next_token >= 0) next.push_back(next_token);
+    const at::Tensor embeddings = embed_.index_select(0, at::tensor(next, at::kLong).to(device_));
+    const Eagle3Model::Pass pass = bound().extend(embeddings, s.pending.narrow(0, 0, n),
+                                                  at::arange(s.committed, s.committed + n, at::kLong).to(device_), s.keys, s.values);
+    s.keys = s.keys.defined() ? at::cat({s.keys, pass.keys}, 1) : pass.keys;
+    s.values = s.values.defined() ? at::cat({s.values, pass.values}, 1) : pass.values;
+    s.last_output = pass.out.narrow(0, n - 1, 1);
+    s.pending = s.pending.narrow(0, n, s.pending.size(0) - n);
+    s.committed += n;
+  }
+
   const Eagle3Model& bound() const {
     if (!model_) throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "eagle3: bind_target was not called");
     return *model_;
@@ -236,6 +342,8 @@ class Eagle3Drafter : public sdk::Drafter {
   bool vocabulary_from_counts_ = false;
   std::unique_ptr<Eagle3Model> model_;
   at::Tensor embed_, teacher_head_, d2t_, t2d_, target_to_draft_, weights_;
+  std::map<int64_t, Session> sessions_;
+  int64_t next_session_ = 0;
 };
 
 }  // namespace

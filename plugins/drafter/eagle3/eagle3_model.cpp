@@ -78,6 +78,42 @@ std::vector<std::pair<std::string, at::Tensor>> Eagle3Model::parameters() const 
 
 at::Tensor Eagle3Model::final_norm(const at::Tensor& hidden) const { return rms_norm(hidden, norm_, shape_.rms_norm_eps); }
 
+at::Tensor Eagle3Model::project(const at::Tensor& features) const { return at::linear(features, fc_); }
+
+at::Tensor Eagle3Model::draft_logits(const at::Tensor& hidden) const { return at::linear(final_norm(hidden), lm_head_); }
+
+Eagle3Model::Pass Eagle3Model::extend(const at::Tensor& embeddings, const at::Tensor& hidden, const at::Tensor& positions,
+                                      const at::Tensor& keys, const at::Tensor& values) const {
+  const Eagle3Shape& s = shape_;
+  const int64_t n = hidden.size(0), d = s.head_dim, group = s.heads / s.kv_heads;
+  const int64_t cached = keys.defined() ? keys.size(1) : 0;
+  const at::Tensor read =
+      at::cat({rms_norm(embeddings, input_norm_, s.rms_norm_eps), rms_norm(hidden, hidden_norm_, s.rms_norm_eps)}, -1);
+  // [1, heads, n, d], as forward_ttt lays them out (one row).
+  auto heads_first = [&](const at::Tensor& x, int64_t heads) { return x.view({1, n, heads, d}).transpose(1, 2); };
+  const at::Tensor rows = positions.view({1, n});
+  const at::Tensor q = rotate(heads_first(at::linear(read, q_), s.heads), rows, s.rope_theta);
+  Pass pass;
+  pass.keys = rotate(heads_first(at::linear(read, k_), s.kv_heads), rows, s.rope_theta).squeeze(0);  // [kv, n, d]
+  pass.values = heads_first(at::linear(read, v_), s.kv_heads).squeeze(0);
+  const at::Tensor all_keys = cached > 0 ? at::cat({keys, pass.keys}, 1) : pass.keys;
+  const at::Tensor all_values = cached > 0 ? at::cat({values, pass.values}, 1) : pass.values;
+  // New position t sees keys [0, cached + t].
+  const at::Tensor visible = at::arange(cached + n, positions.options().dtype(at::kLong).device(hidden.device()))
+                                 .view({1, -1})
+                                 .le((at::arange(n, positions.options().dtype(at::kLong).device(hidden.device())) + cached).view({-1, 1}));
+  const at::Tensor bias = at::zeros(visible.sizes(), hidden.options().dtype(at::kFloat))
+                              .masked_fill_(visible.logical_not(), -std::numeric_limits<float>::infinity());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const at::Tensor k_all = all_keys.repeat_interleave(group, 0), v_all = all_values.repeat_interleave(group, 0);
+  const at::Tensor scores = (at::matmul(q.squeeze(0), k_all.transpose(1, 2)) * scale).to(at::kFloat) + bias;  // [heads, n, m]
+  const at::Tensor attention = at::matmul(at::softmax(scores, -1).to(q.scalar_type()), v_all);                  // [heads, n, d]
+  at::Tensor out = hidden + at::linear(attention.transpose(0, 1).reshape({n, s.heads * d}), o_);
+  const at::Tensor m = rms_norm(out, post_norm_, s.rms_norm_eps);
+  pass.out = out + at::linear(at::silu(at::linear(m, gate_)) * at::linear(m, up_), down_);
+  return pass;
+}
+
 at::Tensor Eagle3Model::forward_ttt(const at::Tensor& features, const at::Tensor& embeddings, const TttLayout& layout,
                                     const at::Tensor& documents) const {
   const Eagle3Shape& s = shape_;

@@ -53,6 +53,22 @@ class Eagle3Model {
   // The final norm, before lm_head.
   at::Tensor final_norm(const at::Tensor& hidden) const;
 
+  // Drafting, one sequence at a time. fc over a position's target features
+  // [n, feature_layers·H_t] → [n, H].
+  at::Tensor project(const at::Tensor& features) const;
+  // The head's scores over the draft vocabulary, [n, V_d].
+  at::Tensor draft_logits(const at::Tensor& hidden) const;
+  // The layer over n new positions: embeddings and hidden [n, H] (fc'd
+  // features, or the layer's own outputs while drafting ahead), positions
+  // [n]. Each sees every cached key (keys, values: [kv_heads, m, d], rotated)
+  // and the new ones up to itself. Returns the outputs before the final
+  // norm [n, H] and the new positions' keys and values.
+  struct Pass {
+    at::Tensor out, keys, values;
+  };
+  Pass extend(const at::Tensor& embeddings, const at::Tensor& hidden, const at::Tensor& positions, const at::Tensor& keys,
+              const at::Tensor& values) const;
+
  private:
   Eagle3Shape shape_;
   at::Tensor fc_, hidden_norm_, input_norm_, q_, k_, v_, o_, post_norm_, gate_, up_, down_, norm_, lm_head_;

@@ -402,6 +402,28 @@ TEST(TrainEndToEnd, Eagle3TrainsOverItsDraftVocabulary) {
   EXPECT_GE(least_kept, most_dropped);
   EXPECT_EQ((d2t + at::arange(64, at::kLong)).max().item<int64_t>() < 301, true);
 
+  // Speculative decoding with the trained drafter, its draft vocabulary
+  // restored from the checkpoint (no token counts given): lossless.
+  {
+    std::ofstream prompts(dir + "/prompts.jsonl");
+    for (int p = 0; p < 4; ++p) {
+      nlohmann::json ids = nlohmann::json::array();
+      for (int t = 0; t < 12; ++t) ids.push_back((p * 29 + t * 7) % 300);
+      prompts << nlohmann::json{{"prompt_ids", ids}}.dump() << "\n";
+    }
+  }
+  nlohmann::json evaluated_drafter = drafter;
+  evaluated_drafter.erase("token_counts");
+  Result evaluated = host("eval --config " + config(dir + "/eval", evaluated_drafter) + " --drafter-checkpoint " + dir +
+                              "/run --prompts " + dir + "/prompts.jsonl --max-new-tokens 24 --report " + dir + "/eval.json",
+                          dir);
+  ASSERT_EQ(evaluated.status, 0) << evaluated.err;
+  std::ifstream eval_report(dir + "/eval.json");
+  const nlohmann::json report = nlohmann::json::parse(eval_report);
+  EXPECT_TRUE(report.at("lossless").get<bool>()) << "the target's own greedy tokens";
+  EXPECT_GE(report.at("tau_mean").get<double>(), 1.0);
+  EXPECT_EQ(report.at("prompts").get<int64_t>(), 4);
+
   // Distillation: the target's distribution over the draft vocabulary
   // through its head restricted to it (ABI 1.6's teacher head).
   Result distilled = host("--config " + config(dir + "/kl", drafter, {{"plugin", "kl"}, {"kl_weight", 0.5}}, 4), dir);

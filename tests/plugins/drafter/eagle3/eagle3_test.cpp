@@ -220,3 +220,55 @@ TEST(Eagle3DraftVocabulary, ImpossibleSizesAndMapsAreRefusedByName) {
 }
 
 }  // namespace
+
+namespace {
+using namespace dflash::eagle3;
+
+// Drafting ahead is what the unrolled steps trained: the context committed
+// position by position, then k tokens drafted from position i, gives step k's
+// training output at i when the drafted tokens are the ones training read.
+TEST(Eagle3Model, DraftingAheadReproducesTheUnrolledSteps) {
+  at::manual_seed(5);
+  const int64_t length = 10, steps = 4;
+  Eagle3Shape s;
+  s.hidden = 16;
+  s.target_hidden = 12;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 8;
+  s.intermediate = 24;
+  s.draft_vocab = 20;
+  s.rope_theta = 10000.0;
+  const Eagle3Model model(s, at::TensorOptions().dtype(at::kDouble), 11);
+  const at::NoGradGuard no_grad;
+  const at::Tensor ids = at::randint(0, 50, {1, length}, at::kLong);
+  const at::Tensor positions = at::arange(length, at::kLong).view({1, length});
+  const at::Tensor documents = at::zeros({1, length}, at::kLong);
+  const TttLayout layout = layout_ttt(ids, positions, documents, at::ones({1, length}, at::kLong), steps);
+  const at::Tensor features = at::randn({1, length, 3 * s.target_hidden}, at::kDouble);
+  const at::Tensor embeddings = at::randn({steps, 1, length, s.hidden}, at::kDouble);
+  const at::Tensor trained = model.forward_ttt(features, embeddings, layout, documents);
+  for (int64_t i : {0, 3, 5}) {
+    SCOPED_TRACE("from position " + std::to_string(i));
+    // The context 0 … i in two passes (a prompt, then one more token).
+    const at::Tensor context_emb = embeddings[0][0].narrow(0, 0, i + 1), context = model.project(features[0].narrow(0, 0, i + 1));
+    Eagle3Model::Pass first = model.extend(context_emb.narrow(0, 0, i), context.narrow(0, 0, i),
+                                           at::arange(i, at::kLong), at::Tensor(), at::Tensor());
+    Eagle3Model::Pass last = model.extend(context_emb.narrow(0, i, 1), context.narrow(0, i, 1), at::full({1}, i, at::kLong),
+                                          i > 0 ? first.keys : at::Tensor(), i > 0 ? first.values : at::Tensor());
+    at::Tensor keys = i > 0 ? at::cat({first.keys, last.keys}, 1) : last.keys;
+    at::Tensor values = i > 0 ? at::cat({first.values, last.values}, 1) : last.values;
+    EXPECT_LT((last.out[0] - trained[0][0][i]).abs().max().item<double>(), 1e-6) << "step 0";
+    at::Tensor hidden = last.out;
+    for (int64_t k = 1; k < steps && i + 1 + k < length; ++k) {
+      const Eagle3Model::Pass ahead =
+          model.extend(embeddings[k][0].narrow(0, i, 1), hidden, at::full({1}, i + k, at::kLong), keys, values);
+      EXPECT_LT((ahead.out[0] - trained[k][0][i]).abs().max().item<double>(), 1e-6) << "step " << k;
+      keys = at::cat({keys, ahead.keys}, 1);
+      values = at::cat({values, ahead.values}, 1);
+      hidden = ahead.out;
+    }
+  }
+}
+
+}  // namespace
