@@ -1,6 +1,7 @@
-// `dflash-host ab`: one training arm per --loss, each seed run once per arm
-// from the same initial drafter, data order and target; a step-0 gradient
-// check between arms; a report folder. An arm that fails (out of memory, a
+// `dflash-host ab`: one training arm per --loss (or per --drafter), each seed
+// run once per arm from the same data order and target (and, between arms of
+// one drafter, the same initial drafter); a step-0 gradient check between
+// arms whose drafters have the same parameters; a report folder. An arm that fails (out of memory, a
 // plugin error, non-finite losses) is recorded with its reason and the
 // others go on.
 #include "ab/ab_report.h"
@@ -9,6 +10,7 @@
 #include "eval/evaluation.h"
 #include "log/log.h"
 #include "plugin/plugin_identity.h"
+#include "plugin/plugin_kind.h"
 #include "train/trainer.h"
 
 #include <ATen/ATen.h>
@@ -26,23 +28,26 @@ namespace fs = std::filesystem;
 namespace {
 
 struct ArmSpec {
-  std::string name, loss;
+  std::string name;
+  std::string section;  // what the arms differ in: "loss" or "drafter"
+  std::string plugin;   // that section's plugin in this arm
   std::vector<std::string> overrides;  // --set assignments of this arm
 };
 
-// "NAME" or "NAME:key=value,key=value"; a key without a dot is the loss
+// "NAME" or "NAME:key=value,key=value"; a key without a dot is the arm
 // section's. The arm's name is the spec, made safe for a folder name.
-ArmSpec parse_arm(const std::string& spec) {
+ArmSpec parse_arm(const std::string& section, const std::string& spec) {
   ArmSpec arm;
+  arm.section = section;
   const size_t colon = spec.find(':');
-  arm.loss = spec.substr(0, colon);
-  if (arm.loss.empty()) throw std::invalid_argument("--loss '" + spec + "': no plugin name before ':'");
+  arm.plugin = spec.substr(0, colon);
+  if (arm.plugin.empty()) throw std::invalid_argument("--" + section + " '" + spec + "': no plugin name before ':'");
   if (colon != std::string::npos) {
     std::stringstream settings(spec.substr(colon + 1));
     for (std::string item; std::getline(settings, item, ',');) {
       if (item.find('=') == std::string::npos)
-        throw std::invalid_argument("--loss '" + spec + "': '" + item + "' is not key=value");
-      arm.overrides.push_back(item.substr(0, item.find('=')).find('.') == std::string::npos ? "loss." + item : item);
+        throw std::invalid_argument("--" + section + " '" + spec + "': '" + item + "' is not key=value");
+      arm.overrides.push_back(item.substr(0, item.find('=')).find('.') == std::string::npos ? section + "." + item : item);
     }
   }
   for (char c : spec) arm.name += (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '=' || c == '-') ? c : '-';
@@ -61,12 +66,15 @@ std::vector<nlohmann::json> read_metrics(const std::string& file) {
 
 int run_ab(const CliOptions& options) {
   if (!options.config_file) throw std::invalid_argument("ab needs a config: --config FILE.json");
-  if (options.loss_arms.size() < 2)
-    throw std::invalid_argument("ab compares arms: give --loss at least twice (e.g. --loss ce --loss fused_ckpt_kl)");
+  const bool drafter_arms = options.drafter_arms.size() > 1;
+  if (options.loss_arms.size() < 2 && !drafter_arms)
+    throw std::invalid_argument("ab compares arms: give --loss at least twice (e.g. --loss ce --loss fused_ckpt_kl), or "
+                                "--drafter at least twice (e.g. --drafter dflash --drafter eagle3:token_counts=counts.json)");
+  const std::string section = drafter_arms ? "drafter" : "loss";
   std::vector<ArmSpec> arms;
   std::set<std::string> names;
-  for (const std::string& spec : options.loss_arms) {
-    ArmSpec arm = parse_arm(spec);
+  for (const std::string& spec : drafter_arms ? options.drafter_arms : options.loss_arms) {
+    ArmSpec arm = parse_arm(section, spec);
     const std::string base = arm.name;
     for (int copy = 2; names.count(arm.name); ++copy) arm.name = base + "#" + std::to_string(copy);
     names.insert(arm.name);
@@ -84,8 +92,8 @@ int run_ab(const CliOptions& options) {
 
   auto arm_options = [&](const ArmSpec& arm, int64_t seed) {
     CliOptions o = options;
-    o.loss_arms = {arm.loss};
-    o.plugin_choice["loss"] = arm.loss;
+    (arm.section == "drafter" ? o.drafter_arms : o.loss_arms) = {arm.plugin};
+    o.plugin_choice[arm.section] = arm.plugin;
     o.stop_after = 0;
     o.overrides.insert(o.overrides.end(), arm.overrides.begin(), arm.overrides.end());
     o.overrides.push_back("train.seed=" + std::to_string(base_seed + seed));
@@ -95,16 +103,25 @@ int run_ab(const CliOptions& options) {
   };
 
   // Step 0: every arm's gradients on the same first batch from the same
-  // initial drafter (the first seed), compared pairwise.
+  // initial drafter (the first seed), compared pairwise between arms whose
+  // drafters have the same parameters (names and shapes): drafters of
+  // different architectures have no gradient in common to compare.
   std::vector<ab::GradientCheck> checks;
-  std::vector<std::pair<std::string, at::Tensor>> gradients;
+  struct ArmGradients {
+    std::string arm, parameters;  // parameters: the names and shapes, as text
+    at::Tensor flat;
+  };
+  std::vector<ArmGradients> gradients;
   for (const ArmSpec& arm : arms) {
     try {
       const std::unique_ptr<train::Run> run = make_run(arm_options(arm, 0), registry);
       std::vector<at::Tensor> flat;
-      for (const auto& [name, g] : train::first_step_gradients(*run))
+      std::string parameters;
+      for (const auto& [name, g] : train::first_step_gradients(*run)) {
         flat.push_back(g.detach().to(at::kCPU, at::kDouble).flatten());
-      gradients.emplace_back(arm.name, at::cat(flat));
+        parameters += name + c10::str(g.sizes()) + ";";
+      }
+      gradients.push_back({arm.name, parameters, at::cat(flat)});
     } catch (const std::exception& e) {
       log::warn("ab: arm " + arm.name + ": no step-0 gradients (" + e.what() + ")");
     }
@@ -112,11 +129,12 @@ int run_ab(const CliOptions& options) {
   constexpr double kEqualTolerance = 1e-4;  // max |g_a − g_b| / max |g_b|
   for (size_t i = 0; i < gradients.size(); ++i)
     for (size_t j = i + 1; j < gradients.size(); ++j) {
-      const at::Tensor& a = gradients[i].second;
-      const at::Tensor& b = gradients[j].second;
+      if (gradients[i].parameters != gradients[j].parameters) continue;
+      const at::Tensor& a = gradients[i].flat;
+      const at::Tensor& b = gradients[j].flat;
       ab::GradientCheck c;
-      c.a = gradients[i].first;
-      c.b = gradients[j].first;
+      c.a = gradients[i].arm;
+      c.b = gradients[j].arm;
       c.cosine = (a * b).sum().item<double>() / std::max(1e-300, a.norm().item<double>() * b.norm().item<double>());
       c.max_relative_difference = (a - b).abs().max().item<double>() / std::max(1e-300, b.abs().max().item<double>());
       c.equal = c.max_relative_difference <= kEqualTolerance;
@@ -175,13 +193,14 @@ int run_ab(const CliOptions& options) {
     // The library compared, exactly: file, version and hash of its bytes.
     nlohmann::json plugin = nullptr;
     try {
-      plugin = host::plugin_identity(registry.find(DFLASH_KIND_LOSS, arm.loss));
+      plugin = host::plugin_identity(registry.find(*host::kind_from_name(arm.section), arm.plugin));
     } catch (const std::exception& e) {
       plugin = {{"error", e.what()}};
     }
-    arm_specs.push_back({{"name", arm.name}, {"loss", arm.loss}, {"overrides", arm.overrides}, {"plugin", plugin}});
+    arm_specs.push_back({{"name", arm.name}, {arm.section, arm.plugin}, {"overrides", arm.overrides}, {"plugin", plugin}});
   }
-  const nlohmann::json settings = {{"config", *options.config_file}, {"overrides", options.overrides}, {"arms", arm_specs},
+  const nlohmann::json settings = {{"config", *options.config_file}, {"overrides", options.overrides}, {"compared", section},
+                                   {"arms", arm_specs},
                                    {"seeds", options.seeds}, {"base_seed", base_seed}, {"steps", options.steps},
                                    {"eval_prompts", eval_settings.prompts_file},
                                    {"gradient_equal_tolerance", kEqualTolerance}};

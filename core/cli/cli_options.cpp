@@ -27,7 +27,9 @@ po::options_description visible_options() {
        "override a config value: --set loss.temperature=2 (value parsed as JSON, else a string); repeatable")
       ("data", po::value<std::string>(), "data source plugin (sets data.plugin)")
       ("target", po::value<std::string>(), "target model plugin (sets target.plugin)")
-      ("drafter", po::value<std::string>(), "drafter plugin (sets drafter.plugin)")
+      ("drafter", po::value<std::vector<std::string>>()->composing(),
+       "drafter plugin (sets drafter.plugin); ab: repeat it, one arm each, as NAME or NAME:key=value,key=value "
+       "(keys of the drafter section, or full paths)")
       ("loss", po::value<std::vector<std::string>>()->composing(),
        "loss plugin (sets loss.plugin); ab: repeat it, one arm each, as NAME or NAME:key=value,key=value "
        "(keys of the loss section, or full paths such as train.lr)")
@@ -130,8 +132,9 @@ std::string usage_text() {
          "  prepare            conversations or texts (--input, JSON lines) → training lines\n"
          "                     (--out) in the model's chat format, assistant turns supervised;\n"
          "                     --for-generate writes prompts for generate instead\n"
-         "  ab                 train one arm per --loss (same data, seed and initial drafter),\n"
-         "                     check step-0 gradients between arms, and write a report folder\n"
+         "  ab                 train one arm per --loss, or per --drafter (same data, seed and\n"
+         "                     target), check step-0 gradients between arms, and write a report\n"
+         "                     folder\n"
          "  token-counts       how often each target token is supervised in one epoch of the\n"
          "                     config's data (--out, JSON): what a draft vocabulary is built from\n\n"
       << visible_options() << "\n"
@@ -271,9 +274,10 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   options.log_level = vm["log-level"].as<std::string>();
   for (const char* flag : kPluginFlags) {
     if (!vm.count(flag)) continue;
-    if (std::string(flag) == "loss") {
-      options.loss_arms = vm[flag].as<std::vector<std::string>>();
-      options.plugin_choice[flag] = options.loss_arms.front().substr(0, options.loss_arms.front().find(':'));
+    if (std::string(flag) == "loss" || std::string(flag) == "drafter") {
+      std::vector<std::string>& arms = std::string(flag) == "loss" ? options.loss_arms : options.drafter_arms;
+      arms = vm[flag].as<std::vector<std::string>>();
+      options.plugin_choice[flag] = arms.front().substr(0, arms.front().find(':'));
     } else {
       options.plugin_choice[flag] = vm[flag].as<std::string>();
     }
@@ -292,12 +296,18 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   if (!known)
     throw std::invalid_argument("unknown command '" + options.command +
                                 "'; commands are train, list, describe, config, plan, eval, generate, prepare, ab, token-counts (see dflash-host --help)");
-  if (options.loss_arms.size() > 1 && options.command != "ab")
-    throw std::invalid_argument("--loss is given " + std::to_string(options.loss_arms.size()) +
-                                " times; only `ab` compares several losses (one arm each)");
-  if (options.command != "ab" && !options.loss_arms.empty() && options.loss_arms.front().find(':') != std::string::npos)
-    throw std::invalid_argument("--loss NAME:settings is for `ab` arms; with " + options.command +
-                                " use --loss NAME and --set loss.key=value");
+  for (const auto& [flag, arms] : {std::pair<std::string, const std::vector<std::string>&>{"loss", options.loss_arms},
+                                   std::pair<std::string, const std::vector<std::string>&>{"drafter", options.drafter_arms}}) {
+    if (arms.size() > 1 && options.command != "ab")
+      throw std::invalid_argument("--" + flag + " is given " + std::to_string(arms.size()) + " times; only `ab` compares several " +
+                                  flag + "s (one arm each)");
+    if (options.command != "ab" && !arms.empty() && arms.front().find(':') != std::string::npos)
+      throw std::invalid_argument("--" + flag + " NAME:settings is for `ab` arms; with " + options.command + " use --" + flag +
+                                  " NAME and --set " + flag + ".key=value");
+  }
+  if (options.loss_arms.size() > 1 && options.drafter_arms.size() > 1)
+    throw std::invalid_argument("ab compares arms along one section: give --loss several times or --drafter several times, "
+                                "not both");
   return options;
 }
 

@@ -54,6 +54,7 @@ struct CliOptions {
   std::optional<std::string> system;       // --system TEXT: for conversations that have none
   // ab
   std::vector<std::string> loss_arms;             // every --loss, in order (ab: one arm each)
+  std::vector<std::string> drafter_arms;          // every --drafter, in order (ab: one arm each)
   int64_t seeds = 1;                              // --seeds N
   int64_t steps = 0;                              // --steps N (0: the config's train.steps)
   std::optional<std::string> out_dir;             // --out DIR (ab), --out FILE (generate)

@@ -562,6 +562,47 @@ TEST(TrainEndToEnd, PrefetchingTheNextBatchChangesNothing) {
 // step-0 gradients; a different loss differs; an arm whose loss cannot even
 // be created is reported failed with its reason while the others complete;
 // the report files parse and name every arm.
+// Arms that differ by drafter (issue 43): DFlash against EAGLE-3 on the same
+// data, seeds and target, and two EAGLE-3 arms whose step-0 gradients are
+// compared (the check runs only between drafters with the same parameters).
+TEST(AbComparison, DrafterArmsCompareArchitectures) {
+  test::TempDir temp("dflash_ab_drafters");
+  const std::string dir = temp.path().string();
+  const std::string config = small_config(dir, dir + "/out", 3);
+  Result counted = host("token-counts --config " + config + " --out " + dir + "/counts.json", dir);
+  ASSERT_EQ(counted.status, 0) << counted.err;
+  const std::string eagle = "eagle3:token_counts=" + dir + "/counts.json,draft_vocab_size=64,ttt_steps=2";
+  Result r = host("ab --config " + config + " --drafter dflash:num_layers=1,block_size=4,max_anchors=8 --drafter " + eagle +
+                      " --drafter " + eagle + ",ttt_decay=0.5 --out " + dir + "/ab",
+                  dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::ifstream in(dir + "/ab/results.json");
+  const auto results = nlohmann::json::parse(in);
+  EXPECT_EQ(results.at("settings").at("compared"), "drafter");
+  std::vector<std::string> plugins;
+  for (const auto& arm : results.at("settings").at("arms")) {
+    plugins.push_back(arm.at("drafter"));
+    EXPECT_EQ(arm.at("plugin").at("kind"), "drafter");
+    EXPECT_EQ(arm.at("plugin").at("name"), arm.at("drafter"));
+  }
+  EXPECT_EQ(plugins, (std::vector<std::string>{"dflash", "eagle3", "eagle3"}));
+  for (const auto& run : results.at("runs")) {
+    EXPECT_FALSE(run.value("failed", false)) << run.dump();
+    EXPECT_EQ(run.at("metrics").size(), 3u) << run.at("arm");
+  }
+  // Only the two EAGLE-3 arms share parameters: one check, and the decay of
+  // the later steps' weights makes their gradients differ.
+  ASSERT_EQ(results.at("step0_gradients").size(), 1u) << results.at("step0_gradients").dump();
+  const auto& check = results.at("step0_gradients")[0];
+  EXPECT_EQ(check.at("a").get<std::string>().rfind("eagle3", 0), 0u);
+  EXPECT_FALSE(check.at("equal").get<bool>());
+  EXPECT_GT(check.at("cosine").get<double>(), 0.5) << "the same rows, weighted otherwise";
+
+  Result both = host("ab --config " + config + " --drafter dflash --drafter eagle3 --loss ce --loss kl", dir);
+  EXPECT_EQ(both.status, 2);
+  EXPECT_CONTAINS(both.err, "give --loss several times or --drafter several times, not both");
+}
+
 TEST(AbComparison, IdenticalArmsMatchADifferentLossDiffersAFailedArmIsReported) {
   test::TempDir temp("dflash_ab");
   const std::string dir = temp.path().string();
