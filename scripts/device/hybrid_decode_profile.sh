@@ -9,7 +9,7 @@
 #      and scripts/trace_kernels.py (device time by kernel);
 #   2. `dflash-host generate` at batch 1, 16 and 256 (decode ms a step, prefill
 #      ms a prompt), and at 256 under Nsight Systems where the machine has it
-#      (its kernel and CUDA API tables).
+#      and DFLASH_PROFILE_NSYS is not 0 (its kernel and CUDA API tables).
 # Everything lands in OUTDIR/0_all.tgz (a device call returns only the first
 # few files of a folder).
 set -uo pipefail
@@ -49,7 +49,7 @@ for bs in 1 16 256; do
 import json; r = json.load(open('$out/generate_$bs.json')); d = r['seconds'] - r['prefill_seconds']
 print('generate batch $bs: %.2f ms a decode step (%d steps), %.2f ms a prompt prefill' % (1e3 * d / r['decode_steps'], r['decode_steps'], 1e3 * r['prefill_seconds'] / r['prompts']))" 2>&1 | tee -a "$out/generate_summary.txt"
 done
-if command -v nsys > /dev/null; then
+if [ "${DFLASH_PROFILE_NSYS:-1}" = "1" ] && command -v nsys > /dev/null; then
   timeout 180 nsys profile --stats=false -o "$out/gen256" --force-overwrite true \
     $b/bin/dflash-host --plugin-dir $b/lib/dflash-host/plugins generate --config /tmp/hg/c.json --prompts /tmp/hg/p.jsonl \
     --out /tmp/hg/o2.jsonl --max-new-tokens 32 --batch-size 256 > "$out/nsys.log" 2>&1

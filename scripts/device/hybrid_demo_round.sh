@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 39, point 7 in one device call: the hybrid target's GPU tests, a short
-# profile of its decoding (where a generate step's time goes), then the GPU
-# demonstration on a hybrid target (DFLASH_DEMO_TARGET_FAMILY=qwen3_5).
+# Issue 39, point 7 in one device call: the hybrid target's GPU tests and a
+# profile of its decoding (scripts/device/hybrid_decode_profile.sh), then the
+# GPU demonstration on a hybrid target (DFLASH_DEMO_TARGET_FAMILY=qwen3_5).
 #   scripts/device.sh hybrid_demo_round OUTDIR     (carry .deps/debs and .corpus)
 # The demo runs shortened to fit one 10-minute call with the build (its
 # DFLASH_DEMO_* settings below; any set in the environment win), and is cut
@@ -19,43 +19,11 @@ DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host decode_bench delta
 dflash_target_hf_hybrid dflash_target_hf_decoder dflash_drafter_dflash dflash_drafter_prompt_lookup dflash_data_jsonl \
 dflash_loss_fused_ckpt_kl dflash_scheduler_warmup_cosine" \
   "$root/scripts/device/build.sh" > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; pack; exit 1; }
-b="$root/build-gpu"
-plugins="$b/lib/dflash-host/plugins"
 echo "built at ${SECONDS} s"
 
-# 1. The hybrid target's GPU tests.
-for t in delta_rule_tests hybrid_target_tests; do
-  timeout 120 "$b/bin/$t" 2>&1 | grep -v "\[info\]" > "$out/$t.txt"
-  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \] [A-Z]" "$out/$t.txt"
-done
-
-# 2. Where a decoding step's time goes, on the tiny qwen3_5_wide fixture:
-# batch 1 traced (device busy vs waiting; kernels), and generate at batch 256
-# under Nsight Systems where the machine has it and DFLASH_ROUND_NSYS is not 0 (else plain).
-fixture="$root/tests/fixtures/hf_hybrid/qwen3_5_wide"
-timeout 60 "$b/bin/decode_bench" --plugin-dir "$plugins" --target hf_hybrid --model "$fixture" --random-prompts \
-  --max-prompts 2 --prompt-tokens 24 --max-new-tokens 32 --trace "$out/trace" --json "$out/decode_bench.json" \
-  > "$out/decode_bench.txt" 2>&1
-for t in "$out"/trace-*-greedy.json; do
-  [ -f "$t" ] || continue
-  python3 "$root/scripts/trace_gaps.py" "$t" --top 12 > "$t.gaps.txt" 2>&1 && head -24 "$t.gaps.txt"
-  python3 "$root/scripts/trace_kernels.py" "$t" --top 15 > "$t.kernels.txt" 2>&1 && head -20 "$t.kernels.txt"
-done
-python3 "$root/scripts/hybrid_generate_setup.py" /tmp/hg 256 "$fixture"
-generate=("$b/bin/dflash-host" --plugin-dir "$plugins" generate --config /tmp/hg/c.json --prompts /tmp/hg/p.jsonl
-  --out /tmp/hg/o.jsonl --max-new-tokens 32 --batch-size 256 --report "$out/generate_256.json")
-if [ "${DFLASH_ROUND_NSYS:-1}" = "1" ] && command -v nsys > /dev/null; then
-  timeout 90 nsys profile --stats=false -o "$out/gen256" --force-overwrite true "${generate[@]}" > "$out/generate_256.log" 2>&1
-  nsys stats --report cuda_gpu_kern_sum --report cuda_api_sum --format csv -o "$out/gen256" "$out/gen256.nsys-rep" \
-    > "$out/nsys_stats.log" 2>&1
-  for f in "$out"/gen256_cuda_gpu_kern_sum.csv "$out"/gen256_cuda_api_sum.csv; do [ -f "$f" ] && head -14 "$f" | cut -c1-160; done
-  rm -f "$out/gen256.nsys-rep" "$out"/gen256.sqlite
-else
-  timeout 60 "${generate[@]}" > "$out/generate_256.log" 2>&1
-fi
-python3 -c "
-import json; r = json.load(open('$out/generate_256.json')); d = r['seconds'] - r['prefill_seconds']
-print('generate batch 256: %.2f ms a decode step (%d steps), %.2f ms a prompt prefill' % (1e3 * d / r['decode_steps'], r['decode_steps'], 1e3 * r['prefill_seconds'] / r['prompts']))" 2>&1
+# 1–2. The hybrid target's GPU tests and where its decoding time goes
+# (scripts/device/hybrid_decode_profile.sh, its build already done here).
+bash "$root/scripts/device/hybrid_decode_profile.sh" "$out/profile"
 echo "profiled at ${SECONDS} s"
 pack
 
