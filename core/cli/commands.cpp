@@ -248,17 +248,24 @@ nlohmann::json section_config(const config::ResolvedConfig& resolved, dflash_kin
   return config::plugin_config_of(resolved, host::kind_section(kind));
 }
 
+// The data source's config section, its vocab_size of 0 made the target's
+// (`target_info`: the target's describe, or at least its vocab_size).
+nlohmann::json data_config_for(const config::ResolvedConfig& resolved, const nlohmann::json& target_info) {
+  nlohmann::json data_config = section_config(resolved, DFLASH_KIND_DATA_SOURCE);
+  if (data_config.contains("vocab_size") && data_config["vocab_size"].is_number_integer() &&
+      data_config["vocab_size"].get<int64_t>() == 0)
+    data_config["vocab_size"] = target_info.at("vocab_size");
+  return data_config;
+}
+
 // The target and the data source (a target rank's plugins). The target comes
 // first: a data source's vocab_size of 0 means the target's.
 void add_target_side(const PluginRegistry& registry, const config::ResolvedConfig& resolved, train::RunPlugins& plugins) {
   plugins.target = instantiate<host::TargetModelInstance>(registry, resolved, DFLASH_KIND_TARGET_MODEL,
                                                           section_config(resolved, DFLASH_KIND_TARGET_MODEL));
   const nlohmann::json target_info = plugins.target->describe();
-  nlohmann::json data_config = section_config(resolved, DFLASH_KIND_DATA_SOURCE);
-  if (data_config.contains("vocab_size") && data_config["vocab_size"].is_number_integer() &&
-      data_config["vocab_size"].get<int64_t>() == 0)
-    data_config["vocab_size"] = target_info.at("vocab_size");
-  plugins.data = instantiate<host::DataSourceInstance>(registry, resolved, DFLASH_KIND_DATA_SOURCE, data_config);
+  plugins.data = instantiate<host::DataSourceInstance>(registry, resolved, DFLASH_KIND_DATA_SOURCE,
+                                                       data_config_for(resolved, target_info));
 }
 
 // The drafter, the loss (`loss` when made already) and the scheduler (a drafter rank's plugins).
@@ -632,10 +639,7 @@ nlohmann::json target_facts(const CliOptions& options, const PluginRegistry& reg
 std::unique_ptr<host::DataSourceInstance> make_data_source(const CliOptions& options, const PluginRegistry& registry,
                                                            int64_t target_vocab, int64_t epochs) {
   const config::ResolvedConfig resolved = resolve(options, registry, {"data"});
-  nlohmann::json data_config = section_config(resolved, DFLASH_KIND_DATA_SOURCE);
-  if (data_config.contains("vocab_size") && data_config["vocab_size"].is_number_integer() &&
-      data_config["vocab_size"].get<int64_t>() == 0)
-    data_config["vocab_size"] = target_vocab;
+  nlohmann::json data_config = data_config_for(resolved, {{"vocab_size", target_vocab}});
   if (epochs > 0) {
     const std::string plugin = resolved.root.at("data").at("plugin").get<std::string>();
     if (!data_config.contains("epochs"))
