@@ -114,11 +114,7 @@ LossOutput LossInstance::compute(const LossCall& call) const {
   in.teacher_topk_ids = handle_or_null(call.teacher_topk_ids, keep);
   in.teacher_topk_logprobs = handle_or_null(call.teacher_topk_logprobs, keep);
   if (call.teacher_lm_head_weight.defined() && !reads_teacher_head())
-    throw PluginCallError(DFLASH_ERR_INVALID_ARGUMENT,
-                          record().label() + " was built against plugin ABI " + std::to_string(record().abi_major) + "." +
-                              std::to_string(record().abi_minor) +
-                              ", which has no teacher head of its own (ABI 1.6): it would score the teacher through the "
-                              "drafter's head. Rebuild the loss against this SDK, or train with train.teacher = \"none\"");
+    throw PluginCallError(DFLASH_ERR_INVALID_ARGUMENT, teacher_head_refusal());
   in.teacher_lm_head_weight = handle_or_null(call.teacher_lm_head_weight, keep);
   dflash_tensor_map metrics;
   dflash_loss_outputs out{};
@@ -132,6 +128,13 @@ LossOutput LossInstance::compute(const LossCall& call) const {
 }
 
 bool LossInstance::reads_teacher_head() const { return record().abi_major == 1 && record().abi_minor >= 6; }
+
+std::string LossInstance::teacher_head_refusal() const {
+  return record().label() + " was built against plugin ABI " + std::to_string(record().abi_major) + "." +
+         std::to_string(record().abi_minor) +
+         ", which has no teacher head of its own (ABI 1.6): it would score the teacher through the drafter's head. "
+         "Rebuild the loss against this SDK, or train with train.teacher = \"none\"";
+}
 
 std::optional<LossMemoryEstimate> LossInstance::estimate_memory(const dflash_loss_shape& shape) const {
   const auto& vtable = table<dflash_loss_vtable>();

@@ -92,6 +92,8 @@ class LossInstance : public PluginInstance {
   // 1.6 or later): an older one would send the teacher through the student's
   // head without a word, so the host never hands it one.
   bool reads_teacher_head() const;
+  // Why an older library is never handed one: the library, its ABI, what to do.
+  std::string teacher_head_refusal() const;
   // nullopt when the plugin does not implement the optional slot.
   std::optional<LossMemoryEstimate> estimate_memory(const dflash_loss_shape& shape) const;
 };

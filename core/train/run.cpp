@@ -76,11 +76,7 @@ void Run::adopt_loss_heads(const host::DrafterInstance::LossHeads& heads) {
                                   " tokens and gave no teacher_lm_head to score the target's hidden states with; train "
                                   "with train.teacher = \"none\" (hard labels), or have loss_heads return one");
     if (plugins_.loss != nullptr && !loss().reads_teacher_head())
-      throw std::invalid_argument(
-          loss().record().label() + " was built against plugin ABI " + std::to_string(loss().record().abi_major) + "." +
-          std::to_string(loss().record().abi_minor) + ", which cannot take " + who +
-          "'s teacher head (ABI 1.6): it would score the teacher through the drafter's head. Rebuild the loss against "
-          "this SDK, or train with train.teacher = \"none\"");
+      throw std::invalid_argument(who + " scores its teacher through a head of its own, and " + loss().teacher_head_refusal());
     teacher_lm_head_ = heads.teacher_lm_head;
   }
   lm_head_ = heads.lm_head;
