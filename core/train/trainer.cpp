@@ -22,7 +22,6 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -304,22 +303,22 @@ void Trainer::resume() {
                        options_.allow_config_change);
   const c10::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> weights(saved.weights.begin(), saved.weights.end());
-  for (const auto& [name, tensor] : saved_tensors()) {
-    const bool buffer = std::any_of(buffers_.begin(), buffers_.end(), [&](const auto& b) { return b.first == name; });
-    auto it = weights.find(name);
-    if (it == weights.end() || it->second.sizes() != tensor.sizes())
-      throw std::runtime_error(saved.dir + "/model.safetensors: '" + name +
-                               "' is missing or misshapen for this drafter; resume with the configuration that wrote it");
-    // A tensor of another dtype would be converted number by number (an I32
-    // label on float bytes trains on garbage): the run wrote its own dtype.
-    if (it->second.scalar_type() != tensor.scalar_type())
-      throw std::runtime_error(saved.dir + "/model.safetensors: '" + name + "' holds " +
-                               std::string(c10::toString(it->second.scalar_type())) + " values where this drafter's " +
-                               (buffer ? "buffer is " : "parameter is ") + c10::toString(tensor.scalar_type()) +
-                               "; the file was altered, or written with another train.dtype: resume with the "
-                               "configuration that wrote it");
-    tensor.copy_(it->second);
-  }
+  for (const auto& [tensors, kind] : {std::pair{&parameters_, "parameter"}, std::pair{&buffers_, "buffer"}})
+    for (const auto& [name, tensor] : *tensors) {
+      auto it = weights.find(name);
+      if (it == weights.end() || it->second.sizes() != tensor.sizes())
+        throw std::runtime_error(saved.dir + "/model.safetensors: '" + name +
+                                 "' is missing or misshapen for this drafter; resume with the configuration that wrote it");
+      // A tensor of another dtype would be converted number by number (an I32
+      // label on float bytes trains on garbage): the run wrote its own dtype.
+      if (it->second.scalar_type() != tensor.scalar_type())
+        throw std::runtime_error(saved.dir + "/model.safetensors: '" + name + "' holds " +
+                                 std::string(c10::toString(it->second.scalar_type())) + " values where this drafter's " +
+                                 kind + " is " + c10::toString(tensor.scalar_type()) +
+                                 "; the file was altered, or written with another train.dtype: resume with the "
+                                 "configuration that wrote it");
+      tensor.copy_(it->second);
+    }
   try {
     optimizer_->load_state(saved.optimizer);
   } catch (const std::runtime_error& e) {  // name the file the state came from
