@@ -76,6 +76,17 @@ std::vector<std::pair<std::string, at::Tensor>> Eagle3Model::parameters() const 
           {"lm_head.weight", lm_head_}};
 }
 
+at::Tensor Eagle3Model::layer_input(const at::Tensor& embeddings, const at::Tensor& hidden) const {
+  return at::cat({rms_norm(embeddings, input_norm_, shape_.rms_norm_eps), rms_norm(hidden, hidden_norm_, shape_.rms_norm_eps)},
+                 -1);
+}
+
+at::Tensor Eagle3Model::layer_output(const at::Tensor& hidden, const at::Tensor& attention) const {
+  const at::Tensor out = hidden + at::linear(attention, o_);
+  const at::Tensor m = rms_norm(out, post_norm_, shape_.rms_norm_eps);
+  return out + at::linear(at::silu(at::linear(m, gate_)) * at::linear(m, up_), down_);
+}
+
 at::Tensor Eagle3Model::final_norm(const at::Tensor& hidden) const { return rms_norm(hidden, norm_, shape_.rms_norm_eps); }
 
 at::Tensor Eagle3Model::project(const at::Tensor& features) const { return at::linear(features, fc_); }
@@ -87,8 +98,7 @@ Eagle3Model::Pass Eagle3Model::extend(const at::Tensor& embeddings, const at::Te
   const Eagle3Shape& s = shape_;
   const int64_t n = hidden.size(0), d = s.head_dim, group = s.heads / s.kv_heads;
   const int64_t cached = keys.defined() ? keys.size(1) : 0;
-  const at::Tensor read =
-      at::cat({rms_norm(embeddings, input_norm_, s.rms_norm_eps), rms_norm(hidden, hidden_norm_, s.rms_norm_eps)}, -1);
+  const at::Tensor read = layer_input(embeddings, hidden);
   // [1, heads, n, d], as forward_ttt lays them out (one row).
   auto heads_first = [&](const at::Tensor& x, int64_t heads) { return x.view({1, n, heads, d}).transpose(1, 2); };
   const at::Tensor rows = positions.view({1, n});
@@ -108,9 +118,7 @@ Eagle3Model::Pass Eagle3Model::extend(const at::Tensor& embeddings, const at::Te
   const at::Tensor k_all = all_keys.repeat_interleave(group, 0), v_all = all_values.repeat_interleave(group, 0);
   const at::Tensor scores = (at::matmul(q.squeeze(0), k_all.transpose(1, 2)) * scale).to(at::kFloat) + bias;  // [heads, n, m]
   const at::Tensor attention = at::matmul(at::softmax(scores, -1).to(q.scalar_type()), v_all);                  // [heads, n, d]
-  at::Tensor out = hidden + at::linear(attention.transpose(0, 1).reshape({n, s.heads * d}), o_);
-  const at::Tensor m = rms_norm(out, post_norm_, s.rms_norm_eps);
-  pass.out = out + at::linear(at::silu(at::linear(m, gate_)) * at::linear(m, up_), down_);
+  pass.out = layer_output(hidden, attention.transpose(0, 1).reshape({n, s.heads * d}));
   return pass;
 }
 
@@ -136,10 +144,7 @@ at::Tensor Eagle3Model::forward_ttt(const at::Tensor& features, const at::Tensor
   std::vector<at::Tensor> keys, values, outputs;
   for (int64_t k = 0; k < layout.steps; ++k) {
     const at::Tensor positions = layout.positions[k];
-    const at::Tensor residual = hidden;
-    const at::Tensor read = at::cat({rms_norm(embeddings[k], input_norm_, s.rms_norm_eps),
-                                     rms_norm(hidden, hidden_norm_, s.rms_norm_eps)},
-                                    -1);
+    const at::Tensor read = layer_input(embeddings[k], hidden);
     const at::Tensor q = rotate(heads_first(at::linear(read, q_), s.heads), positions, s.rope_theta);
     keys.push_back(rotate(heads_first(at::linear(read, k_), s.kv_heads), positions, s.rope_theta)
                        .repeat_interleave(group, 1));  // [B, heads, S, d]
@@ -150,9 +155,7 @@ at::Tensor Eagle3Model::forward_ttt(const at::Tensor& features, const at::Tensor
     const at::Tensor weights = at::softmax(at::cat(scores, -1), -1).to(q.scalar_type());
     at::Tensor attention = at::matmul(weights.narrow(-1, 0, length), values[0]);
     for (int64_t j = 1; j <= k; ++j) attention = attention + weights.narrow(-1, length + j - 1, 1) * values[j];
-    hidden = residual + at::linear(attention.transpose(1, 2).reshape({b, length, s.heads * d}), o_);
-    const at::Tensor m = rms_norm(hidden, post_norm_, s.rms_norm_eps);
-    hidden = hidden + at::linear(at::silu(at::linear(m, gate_)) * at::linear(m, up_), down_);
+    hidden = layer_output(hidden, attention.transpose(1, 2).reshape({b, length, s.heads * d}));
     outputs.push_back(hidden);
   }
   return at::stack(outputs);

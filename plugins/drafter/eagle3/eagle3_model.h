@@ -70,6 +70,12 @@ class Eagle3Model {
               const at::Tensor& values) const;
 
  private:
+  // What the attention reads: [input_layernorm(embeddings), hidden_norm(hidden)], 2H wide.
+  at::Tensor layer_input(const at::Tensor& embeddings, const at::Tensor& hidden) const;
+  // The rest of the layer: the residual around o_proj(attention), then the
+  // post-attention norm and MLP with their residual.
+  at::Tensor layer_output(const at::Tensor& hidden, const at::Tensor& attention) const;
+
   Eagle3Shape shape_;
   at::Tensor fc_, hidden_norm_, input_norm_, q_, k_, v_, o_, post_norm_, gate_, up_, down_, norm_, lm_head_;
 };
