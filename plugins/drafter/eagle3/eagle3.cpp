@@ -119,22 +119,19 @@ class Eagle3Drafter : public sdk::Drafter {
     s.rms_norm_eps = target.value("rms_norm_eps", 1e-6);
     s.rope_theta = target.value("rope_theta", 10000.0);
     const std::string counts = config_.at("token_counts").get<std::string>();
-    if (!counts.empty()) {
-      vocabulary_ = draft_vocabulary_from_counts(read_token_counts(counts, target_vocab_), s.draft_vocab);
-    } else if (s.draft_vocab > target_vocab_) {
-      throw sdk::Error(DFLASH_ERR_INVALID_CONFIG, "drafter.draft_vocab_size is " + std::to_string(s.draft_vocab) +
-                                                      ", but the target's vocabulary has " + std::to_string(target_vocab_) + " tokens");
-    } else {  // a placeholder until a checkpoint's d2t is restored into the buffer
-      vocabulary_ = draft_vocabulary_from_counts(at::zeros({target_vocab_}, at::kLong), s.draft_vocab);
-    }
     vocabulary_from_counts_ = !counts.empty();
+    // Without counts (eval) the vocabulary is a placeholder until the
+    // checkpoint's d2t is restored into the buffer; either way its size is
+    // checked against the target's.
+    const DraftVocabulary vocabulary = draft_vocabulary_from_counts(
+        vocabulary_from_counts_ ? read_token_counts(counts, target_vocab_) : at::zeros({target_vocab_}, at::kLong), s.draft_vocab);
     const auto options = at::TensorOptions().dtype(dtype_).device(device_);
     model_ = std::make_unique<Eagle3Model>(s, options, seed_);
     embed_ = frozen.at("embed_tokens").to(options);
-    teacher_head_ = frozen.at("lm_head").to(options).index_select(0, vocabulary_.draft_to_target.to(device_));
-    d2t_ = vocabulary_.d2t().to(device_);
-    t2d_ = vocabulary_.t2d().to(device_);
-    target_to_draft_ = vocabulary_.target_to_draft;
+    teacher_head_ = frozen.at("lm_head").to(options).index_select(0, vocabulary.draft_to_target.to(device_));
+    d2t_ = vocabulary.d2t().to(device_);
+    t2d_ = vocabulary.t2d().to(device_);
+    target_to_draft_ = vocabulary.target_to_draft;
     weights_ = at::pow(decay_, at::arange(steps_, at::kDouble)).to(at::kFloat);
   }
 
@@ -338,7 +335,6 @@ class Eagle3Drafter : public sdk::Drafter {
   double decay_;
   int64_t target_vocab_ = 0;
   std::vector<int64_t> layer_ids_;
-  DraftVocabulary vocabulary_;
   bool vocabulary_from_counts_ = false;
   std::unique_ptr<Eagle3Model> model_;
   at::Tensor embed_, teacher_head_, d2t_, t2d_, target_to_draft_, weights_;
