@@ -201,6 +201,8 @@ void require_finite(const host::NamedTensors& tensors, const std::string& file) 
 
 }  // namespace
 
+void write_file_whole(const std::string& path, const std::string& text) { write_text(path, text); }
+
 std::string json_text(const nlohmann::json& value, int indent) {
   return value.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }

@@ -43,6 +43,9 @@ class DamagedCheckpoint : public std::runtime_error {
 
 // mkdir -p: creates path and its missing parents; throws naming the one that fails.
 void make_directories(const std::string& path);
+// Writes `text` as the file `path` whole or not at all: a temporary beside
+// it, synced to disk, then renamed into place. Throws naming the file.
+void write_file_whole(const std::string& path, const std::string& text);
 // Before the first step: that checkpoints can be written under root (it is
 // created, and a probe file written, synced and removed). Throws
 // std::runtime_error naming the path and the reason, so a run that could

@@ -3,6 +3,7 @@
 // drafter with a draft vocabulary (EAGLE-3's most frequent tokens) is built
 // from these counts; the host reads them from the data plugin's batches, so
 // they hold for any data source and any drafter.
+#include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "eval/prompts.h"
 #include "plugin/host_api.h"
@@ -10,8 +11,6 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <stdexcept>
 
@@ -61,13 +60,7 @@ int run_token_counts(const CliOptions& options) {
                               {"batches", batches},
                               {"distinct_tokens", counts.gt(0).sum().item<int64_t>()},
                               {"counts", std::vector<int64_t>(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + vocab)}};
-  const std::string tmp = *options.out_dir + ".tmp";
-  {
-    std::ofstream file(tmp);
-    file << out.dump() << "\n";
-    if (!file.flush()) throw std::runtime_error("--out " + *options.out_dir + ": cannot write it");
-  }
-  std::filesystem::rename(tmp, *options.out_dir);
+  checkpoint::write_file_whole(*options.out_dir, out.dump() + "\n");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cerr << "token-counts: " << supervised << " supervised tokens (" << out["distinct_tokens"].get<int64_t>()
             << " distinct of " << vocab << ") in " << batches << " batches, " << seconds << " s\n  counts: " << *options.out_dir
