@@ -1,9 +1,9 @@
 // `dflash-host ab`: one training arm per --loss (or per --drafter), each seed
 // run once per arm from the same data order and target (and, between arms of
 // one drafter, the same initial drafter); a step-0 gradient check between
-// arms whose drafters have the same parameters; a report folder. An arm that fails (out of memory, a
-// plugin error, non-finite losses) is recorded with its reason and the
-// others go on.
+// arms whose drafters have the same parameters; a report folder. An arm that
+// fails (out of memory, a plugin error, non-finite losses) is recorded with
+// its reason and the others go on.
 #include "ab/ab_report.h"
 #include "cli/commands.h"
 #include "config/config_file.h"

@@ -230,15 +230,7 @@ using namespace dflash::eagle3;
 TEST(Eagle3Model, DraftingAheadReproducesTheUnrolledSteps) {
   at::manual_seed(5);
   const int64_t length = 10, steps = 4;
-  Eagle3Shape s;
-  s.hidden = 16;
-  s.target_hidden = 12;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 8;
-  s.intermediate = 24;
-  s.draft_vocab = 20;
-  s.rope_theta = 10000.0;
+  const Eagle3Shape s = small_shape();
   const Eagle3Model model(s, at::TensorOptions().dtype(at::kDouble), 11);
   const at::NoGradGuard no_grad;
   const at::Tensor ids = at::randint(0, 50, {1, length}, at::kLong);
