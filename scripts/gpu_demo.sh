@@ -31,8 +31,8 @@ target_seconds="${DFLASH_DEMO_TARGET_SECONDS:-75}"
 target_layers="${DFLASH_DEMO_TARGET_LAYERS:-12}"
 # qwen3: a dense Qwen3 target (hf_decoder); qwen3_5: the Qwen3.5 / Qwen3.6
 # hybrid of the same width and depth (hf_hybrid: generate runs
-# fewer prompts by default, and the stages that exist for hf_decoder's own
-# settings, 4b and 4c, are left out).
+# fewer prompts by default, and 4b, decode_bench's profile of hf_decoder's
+# own arms, is left out).
 target_family="${DFLASH_DEMO_TARGET_FAMILY:-qwen3}"
 # Token-level unlikelihood in the target's training (0 = off): a small LM
 # decoded greedily falls into loops, which prompt lookup copies; see docs/quality.md.
@@ -144,13 +144,13 @@ if [ "${DFLASH_DEMO_FP32_CHECK:-0}" = "1" ]; then
     --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_fp32.json" 2>&1 | tee -a "$log" || note "the fp32 check failed (see above)"
 fi
 
-# The same eval with the target's exact decoding off (hf_decoder's
-# exact_decoding, on by default wherever it applies): cuBLAS and flash
-# attention round a verified block differently from one token, so an output
-# can part from greedy decoding at a near-tie (docs/eval.md). The row beside
-# the default's shows what exact decoding buys and costs.
+# The same eval with the target's exact decoding off (hf_decoder's and
+# hf_hybrid's exact_decoding, on by default wherever it applies): cuBLAS and
+# flash attention round a verified block differently from one token, so an
+# output can part from greedy decoding at a near-tie (docs/eval.md). The row
+# beside the default's shows what exact decoding buys and costs.
 # DFLASH_DEMO_USUAL_KERNELS=0 skips it.
-if [ "${DFLASH_DEMO_USUAL_KERNELS:-1}" = "1" ] && [ "$target_family" = "qwen3" ]; then
+if [ "${DFLASH_DEMO_USUAL_KERNELS:-1}" = "1" ]; then
   stage "usual kernels" "4c. the usual kernels: DFlash on the same eval prompts, the target with exact_decoding off"
   "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --set target.exact_decoding=off \
     --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" \

@@ -6,6 +6,7 @@
 #include <decode_sessions.h>
 #include <packed_rows.h>
 #include "decoder_config.h"
+#include "exact_decoding.h"
 #include "graph_stats.h"
 
 #include <ATen/ATen.h>
@@ -57,15 +58,12 @@ struct DecoderOptions {
   // experts (a Qwen3 MoE step reads its routing back to the host, which a
   // graph cannot capture); false runs every step eagerly.
   bool decode_graphs = true;
-  // Incremental decoding on the GPU path: steps of up to 16 tokens run
-  // row-invariant kernels (kernel_ops::invariant_*), so a token verified in
-  // a block gets bitwise the numbers it gets decoded alone, and speculative
-  // decoding gives exactly the target's greedy tokens in bf16 too. kAuto:
-  // wherever that holds (the GPU decoding path, widths in multiples of 8, a
-  // session's scores fitting in shared memory, no experts), the usual kernels
-  // elsewhere; kOn: the constructor and decode_extend throw where it cannot
-  // hold.
-  enum class Exact { kOff, kAuto, kOn };
+  // Incremental decoding on the GPU path (decode_support/exact_decoding.h):
+  // the row-invariant kernels (kernel_ops::invariant_*) wherever they hold
+  // (the GPU decoding path, widths in multiples of 8, a session's scores
+  // fitting in shared memory, no experts); kOn: the constructor and
+  // decode_extend throw where they cannot.
+  using Exact = decode_support::ExactDecoding;
   Exact exact_decoding = Exact::kAuto;
 };
 

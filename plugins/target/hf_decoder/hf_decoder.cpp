@@ -58,14 +58,7 @@ class HfDecoderTarget : public sdk::TargetModel {
                 "allocated between sequences (graphs read its addresses) until the plugin is destroyed; off = every "
                 "step runs eagerly and the pool is freed with its last session",
                 {"auto", "off"})
-        .string("exact_decoding", "auto",
-                "incremental decoding on the GPU path: steps of up to 16 tokens run row-invariant kernels, so a "
-                "token verified in a drafted block gets bitwise the logits it gets decoded alone and speculative "
-                "decoding returns exactly the greedy tokens in bf16 too (docs/target.md). auto = wherever they "
-                "apply (the GPU decoding path, widths in multiples of 8, no experts), the usual kernels elsewhere; "
-                "on = the same, but an error where they cannot apply; off = cuBLAS and flash attention, whose sums "
-                "differ between 1 and 16 rows",
-                {"auto", "on", "off"})
+        .string("exact_decoding", "auto", decode_support::exact_decoding_help(), {"auto", "on", "off"})
         .dump();
   }
 
@@ -87,10 +80,7 @@ class HfDecoderTarget : public sdk::TargetModel {
     o.streams = config.value("streams", int64_t{2});
     o.cudnn_attention = config.value("attention", std::string("auto")) == "auto";
     o.decode_graphs = config.value("decode_graphs", std::string("auto")) == "auto";
-    const std::string exact = config.value("exact_decoding", std::string("auto"));
-    o.exact_decoding = exact == "on"    ? target::DecoderOptions::Exact::kOn
-                       : exact == "off" ? target::DecoderOptions::Exact::kOff
-                                        : target::DecoderOptions::Exact::kAuto;
+    o.exact_decoding = decode_support::parse_exact_decoding(config.value("exact_decoding", std::string("auto")));
     return o;
   }
 

@@ -46,6 +46,7 @@ class HfHybridTarget : public sdk::TargetModel {
                  "how many layers default_layer_ids lists (the drafter's layer count), by the recipe's rule "
                  "(sdk::default_target_layer_ids over all the model's layers, linear and full alike)",
                  Bounds::between(1, 1024))
+        .string("exact_decoding", "auto", decode_support::exact_decoding_help(), {"auto", "on", "off"})
         .dump();
   }
 
@@ -54,8 +55,10 @@ class HfHybridTarget : public sdk::TargetModel {
     const std::string dtype = config.at("dtype").get<std::string>();
     path_ = config.at("path").get<std::string>();
     model_ = load_errors_as_not_found([&] {
+      target::HybridOptions options;
+      options.exact_decoding = decode_support::parse_exact_decoding(config.value("exact_decoding", std::string("auto")));
       return std::make_unique<target::HybridModel>(path_, sdk::parse_dtype(dtype == "auto" ? context.dtype() : dtype),
-                                                   sdk::parse_device(context.device()));
+                                                   sdk::parse_device(context.device()), options);
     });
     if (model_->ignored_tensors() > 0)
       host_->log(DFLASH_LOG_INFO, info.name,
@@ -140,6 +143,7 @@ class HfHybridTarget : public sdk::TargetModel {
     nlohmann::json d = describe_config(model_->config(), feature_layers_);
     d["tokenizer"] = tokenizer_;
     d["text_prefix"] = model_->text_prefix();
+    d["exact_decoding"] = model_->uses_exact_decoding();
     return d;
   }
 

@@ -59,13 +59,24 @@ at::Tensor one_plus(const hf::Checkpoint& ckpt, const std::string& name, int64_t
   return ckpt.get(name, {width}, dtype, device).to(at::kFloat) + 1.0;
 }
 
+// x [..., in] · wᵀ: cuBLAS, or exact decoding's row-invariant kernel
+// (kernel_ops::invariant_linear: a row's result is the same at any row count).
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, bool invariant) {
+  if (!invariant) return at::linear(x, w);
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = w.size(0);
+  at::Tensor rows = x.reshape({-1, x.size(-1)}).contiguous();
+  if (!kernel_ops::invariant_linear_fits(rows, w)) rows = rows.clone();  // a view off the 16-byte alignment
+  return kernel_ops::invariant_linear(rows, w).view(shape);
+}
+
 struct Projected {  // a full-attention layer's queries, keys, values and output gate
   at::Tensor q, k, v, gate;  // q [N, heads, hd]; k, v [N, kv_heads, hd]; gate [N, heads hd]
 };
 Projected project_full(const HybridConfig& c, const FullAttentionWeights& w, const at::Tensor& h, const at::Tensor& cos,
-                       const at::Tensor& sin) {
+                       const at::Tensor& sin, bool invariant = false) {
   const int64_t n = h.size(0), heads = c.num_heads, kv = c.num_kv_heads, hd = c.head_dim;
-  const at::Tensor qkv = at::linear(h, w.qkv);
+  const at::Tensor qkv = project(h, w.qkv, invariant);
   const at::Tensor query_gate = qkv.narrow(1, 0, 2 * heads * hd).view({n, heads, 2 * hd});
   Projected p;
   p.gate = query_gate.narrow(2, hd, hd).reshape({n, heads * hd});
@@ -80,16 +91,18 @@ Projected project_full(const HybridConfig& c, const FullAttentionWeights& w, con
 // cos, sin), its keys and values written into the layer's pools at `slots`
 // (rows of the pools flattened to [rows · capacity, kv_heads, hd]).
 Projected project_into_cache(const HybridConfig& c, const FullAttentionWeights& w, const at::Tensor& h,
-                             const at::Tensor& rotary, at::Tensor& key_pool, at::Tensor& value_pool, const at::Tensor& slots) {
-  Projected p = project_full(c, w, h, rotary.select(1, 0), rotary.select(1, 1));
+                             const at::Tensor& rotary, at::Tensor& key_pool, at::Tensor& value_pool, const at::Tensor& slots,
+                             bool invariant = false) {
+  Projected p = project_full(c, w, h, rotary.select(1, 0), rotary.select(1, 1), invariant);
   key_pool.view({-1, c.num_kv_heads, c.head_dim}).index_copy_(0, slots, p.k);
   value_pool.view({-1, c.num_kv_heads, c.head_dim}).index_copy_(0, slots, p.v);
   return p;
 }
 
 // The output gate and o_proj after attention [N, heads hd].
-at::Tensor finish_full(const FullAttentionWeights& w, const at::Tensor& attention, const at::Tensor& gate) {
-  return at::linear(attention * at::sigmoid(gate), w.o);
+at::Tensor finish_full(const FullAttentionWeights& w, const at::Tensor& attention, const at::Tensor& gate,
+                       bool invariant = false) {
+  return project(attention * at::sigmoid(gate), w.o, invariant);
 }
 
 // SDPA over [B, heads, S, hd] queries with keys and values of kv_heads heads,
@@ -115,10 +128,11 @@ struct LinearResult {
 };
 LinearResult linear_attention(const HybridConfig& c, const LinearAttentionWeights& w, const at::Tensor& h,
                               const at::Tensor& resets, const at::Tensor& window, const at::Tensor& initial,
-                              bool recurrent, bool keep_inputs, const kernel_ops::DeltaChunkPlan* plan = nullptr) {
+                              bool recurrent, bool keep_inputs, const kernel_ops::DeltaChunkPlan* plan = nullptr,
+                              bool invariant = false) {
   const int64_t b = h.size(0), s = h.size(1), conv_dim = c.conv_dim(), vd = c.value_dim();
   const int64_t hv = c.linear_value_heads, hk = c.linear_key_heads, dk = c.linear_key_dim, dv = c.linear_value_dim;
-  const at::Tensor projected = at::linear(h, w.in_proj);  // [B, S, conv_dim + vd + 2 Hv]
+  const at::Tensor projected = project(h, w.in_proj, invariant);  // [B, S, conv_dim + vd + 2 Hv]
   const at::Tensor qkv = projected.narrow(2, 0, conv_dim);
   const at::Tensor z = projected.narrow(2, conv_dim, vd);
   const at::Tensor beta = at::sigmoid(projected.narrow(2, conv_dim + vd, hv));
@@ -146,7 +160,7 @@ LinearResult linear_attention(const HybridConfig& c, const LinearAttentionWeight
     const at::Tensor normed = w.norm * (core * at::rsqrt(core.pow(2).mean(-1, true) + c.rms_norm_eps)).to(h.scalar_type());
     gated = (normed * at::silu(z.view({b, s, hv, dv}).to(at::kFloat))).to(h.scalar_type());
   }
-  r.out = at::linear(gated.view({b, s, vd}), w.out);
+  r.out = project(gated.view({b, s, vd}), w.out, invariant);
   return r;
 }
 
@@ -184,7 +198,7 @@ struct HybridModel::SessionStates {
   std::shared_ptr<const TreeRecord> tree;   // a verified tree awaiting accept_path (null otherwise)
 };
 
-HybridModel::HybridModel(const fs::path& dir, c10::ScalarType dtype, c10::Device device)
+HybridModel::HybridModel(const fs::path& dir, c10::ScalarType dtype, c10::Device device, const HybridOptions& options)
     : config_(read_hybrid_config(dir / "config.json")) {
   const hf::Checkpoint ckpt(dir);
   const HybridConfig& c = config_;
@@ -253,6 +267,46 @@ HybridModel::HybridModel(const fs::path& dir, c10::ScalarType dtype, c10::Device
   linear_states_ = LinearStatePool(c.count(Mixer::kLinearAttention), {c.conv_kernel - 1, c.conv_dim()},
                                    {c.linear_value_heads, c.linear_key_dim, c.linear_value_dim}, embed_.options(),
                                    embed_.options().dtype(at::kFloat));
+  decide_exact_decoding(dir, options.exact_decoding);
+}
+
+// Where exact decoding can hold: the kernels take the activations (CUDA
+// bf16/fp16), every projection's input width is a multiple of 8 (the hidden
+// size, the linear layers' value width, the attention's heads·head_dim, the
+// MLP's width), head_dim suits the attention kernel, and no experts (their
+// grouped GEMMs have no row-invariant form).
+void HybridModel::decide_exact_decoding(const fs::path& dir, decode_support::ExactDecoding setting) {
+  const HybridConfig& c = config_;
+  if (setting == decode_support::ExactDecoding::kOff) return;
+  exact_required_ = setting == decode_support::ExactDecoding::kOn;
+  const bool linear = c.count(Mixer::kLinearAttention) > 0, full = has_full_attention(c);
+  const bool widths = c.hidden_size % 8 == 0 && (!linear || c.value_dim() % 8 == 0) &&
+                      (!full || (c.num_heads * c.head_dim) % 8 == 0) && c.intermediate_size % 8 == 0;
+  const bool attention = !full || kernel_ops::invariant_decode_attention_fits(c.head_dim, 1);
+  exact_decoding_ = kernel_ops::runs_on(embed_) && !c.is_moe() && widths && attention;
+  if (exact_required_ && !exact_decoding_)
+    throw std::runtime_error(
+        dir.string() + ": exact_decoding: on needs a CUDA device in bf16/fp16, no experts (this model: " +
+        (c.is_moe() ? std::to_string(c.moe.experts) + " experts" : std::string("dense")) +
+        "), hidden_size, the linear layers' value width, heads·head_dim and intermediate_size in multiples of 8 (" +
+        std::to_string(c.hidden_size) + ", " + std::to_string(c.value_dim()) + ", " +
+        std::to_string(c.num_heads * c.head_dim) + ", " + std::to_string(c.intermediate_size) +
+        ") and head_dim a multiple of 8 up to 256 (" + std::to_string(c.head_dim) +
+        "); set exact_decoding: auto or off");
+}
+
+bool HybridModel::exact_step(int64_t tokens_in_step, const char* call) const {
+  if (!exact_decoding_ || tokens_in_step > kernel_ops::kInvariantMaxRows) return false;
+  if (!has_full_attention(config_)) return true;
+  const int64_t capacity = kv_.row_capacity();
+  const bool fits = kernel_ops::invariant_decode_attention_fits(config_.head_dim, capacity) &&
+                    kv_.rows() * capacity < static_cast<int64_t>(std::numeric_limits<int32_t>::max());
+  if (!fits && exact_required_)
+    throw std::invalid_argument(std::string(call) + ": exact_decoding holds a session's attention scores in shared "
+                                "memory, which cannot take the pool's " + std::to_string(capacity) +
+                                " tokens per session on this device; use shorter sessions or exact_decoding: auto "
+                                "(the usual kernels past that length)");
+  return fits;
 }
 
 HybridModel::~HybridModel() = default;
@@ -263,16 +317,16 @@ at::Tensor HybridModel::rotary_cos_sin(const at::Tensor& positions) const {
   return at::stack({angles.cos(), angles.sin()}, 1).to(embed_.scalar_type());  // [N, 2, rd]
 }
 
-at::Tensor HybridModel::mlp(const HybridLayerWeights& w, const at::Tensor& x) const {
+at::Tensor HybridModel::mlp(const HybridLayerWeights& w, const at::Tensor& x, bool invariant) const {
   if (config_.is_moe()) return hf::moe_forward(w.moe, config_.moe, x);
-  const at::Tensor gate_up = at::linear(x, w.gate_up);
+  const at::Tensor gate_up = project(x, w.gate_up, invariant);
   const int64_t inter = config_.intermediate_size;
   if (kernel_ops::runs_on(gate_up)) {  // the same rounding, in one pass
     std::vector<int64_t> shape = gate_up.sizes().vec();
     shape.back() = inter;
-    return at::linear(kernel_ops::swiglu(gate_up).view(shape), w.down);
+    return project(kernel_ops::swiglu(gate_up).view(shape), w.down, invariant);
   }
-  return at::linear(at::silu(gate_up.narrow(-1, 0, inter)) * gate_up.narrow(-1, inter, inter), w.down);
+  return project(at::silu(gate_up.narrow(-1, 0, inter)) * gate_up.narrow(-1, inter, inter), w.down, invariant);
 }
 
 HybridOutputs HybridModel::forward(const at::Tensor& input_ids, const at::Tensor& position_ids_in,
@@ -435,13 +489,21 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
   const int64_t capacity = kv_.row_capacity();
   const at::Tensor slots = (rows.unsqueeze(1) * capacity).reshape({count, 1}).expand({count, n}).reshape({tokens_in_step}) +
                            positions;
+  // Exact decoding (HybridOptions): the row-invariant kernels for this step.
+  const bool exact = exact_step(tokens_in_step, count > 1 ? "decode_extend_batch" : "decode_extend");
   at::Tensor rotary;
   c10::optional<at::Tensor> mask;  // query t of session i sees keys [0, length_i + t]
+  at::Tensor cu_k, seqused_k;      // or, exact: where each session's keys start in the pool, and their count
   if (has_full_attention(c)) {
     rotary = rotary_cos_sin(positions);
-    mask = at::zeros({count, 1, n, keys}, embed_.options())
-               .masked_fill_(at::arange(keys, long_options).view({1, 1, 1, keys}).gt(positions.view({count, 1, n, 1})),
-                             -std::numeric_limits<float>::infinity());
+    if (exact) {
+      cu_k = at::cat({rows * capacity, at::full({1}, kv_.rows() * capacity, long_options)}).to(at::kInt);
+      seqused_k = (lengths + n).to(at::kInt);
+    } else {
+      mask = at::zeros({count, 1, n, keys}, embed_.options())
+                 .masked_fill_(at::arange(keys, long_options).view({1, 1, 1, keys}).gt(positions.view({count, 1, n, 1})),
+                               -std::numeric_limits<float>::infinity());
+    }
   }
   // The linear layers' carried windows and states: each session's current
   // buffers in, the other ones out (linear_state_pool.h).
@@ -467,33 +529,37 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
       linear_results[l] = linear_attention(c, w.linear, normed.view({count, n, h}), {},
                                             linear_states_.windows(l).index_select(0, current_buffers),
                                             linear_states_.states(l).index_select(0, current_buffers), recurrent,
-                                            /*keep_inputs=*/true);
+                                            /*keep_inputs=*/true, nullptr, exact);
       mixed = linear_results[l].out.view({tokens_in_step, h});
     } else {
       const int64_t f = full_index_[static_cast<size_t>(i)], hd = c.head_dim;
       at::Tensor& key_pool = kv_.keys(f);
       at::Tensor& value_pool = kv_.values(f);
-      const Projected p = project_into_cache(c, w.full, normed, rotary, key_pool, value_pool, slots);
+      const Projected p = project_into_cache(c, w.full, normed, rotary, key_pool, value_pool, slots, exact);
       // [count, kv, keys, hd]: only the keys in use are gathered (not each
       // row's whole capacity), and consecutive rows are not copied at all.
       auto cached = [&](const at::Tensor& pool) {
         const at::Tensor used = pool.narrow(1, 0, keys);
         return (consecutive_rows ? used.narrow(0, rows_host.front(), count) : used.index_select(0, rows)).transpose(1, 2);
       };
-      const at::Tensor attention = attend(p.q.view({count, n, c.num_heads, hd}).transpose(1, 2), cached(key_pool),
-                                          cached(value_pool), mask, false)
-                                       .transpose(1, 2)
-                                       .reshape({tokens_in_step, c.num_heads * hd});
-      mixed = finish_full(w.full, attention, p.gate);
+      const at::Tensor attention =
+          exact ? kernel_ops::invariant_decode_attention(p.q, key_pool.view({-1, c.num_kv_heads, hd}),
+                                                         value_pool.view({-1, c.num_kv_heads, hd}), cu_k, seqused_k, n,
+                                                         capacity)
+                : attend(p.q.view({count, n, c.num_heads, hd}).transpose(1, 2), cached(key_pool), cached(value_pool),
+                         mask, false)
+                      .transpose(1, 2)
+                      .reshape({tokens_in_step, c.num_heads * hd});
+      mixed = finish_full(w.full, attention, p.gate, exact);
     }
     x = x + mixed;
-    x = x + mlp(w, norm_1p(x, w.post_attention_norm, c.rms_norm_eps));
+    x = x + mlp(w, norm_1p(x, w.post_attention_norm, c.rms_norm_eps), exact);
     if (wanted.count(i)) out.layers[i] = x.view({count, n, h});
   }
   if (logits == HybridLogits::kAll)
-    out.logits = at::linear(norm_1p(x, final_norm_, c.rms_norm_eps), lm_head_).view({count, n, c.vocab_size});
+    out.logits = project(norm_1p(x, final_norm_, c.rms_norm_eps), lm_head_, exact).view({count, n, c.vocab_size});
   if (logits == HybridLogits::kLast)
-    out.logits = at::linear(norm_1p(x.view({count, n, h}).select(1, n - 1), final_norm_, c.rms_norm_eps), lm_head_)
+    out.logits = project(norm_1p(x.view({count, n, h}).select(1, n - 1), final_norm_, c.rms_norm_eps), lm_head_, exact)
                      .unsqueeze(1);
 
   // The new windows and states go to the buffers not current; only now,

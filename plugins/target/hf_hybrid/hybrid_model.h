@@ -16,6 +16,7 @@
 #include "linear_state_pool.h"
 
 #include <decode_sessions.h>
+#include <exact_decoding.h>
 #include <moe.h>
 
 #include <ATen/core/Tensor.h>
@@ -61,6 +62,17 @@ struct HybridOutputs {
   at::Tensor logits;
 };
 
+struct HybridOptions {
+  // Chain decoding steps of up to kernel_ops::kInvariantMaxRows tokens on the
+  // GPU run row-invariant kernels (every projection, the full-attention
+  // layers' attention; the norms, the convolution and the recurrent delta
+  // rule already compute a row alone), so a token verified in a drafted block
+  // gets bitwise the logits it gets decoded alone (docs/target.md). Where:
+  // CUDA bf16/fp16, no experts, every projection's input width a multiple of
+  // 8, head_dim ≤ 256 and a session's scores fitting in shared memory.
+  decode_support::ExactDecoding exact_decoding = decode_support::ExactDecoding::kAuto;
+};
+
 // Which logits a decoding step returns.
 enum class HybridLogits { kNone, kAll, kLast };
 
@@ -70,7 +82,9 @@ class HybridModel {
   // a multimodal folder's text model is read from model.language_model.*,
   // its vision tower ignored (vision_tensors() says how many). Throws
   // std::runtime_error naming the file, key or tensor.
-  HybridModel(const std::filesystem::path& model_dir, c10::ScalarType dtype, c10::Device device);
+  // options.exact_decoding kOn where it cannot apply throws, naming the setting.
+  HybridModel(const std::filesystem::path& model_dir, c10::ScalarType dtype, c10::Device device,
+              const HybridOptions& options = {});
   ~HybridModel();
 
   const HybridConfig& config() const { return config_; }
@@ -79,6 +93,8 @@ class HybridModel {
   // The final norm as the drafter applies it, x̂ · w: (1 + w) of the checkpoint.
   const at::Tensor& final_norm() const { return final_norm_scale_; }
   int64_t ignored_tensors() const { return ignored_tensors_; }
+  // Whether decoding steps run exact decoding's kernels (HybridOptions).
+  bool uses_exact_decoding() const { return exact_decoding_; }
   const std::string& text_prefix() const { return prefix_; }
 
   // input_ids [B, S]; position_ids [B, S] (restarting per packed document)
@@ -119,11 +135,16 @@ class HybridModel {
  private:
   struct SessionStates;
   at::Tensor rotary_cos_sin(const at::Tensor& positions) const;  // [N] → [N, 2, rotary_dim] in dtype
-  at::Tensor mlp(const HybridLayerWeights& w, const at::Tensor& x) const;
+  at::Tensor mlp(const HybridLayerWeights& w, const at::Tensor& x, bool invariant = false) const;
+  // Whether a step of this many tokens runs exact decoding's kernels; with
+  // exact_decoding on, throws where a session's scores would not fit.
+  bool exact_step(int64_t tokens_in_step, const char* call) const;
+  void decide_exact_decoding(const std::filesystem::path& dir, decode_support::ExactDecoding setting);
 
   HybridConfig config_;
   std::string prefix_;  // "model." or "model.language_model."
   int64_t ignored_tensors_ = 0;
+  bool exact_decoding_ = false, exact_required_ = false;
   at::Tensor embed_, lm_head_, final_norm_, final_norm_scale_, inv_freq_;
   std::vector<HybridLayerWeights> layers_;
   std::vector<int64_t> full_index_, linear_index_;  // per layer: its ordinal among its kind, or -1

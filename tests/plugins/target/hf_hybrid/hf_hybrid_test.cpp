@@ -71,10 +71,13 @@ PluginRegistry& registry() {
   return r;
 }
 
+// settings: more of the plugin's config (e.g. exact_decoding).
 std::unique_ptr<TargetModelInstance> open_target(const fs::path& dir, const std::string& dtype = "float32",
-                                                 const std::string& device = "cpu") {
-  return std::make_unique<TargetModelInstance>(registry().find(DFLASH_KIND_TARGET_MODEL, "hf_hybrid"),
-                                               nlohmann::json{{"path", dir.string()}, {"dtype", dtype}, {"feature_layers", 2}},
+                                                 const std::string& device = "cpu",
+                                                 const nlohmann::json& settings = nlohmann::json::object()) {
+  nlohmann::json config = {{"path", dir.string()}, {"dtype", dtype}, {"feature_layers", 2}};
+  config.update(settings);
+  return std::make_unique<TargetModelInstance>(registry().find(DFLASH_KIND_TARGET_MODEL, "hf_hybrid"), config,
                                                InstanceOptions{device, dtype, 0});
 }
 
@@ -463,6 +466,113 @@ TEST(HfHybrid, MalformedInputIsRefusedAndChangesNothing) {
   const int64_t fresh = target->decode_begin(10);
   const torch::Tensor straight = get(target->decode_extend(fresh, torch::tensor({1, 2, 3, 4}), {}, true), "logits");
   EXPECT_LE(relative_error(after, straight[-1].unsqueeze(0)), kSamePathTolerance);
+}
+
+// exact_decoding: on where its kernels cannot apply is refused at load,
+// naming the setting and what it needs; auto takes the usual kernels there
+// and says so.
+TEST(HfHybrid, ExactDecodingWhereItCannotHoldIsRefusedByName) {
+  auto refusal = [](const std::string& name, const std::string& dtype, const std::string& device) {
+    try {
+      open_target(fixture(name), dtype, device, {{"exact_decoding", "on"}});
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string on_cpu = refusal("qwen3_5_wide", "float32", "cpu");
+  EXPECT_CONTAINS(on_cpu, "qwen3_5_wide");
+  EXPECT_CONTAINS(on_cpu, "exact_decoding: on needs a CUDA device in bf16/fp16");
+  EXPECT_CONTAINS(on_cpu, "set exact_decoding: auto or off");
+  EXPECT_FALSE(open_target(fixture("qwen3_5_wide"))->describe().at("exact_decoding").get<bool>());
+  if (torch::cuda::is_available()) {
+    const std::string moe = refusal("qwen3_5_moe_a", "bfloat16", "cuda:0");
+    EXPECT_CONTAINS(moe, "8 experts");
+    EXPECT_CONTAINS(moe, "exact_decoding: on needs");
+    EXPECT_FALSE(open_target(fixture("qwen3_5_moe_a"), "bfloat16", "cuda:0")->describe().at("exact_decoding").get<bool>());
+  }
+}
+
+bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && torch::equal(a.cpu(), b.cpu());
+}
+
+// Exact decoding (GPU, bf16): a drafted block gets bitwise the logits and
+// hidden states its tokens get one at a time — as one block of 16, as 5 + 11,
+// and cut back into a verified block then continued (the recurrent state
+// replayed, the speculative pattern); a batched step of several sessions
+// gives each what it gets alone. The usual kernels stay within bf16 rounding.
+// Fixtures: every dense one (qwen3_5_odd and _wide leave a partial 32-wide k
+// chunk; 1 and 4 query heads per KV head; head_dim 16, 24, 32).
+TEST(HfHybrid, ExactDecodingGivesABlockTheNumbersItsTokensGetAlone) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const auto& name : kDense) {
+    SCOPED_TRACE(name);
+    auto target = open_target(fixture(name), "bfloat16", "cuda:0", {{"exact_decoding", "on"}});
+    ASSERT_TRUE(target->describe().at("exact_decoding").get<bool>());
+    const int64_t vocab = target->describe().at("vocab_size").get<int64_t>();
+    const auto ids = all_layers(*target);
+    torch::manual_seed(17);
+    const torch::Tensor prompt = torch::randint(vocab, {20}, torch::kLong);
+    const torch::Tensor block = torch::randint(vocab, {16}, torch::kLong);
+    // Logits and every layer's hidden state of the tokens given, in steps of `cuts`.
+    auto decode = [&](int64_t session, const std::vector<int64_t>& cuts, int64_t from) {
+      std::vector<torch::Tensor> logits, hidden;
+      for (int64_t cut : cuts) {
+        const NamedTensors out = target->decode_extend(session, block.narrow(0, from, cut), ids, true);
+        logits.push_back(get(out, "logits"));
+        std::vector<torch::Tensor> layers;
+        for (int64_t i : ids) layers.push_back(get(out, "hidden." + std::to_string(i)).reshape({cut, -1}));
+        hidden.push_back(torch::cat(layers, 1));
+        from += cut;
+      }
+      return std::make_pair(torch::cat(logits), torch::cat(hidden));
+    };
+    auto fresh = [&] {
+      const int64_t s = target->decode_begin(64);
+      target->decode_extend(s, prompt, {}, false);
+      return s;
+    };
+    const int64_t one_s = fresh(), block_s = fresh(), split_s = fresh(), cut_s = fresh();
+    const auto one = decode(one_s, std::vector<int64_t>(16, 1), 0);
+    const auto whole = decode(block_s, {16}, 0);
+    const auto split = decode(split_s, {5, 11}, 0);
+    EXPECT_TRUE(bitwise_equal(whole.first, one.first)) << "block of 16: logits";
+    EXPECT_TRUE(bitwise_equal(whole.second, one.second)) << "block of 16: hidden states";
+    EXPECT_TRUE(bitwise_equal(split.first, one.first)) << "5 + 11: logits";
+    EXPECT_TRUE(bitwise_equal(split.second, one.second)) << "5 + 11: hidden states";
+    // Verify a block, accept 7 of it, verify the rest: the state after token 7 replayed.
+    decode(cut_s, {16}, 0);
+    target->decode_truncate(cut_s, 20 + 7);
+    const auto rest = decode(cut_s, {9}, 7);
+    EXPECT_TRUE(bitwise_equal(rest.first, one.first.narrow(0, 7, 9))) << "after a cut: logits";
+    EXPECT_TRUE(bitwise_equal(rest.second, one.second.narrow(0, 7, 9))) << "after a cut: hidden states";
+    // generate's batched steps: one token for each of three sessions.
+    const int64_t a = fresh(), b = fresh(), c = fresh();
+    decode(b, {3}, 0);
+    decode(c, {9}, 0);
+    const torch::Tensor next = block.narrow(0, 0, 3).view({3, 1});
+    const torch::Tensor batched = get(target->decode_extend_batch({a, b, c}, next, {}, LogitRows::kAll), "logits");
+    EXPECT_TRUE(bitwise_equal(batched[0], one.first.narrow(0, 0, 1))) << "batched: a session at the prompt's end";
+    auto alone = [&](int64_t before, int64_t token) {
+      const int64_t s = fresh();
+      if (before > 0) decode(s, {before}, 0);
+      const torch::Tensor l = get(target->decode_extend(s, block.narrow(0, token, 1), {}, true), "logits");
+      target->decode_end(s);
+      return l;
+    };
+    EXPECT_TRUE(bitwise_equal(batched[1], alone(3, 1))) << "batched: a session 3 tokens on";
+    EXPECT_TRUE(bitwise_equal(batched[2], alone(9, 2))) << "batched: a session 9 tokens on";
+    // The usual kernels (exact_decoding off) round the same block within bf16's spacing.
+    auto usual = open_target(fixture(name), "bfloat16", "cuda:0", {{"exact_decoding", "off"}});
+    EXPECT_FALSE(usual->describe().at("exact_decoding").get<bool>());
+    const int64_t u = usual->decode_begin(64);
+    usual->decode_extend(u, prompt, {}, false);
+    const torch::Tensor usual_logits = get(usual->decode_extend(u, block, {}, true), "logits");
+    EXPECT_LE(relative_error(whole.first, usual_logits), 3e-2);
+    for (int64_t s : {one_s, block_s, split_s, cut_s, a, b, c}) target->decode_end(s);
+    usual->decode_end(u);
+  }
 }
 
 void copy_bytes(const fs::path& from, const fs::path& to) {
