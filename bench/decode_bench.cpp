@@ -14,8 +14,9 @@
 // drafted nodes per step (docs/eval.md, "Draft trees") instead of chains.
 //
 // --target hf_hybrid: a Qwen3.5 / Qwen3.6 hybrid folder. That plugin has no
-// kernel, graph or exact-decoding settings, so an arm sets only the drafter's
-// (its target runs as dflash-host runs it; the default arm is eager alone).
+// kernel or graph settings: an arm sets its exact_decoding (on for `exact`,
+// off otherwise) and the drafter's settings; its default arms are exact and
+// eager (the hybrid target's steps always run eagerly).
 //
 // Arms (each its own target and drafter instances):
 //   graphs  GPU kernels, flash decoding, CUDA graphs (decode_graphs: auto), exact_decoding off
@@ -116,7 +117,7 @@ Args parse(int argc, char** argv) {
   if (a.target != "hf_decoder" && a.target != "hf_hybrid")
     throw std::invalid_argument("--target " + a.target + ": takes hf_decoder or hf_hybrid");
   if (a.arms.empty())
-    a.arms = a.target == "hf_hybrid" ? std::vector<std::string>{"eager"} : std::vector<std::string>{"graphs", "eager", "aten"};
+    a.arms = a.target == "hf_hybrid" ? std::vector<std::string>{"exact", "eager"} : std::vector<std::string>{"graphs", "eager", "aten"};
   for (const auto& arm : a.arms)
     if (arm != "graphs" && arm != "exact" && arm != "eager" && arm != "aten")
       throw std::invalid_argument("unknown arm " + arm + " (graphs, exact, eager, aten)");
@@ -209,8 +210,8 @@ int main(int argc, char** argv) {
       target_config["kernels"] = arm == "aten" ? "aten" : "auto";
       target_config["attention"] = "auto";
       target_config["decode_graphs"] = arm_uses_graphs(arm) ? "auto" : "off";
-      target_config["exact_decoding"] = arm == "exact" ? "on" : "off";  // graphs: the usual kernels, to compare
     }
+    target_config["exact_decoding"] = arm == "exact" ? "on" : "off";  // graphs: the usual kernels, to compare
     host::TargetModelInstance target(registry.find(DFLASH_KIND_TARGET_MODEL, args.target), target_config,
                                      {args.device, args.dtype, 0});
     const nlohmann::json info = target.describe();

@@ -30,9 +30,8 @@ out="${OUT:-$work}"
 target_seconds="${DFLASH_DEMO_TARGET_SECONDS:-75}"
 target_layers="${DFLASH_DEMO_TARGET_LAYERS:-12}"
 # qwen3: a dense Qwen3 target (hf_decoder); qwen3_5: the Qwen3.5 / Qwen3.6
-# hybrid of the same width and depth (hf_hybrid: generate runs
-# fewer prompts by default, and 4b, decode_bench's profile of hf_decoder's
-# own arms, is left out).
+# hybrid of the same width and depth (hf_hybrid: generate runs fewer prompts
+# by default, and 4b profiles its arms, exact and eager).
 target_family="${DFLASH_DEMO_TARGET_FAMILY:-qwen3}"
 # Token-level unlikelihood in the target's training (0 = off): a small LM
 # decoded greedily falls into loops, which prompt lookup copies; see docs/quality.md.
@@ -53,7 +52,8 @@ drafter_max_seconds="${DFLASH_DEMO_DRAFTER_MAX_SECONDS:-255}"  # run 11 took 511
 checkpoint_every="${DFLASH_DEMO_CHECKPOINT_EVERY:-500}"
 train_eval_prompts="${DFLASH_DEMO_TRAIN_EVAL_PROMPTS:-8}"
 profile_prompts="${DFLASH_DEMO_PROFILE_PROMPTS:-8}"
-profile_arms="${DFLASH_DEMO_PROFILE_ARMS:-graphs,exact}"
+if [ "$target_family" = "qwen3_5" ]; then default_arms=exact,eager; else default_arms=graphs,exact; fi
+profile_arms="${DFLASH_DEMO_PROFILE_ARMS:-$default_arms}"
 peer_prompts="${DFLASH_DEMO_PEER_PROMPTS:-512}"  # generate beside transformers on the same prompts
 fp32_prompts="${DFLASH_DEMO_FP32_PROMPTS:-8}"  # the fp32 check (DFLASH_DEMO_FP32_CHECK=1: on)
 # 4d: DDTree verification (docs/eval.md, "Draft trees") with the same drafter and
@@ -80,7 +80,8 @@ if [ "${DFLASH_DEMO_SKIP_BUILD:-0}" != "1" ]; then
 fi
 host=("$build/bin/dflash-host" --no-default-plugin-dirs --plugin-dir "$build/lib/dflash-host/plugins")
 paths=(--set "target.path=$work/target")
-[ "$target_family" = "qwen3_5" ] && paths+=(--set "target.plugin=hf_hybrid")
+target_plugin=hf_decoder
+[ "$target_family" = "qwen3_5" ] && target_plugin=hf_hybrid && paths+=(--set "target.plugin=hf_hybrid")
 
 stage target "1. target: tokenizer + $target_family LM, ${target_seconds} s of training"
 python3 "$root/scripts/gpu_demo/train_target.py" --corpus "$root/.corpus/corpus.jsonl.gz" --out "$work" \
@@ -157,8 +158,8 @@ if [ "${DFLASH_DEMO_USUAL_KERNELS:-1}" = "1" ]; then
     --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_usual.json" 2>&1 | tee -a "$log" || note "the eval with exact_decoding off failed (see above)"
 fi
 
-[ "$target_family" = "qwen3" ] && stage "decode profile" "4b. where decode time goes: decode_bench on this target and drafter, the eval prompts"
-[ "$target_family" = "qwen3" ] && "$build/bin/decode_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$work/target" \
+stage "decode profile" "4b. where decode time goes: decode_bench on this target and drafter, the eval prompts"
+"$build/bin/decode_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$work/target" --target "$target_plugin" \
   --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" --max-prompts "$profile_prompts" \
   --max-new-tokens "$eval_new_tokens" --arms "$profile_arms" --json "$out/decode_profile.json" >/dev/null 2>>"$log" || true
 
