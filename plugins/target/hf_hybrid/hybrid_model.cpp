@@ -169,16 +169,33 @@ bool has_full_attention(const HybridConfig& c) { return c.count(Mixer::kFullAtte
 }  // namespace
 
 // A recurrent step's record, shared by the sessions that took it together
-// (row i is sessions[i]'s), for each linear layer: the conv inputs
-// [count, K-1+n, C] (the window before the step, then the step's own) and
-// the delta rule's inputs [count, n, ...]. From it and the state before the
-// step truncate restores any length inside the step, replaying the rule up
-// to the cut — a few KB a token where keeping the states themselves would
-// be Hv·dk·dv·4 bytes (3 MiB at Qwen3.6-27B's shape) a token and layer.
+// (row i is sessions[i]'s), every linear layer stacked first: the conv inputs
+// [L, count, K-1+n, C] (the window before the step, then the step's own) and
+// the delta rule's inputs [L, count, n, ...]. From it and the state before
+// the step truncate restores any length inside the step, replaying the rule
+// up to the cut for all layers in one call — a few KB a token where keeping
+// the states themselves would be Hv·dk·dv·4 bytes (3 MiB at Qwen3.6-27B's
+// shape) a token and layer.
 struct StepRecord {
-  std::vector<at::Tensor> inputs;
-  std::vector<RuleInputs> rule;
+  at::Tensor inputs;
+  RuleInputs rule;
 };
+
+// Stacks the layers' records of one step (each [count, ...]) into one.
+std::shared_ptr<const StepRecord> stacked_record(const std::vector<at::Tensor>& inputs, const std::vector<RuleInputs>& rule) {
+  auto record = std::make_shared<StepRecord>();
+  std::vector<at::Tensor> q, k, v, g, beta;
+  for (const RuleInputs& r : rule) {
+    q.push_back(r.q);
+    k.push_back(r.k);
+    v.push_back(r.v);
+    g.push_back(r.g);
+    beta.push_back(r.beta);
+  }
+  record->inputs = at::stack(inputs);
+  record->rule = {at::stack(q), at::stack(k), at::stack(v), at::stack(g), at::stack(beta)};
+  return record;
+}
 
 // A pending draft tree's per-node inputs, for each linear layer: the conv
 // input [n, C] and the delta rule's inputs [n, 1, ...], in node order.
@@ -422,18 +439,17 @@ void HybridModel::truncate(int64_t session, int64_t length) {
     // The step's first `kept` tokens again, from the state before it: the
     // same operations in the same order (gated_deltanet.h), into the
     // current buffer; the one before the step stays for a shorter cut.
+    // Every layer at once: the recurrent rule takes the layers as its rows
+    // (a row's numbers do not depend on the others').
     const int64_t now = linear_states_.buffer(st.slot, true), before = linear_states_.buffer(st.slot, false);
-    const int64_t row = st.step_row;
-    for (size_t l = 0; l < static_cast<size_t>(linear_layers); ++l) {
-      const RuleInputs& in = st.step->rule[l];
-      auto first_kept = [&](const at::Tensor& t) { return t.narrow(0, row, 1).narrow(1, 0, kept); };
-      const at::Tensor state =
-          gdn::recurrent_delta_rule(first_kept(in.q), first_kept(in.k), first_kept(in.v), first_kept(in.g),
-                                    first_kept(in.beta), linear_states_.states(l).narrow(0, before, 1))
-              .state;
-      linear_states_.states(l).narrow(0, now, 1).copy_(state);
-      linear_states_.windows(l)[now].copy_(st.step->inputs[l][row].narrow(0, kept, taps));
-    }
+    const RuleInputs& in = st.step->rule;
+    auto first_kept = [&](const at::Tensor& t) { return t.select(1, st.step_row).narrow(1, 0, kept); };  // [L, kept, ...]
+    const at::Tensor state =
+        gdn::recurrent_delta_rule(first_kept(in.q), first_kept(in.k), first_kept(in.v), first_kept(in.g),
+                                  first_kept(in.beta), linear_states_.all_states().select(1, before))
+            .state;
+    linear_states_.all_states().select(1, now).copy_(state);
+    linear_states_.all_windows().select(1, now).copy_(st.step->inputs.select(1, st.step_row).narrow(1, kept, taps));
   }
   st.step_tokens = kept;
   s.length = length;
@@ -565,17 +581,17 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
   // The new windows and states go to the buffers not current; only now,
   // with nothing left to throw, do the sessions make them current.
   const int64_t taps = c.conv_kernel - 1;
-  std::shared_ptr<StepRecord> record;
-  if (recurrent && linear_layers > 0) record = std::make_shared<StepRecord>();
+  std::vector<at::Tensor> step_inputs;
+  std::vector<RuleInputs> step_rule;
   for (size_t l = 0; l < linear_results.size(); ++l) {
     const LinearResult& r = linear_results[l];
     linear_states_.windows(l).index_copy_(0, next_buffers, r.inputs.narrow(1, n, taps));
     linear_states_.states(l).index_copy_(0, next_buffers, r.delta.state);
-    if (record) {
-      record->inputs.push_back(r.inputs);
-      record->rule.push_back(r.rule);
-    }
+    step_inputs.push_back(r.inputs);
+    step_rule.push_back(r.rule);
   }
+  std::shared_ptr<const StepRecord> record;
+  if (recurrent && linear_layers > 0) record = stacked_record(step_inputs, step_rule);
   for (int64_t i = 0; i < count; ++i) {
     SessionStates& st = states_.at(ids[static_cast<size_t>(i)]);
     st.step_start = sessions[static_cast<size_t>(i)]->length;
@@ -727,7 +743,8 @@ void HybridModel::accept_path(int64_t id, int64_t tree_start, const std::vector<
   if (linear_layers > 0 && m > 0) {
     const at::Tensor picked = decode_support::upload(path, device);
     const int64_t now = linear_states_.buffer(st.slot, true), next = linear_states_.buffer(st.slot, false);
-    auto step = std::make_shared<StepRecord>();
+    std::vector<at::Tensor> step_inputs;
+    std::vector<RuleInputs> step_rule;
     for (size_t l = 0; l < static_cast<size_t>(linear_layers); ++l) {
       const RuleInputs& in = st.tree->rule[l];
       auto along = [&](const at::Tensor& t) { return t.index_select(0, picked).transpose(0, 1); };  // [m, 1, ...] → [1, m, ...]
@@ -739,11 +756,11 @@ void HybridModel::accept_path(int64_t id, int64_t tree_start, const std::vector<
       const at::Tensor inputs =
           at::cat({linear_states_.windows(l).narrow(0, now, 1), st.tree->conv_inputs[l].index_select(0, picked).unsqueeze(0)}, 1);
       linear_states_.windows(l)[next].copy_(inputs[0].narrow(0, m, taps));
-      step->inputs.push_back(inputs);
-      step->rule.push_back(kept);
+      step_inputs.push_back(inputs);
+      step_rule.push_back(kept);
     }
     linear_states_.flip(st.slot);
-    st.step = step;
+    st.step = stacked_record(step_inputs, step_rule);
     st.step_row = 0;
   }
   st.step_start = tree_start;

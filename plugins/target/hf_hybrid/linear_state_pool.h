@@ -10,6 +10,9 @@
 // buffer and writes the other, then flips which is current; the state before
 // the step stays in the buffer just left, so truncate can go back to it (or
 // replay from it) without a copy taken at every step.
+//
+// Every layer's buffers live in one tensor, layers first, so a cut replays
+// all layers in one call (the recurrent rule takes them as its rows).
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -40,16 +43,25 @@ class LinearStatePool {
   // Makes the other buffer current (after a step wrote it, or to go back).
   void flip(int64_t slot) { parity_[static_cast<size_t>(slot)] ^= 1; }
 
-  // [2 · capacity, window_shape...] and [2 · capacity, state_shape...].
-  at::Tensor& windows(size_t layer) { return windows_[layer]; }
-  at::Tensor& states(size_t layer) { return states_[layer]; }
+  // One layer's buffers, views: [2 · capacity, window_shape...] and
+  // [2 · capacity, state_shape...].
+  at::Tensor windows(size_t layer) const { return windows_.select(0, static_cast<int64_t>(layer)); }
+  at::Tensor states(size_t layer) const { return states_.select(0, static_cast<int64_t>(layer)); }
+  // Every layer's: [layers, 2 · capacity, ...].
+  const at::Tensor& all_windows() const { return windows_; }
+  const at::Tensor& all_states() const { return states_; }
+  // Bumped whenever the buffers move (the pool grows): what read their
+  // addresses (a captured CUDA graph) is stale then.
+  uint64_t generation() const { return generation_; }
 
  private:
   void grow();
 
+  int64_t layers_ = 0;
   std::vector<int64_t> window_shape_, state_shape_;
   at::TensorOptions window_options_, state_options_;
-  std::vector<at::Tensor> windows_, states_;
+  at::Tensor windows_, states_;
+  uint64_t generation_ = 0;
   std::vector<uint8_t> parity_;
   std::vector<bool> used_;
 };
