@@ -47,6 +47,12 @@ class HfHybridTarget : public sdk::TargetModel {
                  "(sdk::default_target_layer_ids over all the model's layers, linear and full alike)",
                  Bounds::between(1, 1024))
         .string("exact_decoding", "auto", decode_support::exact_decoding_help(), {"auto", "on", "off"})
+        .string("decode_graphs", "auto",
+                "a single sequence's decoding steps on the GPU where exact decoding applies (a token, a verified "
+                "block): auto = capture each step shape (tokens, layers returned, logits) as a CUDA graph on its "
+                "second use and replay it after; the KV cache pool then stays allocated between sequences (graphs "
+                "read its addresses) until the plugin is destroyed; off = every step runs eagerly",
+                {"auto", "off"})
         .dump();
   }
 
@@ -57,6 +63,7 @@ class HfHybridTarget : public sdk::TargetModel {
     model_ = load_errors_as_not_found([&] {
       target::HybridOptions options;
       options.exact_decoding = decode_support::parse_exact_decoding(config.value("exact_decoding", std::string("auto")));
+      options.decode_graphs = config.value("decode_graphs", std::string("auto")) == "auto";
       return std::make_unique<target::HybridModel>(path_, sdk::parse_dtype(dtype == "auto" ? context.dtype() : dtype),
                                                    sdk::parse_device(context.device()), options);
     });
@@ -144,6 +151,10 @@ class HfHybridTarget : public sdk::TargetModel {
     d["tokenizer"] = tokenizer_;
     d["text_prefix"] = model_->text_prefix();
     d["exact_decoding"] = model_->uses_exact_decoding();
+    d["decode_graphs"] = model_->uses_decode_graphs();
+    const decode_support::GraphStats& graphs = model_->decode_graph_stats();
+    d["decode_graph_stats"] = {{"captured", graphs.captured}, {"replayed", graphs.replayed}, {"failed", graphs.failed},
+                               {"last_error", graphs.last_error}};
     return d;
   }
 

@@ -3,6 +3,7 @@
 #include "gated_deltanet.h"
 
 #include <checkpoint.h>
+#include <cuda_graph.h>
 #include <host_upload.h>
 #include <pending_trees.h>
 #include <kernel_ops.h>
@@ -285,6 +286,10 @@ HybridModel::HybridModel(const fs::path& dir, c10::ScalarType dtype, c10::Device
                                    {c.linear_value_heads, c.linear_key_dim, c.linear_value_dim}, embed_.options(),
                                    embed_.options().dtype(at::kFloat));
   decide_exact_decoding(dir, options.exact_decoding);
+  if (options.decode_graphs && exact_decoding_ && decode_support::kCudaGraphs) {
+    graphs_ = std::make_unique<DecodeGraphs>(device);
+    kv_.set_keep_when_empty(true, c.generation.max_position_embeddings);  // graphs read the pool's addresses
+  }
 }
 
 // Where exact decoding can hold: the kernels take the activations (CUDA
@@ -455,6 +460,53 @@ void HybridModel::truncate(int64_t session, int64_t length) {
   s.length = length;
 }
 
+// A decoding step's shape and what the host knows of it; the step's device
+// inputs (tokens, params) come apart, so a CUDA graph can replay it.
+struct HybridModel::StepPlan {
+  int64_t count = 0, n = 0;
+  bool exact = false;      // exact decoding's kernels (exact_step)
+  bool recurrent = false;  // the delta rule token by token, its record kept
+  std::set<int64_t> wanted;
+  HybridLogits logits = HybridLogits::kNone;
+  // The usual kernels' attention only (never graphed): the longest session
+  // after the step, and whether the sessions' pool rows are first_row, +1, ….
+  int64_t keys = 0, first_row = 0;
+  bool consecutive_rows = false;
+};
+
+struct HybridModel::StepResult {
+  HybridOutputs out;
+  std::shared_ptr<const StepRecord> record;  // recurrent steps of models with linear layers
+};
+
+// The CUDA graphs of single-session exact steps (HybridOptions::decode_graphs),
+// with their static inputs and outputs.
+struct HybridModel::DecodeGraphs {
+  explicit DecodeGraphs(const c10::Device& device) : pool(device) {}
+  // Tokens in the step, layers returned, logits.
+  using Key = std::tuple<int64_t, std::vector<int64_t>, int>;
+  struct Graph {
+    int64_t uses = 0;
+    bool failed = false;
+    std::unique_ptr<decode_support::CudaGraph> graph;
+    at::Tensor tokens, params;  // static inputs: [n] int64, [1, kStepParams] int64
+    StepResult out;             // static outputs, in the graphs' memory pool
+  };
+  decode_support::CudaGraphPool pool;
+  std::map<Key, Graph> by_shape;
+  // The KV pool's and the linear-state pool's generations the graphs read.
+  std::pair<uint64_t, uint64_t> captured_against{~uint64_t{0}, ~uint64_t{0}};
+  decode_support::GraphStats stats;
+};
+
+namespace {
+// A step's per-session parameters, one int64 row each: pool row, cached
+// length, current linear-state buffer (linear_state_pool.h).
+constexpr int64_t kStepParams = 3;
+// Distinct graphed step shapes kept at most.
+constexpr size_t kMaxGraphs = 64;
+}  // namespace
+
 HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Tensor& tokens_in,
                                   const std::vector<int64_t>& layer_ids, HybridLogits logits) {
   const c10::NoGradGuard no_grad;
@@ -464,10 +516,12 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
   if (count < 1 || tokens_in.dim() != 2 || tokens_in.size(0) != count || tokens_in.size(1) < 1)
     throw std::invalid_argument("decode_extend: tokens must be [sessions, n] with n >= 1; got " +
                                 c10::str(tokens_in.sizes()) + " for " + std::to_string(count) + " sessions");
-  const int64_t n = tokens_in.size(1), h = c.hidden_size, tokens_in_step = count * n;
+  const int64_t n = tokens_in.size(1), tokens_in_step = count * n;
+  StepPlan plan;
+  plan.count = count;
+  plan.n = n;
   std::vector<hf::DecodeSessions::Session*> sessions;
   std::set<int64_t> seen;
-  int64_t keys = 0;
   for (int64_t id : ids) {
     if (!seen.insert(id).second)
       throw std::invalid_argument("decode_extend_batch: session " + std::to_string(id) + " appears twice in one step");
@@ -477,7 +531,7 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
                                   " more tokens would make " + std::to_string(s.length + n) +
                                   ", beyond the session's max_length " + std::to_string(s.capacity));
     sessions.push_back(&s);
-    keys = std::max(keys, s.length + n);
+    plan.keys = std::max(plan.keys, s.length + n);
   }
   if (tokens_in.device().is_cpu() && tokens_in.numel() > 0) {
     const auto [low, high] = at::aminmax(tokens_in);
@@ -485,56 +539,74 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
       throw std::invalid_argument("decode_extend: token ids outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
   }
   hf::check_layer_ids(layer_ids, c.num_layers);
-  const std::set<int64_t> wanted(layer_ids.begin(), layer_ids.end());
+  plan.wanted = std::set<int64_t>(layer_ids.begin(), layer_ids.end());
+  plan.logits = logits;
+  plan.recurrent = n <= kRecurrentMaxTokens;
+  plan.exact = exact_step(tokens_in_step, count > 1 ? "decode_extend_batch" : "decode_extend");
+  // Per session: pool row, length (token t is at position length + t) and
+  // current linear-state buffer — the step's one upload.
+  std::vector<int64_t> params;
+  plan.first_row = sessions.front()->row;
+  plan.consecutive_rows = true;
+  for (int64_t i = 0; i < count; ++i) {
+    const hf::DecodeSessions::Session* s = sessions[static_cast<size_t>(i)];
+    plan.consecutive_rows = plan.consecutive_rows && s->row == plan.first_row + i;
+    params.insert(params.end(), {s->row, s->length, linear_states_.buffer(states_.at(ids[static_cast<size_t>(i)]).slot, true)});
+  }
   // Uploads through page-locked memory without waiting for the device: a
   // pageable copy would make every step wait for the one before.
   const at::Tensor tokens = decode_support::ids_on(tokens_in, device).reshape({tokens_in_step});
-  const auto long_options = tokens.options();
+  StepResult result;
+  const bool graphed = graphs_ && plan.exact && count == 1 && step_graphed(plan, tokens, params, layer_ids, result);
+  if (!graphed) result = step(plan, tokens, decode_support::upload(params, device).view({count, kStepParams}));
 
-  // Per session: its pool row and length; token t of session i is at
-  // position length_i + t.
-  std::vector<int64_t> rows_host, lengths_host;
-  for (auto* s : sessions) {
-    rows_host.push_back(s->row);
-    lengths_host.push_back(s->length);
+  // The step wrote the new windows and states to the buffers not current;
+  // only now, with nothing left to throw, do the sessions make them current.
+  const bool linear = c.count(Mixer::kLinearAttention) > 0;
+  for (int64_t i = 0; i < count; ++i) {
+    SessionStates& st = states_.at(ids[static_cast<size_t>(i)]);
+    st.step_start = sessions[static_cast<size_t>(i)]->length;
+    st.step_tokens = n;
+    st.step_replayable = plan.recurrent;
+    st.step = result.record;
+    st.step_row = i;
+    if (linear) linear_states_.flip(st.slot);
+    sessions[static_cast<size_t>(i)]->length += n;
   }
-  const at::Tensor rows = decode_support::upload(rows_host, device), lengths = decode_support::upload(lengths_host, device);
-  bool consecutive_rows = true;
-  for (size_t i = 1; i < rows_host.size(); ++i) consecutive_rows = consecutive_rows && rows_host[i] == rows_host[0] + static_cast<int64_t>(i);
+  return std::move(result.out);
+}
+
+HybridModel::StepResult HybridModel::step(const StepPlan& plan, const at::Tensor& tokens, const at::Tensor& params) {
+  const HybridConfig& c = config_;
+  const int64_t count = plan.count, n = plan.n, tokens_in_step = count * n, h = c.hidden_size;
+  const at::Tensor rows = params.select(1, 0).contiguous(), lengths = params.select(1, 1);
+  const auto long_options = params.options();
   const at::Tensor positions = (lengths.unsqueeze(1) + at::arange(n, long_options).unsqueeze(0)).reshape({tokens_in_step});
   const int64_t capacity = kv_.row_capacity();
-  const at::Tensor slots = (rows.unsqueeze(1) * capacity).reshape({count, 1}).expand({count, n}).reshape({tokens_in_step}) +
-                           positions;
-  // Exact decoding (HybridOptions): the row-invariant kernels for this step.
-  const bool exact = exact_step(tokens_in_step, count > 1 ? "decode_extend_batch" : "decode_extend");
+  const at::Tensor slots = (rows.unsqueeze(1) * capacity).expand({count, n}).reshape({tokens_in_step}) + positions;
   at::Tensor rotary;
   c10::optional<at::Tensor> mask;  // query t of session i sees keys [0, length_i + t]
   at::Tensor cu_k, seqused_k;      // or, exact: where each session's keys start in the pool, and their count
   if (has_full_attention(c)) {
     rotary = rotary_cos_sin(positions);
-    if (exact) {
+    if (plan.exact) {
       cu_k = at::cat({rows * capacity, at::full({1}, kv_.rows() * capacity, long_options)}).to(at::kInt);
       seqused_k = (lengths + n).to(at::kInt);
     } else {
-      mask = at::zeros({count, 1, n, keys}, embed_.options())
-                 .masked_fill_(at::arange(keys, long_options).view({1, 1, 1, keys}).gt(positions.view({count, 1, n, 1})),
+      mask = at::zeros({count, 1, n, plan.keys}, embed_.options())
+                 .masked_fill_(at::arange(plan.keys, long_options).view({1, 1, 1, plan.keys}).gt(positions.view({count, 1, n, 1})),
                                -std::numeric_limits<float>::infinity());
     }
   }
   // The linear layers' carried windows and states: each session's current
   // buffers in, the other ones out (linear_state_pool.h).
-  const bool recurrent = n <= kRecurrentMaxTokens;
   const int64_t linear_layers = c.count(Mixer::kLinearAttention);
   std::vector<LinearResult> linear_results(static_cast<size_t>(linear_layers));
-  at::Tensor current_buffers, next_buffers;
-  std::vector<int64_t> pool_slots;
-  if (linear_layers > 0) {
-    for (int64_t id : ids) pool_slots.push_back(states_.at(id).slot);
-    current_buffers = linear_states_.current_buffers(pool_slots);
-    next_buffers = current_buffers.bitwise_xor(1);  // the slots' other buffers, without a second copy to the device
-  }
+  const at::Tensor current_buffers = params.select(1, 2).contiguous();
+  const at::Tensor next_buffers = current_buffers.bitwise_xor(1);  // a slot's buffers are rows 2s and 2s + 1
 
-  HybridOutputs out;
+  StepResult result;
+  HybridOutputs& out = result.out;
   at::Tensor x = embed_.index_select(0, tokens);  // [count·n, H]
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const HybridLayerWeights& w = layers_[static_cast<size_t>(i)];
@@ -544,42 +616,42 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
       const size_t l = static_cast<size_t>(linear_index_[static_cast<size_t>(i)]);
       linear_results[l] = linear_attention(c, w.linear, normed.view({count, n, h}), {},
                                             linear_states_.windows(l).index_select(0, current_buffers),
-                                            linear_states_.states(l).index_select(0, current_buffers), recurrent,
-                                            /*keep_inputs=*/true, nullptr, exact);
+                                            linear_states_.states(l).index_select(0, current_buffers), plan.recurrent,
+                                            /*keep_inputs=*/true, nullptr, plan.exact);
       mixed = linear_results[l].out.view({tokens_in_step, h});
     } else {
       const int64_t f = full_index_[static_cast<size_t>(i)], hd = c.head_dim;
       at::Tensor& key_pool = kv_.keys(f);
       at::Tensor& value_pool = kv_.values(f);
-      const Projected p = project_into_cache(c, w.full, normed, rotary, key_pool, value_pool, slots, exact);
+      const Projected p = project_into_cache(c, w.full, normed, rotary, key_pool, value_pool, slots, plan.exact);
       // [count, kv, keys, hd]: only the keys in use are gathered (not each
       // row's whole capacity), and consecutive rows are not copied at all.
       auto cached = [&](const at::Tensor& pool) {
-        const at::Tensor used = pool.narrow(1, 0, keys);
-        return (consecutive_rows ? used.narrow(0, rows_host.front(), count) : used.index_select(0, rows)).transpose(1, 2);
+        const at::Tensor used = pool.narrow(1, 0, plan.keys);
+        return (plan.consecutive_rows ? used.narrow(0, plan.first_row, count) : used.index_select(0, rows)).transpose(1, 2);
       };
       const at::Tensor attention =
-          exact ? kernel_ops::invariant_decode_attention(p.q, key_pool.view({-1, c.num_kv_heads, hd}),
-                                                         value_pool.view({-1, c.num_kv_heads, hd}), cu_k, seqused_k, n,
-                                                         capacity)
-                : attend(p.q.view({count, n, c.num_heads, hd}).transpose(1, 2), cached(key_pool), cached(value_pool),
-                         mask, false)
-                      .transpose(1, 2)
-                      .reshape({tokens_in_step, c.num_heads * hd});
-      mixed = finish_full(w.full, attention, p.gate, exact);
+          plan.exact ? kernel_ops::invariant_decode_attention(p.q, key_pool.view({-1, c.num_kv_heads, hd}),
+                                                              value_pool.view({-1, c.num_kv_heads, hd}), cu_k, seqused_k,
+                                                              n, capacity)
+                     : attend(p.q.view({count, n, c.num_heads, hd}).transpose(1, 2), cached(key_pool),
+                              cached(value_pool), mask, false)
+                           .transpose(1, 2)
+                           .reshape({tokens_in_step, c.num_heads * hd});
+      mixed = finish_full(w.full, attention, p.gate, plan.exact);
     }
     x = x + mixed;
-    x = x + mlp(w, norm_1p(x, w.post_attention_norm, c.rms_norm_eps), exact);
-    if (wanted.count(i)) out.layers[i] = x.view({count, n, h});
+    x = x + mlp(w, norm_1p(x, w.post_attention_norm, c.rms_norm_eps), plan.exact);
+    if (plan.wanted.count(i)) out.layers[i] = x.view({count, n, h});
   }
-  if (logits == HybridLogits::kAll)
-    out.logits = project(norm_1p(x, final_norm_, c.rms_norm_eps), lm_head_, exact).view({count, n, c.vocab_size});
-  if (logits == HybridLogits::kLast)
-    out.logits = project(norm_1p(x.view({count, n, h}).select(1, n - 1), final_norm_, c.rms_norm_eps), lm_head_, exact)
-                     .unsqueeze(1);
+  if (plan.logits == HybridLogits::kAll)
+    out.logits = project(norm_1p(x, final_norm_, c.rms_norm_eps), lm_head_, plan.exact).view({count, n, c.vocab_size});
+  if (plan.logits == HybridLogits::kLast)
+    out.logits =
+        project(norm_1p(x.view({count, n, h}).select(1, n - 1), final_norm_, c.rms_norm_eps), lm_head_, plan.exact)
+            .unsqueeze(1);
 
-  // The new windows and states go to the buffers not current; only now,
-  // with nothing left to throw, do the sessions make them current.
+  // The new windows and states into the buffers not current.
   const int64_t taps = c.conv_kernel - 1;
   std::vector<at::Tensor> step_inputs;
   std::vector<RuleInputs> step_rule;
@@ -590,19 +662,72 @@ HybridOutputs HybridModel::extend(const std::vector<int64_t>& ids, const at::Ten
     step_inputs.push_back(r.inputs);
     step_rule.push_back(r.rule);
   }
-  std::shared_ptr<const StepRecord> record;
-  if (recurrent && linear_layers > 0) record = stacked_record(step_inputs, step_rule);
-  for (int64_t i = 0; i < count; ++i) {
-    SessionStates& st = states_.at(ids[static_cast<size_t>(i)]);
-    st.step_start = sessions[static_cast<size_t>(i)]->length;
-    st.step_tokens = n;
-    st.step_replayable = recurrent;
-    st.step = record;
-    st.step_row = i;
-    if (linear_layers > 0) linear_states_.flip(st.slot);
-    sessions[static_cast<size_t>(i)]->length += n;
+  if (plan.recurrent && linear_layers > 0) result.record = stacked_record(step_inputs, step_rule);
+  return result;
+}
+
+// A single session's exact step through a CUDA graph, captured on a shape's
+// second use and replayed from then on; false: run it eagerly (first use, a
+// failed capture, too many shapes).
+bool HybridModel::step_graphed(const StepPlan& plan, const at::Tensor& tokens, const std::vector<int64_t>& params,
+                               const std::vector<int64_t>& layer_ids, StepResult& result) {
+  DecodeGraphs& d = *graphs_;
+  const std::pair<uint64_t, uint64_t> against{kv_.generation(), linear_states_.generation()};
+  if (against != d.captured_against) {  // a pool moved: every graph reads stale addresses
+    d.by_shape.clear();
+    d.pool.renew();
+    d.captured_against = against;
   }
-  return out;
+  const DecodeGraphs::Key key{plan.n, layer_ids, static_cast<int>(plan.logits)};
+  auto found = d.by_shape.find(key);
+  if (found == d.by_shape.end()) {
+    if (d.by_shape.size() >= kMaxGraphs) return false;
+    found = d.by_shape.emplace(key, DecodeGraphs::Graph{}).first;
+  }
+  DecodeGraphs::Graph& g = found->second;
+  if (g.failed || (!g.graph && ++g.uses < 2)) return false;  // the first use of a shape runs eagerly
+  const auto device = embed_.device();
+  if (!g.graph) {
+    g.tokens = at::empty({plan.n}, at::TensorOptions().dtype(at::kLong).device(device));
+    g.params = at::empty({1, kStepParams}, at::TensorOptions().dtype(at::kLong).device(device));
+  }
+  // This step's inputs into the static buffers (asynchronous copies).
+  g.tokens.copy_(tokens);
+  g.params.copy_(decode_support::host_staging(params, device).view({1, kStepParams}), /*non_blocking=*/true);
+  if (!g.graph) {
+    std::string error;
+    // The warm-up and the replay write the same keys, values, windows and
+    // states (the step reads the current buffers and writes the other ones).
+    g.graph = d.pool.capture([&] { g.out = step(plan, g.tokens, g.params); }, error);
+    if (!g.graph) {
+      g.failed = true;
+      g.out = StepResult{};
+      ++d.stats.failed;
+      d.stats.last_error = error;
+      return false;
+    }
+    ++d.stats.captured;
+  }
+  g.graph->replay();
+  ++d.stats.replayed;
+  // The outputs live in the graphs' pool, which the next replay reuses: the
+  // caller gets its own copies.
+  result = StepResult{};
+  for (const auto& [layer, tensor] : g.out.out.layers) result.out.layers[layer] = tensor.clone();
+  if (g.out.out.logits.defined()) result.out.logits = g.out.out.logits.clone();
+  if (g.out.record) {
+    const StepRecord& r = *g.out.record;
+    auto copy = std::make_shared<StepRecord>();
+    copy->inputs = r.inputs.clone();
+    copy->rule = {r.rule.q.clone(), r.rule.k.clone(), r.rule.v.clone(), r.rule.g.clone(), r.rule.beta.clone()};
+    result.record = std::move(copy);
+  }
+  return true;
+}
+
+const decode_support::GraphStats& HybridModel::decode_graph_stats() const {
+  static const decode_support::GraphStats none;
+  return graphs_ ? graphs_->stats : none;
 }
 
 HybridOutputs HybridModel::verify_tree(int64_t id, const at::Tensor& tokens_in, const std::vector<int64_t>& parents,

@@ -17,6 +17,7 @@
 
 #include <decode_sessions.h>
 #include <exact_decoding.h>
+#include <graph_stats.h>
 #include <moe.h>
 
 #include <ATen/core/Tensor.h>
@@ -71,6 +72,12 @@ struct HybridOptions {
   // CUDA bf16/fp16, no experts, every projection's input width a multiple of
   // 8, head_dim ≤ 256 and a session's scores fitting in shared memory.
   decode_support::ExactDecoding exact_decoding = decode_support::ExactDecoding::kAuto;
+  // A single session's exact steps (eval's decoding: a token, a verified
+  // block) captured as CUDA graphs on a shape's second use and replayed from
+  // then on (decode_support/cuda_graph.h); the KV pool then stays allocated
+  // between sessions (the graphs read its addresses). Only where exact
+  // decoding applies: its kernels' steps read nothing back to the host.
+  bool decode_graphs = true;
 };
 
 // Which logits a decoding step returns.
@@ -95,6 +102,9 @@ class HybridModel {
   int64_t ignored_tensors() const { return ignored_tensors_; }
   // Whether decoding steps run exact decoding's kernels (HybridOptions).
   bool uses_exact_decoding() const { return exact_decoding_; }
+  // Whether single-session exact steps replay CUDA graphs, and how that went.
+  bool uses_decode_graphs() const { return graphs_ != nullptr; }
+  const decode_support::GraphStats& decode_graph_stats() const;
   const std::string& text_prefix() const { return prefix_; }
 
   // input_ids [B, S]; position_ids [B, S] (restarting per packed document)
@@ -134,6 +144,15 @@ class HybridModel {
 
  private:
   struct SessionStates;
+  struct StepPlan;
+  struct StepResult;
+  struct DecodeGraphs;
+  // One decoding step's device work from device inputs alone: tokens
+  // [count·n], params [count, 3] (pool row, length, current linear-state
+  // buffer); writes the KV caches and the linear layers' other buffers.
+  StepResult step(const StepPlan& plan, const at::Tensor& tokens, const at::Tensor& params);
+  bool step_graphed(const StepPlan& plan, const at::Tensor& tokens, const std::vector<int64_t>& params,
+                    const std::vector<int64_t>& layer_ids, StepResult& result);
   at::Tensor rotary_cos_sin(const at::Tensor& positions) const;  // [N] → [N, 2, rotary_dim] in dtype
   at::Tensor mlp(const HybridLayerWeights& w, const at::Tensor& x, bool invariant = false) const;
   // Whether a step of this many tokens runs exact decoding's kernels; with
@@ -151,6 +170,7 @@ class HybridModel {
   hf::DecodeSessions kv_;
   std::map<int64_t, SessionStates> states_;
   LinearStatePool linear_states_;  // the linear layers' windows and states, by SessionStates::slot
+  std::unique_ptr<DecodeGraphs> graphs_;  // null: every step eager
 };
 
 }  // namespace dflash::target

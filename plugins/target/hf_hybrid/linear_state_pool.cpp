@@ -1,7 +1,6 @@
 #include "linear_state_pool.h"
 
 #include <ATen/ATen.h>
-#include <host_upload.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -68,11 +67,5 @@ void LinearStatePool::release(int64_t slot) {
   used_[static_cast<size_t>(slot)] = false;
 }
 
-at::Tensor LinearStatePool::current_buffers(const std::vector<int64_t>& slots) const {
-  std::vector<int64_t> rows;
-  rows.reserve(slots.size());
-  for (int64_t slot : slots) rows.push_back(buffer(slot, true));
-  return decode_support::upload(rows, state_options_.device());  // no wait for the device
-}
 
 }  // namespace dflash::target

@@ -36,10 +36,7 @@ class LinearStatePool {
   // The row of slot's current buffer (current = true) or other buffer in
   // windows(layer) and states(layer).
   int64_t buffer(int64_t slot, bool current) const { return 2 * slot + (parity_[static_cast<size_t>(slot)] ^ (current ? 0 : 1)); }
-  // The rows of many slots' current buffers, as a Long tensor on the pool's
-  // device; their other buffers are these rows ^ 1 (a slot's two are 2s and
-  // 2s + 1).
-  at::Tensor current_buffers(const std::vector<int64_t>& slots) const;
+  // (A slot's two buffers are rows 2s and 2s + 1: the other one is row ^ 1.)
   // Makes the other buffer current (after a step wrote it, or to go back).
   void flip(int64_t slot) { parity_[static_cast<size_t>(slot)] ^= 1; }
 

@@ -484,7 +484,9 @@ TEST(HfHybrid, ExactDecodingWhereItCannotHoldIsRefusedByName) {
   EXPECT_CONTAINS(on_cpu, "qwen3_5_wide");
   EXPECT_CONTAINS(on_cpu, "exact_decoding: on needs a CUDA device in bf16/fp16");
   EXPECT_CONTAINS(on_cpu, "set exact_decoding: auto or off");
-  EXPECT_FALSE(open_target(fixture("qwen3_5_wide"))->describe().at("exact_decoding").get<bool>());
+  const nlohmann::json on_cpu_auto = open_target(fixture("qwen3_5_wide"))->describe();
+  EXPECT_FALSE(on_cpu_auto.at("exact_decoding").get<bool>());
+  EXPECT_FALSE(on_cpu_auto.at("decode_graphs").get<bool>());  // graphs run only exact steps
   if (torch::cuda::is_available()) {
     const std::string moe = refusal("qwen3_5_moe_a", "bfloat16", "cuda:0");
     EXPECT_CONTAINS(moe, "8 experts");
@@ -501,7 +503,8 @@ bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
 // hidden states its tokens get one at a time — as one block of 16, as 5 + 11,
 // and cut back into a verified block then continued (the recurrent state
 // replayed, the speculative pattern); a batched step of several sessions
-// gives each what it gets alone. The usual kernels stay within bf16 rounding.
+// gives each what it gets alone; CUDA graphs replay the eager steps' numbers.
+// The usual kernels stay within bf16 rounding.
 // Fixtures: every dense one (qwen3_5_odd and _wide leave a partial 32-wide k
 // chunk; 1 and 4 query heads per KV head; head_dim 16, 24, 32).
 TEST(HfHybrid, ExactDecodingGivesABlockTheNumbersItsTokensGetAlone) {
@@ -563,6 +566,20 @@ TEST(HfHybrid, ExactDecodingGivesABlockTheNumbersItsTokensGetAlone) {
     };
     EXPECT_TRUE(bitwise_equal(batched[1], alone(3, 1))) << "batched: a session 3 tokens on";
     EXPECT_TRUE(bitwise_equal(batched[2], alone(9, 2))) << "batched: a session 9 tokens on";
+    // The steps above replayed CUDA graphs from a shape's second use (decode_graphs:
+    // auto); the same steps launched eagerly give the same numbers.
+    const nlohmann::json graphs = target->describe().at("decode_graph_stats");
+    EXPECT_GT(graphs.at("captured").get<int64_t>(), 0);
+    EXPECT_GT(graphs.at("replayed").get<int64_t>(), 0);
+    EXPECT_EQ(graphs.at("failed").get<int64_t>(), 0) << graphs.at("last_error");
+    auto eager = open_target(fixture(name), "bfloat16", "cuda:0", {{"exact_decoding", "on"}, {"decode_graphs", "off"}});
+    EXPECT_FALSE(eager->describe().at("decode_graphs").get<bool>());
+    const int64_t e = eager->decode_begin(64);
+    eager->decode_extend(e, prompt, {}, false);
+    std::vector<torch::Tensor> eager_logits;
+    for (int64_t t = 0; t < 16; ++t) eager_logits.push_back(get(eager->decode_extend(e, block.narrow(0, t, 1), {}, true), "logits"));
+    EXPECT_TRUE(bitwise_equal(torch::cat(eager_logits), one.first)) << "graphs against eager steps";
+    eager->decode_end(e);
     // The usual kernels (exact_decoding off) round the same block within bf16's spacing.
     auto usual = open_target(fixture(name), "bfloat16", "cuda:0", {{"exact_decoding", "off"}});
     EXPECT_FALSE(usual->describe().at("exact_decoding").get<bool>());
