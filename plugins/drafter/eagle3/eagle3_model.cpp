@@ -1,5 +1,7 @@
 #include "eagle3_model.h"
 
+#include "ttt_attention.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -125,36 +127,27 @@ Eagle3Model::Pass Eagle3Model::extend(const at::Tensor& embeddings, const at::Te
 at::Tensor Eagle3Model::forward_ttt(const at::Tensor& features, const at::Tensor& embeddings, const TttLayout& layout,
                                     const at::Tensor& documents) const {
   const Eagle3Shape& s = shape_;
-  const int64_t b = features.size(0), length = features.size(1), d = s.head_dim, group = s.heads / s.kv_heads;
+  const int64_t b = features.size(0), length = features.size(1), d = s.head_dim;
   if (features.dim() != 3 || features.size(2) != s.feature_layers * s.target_hidden)
     throw std::invalid_argument("eagle3: features must be [B, S, " + std::to_string(s.feature_layers * s.target_hidden) + "]");
   if (embeddings.dim() != 4 || embeddings.size(0) != layout.steps || embeddings.size(1) != b || embeddings.size(2) != length)
     throw std::invalid_argument("eagle3: embeddings must be [steps, B, S, H]");
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  // Step 0's keys: a query sees its document's positions up to its own.
   const at::Tensor docs = documents.to(features.device(), at::kLong);
-  const at::Tensor index = at::arange(length, docs.options());
-  const at::Tensor visible = docs.unsqueeze(2).eq(docs.unsqueeze(1)).logical_and(index.view({1, -1, 1}).ge(index.view({1, 1, -1})));
-  const at::Tensor bias = at::zeros(visible.sizes(), features.options().dtype(at::kFloat))
-                              .masked_fill_(visible.logical_not(), -std::numeric_limits<float>::infinity())
-                              .unsqueeze(1);  // [B, 1, S, S]
   auto heads_first = [&](const at::Tensor& x, int64_t heads) { return x.view({b, length, heads, d}).transpose(1, 2); };
 
   at::Tensor hidden = at::linear(features, fc_);
-  std::vector<at::Tensor> keys, values, outputs;
+  std::vector<at::Tensor> keys, values, outputs;  // [B, kv_heads, S, d] per step
   for (int64_t k = 0; k < layout.steps; ++k) {
     const at::Tensor positions = layout.positions[k];
     const at::Tensor read = layer_input(embeddings[k], hidden);
     const at::Tensor q = rotate(heads_first(at::linear(read, q_), s.heads), positions, s.rope_theta);
-    keys.push_back(rotate(heads_first(at::linear(read, k_), s.kv_heads), positions, s.rope_theta)
-                       .repeat_interleave(group, 1));  // [B, heads, S, d]
-    values.push_back(heads_first(at::linear(read, v_), s.kv_heads).repeat_interleave(group, 1));
-    // Scores over step 0's keys, then one score per later step (its own position's key).
-    std::vector<at::Tensor> scores{(at::matmul(q, keys[0].transpose(2, 3)) * scale).to(at::kFloat) + bias};
-    for (int64_t j = 1; j <= k; ++j) scores.push_back(((q * keys[j]).sum(-1, true) * scale).to(at::kFloat));
-    const at::Tensor weights = at::softmax(at::cat(scores, -1), -1).to(q.scalar_type());
-    at::Tensor attention = at::matmul(weights.narrow(-1, 0, length), values[0]);
-    for (int64_t j = 1; j <= k; ++j) attention = attention + weights.narrow(-1, length + j - 1, 1) * values[j];
+    keys.push_back(rotate(heads_first(at::linear(read, k_), s.kv_heads), positions, s.rope_theta));
+    values.push_back(heads_first(at::linear(read, v_), s.kv_heads));
+    // Step 0's keys of the document up to the query, then its own position's
+    // keys of steps 1 … k, without an [S, S] score matrix (ttt_attention.h).
+    const at::TensorList own_keys = at::TensorList(keys).slice(1), own_values = at::TensorList(values).slice(1);
+    const at::Tensor attention = ttt_attention(q, keys[0], values[0], own_keys, own_values, docs, scale);
     hidden = layer_output(hidden, attention.transpose(1, 2).reshape({b, length, s.heads * d}));
     outputs.push_back(hidden);
   }

@@ -5,12 +5,15 @@
 // of steps 1 … k).
 #include "draft_vocabulary.h"
 #include "eagle3_model.h"
+#include "ttt_attention.h"
 #include "ttt_layout.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <algorithm>
 #include <map>
 #include <utility>
@@ -264,3 +267,64 @@ TEST(Eagle3Model, DraftingAheadReproducesTheUnrolledSteps) {
 }
 
 }  // namespace
+
+namespace {
+
+// The dense form ttt_attention replaces: one [S, S] score matrix a head.
+at::Tensor dense_ttt_attention(const at::Tensor& q, const at::Tensor& key0, const at::Tensor& value0,
+                               const std::vector<at::Tensor>& own_keys, const std::vector<at::Tensor>& own_values,
+                               const at::Tensor& documents, double scale) {
+  const int64_t group = q.size(1) / key0.size(1), length = q.size(2);
+  auto per_head = [&](const at::Tensor& x) { return x.repeat_interleave(group, 1); };
+  const at::Tensor index = at::arange(length, documents.options());
+  const at::Tensor visible =
+      documents.unsqueeze(2).eq(documents.unsqueeze(1)).logical_and(index.view({1, -1, 1}).ge(index.view({1, 1, -1}))).unsqueeze(1);
+  std::vector<at::Tensor> scores{(at::matmul(q, per_head(key0).transpose(2, 3)) * scale)
+                                     .masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity())};
+  for (const at::Tensor& k : own_keys) scores.push_back((q * per_head(k)).sum(-1, true) * scale);
+  const at::Tensor weights = at::softmax(at::cat(scores, -1), -1);
+  at::Tensor out = at::matmul(weights.narrow(-1, 0, length), per_head(value0));
+  for (size_t j = 0; j < own_values.size(); ++j)
+    out = out + weights.narrow(-1, length + static_cast<int64_t>(j), 1) * per_head(own_values[j]);
+  return out;
+}
+
+}  // namespace
+
+// The chunked attention against the dense form, in fp64: outputs and every
+// gradient, with 2 query heads per KV head, two documents in a row, steps 0
+// to 3 (0 to 3 own keys), and chunks of 1, 5 and all 13 rows.
+TEST(Eagle3TttAttention, ChunkedMatchesTheDenseFormAndItsGradients) {
+  at::manual_seed(11);
+  const int64_t b = 2, heads = 4, kv = 2, length = 13, d = 8;
+  const at::Tensor documents =
+      at::tensor({0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, at::kLong).view({b, length});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (int64_t own = 0; own <= 3; ++own)
+    for (int64_t rows : {int64_t{1}, int64_t{5}, length}) {
+      SCOPED_TRACE("own keys " + std::to_string(own) + ", chunk rows " + std::to_string(rows));
+      auto leaf = [&](int64_t h) { return at::randn({b, h, length, d}, at::kDouble).requires_grad_(true); };
+      const at::Tensor q = leaf(heads), key0 = leaf(kv), value0 = leaf(kv);
+      std::vector<at::Tensor> ok, ov;
+      for (int64_t j = 0; j < own; ++j) {
+        ok.push_back(leaf(kv));
+        ov.push_back(leaf(kv));
+      }
+      const int64_t bytes = rows * b * heads * length * 4;  // exactly `rows` rows a chunk
+      ASSERT_EQ(ttt_attention_chunk_rows(b, heads, length, bytes), rows);
+      const at::Tensor chunked = ttt_attention(q, key0, value0, ok, ov, documents, scale, bytes);
+      const at::Tensor dense = dense_ttt_attention(q, key0, value0, ok, ov, documents, scale);
+      EXPECT_LT((chunked - dense).abs().max().item<double>(), 1e-12);
+      const at::Tensor weight = at::randn(dense.sizes(), at::kDouble);
+      std::vector<at::Tensor> inputs{q, key0, value0};
+      inputs.insert(inputs.end(), ok.begin(), ok.end());
+      inputs.insert(inputs.end(), ov.begin(), ov.end());
+      const auto g_chunked = torch::autograd::grad({(chunked * weight).sum()}, inputs);
+      const auto g_dense = torch::autograd::grad({(dense * weight).sum()}, inputs);
+      for (size_t i = 0; i < inputs.size(); ++i)
+        EXPECT_LT((g_chunked[i] - g_dense[i]).abs().max().item<double>(), 1e-12) << "gradient of input " << i;
+    }
+  EXPECT_THROW(ttt_attention(at::zeros({1, 3, 4, 8}), at::zeros({1, 2, 4, 8}), at::zeros({1, 2, 4, 8}), {}, {},
+                             at::zeros({1, 4}, at::kLong), 1.0),
+               std::invalid_argument);
+}
