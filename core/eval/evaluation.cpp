@@ -40,9 +40,9 @@ void load_drafter_checkpoint(const std::string& path, const host::DrafterInstanc
     return std::invalid_argument(config_file + ": " + key + " is " + theirs.dump() + " but " + whose + " has " + ours.dump() +
                                  "; evaluate the drafter with the target and drafter settings it was trained with");
   };
-  // What must agree: the host's three facts, and what the drafter names
+  // What must agree: the host's two facts, and what the drafter names
   // (ABI 1.5's checkpoint_match) of its own config and of the target's.
-  std::vector<std::string> drafter_keys = {"block_size", "target_layer_ids", "mask_token_id"};
+  std::vector<std::string> drafter_keys = {"block_size", "target_layer_ids"};
   std::vector<std::pair<std::string, std::string>> target_keys;
   if (const std::optional<nlohmann::json> match = drafter.checkpoint_match()) {
     for (const auto& key : match->value("drafter", nlohmann::json::array()))

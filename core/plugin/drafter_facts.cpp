@@ -9,8 +9,8 @@ namespace {
 
 std::invalid_argument refused(const std::string& label, const std::string& what) {
   return std::invalid_argument(label + ": its export_config " + what +
-                               "; the host needs block_size, target_layer_ids and mask_token_id (null when it uses "
-                               "none) from every drafter and guesses none of them (docs/writing-plugins.md, drafter)");
+                               "; the host needs block_size and target_layer_ids from every drafter and guesses "
+                               "neither (docs/writing-plugins.md, drafter)");
 }
 
 int64_t whole_number(const nlohmann::json& value, const std::string& key, int64_t least, const std::string& label) {
@@ -24,15 +24,13 @@ int64_t whole_number(const nlohmann::json& value, const std::string& key, int64_
 DrafterFacts parse_drafter_facts(const std::optional<nlohmann::json>& exported, const std::string& label) {
   if (!exported) throw refused(label, "is missing (the optional slot is empty)");
   if (!exported->is_object()) throw refused(label, "is " + exported->dump() + ", not an object");
-  for (const char* key : {"block_size", "target_layer_ids", "mask_token_id"})
+  for (const char* key : {"block_size", "target_layer_ids"})
     if (!exported->contains(key)) throw refused(label, std::string("has no ") + key);
   DrafterFacts facts;
   facts.block_size = whole_number(exported->at("block_size"), "block_size", 1, label);
   const nlohmann::json& ids = exported->at("target_layer_ids");
   if (!ids.is_array()) throw refused(label, "gives target_layer_ids = " + ids.dump() + ", not a list");
   for (const nlohmann::json& id : ids) facts.target_layer_ids.push_back(whole_number(id, "target_layer_ids[]", 0, label));
-  const nlohmann::json& mask = exported->at("mask_token_id");
-  if (!mask.is_null()) facts.mask_token_id = whole_number(mask, "mask_token_id", 0, label);
   return facts;
 }
 

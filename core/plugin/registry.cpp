@@ -249,11 +249,11 @@ std::string check_descriptor(const dflash_plugin_descriptor* d, PluginRecord& re
   }
   if (kind == DFLASH_KIND_DRAFTER) {
     // ABI 1.5: export_config, optional before, is required (the host reads
-    // the drafter's block, layers and mask token from it).
+    // the drafter's block and layers from it).
     if (record.abi_minor >= 5 && slot_is_null(d->vtable, offsetof(dflash_drafter_vtable, export_config)))
       return kind_who + " (ABI " + abi_string(record.abi_major, record.abi_minor) +
-             ") leaves vtable slot 'export_config' NULL, required since ABI 1.5: it must state block_size, "
-             "target_layer_ids and mask_token_id (docs/writing-plugins.md, drafter); implement it";
+             ") leaves vtable slot 'export_config' NULL, required since ABI 1.5: it must state block_size and "
+             "target_layer_ids (docs/writing-plugins.md, drafter); implement it";
     const std::string problem = group("drafting",
                                       {SlotRule{"draft_begin", offsetof(dflash_drafter_vtable, draft_begin)}, SlotRule{"draft_extend", offsetof(dflash_drafter_vtable, draft_extend)},
                                        SlotRule{"draft_propose", offsetof(dflash_drafter_vtable, draft_propose)}, SlotRule{"draft_end", offsetof(dflash_drafter_vtable, draft_end)}},

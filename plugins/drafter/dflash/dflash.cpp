@@ -398,7 +398,8 @@ class DFlashDrafter : public sdk::Drafter {
   // here: the architecture's shape (a head count can differ where every
   // weight's shape agrees), and the target's vocabulary and width.
   nlohmann::json checkpoint_match() const {
-    return {{"drafter", {"num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"}},
+    return {{"drafter", {"num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                         "mask_token_id"}},
             {"target", {{"vocab_size", "vocab_size"}, {"hidden_size", "hidden_size"}}}};
   }
   nlohmann::json export_config() const {

@@ -505,10 +505,11 @@ typedef struct dflash_drafter_vtable {
   /* Required from ABI 1.5 (the loader refuses a 1.5 drafter that leaves it
    * NULL); optional in 1.0–1.4, where the host then refused the drafter at
    * train or eval. *out_json: borrowed(the next call on self): the fields a
-   * checkpoint's config.json needs. The host reads three facts from it and
+   * checkpoint's config.json needs. The host reads two facts from it and
    * trains or evaluates no drafter that lacks them: "block_size" (integer
-   * ≥ 1), "target_layer_ids" (the target layers it reads, in order) and
-   * "mask_token_id" (an integer, or null when it uses no mask token). */
+   * ≥ 1) and "target_layer_ids" (the target layers it reads, in order).
+   * (1.5 also required "mask_token_id"; from 1.6 it is the drafter's own
+   * key, compared by eval only where checkpoint_match names it.) */
   dflash_error* (*export_config)(dflash_instance* self, const char** out_json);
   /* (optional) Switches dropout and the like; training is the default. */
   dflash_error* (*set_training)(dflash_instance* self, int32_t training);
@@ -554,8 +555,8 @@ typedef struct dflash_drafter_vtable {
    * drafter checkpoint): {"drafter": [key, …], compared with this instance's
    * export_config, and "target": {key: fact, …}, each config.json key
    * compared with that fact of the target's describe}. A key absent on
-   * either side is not compared. NULL: the host compares only the three
-   * facts above (block_size, target_layer_ids, mask_token_id). */
+   * either side is not compared. NULL: the host compares only the two
+   * facts above (block_size, target_layer_ids). */
   dflash_error* (*checkpoint_match)(dflash_instance* self, const char** out_json);
 
   /* (optional, ABI 1.6) The heads the loss uses, for a drafter whose output

@@ -8,8 +8,8 @@
 //     dflash::sdk::TensorDict parameters();     // live trainable leaves, stable names
 //     void bind_target(const nlohmann::json& target, const dflash::sdk::TensorDict& frozen);
 //     dflash::sdk::TensorDict forward(const dflash::sdk::TensorDict& inputs);
-//     nlohmann::json export_config() const;     // the checkpoint's config.json, with block_size,
-//                                               // target_layer_ids and mask_token_id (required, ABI 1.5)
+//     nlohmann::json export_config() const;     // the checkpoint's config.json, with block_size
+//                                               // and target_layer_ids (required, ABI 1.5)
 //     // optional:
 //     void set_training(bool training);
 //     // optional (ABI 1.5): the config.json keys a checkpoint must share before its weights load,
@@ -80,7 +80,7 @@ struct KindTraits<T, DFLASH_KIND_DRAFTER> : TorchKind {
                 "a Drafter plugin needs `void bind_target(const nlohmann::json& target, const TensorDict& frozen)`");
   static_assert(has_export_config<T>::value,
                 "a Drafter plugin needs `nlohmann::json export_config() const` (required since ABI 1.5), stating "
-                "block_size, target_layer_ids and mask_token_id");
+                "block_size and target_layer_ids");
 
   static_assert(!has_loss_heads<T>::value || std::is_same_v<typename has_loss_heads<T>::type, TensorDict>,
                 "loss_heads() must return a TensorDict {\"lm_head\", \"teacher_lm_head\"}");
