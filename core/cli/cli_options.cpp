@@ -76,6 +76,8 @@ po::options_description visible_options() {
       ("verify", po::value<std::string>(), "eval: how a step verifies its drafts: chain (the drafter's block, default) or "
        "tree (DDTree: the best --tree-nodes paths through the drafter's top candidates, one target pass)")
       ("tree-nodes", po::value<int64_t>(), "eval with --verify tree: drafted nodes per step (the newest token not counted)")
+      ("draft-tokens", po::value<int64_t>(), "eval with chain verification: tokens the drafter proposes a step (default: "
+       "its block_size - 1, e.g. an EAGLE-3 drafter's trained depth)")
       ("no-warmup", "eval: time the first prompt cold (by default it is decoded once, untimed, before the clocks run)")
       ("batch-size", po::value<int64_t>(), "generate: sequences decoded together, one target pass per step (default 1)")
       ("temperature", po::value<double>(), "generate: sample at this temperature (default 0: greedy)")
@@ -240,6 +242,9 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
       throw std::invalid_argument("--verify " + options.verify + ": takes chain or tree");
   }
   in_range("tree-nodes", options.tree_nodes, 1, "a number of nodes");
+  in_range("draft-tokens", options.draft_tokens, 1, "a number of tokens");
+  if (options.verify == "tree" && vm.count("draft-tokens"))
+    throw std::invalid_argument("--draft-tokens sets a chain's length; a draft tree's size is --tree-nodes");
   if (options.verify == "tree" && options.tree_nodes == 0)
     throw std::invalid_argument("--verify tree needs --tree-nodes N, the drafted nodes a step verifies (DDTree sweeps 16 to 128)");
   if (options.verify != "tree" && vm.count("tree-nodes"))

@@ -40,6 +40,7 @@ struct CliOptions {
   bool warmup = true;                             // --no-warmup turns off
   std::string verify = "chain";                   // --verify chain|tree (eval): how drafts are verified
   int64_t tree_nodes = 0;                         // --tree-nodes N: drafted nodes per step with --verify tree
+  int64_t draft_tokens = 0;                       // --draft-tokens N: a chain's proposals per step (0: the drafter's)
   // generate (and --prompts, --max-new-tokens, --max-length, --prompt-tokens,
   // --max-prompts, --report, --out)
   int64_t batch_size = 1;                 // --batch-size N: sequences decoded together

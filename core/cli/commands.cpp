@@ -602,6 +602,7 @@ int evaluate(const CliOptions& options) {
   settings.baseline = options.baseline;
   settings.warmup = options.warmup;
   if (options.verify == "tree") settings.verification = {eval::Verification::Kind::kTree, options.tree_nodes};
+  settings.draft_tokens = options.draft_tokens;
   if (!settings.drafter_checkpoint.empty()) eval::load_drafter_checkpoint(settings.drafter_checkpoint, run.drafter(), target_info);
   const std::vector<eval::Prompt> prompts = eval::read_prompts(settings, target_info);
   const nlohmann::json report = eval::evaluate(run.target(), run.drafter(), run.drafter_facts(), prompts, settings, target_info);

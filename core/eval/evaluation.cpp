@@ -93,7 +93,9 @@ nlohmann::json evaluate(const host::TargetModelInstance& target, const host::Dra
     throw std::invalid_argument(target.record().label() + " cannot decode incrementally (no decode_* slots); eval needs a target that can");
   if (!drafter.can_draft())
     throw std::invalid_argument(drafter.record().label() + " cannot propose tokens (no draft_* slots); eval needs a drafter that can");
-  const int64_t block_size = facts.block_size;
+  // A step verifies the newest token and its proposals: the drafter's block,
+  // or draft_tokens + 1 where eval sets its own draft length.
+  const int64_t block_size = s.draft_tokens > 0 ? s.draft_tokens + 1 : facts.block_size;
   if (block_size < kMinDecodeBlockSize)
     throw std::invalid_argument(drafter.record().label() + ": its block_size is " + std::to_string(block_size) +
                                 "; speculative decoding needs blocks of " + std::to_string(kMinDecodeBlockSize) +
@@ -182,6 +184,7 @@ nlohmann::json evaluate(const host::TargetModelInstance& target, const host::Dra
       {"drafter", drafter.record().name},
       {"drafter_checkpoint", s.drafter_checkpoint},
       {"block_size", block_size},
+      {"draft_tokens", block_size - 1},
       {"prompts", prompts.size()},
       {"max_new_tokens", limits.max_new_tokens},
       {"max_length", limits.max_length},

@@ -29,6 +29,11 @@ struct EvalSettings {
   // only τ matters (training's periodic eval, ab).
   bool warmup = true;
   Verification verification;  // chain (default) or a draft tree of verification.tree_nodes nodes
+  // Chain decoding: tokens the drafter is asked for a step. 0: its
+  // block_size − 1 (a DFlash drafter's block; an autoregressive drafter's,
+  // e.g. EAGLE-3's, trained depth). A drafter may propose fewer (the ABI's
+  // 0 ≤ m ≤ count: a DFlash drafter never more than its block − 1).
+  int64_t draft_tokens = 0;
 };
 
 // The report's path, checked before anything is loaded (prompts.h).

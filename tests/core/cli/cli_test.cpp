@@ -307,7 +307,9 @@ TEST(Cli, EvalChecksItsNumbersAndPathsFirst) {
       {"--verify tree", "--verify tree needs --tree-nodes N"},
       {"--tree-nodes 8", "--tree-nodes sizes a draft tree: it needs --verify tree"},
       {"--verify tree --tree-nodes 0", "--tree-nodes 0: takes a number of nodes from 1 to 16777216"},
-      {"--verify tree --tree-nodes 16777217", "--tree-nodes 16777217: takes a number of nodes from 1 to 16777216"}};
+      {"--verify tree --tree-nodes 16777217", "--tree-nodes 16777217: takes a number of nodes from 1 to 16777216"},
+      {"--draft-tokens 0", "--draft-tokens 0: takes a number of tokens from 1 to 16777216"},
+      {"--verify tree --tree-nodes 8 --draft-tokens 3", "--draft-tokens sets a chain's length; a draft tree's size is --tree-nodes"}};
   for (const auto& [flag, message] : numbers) {
     HostRun r = host(command + " --prompts " + prompts + " " + flag);
     EXPECT_EQ(r.status, 2) << flag;

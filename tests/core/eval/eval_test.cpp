@@ -719,6 +719,35 @@ TEST(Eval, TheWarmupChangesNoResult) {
   EXPECT_EQ(cold.at("acceptance_by_position"), warm.at("acceptance_by_position"));
 }
 
+// --draft-tokens: a chain asks the drafter for that many tokens a step,
+// whatever its block, and stays lossless.
+TEST(Eval, DraftTokensSetTheChainsLength) {
+  auto target = quickstart_target();
+  const auto& record = registry().find(DFLASH_KIND_DRAFTER, "prompt_lookup");
+  DrafterInstance lookup(record, prompt_lookup_config(16), host::InstanceOptions{"cpu", "float32", 7});
+  lookup.bind_target(target->describe(),
+                     host::place_frozen_weights(target->frozen_weights(), "hf_decoder", torch::kCPU, torch::kFloat));
+  eval::EvalSettings s;
+  s.prompts_file = kHeldout;
+  s.max_prompts = 3;
+  s.max_new_tokens = 64;
+  const auto info = target->describe();
+  const auto prompts = eval::read_prompts(s, info);
+  const nlohmann::json whole = eval::evaluate(*target, lookup, host::drafter_facts(lookup), prompts, s, info);
+  s.draft_tokens = 2;
+  const nlohmann::json short_chain = eval::evaluate(*target, lookup, host::drafter_facts(lookup), prompts, s, info);
+  EXPECT_EQ(whole.at("draft_tokens"), 15);
+  EXPECT_EQ(short_chain.at("draft_tokens"), 2);
+  EXPECT_EQ(short_chain.at("block_size"), 3);
+  int64_t longest = 0;
+  for (const auto& [tokens, count] : short_chain.at("tau_histogram").items()) longest = std::max<int64_t>(longest, std::stoll(tokens));
+  EXPECT_LE(longest, 3);  // the newest token and at most 2 proposals a step
+  int64_t longest_whole = 0;
+  for (const auto& [tokens, count] : whole.at("tau_histogram").items()) longest_whole = std::max<int64_t>(longest_whole, std::stoll(tokens));
+  EXPECT_GT(longest_whole, 3) << "the quickstart prompts repeat enough for prompt lookup to take longer chains";
+  EXPECT_TRUE(short_chain.at("lossless").get<bool>()) << eval::format_report(short_chain);
+}
+
 // The fp32 lossless check loads a checkpoint trained in bf16 into an fp32
 // drafter: copy_ converts, every value exactly (bf16 ⊂ fp32), the drafter stays fp32.
 TEST(Eval, ABf16CheckpointLoadsIntoAnFp32Drafter) {
