@@ -504,7 +504,7 @@ bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
 // and cut back into a verified block then continued (the recurrent state
 // replayed, the speculative pattern); a batched step of several sessions
 // gives each what it gets alone; CUDA graphs replay the eager steps' numbers.
-// The usual kernels stay within bf16 rounding.
+// Against fp32, its error is the usual kernels'.
 // Fixtures: every dense one (qwen3_5_odd and _wide leave a partial 32-wide k
 // chunk; 1 and 4 query heads per KV head; head_dim 16, 24, 32).
 TEST(HfHybrid, ExactDecodingGivesABlockTheNumbersItsTokensGetAlone) {
@@ -580,15 +580,26 @@ TEST(HfHybrid, ExactDecodingGivesABlockTheNumbersItsTokensGetAlone) {
     for (int64_t t = 0; t < 16; ++t) eager_logits.push_back(get(eager->decode_extend(e, block.narrow(0, t, 1), {}, true), "logits"));
     EXPECT_TRUE(bitwise_equal(torch::cat(eager_logits), one.first)) << "graphs against eager steps";
     eager->decode_end(e);
-    // The usual kernels (exact_decoding off) round the same block within bf16's spacing.
+    // The same function as the usual kernels (exact_decoding off): against
+    // the fp32 logits of the same block, its bf16 error is the usual kernels'
+    // (check_bf16's criterion: these random fixtures amplify rounding layer by
+    // layer — a max-norm bound between two bf16 roundings fails on
+    // qwen3_5_odd at 0.6 of the scale — where a wrong operation is off
+    // everywhere).
     auto usual = open_target(fixture(name), "bfloat16", "cuda:0", {{"exact_decoding", "off"}});
+    auto fp32 = open_target(fixture(name), "float32", "cuda:0");
     EXPECT_FALSE(usual->describe().at("exact_decoding").get<bool>());
-    const int64_t u = usual->decode_begin(64);
-    usual->decode_extend(u, prompt, {}, false);
-    const torch::Tensor usual_logits = get(usual->decode_extend(u, block, {}, true), "logits");
-    EXPECT_LE(relative_error(whole.first, usual_logits), 3e-2);
+    auto block_logits = [&](TargetModelInstance& t) {
+      const int64_t session = t.decode_begin(64);
+      t.decode_extend(session, prompt, {}, false);
+      const torch::Tensor logits = get(t.decode_extend(session, block, {}, true), "logits");
+      t.decode_end(session);
+      return logits;
+    };
+    const torch::Tensor truth = block_logits(*fp32);
+    const double exact_error = token_median_error(whole.first, truth), usual_error = token_median_error(block_logits(*usual), truth);
+    EXPECT_LE(exact_error, 2 * usual_error + 1e-2) << "usual kernels: " << usual_error;
     for (int64_t s : {one_s, block_s, split_s, cut_s, a, b, c}) target->decode_end(s);
-    usual->decode_end(u);
   }
 }
 
