@@ -10,7 +10,8 @@
 #      DFlash eval again with the target's exact decoding off (4c,
 #      DFLASH_DEMO_USUAL_KERNELS=0 skips it), and in fp32 on request
 #      (DFLASH_DEMO_FP32_CHECK=1); then DDTree verification at node budgets
-#      16, 32, 64, 128 (4d, DFLASH_DEMO_TREE_NODES; "" skips it).
+#      16, 32, 64, 128 (4d, DFLASH_DEMO_TREE_NODES; "" skips it); on request
+#      (DFLASH_DEMO_EAGLE3=1) an EAGLE-3 drafter beside DFlash (4e).
 # Everything is made inside the run (nothing survives between device calls).
 #
 #   scripts/gpu_demo.sh            # on the GPU machine; carry .deps/debs and .corpus
@@ -56,6 +57,10 @@ if [ "$target_family" = "qwen3_5" ]; then default_arms=exact,eager; else default
 profile_arms="${DFLASH_DEMO_PROFILE_ARMS:-$default_arms}"
 peer_prompts="${DFLASH_DEMO_PEER_PROMPTS:-512}"  # generate beside transformers on the same prompts
 fp32_prompts="${DFLASH_DEMO_FP32_PROMPTS:-8}"  # the fp32 check (DFLASH_DEMO_FP32_CHECK=1: on)
+# 4e (DFLASH_DEMO_EAGLE3=1): an EAGLE-3 drafter (docs/eagle3.md) trained on the
+# same regenerated data for the same time budget, evaluated on the same prompts.
+eagle3_steps="${DFLASH_DEMO_EAGLE3_STEPS:-$drafter_steps}"
+eagle3_vocab="${DFLASH_DEMO_EAGLE3_VOCAB:-2048}"  # a quarter of the demo target's 8,192, as 32k is of Llama 3's 128k
 # 4d: DDTree verification (docs/eval.md, "Draft trees") with the same drafter and
 # prompts at each node budget, beside the chain of stage 4 ("" skips it).
 tree_nodes="${DFLASH_DEMO_TREE_NODES-16 32 64 128}"
@@ -156,6 +161,23 @@ if [ "${DFLASH_DEMO_USUAL_KERNELS:-1}" = "1" ]; then
   "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --set target.exact_decoding=off \
     --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" \
     --max-new-tokens "$eval_new_tokens" --report "$work/eval_dflash_usual.json" 2>&1 | tee -a "$log" || note "the eval with exact_decoding off failed (see above)"
+fi
+
+if [ "${DFLASH_DEMO_EAGLE3:-0}" = "1" ]; then
+  stage eagle3 "4e. EAGLE-3 on the same data, target and prompts: token counts, ${eagle3_steps} steps, eval"
+  eagle3=(--drafter eagle3 --set "drafter.token_counts=$work/token_counts.json" --set "drafter.draft_vocab_size=$eagle3_vocab")
+  "${host[@]}" token-counts --config "$root/configs/gpu-demo.json" "${paths[@]}" --set "data.path=$work/train.jsonl" \
+    --out "$work/token_counts.json" 2>&1 | tee -a "$log" || note "token-counts failed (see above)"
+  if ! timeout --signal=TERM --kill-after=30 "$drafter_max_seconds" "${host[@]}" train --config "$root/configs/gpu-demo.json" \
+    "${paths[@]}" "${eagle3[@]}" --set "data.path=$work/train.jsonl" --set "train.output_dir=$work/run_eagle3" \
+    --set "train.eval_prompts=$work/eval_prompts.jsonl" --set "train.eval_every=0" --set "train.steps=$eagle3_steps" \
+    --set "train.checkpoint_every=$checkpoint_every" >>"$log" 2>&1; then
+    note "EAGLE-3 training stopped at its time budget (${drafter_max_seconds} s) or failed; its last checkpoint is evaluated"
+  fi
+  cp "$work/run_eagle3/metrics.jsonl" "$out/metrics_eagle3.jsonl" 2>/dev/null || true
+  "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${paths[@]}" --drafter eagle3 --drafter-checkpoint "$work/run_eagle3" \
+    --prompts "$work/eval_prompts.jsonl" --max-new-tokens "$eval_new_tokens" --report "$out/eval_eagle3.json" 2>&1 | tee -a "$log" \
+    || note "the EAGLE-3 eval failed (see above)"
 fi
 
 stage "decode profile" "4b. where decode time goes: decode_bench on this target and drafter, the eval prompts"

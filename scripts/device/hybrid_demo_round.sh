@@ -18,7 +18,7 @@ pack() { tar czf "$out/0_all.tgz" -C "$out" --exclude 0_all.tgz . 2>/dev/null ||
 date -u +%Y-%m-%dT%H:%MZ > "$out/machine.txt"
 nvidia-smi --query-gpu=name,memory.total --format=csv >> "$out/machine.txt" 2>&1 || true
 DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host decode_bench delta_rule_tests hybrid_target_tests \
-dflash_target_hf_hybrid dflash_target_hf_decoder dflash_drafter_dflash dflash_drafter_prompt_lookup dflash_data_jsonl \
+dflash_target_hf_hybrid dflash_target_hf_decoder dflash_drafter_dflash dflash_drafter_eagle3 dflash_drafter_prompt_lookup dflash_data_jsonl \
 dflash_loss_fused_ckpt_kl dflash_scheduler_warmup_cosine" \
   "$root/scripts/device/build.sh" > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; pack; exit 1; }
 echo "built at ${SECONDS} s"

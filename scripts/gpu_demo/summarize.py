@@ -205,6 +205,7 @@ def main():
     trained_on = load(os.path.join(args.work, "eval_dflash_train_prompts.json"))
     fp32 = load(os.path.join(args.work, "eval_dflash_fp32.json"))
     usual = load(os.path.join(args.work, "eval_dflash_usual.json"))
+    eagle3 = load(os.path.join(args.out, "eval_eagle3.json"))
     profile = load(os.path.join(args.out, "decode_profile.json"))
     tree_profile = load(os.path.join(args.out, "decode_profile_tree.json"))
     gen = load(os.path.join(args.work, "generate.json"))
@@ -220,6 +221,7 @@ def main():
                "eval_dflash_train_prompts": eval_summary(trained_on),
                "eval_dflash_fp32": eval_summary(fp32),
                "eval_dflash_usual_kernels": eval_summary(usual),
+               "eval_eagle3": eval_summary(eagle3),
                "decode_profile": profile,
                "generate": gen, "generate_slice": gen_slice, "generate_transformers": peer,
                "last_training_record": next((m for m in reversed(metrics) if "loss" in m), None)}
@@ -238,6 +240,8 @@ def main():
         lines.append(eval_row("DFlash, fp32: the lossless check", fp32))
     if usual:
         lines.append(eval_row("DFlash, the target's exact_decoding off (target alone: the same kernels)", usual))
+    if eagle3:
+        lines.append(eval_row("EAGLE-3 (trained here, same data and target)", eagle3))
     sweep = tree_sweep(args.out)
     for nodes, report in sweep.items():
         lines.append(eval_row(f"DFlash, draft tree of {nodes} nodes (same drafter, same prompts)", report))

@@ -94,6 +94,8 @@ class Eagle3Drafter : public sdk::Drafter {
   void bind_target(const nlohmann::json& target, const sdk::TensorDict& frozen) {
     const int64_t layers = target.at("num_layers").get<int64_t>();
     target_vocab_ = target.at("vocab_size").get<int64_t>();
+    // Serving frameworks size the rotary tables from it (0: the target does not say).
+    max_positions_ = target.value("max_position_embeddings", int64_t{0});
     layer_ids_ = config_.at("target_layer_ids").get<std::vector<int64_t>>();
     if (layer_ids_.empty()) layer_ids_ = default_layer_ids(layers);
     if (static_cast<int64_t>(layer_ids_.size()) != kFeatureLayers)
@@ -265,7 +267,7 @@ class Eagle3Drafter : public sdk::Drafter {
 
   nlohmann::json export_config() const {
     const Eagle3Shape& s = bound().shape();
-    return {{"architectures", {"LlamaForCausalLMEagle3"}},
+    nlohmann::json config = {{"architectures", {"LlamaForCausalLMEagle3"}},
             {"model_type", "llama"},
             {"hidden_size", s.hidden},
             {"target_hidden_size", s.target_hidden},
@@ -282,9 +284,10 @@ class Eagle3Drafter : public sdk::Drafter {
             // The host's facts: the rows of step k are slot k + 1.
             {"block_size", steps_ + 1},
             {"target_layer_ids", layer_ids_},
-            {"mask_token_id", nullptr},
             {"eagle_config", {{"eagle_aux_hidden_state_layer_ids", layer_ids_}}},
             {"eagle3_config", {{"ttt_steps", steps_}, {"ttt_decay", decay_}}}};
+    if (max_positions_ > 0) config["max_position_embeddings"] = max_positions_;  // absent where the target does not say
+    return config;
   }
   nlohmann::json checkpoint_match() const {
     return {{"drafter", {"hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
@@ -334,6 +337,7 @@ class Eagle3Drafter : public sdk::Drafter {
   int64_t steps_;
   double decay_;
   int64_t target_vocab_ = 0;
+  int64_t max_positions_ = 0;
   std::vector<int64_t> layer_ids_;
   bool vocabulary_from_counts_ = false;
   std::unique_ptr<Eagle3Model> model_;
