@@ -9,6 +9,11 @@
 //                [--prompts FILE.jsonl --prompt-tokens 64 | --random-prompts]  [--max-prompts 8]
 //                [--max-new-tokens 128] [--dtype bfloat16] [--arms graphs,exact,eager,aten] [--json out.json]
 //                [--trace PREFIX] [--verify chain|tree --tree-nodes N]
+//                [--drafter NAME [--drafter-set key=value ...]]
+//
+// --drafter NAME: another drafter plugin than dflash (e.g. eagle3), configured
+// from its schema's defaults and --drafter-set; its checkpoint is loaded as
+// eval loads one. The arms' graph settings apply to the dflash drafter only.
 //
 // --verify tree: speculative decoding verifies DDTree draft trees of N
 // drafted nodes per step (docs/eval.md, "Draft trees") instead of chains.
@@ -38,6 +43,7 @@
 #include "bench_args.h"
 #include "kineto_trace.h"
 #include "checkpoint/checkpoint.h"
+#include "config/config_schema.h"
 #include "eval/divergence.h"
 #include "eval/evaluation.h"
 #include "eval/prompts.h"
@@ -67,6 +73,8 @@ using namespace dflash;
 struct Args {
   std::string plugin_dir, model, drafter_checkpoint, prompts, json, trace, dtype = "bfloat16", device = "cuda:0";
   std::string target = "hf_decoder";
+  std::string drafter = "dflash";
+  nlohmann::json drafter_settings = nlohmann::json::object();  // --drafter-set key=value, for a drafter other than dflash
   std::vector<std::string> arms;  // none given: the target's default arms
   int64_t random_drafter_layers = 0, block_size = 16, prompt_tokens = 64, max_prompts = 8, max_new_tokens = 128;
   bool random_prompts = false;
@@ -99,6 +107,16 @@ Args parse(int argc, char** argv) {
     else if (r.is("--device")) a.device = r.text();
     else if (r.is("--arms")) a.arms = split(r.text(), ',');
     else if (r.is("--target")) a.target = r.text();
+    else if (r.is("--drafter")) a.drafter = r.text();
+    else if (r.is("--drafter-set")) {
+      const std::string pair = r.text();
+      const auto eq = pair.find('=');
+      if (eq == std::string::npos || eq == 0) throw std::invalid_argument("--drafter-set " + pair + ": takes key=value");
+      // A number or JSON literal where it parses as one, else a string.
+      const std::string value = pair.substr(eq + 1);
+      nlohmann::json parsed = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+      a.drafter_settings[pair.substr(0, eq)] = parsed.is_discarded() ? nlohmann::json(value) : parsed;
+    }
     else if (r.is("--json")) a.json = r.text();
     else if (r.is("--trace")) a.trace = r.text();
     else if (r.is("--verify")) {
@@ -242,9 +260,11 @@ int main(int argc, char** argv) {
     std::vector<int64_t> layer_ids;
     int64_t block_size = args.block_size;
     if (speculative) {
-      drafter = std::make_unique<host::DrafterInstance>(registry.find(DFLASH_KIND_DRAFTER, "dflash"),
-                                                        drafter_config(args, exported, arm),
-                                                        host::InstanceOptions{args.device, args.dtype, 1});
+      const auto& record = registry.find(DFLASH_KIND_DRAFTER, args.drafter);
+      const nlohmann::json config =
+          args.drafter == "dflash" ? drafter_config(args, exported, arm)
+                                   : config::validate_and_fill(record.schema, args.drafter_settings, "drafter", record.label());
+      drafter = std::make_unique<host::DrafterInstance>(record, config, host::InstanceOptions{args.device, args.dtype, 1});
       drafter->bind_target(info, host::place_frozen_weights(target.frozen_weights(), args.target, device,
                                                              sdk::parse_dtype(args.dtype)));
       drafter->set_training(false);
