@@ -18,7 +18,7 @@ namespace dflash::host {
 class DrafterInstance;
 
 struct DrafterFacts {
-  int64_t block_size = 0;                 // tokens per block: the anchor's and block_size − 1 predicted ones
+  int64_t block_size = 0;                 // tokens a decoding step verifies: the newest and block_size − 1 proposed
   std::vector<int64_t> target_layer_ids;  // 0-based decoder layers, in the order the drafter reads them
 };
 

@@ -21,7 +21,7 @@ const nlohmann::json& train_schema() {
   using sdk::Bounds;
   static const nlohmann::json schema =
       sdk::Schema()
-          .integer("seed", 0, "seed for every random choice of the run (data order, init, anchors)", Bounds::between(0, kMaxSeed))
+          .integer("seed", 0, "seed for every random choice of the run (data order, init, the drafter's sampling)", Bounds::between(0, kMaxSeed))
           .device("device", "cpu", "where the target and the drafter run: cpu, cuda or cuda:N")
           .string("dtype", "float32", "compute dtype of the target and the drafter", {"float32", "bfloat16", "float16"})
           .integer("steps", 1000, "optimizer steps of the run", Bounds::between(1, kMaxSteps))

@@ -98,7 +98,7 @@ std::string first_line(const std::exception& e) {
 // What one step adds up to on this rank, then (reduce) over all ranks.
 struct StepFigures {
   double loss_sum = 0;  // Σ of the micro-batches' loss values
-  int64_t micro_batches = 0, target_tokens = 0, block_rows = 0;
+  int64_t micro_batches = 0, target_tokens = 0, loss_rows = 0;
   bool data_ended = false;
   int stop_signal = 0;  // SIGTERM/SIGINT seen by this rank (then by any: the largest)
   SlotTally tally;
@@ -119,7 +119,7 @@ void reduce_figures(StepFigures& f, int64_t block_size, dist::Collective& group,
   p[0] = f.loss_sum;
   p[1] = static_cast<double>(f.micro_batches);
   p[2] = static_cast<double>(f.target_tokens);
-  p[3] = static_cast<double>(f.block_rows);
+  p[3] = static_cast<double>(f.loss_rows);
   p[4] = f.data_ended ? 1 : 0;
   p[5] = f.slots_seen ? 1 : 0;
   for (int64_t i = 0; i < k && i < static_cast<int64_t>(f.tally.correct.size()); ++i) {
@@ -136,7 +136,7 @@ void reduce_figures(StepFigures& f, int64_t block_size, dist::Collective& group,
   f.loss_sum = p[0];
   f.micro_batches = static_cast<int64_t>(p[1]);
   f.target_tokens = static_cast<int64_t>(p[2]);
-  f.block_rows = static_cast<int64_t>(p[3]);
+  f.loss_rows = static_cast<int64_t>(p[3]);
   f.data_ended = p[4] > 0;
   f.slots_seen = p[5] > 0;
   if (f.slots_seen) {
@@ -387,7 +387,7 @@ void Trainer::consume(MicroBatch& mb, int64_t step, int64_t micro, bool last_on_
   f.loss_sum += value;
   f.micro_batches += 1;
   f.target_tokens += require_tensor(mb.batch, "input_ids", "the data source").numel();
-  f.block_rows += call.hidden.size(0);
+  f.loss_rows += call.hidden.size(0);
   loss_metrics_.add(call, out);
   if (const at::Tensor slot = find_tensor(mb.drafted, "slot"); slot.defined()) {
     f.tally.add(slot, loss_metrics_.top1_hits(call, out), call.targets.ne(call.ignore_index), run_.drafter_facts().block_size);
@@ -441,7 +441,7 @@ bool Trainer::record(int64_t step, StepFigures& f, const RankFigures& ranks, dou
                  {"lr", lr},
                  {"grad_norm", grad_norm},
                  {"tokens_per_s", static_cast<double>(f.target_tokens) / seconds},
-                 {"block_tokens_per_s", static_cast<double>(f.block_rows) / seconds},
+                 {"loss_rows_per_s", static_cast<double>(f.loss_rows) / seconds},
                  {"step_seconds", seconds},
                  {"memory_current_bytes", mem.current_bytes},
                  {"memory_peak_bytes", mem.peak_bytes},

@@ -104,8 +104,8 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 one = next((r for r in rows if r.get("world_size", 1) == 1), None)
 for r in rows:
     n = r.get("world_size", 1)
-    rate = r.get("world_block_tokens_per_s", r["block_tokens_per_s"])
-    ratio = rate / one["block_tokens_per_s"] if one else float("nan")
+    rate = r.get("loss_rows_per_s", r.get("block_tokens_per_s"))
+    ratio = rate / one.get("loss_rows_per_s", one.get("block_tokens_per_s")) if one else float("nan")
     ranks = "; ".join(f"rank {x['rank']} {x['step_ms']:.1f} ms, {x['step_peak_gib']:.2f} / {x['total_peak_gib']:.2f} GiB"
                       for x in r.get("ranks", []))
     print(f"{n} GPU(s){' sharded AdamW' if r.get('shard_optimizer') else ''}: {rate:.0f} block tokens/s = {ratio:.3f} x one GPU "
