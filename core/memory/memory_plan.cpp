@@ -178,6 +178,12 @@ DevicePlan compute_plan(const PlanInputs& in) {
     if (in.role == PlanRole::kDrafterRank) add(frozen, "host", copy, kEveryPhase, "received from target rank 0");
     else if (target_dtype == in.dtype) add(frozen, "host", 0, kEveryPhase, "shared with the target's weights: same device and dtype");
     else add(frozen, "host", copy, kEveryPhase, "copied from the target's " + target_dtype);
+    // A drafter's teacher head (ABI 1.6): the target's lm_head rows of its
+    // vocabulary, a copy the drafter holds beside its own head.
+    const int64_t teacher_hidden = fact(in.drafter.facts, "teacher_hidden", 0);
+    if (teacher_hidden > 0)
+      add("the drafter's teacher head (the target's lm_head rows of its vocabulary)", in.drafter_label,
+          Bytes(fact(in.drafter.facts, "loss_vocab", vocab)) * teacher_hidden * e, kEveryPhase);
   }
 
   // The drafter's parameters and what the host keeps for them (a target rank has none).

@@ -92,10 +92,18 @@ DevicePlan plan_for(const host::PluginRegistry& registry, const nlohmann::json& 
     shape.struct_size = sizeof(shape);
     shape.rows = fact(in.drafter.facts, "loss_rows");
     shape.hidden = fact(in.drafter.facts, "hidden_size", fact(in.target.facts, "hidden_size"));
-    shape.vocab = fact(in.target.facts, "vocab_size");
+    // A drafter with a head of its own (ABI 1.6's loss_heads) says what the
+    // loss scores: its vocabulary, a trainable weight, a teacher head of
+    // another width. Otherwise the target's frozen head over its vocabulary.
+    shape.vocab = fact(in.drafter.facts, "loss_vocab", fact(in.target.facts, "vocab_size"));
     shape.teacher_kind = in.teacher ? DFLASH_TEACHER_HIDDEN : DFLASH_TEACHER_NONE;
     shape.element_bytes = static_cast<int32_t>(element_bytes(in.dtype));
-    shape.weight_trainable = 0;
+    shape.weight_trainable = in.drafter.facts.value("loss_weight_trainable", false) ? 1 : 0;
+    const int64_t teacher_hidden = fact(in.drafter.facts, "teacher_hidden", 0);
+    if (in.teacher && teacher_hidden > 0) {
+      shape.separate_teacher_weight = 1;
+      shape.teacher_hidden = teacher_hidden;
+    }
     in.loss = instance.estimate_memory(shape);
   }
   return memory::compute_plan(in);

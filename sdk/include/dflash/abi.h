@@ -534,7 +534,11 @@ typedef struct dflash_drafter_vtable {
    * "row_length", "teacher" (bool: "last_hidden" is among its inputs)}.
    * Facts: "parameters" (trainable elements, created in the request's
    * dtype), "target_layer_ids", "loss_rows" (the most rows its forward hands
-   * the loss), "hidden_size" (of those rows). Items: whatever it holds beyond
+   * the loss), "hidden_size" (of those rows); with loss_heads (ABI 1.6)
+   * also "loss_vocab" (its head's rows, V_d), "loss_weight_trainable" (bool)
+   * and "teacher_hidden" (H_t of its teacher head, 0 or absent: none), so
+   * the loss is sized over its vocabulary and the teacher head counted;
+   * without them, the target's vocabulary and frozen head. Items: whatever it holds beyond
    * its parameters and the host's frozen weights (RESIDENT), its forward's
    * tensors saved for backward (ACTIVATIONS; its outputs included) and its
    * backward's working memory (BACKWARD). The host counts parameters,

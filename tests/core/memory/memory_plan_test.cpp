@@ -81,6 +81,34 @@ int64_t line(const memory::DevicePlan& plan, const std::string& category) {
   return -1;
 }
 
+// A drafter with a head of its own (ABI 1.6) states its loss's shape: the
+// plan sizes the loss over its vocabulary with a trainable weight and a
+// teacher head of its own, and counts that teacher head; without those facts
+// the loss would be sized over the target's 301 tokens.
+TEST(MemoryPlan, ADrafterWithItsOwnHeadSizesTheLossOverItsVocabulary) {
+  const host::PluginRegistry plugins = registry();
+  nlohmann::json small = small_root();
+  small["drafter"] = {{"plugin", "test_vocab_drafter"}, {"draft_vocab", 7}};
+  const nlohmann::json root = with_defaults(plugins, small);
+  const memory::DevicePlan plan = train::plan_run(plugins, root);
+  ASSERT_TRUE(plan.complete()) << plan.missing.front();
+  EXPECT_EQ(line(plan, "drafter weights"), (2 * 72 * 72 + 7 * 72) * 4);
+  EXPECT_EQ(line(plan, "the drafter's teacher head (the target's lm_head rows of its vocabulary)"), 7 * 72 * 4);
+  host::InstanceOptions options;
+  nlohmann::json loss_config = root["loss"];
+  loss_config.erase("plugin");
+  const host::LossInstance loss(plugins.find(DFLASH_KIND_LOSS, "fused_ckpt_kl"), loss_config, options);
+  // 2 rows of 64 tokens: 128 loss rows of width 72.
+  dflash_loss_shape own{sizeof(dflash_loss_shape), 128, 72, 7, 0, DFLASH_TEACHER_HIDDEN, 4, 1, 1, 72};
+  dflash_loss_shape target_head{sizeof(dflash_loss_shape), 128, 72, 301, 0, DFLASH_TEACHER_HIDDEN, 4, 0, 0, 0};
+  const auto estimate = loss.estimate_memory(own), on_target_head = loss.estimate_memory(target_head);
+  ASSERT_TRUE(estimate.has_value() && on_target_head.has_value());
+  EXPECT_EQ(line(plan, "loss: kept for backward"), static_cast<int64_t>(estimate->saved_for_backward_bytes));
+  EXPECT_EQ(line(plan, "loss: working memory at its peak"),
+            static_cast<int64_t>(estimate->peak_bytes - estimate->saved_for_backward_bytes));
+  ASSERT_NE(estimate->peak_bytes, on_target_head->peak_bytes);  // so the line above tells the two apart
+}
+
 TEST(MemoryPlan, EveryCategoryMatchesTheHandComputedValueForASmallConfig) {
   const host::PluginRegistry plugins = registry();
   // Attention keeping every call's q, k and v first (the default, rows, has
