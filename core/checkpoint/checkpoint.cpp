@@ -6,6 +6,7 @@
 #include <dflash/sdk/safetensors_torch.hpp>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -420,6 +421,24 @@ std::vector<std::string> resume_from(const std::string& root, int64_t step) {
   write_text(root + "/latest", name + "\n");
   fsync_path(root);
   return set_aside;
+}
+
+std::optional<TensorMismatch> first_mismatch(const std::map<std::string, at::Tensor>& saved,
+                                             const host::NamedTensors& into, bool exact_dtype) {
+  for (const auto& [name, tensor] : into) {
+    const auto found = saved.find(name);
+    if (found == saved.end()) return TensorMismatch{TensorMismatch::Kind::kMissing, name, at::Tensor(), tensor};
+    if (found->second.sizes() != tensor.sizes())
+      return TensorMismatch{TensorMismatch::Kind::kShape, name, found->second, tensor};
+    if (exact_dtype && found->second.scalar_type() != tensor.scalar_type())
+      return TensorMismatch{TensorMismatch::Kind::kDtype, name, found->second, tensor};
+  }
+  return std::nullopt;
+}
+
+void copy_saved(const std::map<std::string, at::Tensor>& saved, const host::NamedTensors& into) {
+  const c10::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : into) tensor.copy_(saved.at(name));
 }
 
 DrafterDirectory load_drafter(const std::string& path) {

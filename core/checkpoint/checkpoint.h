@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -93,6 +94,23 @@ struct DrafterDirectory {
   host::NamedTensors weights;
 };
 DrafterDirectory load_drafter(const std::string& path);
+
+// Restoring a drafter's tensors in place from a checkpoint's weights (resume
+// and eval alike). The first tensor of `into` that `saved` cannot fill:
+// missing, of another shape, or — exact_dtype — of another dtype (else a
+// saved tensor is converted on copy: a bf16 run's weights into an fp32
+// eval). Callers word the error for their own command.
+struct TensorMismatch {
+  enum class Kind { kMissing, kShape, kDtype };
+  Kind kind = Kind::kMissing;
+  std::string name;
+  at::Tensor saved, wanted;  // saved undefined when missing
+};
+std::optional<TensorMismatch> first_mismatch(const std::map<std::string, at::Tensor>& saved,
+                                             const host::NamedTensors& into, bool exact_dtype);
+// Copies saved[name] into each tensor of `into`, which first_mismatch found
+// all fillable (nothing is copied before every tensor is known to fit).
+void copy_saved(const std::map<std::string, at::Tensor>& saved, const host::NamedTensors& into);
 
 // JSON text for files the host writes: strings that are not valid UTF-8
 // (a path, say) are written with U+FFFD instead of failing the write.

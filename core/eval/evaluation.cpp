@@ -62,28 +62,28 @@ void load_drafter_checkpoint(const std::string& path, const host::DrafterInstanc
       if (id.get<int64_t>() >= target_info["num_layers"].get<int64_t>())
         throw std::invalid_argument(config_file + ": target_layer_ids holds " + id.dump() + ", but the target has only " +
                                     target_info["num_layers"].dump() + " layers");
-  const c10::NoGradGuard no_grad;
-  std::map<std::string, at::Tensor> weights(saved.weights.begin(), saved.weights.end());
-  auto restore = [&](const host::NamedTensors& tensors, bool exact_dtype) {
-    for (const auto& [name, tensor] : tensors) {
-      auto it = weights.find(name);
-      if (it == weights.end())
-        throw std::invalid_argument(saved.dir + "/model.safetensors: tensor '" + name + "' is missing for this drafter");
-      if (it->second.sizes() != tensor.sizes())
-        throw std::invalid_argument(saved.dir + "/model.safetensors: tensor '" + name + "' has shape " +
-                                    c10::str(it->second.sizes()) + ", the drafter's is " + c10::str(tensor.sizes()));
-      // Parameters load into the dtype evaluated in (a bf16 run's weights
-      // upcast exactly to fp32); a buffer's values (a vocabulary map, say)
-      // must not be converted.
-      if (exact_dtype && it->second.scalar_type() != tensor.scalar_type())
-        throw std::invalid_argument(saved.dir + "/model.safetensors: buffer '" + name + "' holds " +
-                                    std::string(c10::toString(it->second.scalar_type())) + " values, the drafter's is " +
-                                    c10::toString(tensor.scalar_type()));
-      tensor.copy_(it->second);
+  const std::map<std::string, at::Tensor> weights(saved.weights.begin(), saved.weights.end());
+  // Parameters load into the dtype evaluated in (a bf16 run's weights upcast
+  // exactly to fp32); a buffer's values (a vocabulary map, say) must not be
+  // converted. Everything is checked before anything is copied.
+  const host::NamedTensors parameters = drafter.parameters(), buffers = drafter.buffers();
+  for (const auto& [tensors, exact_dtype] : {std::pair{&parameters, false}, std::pair{&buffers, true}})
+    if (const std::optional<checkpoint::TensorMismatch> bad = checkpoint::first_mismatch(weights, *tensors, exact_dtype)) {
+      const std::string file = saved.dir + "/model.safetensors: ";
+      switch (bad->kind) {
+        case checkpoint::TensorMismatch::Kind::kMissing:
+          throw std::invalid_argument(file + "tensor '" + bad->name + "' is missing for this drafter");
+        case checkpoint::TensorMismatch::Kind::kShape:
+          throw std::invalid_argument(file + "tensor '" + bad->name + "' has shape " + c10::str(bad->saved.sizes()) +
+                                      ", the drafter's is " + c10::str(bad->wanted.sizes()));
+        case checkpoint::TensorMismatch::Kind::kDtype:
+          throw std::invalid_argument(file + "buffer '" + bad->name + "' holds " +
+                                      std::string(c10::toString(bad->saved.scalar_type())) + " values, the drafter's is " +
+                                      c10::toString(bad->wanted.scalar_type()));
+      }
     }
-  };
-  restore(drafter.parameters(), false);
-  restore(drafter.buffers(), true);
+  checkpoint::copy_saved(weights, parameters);
+  checkpoint::copy_saved(weights, buffers);
 }
 
 nlohmann::json evaluate(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,

@@ -301,24 +301,23 @@ void Trainer::resume() {
   const ResumeState state = read_trainer_state(saved);
   check_resume_changes(resume_changes(saved.trainer_state, run_.resolved_config(), plugins_record_), saved.dir,
                        options_.allow_config_change);
-  const c10::NoGradGuard no_grad;
-  std::map<std::string, at::Tensor> weights(saved.weights.begin(), saved.weights.end());
+  // A tensor of another dtype would be converted number by number (an I32
+  // label on float bytes trains on garbage): the run wrote its own dtype.
+  // Everything is checked before anything is copied.
+  const std::map<std::string, at::Tensor> weights(saved.weights.begin(), saved.weights.end());
   for (const auto& [tensors, kind] : {std::pair{&parameters_, "parameter"}, std::pair{&buffers_, "buffer"}})
-    for (const auto& [name, tensor] : *tensors) {
-      auto it = weights.find(name);
-      if (it == weights.end() || it->second.sizes() != tensor.sizes())
-        throw std::runtime_error(saved.dir + "/model.safetensors: '" + name +
+    if (const std::optional<checkpoint::TensorMismatch> bad = checkpoint::first_mismatch(weights, *tensors, true)) {
+      if (bad->kind != checkpoint::TensorMismatch::Kind::kDtype)
+        throw std::runtime_error(saved.dir + "/model.safetensors: '" + bad->name +
                                  "' is missing or misshapen for this drafter; resume with the configuration that wrote it");
-      // A tensor of another dtype would be converted number by number (an I32
-      // label on float bytes trains on garbage): the run wrote its own dtype.
-      if (it->second.scalar_type() != tensor.scalar_type())
-        throw std::runtime_error(saved.dir + "/model.safetensors: '" + name + "' holds " +
-                                 std::string(c10::toString(it->second.scalar_type())) + " values where this drafter's " +
-                                 kind + " is " + c10::toString(tensor.scalar_type()) +
-                                 "; the file was altered, or written with another train.dtype: resume with the "
-                                 "configuration that wrote it");
-      tensor.copy_(it->second);
+      throw std::runtime_error(saved.dir + "/model.safetensors: '" + bad->name + "' holds " +
+                               std::string(c10::toString(bad->saved.scalar_type())) + " values where this drafter's " + kind +
+                               " is " + c10::toString(bad->wanted.scalar_type()) +
+                               "; the file was altered, or written with another train.dtype: resume with the "
+                               "configuration that wrote it");
     }
+  checkpoint::copy_saved(weights, parameters_);
+  checkpoint::copy_saved(weights, buffers_);
   try {
     optimizer_->load_state(saved.optimizer);
   } catch (const std::runtime_error& e) {  // name the file the state came from

@@ -71,6 +71,36 @@ void expect_same_run(const std::string& a, const std::string& b, int steps) {
 
 // ---- checksums -----------------------------------------------------------------
 
+// Restoring a drafter's tensors (resume and eval share it): every kind of
+// mismatch is found before anything is copied, and a dtype is converted only
+// where the caller allows it.
+TEST(CheckpointRestore, MismatchesAreFoundBeforeAnythingIsCopied) {
+  const std::map<std::string, torch::Tensor> saved = {{"a", torch::ones({2, 3})}, {"b", torch::full({4}, 7.0)},
+                                                      {"map", torch::arange(3, torch::kLong)}};
+  torch::Tensor a = torch::zeros({2, 3}), b = torch::zeros({4}), map = torch::zeros({3}, torch::kLong);
+  using Kind = checkpoint::TensorMismatch::Kind;
+  const torch::Tensor wide = torch::zeros({5});
+  const auto shape = checkpoint::first_mismatch(saved, {{"a", a}, {"b", wide}}, false);
+  ASSERT_TRUE(shape.has_value());
+  EXPECT_EQ(shape->kind, Kind::kShape);
+  EXPECT_EQ(shape->name, "b");
+  const auto missing = checkpoint::first_mismatch(saved, {{"a", a}, {"c", b}}, false);
+  ASSERT_TRUE(missing.has_value());
+  EXPECT_EQ(missing->kind, Kind::kMissing);
+  EXPECT_FALSE(missing->saved.defined());
+  const torch::Tensor as_float = torch::zeros({3});
+  EXPECT_FALSE(checkpoint::first_mismatch(saved, {{"map", as_float}}, false).has_value());  // converted on copy
+  const auto dtype = checkpoint::first_mismatch(saved, {{"map", as_float}}, true);
+  ASSERT_TRUE(dtype.has_value());
+  EXPECT_EQ(dtype->kind, Kind::kDtype);
+  EXPECT_EQ(a.sum().item<double>(), 0.0);  // nothing copied by the checks
+  ASSERT_FALSE(checkpoint::first_mismatch(saved, {{"a", a}, {"b", b}, {"map", map}}, true).has_value());
+  checkpoint::copy_saved(saved, {{"a", a}, {"b", b}, {"map", map}});
+  EXPECT_TRUE(torch::equal(a, saved.at("a")));
+  EXPECT_TRUE(torch::equal(b, saved.at("b")));
+  EXPECT_TRUE(torch::equal(map, saved.at("map")));
+}
+
 TEST(Checksum, Xxh64MatchesTheReferenceVectorsInAnyChunking) {
   auto hash = [](const std::string& text, size_t split) {
     hash::Xxh64 h;
