@@ -498,7 +498,10 @@ typedef struct dflash_drafter_vtable {
    *   "hidden"      [N, H] after the final norm (carries the grad graph)
    *   "targets"     [N] int64, DFLASH_IGNORE_INDEX (-100) where nothing is supervised
    *   "row_weights" [N] float
-   *   "slot"        [N] int64, position of the row inside its block
+   *   "slot"        [N] int64, the row's place in a decoding step's chain,
+   *                 1 … block_size − 1 (DFlash: its position in the block;
+   *                 EAGLE-3: its training-time-test step + 1); the host
+   *                 tallies per-slot accuracy and simulated τ by it
    * and optionally "teacher_hidden" [N, H]. */
   dflash_error* (*forward)(dflash_instance* self, const dflash_tensor_map* inputs,
                            dflash_tensor_map* out);
@@ -617,7 +620,7 @@ typedef struct dflash_loss_outputs {
   dflash_tensor* loss;
   /* borrowed(the call), host-owned, empty on entry: named metrics, each a
    * 0-dim tensor or an [N] per-row tensor (e.g. "accuracy" per row so the host
-   * can aggregate per block slot). Metrics carry no grad. */
+   * can aggregate per slot). Metrics carry no grad. */
   dflash_tensor_map* metrics;
 } dflash_loss_outputs;
 
