@@ -723,10 +723,8 @@ TEST(Eval, TheWarmupChangesNoResult) {
 // whatever its block, and stays lossless.
 TEST(Eval, DraftTokensSetTheChainsLength) {
   auto target = quickstart_target();
-  const auto& record = registry().find(DFLASH_KIND_DRAFTER, "prompt_lookup");
-  DrafterInstance lookup(record, prompt_lookup_config(16), host::InstanceOptions{"cpu", "float32", 7});
-  lookup.bind_target(target->describe(),
-                     host::place_frozen_weights(target->frozen_weights(), "hf_decoder", torch::kCPU, torch::kFloat));
+  const auto drafter_instance = drafter("prompt_lookup", prompt_lookup_config(16), *target);
+  const DrafterInstance& lookup = *drafter_instance;
   eval::EvalSettings s;
   s.prompts_file = kHeldout;
   s.max_prompts = 3;
