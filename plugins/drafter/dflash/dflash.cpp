@@ -426,10 +426,7 @@ class DFlashDrafter : public sdk::Drafter {
   // CUDA graphs of drafting (decode_graphs): the proposal alone, and the
   // proposal after a held extension, captured on their second use against
   // one context's buffers, used while that context is the only one open.
-  struct Graph {
-    int64_t uses = 0;
-    bool failed = false;
-    std::unique_ptr<decode_support::CudaGraph> graph;
+  struct Graph : decode_support::GraphedStep {
     at::Tensor params, mask_tail, slots, out;  // static inputs and output
     at::Tensor log_probs;                        // a top-k proposal's second output
   };
@@ -457,19 +454,16 @@ class DFlashDrafter : public sdk::Drafter {
       graphs_generation_ = context.generation;
     }
     Graph& g = graphs_[key];
-    if (g.failed || (!g.graph && ++g.uses < 2)) return nullptr;  // the first use runs eagerly
+    if (!g.take()) return nullptr;  // the first use runs eagerly
     return &g;
   }
-  bool capture(Graph& g, const std::function<void()>& body) {
-    std::string error;
-    g.graph = graph_pool_->capture(body, error);
-    ++(g.graph ? graph_stats_.captured : graph_stats_.failed);
-    if (!g.graph) {
-      g.failed = true;  // the warm-up's writes are the ones the eager call repeats
-      graph_stats_.last_error = error;
-      host_->log(DFLASH_LOG_WARN, info.name, ("drafting step not captured as a CUDA graph (it runs eagerly): " + error).c_str());
-    }
-    return g.graph != nullptr;
+  // Captures the step on first call, then replays it; false (logged) when the
+  // capture failed: the warm-up's writes are the ones the eager call repeats.
+  bool replay(Graph& g, const std::function<void()>& body) {
+    if (graph_pool_->replay(g, graph_stats_, body)) return true;
+    host_->log(DFLASH_LOG_WARN, info.name,
+               ("drafting step not captured as a CUDA graph (it runs eagerly): " + graph_stats_.last_error).c_str());
+    return false;
   }
   // The fused step (decode_graphs): an extension of up to block_size rows
   // is held back in held_features_ (draft_extend copies it there) and runs
@@ -529,12 +523,7 @@ class DFlashDrafter : public sdk::Drafter {
       const at::Tensor hidden = bound().extend_and_draft_at(context, held_features_, step.slots, where);
       propose_head(hidden.narrow(0, 1, block_size_ - 1), k, step);
     };
-    if (g && (g->graph || capture(*g, body))) {
-      g->graph->replay();
-      ++graph_stats_.replayed;
-    } else {
-      body();
-    }
+    if (!g || !replay(*g, body)) body();
     context.length += held_rows_;
     held_rows_ = 0;
     proposal = step.out.narrow(0, 0, take).clone();  // the graphs' pool is reused by the next replay
@@ -565,9 +554,7 @@ class DFlashDrafter : public sdk::Drafter {
       const at::Tensor hidden = bound().draft_at(context, embed_.index_select(0, slot_ids), g->params.narrow(0, 1, 1));
       propose_head(hidden.narrow(0, 1, block_size_ - 1), k, *g);
     };
-    if (!g->graph && !capture(*g, body)) return false;
-    g->graph->replay();
-    ++graph_stats_.replayed;
+    if (!replay(*g, body)) return false;
     proposal = g->out.narrow(0, 0, take).clone();  // the graphs' pool is reused by the next replay
     if (log_probs != nullptr) *log_probs = g->log_probs.narrow(0, 0, take).clone();
     return true;

@@ -1,14 +1,16 @@
 #include "kernel_ops.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #if DFLASH_CUDA_KERNELS
 #include "block_attention.h"
 #include "cuda_kernels.h"
 
-#include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -459,5 +461,17 @@ BlockAttentionGrads block_attention_backward(const at::Tensor&, const at::Tensor
 }
 
 #endif
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool invariant) {
+  if (!invariant) return at::linear(x, weight, bias);
+  at::Tensor rows = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
+  if (!invariant_linear_fits(rows, weight)) rows = rows.clone(at::MemoryFormat::Contiguous);  // strided or unaligned
+  const at::Tensor out = invariant_linear(rows, weight, bias);
+  if (x.dim() == 2) return out;
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = weight.size(0);
+  return out.view(shape);
+}
+
 
 }  // namespace dflash::kernel_ops

@@ -111,6 +111,10 @@ bool invariant_linear_fits(const at::Tensor& x, const at::Tensor& weight);
 // summed in fp32 and rounded once (as cuBLAS's epilogue rounds).
 at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},
                             const at::Tensor& residual = {});
+// x [..., in] · weightᵀ (+ bias): invariant_linear where `invariant` (any
+// leading shape; x copied first where the kernel cannot read it in place),
+// else at::linear — the one switch of exact decoding's projections.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool invariant);
 // residual += a · weightᵀ, in place (residual contiguous [rows, out]).
 void invariant_add_linear_(at::Tensor& residual, const at::Tensor& a, const at::Tensor& weight);
 

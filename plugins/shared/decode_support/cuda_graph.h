@@ -21,6 +21,7 @@
 #include <c10/core/Device.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -58,6 +59,19 @@ class CudaGraph {
 #if DFLASH_CUDA_GRAPHS
   at::cuda::CUDAGraph graph_;
 #endif
+};
+
+// A step shape's graph and how it fared. Its first use runs eagerly (lazy
+// initialisation happens there, not inside a capture), the second captures it
+// (CudaGraphPool::replay), later ones replay it; a failed capture is not tried
+// again. A plugin's graph entry adds its static inputs and outputs.
+struct GraphedStep {
+  int64_t uses = 0;
+  bool failed = false;
+  std::unique_ptr<CudaGraph> graph;
+  // Whether this use goes through the graph (counting it): false on the first
+  // use and after a failed capture.
+  bool take() { return !failed && (graph != nullptr || ++uses >= 2); }
 };
 
 // Graphs that run one at a time on one stream share one memory pool: what one
@@ -127,6 +141,27 @@ class CudaGraphPool {
     error = "this build has no CUDA graphs (LibTorch without CUDA)";
     return nullptr;
 #endif
+  }
+
+  // Captures `body` into `step` unless it holds its graph already (see
+  // capture), then replays it, counting both in `stats`. False when the
+  // capture failed — recorded in step.failed, stats.failed and
+  // stats.last_error — and the caller runs the step eagerly.
+  bool replay(GraphedStep& step, GraphStats& stats, const std::function<void()>& body) {
+    if (!step.graph) {
+      std::string error;
+      step.graph = capture(body, error);
+      if (!step.graph) {
+        step.failed = true;
+        ++stats.failed;
+        stats.last_error = error;
+        return false;
+      }
+      ++stats.captured;
+    }
+    step.graph->replay();
+    ++stats.replayed;
+    return true;
   }
 
   // Call after destroying every graph captured so far: the next capture

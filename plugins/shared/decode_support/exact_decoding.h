@@ -20,6 +20,14 @@ inline ExactDecoding parse_exact_decoding(const std::string& value) {
   return value == "on" ? ExactDecoding::kOn : value == "off" ? ExactDecoding::kOff : ExactDecoding::kAuto;
 }
 
+// The refusal of exact_decoding: on for a step (`call`) whose sessions of up
+// to `capacity` tokens have more attention scores than shared memory holds.
+inline std::string exact_decoding_capacity_refusal(const std::string& call, int64_t capacity) {
+  return call + ": exact_decoding holds a session's attention scores in shared memory, which cannot take the pool's " +
+         std::to_string(capacity) + " tokens per session on this device; use shorter sessions or exact_decoding: auto " +
+         "(the usual kernels past that length)";
+}
+
 // The setting's description in a target's schema.
 inline const char* exact_decoding_help() {
   return "incremental decoding on the GPU path: steps of up to 16 tokens run row-invariant kernels, so a token "

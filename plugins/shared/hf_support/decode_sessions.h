@@ -27,6 +27,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -86,6 +87,11 @@ class DecodeSessions {
   uint64_t generation() const {
     settle();
     return generation_;
+  }
+  // Whether every slot of the pool flattened to [rows · row_capacity, ...]
+  // has an int32 offset (the decoding kernels' cu_k / seqused_k are int32).
+  bool offsets_fit_int32() const {
+    return rows() * row_capacity() < static_cast<int64_t>(std::numeric_limits<int32_t>::max());
   }
   // Keep the pool when its last session ends, and grow the row capacity, once
   // it has one, to powers of two (at most `capacity_limit` when that is > 0,

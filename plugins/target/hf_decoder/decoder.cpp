@@ -206,10 +206,6 @@ at::Tensor add_projection(at::Tensor& x, const at::Tensor& a, const at::Tensor& 
   return x.addmm_(a, w.t());
 }
 
-// x · wᵀ (+ b): cuBLAS, or exact decoding's row-invariant kernel.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool invariant) {
-  return invariant ? kernel_ops::invariant_linear(x, w, b) : at::linear(x, w, b);
-}
 
 // The rotary tables of N positions (angles [N, hd/2], fp64) in the layout
 // the path reads: [N, 1, hd] in the activations' dtype (ATen), or fp32
@@ -236,7 +232,7 @@ struct QKV {
 };
 QKV project_qkv(const DecoderConfig& c, const LayerWeights& w, const at::Tensor& x, const Rotary& r) {
   const int64_t n = x.size(0), heads = c.num_heads, kv_heads = c.num_kv_heads, hd = c.head_dim;
-  const at::Tensor qkv = linear(norm(c, x, w.input_norm, false), w.qkv, w.qkv_bias, false);  // [N, (heads + 2 kv) hd]
+  const at::Tensor qkv = kernel_ops::linear(norm(c, x, w.input_norm, false), w.qkv, w.qkv_bias, false);  // [N, (heads + 2 kv) hd]
   at::Tensor q = qkv.narrow(1, 0, heads * hd).reshape({n, heads, hd});
   at::Tensor k = qkv.narrow(1, heads * hd, kv_heads * hd).reshape({n, kv_heads, hd});
   const at::Tensor v = qkv.narrow(1, (heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
@@ -260,7 +256,7 @@ at::Tensor add_mlp(const DecoderConfig& c, const LayerWeights& w, at::Tensor x, 
     x_is_returned = false;
     return x + routed;
   }
-  const at::Tensor gate_up = linear(normed, w.gate_up, {}, invariant);  // [N, 2 I]
+  const at::Tensor gate_up = kernel_ops::linear(normed, w.gate_up, {}, invariant);  // [N, 2 I]
   const int64_t inter = c.intermediate_size;
   const at::Tensor act = kernels ? kernel_ops::swiglu(gate_up) : at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
   return add_projection(x, act, w.down, x_is_returned, invariant);
@@ -384,10 +380,7 @@ struct Decoder::DecodeState {
   // One step shape: its token count, the layers it returns, its logits, and
   // for a draft tree the stride of its node paths (0: a chain).
   using GraphKey = std::tuple<int64_t, std::vector<int64_t>, int, int64_t>;
-  struct Graph {
-    int64_t uses = 0;
-    bool failed = false;
-    std::unique_ptr<decode_support::CudaGraph> graph;
+  struct Graph : decode_support::GraphedStep {
     at::Tensor tokens, params;  // static inputs: [n] int64, [1, 2] int64 (row, length)
     // A tree's static inputs: positions [n] int64, paths [n, stride] and lengths [n] int32.
     at::Tensor tree_positions, tree_rows, tree_lengths;
@@ -453,11 +446,6 @@ at::Tensor cached_attention(const DecoderConfig& c, const at::Tensor& q, at::Ten
   return compat::scaled_dot_product_attention(q.view({count, n, heads, hd}).transpose(1, 2), keys, values, mask, causal)
       .transpose(1, 2)
       .reshape({count * n, heads * hd});
-}
-
-// int32 offsets into the flattened pool must fit.
-bool pool_fits_int32(const DecodeSessions& pool) {
-  return pool.rows() * pool.row_capacity() < static_cast<int64_t>(std::numeric_limits<int32_t>::max());
 }
 
 }  // namespace
@@ -531,7 +519,7 @@ DecoderOutputs Decoder::decode_step(DecodeSessions& pool, const StepPlan& plan, 
     const at::Tensor values = pool.values(i).view({pool_rows * capacity, kv_heads, hd});
     at::Tensor q;
     if (cuda_kernels_) {
-      const at::Tensor qkv = linear(norm(c, x, w.input_norm, true), w.qkv, w.qkv_bias, exact);
+      const at::Tensor qkv = kernel_ops::linear(norm(c, x, w.input_norm, true), w.qkv, w.qkv_bias, exact);
       q = kernel_ops::qk_norm_rope_into_cache(qkv, w.q_norm, w.k_norm, decode_->cos, decode_->sin, positions, keys, values,
                                               slots, c.num_heads, kv_heads, hd, c.rms_norm_eps);
     } else {
@@ -554,10 +542,10 @@ DecoderOutputs Decoder::decode_step(DecodeSessions& pool, const StepPlan& plan, 
     }
   }
   if (logit_rows == LogitRows::kAll)
-    out.logits = linear(norm(c, x, final_norm_, cuda_kernels_), lm_head_, {}, exact).view({count, n, c.vocab_size});
+    out.logits = kernel_ops::linear(norm(c, x, final_norm_, cuda_kernels_), lm_head_, {}, exact).view({count, n, c.vocab_size});
   if (logit_rows == LogitRows::kLast) {
     const at::Tensor last = x.view({count, n, c.hidden_size}).select(1, n - 1);
-    out.logits = linear(norm(c, last, final_norm_, cuda_kernels_), lm_head_, {}, exact).unsqueeze(1);
+    out.logits = kernel_ops::linear(norm(c, last, final_norm_, cuda_kernels_), lm_head_, {}, exact).unsqueeze(1);
   }
   return out;
 }
@@ -580,7 +568,7 @@ bool Decoder::decode_step_graphed(DecodeSessions& pool, const StepPlan& plan, co
     found = d.by_shape.emplace(key, DecodeState::Graph{}).first;
   }
   DecodeState::Graph& g = found->second;
-  if (g.failed || (!g.graph && ++g.uses < 2)) return false;  // the first use of a shape runs eagerly
+  if (!g.take()) return false;  // the first use of a shape runs eagerly
   const auto device = embed_.device();
   if (!g.graph) {
     g.tokens = at::empty({plan.n}, at::TensorOptions().dtype(at::kLong).device(device));
@@ -604,23 +592,14 @@ bool Decoder::decode_step_graphed(DecodeSessions& pool, const StepPlan& plan, co
     replayed.tree_rows = g.tree_rows;
     replayed.tree_lengths = g.tree_lengths;
   }
-  if (!g.graph) {
-    std::string error;
-    g.graph = d.graphs.capture(
-        [&] { g.out = decode_step(pool, replayed, g.tokens, g.params, wanted, logit_rows, /*flash=*/true); }, error);
-    if (!g.graph) {
-      // The warm-up ran the step (or failed before writing anything); running
-      // it again eagerly writes the same keys and values.
-      g.failed = true;
-      g.out = DecoderOutputs{};
-      ++d.stats.failed;
-      d.stats.last_error = error;
-      return false;
-    }
-    ++d.stats.captured;
+  if (!d.graphs.replay(g, d.stats, [&] {
+        g.out = decode_step(pool, replayed, g.tokens, g.params, wanted, logit_rows, /*flash=*/true);
+      })) {
+    // The warm-up ran the step (or failed before writing anything); running
+    // it again eagerly writes the same keys and values.
+    g.out = DecoderOutputs{};
+    return false;
   }
-  g.graph->replay();
-  ++d.stats.replayed;
   // The outputs live in the graphs' pool, which the next replay reuses: the
   // caller gets its own copies.
   result = DecoderOutputs{};
@@ -674,11 +653,9 @@ DecoderOutputs Decoder::extend(DecodeSessions& pool, const std::vector<int64_t>&
     params.push_back(s->row);
     params.push_back(s->length);
   }
-  const bool flash = flash_decoding_ && pool_fits_int32(pool);
+  const bool flash = flash_decoding_ && pool.offsets_fit_int32();
   if (exact_required_ && !kernel_ops::invariant_decode_attention_fits(c.head_dim, pool.row_capacity()))
-    throw std::invalid_argument("decode_extend: exact_decoding holds a session's attention scores in shared memory, "
-                                "which cannot take the pool's " + std::to_string(pool.row_capacity()) +
-                                " tokens per session on this device; use shorter sessions or exact_decoding: auto (the usual kernels past that length)");
+    throw std::invalid_argument(decode_support::exact_decoding_capacity_refusal("decode_extend", pool.row_capacity()));
   DecoderOutputs out;
   const bool graphed = decode_graphs_ && flash && plan.count == 1 && plan.n <= kMaxGraphTokens &&
                        decode_step_graphed(pool, plan, tokens, params, layer_ids, wanted, logit_rows, out);
@@ -725,12 +702,10 @@ DecoderOutputs Decoder::verify_tree(DecodeSessions& pool, int64_t id, const at::
   // Exact decoding: the row-invariant kernels with each node's path, so a
   // node on the accepted path gets the numbers its token gets decoded alone
   // after that path (lossless in bf16). Otherwise the ATen step with a mask.
-  const bool flash = flash_decoding_ && pool_fits_int32(pool);
+  const bool flash = flash_decoding_ && pool.offsets_fit_int32();
   const bool exact_fits = kernel_ops::invariant_decode_attention_fits(c.head_dim, pool.row_capacity());
   if (exact_required_ && !exact_fits)
-    throw std::invalid_argument("decode_verify_tree: exact_decoding holds a session's attention scores in shared memory, "
-                                "which cannot take the pool's " + std::to_string(pool.row_capacity()) +
-                                " tokens per session on this device; use shorter sessions or exact_decoding: auto");
+    throw std::invalid_argument(decode_support::exact_decoding_capacity_refusal("decode_verify_tree", pool.row_capacity()));
   const bool exact = exact_decoding_ && flash && exact_fits;
   if (exact) {
     // Paths padded to a power of two, so trees of one node count and similar

@@ -62,14 +62,7 @@ at::Tensor one_plus(const hf::Checkpoint& ckpt, const std::string& name, int64_t
 
 // x [..., in] · wᵀ: cuBLAS, or exact decoding's row-invariant kernel
 // (kernel_ops::invariant_linear: a row's result is the same at any row count).
-at::Tensor project(const at::Tensor& x, const at::Tensor& w, bool invariant) {
-  if (!invariant) return at::linear(x, w);
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape.back() = w.size(0);
-  at::Tensor rows = x.reshape({-1, x.size(-1)}).contiguous();
-  if (!kernel_ops::invariant_linear_fits(rows, w)) rows = rows.clone();  // a view off the 16-byte alignment
-  return kernel_ops::invariant_linear(rows, w).view(shape);
-}
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, bool invariant) { return kernel_ops::linear(x, w, {}, invariant); }
 
 struct Projected {  // a full-attention layer's queries, keys, values and output gate
   at::Tensor q, k, v, gate;  // q [N, heads, hd]; k, v [N, kv_heads, hd]; gate [N, heads hd]
@@ -321,13 +314,8 @@ bool HybridModel::exact_step(int64_t tokens_in_step, const char* call) const {
   if (!exact_decoding_ || tokens_in_step > kernel_ops::kInvariantMaxRows) return false;
   if (!has_full_attention(config_)) return true;
   const int64_t capacity = kv_.row_capacity();
-  const bool fits = kernel_ops::invariant_decode_attention_fits(config_.head_dim, capacity) &&
-                    kv_.rows() * capacity < static_cast<int64_t>(std::numeric_limits<int32_t>::max());
-  if (!fits && exact_required_)
-    throw std::invalid_argument(std::string(call) + ": exact_decoding holds a session's attention scores in shared "
-                                "memory, which cannot take the pool's " + std::to_string(capacity) +
-                                " tokens per session on this device; use shorter sessions or exact_decoding: auto "
-                                "(the usual kernels past that length)");
+  const bool fits = kernel_ops::invariant_decode_attention_fits(config_.head_dim, capacity) && kv_.offsets_fit_int32();
+  if (!fits && exact_required_) throw std::invalid_argument(decode_support::exact_decoding_capacity_refusal(call, capacity));
   return fits;
 }
 
@@ -485,10 +473,7 @@ struct HybridModel::DecodeGraphs {
   explicit DecodeGraphs(const c10::Device& device) : pool(device) {}
   // Tokens in the step, layers returned, logits.
   using Key = std::tuple<int64_t, std::vector<int64_t>, int>;
-  struct Graph {
-    int64_t uses = 0;
-    bool failed = false;
-    std::unique_ptr<decode_support::CudaGraph> graph;
+  struct Graph : decode_support::GraphedStep {
     at::Tensor tokens, params;  // static inputs: [n] int64, [1, kStepParams] int64
     StepResult out;             // static outputs, in the graphs' memory pool
   };
@@ -685,7 +670,7 @@ bool HybridModel::step_graphed(const StepPlan& plan, const at::Tensor& tokens, c
     found = d.by_shape.emplace(key, DecodeGraphs::Graph{}).first;
   }
   DecodeGraphs::Graph& g = found->second;
-  if (g.failed || (!g.graph && ++g.uses < 2)) return false;  // the first use of a shape runs eagerly
+  if (!g.take()) return false;  // the first use of a shape runs eagerly
   const auto device = embed_.device();
   if (!g.graph) {
     g.tokens = at::empty({plan.n}, at::TensorOptions().dtype(at::kLong).device(device));
@@ -694,22 +679,12 @@ bool HybridModel::step_graphed(const StepPlan& plan, const at::Tensor& tokens, c
   // This step's inputs into the static buffers (asynchronous copies).
   g.tokens.copy_(tokens);
   g.params.copy_(decode_support::host_staging(params, device).view({1, kStepParams}), /*non_blocking=*/true);
-  if (!g.graph) {
-    std::string error;
-    // The warm-up and the replay write the same keys, values, windows and
-    // states (the step reads the current buffers and writes the other ones).
-    g.graph = d.pool.capture([&] { g.out = step(plan, g.tokens, g.params); }, error);
-    if (!g.graph) {
-      g.failed = true;
-      g.out = StepResult{};
-      ++d.stats.failed;
-      d.stats.last_error = error;
-      return false;
-    }
-    ++d.stats.captured;
+  // A capture's warm-up and the replay write the same keys, values, windows
+  // and states (the step reads the current buffers and writes the other ones).
+  if (!d.pool.replay(g, d.stats, [&] { g.out = step(plan, g.tokens, g.params); })) {
+    g.out = StepResult{};
+    return false;
   }
-  g.graph->replay();
-  ++d.stats.replayed;
   // The outputs live in the graphs' pool, which the next replay reuses: the
   // caller gets its own copies.
   result = StepResult{};
