@@ -9,6 +9,7 @@
 #include "ttt_layout.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <gtest/gtest.h>
 
@@ -235,7 +236,7 @@ TEST(Eagle3Model, DraftingAheadReproducesTheUnrolledSteps) {
   const int64_t length = 10, steps = 4;
   const Eagle3Shape s = small_shape();
   const Eagle3Model model(s, at::TensorOptions().dtype(at::kDouble), 11);
-  const at::NoGradGuard no_grad;
+  const c10::NoGradGuard no_grad;
   const at::Tensor ids = at::randint(0, 50, {1, length}, at::kLong);
   const at::Tensor positions = at::arange(length, at::kLong).view({1, length});
   const at::Tensor documents = at::zeros({1, length}, at::kLong);
