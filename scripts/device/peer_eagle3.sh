@@ -7,7 +7,8 @@
 # .ref/eagle3 holds the SpecForge modules the peer's step needs:
 # scripts/fetch_reference_eagle3.sh GIT_DIR on the CPU machine first.
 # SHAPES="llama3-8b qwen3-8b" (default both), CONTEXT (default 2048),
-# OURS_LOSSES (default "kl fused_ckpt_kl"), NO_PEER=1 (ours only).
+# OURS_LOSSES (default "kl fused_ckpt_kl"; the first also with --layer-ops
+# aten, the op-by-op reference), NO_PEER=1 (ours only).
 # OUTDIR gets build.txt, machine.txt, steps.txt (every printed line, shape by
 # shape) and steps.jsonl (ours: eagle3_bench's records; the peer's have "who").
 set -uo pipefail
@@ -31,11 +32,13 @@ for shape in ${SHAPES:-llama3-8b qwen3-8b}; do
     done
   fi
   peer=(); [ -s "$out/peer.jsonl" ] && peer=(--peer "$out/peer.jsonl")
-  for loss in ${OURS_LOSSES:-kl fused_ckpt_kl}; do
-    echo "== ours $shape context $context loss $loss" >> "$out/steps.txt"
+  losses=(${OURS_LOSSES:-kl fused_ckpt_kl})
+  for arm in "${losses[@]/%/ fused}" "${losses[0]} aten"; do
+    set -- $arm
+    echo "== ours $shape context $context loss $1 layer ops $2" >> "$out/steps.txt"
     timeout 300 "$root/build-gpu/bin/eagle3_bench" --plugin-dir "$root/build-gpu/lib/dflash-host/plugins" --shape "$shape" \
-      --context "$context" --loss "$loss" "${peer[@]}" --json "$out/steps.jsonl" 2>&1 | grep -v "\[info\] loading" >> "$out/steps.txt" ||
-      echo "ours $shape $loss failed" >> "$out/steps.txt"
+      --context "$context" --loss "$1" --layer-ops "$2" "${peer[@]}" --json "$out/steps.jsonl" 2>&1 |
+      grep -v "\[info\] loading" >> "$out/steps.txt" || echo "ours $shape $arm failed" >> "$out/steps.txt"
   done
 done
 cat "$out/peer.jsonl" >> "$out/steps.jsonl" 2>/dev/null || true

@@ -80,6 +80,11 @@ class Eagle3Drafter : public sdk::Drafter {
         .integer("num_key_value_heads", 0, "0 = the target's", Bounds::between(0, 1 << 12))
         .integer("head_dim", 0, "0 = the target's", Bounds::between(0, 1 << 12))
         .integer("intermediate_size", 0, "the MLP's width; 0 = the target's", Bounds::between(0, 1 << 20))
+        .string("layer_ops", "fused",
+                "training's norms and MLP: fused = autograd functions that keep only their inputs and per-row "
+                "statistics for backward (on the CUDA kernels shared with the hf_decoder target in bf16/fp16, closed "
+                "forms elsewhere); aten = op by op through autograd (the reference; more memory)",
+                {"fused", "aten"})
         .dump();
   }
 
@@ -120,6 +125,7 @@ class Eagle3Drafter : public sdk::Drafter {
     s.draft_vocab = config_.at("draft_vocab_size").get<int64_t>();
     s.rms_norm_eps = target.value("rms_norm_eps", 1e-6);
     s.rope_theta = target.value("rope_theta", 10000.0);
+    s.fused_ops = config_.at("layer_ops").get<std::string>() == "fused";
     const std::string counts = config_.at("token_counts").get<std::string>();
     vocabulary_from_counts_ = !counts.empty();
     // Without counts (eval) the vocabulary is a placeholder until the

@@ -2,6 +2,8 @@
 
 #include "ttt_attention.h"
 
+#include "trainable_ops.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -78,18 +80,22 @@ std::vector<std::pair<std::string, at::Tensor>> Eagle3Model::parameters() const 
           {"lm_head.weight", lm_head_}};
 }
 
+at::Tensor Eagle3Model::norm(const at::Tensor& x, const at::Tensor& weight) const {
+  return shape_.fused_ops ? trainable_ops::rms_norm(x, weight, shape_.rms_norm_eps) : rms_norm(x, weight, shape_.rms_norm_eps);
+}
+
 at::Tensor Eagle3Model::layer_input(const at::Tensor& embeddings, const at::Tensor& hidden) const {
-  return at::cat({rms_norm(embeddings, input_norm_, shape_.rms_norm_eps), rms_norm(hidden, hidden_norm_, shape_.rms_norm_eps)},
-                 -1);
+  return at::cat({norm(embeddings, input_norm_), norm(hidden, hidden_norm_)}, -1);
 }
 
 at::Tensor Eagle3Model::layer_output(const at::Tensor& hidden, const at::Tensor& attention) const {
   const at::Tensor out = hidden + at::linear(attention, o_);
+  if (shape_.fused_ops) return trainable_ops::mlp_block(out, post_norm_, gate_, up_, down_, shape_.rms_norm_eps);
   const at::Tensor m = rms_norm(out, post_norm_, shape_.rms_norm_eps);
   return out + at::linear(at::silu(at::linear(m, gate_)) * at::linear(m, up_), down_);
 }
 
-at::Tensor Eagle3Model::final_norm(const at::Tensor& hidden) const { return rms_norm(hidden, norm_, shape_.rms_norm_eps); }
+at::Tensor Eagle3Model::final_norm(const at::Tensor& hidden) const { return norm(hidden, norm_); }
 
 at::Tensor Eagle3Model::project(const at::Tensor& features) const { return at::linear(features, fc_); }
 

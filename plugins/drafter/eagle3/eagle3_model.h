@@ -32,6 +32,10 @@ struct Eagle3Shape {
   int64_t draft_vocab = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 1e6;
+  // layer_ops: fused runs the norms and the MLP as trainable_ops' autograd
+  // functions (they save x and a per-row rsqrt, and the MLP recomputes its
+  // product in backward); aten runs them op by op, the reference.
+  bool fused_ops = true;
 };
 
 class Eagle3Model {
@@ -72,6 +76,8 @@ class Eagle3Model {
  private:
   // What the attention reads: [input_layernorm(embeddings), hidden_norm(hidden)], 2H wide.
   at::Tensor layer_input(const at::Tensor& embeddings, const at::Tensor& hidden) const;
+  // RMSNorm with `weight`, by trainable_ops or op by op (shape_.fused_ops).
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& weight) const;
   // The rest of the layer: the residual around o_proj(attention), then the
   // post-attention norm and MLP with their residual.
   at::Tensor layer_output(const at::Tensor& hidden, const at::Tensor& attention) const;

@@ -158,6 +158,40 @@ TEST(Eagle3Model, TheUnrolledStepsMatchAQueryByQueryReference) {
   }
 }
 
+// layer_ops: fused (trainable_ops' norms and MLP, which save less and
+// recompute in backward) against aten (op by op): the same outputs and the
+// same gradient for every parameter. In fp64, but the op-by-op norm rounds x
+// to fp32 as transformers' LlamaRMSNorm does: the two differ at fp32's
+// rounding (about 1e-7 of each tensor's scale), a wrong term by far more.
+TEST(Eagle3Model, FusedLayerOpsGiveTheOpByOpOutputsAndGradients) {
+  at::manual_seed(3);
+  const Rows r = rows();
+  const TttLayout layout = layout_ttt(r.ids, r.positions, r.documents, r.loss_mask, 3);
+  Eagle3Shape fused_shape = small_shape(), aten_shape = small_shape();
+  fused_shape.fused_ops = true;
+  aten_shape.fused_ops = false;
+  const Eagle3Model fused(fused_shape, at::TensorOptions().dtype(at::kDouble), 11);
+  const Eagle3Model aten(aten_shape, at::TensorOptions().dtype(at::kDouble), 11);
+  const at::Tensor features = at::randn({2, 11, 3 * fused_shape.target_hidden}, at::kDouble);
+  const at::Tensor embeddings = at::randn({3, 2, 11, fused_shape.hidden}, at::kDouble);
+  const at::Tensor weights = at::randn({3, 2, 11, fused_shape.hidden}, at::kDouble);
+  std::vector<at::Tensor> outputs;
+  for (const Eagle3Model* model : {&fused, &aten}) {
+    const at::Tensor out = model->forward_ttt(features, embeddings, layout, r.documents);
+    (model->final_norm(out) * weights).sum().backward();
+    outputs.push_back(out.detach());
+  }
+  EXPECT_LT((outputs[0] - outputs[1]).abs().max().item<double>(), 1e-6 * outputs[1].abs().max().item<double>());
+  const auto fused_parameters = fused.parameters(), aten_parameters = aten.parameters();
+  for (size_t i = 0; i < fused_parameters.size(); ++i) {
+    const std::string& name = fused_parameters[i].first;
+    if (name == "lm_head.weight") continue;  // not in this graph
+    const at::Tensor a = fused_parameters[i].second.grad(), b = aten_parameters[i].second.grad();
+    ASSERT_TRUE(a.defined() && b.defined()) << name;
+    EXPECT_LT((a - b).abs().max().item<double>(), 1e-6 * b.abs().max().item<double>()) << name;
+  }
+}
+
 TEST(Eagle3Model, ADocumentNeverSeesAnother) {
   at::manual_seed(2);
   const Rows r = rows();
