@@ -10,7 +10,7 @@
 //   eagle3_bench --plugin-dir build-gpu/lib/dflash-host/plugins
 //                [--shape llama3-8b|qwen3-8b] [--context 2048] [--ttt 7] [--draft-vocab 32000]
 //                [--loss kl] [--loss-set KEY=VALUE …] [--precision fp32_master|same] [--clip 0.5]
-//                [--layer-ops fused|aten]   (default: the plugin's)
+//                [--layer-ops fused|aten] [--attention-kernel auto|chunked]   (default: the plugin's)
 //                [--repeats 5 --warmup 2] [--json out.jsonl] [--peer peer.jsonl] [--trace step.json]
 //
 // The defaults are the peer's (SpecForge's EAGLE-3 trainer,
@@ -66,7 +66,7 @@ Shape shape_named(const std::string& name) {
 }
 
 struct Args {
-  std::string plugin_dir, shape = "llama3-8b", loss = "kl", precision = "fp32_master", json, peer, trace, layer_ops;
+  std::string plugin_dir, shape = "llama3-8b", loss = "kl", precision = "fp32_master", json, peer, trace, layer_ops, attention_kernel;
   nlohmann::json loss_settings = nlohmann::json::object();
   int64_t context = 2048, ttt = 7, draft_vocab = 32000;
   double clip = 0.5;
@@ -92,6 +92,7 @@ Args parse(int argc, char** argv) {
     } else if (r.is("--precision")) a.precision = r.text();
     else if (r.is("--clip")) a.clip = std::stod(r.text());
     else if (r.is("--layer-ops")) a.layer_ops = r.text();
+    else if (r.is("--attention-kernel")) a.attention_kernel = r.text();
     else if (r.is("--repeats")) a.repeats = static_cast<int>(r.integer());
     else if (r.is("--warmup")) a.warmup = static_cast<int>(r.integer());
     else if (r.is("--json")) a.json = r.text();
@@ -162,6 +163,8 @@ int main(int argc, char** argv) {
   drafter_config["ttt_steps"] = a.ttt;
   if (a.layer_ops.empty()) a.layer_ops = drafter_config.at("layer_ops").get<std::string>();  // named in the report
   drafter_config["layer_ops"] = a.layer_ops;
+  if (a.attention_kernel.empty()) a.attention_kernel = drafter_config.at("attention_kernel").get<std::string>();
+  drafter_config["attention_kernel"] = a.attention_kernel;
   host::DrafterInstance drafter(drafter_record, drafter_config, {device_name, "bfloat16", 1});
   const double std_h = 1.0 / std::sqrt(static_cast<double>(s.hidden));
   const nlohmann::json target = {{"num_layers", s.layers}, {"hidden_size", s.hidden}, {"vocab_size", s.vocab},
@@ -301,7 +304,7 @@ int main(int argc, char** argv) {
             << parameter_count / 1e9 << " B trainable parameters; context " << a.context << ", " << a.ttt
             << " TTT steps (" << rows << " loss rows); loss " << a.loss
             << (a.loss_settings.empty() ? std::string() : " " + a.loss_settings.dump()) << ", precision " << a.precision
-            << ", clip " << a.clip << ", layer ops " << a.layer_ops << ", AdamW kernel " << optimizer.last_kernel() << "; median of " << a.repeats
+            << ", clip " << a.clip << ", layer ops " << a.layer_ops << ", attention kernel " << a.attention_kernel << ", AdamW kernel " << optimizer.last_kernel() << "; median of " << a.repeats
             << " after " << a.warmup << "\n";
   std::cout << std::setprecision(1) << "step " << step_ms << " ms, " << std::setprecision(0) << a.context / (step_ms / 1000)
             << " tokens/s; step peak " << std::setprecision(2) << step_peak_gib << " GiB (above the "
@@ -331,7 +334,7 @@ int main(int argc, char** argv) {
     std::ofstream(a.json, std::ios::app) << nlohmann::json{{"shape", a.shape}, {"context", a.context}, {"ttt", a.ttt},
                                                            {"draft_vocab", a.draft_vocab}, {"loss", a.loss},
                                                            {"loss_settings", a.loss_settings}, {"precision", a.precision},
-                                                           {"layer_ops", a.layer_ops},
+                                                           {"layer_ops", a.layer_ops}, {"attention_kernel", a.attention_kernel},
                                                            {"step_ms", step_ms}, {"step_peak_gib", step_peak_gib},
                                                            {"total_peak_gib", total_peak_gib}, {"rows", rows},
                                                            {"tflops", tflops}, {"gemm_floor_tflops", gemm_tflops},

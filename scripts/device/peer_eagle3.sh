@@ -8,7 +8,8 @@
 # scripts/fetch_reference_eagle3.sh GIT_DIR on the CPU machine first.
 # SHAPES="llama3-8b qwen3-8b" (default both), CONTEXT (default 2048),
 # OURS_LOSSES (default "kl fused_ckpt_kl"; the first also with --layer-ops
-# aten, the op-by-op reference), NO_PEER=1 (ours only).
+# aten --attention-kernel chunked, the op-by-op ATen reference), NO_PEER=1
+# (ours only). eagle3_tests runs first (its GPU test checks the flash path).
 # OUTDIR gets build.txt, machine.txt, steps.txt (every printed line, shape by
 # shape) and steps.jsonl (ours: eagle3_bench's records; the peer's have "who").
 set -uo pipefail
@@ -18,9 +19,11 @@ context=${CONTEXT:-2048}
 mkdir -p "$out"
 [ -f "$root/.ref/eagle3/specforge/algorithms/eagle3/model.py" ] ||
   { echo "no .ref/eagle3 with the trainer's modules: run scripts/fetch_reference_eagle3.sh GIT_DIR and carry .ref" >&2; exit 2; }
-DFLASH_DEVICE_NO_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host eagle3_bench dflash_drafter_eagle3 dflash_loss_kl dflash_loss_fused_ckpt_kl" \
+DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host eagle3_bench eagle3_tests dflash_drafter_eagle3 dflash_loss_kl dflash_loss_fused_ckpt_kl" \
   "$root/scripts/device/build.sh" > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
 { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv || true; } > "$out/machine.txt"
+timeout 120 "$root/build-gpu/bin/eagle3_tests" > "$out/eagle3_tests.txt" 2>&1
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]" "$out/eagle3_tests.txt"
 for shape in ${SHAPES:-llama3-8b qwen3-8b}; do
   if [ "${NO_PEER:-0}" != 1 ]; then
     for teacher in logits compact; do
@@ -33,11 +36,11 @@ for shape in ${SHAPES:-llama3-8b qwen3-8b}; do
   fi
   peer=(); [ -s "$out/peer.jsonl" ] && peer=(--peer "$out/peer.jsonl")
   losses=(${OURS_LOSSES:-kl fused_ckpt_kl})
-  for arm in "${losses[@]/%/ fused}" "${losses[0]} aten"; do
+  for arm in "${losses[@]/%/ fused auto}" "${losses[0]} aten chunked"; do
     set -- $arm
-    echo "== ours $shape context $context loss $1 layer ops $2" >> "$out/steps.txt"
+    echo "== ours $shape context $context loss $1 layer ops $2 attention $3" >> "$out/steps.txt"
     timeout 300 "$root/build-gpu/bin/eagle3_bench" --plugin-dir "$root/build-gpu/lib/dflash-host/plugins" --shape "$shape" \
-      --context "$context" --loss "$1" --layer-ops "$2" "${peer[@]}" --json "$out/steps.jsonl" 2>&1 |
+      --context "$context" --loss "$1" --layer-ops "$2" --attention-kernel "$3" "${peer[@]}" --json "$out/steps.jsonl" 2>&1 |
       grep -v "\[info\] loading" >> "$out/steps.txt" || echo "ours $shape $arm failed" >> "$out/steps.txt"
   done
 done

@@ -85,6 +85,11 @@ class Eagle3Drafter : public sdk::Drafter {
                 "statistics for backward (on the CUDA kernels shared with the hf_decoder target in bf16/fp16, closed "
                 "forms elsewhere); aten = op by op through autograd (the reference; more memory)",
                 {"fused", "aten"})
+        .string("attention_kernel", "auto",
+                "training's TTT attention: auto = flash attention (varlen, documents as sequences) where it runs "
+                "(CUDA bf16/fp16, head_dim a multiple of 8 up to 256), the chunked ATen form elsewhere; chunked = the "
+                "chunked form always (the reference)",
+                {"auto", "chunked"})
         .dump();
   }
 
@@ -126,6 +131,7 @@ class Eagle3Drafter : public sdk::Drafter {
     s.rms_norm_eps = target.value("rms_norm_eps", 1e-6);
     s.rope_theta = target.value("rope_theta", 10000.0);
     s.fused_ops = config_.at("layer_ops").get<std::string>() == "fused";
+    s.flash_attention = config_.at("attention_kernel").get<std::string>() == "auto";
     const std::string counts = config_.at("token_counts").get<std::string>();
     vocabulary_from_counts_ = !counts.empty();
     // Without counts (eval) the vocabulary is a placeholder until the

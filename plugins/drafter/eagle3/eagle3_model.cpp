@@ -1,6 +1,7 @@
 #include "eagle3_model.h"
 
 #include "ttt_attention.h"
+#include "ttt_flash_attention.h"
 
 #include "trainable_ops.h"
 
@@ -143,6 +144,9 @@ at::Tensor Eagle3Model::forward_ttt(const at::Tensor& features, const at::Tensor
   auto heads_first = [&](const at::Tensor& x, int64_t heads) { return x.view({b, length, heads, d}).transpose(1, 2); };
 
   at::Tensor hidden = at::linear(features, fc_);
+  // Flash attention where it runs: the documents as varlen sequences, built once for every step.
+  const bool flash = s.flash_attention && ttt_flash_attention_available(hidden, d);
+  const TttSequences sequences = flash ? ttt_sequences(documents, features.device()) : TttSequences{};
   std::vector<at::Tensor> keys, values, outputs;  // [B, kv_heads, S, d] per step
   for (int64_t k = 0; k < layout.steps; ++k) {
     const at::Tensor positions = layout.positions[k];
@@ -153,7 +157,8 @@ at::Tensor Eagle3Model::forward_ttt(const at::Tensor& features, const at::Tensor
     // Step 0's keys of the document up to the query, then its own position's
     // keys of steps 1 … k, without an [S, S] score matrix (ttt_attention.h).
     const at::TensorList own_keys = at::TensorList(keys).slice(1), own_values = at::TensorList(values).slice(1);
-    const at::Tensor attention = ttt_attention(q, keys[0], values[0], own_keys, own_values, docs, scale);
+    const at::Tensor attention = flash ? ttt_flash_attention(q, keys[0], values[0], own_keys, own_values, sequences, scale)
+                                       : ttt_attention(q, keys[0], values[0], own_keys, own_values, docs, scale);
     hidden = layer_output(hidden, attention.transpose(1, 2).reshape({b, length, s.heads * d}));
     outputs.push_back(hidden);
   }

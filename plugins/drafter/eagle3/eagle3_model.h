@@ -36,6 +36,10 @@ struct Eagle3Shape {
   // functions (they save x and a per-row rsqrt, and the MLP recomputes its
   // product in backward); aten runs them op by op, the reference.
   bool fused_ops = true;
+  // attention_kernel: auto runs the TTT attention by flash attention where
+  // it takes the inputs (ttt_flash_attention.h: CUDA bf16/fp16), the
+  // chunked ATen form elsewhere; chunked always runs the latter.
+  bool flash_attention = true;
 };
 
 class Eagle3Model {

@@ -6,11 +6,13 @@
 #include "draft_vocabulary.h"
 #include "eagle3_model.h"
 #include "ttt_attention.h"
+#include "ttt_flash_attention.h"
 #include "ttt_layout.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -362,4 +364,63 @@ TEST(Eagle3TttAttention, ChunkedMatchesTheDenseFormAndItsGradients) {
   EXPECT_THROW(ttt_attention(at::zeros({1, 3, 4, 8}), at::zeros({1, 2, 4, 8}), at::zeros({1, 2, 4, 8}), {}, {},
                              at::zeros({1, 4}, at::kLong), 1.0),
                std::invalid_argument);
+}
+
+// The flash path (GPU, bf16) against the dense form in fp64 on the same
+// bf16 values: outputs and every gradient, with 4 query heads per KV head,
+// three documents over two rows, and 0 to 3 own keys. Tolerances are bf16's
+// (the flash kernels round their probabilities to bf16 before P·V).
+TEST(Eagle3TttAttention, FlashMatchesTheDenseFormAndItsGradientsOnTheGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  at::manual_seed(12);
+  const int64_t b = 2, heads = 8, kv = 2, length = 300, d = 64;
+  const at::Tensor documents = at::cat({at::zeros({1, 120}, at::kLong), at::ones({1, 180}, at::kLong),
+                                        at::zeros({1, length}, at::kLong)}, 1).view({b, length});
+  const TttSequences sequences = ttt_sequences(documents, at::Device(at::kCUDA));
+  ASSERT_EQ(sequences.max_length, length);
+  ASSERT_EQ(sequences.cu_seqlens.cpu().sizes(), at::IntArrayRef({4}));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const auto bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  for (int64_t own = 0; own <= 3; ++own) {
+    SCOPED_TRACE("own keys " + std::to_string(own));
+    auto leaf = [&](int64_t h) { return at::randn({b, h, length, d}, bf16).requires_grad_(true); };
+    auto exact = [](const at::Tensor& x) { return x.detach().to(at::kCPU, at::kDouble).requires_grad_(true); };
+    const at::Tensor q = leaf(heads), key0 = leaf(kv), value0 = leaf(kv);
+    std::vector<at::Tensor> ok, ov;
+    for (int64_t j = 0; j < own; ++j) {
+      ok.push_back(leaf(kv));
+      ov.push_back(leaf(kv));
+    }
+    std::vector<at::Tensor> inputs{q, key0, value0};
+    inputs.insert(inputs.end(), ok.begin(), ok.end());
+    inputs.insert(inputs.end(), ov.begin(), ov.end());
+    std::vector<at::Tensor> exact_inputs;
+    for (const at::Tensor& x : inputs) exact_inputs.push_back(exact(x));
+    const std::vector<at::Tensor> exact_ok(exact_inputs.begin() + 3, exact_inputs.begin() + 3 + own),
+        exact_ov(exact_inputs.begin() + 3 + own, exact_inputs.end());
+    const at::Tensor flash = ttt_flash_attention(q, key0, value0, ok, ov, sequences, scale);
+    const at::Tensor dense =
+        dense_ttt_attention(exact_inputs[0], exact_inputs[1], exact_inputs[2], exact_ok, exact_ov, documents, scale);
+    const double out_scale = dense.abs().max().item<double>();
+    EXPECT_LT((flash.to(at::kCPU, at::kDouble) - dense).abs().max().item<double>(), 2e-2 * out_scale);
+    const at::Tensor weight = at::randn(dense.sizes(), at::kDouble);
+    const auto g_flash = torch::autograd::grad({(flash.to(at::kFloat) * weight.to(flash.device(), at::kFloat)).sum()}, inputs);
+    const auto g_dense = torch::autograd::grad({(dense * weight).sum()}, exact_inputs);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const double g_scale = g_dense[i].abs().max().item<double>();
+      EXPECT_LT((g_flash[i].to(at::kCPU, at::kDouble) - g_dense[i]).abs().max().item<double>(), 3e-2 * g_scale)
+          << "gradient of input " << i;
+    }
+  }
+}
+
+// Documents as varlen sequences: a new sequence at each row's start and
+// at each change of document id; each token's sequence and offset.
+TEST(Eagle3TttAttention, DocumentsBecomeOneSequenceEachRowByRow) {
+  const at::Tensor documents = at::tensor({0, 0, 1, 1, 1, 7, 7, 7, 7, 7}, at::kLong).view({2, 5});
+  const TttSequences s = ttt_sequences(documents, at::Device(at::kCPU));
+  EXPECT_TRUE(at::equal(s.cu_seqlens, at::tensor({0, 2, 5, 10}, at::kInt)));
+  EXPECT_EQ(s.max_length, 5);
+  EXPECT_TRUE(at::equal(s.token_sequence, at::tensor({0, 0, 1, 1, 1, 2, 2, 2, 2, 2}, at::kLong)));
+  EXPECT_TRUE(at::equal(s.token_offset, at::tensor({0, 1, 0, 1, 2, 0, 1, 2, 3, 4}, at::kLong)));
 }
