@@ -57,7 +57,7 @@ at::Tensor tokens_first(const at::Tensor& x) {
 }
 // [B·S, h, d] → [B, h, S, d].
 at::Tensor heads_first(const at::Tensor& x, int64_t rows) {
-  return x.view({rows, x.size(0) / rows, x.size(1), x.size(2)}).transpose(1, 2);
+  return x.reshape({rows, x.size(0) / rows, x.size(1), x.size(2)}).transpose(1, 2);
 }
 
 // Flash attention's log-sum-exp as [tokens, heads] fp32, and back. Its
