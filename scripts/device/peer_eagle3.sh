@@ -7,7 +7,7 @@
 # .ref/eagle3 holds the SpecForge modules the peer's step needs:
 # scripts/fetch_reference_eagle3.sh GIT_DIR on the CPU machine first.
 # SHAPES="llama3-8b qwen3-8b" (default both), CONTEXT (default 2048),
-# OURS_LOSSES (default "kl fused_ckpt_kl"; the first also with --layer-ops
+# PEER_TEACHERS (default "logits compact"), OURS_LOSSES (default "kl fused_ckpt_kl"; the first also with --layer-ops
 # aten --attention-kernel chunked, the op-by-op ATen reference), NO_PEER=1
 # (ours only). eagle3_tests runs first (its GPU test checks the flash path).
 # OUTDIR gets build.txt, machine.txt, steps.txt (every printed line, shape by
@@ -26,7 +26,7 @@ timeout 120 "$root/build-gpu/bin/eagle3_tests" > "$out/eagle3_tests.txt" 2>&1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]" "$out/eagle3_tests.txt"
 for shape in ${SHAPES:-llama3-8b qwen3-8b}; do
   if [ "${NO_PEER:-0}" != 1 ]; then
-    for teacher in logits compact; do
+    for teacher in ${PEER_TEACHERS:-logits compact}; do
       echo "== peer $shape context $context teacher $teacher" >> "$out/steps.txt"
       timeout 300 python3 "$root/scripts/peer_eagle3_step.py" --specforge "$root/.ref/eagle3" --shape "$shape" \
         --context "$context" --teacher "$teacher" --json "$out/peer.jsonl" 2>&1 |
