@@ -7,10 +7,11 @@
 // its draft vocabulary's maps are checkpoint buffers (ABI 1.6 buffers).
 //
 // Drafting for eval runs the same layer one sequence at a time (the ATen
-// path). Not yet here: the export checked against a reference
-// implementation, the planner's facts, drafting kernels and graphs.
+// path). The planner's facts: memory_model.h. Not yet here: drafting
+// kernels and graphs.
 #include "draft_vocabulary.h"
 #include "eagle3_model.h"
+#include "memory_model.h"
 #include "ttt_layout.h"
 
 #include <dflash/sdk.hpp>
@@ -33,6 +34,45 @@ constexpr int64_t kFeatureLayers = 3;  // low, middle and high, as EAGLE-3 reads
 // the outputs of layers 1, L/2 − 1 and L − 4.
 std::vector<int64_t> default_layer_ids(int64_t layers) {
   return {std::min<int64_t>(1, layers - 1), std::max<int64_t>(0, layers / 2 - 1), std::max<int64_t>(0, layers - 4)};
+}
+
+// The drafter's shape and target layers from its config and the target's
+// facts: one resolution for bind_target and plan_memory. Throws sdk::Error
+// naming the key.
+struct Resolved {
+  Eagle3Shape shape;
+  std::vector<int64_t> layer_ids;
+};
+Resolved resolve(const nlohmann::json& config, const nlohmann::json& target) {
+  const int64_t layers = target.at("num_layers").get<int64_t>();
+  Resolved r;
+  r.layer_ids = config.at("target_layer_ids").get<std::vector<int64_t>>();
+  if (r.layer_ids.empty()) r.layer_ids = default_layer_ids(layers);
+  if (static_cast<int64_t>(r.layer_ids.size()) != kFeatureLayers)
+    throw sdk::Error(DFLASH_ERR_INVALID_CONFIG, "drafter.target_layer_ids: EAGLE-3 reads 3 target layers, got " +
+                                                    std::to_string(r.layer_ids.size()));
+  for (int64_t id : r.layer_ids)
+    if (id >= layers)
+      throw sdk::Error(DFLASH_ERR_INVALID_CONFIG, "drafter.target_layer_ids: layer " + std::to_string(id) +
+                                                      " is out of range; the target has " + std::to_string(layers) + " layers");
+  auto own_or_target = [&](const char* key, const char* fact) {
+    const int64_t own = config.at(key).get<int64_t>();
+    return own > 0 ? own : target.at(fact).get<int64_t>();
+  };
+  Eagle3Shape& s = r.shape;
+  s.hidden = target.at("hidden_size").get<int64_t>();
+  s.target_hidden = s.hidden;
+  s.feature_layers = kFeatureLayers;
+  s.heads = own_or_target("num_attention_heads", "num_attention_heads");
+  s.kv_heads = own_or_target("num_key_value_heads", "num_key_value_heads");
+  s.head_dim = own_or_target("head_dim", "head_dim");
+  s.intermediate = own_or_target("intermediate_size", "intermediate_size");
+  s.draft_vocab = config.at("draft_vocab_size").get<int64_t>();
+  s.rms_norm_eps = target.value("rms_norm_eps", 1e-6);
+  s.rope_theta = target.value("rope_theta", 10000.0);
+  s.fused_ops = config.at("layer_ops").get<std::string>() == "fused";
+  s.flash_attention = config.at("attention_kernel").get<std::string>() == "auto";
+  return r;
 }
 
 // The counts file `dflash-host token-counts` writes.
@@ -101,37 +141,55 @@ class Eagle3Drafter : public sdk::Drafter {
         steps_(config_.at("ttt_steps").get<int64_t>()),
         decay_(config_.at("ttt_decay").get<double>()) {}
 
+  // The memory planner's question (ABI 1.2), answered from the shapes
+  // (memory_model.h): what it keeps beside its parameters (the vocabulary
+  // maps), every TTT step's saved
+  // tensors, the backward's peak; and the facts that size the loss over the
+  // draft vocabulary with its own head.
+  static sdk::MemoryPlan plan_memory(const sdk::PlanRequest& request) {
+    const nlohmann::json& config = request.config();
+    const nlohmann::json& context = request.context();
+    if (!context.contains("target") || !context.contains("rows") || !context.contains("row_length"))
+      throw sdk::Error(DFLASH_ERR_INVALID_ARGUMENT, "plan_memory: the context needs target, rows and row_length");
+    const nlohmann::json& target = context.at("target");
+    const Resolved resolved = resolve(config, target);
+    const Eagle3Shape& s = resolved.shape;
+    const int64_t vocab = target.at("vocab_size").get<int64_t>();
+    if (s.draft_vocab > vocab)
+      throw sdk::Error(DFLASH_ERR_INVALID_CONFIG, "drafter.draft_vocab_size: " + std::to_string(s.draft_vocab) +
+                                                      " is larger than the target's vocabulary of " + std::to_string(vocab));
+    Eagle3StepShape step;
+    step.rows = context.at("rows").get<int64_t>();
+    step.row_length = context.at("row_length").get<int64_t>();
+    step.steps = config.at("ttt_steps").get<int64_t>();
+    step.element_bytes = request.element_bytes();
+    step.cuda = request.device().rfind("cuda", 0) == 0;
+    step.teacher = context.value("teacher", false);
+    sdk::MemoryPlan plan = step_memory(s, step);
+    // The teacher's rows of the target head the host counts from
+    // teacher_hidden below; the maps are the drafter's own.
+    plan.add("the draft vocabulary's maps (t2d, d2t)", static_cast<double>(vocab + 8 * s.draft_vocab),
+             sdk::MemoryPhase::kResident);
+    const int64_t q_width = s.heads * s.head_dim;
+    plan.facts = {{"parameters", parameter_count(s)},
+                  {"largest_parameter", std::max({s.draft_vocab * s.hidden, s.intermediate * s.hidden, 2 * s.hidden * q_width,
+                                                  s.hidden * s.feature_layers * s.target_hidden})},
+                  {"target_layer_ids", resolved.layer_ids},
+                  {"loss_rows", loss_rows(step)},
+                  {"hidden_size", s.hidden},
+                  {"loss_vocab", s.draft_vocab},
+                  {"loss_weight_trainable", true},
+                  {"teacher_hidden", s.target_hidden}};
+    return plan;
+  }
+
   void bind_target(const nlohmann::json& target, const sdk::TensorDict& frozen) {
-    const int64_t layers = target.at("num_layers").get<int64_t>();
     target_vocab_ = target.at("vocab_size").get<int64_t>();
     // Serving frameworks size the rotary tables from it (0: the target does not say).
     max_positions_ = target.value("max_position_embeddings", int64_t{0});
-    layer_ids_ = config_.at("target_layer_ids").get<std::vector<int64_t>>();
-    if (layer_ids_.empty()) layer_ids_ = default_layer_ids(layers);
-    if (static_cast<int64_t>(layer_ids_.size()) != kFeatureLayers)
-      throw sdk::Error(DFLASH_ERR_INVALID_CONFIG, "drafter.target_layer_ids: EAGLE-3 reads 3 target layers, got " +
-                                                      std::to_string(layer_ids_.size()));
-    for (int64_t id : layer_ids_)
-      if (id >= layers)
-        throw sdk::Error(DFLASH_ERR_INVALID_CONFIG, "drafter.target_layer_ids: layer " + std::to_string(id) +
-                                                        " is out of range; the target has " + std::to_string(layers) + " layers");
-    auto own_or_target = [&](const char* key, const char* fact) {
-      const int64_t own = config_.at(key).get<int64_t>();
-      return own > 0 ? own : target.at(fact).get<int64_t>();
-    };
-    Eagle3Shape s;
-    s.hidden = target.at("hidden_size").get<int64_t>();
-    s.target_hidden = s.hidden;
-    s.feature_layers = kFeatureLayers;
-    s.heads = own_or_target("num_attention_heads", "num_attention_heads");
-    s.kv_heads = own_or_target("num_key_value_heads", "num_key_value_heads");
-    s.head_dim = own_or_target("head_dim", "head_dim");
-    s.intermediate = own_or_target("intermediate_size", "intermediate_size");
-    s.draft_vocab = config_.at("draft_vocab_size").get<int64_t>();
-    s.rms_norm_eps = target.value("rms_norm_eps", 1e-6);
-    s.rope_theta = target.value("rope_theta", 10000.0);
-    s.fused_ops = config_.at("layer_ops").get<std::string>() == "fused";
-    s.flash_attention = config_.at("attention_kernel").get<std::string>() == "auto";
+    const Resolved resolved = resolve(config_, target);
+    const Eagle3Shape& s = resolved.shape;
+    layer_ids_ = resolved.layer_ids;
     const std::string counts = config_.at("token_counts").get<std::string>();
     vocabulary_from_counts_ = !counts.empty();
     // Without counts (eval) the vocabulary is a placeholder until the

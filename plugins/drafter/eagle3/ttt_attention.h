@@ -30,9 +30,12 @@ namespace dflash::eagle3 {
 // own_keys[j], own_values[j] [B, kv_heads, S, d] for steps 1 … k (empty at
 // step 0); documents [B, S] int64, each document a contiguous run. Returns
 // [B, heads, S, d] in q's dtype; differentiable in every tensor but documents.
+// The fp32 scores a chunk may hold by default (the memory planner counts them).
+constexpr int64_t kTttScoreBytes = int64_t{64} << 20;
+
 at::Tensor ttt_attention(const at::Tensor& q, const at::Tensor& key0, const at::Tensor& value0, at::TensorList own_keys,
                          at::TensorList own_values, const at::Tensor& documents, double scale,
-                         int64_t score_bytes = int64_t{64} << 20);
+                         int64_t score_bytes = kTttScoreBytes);
 
 // The rows a chunk takes under score_bytes (at least 1, at most S).
 int64_t ttt_attention_chunk_rows(int64_t batch, int64_t heads, int64_t length, int64_t score_bytes);

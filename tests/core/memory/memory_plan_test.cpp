@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -562,6 +563,53 @@ TEST(PlanCommand, ACpuRunsMeasuredPeakIsTensorBytesWithinTenPercentOfThePlan) {
     EXPECT_GT(ratio, 0.9) << "planned " << planned << " bytes, measured " << measured;
     EXPECT_LT(ratio, 1.1) << "planned " << planned << " bytes, measured " << measured;
     std::printf("[ plan     ] %s: planned %.1f MiB, measured %.1f MiB (%.3f)\n", v.what, planned / 1048576.0,
+                measured / 1048576.0, ratio);
+  }
+}
+
+// The same for the eagle3 drafter (its plan_memory, eagle3/memory_model.h):
+// the quickstart's data and target, a 200-token draft vocabulary from the
+// data's counts, fused and op-by-op layer ops, 3 and 7 TTT steps, 4 × the
+// tokens. On the CPU its attention is the chunked form, whose backward
+// holds a chunk's scores: counted too.
+TEST(PlanCommand, AnEagle3CpuRunsMeasuredPeakIsWithinTenPercentOfThePlan) {
+  const std::string source = DFLASH_SOURCE_DIR;
+  test::TempDir temp("dflash_cpu_peak_eagle3");
+  const std::string dir = temp.path().string();
+  const std::string data = " --set data.path=" + source + "/configs/quickstart/data/train.jsonl --set target.path=" + source +
+                           "/configs/quickstart/target";
+  const Result counts = host_run("token-counts --config " + source + "/configs/quickstart.json" + data + " --out " + dir +
+                                     "/counts.json",
+                                 dir);
+  ASSERT_EQ(counts.status, 0) << counts.err;
+  struct Variant {
+    const char* what;
+    std::string settings;
+  };
+  for (const Variant& v : {Variant{"the defaults (7 steps, fused)", ""}, Variant{"op-by-op layers", " --set drafter.layer_ops=aten"},
+                           Variant{"3 TTT steps", " --set drafter.ttt_steps=3"},
+                           Variant{"4 × the tokens", " --set data.tokens_per_batch=8192"}}) {
+    SCOPED_TRACE(v.what);
+    std::filesystem::remove_all(dir + "/run");
+    const Result run = host_run("--config " + source + "/configs/quickstart.json --drafter eagle3 --set drafter.token_counts=" +
+                                    dir + "/counts.json --set drafter.draft_vocab_size=200 --set train.steps=2"
+                                    " --set train.output_dir=" + dir + "/run --set train.eval_every=0"
+                                    " --set train.checkpoint_every=0" + data + v.settings,
+                                dir);
+    ASSERT_EQ(run.status, 0) << run.err;
+    std::ifstream metrics(dir + "/run/metrics.jsonl");
+    int64_t measured = 0, planned = 0;
+    for (std::string line; std::getline(metrics, line);) {
+      const nlohmann::json record = nlohmann::json::parse(line);
+      if (!record.contains("memory_peak_bytes")) continue;
+      measured = std::max(measured, record.at("memory_peak_bytes").get<int64_t>());
+      planned = record.at("memory_planned_peak_bytes").get<int64_t>();
+    }
+    ASSERT_GT(measured, 0);
+    const double ratio = static_cast<double>(planned) / static_cast<double>(measured);
+    EXPECT_GT(ratio, 0.9) << "planned " << planned << " bytes, measured " << measured;
+    EXPECT_LT(ratio, 1.1) << "planned " << planned << " bytes, measured " << measured;
+    std::printf("[ plan     ] eagle3, %s: planned %.1f MiB, measured %.1f MiB (%.3f)\n", v.what, planned / 1048576.0,
                 measured / 1048576.0, ratio);
   }
 }
