@@ -32,7 +32,14 @@ def config(target, row_length, rows, anchors, block, output, drafter=None, train
         "loss": loss or {"plugin": "fused_ckpt_kl", "kl_weight": 0.5},
         "scheduler": {"plugin": "constant"},
     }
-    c["drafter"].update(drafter or {})
+    if (drafter or {}).get("plugin") == "eagle3":
+        # EAGLE-3 (docs/eagle3.md): its own section; every token in the draft
+        # vocabulary and every position supervised, as its plan assumes the
+        # most loss rows. drafter.token_counts is filled in by main().
+        c["drafter"] = dict(drafter)
+        c["data"].update({"vocab_size": drafter["draft_vocab_size"], "prompt_fraction": 0.0})
+    else:
+        c["drafter"].update(drafter or {})
     c["train"].update(train or {})
     return c
 
@@ -64,6 +71,12 @@ def main():
         ("27B-wide, ctx 8192, 1024 × 16", q27, 8192, 1, 1024, 16, {}, {}),
         # Grouped attention keeping every call's q/k/v (drafter.attention_keeps; the default keeps the layer's rows).
         ("27B-wide, ctx 4096, 512 × 16, attention keeping calls", q27, 4096, 1, 512, 16, {"attention_keeps": "calls"}, {}),
+        # EAGLE-3 (issue 43): 7 TTT steps over a 32,000-token draft vocabulary.
+        ("EAGLE-3, 8B-wide, ctx 2048", q8, 2048, 1, 0, 0, {"plugin": "eagle3", "draft_vocab_size": 32000}, {}),
+        ("EAGLE-3, 8B-wide, 4 rows × 2048", q8, 2048, 4, 0, 0, {"plugin": "eagle3", "draft_vocab_size": 32000}, {}),
+        ("EAGLE-3, 27B-wide, ctx 4096", q27, 4096, 1, 0, 0, {"plugin": "eagle3", "draft_vocab_size": 32000}, {}),
+        ("EAGLE-3, 27B-wide, ctx 4096, op-by-op, chunked attention", q27, 4096, 1, 0, 0,
+         {"plugin": "eagle3", "draft_vocab_size": 32000, "layer_ops": "aten", "attention_kernel": "chunked"}, {}),
     ]
     if a.grid:
         cases = grid_cases(a.work)
@@ -76,8 +89,15 @@ def main():
         output = os.path.join(runs_root, f"run{len(results)}")
         shutil.rmtree(output, ignore_errors=True)
         path = os.path.join(a.work, f"config{len(results)}.json")
+        c = config(target, length, rows, anchors, block, output, drafter, train)
+        if c["drafter"]["plugin"] == "eagle3":  # its draft vocabulary from the data's token counts
+            counts = os.path.join(a.work, f"counts{len(results)}.json")
+            c["drafter"]["token_counts"] = counts
+            with open(path, "w") as f:
+                json.dump(c, f, indent=2)
+            sh(f"{a.host} token-counts --config {path} --out {counts}")
         with open(path, "w") as f:
-            json.dump(config(target, length, rows, anchors, block, output, drafter, train), f, indent=2)
+            json.dump(c, f, indent=2)
         plan_run = sh(f"{a.host} plan --json --config {path}")
         plan = json.loads(plan_run.stdout) if plan_run.stdout.strip().startswith("{") else None
         start = time.time()
