@@ -6,7 +6,8 @@
 # the out-of-memory report of a configuration that does not fit.
 #   scripts/device/memory_plan.sh [OUTDIR]     (carry .deps/debs)
 #   SKIP_BUILD=1 to reuse build-gpu/; OOM_ONLY=1 for the out-of-memory demonstration alone;
-#   ONLY="REGEX" for the cases whose names it finds (scripts/memory_accuracy.py)
+#   ONLY="REGEX" for the cases whose names it finds (scripts/memory_accuracy.py;
+#   ONLY=EAGLE-3: the eagle3 drafter's plan alone)
 #   GRID=1 for the grid of small shapes instead (issue 40, item 8: the GPU demonstration's
 #   drafter and its neighbours, and a small target of the block kernel's head shape)
 set -euo pipefail
@@ -31,7 +32,7 @@ fi
 # The 8B-wide target only where a chosen case uses it (ONLY is a regular expression over the cases' names).
 needs_q8=1
 [ -z "${OOM_ONLY:-}" ] || needs_q8=0
-[ -z "${ONLY:-}" ] || python3 -c 'import re, sys; sys.exit(0 if re.search(sys.argv[1], "8B-wide") else 1)' "$ONLY" || needs_q8=0
+[ -z "${ONLY:-}" ] || python3 -c 'import re, sys; sys.exit(0 if re.search(sys.argv[1], "8B-wide") or re.search(sys.argv[1], "EAGLE-3, 8B-wide") else 1)' "$ONLY" || needs_q8=0
 [ "$needs_q8" = 0 ] || [ -f "$work/q8/model.safetensors" ] || python3 "$root/scripts/make_wide_target.py" "$work/q8" --preset qwen3-8b
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$out/gpu.txt" || true
 python3 "$root/scripts/memory_accuracy.py" --host "$root/build-gpu/bin/dflash-host --no-default-plugin-dirs --plugin-dir $root/build-gpu/lib/dflash-host/plugins" \
