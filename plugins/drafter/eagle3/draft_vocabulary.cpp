@@ -22,13 +22,17 @@ DraftVocabulary from_ids(const at::Tensor& ascending_ids, int64_t target_vocab) 
 at::Tensor DraftVocabulary::d2t() const { return draft_to_target - at::arange(size(), at::kLong); }
 at::Tensor DraftVocabulary::t2d() const { return target_to_draft.ge(0); }
 
+void check_draft_vocab_size(int64_t size, int64_t vocab) {
+  if (size < 1 || size > vocab)
+    throw std::invalid_argument("eagle3: draft_vocab_size is " + std::to_string(size) + ", but the target's vocabulary has " +
+                                std::to_string(vocab) + " tokens; a draft vocabulary holds 1 to " + std::to_string(vocab));
+}
+
 DraftVocabulary draft_vocabulary_from_counts(const at::Tensor& counts, int64_t size) {
   if (counts.dim() != 1 || at::isFloatingType(counts.scalar_type()))
     throw std::invalid_argument("eagle3: token counts must be one integer count per target token, [V]");
   const int64_t vocab = counts.size(0);
-  if (size < 1 || size > vocab)
-    throw std::invalid_argument("eagle3: draft_vocab_size is " + std::to_string(size) + ", but the target's vocabulary has " +
-                                std::to_string(vocab) + " tokens; a draft vocabulary holds 1 to " + std::to_string(vocab));
+  check_draft_vocab_size(size, vocab);
   // Most frequent first, the lower id first among equals: a stable sort of
   // the ids by descending count.
   const at::Tensor c = counts.to(at::kCPU, at::kLong);

@@ -22,6 +22,11 @@ struct DraftVocabulary {
   at::Tensor t2d() const;
 };
 
+// Refuses a draft vocabulary of `size` tokens over a target vocabulary of
+// `vocab` unless 1 <= size <= vocab (std::invalid_argument naming both):
+// one check for planning and for building it.
+void check_draft_vocab_size(int64_t size, int64_t vocab);
+
 // counts [V]: how often each target token is supervised in the training
 // data (any integer dtype). Refuses a size outside [1, V], naming both.
 DraftVocabulary draft_vocabulary_from_counts(const at::Tensor& counts, int64_t size);

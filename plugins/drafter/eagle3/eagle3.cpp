@@ -155,9 +155,7 @@ class Eagle3Drafter : public sdk::Drafter {
     const Resolved resolved = resolve(config, target);
     const Eagle3Shape& s = resolved.shape;
     const int64_t vocab = target.at("vocab_size").get<int64_t>();
-    if (s.draft_vocab > vocab)
-      throw sdk::Error(DFLASH_ERR_INVALID_CONFIG, "drafter.draft_vocab_size: " + std::to_string(s.draft_vocab) +
-                                                      " is larger than the target's vocabulary of " + std::to_string(vocab));
+    check_draft_vocab_size(s.draft_vocab, vocab);
     Eagle3StepShape step;
     step.rows = context.at("rows").get<int64_t>();
     step.row_length = context.at("row_length").get<int64_t>();
