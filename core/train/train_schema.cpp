@@ -78,6 +78,9 @@ const nlohmann::json& train_schema() {
           .integer("keep_checkpoints", 2, "newest checkpoints kept on disk", Bounds::between(1, kMaxCount))
           .string("progress", "auto", "console: a progress bar on a terminal, plain lines otherwise", {"auto", "bar", "lines"})
           .integer("log_every", 1, "steps between console lines (metrics.jsonl gets every step)", Bounds::between(1, kMaxSteps))
+          .boolean("tensorboard", true,
+                   "TensorBoard event file (events.out.tfevents.*) beside metrics.jsonl in output_dir, every step's "
+                   "numbers as scalars under their metrics.jsonl names; written by rank 0 (docs/metrics.md)")
           .integer("eval_every", 0,
                    "steps between speculative-decoding evaluations on eval_prompts (0 = none); the mean acceptance "
                    "length goes to metrics.jsonl as eval_tau",

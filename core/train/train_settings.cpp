@@ -58,6 +58,7 @@ TrainSettings parse_train_settings(const nlohmann::json& train) {
   s.output_dir = read<std::string>(train, "output_dir");
   s.progress = read<std::string>(train, "progress");
   s.log_every = read<int64_t>(train, "log_every");
+  s.tensorboard = read<bool>(train, "tensorboard");
   s.prefetch = read<bool>(train, "prefetch");
   s.profile_phases = read<bool>(train, "profile_phases");
   s.eval_every = read<int64_t>(train, "eval_every");

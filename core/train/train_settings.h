@@ -51,6 +51,7 @@ struct TrainSettings {
   std::string output_dir;
   std::string progress;  // auto, bar, lines
   int64_t log_every = 0;
+  bool tensorboard = false;  // an event file beside metrics.jsonl (rank 0)
   bool prefetch = false, profile_phases = false;
 
   // Periodic evaluation.

@@ -7,6 +7,7 @@
 #include "memory/memory_stats.h"
 #include "memory/oom_report.h"
 #include "metrics/progress.h"
+#include "metrics/tensorboard.h"
 #include "train/adamw.h"
 #include "train/sharded_adamw.h"
 #include "train/batch_lookahead.h"
@@ -250,6 +251,7 @@ class Trainer {
   eval::EvalSettings eval_settings_;
   std::vector<eval::Prompt> eval_prompts_;
   std::unique_ptr<metrics::MetricsFile> metrics_file_;
+  std::unique_ptr<metrics::EventFile> event_file_;  // train.tensorboard
   std::unique_ptr<metrics::ConsoleProgress> progress_;
   std::unique_ptr<MicroBatchFeed> feed_;
   int agreed_stop_signal_ = 0;  // with several ranks: a stop signal any rank saw by the end of the last step
@@ -476,6 +478,7 @@ bool Trainer::record(int64_t step, StepFigures& f, const RankFigures& ranks, dou
   if (root()) {
     try {
       metrics_file_->write(record);
+      if (event_file_) event_file_->write(record);
     } catch (const metrics::MetricsWriteError& e) {
       progress_->finish();
       throw std::runtime_error(std::string(e.what()) + "; training stopped at step " + std::to_string(step) + ". " +
@@ -655,6 +658,7 @@ int Trainer::train() {
                                "(nothing was trained)");
     }
     metrics_file_ = std::make_unique<metrics::MetricsFile>(output_dir_ + "/metrics.jsonl", first_step_);
+    if (s_.tensorboard) event_file_ = std::make_unique<metrics::EventFile>(output_dir_, first_step_);
   }
   // Only rank 0 draws progress; the others' console lines are their logs.
   progress_ = std::make_unique<metrics::ConsoleProgress>(root() ? s_.progress : "quiet", first_step_, s_.steps, s_.log_every);
