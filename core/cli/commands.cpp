@@ -10,6 +10,7 @@
 #include "plugin/instances.h"
 #include "plugin/plugin_kind.h"
 #include "plugin/registry.h"
+#include "metrics/tensorboard.h"
 #include "eval/evaluation.h"
 #include "memory/memory_plan.h"
 #include "train/run_plan.h"
@@ -31,6 +32,7 @@
 #include <boost/dll/runtime_symbol_info.hpp>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -574,6 +576,29 @@ int train(const CliOptions& options) {
   }
 }
 
+// eval's TensorBoard file, beside its report: the report's numbers but the
+// per-prompt details, tagged eval/<key> as the periodic evaluation's are
+// eval_<key> in training; at the step of the checkpoint evaluated
+// ("step-N" in its path; 0 otherwise).
+std::string eval_event_file(const std::string& report) {
+  const std::filesystem::path path(report);
+  return (path.parent_path() / ("events.out.tfevents.eval." + path.stem().string())).string();
+}
+std::vector<std::pair<std::string, float>> eval_scalars(const nlohmann::json& report) {
+  nlohmann::json numbers = report;
+  numbers.erase("per_prompt");
+  return metrics::scalars_of(numbers, "eval");
+}
+int64_t checkpoint_step(const std::string& checkpoint) {
+  const size_t at = checkpoint.rfind("step-");
+  if (at == std::string::npos) return 0;
+  try {
+    return std::stoll(checkpoint.substr(at + 5));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 int evaluate(const CliOptions& options) {
   if (!options.config_file) throw std::invalid_argument("eval needs a config with target and drafter sections: --config FILE.json");
   if (!options.prompts) throw std::invalid_argument("eval needs held-out prompts: --prompts FILE.jsonl");
@@ -611,6 +636,9 @@ int evaluate(const CliOptions& options) {
     std::ofstream out(*options.report);
     if (!(out << report.dump(2) << "\n")) throw std::runtime_error(*options.report + ": cannot write the report");
     std::cout << "\nreport: " << *options.report << "\n";
+    const std::string events = eval_event_file(*options.report);
+    metrics::write_event_file(events, checkpoint_step(settings.drafter_checkpoint), eval_scalars(report));
+    std::cout << "TensorBoard: " << events << "\n";
   }
   return kExitOk;
 }

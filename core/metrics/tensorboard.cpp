@@ -271,6 +271,23 @@ EventFile::EventFile(const std::string& directory, int64_t first_step) : path_(e
   if (fd_ < 0) throw std::runtime_error(path_ + ": cannot write the TensorBoard event file (" + errno_text() + ")");
 }
 
+void write_event_file(const std::string& path, int64_t step, const std::vector<std::pair<std::string, float>>& scalars) {
+  const double now = now_seconds();
+  const std::string bytes = tfrecord(file_version_event(now)) + tfrecord(scalars_event(now, step, scalars));
+  const std::string temporary = path + ".tmp";
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error(path + ": cannot write the TensorBoard event file (" + errno_text() + ")");
+  try {
+    write_all(fd, bytes, temporary);
+  } catch (...) {
+    ::close(fd);
+    std::remove(temporary.c_str());
+    throw;
+  }
+  if (::close(fd) != 0 || std::rename(temporary.c_str(), path.c_str()) != 0)
+    throw std::runtime_error(path + ": cannot write the TensorBoard event file (" + errno_text() + ")");
+}
+
 EventFile::~EventFile() {
   if (fd_ >= 0) ::close(fd_);
 }

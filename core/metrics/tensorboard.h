@@ -68,6 +68,11 @@ class EventFile {
   std::string path_;
 };
 
+// A new event file at `path` (replacing one there) holding the file-version
+// event and one step's scalars: what `eval --report FILE` writes beside its
+// report. Throws naming the file when it cannot be written.
+void write_event_file(const std::string& path, int64_t step, const std::vector<std::pair<std::string, float>>& scalars);
+
 // A file's records as payloads, in order, stopping at the first torn or
 // corrupt one (its offset in `valid_bytes`). For the rewrite above and the tests.
 struct EventRecords {

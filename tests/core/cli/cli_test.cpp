@@ -205,7 +205,28 @@ TEST(Cli, EvalDecodesLosslesslyAndWritesItsReport) {
     EXPECT_TRUE(row.at("identical_to_greedy").get<bool>());
     EXPECT_FALSE(row.contains("divergence"));
   }
+  // Beside the report, its TensorBoard file: the report's numbers but the
+  // per-prompt details, read by the independent reader where it is installed.
+  const fs::path events = report.parent_path() / ("events.out.tfevents.eval." + report.stem().string());
+  ASSERT_TRUE(fs::exists(events)) << events;
+  EXPECT_CONTAINS(r.out, "TensorBoard: " + events.string());
+  if (std::system("command -v protoc > /dev/null 2>&1 && /usr/bin/python3 -c 'import crc32c' 2>/dev/null") == 0) {
+    const fs::path decoded = fs::path(report).replace_extension(".events.json");
+    ASSERT_EQ(std::system(("/usr/bin/python3 " + std::string(DFLASH_SOURCE_DIR) + "/tests/core/metrics/read_tfevents.py " +
+                           events.string() + " > " + decoded.string()).c_str()),
+              0);
+    std::ifstream read(decoded);
+    const auto e = nlohmann::json::parse(read);
+    ASSERT_EQ(e.at("steps").size(), 1u);
+    const nlohmann::json& values = e.at("steps")[0][2];
+    EXPECT_NEAR(values.at("eval/tau_mean").get<double>(), j.at("tau_mean").get<double>(), 1e-5);
+    EXPECT_EQ(values.at("eval/identical_prompts").get<double>(), 3.0);
+    EXPECT_NEAR(values.at("eval/acceptance_by_position/0").get<double>(), j.at("acceptance_by_position")[0].get<double>(), 1e-6);
+    for (const auto& [tag, value] : values.items()) EXPECT_EQ(tag.find("per_prompt"), std::string::npos) << tag;
+    fs::remove(decoded);
+  }
   fs::remove(report);
+  fs::remove(events);
 
   r = host(base);
   EXPECT_EQ(r.status, 2);
