@@ -636,6 +636,14 @@ TEST(AbComparison, IdenticalArmsMatchADifferentLossDiffersAFailedArmIsReported) 
     EXPECT_NE(a[3].at("grad_norm").get<double>(), c[3].at("grad_norm").get<double>());
     EXPECT_TRUE(runs.at({"throwing_loss", seed}).at("failed").get<bool>());
     EXPECT_CONTAINS(runs.at({"throwing_loss", seed}).at("failure").get<std::string>(), "cannot open /nonexistent/table.bin");
+    // Each arm's run has its own TensorBoard file: TensorBoard on the ab
+    // folder shows the arms as runs (docs/metrics.md).
+    for (const char* arm : {"fused_ckpt_kl", "fused_ckpt_kl#2", "ce"}) {
+      bool found = false;
+      for (const auto& entry : std::filesystem::directory_iterator(dir + "/ab/" + arm + "/seed-" + std::to_string(seed - 3)))
+        found = found || entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+      EXPECT_TRUE(found) << arm;
+    }
   }
   EXPECT_NE(runs.at({"fused_ckpt_kl", 3}).at("metrics")[3].at("loss").get<double>(),
             runs.at({"fused_ckpt_kl", 4}).at("metrics")[3].at("loss").get<double>())
