@@ -76,6 +76,23 @@ void write_all(int fd, const std::string& bytes, const std::string& path) {
   }
 }
 
+// `path` made to hold `bytes` through a temporary file and a rename: a
+// crash midway leaves the old file (or none), never a part of the new one.
+void replace_file(const std::string& path, const std::string& bytes) {
+  const std::string temporary = path + ".tmp";
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error(temporary + ": cannot write the TensorBoard event file (" + errno_text() + ")");
+  try {
+    write_all(fd, bytes, temporary);
+  } catch (...) {
+    ::close(fd);
+    std::remove(temporary.c_str());
+    throw;
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0 || std::rename(temporary.c_str(), path.c_str()) != 0)
+    throw std::runtime_error(path + ": cannot replace the TensorBoard event file (" + errno_text() + ")");
+}
+
 // Reads the fields of an Event payload this writer and TensorBoard's make:
 // its step and whether it is the file-version event.
 struct EventFields {
@@ -253,20 +270,7 @@ EventFile::EventFile(const std::string& directory, int64_t first_step) : path_(e
   } else {
     kept = tfrecord(file_version_event(now_seconds()));
   }
-  if (rewrite) {
-    // Through a temporary file and a rename: a crash here loses nothing.
-    const std::string temporary = path_ + ".tmp";
-    const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw std::runtime_error(temporary + ": cannot write the TensorBoard event file (" + errno_text() + ")");
-    try {
-      write_all(fd, kept, temporary);
-    } catch (...) {
-      ::close(fd);
-      throw;
-    }
-    if (::fsync(fd) != 0 || ::close(fd) != 0 || std::rename(temporary.c_str(), path_.c_str()) != 0)
-      throw std::runtime_error(path_ + ": cannot replace the TensorBoard event file (" + errno_text() + ")");
-  }
+  if (rewrite) replace_file(path_, kept);
   fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (fd_ < 0) throw std::runtime_error(path_ + ": cannot write the TensorBoard event file (" + errno_text() + ")");
 }
@@ -274,18 +278,7 @@ EventFile::EventFile(const std::string& directory, int64_t first_step) : path_(e
 void write_event_file(const std::string& path, int64_t step, const std::vector<std::pair<std::string, float>>& scalars) {
   const double now = now_seconds();
   const std::string bytes = tfrecord(file_version_event(now)) + tfrecord(scalars_event(now, step, scalars));
-  const std::string temporary = path + ".tmp";
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error(path + ": cannot write the TensorBoard event file (" + errno_text() + ")");
-  try {
-    write_all(fd, bytes, temporary);
-  } catch (...) {
-    ::close(fd);
-    std::remove(temporary.c_str());
-    throw;
-  }
-  if (::close(fd) != 0 || std::rename(temporary.c_str(), path.c_str()) != 0)
-    throw std::runtime_error(path + ": cannot write the TensorBoard event file (" + errno_text() + ")");
+  replace_file(path, bytes);
 }
 
 EventFile::~EventFile() {

@@ -518,6 +518,26 @@ std::string write_config(const std::string& dir, const nlohmann::json& root) {
   return path;
 }
 
+// A CPU run's planned peak (metrics.jsonl's memory_planned_peak_bytes)
+// within ±10 % of its largest measured one (counted tensor bytes).
+void expect_planned_within_ten_percent(const std::string& run, const std::string& what) {
+  std::ifstream metrics(run + "/metrics.jsonl");
+  int64_t measured = 0, planned = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (!record.contains("memory_peak_bytes")) continue;
+    EXPECT_EQ(record.at("memory_source"), "cpu_allocator");
+    measured = std::max(measured, record.at("memory_peak_bytes").get<int64_t>());
+    planned = record.at("memory_planned_peak_bytes").get<int64_t>();
+  }
+  ASSERT_GT(measured, 0) << what;
+  const double ratio = static_cast<double>(planned) / static_cast<double>(measured);
+  EXPECT_GT(ratio, 0.9) << what << ": planned " << planned << " bytes, measured " << measured;
+  EXPECT_LT(ratio, 1.1) << what << ": planned " << planned << " bytes, measured " << measured;
+  std::printf("[ plan     ] %s: planned %.1f MiB, measured %.1f MiB (%.3f)\n", what.c_str(), planned / 1048576.0,
+              measured / 1048576.0, ratio);
+}
+
 // On the CPU dflash-host counts tensor bytes as LibTorch allocates them
 // (memory/cpu_tensor_bytes.h), so a CPU run's measured peak is what the
 // planner predicts, not the process's resident set. The quickstart's shape
@@ -549,21 +569,7 @@ TEST(PlanCommand, ACpuRunsMeasuredPeakIsTensorBytesWithinTenPercentOfThePlan) {
                                     " --set target.path=" + source + "/configs/quickstart/target" + v.settings,
                                 dir);
     ASSERT_EQ(run.status, 0) << run.err;
-    std::ifstream metrics(dir + "/run/metrics.jsonl");
-    int64_t measured = 0, planned = 0;
-    for (std::string line; std::getline(metrics, line);) {
-      const nlohmann::json record = nlohmann::json::parse(line);
-      if (!record.contains("memory_peak_bytes")) continue;
-      EXPECT_EQ(record.at("memory_source"), "cpu_allocator");
-      measured = std::max(measured, record.at("memory_peak_bytes").get<int64_t>());
-      planned = record.at("memory_planned_peak_bytes").get<int64_t>();
-    }
-    ASSERT_GT(measured, 0);
-    const double ratio = static_cast<double>(planned) / static_cast<double>(measured);
-    EXPECT_GT(ratio, 0.9) << "planned " << planned << " bytes, measured " << measured;
-    EXPECT_LT(ratio, 1.1) << "planned " << planned << " bytes, measured " << measured;
-    std::printf("[ plan     ] %s: planned %.1f MiB, measured %.1f MiB (%.3f)\n", v.what, planned / 1048576.0,
-                measured / 1048576.0, ratio);
+    expect_planned_within_ten_percent(dir + "/run", v.what);
   }
 }
 
@@ -597,20 +603,7 @@ TEST(PlanCommand, AnEagle3CpuRunsMeasuredPeakIsWithinTenPercentOfThePlan) {
                                     " --set train.checkpoint_every=0" + data + v.settings,
                                 dir);
     ASSERT_EQ(run.status, 0) << run.err;
-    std::ifstream metrics(dir + "/run/metrics.jsonl");
-    int64_t measured = 0, planned = 0;
-    for (std::string line; std::getline(metrics, line);) {
-      const nlohmann::json record = nlohmann::json::parse(line);
-      if (!record.contains("memory_peak_bytes")) continue;
-      measured = std::max(measured, record.at("memory_peak_bytes").get<int64_t>());
-      planned = record.at("memory_planned_peak_bytes").get<int64_t>();
-    }
-    ASSERT_GT(measured, 0);
-    const double ratio = static_cast<double>(planned) / static_cast<double>(measured);
-    EXPECT_GT(ratio, 0.9) << "planned " << planned << " bytes, measured " << measured;
-    EXPECT_LT(ratio, 1.1) << "planned " << planned << " bytes, measured " << measured;
-    std::printf("[ plan     ] eagle3, %s: planned %.1f MiB, measured %.1f MiB (%.3f)\n", v.what, planned / 1048576.0,
-                measured / 1048576.0, ratio);
+    expect_planned_within_ten_percent(dir + "/run", std::string("eagle3, ") + v.what);
   }
 }
 
