@@ -4,6 +4,8 @@
 // naming the flag.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -38,6 +40,16 @@ class FlagReader {
     }
     if (used == 0 || used != value.size()) throw std::invalid_argument(flag_ + " takes an integer, not '" + value + "'");
     return parsed;
+  }
+  // The flag's value as KEY=VALUE (--loss-set, --drafter-set), put in
+  // `into`: VALUE as JSON where it parses (numbers, booleans), else as text.
+  void setting(nlohmann::json& into) {
+    const std::string pair = text();
+    const size_t eq = pair.find('=');
+    if (eq == std::string::npos || eq == 0) throw std::invalid_argument(flag_ + " takes KEY=VALUE, not '" + pair + "'");
+    const std::string value = pair.substr(eq + 1);
+    nlohmann::json parsed = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+    into[pair.substr(0, eq)] = parsed.is_discarded() ? nlohmann::json(value) : parsed;
   }
   [[noreturn]] void unknown() const { throw std::invalid_argument("unknown flag " + flag_); }
 

@@ -108,15 +108,7 @@ Args parse(int argc, char** argv) {
     else if (r.is("--arms")) a.arms = split(r.text(), ',');
     else if (r.is("--target")) a.target = r.text();
     else if (r.is("--drafter")) a.drafter = r.text();
-    else if (r.is("--drafter-set")) {
-      const std::string pair = r.text();
-      const auto eq = pair.find('=');
-      if (eq == std::string::npos || eq == 0) throw std::invalid_argument("--drafter-set " + pair + ": takes key=value");
-      // A number or JSON literal where it parses as one, else a string.
-      const std::string value = pair.substr(eq + 1);
-      nlohmann::json parsed = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
-      a.drafter_settings[pair.substr(0, eq)] = parsed.is_discarded() ? nlohmann::json(value) : parsed;
-    }
+    else if (r.is("--drafter-set")) r.setting(a.drafter_settings);
     else if (r.is("--json")) a.json = r.text();
     else if (r.is("--trace")) a.trace = r.text();
     else if (r.is("--verify")) {

@@ -103,22 +103,13 @@ struct Args {
   int repeats = 5, warmup = 2;
 };
 
-// KEY=VALUE, VALUE as JSON where it parses (numbers, booleans), else as text.
-void add_loss_setting(Args& a, const std::string& text) {
-  const auto eq = text.find('=');
-  if (eq == std::string::npos || eq == 0) throw std::invalid_argument("--loss-set takes KEY=VALUE, not '" + text + "'");
-  const std::string value = text.substr(eq + 1);
-  nlohmann::json parsed = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
-  a.loss_settings[text.substr(0, eq)] = parsed.is_discarded() ? nlohmann::json(value) : parsed;
-}
-
 Args parse(int argc, char** argv) {
   Args a;
   dflash::bench::FlagReader r(argc, argv);
   while (r.next()) {
     if (r.is("--plugin-dir")) a.plugin_dir = r.text();
     else if (r.is("--loss")) a.loss = r.text();
-    else if (r.is("--loss-set")) add_loss_setting(a, r.text());
+    else if (r.is("--loss-set")) r.setting(a.loss_settings);
     else if (r.is("--precision")) a.precision = r.text();
     else if (r.is("--json")) a.json = r.text();
     else if (r.is("--peer")) a.peer = r.text();

@@ -83,13 +83,8 @@ Args parse(int argc, char** argv) {
     else if (r.is("--ttt")) a.ttt = r.integer();
     else if (r.is("--draft-vocab")) a.draft_vocab = r.integer();
     else if (r.is("--loss")) a.loss = r.text();
-    else if (r.is("--loss-set")) {
-      const std::string text = r.text();
-      const size_t eq = text.find('=');
-      if (eq == std::string::npos || eq == 0) throw std::invalid_argument("--loss-set takes KEY=VALUE, not '" + text + "'");
-      const std::string value = text.substr(eq + 1);
-      a.loss_settings[text.substr(0, eq)] = nlohmann::json::accept(value) ? nlohmann::json::parse(value) : nlohmann::json(value);
-    } else if (r.is("--precision")) a.precision = r.text();
+    else if (r.is("--loss-set")) r.setting(a.loss_settings);
+    else if (r.is("--precision")) a.precision = r.text();
     else if (r.is("--clip")) a.clip = std::stod(r.text());
     else if (r.is("--layer-ops")) a.layer_ops = r.text();
     else if (r.is("--attention-kernel")) a.attention_kernel = r.text();
