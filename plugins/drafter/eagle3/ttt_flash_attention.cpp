@@ -108,10 +108,11 @@ class FlashTttAttention : public torch::autograd::Function<FlashTttAttention> {
     // The merge by log-sum-exp, in fp32: m = max(lse₀, sⱼ), Z = e^(lse₀−m) + Σ e^(sⱼ−m).
     const at::Tensor lse0 = lse_by_token(flash_lse, s, tokens, heads).to(at::kFloat);  // [T, heads]
     variable_list own_k, own_v, scores;
+    const at::Tensor q32 = own_keys.empty() ? at::Tensor() : qf.to(at::kFloat);  // once for every own key
     for (size_t j = 0; j < own_keys.size(); ++j) {
       own_k.push_back(tokens_first(own_keys[j]));
       own_v.push_back(tokens_first(own_values[j]));
-      scores.push_back((qf.to(at::kFloat) * per_query_head(own_k.back(), group).to(at::kFloat)).sum(-1) * scale);
+      scores.push_back((q32 * per_query_head(own_k.back(), group).to(at::kFloat)).sum(-1) * scale);
     }
     at::Tensor m = lse0;
     for (const at::Tensor& sj : scores) m = at::maximum(m, sj);
