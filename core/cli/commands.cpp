@@ -579,7 +579,7 @@ int train(const CliOptions& options) {
 // eval's TensorBoard file, beside its report: the report's numbers but the
 // per-prompt details, tagged eval/<key> as the periodic evaluation's are
 // eval_<key> in training; at the step of the checkpoint evaluated
-// ("step-N" in its path; 0 otherwise).
+// (a step-N folder; 0 otherwise).
 std::string eval_event_file(const std::string& report) {
   const std::filesystem::path path(report);
   return (path.parent_path() / ("events.out.tfevents.eval." + path.stem().string())).string();
@@ -589,14 +589,9 @@ std::vector<std::pair<std::string, float>> eval_scalars(const nlohmann::json& re
   numbers.erase("per_prompt");
   return metrics::scalars_of(numbers, "eval");
 }
-int64_t checkpoint_step(const std::string& checkpoint) {
-  const size_t at = checkpoint.rfind("step-");
-  if (at == std::string::npos) return 0;
-  try {
-    return std::stoll(checkpoint.substr(at + 5));
-  } catch (const std::exception&) {
-    return 0;
-  }
+int64_t checkpoint_step(std::string checkpoint) {
+  while (checkpoint.size() > 1 && checkpoint.back() == '/') checkpoint.pop_back();
+  return checkpoint::step_of(std::filesystem::path(checkpoint).filename().string()).value_or(0);
 }
 
 int evaluate(const CliOptions& options) {
