@@ -10,8 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
+#include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace dflash::json_text {
 
@@ -33,10 +35,26 @@ class StrictJsonError : public std::runtime_error {
 // count) of byte `index` of `text`.
 std::pair<std::size_t, std::size_t> line_and_column(const std::string& text, std::size_t index);
 
+// A container whose members are handed over one by one as they are parsed,
+// instead of being stored in the value parse_strict returns (which holds the
+// container empty there): a tokenizer.json's vocabulary and merges, 150k to
+// 500k members, whose tree of std::map nodes took three times as long to build
+// as the text took to scan, and was then copied into the reader's own tables.
+struct Stream {
+  // Where, as a chain of object keys from the top: {"model", "vocab"}, and
+  // what: an object, or an array. Any other value there stays in the tree.
+  std::vector<std::string> keys;
+  bool is_array = false;
+  // One member: an object's (key, value) or an array's (index, value), in
+  // the order of the text. Returns false when an object's key was taken
+  // before: parse_strict then throws the duplicate-key error, naming it; it
+  // may move from `key` only when it returns true. May throw to stop the
+  // parse (its own error, which passes through).
+  std::function<bool(std::string& key, std::size_t index, nlohmann::json&& value)> take;
+};
+
 // `text` as one JSON value, at most `max_nesting` objects and arrays deep
-// (the top level counts 1). Throws StrictJsonError. A well-formed text costs
-// one pass; a duplicate key or a too-deep value takes a second pass over the
-// text, which names its path.
-nlohmann::json parse_strict(const std::string& text, std::size_t max_nesting);
+// (the top level counts 1), in one pass. Throws StrictJsonError.
+nlohmann::json parse_strict(const std::string& text, std::size_t max_nesting, const std::vector<Stream>& streams = {});
 
 }  // namespace dflash::json_text

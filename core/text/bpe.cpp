@@ -7,7 +7,7 @@
 namespace dflash::text {
 
 BpeModel::BpeModel(std::array<int32_t, 256> byte_ids, std::unordered_map<uint64_t, Merge> merges,
-                   std::unordered_map<std::string, int32_t> words, bool ignore_merges)
+                   TokenTable words, bool ignore_merges)
     : byte_ids_(byte_ids), merges_(std::move(merges)), words_(std::move(words)), ignore_merges_(ignore_merges) {}
 
 void BpeModel::merge(std::string_view piece, std::vector<int32_t>& ids) const {
@@ -61,9 +61,8 @@ void BpeModel::merge(std::string_view piece, std::vector<int32_t>& ids) const {
 void BpeModel::encode(const std::string& piece, std::vector<int64_t>& out) const {
   if (ignore_merges_) {
     // Llama-3: a pre-token that is a whole vocabulary entry is taken as is.
-    const auto it = words_.find(piece);
-    if (it != words_.end()) {
-      out.push_back(it->second);
+    if (const int32_t* id = words_.find(piece)) {
+      out.push_back(*id);
       return;
     }
   }

@@ -4,6 +4,8 @@
 // pre-tokens are cached, as HF does, since text repeats its words.
 #pragma once
 
+#include "text/token_table.h"
+
 #include <array>
 #include <cstdint>
 #include <shared_mutex>
@@ -27,7 +29,7 @@ class BpeModel {
   // byte_ids: the token of each byte. merges: (left, right) ids → rank and
   // merged id. words: raw bytes → id, consulted first when ignore_merges.
   BpeModel(std::array<int32_t, 256> byte_ids, std::unordered_map<uint64_t, Merge> merges,
-           std::unordered_map<std::string, int32_t> words, bool ignore_merges);
+           TokenTable words, bool ignore_merges);
 
   // Appends the ids of one pre-token (raw bytes, not empty).
   void encode(const std::string& piece, std::vector<int64_t>& out) const;
@@ -43,7 +45,7 @@ class BpeModel {
  private:
   std::array<int32_t, 256> byte_ids_;
   std::unordered_map<uint64_t, Merge> merges_;
-  std::unordered_map<std::string, int32_t> words_;
+  TokenTable words_;
   bool ignore_merges_ = false;
 
   mutable std::shared_mutex cache_mutex_;

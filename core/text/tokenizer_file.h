@@ -3,6 +3,7 @@
 // the readers share; every failure is a TokenizerError naming file and key.
 #pragma once
 
+#include "json/strict_json.h"
 #include "text/components.h"
 #include "text/tokenizer.h"
 
@@ -23,8 +24,9 @@ namespace fs = std::filesystem;
 // device) and files above Tokenizer::kMaxFileBytes before reading them.
 std::string read_file(const fs::path& file);
 
-// Parses JSON text; errors give the line and column.
-json parse_json(const std::string& text, const fs::path& file);
+// Parses JSON text; errors give the line and column. `streams`: containers
+// handed over member by member instead of kept in the result.
+json parse_json(const std::string& text, const fs::path& file, const std::vector<json_text::Stream>& streams = {});
 
 // "a string", "an array", ... for messages.
 std::string describe(const json& value);

@@ -93,21 +93,25 @@ void read_pre_tokenizer(const json& value, const fs::path& file, const std::stri
   }
 }
 
-// Merges are "left right" strings (older files) or ["left", "right"] pairs.
-std::pair<std::string, std::string> read_merge(const json& m, const fs::path& file, const std::string& key) {
+// Merges are "left right" strings (older files) or ["left", "right"] pairs;
+// merges[index] of the list at `list_key`.
+std::array<int32_t, 3> read_merge(const json& m, const TokenTable& vocab,
+                                  const fs::path& file, const std::string& list_key, std::size_t index) {
   if (m.is_string()) {
-    const std::string s = m.get<std::string>();
+    const std::string& s = m.get_ref<const std::string&>();
     const std::size_t space = s.find(' ');
     if (space == std::string::npos || space == 0 || space + 1 == s.size() || s.find(' ', space + 1) != std::string::npos)
-      fail(file, key, json(s).dump() + " is not a merge: it must be two tokens separated by one space");
-    return {s.substr(0, space), s.substr(space + 1)};
+      fail(file, index_of(list_key, index), json(s).dump() + " is not a merge: it must be two tokens separated by one space");
+    return resolve_merge(vocab, s.substr(0, space), s.substr(space + 1), file, list_key, index);
   }
   if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
-    return {m[0].get<std::string>(), m[1].get<std::string>()};
-  fail(file, key, "must be \"left right\" or [\"left\", \"right\"], not " + describe(m) + " (" + m.dump() + ")");
+    return resolve_merge(vocab, m[0].get_ref<const std::string&>(), m[1].get_ref<const std::string&>(), file, list_key,
+                         index);
+  fail(file, index_of(list_key, index),
+       "must be \"left right\" or [\"left\", \"right\"], not " + describe(m) + " (" + m.dump() + ")");
 }
 
-void read_model(const Fields& root, Components& c) {
+void read_model(const Fields& root, StreamedModel& streamed, Components& c) {
   const Fields f(root.file(), root.object("model"), "model");
   const std::string type = f.has("type") ? f.string("type") : (f.has("merges") ? "BPE" : "");
   if (type != "BPE") {
@@ -130,14 +134,11 @@ void read_model(const Fields& root, Components& c) {
     if (f.has(affix) && !(f.required(affix).is_string() && f.string(affix).empty()))
       f.fail(affix, f.required(affix).dump() + ": subword prefixes and suffixes (WordPiece-style BPE) are not supported; " +
                         kOnlyByteLevel);
-  c.vocab = read_vocab(f.required("vocab"), f.file(), f.key("vocab"));
-  const json& merges = f.array("merges");
-  c.merges.reserve(merges.size());
-  for (std::size_t i = 0; i < merges.size(); ++i) {
-    const std::string key = index_of(f.key("merges"), i);
-    const auto [left, right] = read_merge(merges[i], f.file(), key);
-    c.merges.push_back(resolve_merge(c.vocab, left, right, f.file(), key));
-  }
+  c.vocab = streamed.has_vocab ? streamed.vocab.finish() : read_vocab(f.required("vocab"), f.file(), f.key("vocab"));
+  const json::array_t& list =
+      streamed.has_merges ? streamed.merges : f.array("merges").get_ref<const json::array_t&>();
+  c.merges.reserve(list.size());
+  for (std::size_t i = 0; i < list.size(); ++i) c.merges.push_back(read_merge(list[i], c.vocab, f.file(), f.key("merges"), i));
   c.ignore_merges = f.boolean("ignore_merges", false);
   check_byte_alphabet(c.vocab, f.file(), f.key("vocab"));
 }
@@ -165,8 +166,8 @@ void read_added_tokens(const Fields& root, Components& c) {
     if (const auto it = by_content.find(t.content); it != by_content.end())
       f.fail("content", json(t.content).dump() + " is also added with id " + std::to_string(it->second) +
                             "; each added token appears once");
-    if (const auto it = c.vocab.find(t.content); it != c.vocab.end() && it->second != id)
-      f.fail("id", std::to_string(id) + " differs from the id " + std::to_string(it->second) + " that model.vocab gives " +
+    if (const int32_t* in_vocab = c.vocab.find(t.content); in_vocab && *in_vocab != id)
+      f.fail("id", std::to_string(id) + " differs from the id " + std::to_string(*in_vocab) + " that model.vocab gives " +
                        json(t.content).dump() + "; they must agree");
     by_id.emplace(id, t.content);
     by_content.emplace(t.content, id);
@@ -290,14 +291,29 @@ void read_decoder(const json& value, const fs::path& file, const std::string& ke
 
 }  // namespace
 
-Components read_tokenizer_json(const json& root, const fs::path& file) {
+std::vector<json_text::Stream> StreamedModel::streams() {
+  json_text::Stream vocab_stream{{"model", "vocab"}, /*is_array=*/false,
+                                 [this](std::string& token, std::size_t, json&& id) {
+                                   has_vocab = true;
+                                   return vocab.add(token, id);
+                                 }};
+  json_text::Stream merges_stream{{"model", "merges"}, /*is_array=*/true,
+                                  [this](std::string&, std::size_t, json&& merge) {
+                                    has_merges = true;
+                                    merges.push_back(std::move(merge));
+                                    return true;
+                                  }};
+  return {std::move(vocab_stream), std::move(merges_stream)};
+}
+
+Components read_tokenizer_json(const json& root, const fs::path& file, StreamedModel& streamed) {
   const Fields f(file, root, "");
   if (!f.has("model"))
     fail(file, "model", "missing: this is not a Hugging Face tokenizer.json (for GPT-2's encoder.json + vocab.bpe, "
                         "give the directory holding both)");
   Components c;
   c.source = file;
-  read_model(f, c);
+  read_model(f, streamed, c);
   read_added_tokens(f, c);
   read_normalizer(root.contains("normalizer") ? root.at("normalizer") : json(), file, "normalizer", c.normalization);
   if (!f.has("pre_tokenizer"))
