@@ -1,5 +1,7 @@
 #include "text/bpe.h"
 
+#include "text/utf8.h"
+
 #include <functional>
 #include <mutex>
 #include <queue>
@@ -10,17 +12,62 @@ BpeModel::BpeModel(std::array<int32_t, 256> byte_ids, std::unordered_map<uint64_
                    TokenTable words, bool ignore_merges)
     : byte_ids_(byte_ids), merges_(std::move(merges)), words_(std::move(words)), ignore_merges_(ignore_merges) {}
 
-void BpeModel::merge(std::string_view piece, std::vector<int32_t>& ids) const {
+BpeModel::BpeModel(CharSymbols chars, std::unordered_map<uint64_t, Merge> merges, TokenTable words,
+                   bool ignore_merges)
+    : byte_level_(false),
+      chars_(std::move(chars)),
+      merges_(std::move(merges)),
+      words_(std::move(words)),
+      ignore_merges_(ignore_merges) {}
+
+void BpeModel::first_symbols(std::string_view piece, std::vector<int32_t>& ids) const {
   ids.clear();
-  const auto n = static_cast<int32_t>(piece.size());
+  if (byte_level_) {
+    for (char c : piece) ids.push_back(byte_ids_[static_cast<unsigned char>(c)]);
+    return;
+  }
+  // HF's merge_word: a pending unknown token is written when a known
+  // character follows (not before byte-fallback tokens, which HF writes at
+  // once), or at the end; with fuse_unk a run of unknowns is one.
+  bool unknown_pending = false;
+  for (std::size_t at = 0; at < piece.size();) {
+    std::size_t bad = 0;
+    std::size_t length = utf8::sequence_length(piece, at, bad);
+    if (length == 0) length = bad;  // the pieces are valid UTF-8; kept safe all the same
+    const std::string_view character = piece.substr(at, length);
+    at += length;
+    if (const int32_t* id = chars_.chars.find(character)) {
+      if (unknown_pending) ids.push_back(chars_.unk_id);
+      unknown_pending = false;
+      ids.push_back(*id);
+      continue;
+    }
+    if (chars_.byte_fallback) {
+      bool all = true;
+      for (char c : character) all = all && chars_.byte_ids[static_cast<unsigned char>(c)] >= 0;
+      if (all) {
+        for (char c : character) ids.push_back(chars_.byte_ids[static_cast<unsigned char>(c)]);
+        continue;
+      }
+    }
+    if (chars_.unk_id < 0) continue;
+    if (unknown_pending && !chars_.fuse_unk) ids.push_back(chars_.unk_id);
+    unknown_pending = true;
+  }
+  if (unknown_pending) ids.push_back(chars_.unk_id);
+}
+
+void BpeModel::merge(std::string_view piece, std::vector<int32_t>& ids) const {
+  first_symbols(piece, ids);
+  const auto n = static_cast<int32_t>(ids.size());
   struct Symbol {
     int32_t id, prev, next;
     bool alive;
   };
   std::vector<Symbol> symbols(static_cast<std::size_t>(n));
   for (int32_t i = 0; i < n; ++i)
-    symbols[static_cast<std::size_t>(i)] = {byte_ids_[static_cast<unsigned char>(piece[static_cast<std::size_t>(i)])],
-                                            i - 1, i + 1 < n ? i + 1 : -1, true};
+    symbols[static_cast<std::size_t>(i)] = {ids[static_cast<std::size_t>(i)], i - 1, i + 1 < n ? i + 1 : -1, true};
+  ids.clear();
 
   // Candidates ordered by (rank, position): the lowest rank first, and of
   // equal ranks the leftmost. Entries made stale by earlier merges are
@@ -66,8 +113,10 @@ void BpeModel::encode(const std::string& piece, std::vector<int64_t>& out) const
       return;
     }
   }
-  if (merges_.empty()) {  // a byte tokenizer: nothing to merge or cache
-    for (char c : piece) out.push_back(byte_ids_[static_cast<unsigned char>(c)]);
+  if (merges_.empty()) {  // a byte tokenizer (or one without merges): nothing to merge or cache
+    std::vector<int32_t> ids;
+    first_symbols(piece, ids);
+    out.insert(out.end(), ids.begin(), ids.end());
     return;
   }
   const bool cacheable = piece.size() < kCacheMaxPieceBytes;

@@ -1,7 +1,10 @@
-// Byte-level BPE: a pre-token's bytes start as one symbol each (the vocabulary's
-// byte tokens) and the adjacent pair of lowest merge rank is merged, leftmost
-// first, until none is left (HF's Word::merge_all). Results of short
-// pre-tokens are cached, as HF does, since text repeats its words.
+// BPE: a pre-token starts as one symbol per byte (byte-level BPE: the
+// vocabulary's byte tokens) or per character (SentencePiece-style BPE: the
+// character's token, else its bytes' "<0xHH>" tokens with byte fallback, else
+// the unknown token), and the adjacent pair of lowest merge rank is merged,
+// leftmost first, until none is left (HF's BPE::merge_word and
+// Word::merge_all). Results of short pre-tokens are cached, as HF does, since
+// text repeats its words.
 #pragma once
 
 #include "text/token_table.h"
@@ -26,16 +29,30 @@ class BpeModel {
     return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
   }
 
-  // byte_ids: the token of each byte. merges: (left, right) ids → rank and
-  // merged id. words: raw bytes → id, consulted first when ignore_merges.
-  BpeModel(std::array<int32_t, 256> byte_ids, std::unordered_map<uint64_t, Merge> merges,
-           TokenTable words, bool ignore_merges);
+  // A SentencePiece-style BPE's first symbols: characters, with their fallbacks.
+  struct CharSymbols {
+    TokenTable chars;                     // the vocabulary's one-character tokens
+    std::array<int32_t, 256> byte_ids{};  // "<0xHH>" of each byte, -1 where absent; used with byte_fallback
+    bool byte_fallback = false;
+    int32_t unk_id = -1;                  // -1: no unknown token (an unknown character is dropped, as HF does)
+    bool fuse_unk = false;                // a run of unknown characters is one unknown token
+  };
+
+  // Byte-level. byte_ids: the token of each byte. merges: (left, right) ids →
+  // rank and merged id. words: the vocabulary by what a pre-token holds (raw
+  // bytes), consulted first when ignore_merges.
+  BpeModel(std::array<int32_t, 256> byte_ids, std::unordered_map<uint64_t, Merge> merges, TokenTable words,
+           bool ignore_merges);
+  // Character-level; words by spelling.
+  BpeModel(CharSymbols chars, std::unordered_map<uint64_t, Merge> merges, TokenTable words, bool ignore_merges);
 
   // Appends the ids of one pre-token (raw bytes, not empty).
   void encode(const std::string& piece, std::vector<int64_t>& out) const;
 
   // The merging alone (no cache, no ignore_merges).
   void merge(std::string_view piece, std::vector<int32_t>& ids) const;
+  // The symbols merging starts from.
+  void first_symbols(std::string_view piece, std::vector<int32_t>& ids) const;
 
   std::size_t merge_count() const { return merges_.size(); }
 
@@ -43,7 +60,9 @@ class BpeModel {
   static constexpr std::size_t kCacheMaxEntries = 200000;
 
  private:
-  std::array<int32_t, 256> byte_ids_;
+  std::array<int32_t, 256> byte_ids_{};
+  bool byte_level_ = true;
+  CharSymbols chars_;
   std::unordered_map<uint64_t, Merge> merges_;
   TokenTable words_;
   bool ignore_merges_ = false;

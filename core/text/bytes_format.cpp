@@ -40,6 +40,7 @@ Components read_bytes_format(const json& root, const fs::path& file) {
   ByteLevelStep whole;  // no regex, no merges: each byte is its token
   whole.use_regex = false;
   c.pre_tokenizer.add(whole);
+  c.decoder.add_byte_level();
   return c;
 }
 

@@ -45,6 +45,7 @@ Components read_gpt2_files(const fs::path& encoder_json, const fs::path& vocab_b
   byte_level.add_prefix_space = false;
   byte_level.use_regex = true;
   c.pre_tokenizer.add(byte_level);
+  c.decoder.add_byte_level();
   if (const int32_t* id = c.vocab.find(kEndOfText)) {
     AddedToken t;
     t.id = *id;

@@ -86,45 +86,99 @@ std::vector<Span> split_spans(std::size_t length, const std::vector<std::pair<st
 
 void PreTokenizer::add(SplitStep step) {
   Step s;
+  s.kind = Step::Kind::kSplit;
   s.split = std::move(step);
   steps_.push_back(std::move(s));
 }
 
 void PreTokenizer::add(ByteLevelStep step) {
   Step s;
+  s.kind = Step::Kind::kByteLevel;
   s.byte_level_step = step;
-  s.byte_level = true;
   steps_.push_back(std::move(s));
   has_byte_level_ = true;
 }
 
-void PreTokenizer::run(std::string_view text, std::vector<std::string>& pieces) const {
+void PreTokenizer::add(MetaspaceStep step) {
+  Step s;
+  s.kind = Step::Kind::kMetaspace;
+  s.metaspace = std::move(step);
+  steps_.push_back(std::move(s));
+}
+
+namespace {
+
+// A piece on its way through the steps, and whether it begins the input.
+struct Piece {
+  std::string text;
+  bool at_start = false;
+};
+
+void metaspace(const MetaspaceStep& step, Piece& piece, std::vector<Piece>& next) {
+  std::string text;
+  text.reserve(piece.text.size() + step.replacement.size());
+  for (char c : piece.text) {
+    if (c == ' ')
+      text += step.replacement;
+    else
+      text += c;
+  }
+  const bool starts_replaced = text.compare(0, step.replacement.size(), step.replacement) == 0;
+  const bool prepend = step.prepend_scheme == PrependScheme::kAlways ||
+                       (step.prepend_scheme == PrependScheme::kFirst && piece.at_start);
+  if (prepend && !starts_replaced && !text.empty()) text.insert(0, step.replacement);
+  if (!step.split) {
+    next.push_back({std::move(text), piece.at_start});
+    return;
+  }
+  // Cut before each replacement character: it starts the piece after it.
+  std::size_t begin = 0;
+  for (std::size_t at = text.find(step.replacement, 1); at != std::string::npos;
+       at = text.find(step.replacement, at + step.replacement.size())) {
+    next.push_back({text.substr(begin, at - begin), piece.at_start && begin == 0});
+    begin = at;
+  }
+  next.push_back({text.substr(begin), piece.at_start && begin == 0});
+}
+
+}  // namespace
+
+void PreTokenizer::run(std::string_view text, std::vector<std::string>& pieces, bool at_input_start) const {
   if (text.empty()) return;  // HF drops empty splits before any pre-tokenizer sees them
-  std::vector<std::string> current{std::string(text)}, next;
+  std::vector<Piece> current{{std::string(text), at_input_start}}, next;
   std::vector<std::pair<std::size_t, std::size_t>> matches;
+  const auto cut = [&](Piece& piece, SplitBehavior behavior, bool invert) {
+    for (const Span& s : split_spans(piece.text.size(), matches, behavior, invert))
+      next.push_back({piece.text.substr(s.begin, s.end - s.begin), piece.at_start && s.begin == 0});
+  };
   for (const Step& step : steps_) {
     next.clear();
-    for (std::string& piece : current) {
-      if (step.byte_level) {
-        // HF adds the space to every piece that reaches ByteLevel without one.
-        if (step.byte_level_step.add_prefix_space && (piece.empty() || piece[0] != ' ')) piece.insert(0, 1, ' ');
-        if (!step.byte_level_step.use_regex) {
-          next.push_back(std::move(piece));
-          continue;
-        }
-        gpt2_regex().find_all(piece, matches);
-        for (const Span& s : split_spans(piece.size(), matches, SplitBehavior::kIsolated, false))
-          next.emplace_back(piece, s.begin, s.end - s.begin);
-      } else {
-        step.split.pattern->find_all(piece, matches);
-        for (const Span& s : split_spans(piece.size(), matches, step.split.behavior, step.split.invert))
-          next.emplace_back(piece, s.begin, s.end - s.begin);
+    for (Piece& piece : current) {
+      switch (step.kind) {
+        case Step::Kind::kByteLevel:
+          // HF adds the space to every piece that reaches ByteLevel without one.
+          if (step.byte_level_step.add_prefix_space && (piece.text.empty() || piece.text[0] != ' '))
+            piece.text.insert(0, 1, ' ');
+          if (!step.byte_level_step.use_regex) {
+            next.push_back(std::move(piece));
+            break;
+          }
+          gpt2_regex().find_all(piece.text, matches);
+          cut(piece, SplitBehavior::kIsolated, false);
+          break;
+        case Step::Kind::kSplit:
+          step.split.pattern->find_all(piece.text, matches);
+          cut(piece, step.split.behavior, step.split.invert);
+          break;
+        case Step::Kind::kMetaspace:
+          metaspace(step.metaspace, piece, next);
+          break;
       }
     }
     current.swap(next);
   }
-  for (std::string& piece : current)
-    if (!piece.empty()) pieces.push_back(std::move(piece));
+  for (Piece& piece : current)
+    if (!piece.text.empty()) pieces.push_back(std::move(piece.text));
 }
 
 }  // namespace dflash::text

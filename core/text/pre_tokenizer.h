@@ -1,7 +1,9 @@
 // Pre-tokenization: cutting normalized text into the pieces BPE merges within
 // (tokenizer.json "pre_tokenizer"). Split (a regex or string, with HF's five
-// delimiter behaviours) and ByteLevel (optional prefix space, optional GPT-2
-// regex), alone or in a Sequence, as the GPT-2, Qwen and Llama-3 files use.
+// delimiter behaviours), ByteLevel (optional prefix space, optional GPT-2
+// regex) and Metaspace (spaces as "▁", a prefix, optional split), alone or
+// in a Sequence, as the GPT-2, Qwen, Llama-3, DeepSeek, gpt-oss files and the
+// SentencePiece-style Llama-2 / Mistral ones use.
 #pragma once
 
 #include "text/unicode.h"
@@ -41,21 +43,34 @@ struct ByteLevelStep {
   bool use_regex = true;  // split with GPT-2's pattern first
 };
 
+// Where Metaspace puts its replacement character before a piece.
+enum class PrependScheme { kAlways, kFirst, kNever };  // kFirst: only before the input's first piece
+
+struct MetaspaceStep {
+  std::string replacement = "\xE2\x96\x81";  // U+2581 "▁"
+  PrependScheme prepend_scheme = PrependScheme::kAlways;
+  bool split = true;  // cut before each replacement character (HF: MergedWithNext)
+};
+
 class PreTokenizer {
  public:
   void add(SplitStep step);
   void add(ByteLevelStep step);
+  void add(MetaspaceStep step);
   bool has_byte_level() const { return has_byte_level_; }
   bool empty() const { return steps_.empty(); }
 
-  // Appends the pieces of `text` (valid UTF-8) to `pieces`.
-  void run(std::string_view text, std::vector<std::string>& pieces) const;
+  // Appends the pieces of `text` (valid UTF-8) to `pieces`. at_input_start:
+  // `text` begins the input (no added token before it), where Metaspace's
+  // "first" scheme prepends (HF: the piece's original offset is 0).
+  void run(std::string_view text, std::vector<std::string>& pieces, bool at_input_start = true) const;
 
  private:
   struct Step {
-    SplitStep split;  // used when !byte_level
+    enum class Kind { kSplit, kByteLevel, kMetaspace } kind = Kind::kSplit;
+    SplitStep split;
     ByteLevelStep byte_level_step;
-    bool byte_level = false;
+    MetaspaceStep metaspace;
   };
   std::vector<Step> steps_;
   bool has_byte_level_ = false;

@@ -6,6 +6,7 @@
 #include "text/utf8.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace dflash::text {
 
@@ -14,8 +15,9 @@ using detail::Components;
 
 struct Tokenizer::Impl {
   fs::path source;
-  unicode::Normalization normalization;
+  Normalizer normalizer;
   PreTokenizer pre_tokenizer;
+  Decoder decoder;
   std::unique_ptr<BpeModel> bpe;
   std::vector<AddedToken> added;
   AddedTokenMatcher raw_matcher;         // added tokens with normalized=false, found in the raw text
@@ -34,8 +36,9 @@ struct Tokenizer::Impl {
 
   explicit Impl(Components c);
 
-  void encode_text(std::string_view text, std::vector<int64_t>& ids) const;
-  void encode_normalized(std::string_view text, std::vector<int64_t>& ids) const;
+  // at_start: the text begins the input (Metaspace's "first" prepends there).
+  void encode_text(std::string_view text, bool at_start, std::vector<int64_t>& ids) const;
+  void encode_normalized(std::string_view text, bool at_start, std::vector<int64_t>& ids) const;
 };
 
 namespace {
@@ -48,9 +51,28 @@ std::string decoded_bytes(const std::string& token) {
   return b ? *b : token;
 }
 
+// A character-level BPE's first symbols: the one-character tokens, the
+// "<0xHH>" byte tokens, the unknown token.
+BpeModel::CharSymbols char_symbols(const Components& c) {
+  BpeModel::CharSymbols symbols;
+  for (const auto& [token, id] : c.vocab) {
+    std::size_t bad = 0;
+    std::string spelling = token;
+    if (!token.empty() && utf8::sequence_length(token, 0, bad) == token.size()) symbols.chars.insert(spelling, id);
+  }
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);  // as HF spells them: format!("<{b:#04X}>")
+    const int32_t* id = c.vocab.find(name);
+    symbols.byte_ids[static_cast<std::size_t>(b)] = id ? *id : -1;
+  }
+  symbols.byte_fallback = c.byte_fallback;
+  symbols.unk_id = c.unk_id;
+  symbols.fuse_unk = c.fuse_unk;
+  return symbols;
+}
+
 std::unique_ptr<BpeModel> make_bpe(const Components& c) {
-  std::array<int32_t, 256> byte_ids{};
-  for (int b = 0; b < 256; ++b) byte_ids[b] = *c.vocab.find(byte_level::char_of(static_cast<std::uint8_t>(b)));
   std::unordered_map<uint64_t, BpeModel::Merge> merges;
   merges.reserve(c.merges.size());
   for (std::size_t rank = 0; rank < c.merges.size(); ++rank) {
@@ -58,12 +80,20 @@ std::unique_ptr<BpeModel> make_bpe(const Components& c) {
     // A merge listed twice keeps its later rank, as HF's map does.
     merges[BpeModel::pair_key(left, right)] = {static_cast<int32_t>(rank), merged};
   }
+  const bool byte_level = c.pre_tokenizer.has_byte_level();
+  // ignore_merges looks a pre-token up whole: by its bytes where the
+  // vocabulary spells bytes as characters, else by its spelling.
   TokenTable words;
   if (c.ignore_merges) {
     words.reserve(c.vocab.size());
-    for (const auto& [token, id] : c.vocab)
-      if (std::optional<std::string> b = byte_level::to_bytes(token)) words.insert(*b, id);
+    for (const auto& [token, id] : c.vocab) {
+      std::optional<std::string> key = byte_level ? byte_level::to_bytes(token) : std::optional<std::string>(token);
+      if (key) words.insert(*key, id);
+    }
   }
+  if (!byte_level) return std::make_unique<BpeModel>(char_symbols(c), std::move(merges), std::move(words), c.ignore_merges);
+  std::array<int32_t, 256> byte_ids{};
+  for (int b = 0; b < 256; ++b) byte_ids[b] = *c.vocab.find(byte_level::char_of(static_cast<std::uint8_t>(b)));
   return std::make_unique<BpeModel>(byte_ids, std::move(merges), std::move(words), c.ignore_merges);
 }
 
@@ -71,8 +101,9 @@ std::unique_ptr<BpeModel> make_bpe(const Components& c) {
 
 Tokenizer::Impl::Impl(Components c)
     : source(c.source),
-      normalization(c.normalization),
-      pre_tokenizer(std::move(c.pre_tokenizer)),
+      normalizer(std::move(c.normalizer)),
+      pre_tokenizer(c.pre_tokenizer),
+      decoder(std::move(c.decoder)),
       bpe(make_bpe(c)),
       added(std::move(c.added)),
       has_template(c.has_template),
@@ -97,7 +128,7 @@ Tokenizer::Impl::Impl(Components c)
     const auto i = static_cast<std::size_t>(t.id);
     // HF decodes an added token from the form it is matched in: normalized
     // tokens as the normalizer writes them.
-    const std::string matched = t.normalized && !normalization.empty() ? normalization.apply(t.content) : t.content;
+    const std::string matched = t.normalized && !normalizer.empty() ? normalizer.apply(t.content) : t.content;
     // Added tokens first, as HF's token_to_id (the loader made sure a vocabulary entry of the same text has the same id).
     by_spelling.assign(t.content, t.id);
     bytes[i] = decoded_bytes(matched);
@@ -109,18 +140,18 @@ Tokenizer::Impl::Impl(Components c)
   for (const auto& [token, id] : by_spelling) spelling[static_cast<std::size_t>(id)] = token;
 }
 
-void Tokenizer::Impl::encode_normalized(std::string_view text, std::vector<int64_t>& ids) const {
+void Tokenizer::Impl::encode_normalized(std::string_view text, bool at_start, std::vector<int64_t>& ids) const {
   std::vector<std::string> pieces;
-  pre_tokenizer.run(text, pieces);
+  pre_tokenizer.run(text, pieces, at_start);
   for (const std::string& piece : pieces) bpe->encode(piece, ids);
 }
 
 // One stretch of raw text between non-normalized added tokens: normalize it,
 // find the normalized added tokens, pre-tokenize and merge the rest.
-void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int64_t>& ids) const {
-  const std::string normalized = normalization.empty() ? std::string(text) : normalization.apply(text);
+void Tokenizer::Impl::encode_text(std::string_view text, bool at_start, std::vector<int64_t>& ids) const {
+  const std::string normalized = normalizer.empty() ? std::string(text) : normalizer.apply(text);
   if (normalized_matcher.empty()) {
-    encode_normalized(normalized, ids);
+    encode_normalized(normalized, at_start, ids);
     return;
   }
   std::vector<Segment> segments;
@@ -129,7 +160,7 @@ void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int64_t>& i
     if (s.token >= 0)
       ids.push_back(added[static_cast<std::size_t>(s.token)].id);
     else
-      encode_normalized(std::string_view(normalized).substr(s.begin, s.end - s.begin), ids);
+      encode_normalized(std::string_view(normalized).substr(s.begin, s.end - s.begin), at_start && s.begin == 0, ids);
   }
 }
 
@@ -174,7 +205,7 @@ std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_t
   const bool wrap = add_special_tokens && m.has_template;
   if (wrap) ids.insert(ids.end(), m.template_before.begin(), m.template_before.end());
   if (m.raw_matcher.empty()) {
-    m.encode_text(text, ids);
+    m.encode_text(text, true, ids);
   } else {
     std::vector<Segment> segments;
     m.raw_matcher.split(text, segments);
@@ -182,7 +213,7 @@ std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_t
       if (s.token >= 0)
         ids.push_back(m.added[static_cast<std::size_t>(s.token)].id);
       else
-        m.encode_text(text.substr(s.begin, s.end - s.begin), ids);
+        m.encode_text(text.substr(s.begin, s.end - s.begin), s.begin == 0, ids);
     }
   }
   if (wrap) ids.insert(ids.end(), m.template_after.begin(), m.template_after.end());
@@ -191,14 +222,22 @@ std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_t
 
 std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
   const Impl& m = *impl_;
-  std::string out;
-  for (int64_t id : ids) {
-    if (id < 0 || id >= static_cast<int64_t>(m.exists.size())) continue;
+  const auto kept = [&](int64_t id) {
+    if (id < 0 || id >= static_cast<int64_t>(m.exists.size())) return false;
     const auto i = static_cast<std::size_t>(id);
-    if (!m.exists[i] || (skip_special_tokens && m.special[i])) continue;
-    out += m.bytes[i];
+    return m.exists[i] && !(skip_special_tokens && m.special[i]);
+  };
+  if (m.decoder.only_byte_level()) {  // each token's bytes were worked out at load
+    std::string out;
+    for (int64_t id : ids)
+      if (kept(id)) out += m.bytes[static_cast<std::size_t>(id)];
+    return utf8::is_valid(out) ? out : utf8::make_valid(out);
   }
-  return utf8::is_valid(out) ? out : utf8::make_valid(out);
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (int64_t id : ids)
+    if (kept(id)) tokens.emplace_back(m.spelling[static_cast<std::size_t>(id)]);
+  return m.decoder.decode(std::move(tokens));
 }
 
 std::optional<int64_t> Tokenizer::token_to_id(std::string_view token) const {

@@ -3,6 +3,7 @@
 // cannot encode exactly like HF fail at load, naming the key.
 #include "text/bpe_vocab.h"
 #include "text/readers.h"
+#include "text/utf8.h"
 
 #include <map>
 #include <memory>
@@ -10,10 +11,35 @@
 namespace dflash::text::detail {
 namespace {
 
-const char* const kOnlyByteLevel =
-    "dflash-host reads byte-level BPE tokenizers (GPT-2, Qwen2/Qwen3, Llama-3); see docs/tokenizer.md";
+const char* const kFamilies =
+    "dflash-host reads BPE tokenizers: byte-level (GPT-2, Qwen2/Qwen3, Llama-3, DeepSeek-V3, gpt-oss) and "
+    "SentencePiece-style (Llama-2, Mistral, Gemma); see docs/tokenizer.md";
 
-void read_normalizer(const json& value, const fs::path& file, const std::string& key, std::vector<unicode::Form>& out) {
+// {"String": "..."} (a literal) or {"Regex": "..."}: Split's, Replace's pattern.
+std::shared_ptr<const unicode::Regex> read_pattern(const Fields& f) {
+  const Fields pattern(f.file(), f.object("pattern"), f.key("pattern"));
+  const bool regex = pattern.has("Regex"), literal = pattern.has("String");
+  if (regex == literal) f.fail("pattern", "must hold exactly one of \"Regex\" and \"String\"");
+  const char* which = regex ? "Regex" : "String";
+  const std::string text = pattern.string(which);
+  if (literal && text.empty()) pattern.fail(which, "is empty; a pattern must match something");
+  try {
+    return std::make_shared<const unicode::Regex>(text, literal, f.file().string() + " (" + pattern.key(which) + ")");
+  } catch (const std::invalid_argument& e) {
+    pattern.fail(which, std::string(e.what()) + "; the pattern must be one ICU's regex syntax accepts");
+  }
+}
+
+// A field that holds one character ("▁", " "): Metaspace's replacement, Strip's content.
+std::string one_character(const Fields& f, const char* name) {
+  const std::string text = f.string(name);
+  std::size_t bad = 0;
+  if (text.empty() || utf8::sequence_length(text, 0, bad) != text.size())
+    f.fail(name, json(text).dump() + " must be one character");
+  return text;
+}
+
+void read_normalizer(const json& value, const fs::path& file, const std::string& key, Normalizer& out) {
   if (value.is_null()) return;
   const Fields f(file, value, key);
   const std::string type = f.string("type");
@@ -21,17 +47,39 @@ void read_normalizer(const json& value, const fs::path& file, const std::string&
     const json& list = f.array("normalizers");
     for (std::size_t i = 0; i < list.size(); ++i) read_normalizer(list[i], file, index_of(f.key("normalizers"), i), out);
   } else if (type == "NFC") {
-    out.push_back(unicode::Form::kNFC);
+    out.add_form(unicode::Form::kNFC);
   } else if (type == "NFD") {
-    out.push_back(unicode::Form::kNFD);
+    out.add_form(unicode::Form::kNFD);
   } else if (type == "NFKC") {
-    out.push_back(unicode::Form::kNFKC);
+    out.add_form(unicode::Form::kNFKC);
   } else if (type == "NFKD") {
-    out.push_back(unicode::Form::kNFKD);
+    out.add_form(unicode::Form::kNFKD);
+  } else if (type == "Replace") {
+    out.add_replace(read_pattern(f), f.string("content"));
+  } else if (type == "Prepend") {
+    out.add_prepend(f.string("prepend"));
   } else {
-    f.fail("type", "the normalizer \"" + type + "\" is not supported (supported: NFC, NFD, NFKC, NFKD and a Sequence of "
-                   "them, what the byte-level BPE family uses); " + kOnlyByteLevel);
+    f.fail("type", "the normalizer \"" + type + "\" is not supported (supported: NFC, NFD, NFKC, NFKD, Replace, "
+                   "Prepend and a Sequence of them); " + kFamilies);
   }
+}
+
+// Metaspace's prepend_scheme, or the add_prefix_space of files written before it.
+PrependScheme read_prepend_scheme(const Fields& f) {
+  if (!f.has("prepend_scheme")) return f.boolean("add_prefix_space", true) ? PrependScheme::kAlways : PrependScheme::kNever;
+  const std::string scheme = f.string("prepend_scheme");
+  if (scheme == "always") return PrependScheme::kAlways;
+  if (scheme == "first") return PrependScheme::kFirst;
+  if (scheme == "never") return PrependScheme::kNever;
+  f.fail("prepend_scheme", json(scheme).dump() + " is not a prepend scheme (always, first or never)");
+}
+
+MetaspaceStep read_metaspace(const Fields& f) {
+  MetaspaceStep step;
+  step.replacement = one_character(f, "replacement");
+  step.prepend_scheme = read_prepend_scheme(f);
+  step.split = f.boolean("split", true);
+  return step;
 }
 
 SplitBehavior read_behavior(const Fields& f) {
@@ -50,23 +98,15 @@ SplitBehavior read_behavior(const Fields& f) {
 }
 
 SplitStep read_split(const Fields& f) {
-  const Fields pattern(f.file(), f.object("pattern"), f.key("pattern"));
-  const bool regex = pattern.has("Regex"), literal = pattern.has("String");
-  if (regex == literal) f.fail("pattern", "must hold exactly one of \"Regex\" and \"String\"");
-  const char* which = regex ? "Regex" : "String";
   SplitStep step;
-  try {
-    step.pattern = std::make_shared<const unicode::Regex>(pattern.string(which), literal,
-                                                          f.file().string() + " (" + pattern.key(which) + ")");
-  } catch (const std::invalid_argument& e) {
-    pattern.fail(which, std::string(e.what()) + "; the pattern must be one ICU's regex syntax accepts");
-  }
+  step.pattern = read_pattern(f);
   step.behavior = read_behavior(f);
   step.invert = f.boolean("invert", false);
   return step;
 }
 
 void read_pre_tokenizer(const json& value, const fs::path& file, const std::string& key, PreTokenizer& out) {
+  if (value.is_null()) return;  // the normalized text is one piece (Llama-2's files)
   const Fields f(file, value, key);
   const std::string type = f.string("type");
   if (type == "Sequence") {
@@ -85,11 +125,10 @@ void read_pre_tokenizer(const json& value, const fs::path& file, const std::stri
   } else if (type == "Split") {
     out.add(read_split(f));
   } else if (type == "Metaspace") {
-    f.fail("type", std::string("\"Metaspace\" is the SentencePiece-style pre-tokenizer (Llama-2, Mistral, Gemma), which is "
-                               "not supported; ") + kOnlyByteLevel);
+    out.add(read_metaspace(f));
   } else {
-    f.fail("type", "the pre-tokenizer \"" + type + "\" is not supported (supported: ByteLevel, Split and a Sequence of "
-                   "them); " + kOnlyByteLevel);
+    f.fail("type", "the pre-tokenizer \"" + type + "\" is not supported (supported: ByteLevel, Split, Metaspace and a "
+                   "Sequence of them); " + kFamilies);
   }
 }
 
@@ -117,14 +156,13 @@ void read_model(const Fields& root, StreamedModel& streamed, Components& c) {
   if (type != "BPE") {
     const std::string what = type.empty() ? "a model without \"type\"" : "the model type \"" + type + "\"";
     const std::string family = type == "WordPiece"  ? " (BERT-style)"
-                               : type == "Unigram"  ? " (SentencePiece-style: T5, ALBERT, XLM-R)"
+                               : type == "Unigram"  ? " (SentencePiece's unigram model: T5, ALBERT, XLM-R)"
                                : type == "WordLevel" ? " (a word list)"
                                                      : "";
-    f.fail("type", what + family + " is not supported; " + kOnlyByteLevel);
+    f.fail("type", what + family + " is not supported; " + kFamilies);
   }
-  if (f.boolean("byte_fallback", false))
-    f.fail("byte_fallback", std::string("true: this is a SentencePiece-style BPE with byte fallback (Llama-2, Mistral, "
-                                        "Gemma), which is not supported; ") + kOnlyByteLevel);
+  c.byte_fallback = f.boolean("byte_fallback", false);
+  c.fuse_unk = f.boolean("fuse_unk", false);
   if (f.has("dropout")) {
     const json& d = f.required("dropout");
     if (!d.is_number() || d.get<double>() != 0.0)
@@ -133,14 +171,20 @@ void read_model(const Fields& root, StreamedModel& streamed, Components& c) {
   for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (f.has(affix) && !(f.required(affix).is_string() && f.string(affix).empty()))
       f.fail(affix, f.required(affix).dump() + ": subword prefixes and suffixes (WordPiece-style BPE) are not supported; " +
-                        kOnlyByteLevel);
+                        kFamilies);
   c.vocab = streamed.has_vocab ? streamed.vocab.finish() : read_vocab(f.required("vocab"), f.file(), f.key("vocab"));
   const json::array_t& list =
       streamed.has_merges ? streamed.merges : f.array("merges").get_ref<const json::array_t&>();
   c.merges.reserve(list.size());
   for (std::size_t i = 0; i < list.size(); ++i) c.merges.push_back(read_merge(list[i], c.vocab, f.file(), f.key("merges"), i));
   c.ignore_merges = f.boolean("ignore_merges", false);
-  check_byte_alphabet(c.vocab, f.file(), f.key("vocab"));
+  if (f.has("unk_token")) {
+    const std::string unk = f.string("unk_token");
+    const int32_t* id = c.vocab.find(unk);
+    if (id == nullptr)
+      f.fail("unk_token", json(unk).dump() + " is not in model.vocab; the unknown token must be one of its tokens");
+    c.unk_id = *id;
+  }
 }
 
 void read_added_tokens(const Fields& root, Components& c) {
@@ -274,18 +318,38 @@ void read_post_processor(const json& value, const fs::path& file, const std::str
   }
 }
 
-void read_decoder(const json& value, const fs::path& file, const std::string& key) {
+std::size_t count(const Fields& f, const char* name) {
+  const json& v = f.required(name);
+  if (!v.is_number_unsigned()) f.fail(name, "must be a count (an integer of 0 or more), not " + v.dump());
+  return v.get<std::size_t>();
+}
+
+void read_decoder(const json& value, const fs::path& file, const std::string& key, Decoder& out) {
   if (value.is_null())
-    fail(file, key, std::string("is null; a byte-level BPE decodes with a ByteLevel decoder: set "
-                                "\"decoder\": {\"type\": \"ByteLevel\"}; ") + kOnlyByteLevel);
+    fail(file, key, std::string("is null; the decoder turns tokens back into text: a byte-level BPE has "
+                                "{\"type\": \"ByteLevel\"}; ") + kFamilies);
   const Fields f(file, value, key);
   const std::string type = f.string("type");
   if (type == "Sequence") {
     const json& list = f.array("decoders");
-    for (std::size_t i = 0; i < list.size(); ++i) read_decoder(list[i], file, index_of(f.key("decoders"), i));
-  } else if (type != "ByteLevel") {
-    f.fail("type", "the decoder \"" + type + "\" is not supported (a byte-level BPE decodes with ByteLevel); " +
-                       kOnlyByteLevel);
+    for (std::size_t i = 0; i < list.size(); ++i) read_decoder(list[i], file, index_of(f.key("decoders"), i), out);
+  } else if (type == "ByteLevel") {
+    out.add_byte_level();
+  } else if (type == "Replace") {
+    out.add_replace(read_pattern(f), f.string("content"));
+  } else if (type == "ByteFallback") {
+    out.add_byte_fallback();
+  } else if (type == "Fuse") {
+    out.add_fuse();
+  } else if (type == "Strip") {
+    const std::string content = one_character(f, "content");
+    out.add_strip(utf8::code_point(content, 0, content.size()), count(f, "start"), count(f, "stop"));
+  } else if (type == "Metaspace") {
+    const MetaspaceStep step = read_metaspace(f);
+    out.add_metaspace(step.replacement, step.prepend_scheme != PrependScheme::kNever);
+  } else {
+    f.fail("type", "the decoder \"" + type + "\" is not supported (supported: ByteLevel, Replace, ByteFallback, Fuse, "
+                   "Strip, Metaspace and a Sequence of them); " + kFamilies);
   }
 }
 
@@ -315,15 +379,14 @@ Components read_tokenizer_json(const json& root, const fs::path& file, StreamedM
   c.source = file;
   read_model(f, streamed, c);
   read_added_tokens(f, c);
-  read_normalizer(root.contains("normalizer") ? root.at("normalizer") : json(), file, "normalizer", c.normalization);
-  if (!f.has("pre_tokenizer"))
-    f.fail("pre_tokenizer", std::string("is missing or null; a byte-level BPE has a ByteLevel pre-tokenizer; ") +
-                                kOnlyByteLevel);
-  read_pre_tokenizer(root.at("pre_tokenizer"), file, "pre_tokenizer", c.pre_tokenizer);
-  if (!c.pre_tokenizer.has_byte_level())
-    f.fail("pre_tokenizer", std::string("has no ByteLevel step; ") + kOnlyByteLevel);
+  read_normalizer(root.contains("normalizer") ? root.at("normalizer") : json(), file, "normalizer", c.normalizer);
+  read_pre_tokenizer(root.contains("pre_tokenizer") ? root.at("pre_tokenizer") : json(), file, "pre_tokenizer",
+                     c.pre_tokenizer);
+  // A ByteLevel step turns text into byte characters: the vocabulary must
+  // spell every byte. Without one, BPE starts from characters.
+  if (c.pre_tokenizer.has_byte_level()) check_byte_alphabet(c.vocab, file, "model.vocab");
   read_post_processor(root.contains("post_processor") ? root.at("post_processor") : json(), file, "post_processor", c);
-  read_decoder(root.contains("decoder") ? root.at("decoder") : json(), file, "decoder");
+  read_decoder(root.contains("decoder") ? root.at("decoder") : json(), file, "decoder", c.decoder);
   return c;
 }
 

