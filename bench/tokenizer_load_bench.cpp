@@ -90,8 +90,10 @@ int main(int argc, char** argv) try {
   std::printf("| tokenizer | file MB | vocab | load s (median) | load s (fastest) | read + scan s | load / scan |\n"
               "|---|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& [name, path] : files) {
-    const std::filesystem::path file =
-        std::filesystem::is_directory(path) ? path / "tokenizer.json" : path;
+    // The JSON the load reads: the file, a folder's tokenizer.json, or GPT-2's encoder.json.
+    std::filesystem::path file = path;
+    if (std::filesystem::is_directory(path))
+      file = std::filesystem::exists(path / "tokenizer.json") ? path / "tokenizer.json" : path / "encoder.json";
     int64_t vocab = 0;
     const Times load = time_of(repeats, [&] { vocab = dflash::text::Tokenizer::load(path).vocab_size(); });
     const Times scan = time_of(repeats, [&] {
