@@ -1,5 +1,7 @@
 #include "cli/cli_options.h"
 
+#include "prepare/chat_format.h"
+
 #include <boost/program_options.hpp>
 
 #include <sstream>
@@ -89,8 +91,8 @@ po::options_description visible_options() {
        "{\"conversations\": [...]}) or texts ({\"text\": ...}), JSON lines")
       ("tokenizer", po::value<std::string>(), "prepare: a tokenizer.json, or a model folder holding one (default: the "
        "--config target's)")
-      ("chat-format", po::value<std::string>(), "prepare: chatml, qwen3 or llama3 (default: what the model folder's "
-       "chat template is)")
+      ("chat-format", po::value<std::string>(),
+       ("prepare: one of " + prepare::chat_format_names() + " (default: what the model folder's chat template is)").c_str())
       ("for-generate", "prepare: write prompts for generate ({\"prompt_ids\"}: the conversation before its last "
        "assistant turn, then an open assistant turn) instead of training lines")
       ("system", po::value<std::string>(), "prepare: a system message for conversations that have none")

@@ -10,6 +10,12 @@
 //           the last user message carry a <think>…</think> block (empty when
 //           the message has no reasoning).
 //   llama3  <|begin_of_text|> then <|start_header_id|>{role}<|end_header_id|>\n\n{content, stripped}<|eot_id|>
+//   gemma3  <bos> then <start_of_turn>{user|model}\n{content, stripped}<end_of_turn>\n; a
+//           system message opens the first user turn ("{system}\n\n"); user
+//           and assistant must alternate from a user turn.
+//   deepseek_v3  <｜begin▁of▁sentence｜>{system prompts} then <｜User｜>{content}
+//           and <｜Assistant｜>{content}<｜end▁of▁sentence｜>; tool outputs in
+//           <｜tool▁outputs▁begin｜>…<｜tool▁outputs▁end｜>, quirks included.
 //
 // No format adds a default system prompt (Qwen2.5's template does); pass one
 // explicitly where the model expects it.
@@ -23,19 +29,19 @@
 
 namespace dflash::prepare {
 
-enum class ChatFormat { kChatMl, kQwen3, kLlama3 };
+enum class ChatFormat { kChatMl, kQwen3, kLlama3, kGemma3, kDeepSeekV3 };
 
 std::string_view chat_format_name(ChatFormat format);
 std::optional<ChatFormat> chat_format_from_name(std::string_view name);
-std::string chat_format_names();  // "chatml, qwen3, llama3", for messages
+std::string chat_format_names();  // "chatml, qwen3, llama3, gemma3, deepseek_v3", for messages
 
 // The special tokens a format writes; a tokenizer must know each of them.
 std::vector<std::string> chat_format_special_tokens(ChatFormat format);
 
 // The format a model directory's chat template implies (tokenizer_config.json
-// "chat_template", else config.json "model_type"). Throws
-// std::invalid_argument naming what it read when neither tells, asking for
-// --chat-format.
+// "chat_template"; config.json "model_type" only where there is no template).
+// Throws std::invalid_argument naming what it read when neither tells, asking
+// for --chat-format.
 ChatFormat detect_chat_format(const std::filesystem::path& model_dir);
 
 struct Message {
@@ -57,7 +63,8 @@ using Unit = std::vector<Piece>;
 
 // The whole conversation for training: the assistants' turns supervised
 // (content and end-of-turn token), everything else not. Throws
-// std::invalid_argument on a role the format does not know.
+// std::invalid_argument on a role the format does not know, or on a
+// conversation its template refuses (gemma3: turns that do not alternate).
 std::vector<Unit> render_conversation(ChatFormat format, const std::vector<Message>& messages);
 
 // A prompt for the target to answer: the conversation before its last

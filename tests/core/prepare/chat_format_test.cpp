@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,11 +105,77 @@ TEST(ChatFormats, Llama3StripsContentAndStartsWithBeginOfText) {
             "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+TEST(ChatFormats, Gemma3FoldsTheSystemIntoTheFirstUserTurnAndCallsTheAssistantModel) {
+  const auto messages = chat({{"system", " Be brief.\n"}, {"user", "\u3000Hi\t"}, {"assistant", "\nHello!  "},
+                              {"user", "Bye"}, {"assistant", "See you."}});
+  const auto units = dflash::prepare::render_conversation(ChatFormat::kGemma3, messages);
+  // The system text is kept as written; the turns' content is stripped.
+  EXPECT_EQ(text_of(units), "<bos><start_of_turn>user\n Be brief.\n\n\nHi<end_of_turn>\n"
+                            "<start_of_turn>model\nHello!<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n"
+                            "<start_of_turn>model\nSee you.<end_of_turn>\n");
+  EXPECT_EQ(text_of(units, true), "Hello!<end_of_turn>See you.<end_of_turn>");
+  const auto prompt = dflash::prepare::render_generation_prompt(ChatFormat::kGemma3, messages);
+  EXPECT_EQ(text_of(prompt), "<bos><start_of_turn>user\n Be brief.\n\n\nHi<end_of_turn>\n"
+                             "<start_of_turn>model\nHello!<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n"
+                             "<start_of_turn>model\n");
+  EXPECT_EQ(text_of(prompt, true), "");
+}
+
+TEST(ChatFormats, Gemma3RefusesTurnsItsTemplateDoesNotAlternate) {
+  auto refused = [](std::initializer_list<std::pair<const char*, const char*>> turns, const char* why) {
+    EXPECT_THROW_WITH(dflash::prepare::render_conversation(ChatFormat::kGemma3, chat(turns)), std::invalid_argument, why);
+  };
+  refused({{"assistant", "a"}}, "gemma3 needs user and assistant turns to alternate, starting with user (Gemma 3's "
+                                "template refuses others), but the first turn is the assistant's");
+  refused({{"system", "s"}, {"assistant", "a"}}, "but the first turn is the assistant's");
+  refused({{"user", "q"}, {"user", "q"}, {"assistant", "a"}}, "but two user messages follow each other");
+  refused({{"user", "q"}, {"assistant", "a"}, {"assistant", "a"}}, "but two assistant messages follow each other");
+  refused({{"user", "q"}, {"assistant", "a"}, {"tool", "r"}}, "role \"tool\" is not one the gemma3 format writes");
+  refused({{"user", "q"}, {"system", "s"}}, "gemma3 takes a system message only as the first message");
+  refused({{"system", "s"}}, "gemma3 writes a system message into the first user turn, and the conversation has none");
+}
+
+TEST(ChatFormats, DeepSeekV3PutsEverySystemPromptFirstAndEndsAnswersWithEndOfSentence) {
+  const auto messages = chat({{"system", "Be brief."}, {"user", "Hi "}, {"assistant", " Hello!\n"}, {"system", "Be kind."},
+                              {"user", "Bye"}, {"assistant", "See you."}});
+  const auto units = dflash::prepare::render_conversation(ChatFormat::kDeepSeekV3, messages);
+  // Nothing is stripped; the system prompts are joined by a blank line.
+  EXPECT_EQ(text_of(units), "<｜begin▁of▁sentence｜>Be brief.\n\nBe kind.<｜User｜>Hi <｜Assistant｜> Hello!\n<｜end▁of▁sentence｜>"
+                            "<｜User｜>Bye<｜Assistant｜>See you.<｜end▁of▁sentence｜>");
+  EXPECT_EQ(text_of(units, true), " Hello!\n<｜end▁of▁sentence｜>See you.<｜end▁of▁sentence｜>");
+  EXPECT_EQ(text_of(dflash::prepare::render_generation_prompt(ChatFormat::kDeepSeekV3, messages)),
+            "<｜begin▁of▁sentence｜>Be brief.\n\nBe kind.<｜User｜>Hi <｜Assistant｜> Hello!\n<｜end▁of▁sentence｜>"
+            "<｜User｜>Bye<｜Assistant｜>");
+}
+
+TEST(ChatFormats, DeepSeekV3WritesToolOutputsAsItsTemplateDoesQuirksIncluded) {
+  const auto messages = chat({{"user", "Q"}, {"assistant", "call"}, {"tool", "r1"}, {"tool", "r2"}, {"assistant", "A"},
+                              {"tool", "r3"}, {"user", "And?"}, {"assistant", "B"}});
+  const auto units = dflash::prepare::render_conversation(ChatFormat::kDeepSeekV3, messages);
+  // The answer after outputs opens with their end, not <｜Assistant｜>; a
+  // later block of outputs has no begin, and one a user message follows no end.
+  EXPECT_EQ(text_of(units),
+            "<｜begin▁of▁sentence｜><｜User｜>Q<｜Assistant｜>call<｜end▁of▁sentence｜>"
+            "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>r1<｜tool▁output▁end｜>\n<｜tool▁output▁begin｜>r2<｜tool▁output▁end｜>"
+            "<｜tool▁outputs▁end｜>A<｜end▁of▁sentence｜>\n<｜tool▁output▁begin｜>r3<｜tool▁output▁end｜>"
+            "<｜User｜>And?<｜Assistant｜>B<｜end▁of▁sentence｜>");
+  EXPECT_EQ(text_of(units, true), "call<｜end▁of▁sentence｜>A<｜end▁of▁sentence｜>B<｜end▁of▁sentence｜>");
+  // After outputs, the prompt is their end, which opens the answer.
+  const std::vector<Message> asked(messages.begin(), messages.begin() + 4);
+  EXPECT_EQ(text_of(dflash::prepare::render_generation_prompt(ChatFormat::kDeepSeekV3, asked)),
+            "<｜begin▁of▁sentence｜><｜User｜>Q<｜Assistant｜>call<｜end▁of▁sentence｜>"
+            "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>r1<｜tool▁output▁end｜>\n<｜tool▁output▁begin｜>r2<｜tool▁output▁end｜>"
+            "<｜tool▁outputs▁end｜>");
+  EXPECT_THROW_WITH(dflash::prepare::render_conversation(ChatFormat::kDeepSeekV3, chat({{"ipython", "x"}})),
+                    std::invalid_argument, "role \"ipython\" is not one the deepseek_v3 format writes");
+}
+
 TEST(ChatFormats, UnknownRolesAndFormatsAreRefusedByName) {
   EXPECT_THROW_WITH(dflash::prepare::render_conversation(ChatFormat::kChatMl, chat({{"narrator", "x"}})),
                     std::invalid_argument, "role \"narrator\" is not one the chatml format writes");
   EXPECT_FALSE(dflash::prepare::chat_format_from_name("vicuna"));
-  EXPECT_EQ(dflash::prepare::chat_format_names(), "chatml, qwen3, llama3");
+  EXPECT_EQ(dflash::prepare::chat_format_names(), "chatml, qwen3, llama3, gemma3, deepseek_v3");
+  EXPECT_EQ(dflash::prepare::chat_format_from_name("deepseek_v3"), ChatFormat::kDeepSeekV3);
 }
 
 TEST(ChatFormats, TheFormatIsReadFromTheModelFolder) {
@@ -124,10 +192,32 @@ TEST(ChatFormats, TheFormatIsReadFromTheModelFolder) {
   EXPECT_EQ(dflash::prepare::detect_chat_format(dir / "tokenizer.json"), ChatFormat::kLlama3);
   write("tokenizer_config.json", {{"chat_template", json::array({{{"name", "default"}, {"template", "<|im_start|>"}}})}});
   EXPECT_EQ(dflash::prepare::detect_chat_format(dir), ChatFormat::kChatMl);
-  write("config.json", {{"model_type", "mistral"}});
+  write("tokenizer_config.json", {{"chat_template", "{{ bos_token }}<start_of_turn>user\n"}});
+  EXPECT_EQ(dflash::prepare::detect_chat_format(dir), ChatFormat::kGemma3);
+  write("tokenizer_config.json", {{"chat_template", "{{'<｜Assistant｜>' + message['content']}}"}});
+  EXPECT_EQ(dflash::prepare::detect_chat_format(dir), ChatFormat::kDeepSeekV3);
+  // DeepSeek-R1's and V3.1's templates (model_type deepseek_v3 too) cut answers at </think>: not V3's.
+  write("tokenizer_config.json", {{"chat_template", "{{'<｜Assistant｜>' + content.split('</think>')[-1]}}"}});
+  EXPECT_THROW_WITH(dflash::prepare::detect_chat_format(dir), std::invalid_argument,
+                    "its chat_template is DeepSeek's but handles </think> (as DeepSeek-R1's and V3.1's do), which no "
+                    "format writes");
+  // A template no format writes is not overruled by model_type.
+  write("config.json", {{"model_type", "qwen2"}});
   write("tokenizer_config.json", {{"chat_template", "[INST] {{ m }} [/INST]"}});
   EXPECT_THROW_WITH(dflash::prepare::detect_chat_format(dir), std::invalid_argument,
-                    "its chat_template is neither ChatML nor Llama-3's and config.json model_type \"mistral\"");
+                    "its chat_template writes none of <|im_start|>, <|start_header_id|>, <start_of_turn>, <｜Assistant｜>; "
+                    "pass --chat-format (chatml, qwen3, llama3, gemma3, deepseek_v3)");
+  fs::remove(dir / "tokenizer_config.json");
+  for (const char* model_type : {"gemma3", "gemma3_text"}) {
+    write("config.json", {{"model_type", model_type}});
+    EXPECT_EQ(dflash::prepare::detect_chat_format(dir), ChatFormat::kGemma3);
+  }
+  write("config.json", {{"model_type", "deepseek_v3"}});
+  EXPECT_EQ(dflash::prepare::detect_chat_format(dir), ChatFormat::kDeepSeekV3);
+  write("config.json", {{"model_type", "mistral"}});
+  EXPECT_THROW_WITH(dflash::prepare::detect_chat_format(dir), std::invalid_argument,
+                    "tokenizer_config.json has no chat_template and config.json model_type \"mistral\" is none of "
+                    "qwen2, qwen3, gemma3, gemma3_text, deepseek_v3");
 }
 
 TEST(Conversations, OpenAiShareGptAndTextLinesAreReadAndBadOnesNamed) {
@@ -161,8 +251,14 @@ TEST(Conversations, OpenAiShareGptAndTextLinesAreReadAndBadOnesNamed) {
 struct RealModel {
   const char* package;
   ChatFormat format;
+  const char* end_of_turn;  // the token that ends an answer, learnt with it
 };
-const RealModel kRealModels[] = {{"tokenizer-qwen3", ChatFormat::kQwen3}, {"tokenizer-llama3", ChatFormat::kLlama3}};
+const RealModel kRealModels[] = {{"tokenizer-qwen3", ChatFormat::kQwen3, "<|im_end|>"},
+                                 {"tokenizer-llama3", ChatFormat::kLlama3, "<|eot_id|>"},
+                                 {"tokenizer-gemma3", ChatFormat::kGemma3, "<end_of_turn>"},
+                                 {"tokenizer-deepseek_v3", ChatFormat::kDeepSeekV3, "<｜end▁of▁sentence｜>"}};
+
+void PrintTo(const RealModel& model, std::ostream* out) { *out << model.package; }  // in gtest's messages
 
 fs::path model_dir(const RealModel& model) { return kNodeModules / model.package / "models"; }
 
@@ -170,7 +266,7 @@ bool have_real_models() { return fs::exists(model_dir(kRealModels[0]) / "tokeniz
 bool have_jinja2() { return std::system((std::string(kPython) + " -c 'import jinja2' 2>/dev/null").c_str()) == 0; }
 
 // The conversations every check runs on: edge cases of whitespace, Unicode,
-// special tokens written in content, multi-turn, system, reasoning.
+// special tokens written in content, multi-turn, system, reasoning, tools.
 std::vector<std::vector<Message>> hard_conversations() {
   std::vector<std::vector<Message>> all = {
       chat({{"user", "What is 2+2?"}, {"assistant", "4"}}),
@@ -180,17 +276,47 @@ std::vector<std::vector<Message>> hard_conversations() {
       chat({{"user", "  leading and trailing spaces  "}, {"assistant", "\n\n\nnewlines first"}}),
       chat({{"user", "日本語で答えて 🙂👍🏽"}, {"assistant", "はい、もちろんです。 🇯🇵 e\u0301 café"}}),
       chat({{"user", "Write <|im_end|> and <|eot_id|> literally"}, {"assistant", "<|im_start|> is special"}}),
+      chat({{"user", "Write <end_of_turn>, <｜end▁of▁sentence｜> and <bos> literally"},
+            {"assistant", "<start_of_turn>model and <｜Assistant｜> are special"}}),
+      // Whitespace around a system prompt (kept by some formats, stripped by
+      // others), U+3000 and tabs to strip, non-Latin scripts, several turns.
+      chat({{"system", " Réponds en français.\n"}, {"user", "\u3000東京の天気は？\t"}, {"assistant", "Il fait beau. ☀️ "},
+            {"user", "И завтра?"}, {"assistant", "\nمشمس أيضًا\u3000"}}),
       chat({{"user", "Think first."}, {"assistant", "<think>\nLet me see.\n</think>\n\nDone."}}),
       chat({{"user", "Q1"}, {"assistant", "<think>old</think>A1"}, {"user", "Q2"}, {"assistant", "A2"}}),
       chat({{"user", "tabs\tand\r\nCRLF"}, {"assistant", "ok\t\t"}}),
+      // A second system message, later on.
+      chat({{"system", "Be kind."}, {"user", "Hi"}, {"assistant", "Hello."}, {"system", "Now be terse."}, {"user", "Bye"},
+            {"assistant", "Bye."}}),
       chat({{"user", "Weather?"}, {"assistant", "Asking the tool."}, {"tool", "sunny"}, {"tool", "22 C"},
             {"assistant", "Sunny, 22 C."}}),
+      // Two rounds of tool outputs, a user message between them.
+      chat({{"user", "Paris?"}, {"assistant", "Calling."}, {"tool", "rain"}, {"user", "And Rome?"},
+            {"assistant", "Calling again."}, {"tool", "sun"}, {"assistant", "Rain, then sun."}}),
   };
   return all;
 }
 
-// The rendered text of each case by the model's own template.
-std::vector<std::string> render_with_template(const RealModel& model, const json& cases, const fs::path& scratch) {
+// What the model's own template renders for one conversation: the training
+// text and the prompt before its last answer; none where it refuses.
+struct TemplateRender {
+  std::optional<std::string> training, prompt;
+};
+
+std::vector<TemplateRender> render_with_template(const RealModel& model, const std::vector<std::vector<Message>>& conversations,
+                                                 const fs::path& scratch) {
+  auto messages_json = [](auto begin, auto end) {
+    json out = json::array();
+    for (auto m = begin; m != end; ++m) out.push_back({{"role", m->role}, {"content", m->content}});
+    return out;
+  };
+  json cases = json::array();
+  for (const auto& messages : conversations) {
+    cases.push_back({{"messages", messages_json(messages.begin(), messages.end())}, {"add_generation_prompt", false}});
+    cases.push_back({{"messages", messages_json(messages.begin(), messages.end() - 1)},
+                     {"add_generation_prompt", true},
+                     {"enable_thinking", false}});
+  }
   const fs::path in = scratch / "cases.json", out = scratch / "rendered.json";
   std::ofstream(in) << cases.dump();
   const std::string command = std::string(kPython) + " " + DFLASH_PREPARE_TEST_DIR + "/render_chat_template.py " +
@@ -198,76 +324,124 @@ std::vector<std::string> render_with_template(const RealModel& model, const json
                               out.string();
   const int status = std::system(command.c_str());
   EXPECT_EQ(status, 0) << command;
-  std::ifstream rendered(out);
-  return json::parse(rendered).get<std::vector<std::string>>();
+  std::ifstream rendered_file(out);
+  const json rendered = json::parse(rendered_file);
+  EXPECT_EQ(rendered.size(), cases.size());
+  auto text = [](const json& j) { return j.is_null() ? std::nullopt : std::optional<std::string>(j.get<std::string>()); };
+  std::vector<TemplateRender> renders;
+  for (size_t c = 0; c + 1 < rendered.size(); c += 2) renders.push_back({text(rendered[c]), text(rendered[c + 1])});
+  // Llama-3's template opens an assistant turn after any conversation; a
+  // training line ends with the last answer instead.
+  const std::string open_turn = "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  for (TemplateRender& r : renders)
+    if (model.format == ChatFormat::kLlama3 && r.training && r.training->size() > open_turn.size() &&
+        r.training->compare(r.training->size() - open_turn.size(), open_turn.size(), open_turn) == 0)
+      r.training->resize(r.training->size() - open_turn.size());
+  return renders;
 }
 
-json messages_json(const std::vector<Message>& messages) {
-  json out = json::array();
-  for (const Message& m : messages) out.push_back({{"role", m.role}, {"content", m.content}});
-  return out;
+// Our rendering, or none where the format refuses the conversation.
+std::optional<std::vector<Unit>> render_or_refuse(const std::function<std::vector<Unit>()>& render, std::string& why) {
+  try {
+    return render();
+  } catch (const std::invalid_argument& e) {
+    why = e.what();
+    return std::nullopt;
+  }
 }
 
-TEST(ChatFormats, MatchTheModelsOwnTemplatesTokenForToken) {
-  if (!have_real_models()) GTEST_SKIP() << "the real tokenizers: scripts/setup.sh --tests (npm ci in tests/core/text/node)";
+// The format renders the same text as the template, and refuses exactly the
+// conversations the template refuses.
+void expect_same_text(const std::optional<std::string>& from_template, const std::function<std::vector<Unit>()>& render) {
+  std::string why;
+  const auto ours = render_or_refuse(render, why);
+  if (!from_template) EXPECT_FALSE(ours) << "the template refuses this conversation; the format renders it";
+  else if (!ours) ADD_FAILURE() << "the format refuses what the template renders: " << why;
+  else EXPECT_EQ(text_of(*ours), *from_template);
+}
+
+class AgainstTheModelsOwnTemplate : public testing::TestWithParam<RealModel> {
+ protected:
+  void SetUp() override {
+    if (!have_real_models()) GTEST_SKIP() << "the real tokenizers: scripts/setup.sh --tests (npm ci in tests/core/text/node)";
+  }
+  // The conversations the format renders (the others are checked as refused
+  // in TheTextIsTheSame).
+  std::vector<std::vector<Message>> renderable_conversations() const {
+    std::vector<std::vector<Message>> out;
+    std::string why;
+    for (auto& messages : hard_conversations())
+      if (render_or_refuse([&] { return dflash::prepare::render_conversation(GetParam().format, messages); }, why))
+        out.push_back(std::move(messages));
+    return out;
+  }
+};
+
+TEST_P(AgainstTheModelsOwnTemplate, TheTextIsTheSame) {
   if (!have_jinja2()) GTEST_SKIP() << "needs Debian's python3-jinja2 (scripts/setup.sh --tests installs it)";
+  const RealModel& model = GetParam();
   dflash::test::TempDir temp("dflash_chat_templates");
   const auto conversations = hard_conversations();
-  for (const RealModel& model : kRealModels) {
-    SCOPED_TRACE(model.package);
-    const auto tokenizer = dflash::text::Tokenizer::load(model_dir(model));
-    json cases = json::array();
-    for (const auto& messages : conversations) {
-      cases.push_back({{"messages", messages_json(messages)}, {"add_generation_prompt", false}});
-      std::vector<Message> asked(messages.begin(), messages.end() - 1);
-      cases.push_back({{"messages", messages_json(asked)}, {"add_generation_prompt", true}, {"enable_thinking", false}});
-    }
-    const std::vector<std::string> rendered = render_with_template(model, cases, temp.path());
-    ASSERT_EQ(rendered.size(), cases.size());
-    for (size_t c = 0; c < conversations.size(); ++c) {
-      SCOPED_TRACE("conversation " + std::to_string(c));
-      const auto training = dflash::prepare::render_conversation(model.format, conversations[c]);
-      std::string expected = rendered[2 * c];
-      // Llama-3's template opens an assistant turn after any conversation;
-      // a training line ends with the last answer instead.
-      const std::string open_turn = "<|start_header_id|>assistant<|end_header_id|>\n\n";
-      if (model.format == ChatFormat::kLlama3 && expected.size() > open_turn.size() &&
-          expected.compare(expected.size() - open_turn.size(), open_turn.size(), open_turn) == 0)
-        expected.resize(expected.size() - open_turn.size());
-      EXPECT_EQ(text_of(training), expected);
-      const auto encoded = dflash::prepare::encode_units(tokenizer, training);
-      EXPECT_EQ(encoded.ids, tokenizer.encode(expected)) << "the ids are those of the whole text";
-
-      const auto prompt = dflash::prepare::render_generation_prompt(model.format, conversations[c]);
-      EXPECT_EQ(text_of(prompt), rendered[2 * c + 1]);
-      EXPECT_EQ(dflash::prepare::encode_units(tokenizer, prompt).ids, tokenizer.encode(rendered[2 * c + 1]));
-    }
+  const auto renders = render_with_template(model, conversations, temp.path());
+  ASSERT_EQ(renders.size(), conversations.size());
+  for (size_t c = 0; c < conversations.size(); ++c) {
+    SCOPED_TRACE("conversation " + std::to_string(c));
+    expect_same_text(renders[c].training, [&] { return dflash::prepare::render_conversation(model.format, conversations[c]); });
+    expect_same_text(renders[c].prompt,
+                     [&] { return dflash::prepare::render_generation_prompt(model.format, conversations[c]); });
   }
 }
 
-TEST(ChatFormats, TheLossMaskCoversExactlyTheAssistantsTokens) {
-  if (!have_real_models()) GTEST_SKIP() << "the real tokenizers: scripts/setup.sh --tests (npm ci in tests/core/text/node)";
-  for (const RealModel& model : kRealModels) {
-    SCOPED_TRACE(model.package);
-    const auto tokenizer = dflash::text::Tokenizer::load(model_dir(model));
-    for (const auto& messages : hard_conversations()) {
-      const auto units = dflash::prepare::render_conversation(model.format, messages);
-      const auto encoded = dflash::prepare::encode_units(tokenizer, units);
-      ASSERT_EQ(encoded.ids.size(), encoded.loss_mask.size());
-      std::vector<int64_t> supervised;
-      for (size_t i = 0; i < encoded.ids.size(); ++i)
-        if (encoded.loss_mask[i]) supervised.push_back(encoded.ids[i]);
-      // Where no merge crosses a boundary, the supervised tokens spell the
-      // supervised text exactly (as normalized: Qwen3's NFC joins e + U+0301);
-      // these formats strip what could merge across one.
-      EXPECT_EQ(tokenizer.decode(supervised), tokenizer.decode(tokenizer.encode(text_of(units, true))));
-      const int64_t end_of_turn = *tokenizer.token_to_id(model.format == ChatFormat::kLlama3 ? "<|eot_id|>" : "<|im_end|>");
-      for (size_t i = 0; i < encoded.ids.size(); ++i)
-        if (encoded.ids[i] == end_of_turn && i > 0 && encoded.loss_mask[i - 1])
-          EXPECT_EQ(encoded.loss_mask[i], 1) << "an answer's end-of-turn token is learnt";
-    }
+// Encoded unit by unit, our rendering gives the ids of the template's whole
+// text: what the model saw in training.
+TEST_P(AgainstTheModelsOwnTemplate, TheTokenIdsAreThoseOfTheTemplatesText) {
+  if (!have_jinja2()) GTEST_SKIP() << "needs Debian's python3-jinja2 (scripts/setup.sh --tests installs it)";
+  const RealModel& model = GetParam();
+  const auto tokenizer = dflash::text::Tokenizer::load(model_dir(model));
+  dflash::test::TempDir temp("dflash_chat_template_ids");
+  const auto conversations = hard_conversations();
+  const auto renders = render_with_template(model, conversations, temp.path());
+  ASSERT_EQ(renders.size(), conversations.size());
+  std::string why;
+  for (size_t c = 0; c < conversations.size(); ++c) {
+    SCOPED_TRACE("conversation " + std::to_string(c));
+    const auto training =
+        render_or_refuse([&] { return dflash::prepare::render_conversation(model.format, conversations[c]); }, why);
+    if (renders[c].training && training)  // a refusal on either side fails TheTextIsTheSame
+      EXPECT_EQ(dflash::prepare::encode_units(tokenizer, *training).ids, tokenizer.encode(*renders[c].training));
+    const auto prompt =
+        render_or_refuse([&] { return dflash::prepare::render_generation_prompt(model.format, conversations[c]); }, why);
+    if (renders[c].prompt && prompt)
+      EXPECT_EQ(dflash::prepare::encode_units(tokenizer, *prompt).ids, tokenizer.encode(*renders[c].prompt));
   }
 }
+
+TEST_P(AgainstTheModelsOwnTemplate, TheLossMaskCoversExactlyTheAssistantsTokens) {
+  const RealModel& model = GetParam();
+  const auto tokenizer = dflash::text::Tokenizer::load(model_dir(model));
+  const int64_t end_of_turn = tokenizer.token_to_id(model.end_of_turn).value_or(-1);
+  ASSERT_GE(end_of_turn, 0) << model.end_of_turn;
+  for (const auto& messages : renderable_conversations()) {
+    const auto units = dflash::prepare::render_conversation(model.format, messages);
+    const auto encoded = dflash::prepare::encode_units(tokenizer, units);
+    ASSERT_EQ(encoded.ids.size(), encoded.loss_mask.size());
+    std::vector<int64_t> supervised;
+    for (size_t i = 0; i < encoded.ids.size(); ++i)
+      if (encoded.loss_mask[i]) supervised.push_back(encoded.ids[i]);
+    // Where no merge crosses a boundary, the supervised tokens spell the
+    // supervised text exactly (as normalized: Qwen3's NFC joins e + U+0301);
+    // these formats strip what could merge across one.
+    EXPECT_EQ(tokenizer.decode(supervised), tokenizer.decode(tokenizer.encode(text_of(units, true))));
+    for (size_t i = 0; i < encoded.ids.size(); ++i)
+      if (encoded.ids[i] == end_of_turn && i > 0 && encoded.loss_mask[i - 1])
+        EXPECT_EQ(encoded.loss_mask[i], 1) << "an answer's end-of-turn token is learnt";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ChatFormats, AgainstTheModelsOwnTemplate, testing::ValuesIn(kRealModels),
+                         [](const testing::TestParamInfo<RealModel>& info) {
+                           return std::string(dflash::prepare::chat_format_name(info.param.format));
+                         });
 
 TEST(ChatFormats, ATokenMergedAcrossTheHeaderBoundaryGoesToTheAnswer) {
   if (!have_real_models()) GTEST_SKIP() << "the real tokenizers: scripts/setup.sh --tests (npm ci in tests/core/text/node)";

@@ -8,7 +8,8 @@ templates that define them.
     render_chat_template.py TOKENIZER_CONFIG_JSON < cases.json > rendered.json
 
 cases.json: [{"messages": [...], "add_generation_prompt": bool, "enable_thinking": bool or null}, ...]
-rendered.json: the rendered strings, in order.
+rendered.json: the rendered strings, in order; null for a case the template
+refuses (raise_exception, e.g. Gemma 3's roles that do not alternate).
 """
 import json
 import sys
@@ -24,8 +25,13 @@ def token_text(value):
     return value
 
 
+class RefusedByTemplate(jinja2.exceptions.TemplateError):
+    """What the template's raise_exception raises: it refuses the conversation.
+    Any other error is the template's or this script's, and stops it."""
+
+
 def raise_exception(message):
-    raise jinja2.exceptions.TemplateError(message)
+    raise RefusedByTemplate(message)
 
 
 def main():
@@ -50,7 +56,10 @@ def main():
         }
         if case.get("enable_thinking") is not None:
             kwargs["enable_thinking"] = case["enable_thinking"]
-        out.append(compiled.render(**kwargs))
+        try:
+            out.append(compiled.render(**kwargs))
+        except RefusedByTemplate:
+            out.append(None)
     json.dump(out, sys.stdout, ensure_ascii=False)
 
 
