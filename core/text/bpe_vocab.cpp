@@ -80,7 +80,7 @@ void check_byte_alphabet(const TokenTable& vocab, const fs::path& file,
   for (std::size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", " : "") + missing[i];
   if (missing.size() > 5) list += ", ...";
   fail(file, key, "lacks " + std::to_string(missing.size()) + " of the 256 byte tokens of a byte-level BPE: " + list +
-                      "; only byte-level BPE vocabularies (GPT-2, Qwen, Llama-3) are supported");
+                      "; a ByteLevel pre-tokenizer turns text into these characters, so its vocabulary must spell every byte");
 }
 
 }  // namespace dflash::text::detail

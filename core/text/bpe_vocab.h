@@ -1,5 +1,5 @@
-// The vocabulary and merges of a byte-level BPE, checked the same way whether
-// they come from tokenizer.json or from GPT-2's encoder.json + vocab.bpe.
+// The vocabulary and merges of a BPE, checked the same way whether they come
+// from tokenizer.json or from GPT-2's encoder.json + vocab.bpe.
 #pragma once
 
 #include "text/tokenizer_file.h"

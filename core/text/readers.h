@@ -26,7 +26,7 @@ struct StreamedModel {
   bool has_merges = false;
 };
 
-// A Hugging Face tokenizer.json (byte-level BPE). `streamed`: what parse_json
+// A Hugging Face tokenizer.json (BPE, byte-level or SentencePiece-style). `streamed`: what parse_json
 // took out of `root` (root holds those members empty).
 Components read_tokenizer_json(const json& root, const fs::path& file, StreamedModel& streamed);
 

@@ -1,11 +1,12 @@
-// Hugging Face tokenizers in C++: the byte-level BPE family (GPT-2,
-// Qwen2/Qwen3, Llama-3) read from tokenizer.json, GPT-2's encoder.json +
-// vocab.bpe pair, and the quickstart target's byte tokenizer. Encodes and
-// decodes id for id as the Hugging Face `tokenizers` library does; what is
-// supported and what is refused: docs/tokenizer.md.
+// Hugging Face tokenizers in C++: BPE, byte-level (GPT-2, Qwen2/Qwen3,
+// Llama-3, DeepSeek-V3, gpt-oss) and SentencePiece-style (Gemma 3, Llama-2,
+// Mistral), read from tokenizer.json, GPT-2's encoder.json + vocab.bpe pair,
+// and the quickstart target's byte tokenizer. Encodes and decodes id for id
+// as the Hugging Face `tokenizers` library does; what is supported and what
+// is refused: docs/tokenizer.md.
 //
-// ICU does the Unicode work (the pre-tokenizer's regex, NFC); its headers stay
-// in the .cpp files, behind Impl.
+// ICU does the Unicode work (the pre-tokenizer's regex, the normalization
+// forms); its headers stay in the .cpp files, behind Impl.
 #pragma once
 
 #include <cstdint>
