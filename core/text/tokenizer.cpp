@@ -115,12 +115,14 @@ Tokenizer::Impl::Impl(Components c)
   for (const AddedToken& t : added) size = std::max<int64_t>(size, t.id + 1);
   const auto n = static_cast<std::size_t>(size);
   spelling.resize(n);
-  bytes.resize(n);
+  // Each token's bytes serve decode's ByteLevel-only path; other decoders work on spellings.
+  const bool byte_level_decode = decoder.only_byte_level();
+  if (byte_level_decode) bytes.resize(n);
   exists.assign(n, 0);
   special.assign(n, 0);
   for (const auto& [token, id] : by_spelling) {
     const auto i = static_cast<std::size_t>(id);
-    bytes[i] = decoded_bytes(token);
+    if (byte_level_decode) bytes[i] = decoded_bytes(token);
     exists[i] = 1;
   }
   for (std::size_t k = 0; k < added.size(); ++k) {
@@ -131,7 +133,7 @@ Tokenizer::Impl::Impl(Components c)
     const std::string matched = t.normalized && !normalizer.empty() ? normalizer.apply(t.content) : t.content;
     // Added tokens first, as HF's token_to_id (the loader made sure a vocabulary entry of the same text has the same id).
     by_spelling.assign(t.content, t.id);
-    bytes[i] = decoded_bytes(matched);
+    if (byte_level_decode) bytes[i] = decoded_bytes(matched);
     exists[i] = 1;
     special[i] = t.special ? 1 : 0;
     (t.normalized ? normalized_matcher : raw_matcher).add(matched, static_cast<int32_t>(k), t);
