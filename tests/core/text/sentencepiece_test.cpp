@@ -25,47 +25,7 @@ namespace {
 
 const char* const kMark = "\xE2\x96\x81";  // ▁, U+2581
 
-// Ids: <unk> 0, <s> 1, </s> 2; byte tokens for é (C3 A9) and 😀 (F0 9F 98 80)
-// but not for 中 (E4 B8 AD), which is unknown; characters ▁ h i t e r x
-// (10-16); merges, by rank: ▁t 20, he 21, ▁the 22, ▁h 23, ▁hi 24, re 25, ▁there 26.
-json sentencepiece_json(bool fuse_unk) {
-  const std::string m = kMark;
-  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}, {"<0xC3>", 3}, {"<0xA9>", 4}, {"<0xF0>", 5}, {"<0x9F>", 6},
-                {"<0x98>", 7}, {"<0x80>", 8}, {m, 10}, {"h", 11}, {"i", 12}, {"t", 13}, {"e", 14}, {"r", 15}, {"x", 16}};
-  const std::vector<std::pair<std::string, std::string>> merges = {
-      {m, "t"}, {"h", "e"}, {m + "t", "he"}, {m, "h"}, {m + "h", "i"}, {"r", "e"}, {m + "the", "re"}};
-  json merge_list = json::array();
-  int next = 20;
-  for (const auto& [a, b] : merges) {
-    vocab[a + b] = next++;
-    merge_list.push_back(a + " " + b);
-  }
-  json added = json::array();
-  for (const auto& [id, content] : std::vector<std::pair<int, const char*>>{{0, "<unk>"}, {1, "<s>"}, {2, "</s>"}})
-    added.push_back({{"id", id}, {"content", content}, {"special", true}, {"lstrip", false}, {"rstrip", false},
-                     {"single_word", false}, {"normalized", false}});
-  return {{"added_tokens", added},
-          {"normalizer",
-           {{"type", "Sequence"},
-            {"normalizers",
-             {{{"type", "Prepend"}, {"prepend", m}},
-              {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", m}}}}}},
-          {"pre_tokenizer", nullptr},
-          {"post_processor",
-           {{"type", "TemplateProcessing"},
-            {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-            {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
-          {"decoder",
-           {{"type", "Sequence"},
-            {"decoders",
-             {{{"type", "Replace"}, {"pattern", {{"String", m}}}, {"content", " "}},
-              {{"type", "ByteFallback"}},
-              {{"type", "Fuse"}},
-              {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
-          {"model",
-           {{"type", "BPE"}, {"unk_token", "<unk>"}, {"fuse_unk", fuse_unk}, {"byte_fallback", true}, {"vocab", vocab},
-            {"merges", merge_list}}}};
-}
+json sentencepiece_json(bool fuse_unk) { return dflash::test::tiny_sentencepiece_json(fuse_unk); }
 
 Tokenizer load(const json& j) {
   static int count = 0;

@@ -299,11 +299,14 @@ TEST(TokenizerLoad, Gpt2FilesAndTheByteFormat) {
 // either loads (and then encodes and decodes) or gives a TokenizerError.
 TEST(TokenizerFuzz, MutatedFilesGiveTokenizerErrorsOrWork) {
   std::mt19937_64 rng(15);
-  const json base = tiny_tokenizer_json();
-  const std::string text = base.dump();
-  const json odd_values[] = {nullptr, true, 0, -1, 1e300, 1ll << 40, "x", "", json::array(), json::object(),
-                             json::array({"h", "e"}), "h e", {{"type", "Sequence"}}, {{"type", "ByteLevel"}}};
-  const auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
+  // Every other mutation starts from the SentencePiece-style file (byte fallback, unk, Prepend, Strip).
+  const json bases[] = {tiny_tokenizer_json(), dflash::test::tiny_sentencepiece_json(true)};
+  const std::string texts[] = {bases[0].dump(), bases[1].dump()};
+  const json odd_values[] = {nullptr, true, 0, -1, 1e300, 1ll << 40, "x", "", "\xE2\x96\x81", json::array(),
+                             json::object(), json::array({"h", "e"}), "h e", {{"type", "Sequence"}},
+                             {{"type", "ByteLevel"}}, {{"type", "Metaspace"}}, {{"type", "ByteFallback"}},
+                             {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 9}}};
+  const auto pick = [&](std::size_t n) { return n == 0 ? std::size_t{0} : static_cast<std::size_t>(rng() % n); };
   // A random node of the tree (objects and arrays may be picked themselves).
   const std::function<json*(json&, int)> random_node = [&](json& j, int depth) -> json* {
     if (!j.is_structured() || j.empty() || depth > 6 || pick(4) == 0) return &j;
@@ -318,10 +321,11 @@ TEST(TokenizerFuzz, MutatedFilesGiveTokenizerErrorsOrWork) {
   int i = 0;
   for (; i < 4000 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 4.0; ++i) {
     std::string mutated;
+    const json& base = bases[i % 2];
     const int kind = static_cast<int>(pick(3));
     if (kind == 0) {  // bytes
-      mutated = text;
-      for (int k = 0, n = 1 + static_cast<int>(pick(4)); k < n; ++k) {
+      mutated = texts[i % 2];
+      for (int k = 0, n = 1 + static_cast<int>(pick(4)); k < n && !mutated.empty(); ++k) {
         const std::size_t at = pick(mutated.size());
         switch (pick(4)) {
           case 0: mutated[at] = static_cast<char>(rng()); break;
@@ -348,7 +352,7 @@ TEST(TokenizerFuzz, MutatedFilesGiveTokenizerErrorsOrWork) {
     try {
       const Tokenizer t = Tokenizer::load(file);
       ++loaded;
-      const Ids ids = t.encode("hello world <|s|> aaa \xF0\x9F\x98\x80 \xFF", true);
+      const Ids ids = t.encode("hello world <|s|> aaa \xF0\x9F\x98\x80 \xFF hi  there \xE4\xB8\xAD\xC3\xA9 <s>", true);
       (void)t.decode(ids, i % 2 == 0);
     } catch (const TokenizerError& e) {
       ++refused;
