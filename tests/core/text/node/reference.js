@@ -30,6 +30,7 @@
 // so the C++ side reads the same files. gemma3, llama2 and its variants and llama3_bos are encoded
 // with add_special_tokens (their templates put BOS first, as users encode them); the others without.
 // Decoding skips no special tokens (HF's decode(ids, skip_special_tokens=false)).
+// Each row says how it was encoded ("add_special_tokens"), and the C++ side encodes the same way.
 //
 // Writes a timing line to stderr, and to --timing FILE when given:
 // {"documents": n, "timing": {family: {"bytes", "seconds", "tokens"}}}.
@@ -114,6 +115,7 @@ function rustFamily(name, tokenizer) {
   const addSpecialTokens = WITH_SPECIAL_TOKENS.has(name);
   return {
     name,
+    addSpecialTokens,
     encode: async (text) => (await tokenizer.encode(text, null, { addSpecialTokens })).getIds(),
     decode: (ids) => tokenizer.decode(ids, false),
   };
@@ -135,6 +137,7 @@ function makeFamily(name, variantDir) {
     const endOfText = "<|endoftext|>";
     return {
       name,
+      addSpecialTokens: false,
       encode: async (text) => {
         const ids = [];
         text.split(endOfText).forEach((part, i) => {
@@ -167,7 +170,7 @@ async function main() {
       timing[f.name].bytes += Buffer.byteLength(text, "utf8");
       timing[f.name].seconds += seconds;
       timing[f.name].tokens += ids.length;
-      row[f.name] = { ids, text: await f.decode(ids) };
+      row[f.name] = { ids, text: await f.decode(ids), add_special_tokens: f.addSpecialTokens };
     }
     if (!out.write(JSON.stringify(row) + "\n")) await new Promise((resolve) => out.once("drain", resolve));
     ++doc;
