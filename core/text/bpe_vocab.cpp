@@ -49,6 +49,14 @@ TokenTable read_vocab(const json& vocab, const fs::path& file, const std::string
   return builder.finish();
 }
 
+std::optional<std::pair<std::string, std::string>> split_merge(const std::string& text) {
+  const std::size_t space = text.find(' ');
+  if (space == std::string::npos || space == 0 || space + 1 == text.size() ||
+      text.find(' ', space + 1) != std::string::npos)
+    return std::nullopt;
+  return std::make_pair(text.substr(0, space), text.substr(space + 1));
+}
+
 std::array<int32_t, 3> resolve_merge(const TokenTable& vocab, const std::string& left,
                                      const std::string& right, const fs::path& file, const std::string& list_key,
                                      std::size_t index) {

@@ -6,7 +6,9 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dflash::text::detail {
@@ -35,6 +37,11 @@ class VocabBuilder {
 
 // {"token": id, ...} already parsed (GPT-2's encoder.json).
 TokenTable read_vocab(const json& vocab, const fs::path& file, const std::string& key);
+
+// A merge written "left right": its two tokens, or nullopt unless the text is
+// exactly two non-empty tokens separated by one space (tokenizer.json's
+// string merges, GPT-2's vocab.bpe lines).
+std::optional<std::pair<std::string, std::string>> split_merge(const std::string& text);
 
 // The ids of a merge "left right" and of its result: all three must be tokens
 // (HF refuses the file otherwise too). The key names the merge in messages:

@@ -1,5 +1,7 @@
 #include "text/byte_level.h"
 
+#include <utility>
+
 #include "text/utf8.h"
 
 #include <array>
@@ -35,6 +37,11 @@ const Tables& tables() {
 const std::string& char_of(std::uint8_t b) { return tables().utf8_by_byte[b]; }
 
 int byte_of(char32_t c) { return c < 512 ? tables().byte_by_char[c] : -1; }
+
+std::string decoded(std::string_view token) {
+  std::optional<std::string> bytes = to_bytes(token);
+  return bytes ? std::move(*bytes) : std::string(token);
+}
 
 std::optional<std::string> to_bytes(std::string_view token) {
   std::string bytes;

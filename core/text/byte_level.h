@@ -23,6 +23,11 @@ int byte_of(char32_t c);
 // the exception that maps to itself).
 std::optional<std::string> to_bytes(std::string_view token);
 
+// The bytes HF's ByteLevel decoder gives one token: to_bytes where every
+// character is a byte character, else (an added token in plain text) the
+// token's own UTF-8.
+std::string decoded(std::string_view token);
+
 // The vocabulary spelling of raw bytes.
 std::string from_bytes(std::string_view bytes);
 

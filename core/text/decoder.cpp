@@ -14,10 +14,7 @@ const char* const kReplacementCharacter = "\xEF\xBF\xBD";  // U+FFFD
 
 std::vector<std::string> byte_level_decode(std::vector<std::string> tokens) {
   std::string bytes;
-  for (const std::string& t : tokens) {
-    const std::optional<std::string> b = byte_level::to_bytes(t);
-    bytes += b ? *b : t;
-  }
+  for (const std::string& t : tokens) bytes += byte_level::decoded(t);
   return {utf8::is_valid(bytes) ? bytes : utf8::make_valid(bytes)};
 }
 

@@ -25,11 +25,9 @@ void read_merges(const std::string& text, const fs::path& file, Components& c) {
       if (text.find_first_not_of("\r\n", begin) == std::string::npos) break;  // trailing blank lines
       fail(file, key, "is empty; each line after \"#version\" is one merge, \"left right\"");
     }
-    const std::size_t space = line.find(' ');
-    if (space == std::string::npos || space == 0 || space + 1 == line.size() ||
-        line.find(' ', space + 1) != std::string::npos)
-      fail(file, key, json(line).dump() + " is not a merge: it must be two tokens separated by one space");
-    c.merges.push_back(resolve_merge(c.vocab, line.substr(0, space), line.substr(space + 1), file, key, std::string::npos));
+    const auto merge = split_merge(line);
+    if (!merge) fail(file, key, json(line).dump() + " is not a merge: it must be two tokens separated by one space");
+    c.merges.push_back(resolve_merge(c.vocab, merge->first, merge->second, file, key, std::string::npos));
   }
 }
 

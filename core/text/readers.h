@@ -14,8 +14,9 @@ namespace dflash::text::detail {
 // they are read (json_text::Stream) instead of built into its tree: they are
 // nearly all of the file, and the tree took longer to build than to scan.
 struct StreamedModel {
-  // text_bytes: the file's size; a vocabulary entry and its merge take about
-  // 40 bytes of it, so its table is sized from that rather than regrown.
+  // text_bytes: the file's size. A vocabulary entry and its merge take 75
+  // (Qwen3) to 130 (Gemma 3) bytes of it, so text_bytes / 64 is room for the
+  // whole vocabulary at once, never regrown, at most twice what it needs.
   StreamedModel(const fs::path& file, std::size_t text_bytes) : vocab(file, "model.vocab", text_bytes / 64) {}
   // The streams to hand parse_json; they fill this object, which must outlive the parse.
   std::vector<json_text::Stream> streams();

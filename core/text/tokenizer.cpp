@@ -43,14 +43,6 @@ struct Tokenizer::Impl {
 
 namespace {
 
-// The bytes a token decodes to: HF's ByteLevel decoder maps each character
-// back to its byte when all of them are byte characters, else (an added token
-// in plain text) takes the token's own UTF-8.
-std::string decoded_bytes(const std::string& token) {
-  std::optional<std::string> b = byte_level::to_bytes(token);
-  return b ? *b : token;
-}
-
 // A character-level BPE's first symbols: the one-character tokens, the
 // "<0xHH>" byte tokens, the unknown token.
 BpeModel::CharSymbols char_symbols(const Components& c) {
@@ -72,7 +64,8 @@ BpeModel::CharSymbols char_symbols(const Components& c) {
   return symbols;
 }
 
-std::unique_ptr<BpeModel> make_bpe(const Components& c) {
+// byte_symbols: the pre-tokenizer has a ByteLevel step, so BPE starts from bytes.
+std::unique_ptr<BpeModel> make_bpe(const Components& c, bool byte_symbols) {
   std::unordered_map<uint64_t, BpeModel::Merge> merges;
   merges.reserve(c.merges.size());
   for (std::size_t rank = 0; rank < c.merges.size(); ++rank) {
@@ -80,18 +73,17 @@ std::unique_ptr<BpeModel> make_bpe(const Components& c) {
     // A merge listed twice keeps its later rank, as HF's map does.
     merges[BpeModel::pair_key(left, right)] = {static_cast<int32_t>(rank), merged};
   }
-  const bool byte_level = c.pre_tokenizer.has_byte_level();
   // ignore_merges looks a pre-token up whole: by its bytes where the
   // vocabulary spells bytes as characters, else by its spelling.
   TokenTable words;
   if (c.ignore_merges) {
     words.reserve(c.vocab.size());
     for (const auto& [token, id] : c.vocab) {
-      std::optional<std::string> key = byte_level ? byte_level::to_bytes(token) : std::optional<std::string>(token);
+      std::optional<std::string> key = byte_symbols ? byte_level::to_bytes(token) : std::optional<std::string>(token);
       if (key) words.insert(*key, id);
     }
   }
-  if (!byte_level) return std::make_unique<BpeModel>(char_symbols(c), std::move(merges), std::move(words), c.ignore_merges);
+  if (!byte_symbols) return std::make_unique<BpeModel>(char_symbols(c), std::move(merges), std::move(words), c.ignore_merges);
   std::array<int32_t, 256> byte_ids{};
   for (int b = 0; b < 256; ++b) byte_ids[b] = *c.vocab.find(byte_level::char_of(static_cast<std::uint8_t>(b)));
   return std::make_unique<BpeModel>(byte_ids, std::move(merges), std::move(words), c.ignore_merges);
@@ -102,9 +94,9 @@ std::unique_ptr<BpeModel> make_bpe(const Components& c) {
 Tokenizer::Impl::Impl(Components c)
     : source(c.source),
       normalizer(std::move(c.normalizer)),
-      pre_tokenizer(c.pre_tokenizer),
+      pre_tokenizer(std::move(c.pre_tokenizer)),
       decoder(std::move(c.decoder)),
-      bpe(make_bpe(c)),
+      bpe(make_bpe(c, pre_tokenizer.has_byte_level())),
       added(std::move(c.added)),
       has_template(c.has_template),
       template_before(std::move(c.template_before)),
@@ -122,7 +114,7 @@ Tokenizer::Impl::Impl(Components c)
   special.assign(n, 0);
   for (const auto& [token, id] : by_spelling) {
     const auto i = static_cast<std::size_t>(id);
-    if (byte_level_decode) bytes[i] = decoded_bytes(token);
+    if (byte_level_decode) bytes[i] = byte_level::decoded(token);
     exists[i] = 1;
   }
   for (std::size_t k = 0; k < added.size(); ++k) {
@@ -133,7 +125,7 @@ Tokenizer::Impl::Impl(Components c)
     const std::string matched = t.normalized && !normalizer.empty() ? normalizer.apply(t.content) : t.content;
     // Added tokens first, as HF's token_to_id (the loader made sure a vocabulary entry of the same text has the same id).
     by_spelling.assign(t.content, t.id);
-    if (byte_level_decode) bytes[i] = decoded_bytes(matched);
+    if (byte_level_decode) bytes[i] = byte_level::decoded(matched);
     exists[i] = 1;
     special[i] = t.special ? 1 : 0;
     (t.normalized ? normalized_matcher : raw_matcher).add(matched, static_cast<int32_t>(k), t);

@@ -138,10 +138,10 @@ std::array<int32_t, 3> read_merge(const json& m, const TokenTable& vocab,
                                   const fs::path& file, const std::string& list_key, std::size_t index) {
   if (m.is_string()) {
     const std::string& s = m.get_ref<const std::string&>();
-    const std::size_t space = s.find(' ');
-    if (space == std::string::npos || space == 0 || space + 1 == s.size() || s.find(' ', space + 1) != std::string::npos)
+    const auto merge = split_merge(s);
+    if (!merge)
       fail(file, index_of(list_key, index), json(s).dump() + " is not a merge: it must be two tokens separated by one space");
-    return resolve_merge(vocab, s.substr(0, space), s.substr(space + 1), file, list_key, index);
+    return resolve_merge(vocab, merge->first, merge->second, file, list_key, index);
   }
   if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
     return resolve_merge(vocab, m[0].get_ref<const std::string&>(), m[1].get_ref<const std::string&>(), file, list_key,
