@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-using dflash::test::TempDir;
-using dflash::test::write_json;
+using dflash::test::load_json;
+using dflash::test::tiny_sentencepiece_json;
 using dflash::text::Tokenizer;
 using Ids = std::vector<int64_t>;
 using nlohmann::json;
@@ -25,18 +25,10 @@ namespace {
 
 const char* const kMark = "\xE2\x96\x81";  // ▁, U+2581
 
-json sentencepiece_json(bool fuse_unk) { return dflash::test::tiny_sentencepiece_json(fuse_unk); }
-
-Tokenizer load(const json& j) {
-  static int count = 0;
-  TempDir dir("sptok" + std::to_string(count++));
-  return Tokenizer::load(write_json(dir, j));
-}
-
 // The same vocabulary with a Metaspace pre-tokenizer and decoder instead of
 // the normalizer, as newer Llama / Mistral files write it.
 json with_metaspace(const char* prepend_scheme, bool split) {
-  json j = sentencepiece_json(true);
+  json j = tiny_sentencepiece_json(true);
   const json metaspace = {{"type", "Metaspace"}, {"replacement", kMark}, {"prepend_scheme", prepend_scheme}, {"split", split}};
   j["normalizer"] = nullptr;
   j["pre_tokenizer"] = metaspace;
@@ -47,7 +39,7 @@ json with_metaspace(const char* prepend_scheme, bool split) {
 }  // namespace
 
 TEST(SentencePiece, CharactersMergeByRankAfterTheNormalizerWritesSpacesAsTheMark) {
-  const Tokenizer t = load(sentencepiece_json(true));
+  const Tokenizer t = load_json(tiny_sentencepiece_json(true));
   // "▁hi▁there": ▁t (rank 0), he, ▁the, ▁h, ▁hi, re, then ▁there.
   EXPECT_EQ(t.encode("hi there"), (Ids{24, 26}));
   EXPECT_EQ(t.encode("hi there", true), (Ids{1, 24, 26}));
@@ -60,7 +52,7 @@ TEST(SentencePiece, CharactersMergeByRankAfterTheNormalizerWritesSpacesAsTheMark
 }
 
 TEST(SentencePiece, UnknownCharactersFallBackToBytesElseTheUnknownToken) {
-  const Tokenizer fused = load(sentencepiece_json(true)), apart = load(sentencepiece_json(false));
+  const Tokenizer fused = load_json(tiny_sentencepiece_json(true)), apart = load_json(tiny_sentencepiece_json(false));
   EXPECT_EQ(fused.encode("\xC3\xA9"), (Ids{10, 3, 4}));                       // é: its two bytes' tokens
   EXPECT_EQ(fused.encode("\xF0\x9F\x98\x80"), (Ids{10, 5, 6, 7, 8}));         // 😀: four
   // 中 has a byte (E4) without a token: the unknown token, one for a run when fused.
@@ -71,14 +63,14 @@ TEST(SentencePiece, UnknownCharactersFallBackToBytesElseTheUnknownToken) {
   // As HF: byte-fallback tokens go in at once, before an unknown token still pending.
   EXPECT_EQ(fused.encode("\xE4\xB8\xAD\xC3\xA9"), (Ids{10, 3, 4, 0}));
   // Without byte fallback or an unknown token, a character without a token is dropped, as HF drops it.
-  json plain = sentencepiece_json(true);
+  json plain = tiny_sentencepiece_json(true);
   plain["model"]["byte_fallback"] = false;
   plain["model"]["unk_token"] = nullptr;
-  EXPECT_EQ(load(plain).encode("x\xC3\xA9x"), (Ids{10, 16, 16}));
+  EXPECT_EQ(load_json(plain).encode("x\xC3\xA9x"), (Ids{10, 16, 16}));
 }
 
 TEST(SentencePiece, TheDecoderChainReadsTheMarkBytesAndTheStrippedSpaceBack) {
-  const Tokenizer t = load(sentencepiece_json(true));
+  const Tokenizer t = load_json(tiny_sentencepiece_json(true));
   EXPECT_EQ(t.decode({24, 26}), "hi there");  // Replace, Fuse, then Strip takes the first space
   EXPECT_EQ(t.decode({1, 24, 26}), "<s> hi there");  // the first token is <s>: nothing to strip
   EXPECT_EQ(t.decode({10, 10, 24}), "  hi");
@@ -92,26 +84,26 @@ TEST(SentencePiece, TheDecoderChainReadsTheMarkBytesAndTheStrippedSpaceBack) {
 }
 
 TEST(SentencePiece, MetaspacePrependsAtTheInputsStartOnlyWhenFirst) {
-  const Tokenizer first = load(with_metaspace("first", false));
+  const Tokenizer first = load_json(with_metaspace("first", false));
   EXPECT_EQ(first.encode("hi there"), (Ids{24, 26}));
   // After an added token the stretch does not begin the input: no ▁ before "hi".
   EXPECT_EQ(first.encode("<s>hi"), (Ids{1, 11, 12}));
   EXPECT_EQ(first.encode("hi</s>there"), (Ids{24, 2, 13, 21, 25}));  // t he re: no ▁ before "there"
-  const Tokenizer always = load(with_metaspace("always", false));
+  const Tokenizer always = load_json(with_metaspace("always", false));
   EXPECT_EQ(always.encode("<s>hi"), (Ids{1, 24}));
-  const Tokenizer never = load(with_metaspace("never", false));
+  const Tokenizer never = load_json(with_metaspace("never", false));
   EXPECT_EQ(never.encode("hi there"), (Ids{11, 12, 26}));
 }
 
 TEST(SentencePiece, MetaspaceSplitsBeforeEachMarkAndItsDecoderDropsTheFirstTokensMarks) {
-  const Tokenizer split = load(with_metaspace("always", true));
+  const Tokenizer split = load_json(with_metaspace("always", true));
   // "▁hi▁▁there" is cut ▁hi | ▁ | ▁there.
   EXPECT_EQ(split.encode("hi  there"), (Ids{24, 10, 26}));
   EXPECT_EQ(split.decode({24, 10, 26}), "hi  there");
   // HF's Metaspace decoder drops every ▁ of the first token when it prepends, not only a leading one.
   EXPECT_EQ(split.decode({10, 10, 24}), "  hi");
   EXPECT_EQ(split.decode({10, 24}), " hi");
-  const Tokenizer never = load(with_metaspace("never", true));
+  const Tokenizer never = load_json(with_metaspace("never", true));
   EXPECT_EQ(never.decode({10, 24}), "  hi");
 }
 

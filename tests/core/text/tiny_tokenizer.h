@@ -4,6 +4,7 @@
 #pragma once
 
 #include "text/byte_level.h"
+#include "text/tokenizer.h"
 #include "support/temp_dir.h"
 
 #include <nlohmann/json.hpp>
@@ -105,6 +106,14 @@ inline std::filesystem::path write_text(const std::filesystem::path& file, const
 
 inline std::filesystem::path write_json(const TempDir& dir, const nlohmann::json& j, const std::string& name = "tokenizer.json") {
   return write_text(dir.path() / name, j.dump(1));
+}
+
+// A tokenizer loaded from `j` written to a folder of its own; the folder
+// may go afterwards, as load reads everything.
+inline text::Tokenizer load_json(const nlohmann::json& j) {
+  static int count = 0;
+  TempDir dir("tok" + std::to_string(count++));
+  return text::Tokenizer::load(write_json(dir, j));
 }
 
 #ifdef DFLASH_TOKENIZER_NODE_DIR

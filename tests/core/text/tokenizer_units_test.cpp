@@ -24,11 +24,7 @@ using nlohmann::json;
 
 namespace {
 
-Tokenizer tiny(const json& j = tiny_tokenizer_json()) {
-  static int count = 0;
-  TempDir dir("tok" + std::to_string(count++));
-  return Tokenizer::load(write_json(dir, j));  // read fully at load: the folder may go
-}
+Tokenizer tiny(const json& j = tiny_tokenizer_json()) { return dflash::test::load_json(j); }
 
 const std::string kFFFD = "\xEF\xBF\xBD";
 
