@@ -202,8 +202,9 @@ Unit llama3_turn(const Message& m) {
 // the format has a place for it: the first user turn) and raise on other
 // orders. A tool or later system message in an assistant's place they write
 // as a turn of that role (Gemma 3) or drop (Llama 2): refused here as well.
+// takes_system: the format writes a first system message (Mistral's does not).
 void check_alternating_turns(const std::vector<Message>& messages, size_t first, ChatFormat format,
-                             const char* whose_template) {
+                             const char* whose_template, bool takes_system) {
   const std::string name(chat_format_name(format));
   if (first == 1 && messages.size() == 1)
     throw std::invalid_argument(name + " writes a system message into the first user turn, and the conversation has none");
@@ -211,12 +212,12 @@ void check_alternating_turns(const std::vector<Message>& messages, size_t first,
     const Message& m = messages[i];
     if (m.role == "system")
       throw std::invalid_argument(
-          format == ChatFormat::kMistral
-              ? name + " has no system message (" + whose_template + " refuses one); merge it into the first user message"
-              : name + " takes a system message only as the first message (it opens the first user turn); merge the "
-                       "later one into it");
-    if (format == ChatFormat::kMistral) require_role(m, {"user", "assistant"}, format);
-    else require_role(m, {"system", "user", "assistant"}, format);
+          takes_system
+              ? name + " takes a system message only as the first message (it opens the first user turn); merge the "
+                       "later one into it"
+              : name + " has no system message (" + whose_template + " refuses one); merge it into the first user message");
+    if (takes_system) require_role(m, {"system", "user", "assistant"}, format);
+    else require_role(m, {"user", "assistant"}, format);
     const char* expected = (i - first) % 2 == 0 ? "user" : "assistant";
     if (m.role != expected)
       throw std::invalid_argument(
@@ -237,7 +238,7 @@ Unit gemma3_turn(const Message& m, const std::string& prefix) {
 std::vector<Unit> gemma3_units(const std::vector<Message>& messages) {
   const bool has_system = !messages.empty() && messages[0].role == "system";
   const size_t first_turn = has_system ? 1 : 0;
-  check_alternating_turns(messages, first_turn, ChatFormat::kGemma3, "Gemma 3's template");
+  check_alternating_turns(messages, first_turn, ChatFormat::kGemma3, "Gemma 3's template", /*takes_system=*/true);
   // Gemma has no system turn: the system text, unstripped, opens the first
   // user turn, before that turn's stripped content.
   const std::string system_prefix = has_system ? messages[0].content + "\n\n" : "";
@@ -304,7 +305,7 @@ bool deepseek_v3_ends_in_tool_outputs(const std::vector<Message>& messages) {
 // together, so a unit begins at </s> rather than after it: </s> is the
 // previous answer's end (learnt), the space and the next user turn are not.
 std::vector<Unit> mistral_units(const std::vector<Message>& messages) {
-  check_alternating_turns(messages, 0, ChatFormat::kMistral, "Mistral-7B-Instruct's template");
+  check_alternating_turns(messages, 0, ChatFormat::kMistral, "Mistral-7B-Instruct's template", /*takes_system=*/false);
   std::vector<Unit> units = {{{kSentenceStart, false}}};
   for (const Message& m : messages) {
     if (m.role == "user") {
@@ -329,7 +330,7 @@ std::vector<Unit> mistral_units(const std::vector<Message>& messages) {
 std::vector<Unit> llama2_units(const std::vector<Message>& messages) {
   const bool has_system = !messages.empty() && messages[0].role == "system";
   const size_t first_turn = has_system ? 1 : 0;
-  check_alternating_turns(messages, first_turn, ChatFormat::kLlama2, "Llama 2's template");
+  check_alternating_turns(messages, first_turn, ChatFormat::kLlama2, "Llama 2's template", /*takes_system=*/true);
   std::vector<Unit> units;
   for (size_t i = first_turn; i < messages.size(); ++i) {
     const Message& m = messages[i];
