@@ -576,7 +576,7 @@ int train(const CliOptions& options) {
   }
 }
 
-// eval's TensorBoard file, beside its report: the report's numbers but the
+// eval's TensorBoard file, beside its report: the report's numbers except the
 // per-prompt details, tagged eval/<key> as the periodic evaluation's are
 // eval_<key> in training; at the step of the checkpoint evaluated
 // (a step-N folder; 0 otherwise).

@@ -89,8 +89,14 @@ void replace_file(const std::string& path, const std::string& bytes) {
     std::remove(temporary.c_str());
     throw;
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0 || std::rename(temporary.c_str(), path.c_str()) != 0)
-    throw std::runtime_error(path + ": cannot replace the TensorBoard event file (" + errno_text() + ")");
+  // The descriptor is closed and a half-made temporary removed whichever step fails.
+  const bool synced = ::fsync(fd) == 0;
+  const bool closed = ::close(fd) == 0;
+  if (!synced || !closed || std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const std::string reason = errno_text();
+    std::remove(temporary.c_str());
+    throw std::runtime_error(path + ": cannot replace the TensorBoard event file (" + reason + ")");
+  }
 }
 
 // Reads the fields of an Event payload this writer and TensorBoard's make:
