@@ -11,7 +11,9 @@
 #      DFLASH_DEMO_USUAL_KERNELS=0 skips it), and in fp32 on request
 #      (DFLASH_DEMO_FP32_CHECK=1); then DDTree verification at node budgets
 #      16, 32, 64, 128 (4d, DFLASH_DEMO_TREE_NODES; "" skips it); on request
-#      (DFLASH_DEMO_EAGLE3=1) an EAGLE-3 drafter beside DFlash (4e).
+#      (DFLASH_DEMO_EAGLE3=1) an EAGLE-3 drafter beside DFlash (4e); on request
+#      (DFLASH_DEMO_SCALE=16) the chain and the trees again on the scale model,
+#      target and drafter widened 16 times with their functions kept (4f).
 # Everything is made inside the run (nothing survives between device calls).
 #
 #   scripts/gpu_demo.sh            # on the GPU machine; carry .deps/debs and .corpus
@@ -64,6 +66,11 @@ eagle3_vocab="${DFLASH_DEMO_EAGLE3_VOCAB:-2048}"  # a quarter of the demo target
 # 4d: DDTree verification (docs/eval.md, "Draft trees") with the same drafter and
 # prompts at each node budget, beside the chain of stage 4 ("" skips it).
 tree_nodes="${DFLASH_DEMO_TREE_NODES-16 32 64 128}"
+# 4f: the scale model (DFLASH_DEMO_SCALE=16, say; 0 or 1: off), its tree budgets and prompts.
+scale_factor="${DFLASH_DEMO_SCALE:-0}"
+scale_tree_nodes="${DFLASH_DEMO_SCALE_TREE_NODES:-16 32 64 128}"
+scale_prompts="${DFLASH_DEMO_SCALE_PROMPTS:-16}"
+scale_heads="${DFLASH_DEMO_SCALE_HEADS:-4}"  # each attention head repeated this many times (scale_model.py --head-factor)
 # DFLASH_DEMO_PROFILE=true: the drafter's training logs phase_seconds per step (train.profile_phases).
 # A warm device machine keeps the last call's files: a run left in $work/run
 # would be resumed (and, at train.steps already, not trained at all), so what
@@ -199,6 +206,47 @@ if [ -n "$tree_nodes" ]; then
     --drafter-checkpoint "$work/run" --prompts "$work/eval_prompts.jsonl" --max-prompts "$profile_prompts" \
     --max-new-tokens "$eval_new_tokens" --arms exact --verify tree --tree-nodes "$tree_profile_nodes" \
     --json "$out/decode_profile_tree.json" >/dev/null 2>>"$log" || true
+fi
+
+# 4f (DFLASH_DEMO_SCALE=r, a power of two; off by default): the chain and the
+# trees again on the scale model, the trained target and drafter widened r
+# times (scripts/gpu_demo/scale_model.py: the same functions, up to rounding,
+# at r² times the weights), so the target's pass is memory-bound and costs
+# what a real LLM's does at batch 1. The chain's eval decodes with the target
+# alone too (the lossless check, the speed-up); the trees' skip it (their
+# outputs are compared with the chain's by summarize.py, and their speed with
+# the chain's speculative tokens/s), which keeps the stage within minutes.
+if [ "$scale_factor" -gt 1 ] && [ "$target_family" = "qwen3" ]; then
+  stage scale "4f. the scale model: target and drafter widened ${scale_factor}x, chain and trees of $scale_tree_nodes nodes, $scale_prompts prompts"
+  scale_dir="$work/scale"
+  # In memory where it fits (the scale target is r² times the target's weights).
+  shm_free=$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -1 || echo 0)
+  [ "${shm_free:-0}" -gt $((64 * 1024 * 1024 * 1024)) ] && scale_dir=/dev/shm/dflash-demo-scale
+  rm -rf "$scale_dir"
+  if python3 "$root/scripts/gpu_demo/scale_model.py" --factor "$scale_factor" --head-factor "$scale_heads" --target "$work/target" "$scale_dir/target" \
+    --drafter "$work/run" "$scale_dir/drafter" --check-prompts "$work/eval_prompts.jsonl" --json "$out/scale_model.json" 2>&1 | tee -a "$log"; then
+    scale_paths=(--set "target.path=$scale_dir/target" --drafter-checkpoint "$scale_dir/drafter" --prompts "$work/eval_prompts.jsonl"
+      --max-prompts "$scale_prompts" --max-new-tokens "$eval_new_tokens")
+    "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${scale_paths[@]}" --report "$out/eval_scale_chain.json" 2>&1 |
+      tee -a "$log" || note "the scale model's chain eval failed (see above)"
+    for nodes in $scale_tree_nodes; do
+      "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${scale_paths[@]}" --verify tree --tree-nodes "$nodes" --no-baseline \
+        --report "$out/eval_scale_tree_$nodes.json" 2>&1 | tee -a "$log" || note "the scale model's tree eval at $nodes nodes failed (see above)"
+    done
+    # Where the scale model's steps spend their time (DFLASH_DEMO_SCALE_PROFILE=1):
+    # decode_bench's phases, chain and the largest tree, exact kernels.
+    if [ "${DFLASH_DEMO_SCALE_PROFILE:-0}" = "1" ]; then
+      for verify in chain "tree --tree-nodes ${scale_tree_nodes##* }"; do
+        "$build/bin/decode_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$scale_dir/target" \
+          --drafter-checkpoint "$scale_dir/drafter" --prompts "$work/eval_prompts.jsonl" --max-prompts "$profile_prompts" \
+          --max-new-tokens "$eval_new_tokens" --arms exact --verify $verify \
+          --json "$out/decode_profile_scale_${verify%% *}.json" >/dev/null 2>>"$log" || true
+      done
+    fi
+  else
+    note "the scale model could not be made (see above)"
+  fi
+  rm -rf "$scale_dir"
 fi
 
 if [ "${DFLASH_DEMO_UNSEEN:-0}" = "1" ]; then

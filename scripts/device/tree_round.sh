@@ -6,23 +6,29 @@
 #   scripts/device/tree_round.sh [OUTDIR]      (carry .deps/debs and .corpus)
 # The demo runs shortened to fit one 10-minute call with the build and the
 # tests (its DFLASH_DEMO_* settings below; any set in the environment win).
+# TREE_ROUND_TESTS=0 skips the GPU tests (and their build). The sweep on the
+# scale model (stage 4f) instead of the demo target's own:
+#   TREE_ROUND_TESTS=0 DFLASH_DEMO_SCALE=16 DFLASH_DEMO_TREE_NODES= DFLASH_DEMO_TARGET_SECONDS=45 \
+#     scripts/device.sh tree_round "$OUT"
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-${OUT:-/tmp/tree_round}}
 mkdir -p "$out"
 date -u +%Y-%m-%dT%H:%MZ > "$out/machine.txt"
 nvidia-smi --query-gpu=name,memory.total --format=csv >> "$out/machine.txt" 2>&1 || true
-DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host decode_bench target_tests drafter_tests eval_tests \
+tests=${TREE_ROUND_TESTS:-1}
+test_targets=""; [ "$tests" = 1 ] && test_targets="target_tests drafter_tests eval_tests"
+DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host decode_bench $test_targets \
 dflash_target_hf_decoder dflash_drafter_dflash dflash_drafter_prompt_lookup dflash_data_jsonl dflash_data_synthetic \
 dflash_loss_fused_ckpt_kl dflash_scheduler_constant dflash_scheduler_warmup_cosine" \
   "$root/scripts/device/build.sh" > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
 bin="$root/build-gpu/bin"
-{
+[ "$tests" = 1 ] && {
   "$bin/target_tests" --gtest_filter='HfDecoder.*Exact*:HfDecoder.*Stream*:HfDecoder.CudaKernels*'
   "$bin/drafter_tests" --gtest_filter='DFlashFusedDrafting.*'
   "$bin/eval_tests" --gtest_filter='Tree*:DraftTree*'
 } 2>&1 | grep -v "\[info\]" > "$out/gpu_tests.txt"
-grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \] [A-Z]" "$out/gpu_tests.txt"
+[ "$tests" = 1 ] && grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \] [A-Z]" "$out/gpu_tests.txt"
 export DFLASH_DEMO_SKIP_BUILD=1
 export DFLASH_DEMO_TARGET_SECONDS="${DFLASH_DEMO_TARGET_SECONDS:-60}"
 export DFLASH_DEMO_GENERATE_PROMPTS="${DFLASH_DEMO_GENERATE_PROMPTS:-12288}"

@@ -104,6 +104,50 @@ def tree_sweep(out_dir):
     return dict(sorted(sweep.items()))
 
 
+def against_chain(chain, tree):
+    """A tree eval of stage 4f (run without decoding by the target alone:
+    --no-baseline) made whole from the chain's eval of the same call: its
+    speed-up over the chain's target-alone tokens/s, and its outputs compared
+    with the chain's where those matched greedy decoding (a tree output equal
+    to such a chain output is equal to greedy decoding's)."""
+    out = dict(tree)
+    if "speedup" not in out and chain.get("greedy_tokens_per_s"):
+        out["greedy_tokens_per_s"] = chain["greedy_tokens_per_s"]
+        out["speedup"] = tree["speculative_tokens_per_s"] / chain["greedy_tokens_per_s"]
+    chain_rows = {row["line"]: row for row in chain.get("per_prompt", [])}
+    same = checked = 0
+    for row in tree.get("per_prompt", []):
+        theirs = chain_rows.get(row["line"])
+        if theirs is not None and theirs.get("identical_to_greedy"):
+            checked += 1
+            same += row.get("tokens") == theirs.get("tokens")
+    out["identical_prompts"] = same
+    out["lossless_checked_prompts"] = checked
+    out["lossless"] = same == checked == tree.get("prompts")
+    return out
+
+
+def scale_sweep(out_dir):
+    """Stage 4f: the scale model's chain eval and its tree evals by node
+    budget, the trees' made whole from the chain's (against_chain)."""
+    chain = load(os.path.join(out_dir, "eval_scale_chain.json"))
+    sweep = {}
+    for name in os.listdir(out_dir):
+        m = re.fullmatch(r"eval_scale_tree_(\d+)\.json", name)
+        report = load(os.path.join(out_dir, name)) if m else None
+        if report:
+            sweep[int(m.group(1))] = against_chain(chain, report) if chain else report
+    return chain, dict(sorted(sweep.items()))
+
+
+def tree_ratios(chain, sweep):
+    """τ and speed against the chain's, by node budget; the speed ratio is of
+    speculative tokens/s, the same as of speed-ups over one target-alone figure."""
+    return {n: {"tau_ratio_to_chain": r["tau_mean"] / chain["tau_mean"],
+                "speed_ratio_to_chain": r["speculative_tokens_per_s"] / chain["speculative_tokens_per_s"]}
+            for n, r in sweep.items() if chain.get("tau_mean") and chain.get("speculative_tokens_per_s")}
+
+
 def plot_trees(chain, sweep, path):
     """τ and speed-up against the node budget, the chain's as a line across."""
     try:
@@ -258,6 +302,36 @@ def main():
                 f"{sweep[n].get('speedup', 0) / dflash['speedup']:.2f}x" for n in sweep) + f" (best budget: {best})")
         if plot_trees(dflash, sweep, os.path.join(args.out, "trees.png")):
             lines.append("tree curves: trees.png")
+    scale = load(os.path.join(args.out, "scale_model.json"))
+    scale_chain, scale_trees = scale_sweep(args.out)
+    if scale or scale_chain:
+        factor = (scale or {}).get("factor", "?")
+        results["scale_model"] = dict(scale or {}, chain=eval_summary(scale_chain),
+                                      trees={str(n): eval_summary(r) for n, r in scale_trees.items()})
+        check = (scale or {}).get("check", {})
+        lines.append("")
+        lines.append(f"scale model (stage 4f): target and drafter widened {factor}x, the same functions up to rounding; "
+                     f"target {check.get('scale_target_parameters', 0) / 1e9:.2f} B parameters, its greedy choices "
+                     f"{check.get('greedy_agreement', 0):.1%} the trained target's on {check.get('positions', 0)} positions "
+                     f"(largest logit difference {check.get('max_abs_logit_difference', 0):.3f})")
+        lines.append("")
+        lines.append(lines[0])
+        lines.append(lines[1])
+        lines.append(eval_row(f"scale model, chain", scale_chain))
+        for nodes, report in scale_trees.items():
+            lines.append(eval_row(f"scale model, draft tree of {nodes} nodes (no target-alone run: the chain's)", report))
+        if scale_chain and scale_trees:
+            ratios = tree_ratios(scale_chain, scale_trees)
+            for n, figures in ratios.items():
+                results["scale_model"]["trees"][str(n)].update(figures)
+            if ratios:
+                best = max(ratios, key=lambda n: ratios[n]["speed_ratio_to_chain"])
+                lines.append("scale model, draft trees against the chain: " + ", ".join(
+                    f"{n} nodes tau {f['tau_ratio_to_chain']:.2f}x, speed {f['speed_ratio_to_chain']:.2f}x"
+                    for n, f in ratios.items()) + f" (best budget: {best})")
+            if plot_trees(scale_chain, scale_trees, os.path.join(args.out, "trees_scale.png")):
+                lines.append("scale model tree curves: trees_scale.png")
+        lines.append("")
     if "tau_ratio_to_prompt_lookup" in results:
         lines.append(f"tau ratio DFlash / prompt lookup: {results['tau_ratio_to_prompt_lookup']:.2f}")
     loops = repeated_ngram_share(lookup or dflash)
@@ -292,7 +366,13 @@ def main():
                      f"{measured / 2**30:.2f} GiB ({100 * (planned - measured) / measured:+.1f} %)")
     if tree_profile:
         results["decode_profile_tree"] = tree_profile
-    for arm in (profile or {}).get("arms", []) + [dict(a, arm=a["arm"] + ", tree") for a in (tree_profile or {}).get("arms", [])]:
+    scale_profiles = {kind: load(os.path.join(args.out, f"decode_profile_scale_{kind}.json")) for kind in ("chain", "tree")}
+    for kind, scale_profile in scale_profiles.items():
+        if scale_profile:
+            results.setdefault("scale_model", {})[f"decode_profile_{kind}"] = scale_profile
+    labelled = [(profile, ""), (tree_profile, ", tree"), (scale_profiles["chain"], ", scale model"),
+                (scale_profiles["tree"], ", scale model, tree")]
+    for arm in [dict(a, arm=a["arm"] + suffix) for p, suffix in labelled for a in (p or {}).get("arms", [])]:
         g, sp = arm.get("greedy", {}), arm.get("speculative", {})
         phases = ", ".join(f"{k} {v:.3f}" for k, v in sp.get("profiled_ms_per_step", {}).items())
         lines.append(f"decode profile, {arm['arm']}: target alone {g.get('ms_per_token', 0):.3f} ms/token; speculative "
