@@ -572,18 +572,28 @@ template <class T>
 void invariant_linear_typed(const void* x, const void* w, const void* bias, const void* residual, void* out, int64_t rows,
                             int64_t out_features, int64_t in_features, cudaStream_t stream) {
   if (rows == 0 || out_features == 0) return;
+  // Every row tile in one block where there are at most 9 (a draft tree of up
+  // to 128 nodes and the newest token): each weight is then read from memory
+  // once, as for a chain's block, where two blocks of rows would read it twice.
+  // 7 tiles take the 8-tile kernel (one tile of zeros).
   const int64_t tiles = (rows + 15) / 16;
-  const int per_block = tiles >= 8 ? 8 : tiles >= 4 ? 4 : tiles >= 2 ? 2 : 1;
+  const int per_block = tiles > 9 ? 8 : tiles == 7 ? 8 : static_cast<int>(tiles);
   const dim3 blocks(static_cast<unsigned>((out_features + 7) / 8), static_cast<unsigned>((tiles + per_block - 1) / per_block));
   auto launch = [&](auto kernel) {
     kernel<<<blocks, kLinearWarps * 32, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(w),
                                                      static_cast<const T*>(bias), static_cast<const T*>(residual),
                                                      static_cast<T*>(out), static_cast<int>(rows), out_features, in_features);
   };
-  if (per_block == 8) launch(invariant_linear_kernel<T, 8>);
-  else if (per_block == 4) launch(invariant_linear_kernel<T, 4>);
-  else if (per_block == 2) launch(invariant_linear_kernel<T, 2>);
-  else launch(invariant_linear_kernel<T, 1>);
+  switch (per_block) {
+    case 9: launch(invariant_linear_kernel<T, 9>); break;
+    case 8: launch(invariant_linear_kernel<T, 8>); break;
+    case 6: launch(invariant_linear_kernel<T, 6>); break;
+    case 5: launch(invariant_linear_kernel<T, 5>); break;
+    case 4: launch(invariant_linear_kernel<T, 4>); break;
+    case 3: launch(invariant_linear_kernel<T, 3>); break;
+    case 2: launch(invariant_linear_kernel<T, 2>); break;
+    default: launch(invariant_linear_kernel<T, 1>); break;
+  }
   check_launch("invariant_linear");
 }
 

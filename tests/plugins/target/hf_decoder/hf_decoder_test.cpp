@@ -629,65 +629,71 @@ TEST_F(HfDecoder, ExactDecodingGivesATreeNodeTheNumbersItsPathGetsAlone) {
   ASSERT_TRUE(target.can_verify_tree());
   torch::manual_seed(23);
   const auto prompt = torch::randint(0, t.vocab, {29}, torch::kLong);
-  // 40 nodes: node i's parent is drawn from the nodes before it (the root's is -1).
-  const int64_t n = 40;
-  std::vector<int64_t> parents = {-1};
-  for (int64_t i = 1; i < n; ++i) parents.push_back(torch::randint(0, i, {1}, torch::kLong).item<int64_t>());
-  const auto tokens = torch::randint(0, t.vocab, {n}, torch::kLong);
-  const std::vector<int64_t> layers = {1, 3};
-  std::vector<NamedTensors> alone_results;  // node i's path decoded one token at a time
-  for (int64_t i = 0; i < n; ++i) {
-    std::vector<int64_t> path;
-    for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) path.insert(path.begin(), a);
-    const int64_t alone = target.decode_begin(128);
-    target.decode_extend(alone, prompt, {}, false);
-    NamedTensors last;
-    for (int64_t node : path) last = target.decode_extend(alone, tokens.narrow(0, node, 1), layers, true);
-    target.decode_end(alone);
-    alone_results.push_back(last);
-  }
-  // Three times: eagerly, captured as a CUDA graph (a node count's second
-  // use), replayed.
-  for (int round = 0; round < 3; ++round) {
-    const int64_t session = target.decode_begin(128);
-    target.decode_extend(session, prompt, {}, false);
-    const int64_t replays = target.describe().at("decode_graph_stats").at("replayed").get<int64_t>();
-    const NamedTensors tree = target.decode_verify_tree(session, tokens, parents, layers, true);
-    const int64_t replays_after = target.describe().at("decode_graph_stats").at("replayed").get<int64_t>();
-    EXPECT_EQ(replays_after - replays, round == 0 ? 0 : 1) << "round " << round << ": the tree step graphed from its second use";
-    target.decode_end(session);
+  // 40 nodes (3 row tiles of the linear kernels) and 129 (a 128-node tree
+  // and the newest token: 9 tiles, the most one block takes): node i's parent
+  // is drawn from the nodes before it (the root's is -1).
+  for (const int64_t n : {int64_t{40}, int64_t{129}}) {
+    SCOPED_TRACE(std::to_string(n) + " nodes");
+    const int64_t capacity = 192;
+    std::vector<int64_t> parents = {-1};
+    for (int64_t i = 1; i < n; ++i) parents.push_back(torch::randint(0, i, {1}, torch::kLong).item<int64_t>());
+    const auto tokens = torch::randint(0, t.vocab, {n}, torch::kLong);
+    const std::vector<int64_t> layers = {1, 3};
+    std::vector<NamedTensors> alone_results;  // node i's path decoded one token at a time
     for (int64_t i = 0; i < n; ++i) {
-      const NamedTensors& last = alone_results[static_cast<size_t>(i)];
-      EXPECT_TRUE(torch::equal(get(tree, "logits").reshape({n, -1})[i], get(last, "logits").reshape({-1})))
-          << "node " << i << ", round " << round;
-      EXPECT_TRUE(torch::equal(get(tree, "hidden.3").reshape({n, -1})[i], get(last, "hidden.3").reshape({-1})))
-          << "node " << i << ", round " << round;
+      std::vector<int64_t> path;
+      for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) path.insert(path.begin(), a);
+      const int64_t alone = target.decode_begin(capacity);
+      target.decode_extend(alone, prompt, {}, false);
+      NamedTensors last;
+      for (int64_t node : path) last = target.decode_extend(alone, tokens.narrow(0, node, 1), layers, true);
+      target.decode_end(alone);
+      alone_results.push_back(last);
     }
+    // Three times: eagerly, captured as a CUDA graph (a node count's second
+    // use), replayed.
+    for (int round = 0; round < 3; ++round) {
+      const int64_t session = target.decode_begin(capacity);
+      target.decode_extend(session, prompt, {}, false);
+      const int64_t replays = target.describe().at("decode_graph_stats").at("replayed").get<int64_t>();
+      const NamedTensors tree = target.decode_verify_tree(session, tokens, parents, layers, true);
+      const int64_t replays_after = target.describe().at("decode_graph_stats").at("replayed").get<int64_t>();
+      EXPECT_EQ(replays_after - replays, round == 0 ? 0 : 1)
+          << "round " << round << ": the tree step graphed from its second use";
+      target.decode_end(session);
+      for (int64_t i = 0; i < n; ++i) {
+        const NamedTensors& last = alone_results[static_cast<size_t>(i)];
+        EXPECT_TRUE(torch::equal(get(tree, "logits").reshape({n, -1})[i], get(last, "logits").reshape({-1})))
+            << "node " << i << ", round " << round;
+        EXPECT_TRUE(torch::equal(get(tree, "hidden.3").reshape({n, -1})[i], get(last, "hidden.3").reshape({-1})))
+            << "node " << i << ", round " << round;
+      }
+    }
+    const auto graphs_after = target.describe().at("decode_graph_stats");
+    EXPECT_EQ(graphs_after.at("failed").get<int64_t>(), 0) << graphs_after.dump();
+    const int64_t session = target.decode_begin(capacity);
+    target.decode_extend(session, prompt, {}, false);
+    target.decode_verify_tree(session, tokens, parents, layers, true);
+    // Accept the deepest node's path; the next token continues as the chain's.
+    int64_t deepest = 0, depth_of_deepest = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t d = 0;
+      for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) ++d;
+      if (d > depth_of_deepest) deepest = i, depth_of_deepest = d;
+    }
+    std::vector<int64_t> path;
+    for (int64_t a = deepest; a >= 0; a = parents[static_cast<size_t>(a)]) path.insert(path.begin(), a);
+    target.decode_accept_path(session, path);
+    const auto next = torch::randint(0, t.vocab, {1}, torch::kLong);
+    const auto after_tree = target.decode_extend(session, next, {}, true);
+    const int64_t chain = target.decode_begin(capacity);
+    target.decode_extend(chain, prompt, {}, false);
+    for (int64_t node : path) target.decode_extend(chain, tokens.narrow(0, node, 1), {}, false);
+    const auto after_chain = target.decode_extend(chain, next, {}, true);
+    EXPECT_TRUE(torch::equal(get(after_tree, "logits"), get(after_chain, "logits")));
+    target.decode_end(chain);
+    target.decode_end(session);
   }
-  const auto graphs_after = target.describe().at("decode_graph_stats");
-  EXPECT_EQ(graphs_after.at("failed").get<int64_t>(), 0) << graphs_after.dump();
-  const int64_t session = target.decode_begin(128);
-  target.decode_extend(session, prompt, {}, false);
-  target.decode_verify_tree(session, tokens, parents, layers, true);
-  // Accept the deepest node's path; the next token continues as the chain's.
-  int64_t deepest = 0, depth_of_deepest = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t d = 0;
-    for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) ++d;
-    if (d > depth_of_deepest) deepest = i, depth_of_deepest = d;
-  }
-  std::vector<int64_t> path;
-  for (int64_t a = deepest; a >= 0; a = parents[static_cast<size_t>(a)]) path.insert(path.begin(), a);
-  target.decode_accept_path(session, path);
-  const auto next = torch::randint(0, t.vocab, {1}, torch::kLong);
-  const auto after_tree = target.decode_extend(session, next, {}, true);
-  const int64_t chain = target.decode_begin(128);
-  target.decode_extend(chain, prompt, {}, false);
-  for (int64_t node : path) target.decode_extend(chain, tokens.narrow(0, node, 1), {}, false);
-  const auto after_chain = target.decode_extend(chain, next, {}, true);
-  EXPECT_TRUE(torch::equal(get(after_tree, "logits"), get(after_chain, "logits")));
-  target.decode_end(chain);
-  target.decode_end(session);
 }
 
 TEST_F(HfDecoder, BadRequestsFailClearly) {
