@@ -40,12 +40,12 @@ choices agree and the largest logit difference (GPU machine: torch,
 safetensors, transformers).
 """
 import argparse
+import array
 import json
+import math
 import os
 import shutil
-
-import torch
-from safetensors.torch import load_file, save_file
+import struct
 
 HEAD_NORMS = ("q_norm.weight", "k_norm.weight")  # over one head's dimensions: unchanged
 WIDENED_SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
@@ -77,6 +77,102 @@ def widen(name, w, r, h, hidden):
     return w.repeat(r, r) / r  # projections: both sides repeated
 
 
+class TorchWeights:
+    """The GPU machine's way: torch and safetensors, the arithmetic in fp32 on
+    the device, the widened weights written in bf16."""
+    dtype_name = "bfloat16"
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def load(self, path):
+        from safetensors.torch import load_file
+        return {name: w.to(self.device, self.torch.float32) for name, w in load_file(path).items()}
+
+    def save(self, path, tensors):
+        from safetensors.torch import save_file
+        save_file({name: w.to(self.torch.bfloat16).cpu().contiguous() for name, w in tensors.items()}, path,
+                  metadata={"format": "pt"})
+
+
+class Flat:
+    """A tensor as a flat list of floats, row-major: the few operations
+    widen() uses, with torch's meaning (repeat tiles each axis)."""
+
+    def __init__(self, shape, data):
+        self.shape, self.data = tuple(shape), data
+
+    def dim(self):
+        return len(self.shape)
+
+    def reshape(self, *shape):
+        if math.prod(shape) != len(self.data):
+            raise ValueError(f"cannot reshape {list(self.shape)} to {list(shape)}")
+        return Flat(shape, self.data)
+
+    def __truediv__(self, divisor):
+        return Flat(self.shape, [v / divisor for v in self.data])
+
+    def repeat(self, *reps):
+        def tile(data, shape, reps):
+            if len(shape) == 1:
+                return data * reps[0]
+            inner = math.prod(shape[1:])
+            rows = []
+            for i in range(shape[0]):
+                rows.extend(tile(data[i * inner:(i + 1) * inner], shape[1:], reps[1:]))
+            return rows * reps[0]
+        return Flat([n * k for n, k in zip(self.shape, reps)], tile(self.data, self.shape, reps))
+
+
+class PlainWeights:
+    """Plain Python, no torch (the CPU test: tests/core/eval/scale_model_check.py):
+    BF16 or F32 safetensors read, F32 written, so the widened model's
+    arithmetic is the original's in fp32. For small models only."""
+    dtype_name = "float32"
+
+    def load(self, path):
+        with open(path, "rb") as f:
+            header_size = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(header_size))
+            data = f.read()
+        out = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = entry["data_offsets"]
+            raw = data[begin:end]
+            if entry["dtype"] == "F32":
+                values = array.array("f")
+                values.frombytes(raw)
+            elif entry["dtype"] == "BF16":
+                halves = array.array("H")
+                halves.frombytes(raw)
+                values = array.array("f", struct.pack(f"<{len(halves)}I", *[b << 16 for b in halves]))
+            else:
+                raise SystemExit(f"{path}: {name} is {entry['dtype']}; the plain-Python widening reads F32 and BF16")
+            out[name] = Flat(entry["shape"], list(values))
+        return out
+
+    def save(self, path, tensors):
+        header, blobs, offset = {}, [], 0
+        for name, w in tensors.items():
+            blob = array.array("f", w.data).tobytes()
+            header[name] = {"dtype": "F32", "shape": list(w.shape), "data_offsets": [offset, offset + len(blob)]}
+            blobs.append(blob)
+            offset += len(blob)
+        header["__metadata__"] = {"format": "pt"}
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(text)))
+            f.write(text)
+            for blob in blobs:
+                f.write(blob)
+
+
 def weights_file(folder):
     path = os.path.join(folder, "model.safetensors")
     if not os.path.isfile(path):
@@ -95,17 +191,16 @@ def widened_config(config, r, h):
     return out
 
 
-def widen_folder(src, dst, r, h, device, dtype, extra_config=None):
+def widen_folder(src, dst, r, h, weights, extra_config=None):
     """Widens src's model.safetensors into dst; returns dst's config."""
     with open(os.path.join(src, "config.json")) as f:
         config = json.load(f)
     hidden = config["hidden_size"]
     os.makedirs(dst, exist_ok=True)
-    tensors = {}
-    for name, w in load_file(weights_file(src)).items():
-        tensors[name] = widen(name, w.to(device, torch.float32), r, h, hidden).to(dtype).cpu().contiguous()
-    save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    tensors = {name: widen(name, w, r, h, hidden) for name, w in weights.load(weights_file(src)).items()}
+    weights.save(os.path.join(dst, "model.safetensors"), tensors)
     out = widened_config(config, r, h)
+    out.update({"torch_dtype": weights.dtype_name, "dtype": weights.dtype_name})
     out.update(extra_config or {})
     with open(os.path.join(dst, "config.json"), "w") as f:
         json.dump(out, f, indent=2)
@@ -137,6 +232,7 @@ def check_prompts(path, count, length):
 
 
 def load_model(auto, folder, device):
+    import torch
     try:  # straight onto the device where accelerate is installed (the scale target is tens of GB)
         model = auto.from_pretrained(folder, torch_dtype=torch.bfloat16, device_map=device)
     except (ImportError, ValueError):
@@ -146,6 +242,7 @@ def load_model(auto, folder, device):
 
 def check(small_dir, scale_dir, prompts, device):
     """Both targets on the same prompts: greedy agreement and the largest logit gap."""
+    import torch
     from transformers import AutoModelForCausalLM
     agree = positions = 0
     worst = 0.0
@@ -180,6 +277,8 @@ def main():
     p.add_argument("--check-prompts", help="JSON lines with prompt_ids or input_ids: the two targets compared on them")
     p.add_argument("--check-count", type=int, default=4)
     p.add_argument("--json", help="where the figures go (else printed)")
+    p.add_argument("--plain-python", action="store_true",
+                   help="no torch: plain-Python arithmetic, F32 out (small models: the CPU test)")
     a = p.parse_args()
     r, h = a.factor, a.head_factor
     for flag, value in (("--factor", r), ("--head-factor", h)):
@@ -187,15 +286,15 @@ def main():
             raise SystemExit(f"{flag} {value}: must be a power of two (dividing by it is then exact)")
     if h > r:
         raise SystemExit(f"--head-factor {h} is more than --factor {r}")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if a.plain_python and a.check_prompts:
+        raise SystemExit("--check-prompts runs transformers: not with --plain-python")
+    weights = PlainWeights() if a.plain_python else TorchWeights()
     (src, dst), (drafter_src, drafter_dst) = a.target, a.drafter
-    target_config = widen_folder(src, dst, r, h, device, torch.bfloat16,
-                                 {"torch_dtype": "bfloat16", "dtype": "bfloat16", "tie_word_embeddings": False})
+    target_config = widen_folder(src, dst, r, h, weights, {"tie_word_embeddings": False})
     for name in os.listdir(src):  # tokenizer and generation files
         if name not in ("config.json", "model.safetensors") and os.path.isfile(os.path.join(src, name)):
             shutil.copy(os.path.join(src, name), os.path.join(dst, name))
-    drafter_config = widen_folder(drafter_folder(drafter_src), drafter_dst, r, h, device, torch.bfloat16,
-                                  {"torch_dtype": "bfloat16", "dtype": "bfloat16"})
+    drafter_config = widen_folder(drafter_folder(drafter_src), drafter_dst, r, h, weights)
     if drafter_config["hidden_size"] != target_config["hidden_size"]:
         raise SystemExit(f"the widened drafter's hidden_size {drafter_config['hidden_size']} is not the widened "
                          f"target's {target_config['hidden_size']}")
@@ -204,7 +303,7 @@ def main():
                "target_bytes": os.path.getsize(os.path.join(dst, "model.safetensors")),
                "drafter_bytes": os.path.getsize(os.path.join(drafter_dst, "model.safetensors"))}
     if a.check_prompts:
-        figures["check"] = check(src, dst, check_prompts(a.check_prompts, a.check_count, 256), device)
+        figures["check"] = check(src, dst, check_prompts(a.check_prompts, a.check_count, 256), weights.device)
     text = json.dumps(figures)
     if a.json:
         with open(a.json, "w") as f:
