@@ -4,8 +4,11 @@
 
 #include <boost/program_options.hpp>
 
+#include <algorithm>
+#include <charconv>
 #include <sstream>
 #include <stdexcept>
+#include <system_error>
 
 namespace dflash::cli {
 namespace po = boost::program_options;
@@ -75,11 +78,13 @@ po::options_description visible_options() {
       ("report", po::value<std::string>(), "eval: write the full report (per prompt too) to this JSON file; "
        "generate: its figures (tokens/s, settings)")
       ("no-baseline", "eval: skip decoding with the target alone (no lossless check, no speed-up)")
-      ("verify", po::value<std::string>(), "eval: how a step verifies its drafts: chain (the drafter's block, default) or "
-       "tree (DDTree: the best --tree-nodes paths through the drafter's top candidates, one target pass)")
-      ("tree-nodes", po::value<int64_t>(), "eval with --verify tree: drafted nodes per step (the newest token not counted)")
+      ("verify", po::value<std::string>(), "eval: how a step verifies its drafts: chain (the drafter's block, default), "
+       "tree (DDTree: the best --tree-nodes paths through the drafter's top candidates, one target pass), or chain,tree: "
+       "both in one run, one report each and a comparison, the target alone decoding each prompt once")
+      ("tree-nodes", po::value<std::string>(), "eval with --verify tree: drafted nodes per step (the newest token not "
+       "counted); a comma list N1,N2,... runs one tree arm per budget")
       ("draft-tokens", po::value<int64_t>(), "eval with chain verification: tokens the drafter proposes a step (default: "
-       "its block_size - 1, e.g. an EAGLE-3 drafter's trained depth)")
+       "its block_size - 1, e.g. an EAGLE-3 drafter's trained depth); with chain,tree the chain's")
       ("no-warmup", "eval: time the first prompt cold (by default it is decoded once, untimed, before the clocks run)")
       ("batch-size", po::value<int64_t>(), "generate: sequences decoded together, one target pass per step (default 1)")
       ("temperature", po::value<double>(), "generate: sample at this temperature (default 0: greedy)")
@@ -109,6 +114,81 @@ std::string vm_text(const po::variables_map& vm, const char* flag) {
   std::ostringstream out;
   out << vm[flag].as<double>();
   return out.str();
+}
+
+// A comma list's items as written ("16,,32" has an empty one).
+std::vector<std::string> comma_items(const std::string& text) {
+  std::vector<std::string> items;
+  std::string::size_type begin = 0;
+  for (;;) {
+    const std::string::size_type comma = text.find(',', begin);
+    items.push_back(text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
+    if (comma == std::string::npos) return items;
+    begin = comma + 1;
+  }
+}
+
+// --verify's kinds, in order: chain, tree, or both, each once.
+std::vector<std::string> verify_kinds(const std::string& text) {
+  const std::vector<std::string> kinds = comma_items(text);
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    if (kinds[i] != "chain" && kinds[i] != "tree")
+      throw std::invalid_argument("--verify " + text + ": takes chain, tree or chain,tree");
+    for (size_t j = 0; j < i; ++j)
+      if (kinds[j] == kinds[i])
+        throw std::invalid_argument("--verify " + text + ": " + kinds[i] + " is listed twice; takes chain, tree or chain,tree "
+                                    "(a tree arm per budget comes from --tree-nodes N1,N2,...)");
+  }
+  return kinds;
+}
+
+// --tree-nodes N or N1,N2,...: one budget per draft-tree arm, each from 1 to
+// kMaxEvalCount, each once (a sweep evaluates each budget once).
+std::vector<int64_t> tree_budgets(const std::string& text) {
+  const std::vector<std::string> items = comma_items(text);
+  const std::string range = "a number of nodes from 1 to " + std::to_string(kMaxEvalCount);
+  std::vector<int64_t> budgets;
+  for (const std::string& item : items) {
+    int64_t budget = 0;
+    const char* end = item.data() + item.size();
+    const auto [stop, error] = std::from_chars(item.data(), end, budget);
+    const bool out_of_range = error == std::errc::result_out_of_range;
+    if ((error != std::errc() && !out_of_range) || stop != end)
+      throw std::invalid_argument("--tree-nodes " + text + ": '" + item + "' is not a number of nodes; give N or a comma "
+                                  "list N1,N2,... (e.g. 16,32,64,128)");
+    if (out_of_range || budget < 1 || budget > kMaxEvalCount)
+      throw std::invalid_argument("--tree-nodes " + text + ": " +
+                                  (items.size() == 1 ? "takes " + range : item + " is out of range; each budget takes " + range));
+    if (std::find(budgets.begin(), budgets.end(), budget) != budgets.end())
+      throw std::invalid_argument("--tree-nodes " + text + ": " + std::to_string(budget) + " is listed twice; give each budget once");
+    budgets.push_back(budget);
+  }
+  return budgets;
+}
+
+// eval's arms, built once here: the chain where --verify lists it, a tree
+// per --tree-nodes budget where it lists tree, in --verify's order.
+std::vector<eval::Verification> eval_arms(const po::variables_map& vm) {
+  const std::string verify = vm.count("verify") ? vm["verify"].as<std::string>() : "chain";
+  const std::vector<std::string> kinds = verify_kinds(verify);
+  const std::vector<int64_t> budgets = vm.count("tree-nodes") ? tree_budgets(vm["tree-nodes"].as<std::string>())
+                                                              : std::vector<int64_t>{};
+  const bool chain = std::find(kinds.begin(), kinds.end(), "chain") != kinds.end();
+  const bool tree = std::find(kinds.begin(), kinds.end(), "tree") != kinds.end();
+  if (!chain && vm.count("draft-tokens"))
+    throw std::invalid_argument("--draft-tokens sets a chain's length; a draft tree's size is --tree-nodes");
+  if (tree && budgets.empty())
+    throw std::invalid_argument("--verify " + verify + " needs --tree-nodes N, the drafted nodes a step verifies (DDTree "
+                                "sweeps 16 to 128; a comma list N1,N2,... evaluates each)");
+  if (!tree && !budgets.empty())
+    throw std::invalid_argument("--tree-nodes sizes a draft tree: it needs --verify tree (or chain,tree beside the chain)");
+  std::vector<eval::Verification> arms;
+  for (const std::string& kind : kinds) {
+    if (kind == "chain") arms.push_back(eval::Verification{});
+    else
+      for (int64_t budget : budgets) arms.push_back(eval::Verification{eval::Verification::Kind::kTree, budget});
+  }
+  return arms;
 }
 
 }  // namespace
@@ -238,19 +318,8 @@ CliOptions parse_command_line(int argc, const char* const argv[]) {
   in_range("max-length", options.max_length, 2, "a number of tokens");
   in_range("prompt-tokens", options.prompt_tokens, 1, "a number of tokens");
   in_range("max-prompts", options.max_prompts, 1, "a number of prompts");
-  if (vm.count("verify")) {
-    options.verify = vm["verify"].as<std::string>();
-    if (options.verify != "chain" && options.verify != "tree")
-      throw std::invalid_argument("--verify " + options.verify + ": takes chain or tree");
-  }
-  in_range("tree-nodes", options.tree_nodes, 1, "a number of nodes");
   in_range("draft-tokens", options.draft_tokens, 1, "a number of tokens");
-  if (options.verify == "tree" && vm.count("draft-tokens"))
-    throw std::invalid_argument("--draft-tokens sets a chain's length; a draft tree's size is --tree-nodes");
-  if (options.verify == "tree" && options.tree_nodes == 0)
-    throw std::invalid_argument("--verify tree needs --tree-nodes N, the drafted nodes a step verifies (DDTree sweeps 16 to 128)");
-  if (options.verify != "tree" && vm.count("tree-nodes"))
-    throw std::invalid_argument("--tree-nodes sizes a draft tree: it needs --verify tree");
+  options.verifications = eval_arms(vm);
   if (vm.count("batch-size")) options.batch_size = vm["batch-size"].as<int64_t>();
   if (options.batch_size < 1 || options.batch_size > kMaxBatchSize)
     throw std::invalid_argument("--batch-size " + std::to_string(options.batch_size) + ": takes a number of sequences from 1 to " +

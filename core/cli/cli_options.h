@@ -1,6 +1,8 @@
 // The command line of dflash-host, parsed with Boost.Program_options.
 #pragma once
 
+#include "eval/verification.h"
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -38,9 +40,10 @@ struct CliOptions {
   int64_t max_new_tokens = 128, max_length = 0, prompt_tokens = 64, max_prompts = 0;
   bool baseline = true;                           // --no-baseline turns off
   bool warmup = true;                             // --no-warmup turns off
-  std::string verify = "chain";                   // --verify chain|tree (eval): how drafts are verified
-  int64_t tree_nodes = 0;                         // --tree-nodes N: drafted nodes per step with --verify tree
-  int64_t draft_tokens = 0;                       // --draft-tokens N: a chain's proposals per step (0: the drafter's)
+  // eval's arms, in order, from --verify chain|tree|chain,tree and --tree-nodes
+  // N[,N...]: the chain if listed, and one tree per node budget.
+  std::vector<eval::Verification> verifications = {eval::Verification{}};
+  int64_t draft_tokens = 0;                       // --draft-tokens N: the chain's proposals per step (0: the drafter's)
   // generate (and --prompts, --max-new-tokens, --max-length, --prompt-tokens,
   // --max-prompts, --report, --out)
   int64_t batch_size = 1;                 // --batch-size N: sequences decoded together

@@ -584,10 +584,21 @@ std::string eval_event_file(const std::string& report) {
   const std::filesystem::path path(report);
   return (path.parent_path() / ("events.out.tfevents.eval." + path.stem().string())).string();
 }
-std::vector<std::pair<std::string, float>> eval_scalars(const nlohmann::json& report) {
+std::vector<std::pair<std::string, float>> eval_scalars(const nlohmann::json& report, const std::string& prefix = "eval") {
   nlohmann::json numbers = report;
   numbers.erase("per_prompt");
-  return metrics::scalars_of(numbers, "eval");
+  return metrics::scalars_of(numbers, prefix);
+}
+// Several arms: each arm's numbers under its own name, eval/chain/<key>,
+// eval/tree16/<key>, so that TensorBoard draws the arms side by side.
+std::vector<std::pair<std::string, float>> eval_scalars(const std::vector<nlohmann::json>& reports) {
+  if (reports.size() == 1) return eval_scalars(reports.front());
+  std::vector<std::pair<std::string, float>> scalars;
+  for (const nlohmann::json& report : reports) {
+    const auto arm = eval_scalars(report, "eval/" + eval::arm_tag(eval::verification_of(report)));
+    scalars.insert(scalars.end(), arm.begin(), arm.end());
+  }
+  return scalars;
 }
 int64_t checkpoint_step(std::string checkpoint) {
   while (checkpoint.size() > 1 && checkpoint.back() == '/') checkpoint.pop_back();
@@ -621,18 +632,26 @@ int evaluate(const CliOptions& options) {
   settings.max_prompts = options.max_prompts;
   settings.baseline = options.baseline;
   settings.warmup = options.warmup;
-  if (options.verify == "tree") settings.verification = {eval::Verification::Kind::kTree, options.tree_nodes};
   settings.draft_tokens = options.draft_tokens;
   if (!settings.drafter_checkpoint.empty()) eval::load_drafter_checkpoint(settings.drafter_checkpoint, run.drafter(), target_info);
   const std::vector<eval::Prompt> prompts = eval::read_prompts(settings, target_info);
-  const nlohmann::json report = eval::evaluate(run.target(), run.drafter(), run.drafter_facts(), prompts, settings, target_info);
-  std::cout << eval::format_report(report);
+  const std::vector<nlohmann::json> reports = eval::evaluate_arms(run.target(), run.drafter(), run.drafter_facts(), prompts,
+                                                                  settings, options.verifications, target_info);
+  // One arm: the report as it always was. Several: each arm's, then the
+  // comparison, and the file holds both.
+  nlohmann::json document = reports.front();
+  for (size_t i = 0; i < reports.size(); ++i) std::cout << (i > 0 ? "\n" : "") << eval::format_report(reports[i]);
+  if (reports.size() > 1) {
+    const nlohmann::json comparison = eval::compare_arms(reports);
+    std::cout << "\n" << eval::format_comparison(comparison);
+    document = {{"arms", reports}, {"comparison", comparison}};
+  }
   if (options.report) {
     std::ofstream out(*options.report);
-    if (!(out << report.dump(2) << "\n")) throw std::runtime_error(*options.report + ": cannot write the report");
+    if (!(out << document.dump(2) << "\n")) throw std::runtime_error(*options.report + ": cannot write the report");
     std::cout << "\nreport: " << *options.report << "\n";
     const std::string events = eval_event_file(*options.report);
-    metrics::write_event_file(events, checkpoint_step(settings.drafter_checkpoint), eval_scalars(report));
+    metrics::write_event_file(events, checkpoint_step(settings.drafter_checkpoint), eval_scalars(reports));
     std::cout << "TensorBoard: " << events << "\n";
   }
   return kExitOk;

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iomanip>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -86,125 +87,212 @@ void load_drafter_checkpoint(const std::string& path, const host::DrafterInstanc
   checkpoint::copy_saved(weights, buffers);
 }
 
-nlohmann::json evaluate(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,
-                        const host::DrafterFacts& facts, const std::vector<Prompt>& prompts, const EvalSettings& s,
-                        const nlohmann::json& target_info) {
-  if (!target.can_decode())
-    throw std::invalid_argument(target.record().label() + " cannot decode incrementally (no decode_* slots); eval needs a target that can");
-  if (!drafter.can_draft())
-    throw std::invalid_argument(drafter.record().label() + " cannot propose tokens (no draft_* slots); eval needs a drafter that can");
-  // A step verifies the newest token and its proposals: the drafter's block,
-  // or draft_tokens + 1 where eval sets its own draft length.
-  const int64_t block_size = s.draft_tokens > 0 ? s.draft_tokens + 1 : facts.block_size;
-  if (block_size < kMinDecodeBlockSize)
-    throw std::invalid_argument(drafter.record().label() + ": its block_size is " + std::to_string(block_size) +
-                                "; speculative decoding needs blocks of " + std::to_string(kMinDecodeBlockSize) +
-                                " tokens or more");
-  const std::vector<int64_t>& layer_ids = facts.target_layer_ids;
+namespace {
+
+// An arm as it runs: how it verifies, and the block a step verifies (the
+// newest token and the proposals, or the tree's depth bound).
+struct Arm {
+  Verification verification;
+  int64_t block_size = 0;
+};
+
+DecodeLimits limits_of(const EvalSettings& s, const nlohmann::json& target_info) {
   DecodeLimits limits;
   limits.max_new_tokens = s.max_new_tokens;
   limits.max_length = s.max_length > 0 ? s.max_length : target_info.value("max_position_embeddings", int64_t{0});
   limits.eos_token_ids = target_info.value("eos_token_ids", std::vector<int64_t>{});
+  return limits;
+}
 
-  const Verification& verification = s.verification;
-  if (verification.kind == Verification::Kind::kTree && limits.max_length > 0 && verification.tree_nodes + 1 > limits.max_length)
+// Checked for every arm before anything is decoded: a bad last arm must not
+// cost the others' decoding first.
+Arm plan_arm(const host::DrafterInstance& drafter, const host::DrafterFacts& facts, const EvalSettings& s,
+             const Verification& verification, const DecodeLimits& limits) {
+  const bool tree = verification.kind == Verification::Kind::kTree;
+  // A step verifies the newest token and its proposals: the drafter's block,
+  // or draft_tokens + 1 where eval sets a chain's own length.
+  const int64_t block_size = !tree && s.draft_tokens > 0 ? s.draft_tokens + 1 : facts.block_size;
+  if (block_size < kMinDecodeBlockSize)
+    throw std::invalid_argument(drafter.record().label() + ": its block_size is " + std::to_string(block_size) +
+                                "; speculative decoding needs blocks of " + std::to_string(kMinDecodeBlockSize) +
+                                " tokens or more");
+  if (tree && limits.max_length > 0 && verification.tree_nodes + 1 > limits.max_length)
     throw std::invalid_argument("--tree-nodes " + std::to_string(verification.tree_nodes) + ": a tree of that many nodes and the "
                                 "newest token is beyond the target's context of " + std::to_string(limits.max_length) +
                                 " tokens (max_length, or its max_position_embeddings); verify fewer nodes");
+  return {verification, block_size};
+}
 
+// One arm's figures, prompt by prompt.
+struct ArmTally {
+  explicit ArmTally(const Arm& arm)
+      : arm(arm), offered(static_cast<size_t>(arm.block_size), 0), taken(static_cast<size_t>(arm.block_size), 0) {}
+  Arm arm;
   nlohmann::json per_prompt = nlohmann::json::array();
   std::map<int64_t, int64_t> histogram;  // tokens per verification step → steps
-  std::vector<int64_t> offered(static_cast<size_t>(block_size), 0), taken(static_cast<size_t>(block_size), 0);
-  int64_t steps = 0, step_tokens = 0, spec_tokens = 0, greedy_tokens = 0;
-  double spec_seconds = 0, greedy_seconds = 0;
-  if (s.warmup && !prompts.empty()) {  // untimed, unreported: decoding is deterministic, so it changes no result
-    try {
-      speculative_decode(target, drafter, prompts.front().ids, limits, block_size, layer_ids, nullptr, verification);
-      if (s.baseline) greedy_decode(target, prompts.front().ids, limits);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(where(s.prompts_file, prompts.front().line) + ": " + e.what());
+  std::vector<int64_t> offered, taken;   // by block position: proposals offered, accepted
+  int64_t steps = 0, step_tokens = 0, tokens = 0;
+  double seconds = 0;
+};
+
+// The target alone's figures, shared by every arm.
+struct GreedyTally {
+  int64_t tokens = 0;
+  double seconds = 0;
+};
+
+// Runs one decoding of the prompt at `at` (file:line), its bad input named there.
+template <typename Decode>
+Generation decode_at(const std::string& at, const Decode& decode) {
+  try {
+    return decode();
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(at + ": " + e.what());
+  }
+}
+
+Generation speculative_arm(const host::TargetModelInstance& target, const host::DrafterInstance& drafter, const Prompt& p,
+                           const DecodeLimits& limits, const Arm& arm, const std::vector<int64_t>& layer_ids) {
+  return speculative_decode(target, drafter, p.ids, limits, arm.block_size, layer_ids, nullptr, arm.verification);
+}
+
+// Adds one prompt's speculative decoding to its arm; returns the prompt's
+// row, still without the comparison with the target alone.
+nlohmann::json tally_prompt(ArmTally& tally, const Prompt& p, const Generation& spec) {
+  nlohmann::json row = {{"line", p.line},
+                        {"prompt_tokens", p.ids.size()},
+                        {"generated", spec.tokens.size()},
+                        {"stop_reason", spec.stop_reason},
+                        {"target_passes", spec.target_passes},
+                        {"seconds", spec.seconds},
+                        {"tokens", spec.tokens}};
+  int64_t prompt_step_tokens = 0;
+  for (size_t i = 0; i < spec.step_tokens.size(); ++i) {
+    ++tally.histogram[spec.step_tokens[i]];
+    prompt_step_tokens += spec.step_tokens[i];
+    for (int64_t k = 0; k < spec.step_proposed[i]; ++k) {
+      ++tally.offered[static_cast<size_t>(k + 1)];
+      if (k < spec.step_accepted[i]) ++tally.taken[static_cast<size_t>(k + 1)];
     }
   }
-  for (const Prompt& p : prompts) {
-    const std::string at = where(s.prompts_file, p.line);
-    Generation spec;
-    try {
-      spec = speculative_decode(target, drafter, p.ids, limits, block_size, layer_ids, nullptr, verification);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(at + ": " + e.what());
-    }
-    nlohmann::json row = {{"line", p.line},
-                          {"prompt_tokens", p.ids.size()},
-                          {"generated", spec.tokens.size()},
-                          {"stop_reason", spec.stop_reason},
-                          {"target_passes", spec.target_passes},
-                          {"seconds", spec.seconds}};
-    int64_t prompt_step_tokens = 0;
-    for (size_t i = 0; i < spec.step_tokens.size(); ++i) {
-      ++histogram[spec.step_tokens[i]];
-      prompt_step_tokens += spec.step_tokens[i];
-      for (int64_t k = 0; k < spec.step_proposed[i]; ++k) {
-        ++offered[static_cast<size_t>(k + 1)];
-        if (k < spec.step_accepted[i]) ++taken[static_cast<size_t>(k + 1)];
-      }
-    }
-    steps += static_cast<int64_t>(spec.step_tokens.size());
-    step_tokens += prompt_step_tokens;
-    row["tau"] = spec.step_tokens.empty() ? 0.0 : double(prompt_step_tokens) / double(spec.step_tokens.size());
-    spec_tokens += static_cast<int64_t>(spec.tokens.size());
-    spec_seconds += spec.seconds;
-    if (s.baseline) {
-      const Generation greedy = greedy_decode(target, p.ids, limits);
-      const bool same = greedy.tokens == spec.tokens;
-      row["identical_to_greedy"] = same;
-      row["greedy_seconds"] = greedy.seconds;
-      greedy_tokens += static_cast<int64_t>(greedy.tokens.size());
-      greedy_seconds += greedy.seconds;
-      if (!same) {
-        row["greedy_tokens"] = greedy.tokens;
-        // A near-tie or a wrong token: one extra target pass, after both
-        // decodings' clocks stopped, so no timed figure includes it.
-        try {
-          row["divergence"] = find_divergence(target, p.ids, spec.tokens, greedy.tokens)->to_json();
-        } catch (const std::invalid_argument& e) {
-          throw std::invalid_argument(at + ": measuring where the outputs diverge: " + e.what());
-        }
-      }
-    }
-    row["tokens"] = spec.tokens;
-    per_prompt.push_back(row);
+  tally.steps += static_cast<int64_t>(spec.step_tokens.size());
+  tally.step_tokens += prompt_step_tokens;
+  row["tau"] = spec.step_tokens.empty() ? 0.0 : double(prompt_step_tokens) / double(spec.step_tokens.size());
+  tally.tokens += static_cast<int64_t>(spec.tokens.size());
+  tally.seconds += spec.seconds;
+  return row;
+}
+
+// The row's lossless check against the target's own decoding; where the
+// outputs differ, where and how (a near-tie or a wrong token): one extra
+// target pass, after every decoding's clock stopped, so no timed figure
+// includes it.
+void compare_with_greedy(nlohmann::json& row, const host::TargetModelInstance& target, const Prompt& p,
+                         const Generation& spec, const Generation& greedy, const std::string& at) {
+  const bool same = greedy.tokens == spec.tokens;
+  row["identical_to_greedy"] = same;
+  row["greedy_seconds"] = greedy.seconds;
+  if (same) return;
+  row["greedy_tokens"] = greedy.tokens;
+  try {
+    row["divergence"] = find_divergence(target, p.ids, spec.tokens, greedy.tokens)->to_json();
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(at + ": measuring where the outputs diverge: " + e.what());
   }
+}
+
+double per_second(int64_t tokens, double seconds) { return seconds > 0 ? double(tokens) / seconds : 0.0; }
+
+nlohmann::json report_of(const ArmTally& tally, const GreedyTally* greedy, const host::TargetModelInstance& target,
+                         const host::DrafterInstance& drafter, size_t prompts, const DecodeLimits& limits,
+                         const EvalSettings& s) {
+  const int64_t block_size = tally.arm.block_size;
+  const Verification& verification = tally.arm.verification;
   nlohmann::json by_position = nlohmann::json::array();
-  for (int64_t k = 1; k < block_size; ++k)
-    by_position.push_back(offered[k] > 0 ? nlohmann::json(double(taken[k]) / double(offered[k])) : nlohmann::json(nullptr));
+  for (size_t k = 1; k < static_cast<size_t>(block_size); ++k)
+    by_position.push_back(tally.offered[k] > 0 ? nlohmann::json(double(tally.taken[k]) / double(tally.offered[k]))
+                                               : nlohmann::json(nullptr));
   nlohmann::json hist = nlohmann::json::object();
-  for (const auto& [tokens, count] : histogram) hist[std::to_string(tokens)] = count;
+  for (const auto& [tokens, count] : tally.histogram) hist[std::to_string(tokens)] = count;
   nlohmann::json report = {
       {"target", target.record().name},
       {"drafter", drafter.record().name},
       {"drafter_checkpoint", s.drafter_checkpoint},
       {"block_size", block_size},
       {"draft_tokens", block_size - 1},
-      {"prompts", prompts.size()},
+      {"prompts", prompts},
       {"max_new_tokens", limits.max_new_tokens},
       {"max_length", limits.max_length},
-      {"warmup_prompts", s.warmup && !prompts.empty() ? 1 : 0},
+      {"warmup_prompts", s.warmup && prompts > 0 ? 1 : 0},
       {"verify", verification.kind == Verification::Kind::kTree ? "tree" : "chain"},
       {"tree_nodes", verification.kind == Verification::Kind::kTree ? verification.tree_nodes : 0},
-      {"verification_steps", steps},
-      {"tau_mean", steps > 0 ? double(step_tokens) / double(steps) : 0.0},
+      {"verification_steps", tally.steps},
+      {"tau_mean", tally.steps > 0 ? double(tally.step_tokens) / double(tally.steps) : 0.0},
       {"tau_histogram", hist},
       {"acceptance_by_position", by_position},
-      {"speculative_tokens_per_s", spec_seconds > 0 ? double(spec_tokens) / spec_seconds : 0.0},
-      {"per_prompt", per_prompt}};
-  if (s.baseline) {
-    report["greedy_tokens_per_s"] = greedy_seconds > 0 ? double(greedy_tokens) / greedy_seconds : 0.0;
-    report["speedup"] = spec_seconds > 0 && greedy_seconds > 0
-                            ? (double(spec_tokens) / spec_seconds) / (double(greedy_tokens) / greedy_seconds)
+      {"speculative_tokens_per_s", per_second(tally.tokens, tally.seconds)},
+      {"per_prompt", tally.per_prompt}};
+  if (greedy != nullptr) {
+    report["greedy_tokens_per_s"] = per_second(greedy->tokens, greedy->seconds);
+    report["speedup"] = tally.seconds > 0 && greedy->seconds > 0
+                            ? per_second(tally.tokens, tally.seconds) / per_second(greedy->tokens, greedy->seconds)
                             : 0.0;
     report.update(lossless_summary(report.at("per_prompt")));
   }
   return report;
+}
+
+}  // namespace
+
+std::vector<nlohmann::json> evaluate_arms(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,
+                                          const host::DrafterFacts& facts, const std::vector<Prompt>& prompts,
+                                          const EvalSettings& s, const std::vector<Verification>& verifications,
+                                          const nlohmann::json& target_info) {
+  if (!target.can_decode())
+    throw std::invalid_argument(target.record().label() + " cannot decode incrementally (no decode_* slots); eval needs a target that can");
+  if (!drafter.can_draft())
+    throw std::invalid_argument(drafter.record().label() + " cannot propose tokens (no draft_* slots); eval needs a drafter that can");
+  if (verifications.empty()) throw std::invalid_argument("eval needs at least one way of verifying (--verify)");
+  const std::vector<int64_t>& layer_ids = facts.target_layer_ids;
+  const DecodeLimits limits = limits_of(s, target_info);
+  std::vector<Arm> arms;
+  for (const Verification& verification : verifications) arms.push_back(plan_arm(drafter, facts, s, verification, limits));
+
+  if (s.warmup && !prompts.empty()) {  // untimed, unreported: decoding is deterministic, so it changes no result
+    const Prompt& first = prompts.front();
+    const std::string at = where(s.prompts_file, first.line);
+    for (const Arm& arm : arms) decode_at(at, [&] { return speculative_arm(target, drafter, first, limits, arm, layer_ids); });
+    if (s.baseline) decode_at(at, [&] { return greedy_decode(target, first.ids, limits); });
+  }
+  std::vector<ArmTally> tallies(arms.begin(), arms.end());
+  GreedyTally greedy_tally;
+  std::vector<Generation> specs(arms.size());
+  for (const Prompt& p : prompts) {
+    const std::string at = where(s.prompts_file, p.line);
+    for (size_t a = 0; a < arms.size(); ++a)
+      specs[a] = decode_at(at, [&] { return speculative_arm(target, drafter, p, limits, arms[a], layer_ids); });
+    // The one decoding by the target alone: every arm's reference.
+    const std::optional<Generation> greedy = s.baseline ? std::optional<Generation>(greedy_decode(target, p.ids, limits)) : std::nullopt;
+    if (greedy) {
+      greedy_tally.tokens += static_cast<int64_t>(greedy->tokens.size());
+      greedy_tally.seconds += greedy->seconds;
+    }
+    for (size_t a = 0; a < arms.size(); ++a) {
+      nlohmann::json row = tally_prompt(tallies[a], p, specs[a]);
+      if (greedy) compare_with_greedy(row, target, p, specs[a], *greedy, at);
+      tallies[a].per_prompt.push_back(std::move(row));
+    }
+  }
+  std::vector<nlohmann::json> reports;
+  for (const ArmTally& tally : tallies)
+    reports.push_back(report_of(tally, s.baseline ? &greedy_tally : nullptr, target, drafter, prompts.size(), limits, s));
+  return reports;
+}
+
+nlohmann::json evaluate(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,
+                        const host::DrafterFacts& facts, const std::vector<Prompt>& prompts, const EvalSettings& s,
+                        const nlohmann::json& target_info) {
+  return evaluate_arms(target, drafter, facts, prompts, s, {s.verification}, target_info).front();
 }
 
 std::string format_report(const nlohmann::json& r) {
@@ -241,6 +329,65 @@ std::string format_report(const nlohmann::json& r) {
     out << buffer;
     if (!row.value("identical_to_greedy", true))
       out << "  (differs from greedy" << (row.contains("divergence") ? " " + divergence_line(row.at("divergence")) : "!") << ")";
+    out << "\n";
+  }
+  return out.str();
+}
+
+Verification verification_of(const nlohmann::json& report) {
+  if (report.value("verify", std::string("chain")) == "tree")
+    return {Verification::Kind::kTree, report.at("tree_nodes").get<int64_t>()};
+  return {};
+}
+
+nlohmann::json compare_arms(const std::vector<nlohmann::json>& reports) {
+  nlohmann::json comparison = nlohmann::json::array();
+  if (reports.empty()) return comparison;
+  const double first_tau = reports.front().at("tau_mean").get<double>();
+  const double first_speed = reports.front().at("speculative_tokens_per_s").get<double>();
+  auto ratio = [](double value, double first) { return first > 0 ? nlohmann::json(value / first) : nlohmann::json(nullptr); };
+  for (const nlohmann::json& report : reports) {
+    const Verification verification = verification_of(report);
+    const double tau = report.at("tau_mean").get<double>();
+    const double speed = report.at("speculative_tokens_per_s").get<double>();
+    nlohmann::json entry = {{"arm", arm_label(verification)},
+                            {"verify", report.at("verify")},
+                            {"tree_nodes", report.at("tree_nodes")},
+                            {"tau_mean", tau},
+                            {"tau_ratio_to_first", ratio(tau, first_tau)},
+                            {"speculative_tokens_per_s", speed},
+                            {"speed_ratio_to_first", ratio(speed, first_speed)}};
+    if (report.contains("speedup")) entry["speedup"] = report.at("speedup");
+    if (report.contains("lossless")) entry["lossless"] = report.at("lossless");
+    comparison.push_back(entry);
+  }
+  return comparison;
+}
+
+std::string format_comparison(const nlohmann::json& comparison) {
+  if (comparison.empty()) return "";
+  auto cell = [](const nlohmann::json& value, const char* format) {
+    if (value.is_null()) return std::string("-");
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, format, value.get<double>());
+    return std::string(buffer);
+  };
+  const bool baseline = comparison.front().contains("speedup");
+  std::ostringstream out;
+  out << "arms compared (ratios to the first arm, " << comparison.front().at("arm").get<std::string>() << "):\n\n";
+  // Spelled out: τ is one column but two bytes, which printf's widths count.
+  out << "  arm" << std::string(14, ' ') << "τ  τ / first      tokens/s  speed / first"
+      << (baseline ? "  speed-up  lossless" : "") << "\n";
+  char line[200];
+  for (const nlohmann::json& entry : comparison) {
+    std::snprintf(line, sizeof line, "  %-10s  %6s  %9s  %12s  %13s", entry.at("arm").get<std::string>().c_str(),
+                  cell(entry.at("tau_mean"), "%.3f").c_str(), cell(entry.at("tau_ratio_to_first"), "%.2f").c_str(),
+                  cell(entry.at("speculative_tokens_per_s"), "%.1f").c_str(),
+                  cell(entry.at("speed_ratio_to_first"), "%.2f").c_str());
+    out << line;
+    if (entry.contains("speedup"))
+      out << "  " << std::setw(7) << cell(entry.at("speedup"), "%.2f") << "×  "
+          << (entry.at("lossless").get<bool>() ? "yes" : "no");
     out << "\n";
   }
   return out.str();

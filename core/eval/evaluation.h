@@ -28,11 +28,15 @@ struct EvalSettings {
   // captures) are then not charged to the first prompt's tokens/s. Off where
   // only τ matters (training's periodic eval, ab).
   bool warmup = true;
-  Verification verification;  // chain (default) or a draft tree of verification.tree_nodes nodes
+  // evaluate()'s one arm: chain (default) or a draft tree of
+  // verification.tree_nodes nodes. evaluate_arms takes its arms instead.
+  Verification verification;
   // Chain decoding: tokens the drafter is asked for a step. 0: its
   // block_size − 1 (a DFlash drafter's block; an autoregressive drafter's,
   // e.g. EAGLE-3's, trained depth). A drafter may propose fewer (the ABI's
-  // 0 ≤ m ≤ count: a DFlash drafter never more than its block − 1).
+  // 0 ≤ m ≤ count: a DFlash drafter never more than its block − 1). Chain
+  // arms only: a tree's depth is bounded by the drafter's own block, so a
+  // chain of a set length and trees can be compared in one run.
   int64_t draft_tokens = 0;
 };
 
@@ -61,7 +65,33 @@ nlohmann::json evaluate(const host::TargetModelInstance& target, const host::Dra
                         const host::DrafterFacts& facts, const std::vector<Prompt>& prompts, const EvalSettings& settings,
                         const nlohmann::json& target_info);
 
+// The same for several ways of verifying (a DDTree budget sweep beside the
+// chain) in one run: every prompt is decoded once per arm, arms in order, and
+// once by the target alone (settings.baseline), that one greedy decoding
+// being every arm's lossless reference and its speed-up's denominator. The
+// warm-up decodes the first prompt once per arm and once alone. One report
+// per arm, in `arms`' order, each as evaluate() gives it; every arm is
+// checked (a tree's budget against the context) before anything is decoded.
+// settings.verification is not read.
+std::vector<nlohmann::json> evaluate_arms(const host::TargetModelInstance& target, const host::DrafterInstance& drafter,
+                                          const host::DrafterFacts& facts, const std::vector<Prompt>& prompts,
+                                          const EvalSettings& settings, const std::vector<Verification>& arms,
+                                          const nlohmann::json& target_info);
+
 // The report as a console table.
 std::string format_report(const nlohmann::json& report);
+
+// The arm a report ran ("verify", "tree_nodes").
+Verification verification_of(const nlohmann::json& report);
+
+// evaluate_arms' reports side by side, one entry per arm: "arm" (arm_label),
+// "verify", "tree_nodes", "tau_mean", "speculative_tokens_per_s", their
+// ratios to the first arm's ("tau_ratio_to_first", "speed_ratio_to_first";
+// null where the first's is 0), and where a baseline ran "speedup" and
+// "lossless".
+nlohmann::json compare_arms(const std::vector<nlohmann::json>& reports);
+
+// That comparison as a console table, one line per arm.
+std::string format_comparison(const nlohmann::json& comparison);
 
 }  // namespace dflash::eval

@@ -6,6 +6,7 @@
 // cached context (draft_* slots); nothing is recomputed from scratch.
 #pragma once
 
+#include "eval/verification.h"
 #include "plugin/instances.h"
 
 #include <cstdint>
@@ -49,17 +50,6 @@ struct DecodeProfile {
   double other = 0;     // the rest: sessions begun and ended, the tokens emitted, the host's bookkeeping
   int64_t steps = 0;    // target passes after the prefill
   int64_t tokens = 0;   // tokens generated
-};
-
-// How a speculative step verifies its drafts: one chain (the drafter's
-// greedy block), or a tree (DDTree, draft_tree.h): the best `tree_nodes`
-// paths through the drafter's top candidates at each block position,
-// verified with the newest token in one target pass (decode_verify_tree),
-// the accepted path kept (decode_accept_path).
-struct Verification {
-  enum class Kind { kChain, kTree };
-  Kind kind = Kind::kChain;
-  int64_t tree_nodes = 0;  // drafted nodes per step (the newest token not counted); tree only
 };
 
 // Throws std::invalid_argument when nothing can be generated after `prompt`:

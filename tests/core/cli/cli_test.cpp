@@ -236,6 +236,53 @@ TEST(Cli, EvalDecodesLosslesslyAndWritesItsReport) {
   EXPECT_CONTAINS(r.err, "/nonexistent/run: not a drafter directory");
 }
 
+// A DDTree budget sweep beside the chain in one run: one report per arm and
+// their comparison, the target alone decoding each prompt once for all.
+TEST(Cli, EvalComparesTheChainAndTreeBudgetsInOneRun) {
+  const std::string configs = DFLASH_CONFIGS_DIR;
+  const fs::path config = write_config("eval_arms.json", R"({"train": {"device": "cpu", "dtype": "float32"},
+    "target": {"plugin": "hf_decoder", "path": ")" + configs + R"(/quickstart/target"},
+    "drafter": {"plugin": "dflash", "num_layers": 2, "block_size": 8, "max_anchors": 48, "mask_token_id": 259}})");
+  dflash::test::TempDir temp("dflash_cli_eval_arms");
+  const fs::path report = temp.path() / "sweep.json";
+  HostRun r = host("eval --plugin-dir " + std::string(DFLASH_INTREE_PLUGIN_DIR) + " --config " + config.string() +
+                   " --prompts " + configs + "/quickstart/data/heldout.jsonl --max-prompts 2 --max-new-tokens 16" +
+                   " --verify chain,tree --tree-nodes 4,8 --draft-tokens 3 --report " + report.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_CONTAINS(r.out, "drafter dflash, block size 4, 2 prompts");  // --draft-tokens: the chain's
+  EXPECT_CONTAINS(r.out, "block size 8, draft trees of 4 nodes");
+  EXPECT_CONTAINS(r.out, "block size 8, draft trees of 8 nodes");
+  EXPECT_CONTAINS(r.out, "arms compared (ratios to the first arm, chain)");
+  std::ifstream in(report);
+  const auto j = nlohmann::json::parse(in);
+  ASSERT_EQ(j.at("arms").size(), 3u);
+  ASSERT_EQ(j.at("comparison").size(), 3u);
+  const std::pair<const char*, int64_t> arms[] = {{"chain", 0}, {"tree", 4}, {"tree", 8}};
+  for (size_t i = 0; i < 3; ++i) {
+    const nlohmann::json &arm = j.at("arms")[i], &entry = j.at("comparison")[i];
+    EXPECT_EQ(arm.at("verify"), arms[i].first);
+    EXPECT_EQ(arm.at("tree_nodes"), arms[i].second);
+    EXPECT_EQ(arm.at("per_prompt").size(), 2u);
+    EXPECT_TRUE(arm.at("lossless").get<bool>()) << arm.dump();
+    EXPECT_EQ(arm.at("greedy_tokens_per_s"), j.at("arms")[0].at("greedy_tokens_per_s")) << "one baseline for every arm";
+    EXPECT_EQ(entry.at("verify"), arms[i].first);
+    EXPECT_EQ(entry.at("tau_mean"), arm.at("tau_mean"));
+    EXPECT_EQ(entry.at("speedup"), arm.at("speedup"));
+    EXPECT_TRUE(entry.at("lossless").get<bool>());
+    EXPECT_DOUBLE_EQ(entry.at("tau_ratio_to_first").get<double>(),
+                     arm.at("tau_mean").get<double>() / j.at("arms")[0].at("tau_mean").get<double>());
+    EXPECT_CONTAINS(r.out, "\n  " + entry.at("arm").get<std::string>() + " ");
+  }
+  EXPECT_EQ(j.at("comparison")[1].at("arm"), "tree 4");
+  // The TensorBoard file names each arm in its tags.
+  const fs::path events = temp.path() / "events.out.tfevents.eval.sweep";
+  ASSERT_TRUE(fs::exists(events)) << events;
+  std::ifstream event_file(events, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(event_file)), {});
+  for (const char* tag : {"eval/chain/tau_mean", "eval/tree4/tau_mean", "eval/tree8/speedup"})
+    EXPECT_NE(bytes.find(tag), std::string::npos) << tag;
+}
+
 // In-process plugins can crash the host; the host's last words name the
 // library (the crashing plugins live outside the folders other tests scan).
 TEST(Cli, PluginThatCrashesWhileLoadingIsNamedBeforeTheHostDies) {
@@ -324,13 +371,26 @@ TEST(Cli, EvalChecksItsNumbersAndPathsFirst) {
       {"--max-length 1", "--max-length 1: takes a number of tokens from 2 to 16777216"},
       {"--prompt-tokens 16777217", "--prompt-tokens 16777217: takes a number of tokens from 1 to 16777216"},
       {"--max-prompts 4294967296", "--max-prompts 4294967296: takes a number of prompts from 1 to 16777216"},
-      {"--verify forest", "--verify forest: takes chain or tree"},
+      {"--verify forest", "--verify forest: takes chain, tree or chain,tree"},
       {"--verify tree", "--verify tree needs --tree-nodes N"},
       {"--tree-nodes 8", "--tree-nodes sizes a draft tree: it needs --verify tree"},
       {"--verify tree --tree-nodes 0", "--tree-nodes 0: takes a number of nodes from 1 to 16777216"},
       {"--verify tree --tree-nodes 16777217", "--tree-nodes 16777217: takes a number of nodes from 1 to 16777216"},
       {"--draft-tokens 0", "--draft-tokens 0: takes a number of tokens from 1 to 16777216"},
-      {"--verify tree --tree-nodes 8 --draft-tokens 3", "--draft-tokens sets a chain's length; a draft tree's size is --tree-nodes"}};
+      {"--verify tree --tree-nodes 8 --draft-tokens 3", "--draft-tokens sets a chain's length; a draft tree's size is --tree-nodes"},
+      // Lists: several arms in one run, each item named when it is wrong.
+      {"--verify chain,fast", "--verify chain,fast: takes chain, tree or chain,tree"},
+      {"--verify chain,chain", "--verify chain,chain: chain is listed twice; takes chain, tree or chain,tree"},
+      {"--verify chain,", "--verify chain,: takes chain, tree or chain,tree"},
+      {"--verify chain,tree", "--verify chain,tree needs --tree-nodes N"},
+      {"--tree-nodes 16,32", "--tree-nodes sizes a draft tree: it needs --verify tree"},
+      {"--verify chain,tree --tree-nodes 16,x", "--tree-nodes 16,x: 'x' is not a number of nodes; give N or a comma list"},
+      {"--verify tree --tree-nodes 16,,32", "--tree-nodes 16,,32: '' is not a number of nodes"},
+      {"--verify tree --tree-nodes 16,16", "--tree-nodes 16,16: 16 is listed twice; give each budget once"},
+      {"--verify tree --tree-nodes 16,0",
+       "--tree-nodes 16,0: 0 is out of range; each budget takes a number of nodes from 1 to 16777216"},
+      {"--verify tree --tree-nodes 8,16777217",
+       "--tree-nodes 8,16777217: 16777217 is out of range; each budget takes a number of nodes from 1 to 16777216"}};
   for (const auto& [flag, message] : numbers) {
     HostRun r = host(command + " --prompts " + prompts + " " + flag);
     EXPECT_EQ(r.status, 2) << flag;

@@ -2,7 +2,8 @@
 // CPU: a tree's rows against each node's path decoded alone, the accepted
 // path's cache (its rows compacted) against plain decoding, the rules of a
 // pending tree, and speculative decoding with trees against the target's
-// own greedy decoding (lossless) at several node budgets.
+// own greedy decoding (lossless) at several node budgets, and eval's arms
+// (the chain and tree budgets in one run) against each arm evaluated alone.
 #include "eval/evaluation.h"
 #include "plugin/drafter_facts.h"
 #include "plugin/registry.h"
@@ -274,6 +275,116 @@ TEST(TreeVerification, BudgetsBeyondTheContextAndPluginsWithoutTreesAreRefusedBy
               eval::speculative_decode(*target, *d, prompts[0], limits, 8, {}, nullptr, {eval::Verification::Kind::kTree, 0});
             }).find("--tree-nodes is 0; a draft tree needs at least 1 node"),
             std::string::npos);
+}
+
+// One run, several arms (a DDTree budget sweep beside the chain): each arm
+// gives what its own evaluation gives, and the target alone decodes each
+// prompt once for all of them.
+TEST(EvaluateArms, EachArmMatchesItsOwnEvaluationAgainstOneBaseline) {
+  auto target = quickstart_target();
+  auto d = dflash_drafter(*target, 8);
+  d->set_training(false);
+  const auto info = target->describe();
+  eval::EvalSettings s;
+  s.prompts_file = kHeldout;
+  s.max_prompts = 3;
+  s.max_new_tokens = 24;
+  const auto prompts = eval::read_prompts(s, info);
+  const std::vector<eval::Verification> arms = {
+      {}, {eval::Verification::Kind::kTree, 4}, {eval::Verification::Kind::kTree, 16}};
+  const std::vector<nlohmann::json> reports = eval::evaluate_arms(*target, *d, host::drafter_facts(*d), prompts, s, arms, info);
+  ASSERT_EQ(reports.size(), arms.size());
+  for (size_t a = 0; a < arms.size(); ++a) {
+    SCOPED_TRACE(eval::arm_label(arms[a]));
+    s.verification = arms[a];
+    const nlohmann::json alone = eval::evaluate(*target, *d, host::drafter_facts(*d), prompts, s, info);
+    const nlohmann::json& report = reports[a];
+    EXPECT_EQ(report.at("verify"), alone.at("verify"));
+    EXPECT_EQ(report.at("tree_nodes"), alone.at("tree_nodes"));
+    EXPECT_EQ(report.at("block_size"), alone.at("block_size"));
+    EXPECT_EQ(report.at("warmup_prompts"), 1);
+    EXPECT_EQ(report.at("tau_mean"), alone.at("tau_mean"));
+    EXPECT_EQ(report.at("tau_histogram"), alone.at("tau_histogram"));
+    EXPECT_EQ(report.at("acceptance_by_position"), alone.at("acceptance_by_position"));
+    ASSERT_EQ(report.at("per_prompt").size(), prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const nlohmann::json &row = report.at("per_prompt")[i], &row_alone = alone.at("per_prompt")[i];
+      EXPECT_EQ(row.at("tokens"), row_alone.at("tokens")) << "prompt " << i;
+      EXPECT_EQ(row.at("target_passes"), row_alone.at("target_passes")) << "prompt " << i;
+      EXPECT_EQ(row.at("greedy_seconds"), reports[0].at("per_prompt")[i].at("greedy_seconds"))
+          << "prompt " << i << ": one decoding by the target alone serves every arm";
+    }
+    EXPECT_TRUE(report.at("lossless").get<bool>()) << eval::format_report(report);
+    EXPECT_EQ(report.at("greedy_tokens_per_s"), reports[0].at("greedy_tokens_per_s")) << "one baseline for every arm";
+    EXPECT_DOUBLE_EQ(report.at("speedup").get<double>(), report.at("speculative_tokens_per_s").get<double>() /
+                                                             report.at("greedy_tokens_per_s").get<double>());
+  }
+  // The comparison: one entry per arm, ratios to the first.
+  const nlohmann::json comparison = eval::compare_arms(reports);
+  ASSERT_EQ(comparison.size(), arms.size());
+  const std::string table = eval::format_comparison(comparison);
+  for (size_t a = 0; a < arms.size(); ++a) {
+    const nlohmann::json& entry = comparison[a];
+    EXPECT_EQ(entry.at("arm"), eval::arm_label(arms[a]));
+    EXPECT_DOUBLE_EQ(entry.at("tau_ratio_to_first").get<double>(),
+                     reports[a].at("tau_mean").get<double>() / reports[0].at("tau_mean").get<double>());
+    EXPECT_DOUBLE_EQ(entry.at("speed_ratio_to_first").get<double>(),
+                     reports[a].at("speculative_tokens_per_s").get<double>() /
+                         reports[0].at("speculative_tokens_per_s").get<double>());
+    EXPECT_EQ(entry.at("speedup"), reports[a].at("speedup"));
+    EXPECT_TRUE(entry.at("lossless").get<bool>());
+    EXPECT_NE(table.find("\n  " + eval::arm_label(arms[a]) + " "), std::string::npos) << table;
+  }
+  EXPECT_NE(table.find("speed-up  lossless"), std::string::npos) << table;
+}
+
+// Without the target alone: no speed-up and no lossless check, still a
+// report per arm; --draft-tokens sets the chain's length, not the trees'
+// depth; every tree's budget is checked before anything is decoded.
+TEST(EvaluateArms, WithoutABaselineEachArmStillGetsItsReport) {
+  auto target = quickstart_target();
+  auto d = dflash_drafter(*target, 8);
+  d->set_training(false);
+  const auto info = target->describe();
+  eval::EvalSettings s;
+  s.prompts_file = kHeldout;
+  s.max_prompts = 2;
+  s.max_new_tokens = 16;
+  s.baseline = false;
+  s.warmup = false;
+  s.draft_tokens = 3;
+  const auto prompts = eval::read_prompts(s, info);
+  const std::vector<eval::Verification> arms = {{}, {eval::Verification::Kind::kTree, 2}, {eval::Verification::Kind::kTree, 8}};
+  const std::vector<nlohmann::json> reports = eval::evaluate_arms(*target, *d, host::drafter_facts(*d), prompts, s, arms, info);
+  ASSERT_EQ(reports.size(), arms.size());
+  const int64_t drafter_block = host::drafter_facts(*d).block_size;
+  for (size_t a = 0; a < arms.size(); ++a) {
+    SCOPED_TRACE(eval::arm_label(arms[a]));
+    const nlohmann::json& report = reports[a];
+    for (const char* key : {"speedup", "lossless", "greedy_tokens_per_s", "identical_prompts"})
+      EXPECT_FALSE(report.contains(key)) << key;
+    EXPECT_EQ(report.at("warmup_prompts"), 0);
+    EXPECT_EQ(report.at("block_size"), a == 0 ? s.draft_tokens + 1 : drafter_block);
+    ASSERT_EQ(report.at("per_prompt").size(), prompts.size());
+    for (const auto& row : report.at("per_prompt")) EXPECT_FALSE(row.contains("identical_to_greedy"));
+    EXPECT_EQ(eval::verification_of(report).tree_nodes, arms[a].tree_nodes);
+  }
+  const nlohmann::json comparison = eval::compare_arms(reports);
+  ASSERT_EQ(comparison.size(), arms.size());
+  for (const auto& entry : comparison) {
+    EXPECT_FALSE(entry.contains("speedup"));
+    EXPECT_FALSE(entry.contains("lossless"));
+  }
+  EXPECT_EQ(eval::format_comparison(comparison).find("lossless"), std::string::npos);
+
+  // A last arm too big for the context refuses the run, by its budget.
+  s.max_length = 100;
+  const std::string too_big = message_of([&] {
+    eval::evaluate_arms(*target, *d, host::drafter_facts(*d), prompts, s, {{}, {eval::Verification::Kind::kTree, 100}}, info);
+  });
+  EXPECT_NE(too_big.find("--tree-nodes 100: a tree of that many nodes and the newest token is beyond the target's context of 100"),
+            std::string::npos)
+      << too_big;
 }
 
 }  // namespace
