@@ -212,10 +212,8 @@ fi
 # trees again on the scale model, the trained target and drafter widened r
 # times (scripts/gpu_demo/scale_model.py: the same functions, up to rounding,
 # at r² times the weights), so the target's pass is memory-bound and costs
-# what a real LLM's does at batch 1. The chain's eval decodes with the target
-# alone too (the lossless check, the speed-up); the trees' skip it (their
-# outputs are compared with the chain's by summarize.py, and their speed with
-# the chain's speculative tokens/s), which keeps the stage within minutes.
+# what a real LLM's does at batch 1. One eval runs the chain and every tree
+# budget, each prompt decoded once by the target alone for all of them.
 if [ "$scale_factor" -gt 1 ] && [ "$target_family" = "qwen3" ]; then
   stage scale "4f. the scale model: target and drafter widened ${scale_factor}x, chain and trees of $scale_tree_nodes nodes, $scale_prompts prompts"
   scale_dir="$work/scale"
@@ -227,12 +225,11 @@ if [ "$scale_factor" -gt 1 ] && [ "$target_family" = "qwen3" ]; then
     --drafter "$work/run" "$scale_dir/drafter" --check-prompts "$work/eval_prompts.jsonl" --json "$out/scale_model.json" 2>&1 | tee -a "$log"; then
     scale_paths=(--set "target.path=$scale_dir/target" --drafter-checkpoint "$scale_dir/drafter" --prompts "$work/eval_prompts.jsonl"
       --max-prompts "$scale_prompts" --max-new-tokens "$eval_new_tokens")
-    "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${scale_paths[@]}" --report "$out/eval_scale_chain.json" 2>&1 |
-      tee -a "$log" || note "the scale model's chain eval failed (see above)"
-    for nodes in $scale_tree_nodes; do
-      "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${scale_paths[@]}" --verify tree --tree-nodes "$nodes" --no-baseline \
-        --report "$out/eval_scale_tree_$nodes.json" 2>&1 | tee -a "$log" || note "the scale model's tree eval at $nodes nodes failed (see above)"
-    done
+    # One eval, every arm (docs/eval.md: several verifications in one run):
+    # one load, one target-alone decoding a prompt for all arms.
+    "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${scale_paths[@]}" --verify chain,tree \
+      --tree-nodes "$(echo $scale_tree_nodes | tr ' ' ',')" --report "$out/eval_scale.json" 2>&1 |
+      tee -a "$log" || note "the scale model's eval failed (see above)"
     # Where the scale model's steps spend their time (DFLASH_DEMO_SCALE_PROFILE=1):
     # decode_bench's phases, chain and the largest tree, exact kernels.
     if [ "${DFLASH_DEMO_SCALE_PROFILE:-0}" = "1" ]; then

@@ -104,39 +104,16 @@ def tree_sweep(out_dir):
     return dict(sorted(sweep.items()))
 
 
-def against_chain(chain, tree):
-    """A tree eval of stage 4f (run without decoding by the target alone:
-    --no-baseline) made whole from the chain's eval of the same call: its
-    speed-up over the chain's target-alone tokens/s, and its outputs compared
-    with the chain's where those matched greedy decoding (a tree output equal
-    to such a chain output is equal to greedy decoding's)."""
-    out = dict(tree)
-    if "speedup" not in out and chain.get("greedy_tokens_per_s"):
-        out["greedy_tokens_per_s"] = chain["greedy_tokens_per_s"]
-        out["speedup"] = tree["speculative_tokens_per_s"] / chain["greedy_tokens_per_s"]
-    chain_rows = {row["line"]: row for row in chain.get("per_prompt", [])}
-    same = checked = 0
-    for row in tree.get("per_prompt", []):
-        theirs = chain_rows.get(row["line"])
-        if theirs is not None and theirs.get("identical_to_greedy"):
-            checked += 1
-            same += row.get("tokens") == theirs.get("tokens")
-    out["identical_prompts"] = same
-    out["lossless_checked_prompts"] = checked
-    out["lossless"] = same == checked == tree.get("prompts")
-    return out
-
-
 def scale_sweep(out_dir):
-    """Stage 4f: the scale model's chain eval and its tree evals by node
-    budget, the trees' made whole from the chain's (against_chain)."""
-    chain = load(os.path.join(out_dir, "eval_scale_chain.json"))
-    sweep = {}
-    for name in os.listdir(out_dir):
-        m = re.fullmatch(r"eval_scale_tree_(\d+)\.json", name)
-        report = load(os.path.join(out_dir, name)) if m else None
-        if report:
-            sweep[int(m.group(1))] = against_chain(chain, report) if chain else report
+    """Stage 4f: the scale model's eval of every arm in one run (eval_scale.json:
+    {"arms": [chain, tree, ...]}): the chain's report and the trees' by node budget."""
+    both = load(os.path.join(out_dir, "eval_scale.json")) or {}
+    chain, sweep = None, {}
+    for report in both.get("arms", []):
+        if report.get("verify") == "tree":
+            sweep[int(report["tree_nodes"])] = report
+        else:
+            chain = report
     return chain, dict(sorted(sweep.items()))
 
 
@@ -319,7 +296,7 @@ def main():
         lines.append(lines[1])
         lines.append(eval_row(f"scale model, chain", scale_chain))
         for nodes, report in scale_trees.items():
-            lines.append(eval_row(f"scale model, draft tree of {nodes} nodes (no target-alone run: the chain's)", report))
+            lines.append(eval_row(f"scale model, draft tree of {nodes} nodes", report))
         if scale_chain and scale_trees:
             ratios = tree_ratios(scale_chain, scale_trees)
             for n, figures in ratios.items():
