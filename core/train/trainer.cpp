@@ -461,16 +461,16 @@ bool Trainer::record(int64_t step, StepFigures& f, const RankFigures& ranks, dou
   const bool evaluate_now = s_.eval_every > 0 && finite && (step + 1) % s_.eval_every == 0;
   if (evaluate_now && root()) {
     run_.drafter().set_training(false);
-    const nlohmann::json report = eval::evaluate(run_.target(), run_.drafter(), run_.drafter_facts(), eval_prompts_,
-                                                 eval_settings_, run_.target_info());
-    record["eval_tau"] = report.at("tau_mean");
-    record["eval_acceptance_by_position"] = report.at("acceptance_by_position");
-    if (s_.eval_tree_nodes > 0) {  // the same prompts, verified as DDTree draft trees
-      eval::EvalSettings tree = eval_settings_;
-      tree.verification = {eval::Verification::Kind::kTree, s_.eval_tree_nodes};
-      const nlohmann::json tree_report =
-          eval::evaluate(run_.target(), run_.drafter(), run_.drafter_facts(), eval_prompts_, tree, run_.target_info());
-      record["eval_tree_tau"] = tree_report.at("tau_mean");
+    // The chain, and with train.eval_tree_nodes the same prompts verified as
+    // DDTree draft trees: two arms of one evaluation.
+    std::vector<eval::Verification> arms = {eval_settings_.verification};
+    if (s_.eval_tree_nodes > 0) arms.push_back({eval::Verification::Kind::kTree, s_.eval_tree_nodes});
+    const std::vector<nlohmann::json> reports = eval::evaluate_arms(run_.target(), run_.drafter(), run_.drafter_facts(),
+                                                                    eval_prompts_, eval_settings_, arms, run_.target_info());
+    record["eval_tau"] = reports.front().at("tau_mean");
+    record["eval_acceptance_by_position"] = reports.front().at("acceptance_by_position");
+    if (reports.size() > 1) {
+      record["eval_tree_tau"] = reports.back().at("tau_mean");
       record["eval_tree_nodes"] = s_.eval_tree_nodes;
     }
     run_.drafter().set_training(true);

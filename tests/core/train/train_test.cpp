@@ -495,6 +495,21 @@ TEST(TrainEndToEnd, PeriodicEvaluationLogsRealAcceptanceAndChangesNothing) {
   EXPECT_EQ(b[5].at("eval_acceptance_by_position").size(), 3u) << "positions 1…3 of a block of 4";
   EXPECT_EQ(file_bytes(dir + "/plain/checkpoints/step-00000006/model.safetensors"),
             file_bytes(dir + "/eval/checkpoints/step-00000006/model.safetensors"));
+  // train.eval_tree_nodes: the same prompts verified as draft trees too, their
+  // τ beside the chain's, the chain's and training unchanged.
+  Result with_trees = host("--config " + small_config(dir, dir + "/trees", 6) + eval + " --set train.eval_tree_nodes=4", dir);
+  ASSERT_EQ(with_trees.status, 0) << with_trees.err;
+  EXPECT_CONTAINS(with_trees.err, "(draft trees of 4 nodes: τ = ");
+  const auto t = metrics_of(dir + "/trees");
+  ASSERT_EQ(t.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(t[i].at("loss").get<double>(), a[i].at("loss").get<double>()) << "step " << i;
+    EXPECT_EQ(t[i].contains("eval_tree_tau"), i == 2 || i == 5) << "step " << i;
+    if (!b[i].contains("eval_tau")) continue;
+    EXPECT_EQ(t[i].at("eval_tau"), b[i].at("eval_tau")) << "step " << i << ": the chain's τ as without trees";
+    EXPECT_GE(t[i].at("eval_tree_tau").get<double>(), 1.0) << "step " << i;
+    EXPECT_EQ(t[i].at("eval_tree_nodes"), 4) << "step " << i;
+  }
   Result no_prompts = host("--config " + small_config(dir, dir + "/bad", 2) + " --set train.eval_every=3", dir);
   EXPECT_EQ(no_prompts.status, 2);
   EXPECT_CONTAINS(no_prompts.err, "train.eval_every is 3 but train.eval_prompts names no prompts file");
