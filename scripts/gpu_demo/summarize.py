@@ -106,23 +106,20 @@ def tree_sweep(out_dir):
 
 def scale_sweep(out_dir):
     """Stage 4f: the scale model's eval of every arm in one run (eval_scale.json:
-    {"arms": [chain, tree, ...]}): the chain's report and the trees' by node budget."""
+    {"arms": [chain, tree, ...], "comparison": [...]}): the chain's report, the
+    trees' by node budget, and eval's own comparison of the trees with the
+    chain, the first arm (τ and speed ratios), by node budget."""
     both = load(os.path.join(out_dir, "eval_scale.json")) or {}
-    chain, sweep = None, {}
-    for report in both.get("arms", []):
+    chain, sweep, against_chain = None, {}, {}
+    for report, entry in zip(both.get("arms", []), both.get("comparison", [])):
         if report.get("verify") == "tree":
-            sweep[int(report["tree_nodes"])] = report
+            nodes = int(report["tree_nodes"])
+            sweep[nodes] = report
+            if entry.get("tau_ratio_to_first") is not None and entry.get("speed_ratio_to_first") is not None:
+                against_chain[nodes] = entry  # null where the chain's τ or speed was 0
         else:
             chain = report
-    return chain, dict(sorted(sweep.items()))
-
-
-def tree_ratios(chain, sweep):
-    """τ and speed against the chain's, by node budget; the speed ratio is of
-    speculative tokens/s, the same as of speed-ups over one target-alone figure."""
-    return {n: {"tau_ratio_to_chain": r["tau_mean"] / chain["tau_mean"],
-                "speed_ratio_to_chain": r["speculative_tokens_per_s"] / chain["speculative_tokens_per_s"]}
-            for n, r in sweep.items() if chain.get("tau_mean") and chain.get("speculative_tokens_per_s")}
+    return chain, dict(sorted(sweep.items())), dict(sorted(against_chain.items()))
 
 
 def plot_trees(chain, sweep, path):
@@ -280,7 +277,7 @@ def main():
         if plot_trees(dflash, sweep, os.path.join(args.out, "trees.png")):
             lines.append("tree curves: trees.png")
     scale = load(os.path.join(args.out, "scale_model.json"))
-    scale_chain, scale_trees = scale_sweep(args.out)
+    scale_chain, scale_trees, scale_ratios = scale_sweep(args.out)
     if scale or scale_chain:
         factor = (scale or {}).get("factor", "?")
         results["scale_model"] = dict(scale or {}, chain=eval_summary(scale_chain),
@@ -298,14 +295,14 @@ def main():
         for nodes, report in scale_trees.items():
             lines.append(eval_row(f"scale model, draft tree of {nodes} nodes", report))
         if scale_chain and scale_trees:
-            ratios = tree_ratios(scale_chain, scale_trees)
-            for n, figures in ratios.items():
-                results["scale_model"]["trees"][str(n)].update(figures)
-            if ratios:
-                best = max(ratios, key=lambda n: ratios[n]["speed_ratio_to_chain"])
+            for n, entry in scale_ratios.items():
+                results["scale_model"]["trees"][str(n)].update(
+                    tau_ratio_to_chain=entry["tau_ratio_to_first"], speed_ratio_to_chain=entry["speed_ratio_to_first"])
+            if scale_ratios:
+                best = max(scale_ratios, key=lambda n: scale_ratios[n]["speed_ratio_to_first"])
                 lines.append("scale model, draft trees against the chain: " + ", ".join(
-                    f"{n} nodes tau {f['tau_ratio_to_chain']:.2f}x, speed {f['speed_ratio_to_chain']:.2f}x"
-                    for n, f in ratios.items()) + f" (best budget: {best})")
+                    f"{n} nodes tau {e['tau_ratio_to_first']:.2f}x, speed {e['speed_ratio_to_first']:.2f}x"
+                    for n, e in scale_ratios.items()) + f" (best budget: {best})")
             if plot_trees(scale_chain, scale_trees, os.path.join(args.out, "trees_scale.png")):
                 lines.append("scale model tree curves: trees_scale.png")
         lines.append("")
