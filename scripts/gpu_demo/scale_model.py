@@ -91,10 +91,14 @@ class TorchWeights:
         from safetensors.torch import load_file
         return {name: w.to(self.device, self.torch.float32) for name, w in load_file(path).items()}
 
+    def stored(self, w):
+        """A widened tensor as it is written, off the device at once: the
+        device then holds one widened tensor at a time, not the whole model in fp32."""
+        return w.to(self.torch.bfloat16).cpu().contiguous()
+
     def save(self, path, tensors):
         from safetensors.torch import save_file
-        save_file({name: w.to(self.torch.bfloat16).cpu().contiguous() for name, w in tensors.items()}, path,
-                  metadata={"format": "pt"})
+        save_file(tensors, path, metadata={"format": "pt"})
 
 
 class Flat:
@@ -156,6 +160,9 @@ class PlainWeights:
             out[name] = Flat(entry["shape"], list(values))
         return out
 
+    def stored(self, w):
+        return w
+
     def save(self, path, tensors):
         header, blobs, offset = {}, [], 0
         for name, w in tensors.items():
@@ -197,7 +204,7 @@ def widen_folder(src, dst, r, h, weights, extra_config=None):
         config = json.load(f)
     hidden = config["hidden_size"]
     os.makedirs(dst, exist_ok=True)
-    tensors = {name: widen(name, w, r, h, hidden) for name, w in weights.load(weights_file(src)).items()}
+    tensors = {name: weights.stored(widen(name, w, r, h, hidden)) for name, w in weights.load(weights_file(src)).items()}
     weights.save(os.path.join(dst, "model.safetensors"), tensors)
     out = widened_config(config, r, h)
     out.update({"torch_dtype": weights.dtype_name, "dtype": weights.dtype_name})
