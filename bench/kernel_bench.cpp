@@ -1,6 +1,8 @@
 // Times, one launch at a time, the kernels of a decoding step at the row
-// counts decoding uses (1: a token alone; 16: a verified block): cuBLAS's
-// GEMMs against exact decoding's row-invariant linear kernel, and flash
+// counts decoding uses (1: a token alone; 16: a verified block; 17 to 129: a
+// draft tree's nodes and the newest token): cuBLAS's GEMMs against exact
+// decoding's row-invariant linear kernel (with the rate its weights stream
+// at), and, at 1 and 16 rows, flash
 // attention over the pool against the row-invariant decoding attention. Each
 // arm is captured as a CUDA graph of --iters launches and replayed, so the
 // figures are device time per launch as a decoding graph sees it, host
@@ -79,6 +81,12 @@ double microseconds(int64_t iters, const std::function<void()>& body) {
   return 1e3 * static_cast<double>(start.elapsed_time(end)) / static_cast<double>(iters);
 }
 
+// The rate the weights (bf16) stream at, in GB/s: the memory floor's measure
+// of a projection at decoding's row counts.
+double weight_gb_per_s(int64_t elements, double microseconds) {
+  return 2.0 * static_cast<double>(elements) / (microseconds * 1e3);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,8 +116,10 @@ int main(int argc, char** argv) {
                                       {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim}, {"vocab", a.vocab},
                                       {"keys", a.keys}, {"capacity", a.capacity}}},
                            {"iters", a.iters}, {"device", at::cuda::getCurrentDeviceProperties()->name}};
-  std::cout << "kernel (rows)             cuBLAS / flash us   invariant us\n";
-  for (const int64_t rows : {int64_t{1}, int64_t{16}}) {
+  std::cout << "kernel (rows)              cuBLAS / flash us   invariant us\n";
+  // Rows: a token alone, a chain's block, and draft trees of 16, 32, 64 and
+  // 128 nodes with the newest token (one to nine 16-row tiles).
+  for (const int64_t rows : {int64_t{1}, int64_t{16}, int64_t{17}, int64_t{33}, int64_t{65}, int64_t{129}}) {
     for (const Projection& p : projections) {
       const at::Tensor x = torch::randn({rows, p.in}, options), w = torch::randn({p.out, p.in}, options) * 0.02;
       const double cublas = microseconds(a.iters, [&] { (void)at::linear(x, w); });
@@ -123,10 +133,13 @@ int main(int argc, char** argv) {
                                    ours.narrow(0, rows - 1, 1));
       report["linear"].push_back({{"name", p.name}, {"rows", rows}, {"out", p.out}, {"in", p.in},
                                   {"cublas_us", cublas}, {"invariant_us", invariant},
+                                  {"invariant_weight_gb_per_s", weight_gb_per_s(p.out * p.in, invariant)},
                                   {"relative_error_to_cublas", error}, {"last_row_alone_identical", alone}});
-      std::printf("%-8s (%2lld)                %8.2f      %8.2f   error %.1e, row alone %s\n", p.name.c_str(),
-                  static_cast<long long>(rows), cublas, invariant, error, alone ? "identical" : "DIFFERENT");
+      std::printf("%-8s (%3lld)               %8.2f      %8.2f   %6.0f GB/s of weights, error %.1e, row alone %s\n",
+                  p.name.c_str(), static_cast<long long>(rows), cublas, invariant,
+                  weight_gb_per_s(p.out * p.in, invariant), error, alone ? "identical" : "DIFFERENT");
     }
+    if (rows > 16) continue;  // decoding attention: a token alone or a chain's block
     // Attention of `rows` new queries at the end of a session of `keys` keys, one pool row.
     const at::Tensor pool_k = torch::randn({a.capacity, a.kv_heads, a.head_dim}, options);
     const at::Tensor pool_v = torch::randn({a.capacity, a.kv_heads, a.head_dim}, options);
@@ -144,7 +157,7 @@ int main(int argc, char** argv) {
       (void)dflash::kernel_ops::invariant_decode_attention(q, pool_k, pool_v, cu_k, seqused, rows, a.capacity);
     });
     report["attention"].push_back({{"rows", rows}, {"flash_us", flash}, {"invariant_us", invariant}});
-    std::printf("%-8s (%2lld)                %8.2f      %8.2f\n", "attn", static_cast<long long>(rows), flash, invariant);
+    std::printf("%-8s (%3lld)               %8.2f      %8.2f\n", "attn", static_cast<long long>(rows), flash, invariant);
   }
   if (!a.json.empty()) std::ofstream(a.json) << report.dump(2) << "\n";
   return 0;

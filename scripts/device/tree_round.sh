@@ -6,7 +6,9 @@
 #   scripts/device/tree_round.sh [OUTDIR]      (carry .deps/debs and .corpus)
 # The demo runs shortened to fit one 10-minute call with the build and the
 # tests (its DFLASH_DEMO_* settings below; any set in the environment win).
-# TREE_ROUND_TESTS=0 skips the GPU tests (and their build). The sweep on the
+# TREE_ROUND_TESTS=0 skips the GPU tests (and their build) but for the
+# invariant linear's own test and kernel_bench at the scale model's shapes
+# (kernel_bench_scale.txt; TREE_ROUND_KERNELS=0 skips both). The sweep on the
 # scale model (stage 4f) instead of the demo target's own:
 #   TREE_ROUND_TESTS=0 DFLASH_DEMO_SCALE=16 DFLASH_DEMO_TREE_NODES= DFLASH_DEMO_TARGET_SECONDS=45 \
 #     scripts/device.sh tree_round "$OUT"
@@ -18,6 +20,8 @@ date -u +%Y-%m-%dT%H:%MZ > "$out/machine.txt"
 nvidia-smi --query-gpu=name,memory.total --format=csv >> "$out/machine.txt" 2>&1 || true
 tests=${TREE_ROUND_TESTS:-1}
 test_targets=""; [ "$tests" = 1 ] && test_targets="target_tests drafter_tests eval_tests"
+kernels=${TREE_ROUND_KERNELS:-1}
+[ "$kernels" = 1 ] && test_targets="$test_targets invariant_linear_tests kernel_bench"
 DFLASH_DEVICE_SKIP_TESTS=1 DFLASH_DEVICE_TARGETS="dflash-host decode_bench $test_targets \
 dflash_target_hf_decoder dflash_drafter_dflash dflash_drafter_prompt_lookup dflash_data_jsonl dflash_data_synthetic \
 dflash_loss_fused_ckpt_kl dflash_scheduler_constant dflash_scheduler_warmup_cosine" \
@@ -29,6 +33,14 @@ bin="$root/build-gpu/bin"
   "$bin/eval_tests" --gtest_filter='Tree*:DraftTree*'
 } 2>&1 | grep -v "\[info\]" > "$out/gpu_tests.txt"
 [ "$tests" = 1 ] && grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \] [A-Z]" "$out/gpu_tests.txt"
+[ "$kernels" = 1 ] && {
+  "$bin/invariant_linear_tests" 2>&1 | grep -v "\[info\]" > "$out/invariant_linear_tests.txt"
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \] [A-Z]" "$out/invariant_linear_tests.txt"
+  # The scale model's projections (DFLASH_DEMO_SCALE=16 on the demo target).
+  "$bin/kernel_bench" --hidden 8192 --intermediate 24576 --heads 32 --kv-heads 16 --head-dim 64 --vocab 8192 \
+    --iters 20 --json "$out/kernel_bench_scale.json" > "$out/kernel_bench_scale.txt" 2>&1
+  cat "$out/kernel_bench_scale.txt"
+}
 export DFLASH_DEMO_SKIP_BUILD=1
 export DFLASH_DEMO_TARGET_SECONDS="${DFLASH_DEMO_TARGET_SECONDS:-60}"
 export DFLASH_DEMO_GENERATE_PROMPTS="${DFLASH_DEMO_GENERATE_PROMPTS:-12288}"

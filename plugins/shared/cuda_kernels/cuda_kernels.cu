@@ -236,108 +236,11 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ gate_up, const T* _
 }
 
 
-// ---- Row-invariant kernels (exact decoding) --------------------------------
-// Nothing in them depends on how many rows (or queries) a call has beyond
-// which ones it computes: every output element is summed by the same
-// instructions in the same order (tensor-core tiles of a fixed shape, or
-// explicit FMAs and rounded adds: no contraction left to the compiler).
-
-// The linear kernel multiplies on the tensor cores with mma.m16n8k16: a
-// warp's tile is always 16 rows (rows past `rows` are zeros, never read) by
-// 8 output features, and an output element is the sum over k of its own row
-// and its own column only, so a row's result cannot depend on the others.
-// K is cut into 32-element chunks dealt to the block's warps in a fixed
-// stride, and the warps' partial tiles are added in warp order: the same
-// arithmetic for any row count.
-constexpr int kLinearWarps = 8;
-
-template <class T>
-__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
-template <>
-__device__ __forceinline__ void mma_16x8x16<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <>
-__device__ __forceinline__ void mma_16x8x16<__half>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// Block: kLinearWarps warps on output features [8·blockIdx.x, +8). Lane
-// (group = lane / 4, quad = lane % 4) loads 8 consecutive k of chunk c —
-// k = 32c + 8·quad … +7 — from x rows group and group + 8 and from weight row
-// 8·blockIdx.x + group; its k-pairs (0,1), (2,3) feed the first mma's A/B
-// slots (2·quad, 2·quad + 1) and (2·quad + 8, +9), pairs (4,5), (6,7) the
-// second's. A and B see the same permutation of k, so the products are the
-// right ones. K past in_features (a multiple of 8) is zeros.
-// kTiles 16-row tiles per block (a draft tree's nodes: more rows than one
-// tile): each chunk of the weight row is loaded once and multiplied into
-// every tile's own accumulators, in the same order as for a single tile, so a
-// row's arithmetic is that of a call with its tile alone.
-template <class T, int kTiles>
-__global__ void __launch_bounds__(kLinearWarps * 32)
-    invariant_linear_kernel(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                            const T* residual, T* out, int all_rows, int64_t out_features, int64_t in_features) {
-  using P = Pack<T, 8>;
-  __shared__ float partial[kTiles][kLinearWarps][32][4];
-  const int first_row = static_cast<int>(blockIdx.y) * kTiles * 16;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int group = lane / 4, quad = lane % 4;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 8;
-  const bool feature_in = n0 + group < out_features;
-  const T* w_row = weight + (n0 + group) * in_features;
-  const int64_t chunks = (in_features + 31) / 32;
-  float d[kTiles][4];
-#pragma unroll
-  for (int t = 0; t < kTiles; ++t) d[t][0] = d[t][1] = d[t][2] = d[t][3] = 0.f;
-#pragma unroll 2
-  for (int64_t c = warp; c < chunks; c += kLinearWarps) {
-    const int64_t k = c * 32 + quad * 8;
-    P w{};
-    if (k < in_features && feature_in) w = *reinterpret_cast<const P*>(w_row + k);
-    const uint32_t* wv = reinterpret_cast<const uint32_t*>(&w);
-    const uint32_t b0[2] = {wv[0], wv[1]}, b1[2] = {wv[2], wv[3]};
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      const int lo_row = first_row + t * 16 + group, hi_row = lo_row + 8;
-      P lo{}, hi{};
-      if (k < in_features) {
-        if (lo_row < all_rows) lo = *reinterpret_cast<const P*>(x + static_cast<int64_t>(lo_row) * in_features + k);
-        if (hi_row < all_rows) hi = *reinterpret_cast<const P*>(x + static_cast<int64_t>(hi_row) * in_features + k);
-      }
-      const uint32_t* lv = reinterpret_cast<const uint32_t*>(&lo);
-      const uint32_t* hv = reinterpret_cast<const uint32_t*>(&hi);
-      const uint32_t a0[4] = {lv[0], hv[0], lv[1], hv[1]};
-      mma_16x8x16<T>(d[t], a0, b0);
-      const uint32_t a1[4] = {lv[2], hv[2], lv[3], hv[3]};
-      mma_16x8x16<T>(d[t], a1, b1);
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kTiles; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) partial[t][warp][lane][e] = d[t][e];
-  __syncthreads();
-  if (warp != 0) return;
-  // d[t][e] is row 16t + group (+8 for e ≥ 2) of the block's rows, feature n0 + 2·quad + (e & 1).
-  for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float y = partial[t][0][lane][e];
-      for (int w = 1; w < kLinearWarps; ++w) y = __fadd_rn(y, partial[t][w][lane][e]);
-      const int64_t row = first_row + t * 16 + group + (e >= 2 ? 8 : 0);
-      const int64_t j = n0 + 2 * quad + (e & 1);
-      if (row < all_rows && j < out_features) {
-        if (bias != nullptr) y = __fadd_rn(y, to_float(bias[j]));
-        if (residual != nullptr) y = __fadd_rn(y, to_float(residual[row * out_features + j]));
-        out[row * out_features + j] = from_float<T>(y);
-      }
-    }
-  }
-}
+// ---- Row-invariant decoding attention (exact decoding) ---------------------
+// Nothing in it depends on how many queries a call has beyond which ones it
+// computes: every output element is summed by the same instructions in the
+// same order (explicit FMAs and rounded adds: no contraction left to the
+// compiler). The row-invariant linear is in invariant_linear.cu.
 
 constexpr int kAttentionThreads = 256;
 
@@ -437,8 +340,6 @@ size_t shared_memory_limit() {
     return 48 * 1024;
   return static_cast<size_t>(bytes);
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <class T>
 void rms_norm_typed(const void* x, const void* w, void* out, float* rstd, int64_t rows, int64_t width, float eps,
@@ -569,35 +470,6 @@ void swiglu_backward_typed(const void* gate_up, const void* d_out, void* d_gate_
 
 
 template <class T>
-void invariant_linear_typed(const void* x, const void* w, const void* bias, const void* residual, void* out, int64_t rows,
-                            int64_t out_features, int64_t in_features, cudaStream_t stream) {
-  if (rows == 0 || out_features == 0) return;
-  // Every row tile in one block where there are at most 9 (a draft tree of up
-  // to 128 nodes and the newest token): each weight is then read from memory
-  // once, as for a chain's block, where two blocks of rows would read it twice.
-  // 7 tiles take the 8-tile kernel (one tile of zeros).
-  const int64_t tiles = (rows + 15) / 16;
-  const int per_block = tiles > 9 ? 8 : tiles == 7 ? 8 : static_cast<int>(tiles);
-  const dim3 blocks(static_cast<unsigned>((out_features + 7) / 8), static_cast<unsigned>((tiles + per_block - 1) / per_block));
-  auto launch = [&](auto kernel) {
-    kernel<<<blocks, kLinearWarps * 32, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(w),
-                                                     static_cast<const T*>(bias), static_cast<const T*>(residual),
-                                                     static_cast<T*>(out), static_cast<int>(rows), out_features, in_features);
-  };
-  switch (per_block) {
-    case 9: launch(invariant_linear_kernel<T, 9>); break;
-    case 8: launch(invariant_linear_kernel<T, 8>); break;
-    case 6: launch(invariant_linear_kernel<T, 6>); break;
-    case 5: launch(invariant_linear_kernel<T, 5>); break;
-    case 4: launch(invariant_linear_kernel<T, 4>); break;
-    case 3: launch(invariant_linear_kernel<T, 3>); break;
-    case 2: launch(invariant_linear_kernel<T, 2>); break;
-    default: launch(invariant_linear_kernel<T, 1>); break;
-  }
-  check_launch("invariant_linear");
-}
-
-template <class T>
 void invariant_decode_attention_typed(const void* q, const void* keys, const void* values, const int32_t* cu_k,
                                       const int32_t* seqused_k, const DecodeTree& tree, void* out, int64_t tokens,
                                       int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys,
@@ -680,18 +552,6 @@ void swiglu_backward(Element e, const void* gate_up, const void* d_out, void* d_
                      cudaStream_t stream) {
   if (e == Element::kBFloat16) swiglu_backward_typed<__nv_bfloat16>(gate_up, d_out, d_gate_up, rows, width, stream);
   else swiglu_backward_typed<__half>(gate_up, d_out, d_gate_up, rows, width, stream);
-}
-
-void invariant_linear(Element e, const void* x, const void* weight, const void* bias, const void* residual, void* out,
-                      int64_t rows, int64_t out_features, int64_t in_features, cudaStream_t stream) {
-  if (e == Element::kBFloat16)
-    invariant_linear_typed<__nv_bfloat16>(x, weight, bias, residual, out, rows, out_features, in_features, stream);
-  else
-    invariant_linear_typed<__half>(x, weight, bias, residual, out, rows, out_features, in_features, stream);
-}
-
-bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight) {
-  return rows <= 8 * 16 * int64_t{65535} && in_features % 8 == 0 && aligned16(x) && aligned16(weight);
 }
 
 void invariant_decode_attention(Element e, const void* q, const void* keys, const void* values, const int32_t* cu_k,

@@ -106,14 +106,20 @@ constexpr int64_t kInvariantMaxRows = 16;
 
 // out[r, j] = round(Σ_k x[r, k]·weight[j, k] + bias[j] + residual[r, j]) for
 // r < rows, j < out_features: summed in fp32 on the tensor cores (fixed
-// 16-row tiles, a fixed split of k), rounded once. Rows go in tiles of 16, each
-// by the instructions a call of those rows alone runs: a row's result depends
-// on nothing but its own row.
+// 16-row tiles; k in 32-wide chunks, the chunks in invariant_linear_splits
+// consecutive runs, each run's sum in chunk order, the runs added in order),
+// rounded once. The split depends on the weight's shape only, so a row's
+// result depends on nothing but its own row, at any row count.
 // bias and residual may be null; out may be residual (in place). x and weight
 // 16-byte aligned (they are read 8 elements at a time; bias, residual and out
 // one at a time) and in_features a multiple of 8 (invariant_linear_fits).
+// workspace: invariant_linear_workspace_floats(rows, out, in) fp32 values
+// (the runs' partial sums; null where that is 0), not read before the call.
 void invariant_linear(Element element, const void* x, const void* weight, const void* bias, const void* residual, void* out,
-                      int64_t rows, int64_t out_features, int64_t in_features, cudaStream_t stream);
+                      float* workspace, int64_t rows, int64_t out_features, int64_t in_features, cudaStream_t stream);
+// The runs of k's 32-wide chunks a weight [out_features, in_features] is summed in.
+int64_t invariant_linear_splits(int64_t out_features, int64_t in_features);
+int64_t invariant_linear_workspace_floats(int64_t rows, int64_t out_features, int64_t in_features);
 bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight);
 
 // Decoding attention over the pooled KV caches, one query at a time: token i

@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -67,6 +68,9 @@ __device__ float block_reduce(float x, float identity, Op op) {
 }
 __device__ inline float block_sum(float x) { return block_reduce(x, 0.f, Add{}); }
 __device__ inline float block_max(float x) { return block_reduce(x, -INFINITY, Max{}); }
+
+// Whether a pointer takes 16-byte (8-element) vector loads.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Throws naming the kernel if its launch failed.
 inline void check_launch(const char* what) {

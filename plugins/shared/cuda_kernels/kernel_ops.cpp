@@ -284,10 +284,19 @@ bool invariant_linear_fits(const at::Tensor& x, const at::Tensor& weight) {
 namespace {
 void check_invariant_linear(const at::Tensor& x, const at::Tensor& weight) {
   if (!invariant_linear_fits(x, weight))
-    throw std::invalid_argument("invariant_linear: needs contiguous CUDA bf16/fp16 x [rows <= 16, in] and weight [out, in] "
+    throw std::invalid_argument("invariant_linear: needs contiguous CUDA bf16/fp16 x [rows, in] and weight [out, in] "
                                 "with in a multiple of 8; got x " + c10::str(x.sizes()) + ", weight " +
                                 c10::str(weight.sizes()));
 }
+
+// The fp32 partial sums of k's runs invariant_linear needs for x · weightᵀ
+// (undefined where the weight's shape is summed in one run).
+at::Tensor linear_workspace(const at::Tensor& x, const at::Tensor& weight) {
+  const int64_t floats = cuda_kernels::invariant_linear_workspace_floats(x.size(0), weight.size(0), weight.size(1));
+  return floats == 0 ? at::Tensor() : at::empty({floats}, x.options().dtype(at::kFloat));
+}
+
+float* float_data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 }  // namespace
 
 at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -297,8 +306,10 @@ at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& weight, const
   const int64_t rows = x.size(0), out_features = weight.size(0);
   at::Tensor out = at::empty({rows, out_features}, x.options());
   const at::Tensor r = residual.defined() ? residual.contiguous() : residual;
+  const at::Tensor workspace = linear_workspace(x, weight);
   cuda_kernels::invariant_linear(element_of(x), x.data_ptr(), weight.data_ptr(), data_or_null(bias), data_or_null(r),
-                                 out.data_ptr(), rows, out_features, x.size(1), stream_of(x));
+                                 out.data_ptr(), float_data_or_null(workspace), rows, out_features, x.size(1),
+                                 stream_of(x));
   return out;
 }
 
@@ -307,8 +318,10 @@ void invariant_add_linear_(at::Tensor& residual, const at::Tensor& a, const at::
   if (!residual.is_contiguous() || residual.sizes() != at::IntArrayRef{a.size(0), weight.size(0)})
     throw std::invalid_argument("invariant_add_linear_: the residual must be contiguous [rows, out]");
   const c10::cuda::CUDAGuard guard(a.device());
+  const at::Tensor workspace = linear_workspace(a, weight);
   cuda_kernels::invariant_linear(element_of(a), a.data_ptr(), weight.data_ptr(), nullptr, residual.data_ptr(),
-                                 residual.data_ptr(), a.size(0), weight.size(0), a.size(1), stream_of(a));
+                                 residual.data_ptr(), float_data_or_null(workspace), a.size(0), weight.size(0), a.size(1),
+                                 stream_of(a));
 }
 
 at::Tensor invariant_decode_attention(const at::Tensor& q_in, const at::Tensor& keys, const at::Tensor& values,

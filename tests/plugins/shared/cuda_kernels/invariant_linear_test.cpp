@@ -1,0 +1,48 @@
+// kernel_ops::invariant_linear on the GPU: the product within bf16 rounding
+// of fp32's, and every row bitwise what it gets alone or among other row
+// counts, for shapes summed in one run of k and in several (the workspace
+// and its second kernel), row counts of one to ten 16-row tiles.
+#include <kernel_ops.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace {
+
+struct Shape {
+  int64_t out, in;
+};
+
+bool usable() { return dflash::kernel_ops::available() && at::hasCUDA(); }
+
+TEST(InvariantLinear, ARowGetsTheSameBitsAtEveryRowCountAndTheProductIsRight) {
+  if (!usable()) GTEST_SKIP() << "no CUDA kernels or no CUDA device";
+  torch::manual_seed(3);
+  const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  // One run of k (1100 × 64), two (300 × 520: a partial last chunk), and
+  // the narrow projections of an 8B model (several runs, rows past a block).
+  for (const Shape s : {Shape{1100, 64}, Shape{300, 520}, Shape{136, 1032}, Shape{4096, 8192}, Shape{8192, 2048}}) {
+    SCOPED_TRACE("out " + std::to_string(s.out) + ", in " + std::to_string(s.in));
+    const int64_t most = 150;
+    const at::Tensor x = torch::randn({most, s.in}, bf16), w = torch::randn({s.out, s.in}, bf16) * 0.05;
+    const at::Tensor bias = torch::randn({s.out}, bf16), residual = torch::randn({most, s.out}, bf16);
+    const at::Tensor all = dflash::kernel_ops::invariant_linear(x, w, bias, residual);
+    const at::Tensor reference = at::addmm(bias.to(at::kFloat), x.to(at::kFloat), w.to(at::kFloat).t()) +
+                                 residual.to(at::kFloat);
+    const double error = ((all.to(at::kFloat) - reference).abs().max() / reference.abs().max()).item<double>();
+    EXPECT_LT(error, 1e-2);
+    for (const int64_t rows : {int64_t{1}, int64_t{16}, int64_t{17}, int64_t{100}, int64_t{129}}) {
+      // The last `rows` rows, so each sits at another place in its tiles than in `all`.
+      const at::Tensor some = dflash::kernel_ops::invariant_linear(x.narrow(0, most - rows, rows).contiguous(), w, bias,
+                                                                   residual.narrow(0, most - rows, rows).contiguous());
+      EXPECT_TRUE(at::equal(some, all.narrow(0, most - rows, rows))) << rows << " rows";
+    }
+    // residual += x · wᵀ in place: the same bits as the out-of-place sum.
+    at::Tensor in_place = residual.clone();
+    dflash::kernel_ops::invariant_add_linear_(in_place, x, w);
+    EXPECT_TRUE(at::equal(in_place, dflash::kernel_ops::invariant_linear(x, w, {}, residual)));
+  }
+}
+
+}  // namespace
