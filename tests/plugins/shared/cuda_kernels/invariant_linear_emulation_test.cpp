@@ -1,0 +1,95 @@
+// invariant_linear's own source (invariant_linear.cu, rewritten for the CPU by
+// emulate_kernel_source.py, run by tests/support/cuda_emulation/) on every
+// machine: the products within bf16 rounding of exact sums, and each row
+// bitwise the same alone as among 17 to 150 rows — the kernel's indexing,
+// its runs of k through the workspace, bias and residual, checked where CI
+// has no GPU. invariant_linear_test.cpp checks the same on the device.
+#include "invariant_linear_emulated.cpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace ck = dflash::cuda_kernels;
+using Bf16 = __nv_bfloat16;
+
+struct Problem {
+  int64_t out, in;
+  std::vector<Bf16> x, weight, bias, residual;  // x and residual: `most` rows
+};
+
+Problem make_problem(int64_t out, int64_t in, int64_t most, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto fill = [&](int64_t n, float scale) {
+    std::vector<Bf16> v(static_cast<size_t>(n));
+    for (Bf16& e : v) e = __float2bfloat16(normal(rng) * scale);
+    return v;
+  };
+  return {out, in, fill(most * in, 1.f), fill(out * in, 0.05f), fill(out, 1.f), fill(most * out, 1.f)};
+}
+
+// Rows [first, first + rows) of the problem through the kernel; with_bias
+// picks the bias; the residual is added in place (out = residual), as
+// invariant_add_linear_ does.
+std::vector<Bf16> run(const Problem& p, int64_t first, int64_t rows, bool with_bias) {
+  std::vector<Bf16> x(p.x.begin() + first * p.in, p.x.begin() + (first + rows) * p.in);
+  std::vector<Bf16> out(p.residual.begin() + first * p.out, p.residual.begin() + (first + rows) * p.out);
+  std::vector<float> workspace(static_cast<size_t>(std::max<int64_t>(1, ck::invariant_linear_workspace_floats(rows, p.out, p.in))),
+                               std::nanf(""));
+  ck::invariant_linear(ck::Element::kBFloat16, x.data(), p.weight.data(), with_bias ? p.bias.data() : nullptr, out.data(),
+                       out.data(), workspace.data(), rows, p.out, p.in, nullptr);
+  return out;
+}
+
+double exact(const Problem& p, int64_t row, int64_t j, bool with_bias) {
+  double sum = 0;
+  for (int64_t k = 0; k < p.in; ++k)
+    sum += static_cast<double>(__bfloat162float(p.x[row * p.in + k])) * __bfloat162float(p.weight[j * p.in + k]);
+  return sum + (with_bias ? __bfloat162float(p.bias[j]) : 0.f) + __bfloat162float(p.residual[row * p.out + j]);
+}
+
+TEST(InvariantLinearEmulated, ARowGetsTheSameBitsAloneAsAmongOtherRowsAndTheProductIsRight) {
+  struct Shape {
+    int64_t out, in;
+  };
+  // 300 × 520: two runs of k, the last chunk partial, a partial block of
+  // features; 136 × 1032: four runs; 1100 × 64: one run (no workspace);
+  // 24 × 8: a single partial chunk.
+  const std::vector<Shape> shapes = {{300, 520}, {136, 1032}, {1100, 64}, {24, 8}};
+  EXPECT_GT(ck::invariant_linear_splits(300, 520), 1);
+  EXPECT_GT(ck::invariant_linear_splits(136, 1032), ck::invariant_linear_splits(300, 520));
+  EXPECT_EQ(ck::invariant_linear_splits(1100, 64), 1);
+  const int64_t most = 150;
+  uint32_t seed = 1;
+  for (const Shape& s : shapes) {
+    const Problem p = make_problem(s.out, s.in, most, seed++);
+    // 17 rows: two tiles; 129: nine tiles in one block (a 128-node tree and
+    // its newest token); 150: ten tiles, blocks of eight.
+    for (const int64_t rows : {int64_t{17}, int64_t{129}, int64_t{150}}) {
+      const bool with_bias = rows % 2 == 1;
+      SCOPED_TRACE("out " + std::to_string(s.out) + ", in " + std::to_string(s.in) + ", rows " + std::to_string(rows));
+      const std::vector<Bf16> all = run(p, 0, rows, with_bias);
+      double worst = 0;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < s.out; ++j) {
+          const double want = exact(p, r, j, with_bias);
+          worst = std::max(worst, std::abs(__bfloat162float(all[r * s.out + j]) - want) / (std::abs(want) + 0.05));
+        }
+      EXPECT_LT(worst, 1e-2);  // one bf16 rounding is 2^-9 relative
+      for (const int64_t r : {int64_t{0}, rows / 2 + 3, rows - 1}) {
+        const std::vector<Bf16> alone = run(p, r, 1, with_bias);
+        int differing = 0;
+        for (int64_t j = 0; j < s.out; ++j) differing += alone[j].bits != all[r * s.out + j].bits;
+        EXPECT_EQ(differing, 0) << "row " << r << " alone";
+      }
+    }
+  }
+}
+
+}  // namespace

@@ -1,0 +1,80 @@
+// CUDA on the CPU, for tests only: enough of the runtime to run a kernel's
+// own source, each block's threads as std::threads (emulated_launch), so CI
+// machines without a GPU check a kernel's indexing and its arithmetic order.
+// What it does not model: timing, memory ordering between blocks, shared
+// memory (a kernel using __shared__ state across threads cannot run here)
+// and warp-synchronous code other than emulated_mma (emulated_mma.h).
+#pragma once
+
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+using cudaStream_t = void*;
+enum cudaError_t { cudaSuccess = 0 };
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline const char* cudaGetErrorString(cudaError_t) { return "no error"; }
+inline float __fadd_rn(float a, float b) { return a + b; }  // x86 float adds round to nearest even
+inline float __shfl_xor_sync(unsigned, float x, int) { return x; }
+inline void __syncthreads() {}
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+
+namespace cuda_emulation {
+
+// One warp's meeting point for warp-wide instructions: each lane leaves its
+// operands, all wait, each reads what it needs, all wait again.
+struct Warp {
+  std::barrier<> meet{32};
+  uint32_t a[32][4];
+  uint32_t b[32][2];
+};
+
+// The running block's warps (one block runs at a time).
+inline std::vector<std::unique_ptr<Warp>>& block_warps() {
+  static std::vector<std::unique_ptr<Warp>> warps;
+  return warps;
+}
+
+// kernel<<<grid, threads>>>(args...): blocks one after another, a block's
+// threads at once.
+template <class Kernel, class... Args>
+void launch(Kernel kernel, dim3 grid, int threads, Args... args) {
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        auto& warps = block_warps();
+        warps.clear();
+        for (int w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<Warp>());
+        std::vector<std::thread> pool;
+        pool.reserve(static_cast<size_t>(threads));
+        for (int t = 0; t < threads; ++t)
+          pool.emplace_back([=] {
+            threadIdx = dim3(static_cast<unsigned>(t));
+            blockIdx = dim3(x, y, z);
+            blockDim = dim3(static_cast<unsigned>(threads));
+            gridDim = grid;
+            kernel(args...);
+          });
+        for (std::thread& thread : pool) thread.join();
+      }
+}
+
+}  // namespace cuda_emulation
