@@ -22,9 +22,11 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 
 namespace dflash::cuda_kernels {
 namespace {
@@ -68,48 +70,78 @@ __device__ __forceinline__ void store_output(float y, const T* bias, const T* re
 
 // Block (blockIdx.x, blockIdx.y, blockIdx.z): features [128·x, +128), run y of
 // k's chunks, rows [16·kTiles·z, +16·kTiles). Warp w owns the feature tiles
-// 128·x + 16·w + 8·f, f < 2. Lane (group = lane / 4, quad = lane % 4) loads 8
-// consecutive k of chunk c — k = 32c + 8·quad … +7 — from x rows group and
-// group + 8 of each row tile and from weight row (its feature tile's first
-// feature) + group; k pairs (0,1), (2,3) feed the first mma's A/B slots
-// (2·quad, 2·quad + 1) and (2·quad + 8, +9), pairs (4,5), (6,7) the second's.
-// A and B see the same permutation of k, so the products are the right ones;
-// k past in_features (a multiple of 8) is zeros. The next chunk's weights are
-// loaded before this chunk's products, to keep two loads in flight a lane.
+// 128·x + 16·w + 8·f, f < 2.
+//
+// The block's threads copy each chunk's rows of x and of the weight into
+// shared memory with cp.async, kStages − 1 chunks ahead of the one being
+// multiplied, so the weights stream with many loads in flight and no
+// register holds them on the way. A stage holds kTiles·16 rows of x, then
+// the block's 128 weight rows, each row 32 elements (64 bytes; eight lanes
+// reading 16 bytes each of two adjacent rows touch every bank once).
+//
+// Lane (group = lane / 4, quad = lane % 4) reads 8 consecutive k of chunk c —
+// k = 32c + 8·quad … +7 — from x rows group and group + 8 of each row tile
+// and from weight row (its feature tile's first feature) + group; k pairs
+// (0,1), (2,3) feed the first mma's A/B slots (2·quad, 2·quad + 1) and
+// (2·quad + 8, +9), pairs (4,5), (6,7) the second's. A and B see the same
+// permutation of k, so the products are the right ones; k past in_features
+// (a multiple of 8), rows past all_rows and features past out_features are
+// zeros in shared memory.
 // partial null: one run, the epilogue here; else the run's sums go to
 // partial[y][row][feature] for add_runs.
-// Two blocks an SM (at most 128 registers a thread): at 9 tiles the
-// accumulators alone take 72, and one block of 8 warps keeps too few loads in
-// flight to stream the weights at memory speed.
+//
+// Two blocks an SM (at most 128 registers a thread; shared memory
+// linear_shared_bytes(kTiles) each).
+constexpr int kStages = 4;
+constexpr int kChunkBytes = 64;  // 32 elements of 2 bytes
+
+template <int kTiles>
+__host__ __device__ constexpr int stage_bytes() {
+  return (kTiles * 16 + static_cast<int>(kBlockFeatures)) * kChunkBytes;
+}
+template <int kTiles>
+__host__ __device__ constexpr int linear_shared_bytes() {
+  return kStages * stage_bytes<kTiles>();
+}
+
 template <class T, int kTiles>
 __global__ void __launch_bounds__(kLinearWarps * 32, 2)
     invariant_linear_kernel(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
                             const T* residual, T* out, float* __restrict__ partial, int all_rows, int64_t out_features,
                             int64_t in_features, int64_t chunks_per_split) {
   using P = Pack<T, 8>;
+  extern __shared__ __align__(16) unsigned char linear_shared[];
+  constexpr int kRows = kTiles * 16;
+  constexpr int kLines = kRows + static_cast<int>(kBlockFeatures);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad = lane % 4;
-  const int first_row = static_cast<int>(blockIdx.z) * kTiles * 16;
-  const int64_t first_feature = (static_cast<int64_t>(blockIdx.x) * kLinearWarps + warp) * kFeatureTiles * 8;
-  if (first_feature >= out_features) return;
+  const int first_row = static_cast<int>(blockIdx.z) * kRows;
+  const int64_t block_feature = static_cast<int64_t>(blockIdx.x) * kBlockFeatures;
+  const int64_t first_feature = block_feature + warp * kFeatureTiles * 8;
+  // A warp past out_features still copies and meets the block's barriers.
+  const bool warp_active = first_feature < out_features;
   const int64_t chunks = (in_features + 31) / 32;
   const int64_t c_begin = static_cast<int64_t>(blockIdx.y) * chunks_per_split;
   const int64_t c_end = c_begin + chunks_per_split < chunks ? c_begin + chunks_per_split : chunks;
+  const int64_t n = c_end - c_begin;
 
-  const T* w_row[kFeatureTiles];
-  bool feature_in[kFeatureTiles];
-#pragma unroll
-  for (int f = 0; f < kFeatureTiles; ++f) {
-    const int64_t feature = first_feature + f * 8 + group;
-    feature_in[f] = feature < out_features;
-    w_row[f] = weight + (feature_in[f] ? feature : 0) * in_features;
-  }
-  auto load_weights = [&](int64_t c, P (&w)[kFeatureTiles]) {
-    const int64_t k = c * 32 + quad * 8;
-#pragma unroll
-    for (int f = 0; f < kFeatureTiles; ++f) {
-      w[f] = P{};
-      if (c < c_end && k < in_features && feature_in[f]) w[f] = *reinterpret_cast<const P*>(w_row[f] + k);
+  // Chunk c into stage `stage`: 16-byte pieces (line, quarter), x's lines first.
+  auto copy_chunk = [&](int64_t c, int stage) {
+    unsigned char* base = linear_shared + stage * stage_bytes<kTiles>();
+    for (int piece = threadIdx.x; piece < kLines * 4; piece += blockDim.x) {
+      const int line = piece / 4, quarter = piece % 4;
+      const int64_t k = c * 32 + quarter * 8;
+      unsigned char* dst = base + line * kChunkBytes + quarter * 16;
+      const T* src = nullptr;
+      if (k < in_features) {
+        if (line < kRows) {
+          if (first_row + line < all_rows) src = x + static_cast<int64_t>(first_row + line) * in_features + k;
+        } else if (block_feature + (line - kRows) < out_features) {
+          src = weight + (block_feature + (line - kRows)) * in_features + k;
+        }
+      }
+      if (src != nullptr) __pipeline_memcpy_async(dst, src, 16);
+      else *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
     }
   };
 
@@ -119,18 +151,26 @@ __global__ void __launch_bounds__(kLinearWarps * 32, 2)
 #pragma unroll
     for (int f = 0; f < kFeatureTiles; ++f) d[t][f][0] = d[t][f][1] = d[t][f][2] = d[t][f][3] = 0.f;
 
-  P w_next[kFeatureTiles];
-  load_weights(c_begin, w_next);
-  for (int64_t c = c_begin; c < c_end; ++c) {
-    P w[kFeatureTiles];
-#pragma unroll
-    for (int f = 0; f < kFeatureTiles; ++f) w[f] = w_next[f];
-    load_weights(c + 1, w_next);
-    const int64_t k = c * 32 + quad * 8;
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n) copy_chunk(c_begin + s, s);
+    __pipeline_commit();
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    // This thread's copies of chunk i are done; the barrier makes every
+    // thread's visible, and tells that chunk i − 1's stage, refilled below,
+    // has been read by all.
+    __pipeline_wait_prior(kStages - 2);
+    __syncthreads();
+    if (i + kStages - 1 < n) copy_chunk(c_begin + i + kStages - 1, static_cast<int>((i + kStages - 1) % kStages));
+    __pipeline_commit();
+    if (!warp_active) continue;
+    const unsigned char* base = linear_shared + static_cast<int>(i % kStages) * stage_bytes<kTiles>();
     uint32_t b0[kFeatureTiles][2], b1[kFeatureTiles][2];
 #pragma unroll
     for (int f = 0; f < kFeatureTiles; ++f) {
-      const uint32_t* wv = reinterpret_cast<const uint32_t*>(&w[f]);
+      const int line = kRows + warp * kFeatureTiles * 8 + f * 8 + group;
+      const P w = *reinterpret_cast<const P*>(base + line * kChunkBytes + quad * 16);
+      const uint32_t* wv = reinterpret_cast<const uint32_t*>(&w);
       b0[f][0] = wv[0];
       b0[f][1] = wv[1];
       b1[f][0] = wv[2];
@@ -138,12 +178,8 @@ __global__ void __launch_bounds__(kLinearWarps * 32, 2)
     }
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
-      const int lo_row = first_row + t * 16 + group, hi_row = lo_row + 8;
-      P lo{}, hi{};
-      if (k < in_features) {
-        if (lo_row < all_rows) lo = *reinterpret_cast<const P*>(x + static_cast<int64_t>(lo_row) * in_features + k);
-        if (hi_row < all_rows) hi = *reinterpret_cast<const P*>(x + static_cast<int64_t>(hi_row) * in_features + k);
-      }
+      const P lo = *reinterpret_cast<const P*>(base + (t * 16 + group) * kChunkBytes + quad * 16);
+      const P hi = *reinterpret_cast<const P*>(base + (t * 16 + group + 8) * kChunkBytes + quad * 16);
       const uint32_t* lv = reinterpret_cast<const uint32_t*>(&lo);
       const uint32_t* hv = reinterpret_cast<const uint32_t*>(&hi);
       const uint32_t a0[4] = {lv[0], hv[0], lv[1], hv[1]};
@@ -155,6 +191,7 @@ __global__ void __launch_bounds__(kLinearWarps * 32, 2)
       }
     }
   }
+  if (!warp_active) return;
 
   // d[t][f][e] is row first_row + 16t + group (+8 for e ≥ 2), feature
   // first_feature + 8f + 2·quad + (e & 1).
@@ -184,6 +221,27 @@ __global__ void add_runs_kernel(const float* __restrict__ partial, const T* __re
   store_output<T>(y, bias, residual, out, i / out_features, i % out_features, out_features);
 }
 
+// Above the default 48 KiB a kernel must opt in to its shared memory, per
+// device: done on a kernel's first launch on a device (a step's first run is
+// eager, never inside a graph capture).
+void opt_in_shared_memory(const void* kernel, int bytes) {
+  if (bytes <= 48 * 1024) return;
+  constexpr int kDevices = 64;
+  constexpr int kKernels = 32;
+  static const void* done[kDevices][kKernels] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices)
+    throw std::runtime_error("dflash CUDA kernel invariant_linear: no usable current device");
+  for (const void*& slot : done[device]) {
+    if (slot == kernel) return;
+    if (slot != nullptr) continue;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
+      check_launch("invariant_linear (shared memory opt-in)");
+    slot = kernel;
+    return;
+  }
+}
+
 int64_t chunks_per_split(int64_t out_features, int64_t in_features) {
   const int64_t chunks = (in_features + 31) / 32;
   const int64_t splits = invariant_linear_splits(out_features, in_features);
@@ -205,20 +263,21 @@ void invariant_linear_typed(const void* x, const void* w, const void* bias, cons
   const dim3 blocks(static_cast<unsigned>((out_features + kBlockFeatures - 1) / kBlockFeatures),
                     static_cast<unsigned>(splits), static_cast<unsigned>((tiles + per_block - 1) / per_block));
   float* partial = splits > 1 ? workspace : nullptr;
-  auto launch = [&](auto kernel) {
-    kernel<<<blocks, kLinearWarps * 32, 0, stream>>>(
+  auto launch = [&](auto kernel, int shared) {
+    opt_in_shared_memory(reinterpret_cast<const void*>(kernel), shared);
+    kernel<<<blocks, kLinearWarps * 32, shared, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias), static_cast<const T*>(residual),
         static_cast<T*>(out), partial, static_cast<int>(rows), out_features, in_features, per_split);
   };
   switch (per_block) {
-    case 9: launch(invariant_linear_kernel<T, 9>); break;
-    case 8: launch(invariant_linear_kernel<T, 8>); break;
-    case 6: launch(invariant_linear_kernel<T, 6>); break;
-    case 5: launch(invariant_linear_kernel<T, 5>); break;
-    case 4: launch(invariant_linear_kernel<T, 4>); break;
-    case 3: launch(invariant_linear_kernel<T, 3>); break;
-    case 2: launch(invariant_linear_kernel<T, 2>); break;
-    default: launch(invariant_linear_kernel<T, 1>); break;
+    case 9: launch(invariant_linear_kernel<T, 9>, linear_shared_bytes<9>()); break;
+    case 8: launch(invariant_linear_kernel<T, 8>, linear_shared_bytes<8>()); break;
+    case 6: launch(invariant_linear_kernel<T, 6>, linear_shared_bytes<6>()); break;
+    case 5: launch(invariant_linear_kernel<T, 5>, linear_shared_bytes<5>()); break;
+    case 4: launch(invariant_linear_kernel<T, 4>, linear_shared_bytes<4>()); break;
+    case 3: launch(invariant_linear_kernel<T, 3>, linear_shared_bytes<3>()); break;
+    case 2: launch(invariant_linear_kernel<T, 2>, linear_shared_bytes<2>()); break;
+    default: launch(invariant_linear_kernel<T, 1>, linear_shared_bytes<1>()); break;
   }
   check_launch("invariant_linear");
   if (partial == nullptr) return;

@@ -1,9 +1,12 @@
 // CUDA on the CPU, for tests only: enough of the runtime to run a kernel's
 // own source, each block's threads as std::threads (emulated_launch), so CI
 // machines without a GPU check a kernel's indexing and its arithmetic order.
-// What it does not model: timing, memory ordering between blocks, shared
-// memory (a kernel using __shared__ state across threads cannot run here)
-// and warp-synchronous code other than emulated_mma (emulated_mma.h).
+// Blocks run one at a time, so a function-local static is the block's shared
+// memory (`__shared__`, and the dynamic `extern __shared__` array that
+// emulate_kernel_source.py turns into one); __syncthreads is a barrier of the
+// block's threads, and cp.async (cuda_pipeline.h) copies at once. What it
+// does not model: timing, memory ordering between blocks, and warp-wide
+// instructions other than emulated_mma (emulated_mma.h).
 #pragma once
 
 #include <barrier>
@@ -20,6 +23,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) alignas(n)
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -29,11 +33,20 @@ inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 using cudaStream_t = void*;
 enum cudaError_t { cudaSuccess = 0 };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
+struct uint4 {
+  unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline const char* cudaGetErrorString(cudaError_t) { return "no error"; }
 inline float __fadd_rn(float a, float b) { return a + b; }  // x86 float adds round to nearest even
 inline float __shfl_xor_sync(unsigned, float x, int) { return x; }
-inline void __syncthreads() {}
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 
@@ -47,14 +60,21 @@ struct Warp {
   uint32_t b[32][2];
 };
 
-// The running block's warps (one block runs at a time).
+// The running block's warps and its barrier (one block runs at a time).
 inline std::vector<std::unique_ptr<Warp>>& block_warps() {
   static std::vector<std::unique_ptr<Warp>> warps;
   return warps;
 }
+inline std::unique_ptr<std::barrier<>>& block_barrier() {
+  static std::unique_ptr<std::barrier<>> barrier;
+  return barrier;
+}
 
-// kernel<<<grid, threads>>>(args...): blocks one after another, a block's
-// threads at once.
+// The size of the static array an `extern __shared__` one becomes.
+constexpr size_t kDynamicSharedBytes = 256 * 1024;
+
+// kernel<<<grid, threads, shared, stream>>>(args...): blocks one after
+// another, a block's threads at once.
 template <class Kernel, class... Args>
 void launch(Kernel kernel, dim3 grid, int threads, Args... args) {
   for (unsigned z = 0; z < grid.z; ++z)
@@ -63,6 +83,7 @@ void launch(Kernel kernel, dim3 grid, int threads, Args... args) {
         auto& warps = block_warps();
         warps.clear();
         for (int w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<Warp>());
+        block_barrier() = std::make_unique<std::barrier<>>(threads);
         std::vector<std::thread> pool;
         pool.reserve(static_cast<size_t>(threads));
         for (int t = 0; t < threads; ++t)
@@ -78,3 +99,5 @@ void launch(Kernel kernel, dim3 grid, int threads, Args... args) {
 }
 
 }  // namespace cuda_emulation
+
+inline void __syncthreads() { cuda_emulation::block_barrier()->arrive_and_wait(); }

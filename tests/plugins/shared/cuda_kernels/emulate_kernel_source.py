@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """A CUDA source rewritten to run on the CPU (tests/support/cuda_emulation/):
 each mma.m16n8k16 inline-assembly statement becomes cuda_emulation::mma_16x8x16
-of its element type, and each kernel<<<grid, threads, 0, stream>>>(args) launch
-becomes cuda_emulation::launch(kernel, dim3(grid), threads, args). Everything
-else is the source as it is. Fails, naming the file, where a statement it does
-not know is left (other inline assembly, another launch form).
+of its element type, each kernel<<<grid, threads, shared, stream>>>(args)
+launch becomes cuda_emulation::launch(kernel, dim3(grid), threads, args), and
+each `extern __shared__ __align__(16) unsigned char name[];` (dynamic shared
+memory) a static array of cuda_emulation::kDynamicSharedBytes. Everything else
+is the source as it is. Fails, naming the file, where a statement it does not
+know is left (other inline assembly, another launch form).
 
   emulate_kernel_source.py <kernel.cu> <out.cpp>
 """
@@ -22,13 +24,17 @@ def mma(match):
 
 text, mmas = re.subn(r'asm volatile\("mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.[^"]*".*?\);\n', mma, text,
                      flags=re.S)
-text, launches = re.subn(r"([\w:]+(?:<[\w, ]+>)?)<<<(.+?), ([^,<>]+), 0, stream>>>\(",
+text, launches = re.subn(r"([\w:]+(?:<[\w, ]+>)?)<<<(.+?), ([^,<>]+), [^,<>]+, stream>>>\(",
                          r"cuda_emulation::launch(\1, dim3(\2), \3, ", text, flags=re.S)
+text = re.sub(r"extern __shared__ __align__\((\d+)\) unsigned char (\w+)\[\];",
+              r"alignas(\1) static unsigned char \2[cuda_emulation::kDynamicSharedBytes];", text)
 problems = []
 if mmas == 0 or launches == 0:
     problems.append(f"found {mmas} mma statements and {launches} launches; expected some of each")
 if "asm" in text:
     problems.append("inline assembly other than mma.m16n8k16 is left")
+if "extern __shared__" in text:
+    problems.append("an extern __shared__ array not of the form `extern __shared__ __align__(N) unsigned char name[];`")
 if "<<<" in text:
     problems.append("a launch not of the form kernel<<<grid, threads, 0, stream>>>( is left")
 if problems:
