@@ -12,10 +12,11 @@
 //
 // Speed: a tree of up to 128 nodes (9 tiles of 16 rows with the newest token)
 // is one block's rows, so each weight is read from memory once, as for a
-// chain's 16-row block. The 8 warps of a block share each chunk of x (they
-// read it together, from L1) and own 2 tiles of 8 features each, so x is read
-// from L2 once per 128 features rather than once per 8. The runs of k give
-// the grid enough blocks to keep the memory busy on narrow projections; their
+// chain's 16-row block. The block's threads copy each chunk of x's rows and
+// of its 128 weight rows into shared memory with cp.async, three chunks
+// ahead; its 8 warps own 2 tiles of 8 features each and read the chunk from
+// there, so x is read from L2 once per 128 features. The runs of k give the
+// grid enough blocks to keep the memory busy on narrow projections; their
 // fp32 partial sums go through a workspace and a second kernel adds them.
 #include "cuda_kernels.h"
 #include "device_math.cuh"
