@@ -34,19 +34,37 @@ inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 using cudaStream_t = void*;
 enum cudaError_t { cudaSuccess = 0 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin };
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
 }
+template <class Function>
+cudaError_t cudaFuncSetAttribute(Function*, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
 inline cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr, int) {
+  *value = 227 * 1024;  // an H100's opt-in limit
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
 struct uint4 {
   unsigned x, y, z, w;
 };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline const char* cudaGetErrorString(cudaError_t) { return "no error"; }
-inline float __fadd_rn(float a, float b) { return a + b; }  // x86 float adds round to nearest even
-inline float __shfl_xor_sync(unsigned, float x, int) { return x; }
+// x86-64's SSE float arithmetic rounds each operation to nearest even, as
+// these intrinsics do (no contraction: the tests build without -ffast-math).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 
@@ -58,6 +76,7 @@ struct Warp {
   std::barrier<> meet{32};
   uint32_t a[32][4];
   uint32_t b[32][2];
+  float value[32];
 };
 
 // The running block's warps and its barrier (one block runs at a time).
@@ -101,3 +120,16 @@ void launch(Kernel kernel, dim3 grid, int threads, Args... args) {
 }  // namespace cuda_emulation
 
 inline void __syncthreads() { cuda_emulation::block_barrier()->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  cuda_emulation::block_warps()[threadIdx.x / 32]->meet.arrive_and_wait();
+}
+// Every lane of the warp takes part (the mask is not modelled).
+inline float __shfl_xor_sync(unsigned, float x, int lane_mask) {
+  cuda_emulation::Warp& warp = *cuda_emulation::block_warps()[threadIdx.x / 32];
+  const unsigned lane = threadIdx.x % 32;
+  warp.value[lane] = x;
+  warp.meet.arrive_and_wait();
+  const float y = warp.value[lane ^ static_cast<unsigned>(lane_mask)];
+  warp.meet.arrive_and_wait();
+  return y;
+}

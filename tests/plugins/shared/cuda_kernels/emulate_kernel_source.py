@@ -3,8 +3,8 @@
 each mma.m16n8k16 inline-assembly statement becomes cuda_emulation::mma_16x8x16
 of its element type, each kernel<<<grid, threads, shared, stream>>>(args)
 launch becomes cuda_emulation::launch(kernel, dim3(grid), threads, args), and
-each `extern __shared__ __align__(16) unsigned char name[];` (dynamic shared
-memory) a static array of cuda_emulation::kDynamicSharedBytes. Everything else
+each `extern __shared__ [__align__(N)] type name[];` (dynamic shared memory)
+a static array of cuda_emulation::kDynamicSharedBytes bytes. Everything else
 is the source as it is. Fails, naming the file, where a statement it does not
 know is left (other inline assembly, another launch form).
 
@@ -26,15 +26,16 @@ text, mmas = re.subn(r'asm volatile\("mma\.sync\.aligned\.m16n8k16\.row\.col\.f3
                      flags=re.S)
 text, launches = re.subn(r"([\w:]+(?:<[\w, ]+>)?)<<<(.+?), ([^,<>]+), [^,<>]+, stream>>>\(",
                          r"cuda_emulation::launch(\1, dim3(\2), \3, ", text, flags=re.S)
-text = re.sub(r"extern __shared__ __align__\((\d+)\) unsigned char (\w+)\[\];",
-              r"alignas(\1) static unsigned char \2[cuda_emulation::kDynamicSharedBytes];", text)
+text = re.sub(r"extern __shared__ (?:__align__\((\d+)\) )?(\w+(?: \w+)?) (\w+)\[\];",
+              lambda m: f"alignas({m.group(1) or 16}) static {m.group(2)} {m.group(3)}"
+                        f"[cuda_emulation::kDynamicSharedBytes / sizeof({m.group(2)})];", text)
 problems = []
-if mmas == 0 or launches == 0:
-    problems.append(f"found {mmas} mma statements and {launches} launches; expected some of each")
+if launches == 0:
+    problems.append("found no launch of the form kernel<<<grid, threads, shared, stream>>>(")
 if "asm" in text:
     problems.append("inline assembly other than mma.m16n8k16 is left")
 if "extern __shared__" in text:
-    problems.append("an extern __shared__ array not of the form `extern __shared__ __align__(N) unsigned char name[];`")
+    problems.append("an extern __shared__ array not of the form `extern __shared__ [__align__(N)] type name[];`")
 if "<<<" in text:
     problems.append("a launch not of the form kernel<<<grid, threads, 0, stream>>>( is left")
 if problems:

@@ -1,0 +1,139 @@
+// invariant_decode_attention's own source (cuda_kernels.cu, rewritten for the
+// CPU by emulate_kernel_source.py, run by tests/support/cuda_emulation/) on
+// every machine: a draft tree's node gets bitwise what the same query gets
+// decoded alone after its path (the keys and values of the path copied after
+// the prefix), a chain's query what it gets alone after the tokens before it,
+// and both are within bf16 rounding of an exact softmax attention. The
+// device runs the same checks through the targets (HfDecoder.ExactDecoding*).
+#include "cuda_kernels_emulated.cpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace ck = dflash::cuda_kernels;
+using Bf16 = __nv_bfloat16;
+
+struct Shape {
+  int heads, kv_heads, head_dim;
+};
+
+std::vector<Bf16> random_bf16(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<Bf16> v(n);
+  for (Bf16& e : v) e = __float2bfloat16(normal(rng));
+  return v;
+}
+
+// One session whose rows [0, keys) hold the keys and values attended to;
+// queries q [tokens, heads, head_dim]; a chain of n = tokens queries, or a
+// tree (rows/lengths/stride) of its nodes.
+std::vector<Bf16> attend(const Shape& s, const std::vector<Bf16>& q, const std::vector<Bf16>& k,
+                         const std::vector<Bf16>& v, int keys, int tokens, const ck::DecodeTree& tree, int capacity) {
+  std::vector<Bf16> out(static_cast<size_t>(tokens) * s.heads * s.head_dim);
+  const int32_t cu_k[2] = {0, capacity}, seqused[1] = {keys};
+  ck::invariant_decode_attention(ck::Element::kBFloat16, q.data(), k.data(), v.data(), cu_k, seqused, tree, out.data(),
+                                 tokens, tokens, s.heads, s.kv_heads, s.head_dim, capacity, nullptr);
+  return out;
+}
+
+// Exact attention of query (token, head) over the given session rows.
+double worst_error(const Shape& s, const std::vector<Bf16>& q, int token, const std::vector<Bf16>& k,
+                   const std::vector<Bf16>& v, const std::vector<int>& rows, const std::vector<Bf16>& out) {
+  double worst = 0;
+  const int stride = s.kv_heads * s.head_dim;
+  for (int h = 0; h < s.heads; ++h) {
+    const int kv = h / (s.heads / s.kv_heads);
+    std::vector<double> score;
+    double top = -INFINITY;
+    for (int r : rows) {
+      double dot = 0;
+      for (int d = 0; d < s.head_dim; ++d)
+        dot += static_cast<double>(__bfloat162float(q[(static_cast<size_t>(token) * s.heads + h) * s.head_dim + d])) *
+               __bfloat162float(k[static_cast<size_t>(r) * stride + kv * s.head_dim + d]);
+      score.push_back(dot / std::sqrt(static_cast<double>(s.head_dim)));
+      top = std::max(top, score.back());
+    }
+    double total = 0;
+    for (double& x : score) total += (x = std::exp(x - top));
+    for (int d = 0; d < s.head_dim; ++d) {
+      double want = 0;
+      for (size_t i = 0; i < rows.size(); ++i)
+        want += score[i] / total * __bfloat162float(v[static_cast<size_t>(rows[i]) * stride + kv * s.head_dim + d]);
+      const double got = __bfloat162float(out[(static_cast<size_t>(token) * s.heads + h) * s.head_dim + d]);
+      worst = std::max(worst, std::abs(got - want) / (std::abs(want) + 0.05));
+    }
+  }
+  return worst;
+}
+
+// The rows of `from` (session rows) copied to rows first, first + 1, … of a copy of the pool.
+std::vector<Bf16> with_rows_moved(std::vector<Bf16> pool, const std::vector<int>& from, int first, int row_size) {
+  const std::vector<Bf16> source = pool;
+  for (size_t j = 0; j < from.size(); ++j)
+    std::copy(source.begin() + static_cast<size_t>(from[j]) * row_size, source.begin() + static_cast<size_t>(from[j] + 1) * row_size,
+              pool.begin() + static_cast<size_t>(first + static_cast<int>(j)) * row_size);
+  return pool;
+}
+
+TEST(InvariantAttentionEmulated, ATreeNodeGetsTheBitsOfItsPathDecodedAloneAndAChainQueryOfItsPrefix) {
+  std::mt19937 rng(7);
+  // 2 query heads per KV head at head_dim 16 (2 chunks, 128 slices); 1 at 64.
+  for (const Shape s : {Shape{4, 2, 16}, Shape{2, 2, 64}}) {
+    SCOPED_TRACE("heads " + std::to_string(s.heads) + ", kv heads " + std::to_string(s.kv_heads) + ", head_dim " +
+                 std::to_string(s.head_dim));
+    const int prefix = 37, capacity = 96, row_size = s.kv_heads * s.head_dim;
+    // A tree of 9 nodes after the prefix, parents first: 0 is the root.
+    const std::vector<int> parent = {-1, 0, 0, 1, 1, 2, 3, 3, 6};
+    const int nodes = static_cast<int>(parent.size());
+    std::vector<std::vector<int>> path(nodes);  // session rows, root first, the node last
+    for (int i = 0; i < nodes; ++i) {
+      if (parent[i] >= 0) path[i] = path[parent[i]];
+      path[i].push_back(prefix + i);
+    }
+    const int depth = 5;
+    std::vector<int32_t> rows(static_cast<size_t>(nodes) * depth, 0), lengths(nodes);
+    for (int i = 0; i < nodes; ++i) {
+      lengths[i] = static_cast<int32_t>(path[i].size());
+      std::copy(path[i].begin(), path[i].end(), rows.begin() + static_cast<size_t>(i) * depth);
+    }
+    const std::vector<Bf16> k = random_bf16(static_cast<size_t>(capacity) * row_size, rng);
+    const std::vector<Bf16> v = random_bf16(static_cast<size_t>(capacity) * row_size, rng);
+    const std::vector<Bf16> q = random_bf16(static_cast<size_t>(nodes) * s.heads * s.head_dim, rng);
+    const std::vector<Bf16> tree_out =
+        attend(s, q, k, v, prefix + nodes, nodes, ck::DecodeTree{rows.data(), lengths.data(), depth}, capacity);
+    const size_t per_token = static_cast<size_t>(s.heads) * s.head_dim;
+    for (int i = 0; i < nodes; ++i) {
+      std::vector<int> seen(prefix);
+      for (int r = 0; r < prefix; ++r) seen[r] = r;
+      seen.insert(seen.end(), path[i].begin(), path[i].end());
+      EXPECT_LT(worst_error(s, q, i, k, v, seen, tree_out), 1e-2) << "node " << i;
+      // Alone: the path's keys and values moved right after the prefix, the node's query the last of them.
+      const std::vector<Bf16> k_alone = with_rows_moved(k, path[i], prefix, row_size);
+      const std::vector<Bf16> v_alone = with_rows_moved(v, path[i], prefix, row_size);
+      const std::vector<Bf16> q_alone(q.begin() + static_cast<size_t>(i) * per_token, q.begin() + static_cast<size_t>(i + 1) * per_token);
+      const std::vector<Bf16> alone =
+          attend(s, q_alone, k_alone, v_alone, prefix + lengths[i], 1, ck::DecodeTree{}, capacity);
+      int differing = 0;
+      for (size_t e = 0; e < per_token; ++e) differing += alone[e].bits != tree_out[i * per_token + e].bits;
+      EXPECT_EQ(differing, 0) << "node " << i << " against its path decoded alone";
+    }
+    // A chain of 6 queries: query t sees the prefix and the t + 1 rows up to its own.
+    const int n = 6;
+    const std::vector<Bf16> chain_out = attend(s, q, k, v, prefix + n, n, ck::DecodeTree{}, capacity);
+    for (int t = 0; t < n; ++t) {
+      const std::vector<Bf16> q_alone(q.begin() + static_cast<size_t>(t) * per_token, q.begin() + static_cast<size_t>(t + 1) * per_token);
+      const std::vector<Bf16> alone = attend(s, q_alone, k, v, prefix + t + 1, 1, ck::DecodeTree{}, capacity);
+      int differing = 0;
+      for (size_t e = 0; e < per_token; ++e) differing += alone[e].bits != chain_out[t * per_token + e].bits;
+      EXPECT_EQ(differing, 0) << "chain query " << t << " against itself alone";
+    }
+  }
+}
+
+}  // namespace
