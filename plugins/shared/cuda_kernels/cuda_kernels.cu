@@ -476,20 +476,8 @@ void invariant_decode_attention_typed(const void* q, const void* keys, const voi
                                       cudaStream_t stream) {
   if (tokens == 0) return;
   const size_t shared = attention_shared_bytes(head_dim, max_keys);
-  // Above the default 48 KiB a kernel must opt in, per device; raised to what
-  // is needed when first needed (a step's first run is eager, never inside a
-  // graph capture).
-  constexpr int kDevices = 64;
-  static size_t opted_in[kDevices] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices)
-    throw std::runtime_error("dflash CUDA kernel invariant_decode_attention: no usable current device");
-  if (shared > 48 * 1024 && shared > opted_in[device]) {
-    if (cudaFuncSetAttribute(invariant_decode_attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(shared)) != cudaSuccess)
-      check_launch("invariant_decode_attention (shared memory opt-in)");
-    opted_in[device] = shared;
-  }
+  opt_in_shared_memory(reinterpret_cast<const void*>(invariant_decode_attention_kernel<T>), shared,
+                       "invariant_decode_attention");
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(heads));
   invariant_decode_attention_kernel<T><<<grid, kAttentionThreads, shared, stream>>>(
       static_cast<const T*>(q), static_cast<const T*>(keys), static_cast<const T*>(values), cu_k, seqused_k, tree.rows,

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace dflash::cuda_kernels {
 
@@ -76,6 +77,31 @@ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 inline void check_launch(const char* what) {
   const cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) throw std::runtime_error(std::string("dflash CUDA kernel ") + what + ": " + cudaGetErrorString(error));
+}
+
+// Opts `kernel` in to `bytes` of dynamic shared memory on the current device
+// where that is above the default 48 KiB, per device and per kernel, raised
+// when a launch needs more than before. The first launch that needs it must
+// not be inside a graph capture (a decoding step's first run is eager).
+inline void opt_in_shared_memory(const void* kernel, size_t bytes, const char* what) {
+  if (bytes <= 48 * 1024) return;
+  struct OptIn {
+    int device;
+    const void* kernel;
+    size_t bytes;
+  };
+  static std::vector<OptIn> done;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess)
+    throw std::runtime_error(std::string("dflash CUDA kernel ") + what + ": no usable current device");
+  OptIn* known = nullptr;
+  for (OptIn& o : done)
+    if (o.device == device && o.kernel == kernel) known = &o;
+  if (known != nullptr && known->bytes >= bytes) return;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
+    check_launch((std::string(what) + " (shared memory opt-in)").c_str());
+  if (known != nullptr) known->bytes = bytes;
+  else done.push_back({device, kernel, bytes});
 }
 
 }  // namespace dflash::cuda_kernels

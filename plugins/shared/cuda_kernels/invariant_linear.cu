@@ -27,7 +27,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <stdexcept>
 
 namespace dflash::cuda_kernels {
 namespace {
@@ -222,40 +221,13 @@ __global__ void add_runs_kernel(const float* __restrict__ partial, const T* __re
   store_output<T>(y, bias, residual, out, i / out_features, i % out_features, out_features);
 }
 
-// Above the default 48 KiB a kernel must opt in to its shared memory, per
-// device: done on a kernel's first launch on a device (a step's first run is
-// eager, never inside a graph capture).
-void opt_in_shared_memory(const void* kernel, int bytes) {
-  if (bytes <= 48 * 1024) return;
-  constexpr int kDevices = 64;
-  constexpr int kKernels = 32;
-  static const void* done[kDevices][kKernels] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices)
-    throw std::runtime_error("dflash CUDA kernel invariant_linear: no usable current device");
-  for (const void*& slot : done[device]) {
-    if (slot == kernel) return;
-    if (slot != nullptr) continue;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
-      check_launch("invariant_linear (shared memory opt-in)");
-    slot = kernel;
-    return;
-  }
-}
-
-int64_t chunks_per_split(int64_t out_features, int64_t in_features) {
-  const int64_t chunks = (in_features + 31) / 32;
-  const int64_t splits = invariant_linear_splits(out_features, in_features);
-  return (chunks + splits - 1) / splits;
-}
-
 template <class T>
 void invariant_linear_typed(const void* x, const void* w, const void* bias, const void* residual, void* out,
                             float* workspace, int64_t rows, int64_t out_features, int64_t in_features,
                             cudaStream_t stream) {
   if (rows == 0 || out_features == 0) return;
   const int64_t splits = invariant_linear_splits(out_features, in_features);
-  const int64_t per_split = chunks_per_split(out_features, in_features);
+  const int64_t per_split = ((in_features + 31) / 32 + splits - 1) / splits;  // chunks a run
   // All row tiles in one block up to 9 (a draft tree of up to 128 nodes and
   // the newest token), so each weight is read from memory once; more rows go
   // in blocks of 8 tiles. 7 tiles take the 8-tile kernel (one tile of zeros).
@@ -265,7 +237,7 @@ void invariant_linear_typed(const void* x, const void* w, const void* bias, cons
                     static_cast<unsigned>(splits), static_cast<unsigned>((tiles + per_block - 1) / per_block));
   float* partial = splits > 1 ? workspace : nullptr;
   auto launch = [&](auto kernel, int shared) {
-    opt_in_shared_memory(reinterpret_cast<const void*>(kernel), shared);
+    opt_in_shared_memory(reinterpret_cast<const void*>(kernel), static_cast<size_t>(shared), "invariant_linear");
     kernel<<<blocks, kLinearWarps * 32, shared, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias), static_cast<const T*>(residual),
         static_cast<T*>(out), partial, static_cast<int>(rows), out_features, in_features, per_split);
