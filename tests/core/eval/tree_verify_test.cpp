@@ -76,6 +76,15 @@ std::vector<std::vector<int64_t>> heldout_prompts(size_t count, int64_t length) 
   return out;
 }
 
+// eval over the first `prompts` held-out prompts, `new_tokens` each.
+eval::EvalSettings heldout_eval(int64_t prompts, int64_t new_tokens) {
+  eval::EvalSettings s;
+  s.prompts_file = kHeldout;
+  s.max_prompts = prompts;
+  s.max_new_tokens = new_tokens;
+  return s;
+}
+
 at::Tensor ids(const std::vector<int64_t>& v) { return torch::tensor(v, torch::kLong); }
 
 std::string message_of(const std::function<void()>& f) {
@@ -285,10 +294,7 @@ TEST(EvaluateArms, EachArmMatchesItsOwnEvaluationAgainstOneBaseline) {
   auto d = dflash_drafter(*target, 8);
   d->set_training(false);
   const auto info = target->describe();
-  eval::EvalSettings s;
-  s.prompts_file = kHeldout;
-  s.max_prompts = 3;
-  s.max_new_tokens = 24;
+  eval::EvalSettings s = heldout_eval(3, 24);
   const auto prompts = eval::read_prompts(s, info);
   const std::vector<eval::Verification> arms = {
       {}, {eval::Verification::Kind::kTree, 4}, {eval::Verification::Kind::kTree, 16}};
@@ -346,10 +352,7 @@ TEST(EvaluateArms, WithoutABaselineEachArmStillGetsItsReport) {
   auto d = dflash_drafter(*target, 8);
   d->set_training(false);
   const auto info = target->describe();
-  eval::EvalSettings s;
-  s.prompts_file = kHeldout;
-  s.max_prompts = 2;
-  s.max_new_tokens = 16;
+  eval::EvalSettings s = heldout_eval(2, 16);
   s.baseline = false;
   s.warmup = false;
   s.draft_tokens = 3;
