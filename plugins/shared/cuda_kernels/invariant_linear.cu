@@ -230,9 +230,10 @@ void invariant_linear_typed(const void* x, const void* w, const void* bias, cons
   const int64_t per_split = ((in_features + 31) / 32 + splits - 1) / splits;  // chunks a run
   // All row tiles in one block up to 9 (a draft tree of up to 128 nodes and
   // the newest token), so each weight is read from memory once; more rows go
-  // in blocks of 8 tiles. 7 tiles take the 8-tile kernel (one tile of zeros).
+  // in blocks of 9 tiles, each reading the weights once more (a 256-node tree:
+  // twice). 7 tiles take the 8-tile kernel (one tile of zeros).
   const int64_t tiles = (rows + 15) / 16;
-  const int per_block = tiles > kMaxRowTiles ? 8 : tiles == 7 ? 8 : static_cast<int>(tiles);
+  const int per_block = tiles > kMaxRowTiles ? kMaxRowTiles : tiles == 7 ? 8 : static_cast<int>(tiles);
   const dim3 blocks(static_cast<unsigned>((out_features + kBlockFeatures - 1) / kBlockFeatures),
                     static_cast<unsigned>(splits), static_cast<unsigned>((tiles + per_block - 1) / per_block));
   float* partial = splits > 1 ? workspace : nullptr;
@@ -290,7 +291,7 @@ void invariant_linear(Element e, const void* x, const void* weight, const void* 
 }
 
 bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight) {
-  return rows <= 8 * 16 * int64_t{65535} && in_features % 8 == 0 && aligned16(x) && aligned16(weight);
+  return rows <= kMaxRowTiles * 16 * int64_t{65535} && in_features % 8 == 0 && aligned16(x) && aligned16(weight);
 }
 
 }  // namespace dflash::cuda_kernels
