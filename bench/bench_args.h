@@ -41,6 +41,18 @@ class FlagReader {
     if (used == 0 || used != value.size()) throw std::invalid_argument(flag_ + " takes an integer, not '" + value + "'");
     return parsed;
   }
+  double number() {
+    const std::string value = text();
+    size_t used = 0;
+    double parsed = 0;
+    try {
+      parsed = std::stod(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != value.size()) throw std::invalid_argument(flag_ + " takes a number, not '" + value + "'");
+    return parsed;
+  }
   // The flag's value as KEY=VALUE (--loss-set, --drafter-set), put in
   // `into`: VALUE as JSON where it parses (numbers, booleans), else as text.
   void setting(nlohmann::json& into) {

@@ -8,7 +8,7 @@
 //                [--drafter-checkpoint DIR | --random-drafter LAYERS [--block-size 16]]
 //                [--prompts FILE.jsonl --prompt-tokens 64 | --random-prompts]  [--max-prompts 8]
 //                [--max-new-tokens 128] [--dtype bfloat16] [--arms graphs,exact,eager,aten] [--json out.json]
-//                [--trace PREFIX] [--verify chain|tree --tree-nodes N]
+//                [--trace PREFIX] [--verify chain|tree --tree-nodes N [--tree-temperature T]]
 //                [--drafter NAME [--drafter-set key=value ...]]
 //
 // --drafter NAME: another drafter plugin than dflash (e.g. eagle3), configured
@@ -116,6 +116,7 @@ Args parse(int argc, char** argv) {
       if (how != "chain" && how != "tree") throw std::invalid_argument("--verify " + how + ": takes chain or tree");
       a.verification.kind = how == "tree" ? eval::Verification::Kind::kTree : eval::Verification::Kind::kChain;
     } else if (r.is("--tree-nodes")) a.verification.tree_nodes = r.integer();
+    else if (r.is("--tree-temperature")) a.verification.tree_temperature = r.number();
     else r.unknown();
   }
   if (a.plugin_dir.empty() || a.model.empty()) throw std::invalid_argument("--plugin-dir DIR and --model DIR are required");
@@ -319,6 +320,7 @@ int main(int argc, char** argv) {
           {"block_size", block_size},
           {"verify", args.verification.kind == eval::Verification::Kind::kTree ? "tree" : "chain"},
           {"tree_nodes", args.verification.tree_nodes},
+          {"tree_temperature", args.verification.tree_temperature},
           {"tokens", spec.tokens},
           {"seconds", spec.seconds},
           {"steps", spec.steps},

@@ -69,6 +69,8 @@ tree_nodes="${DFLASH_DEMO_TREE_NODES-16 32 64 128}"
 # 4f: the scale model (DFLASH_DEMO_SCALE=16, say; 0 or 1: off), its tree budgets and prompts.
 scale_factor="${DFLASH_DEMO_SCALE:-0}"
 scale_tree_nodes="${DFLASH_DEMO_SCALE_TREE_NODES:-16 32 64 128}"
+# Their tree temperatures (eval --tree-temperature): every budget at each; 1 is DDTree's own rule.
+scale_tree_temperatures="${DFLASH_DEMO_SCALE_TREE_TEMPERATURES:-1 0.7}"
 scale_prompts="${DFLASH_DEMO_SCALE_PROMPTS:-16}"
 scale_heads="${DFLASH_DEMO_SCALE_HEADS:-4}"  # each attention head repeated this many times (scale_model.py --head-factor)
 # DFLASH_DEMO_PROFILE=true: the drafter's training logs phase_seconds per step (train.profile_phases).
@@ -215,7 +217,7 @@ fi
 # what a real LLM's does at batch 1. One eval runs the chain and every tree
 # budget, each prompt decoded once by the target alone for all of them.
 if [ "$scale_factor" -gt 1 ] && [ "$target_family" = "qwen3" ]; then
-  stage scale "4f. the scale model: target and drafter widened ${scale_factor}x, chain and trees of $scale_tree_nodes nodes, $scale_prompts prompts"
+  stage scale "4f. the scale model: target and drafter widened ${scale_factor}x, chain and trees of $scale_tree_nodes nodes at temperatures $scale_tree_temperatures, $scale_prompts prompts"
   scale_dir="$work/scale"
   # In memory where it fits (the scale target is r² times the target's weights).
   shm_free=$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -1 || echo 0)
@@ -228,12 +230,13 @@ if [ "$scale_factor" -gt 1 ] && [ "$target_family" = "qwen3" ]; then
     # One eval, every arm (docs/eval.md: several verifications in one run):
     # one load, one target-alone decoding a prompt for all arms.
     "${host[@]}" eval --config "$root/configs/gpu-demo.json" "${scale_paths[@]}" --verify chain,tree \
-      --tree-nodes "$(echo $scale_tree_nodes | tr ' ' ',')" --report "$out/eval_scale.json" 2>&1 |
+      --tree-nodes "$(echo $scale_tree_nodes | tr ' ' ',')" --tree-temperature "$(echo $scale_tree_temperatures | tr ' ' ',')" \
+      --report "$out/eval_scale.json" 2>&1 |
       tee -a "$log" || note "the scale model's eval failed (see above)"
     # Where the scale model's steps spend their time (DFLASH_DEMO_SCALE_PROFILE=1):
-    # decode_bench's phases, chain and the largest tree, exact kernels.
+    # decode_bench's phases, chain and the largest tree at the last temperature, exact kernels.
     if [ "${DFLASH_DEMO_SCALE_PROFILE:-0}" = "1" ]; then
-      for verify in chain "tree --tree-nodes ${scale_tree_nodes##* }"; do
+      for verify in chain "tree --tree-nodes ${scale_tree_nodes##* } --tree-temperature ${scale_tree_temperatures##* }"; do
         "$build/bin/decode_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$scale_dir/target" \
           --drafter-checkpoint "$scale_dir/drafter" --prompts "$work/eval_prompts.jsonl" --max-prompts "$profile_prompts" \
           --max-new-tokens "$eval_new_tokens" --arms exact --verify $verify \

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
@@ -83,6 +84,9 @@ po::options_description visible_options() {
        "both in one run, one report each and a comparison, the target alone decoding each prompt once")
       ("tree-nodes", po::value<std::string>(), "eval with --verify tree: drafted nodes per step (the newest token not "
        "counted); a comma list N1,N2,... runs one tree arm per budget")
+      ("tree-temperature", po::value<std::string>(), "eval with --verify tree: sharpen (< 1) or flatten (> 1) the "
+       "drafter's distributions before the tree is chosen (default 1: DDTree's own rule; still lossless); a comma "
+       "list T1,T2,... runs every budget at each")
       ("draft-tokens", po::value<int64_t>(), "eval with chain verification: tokens the drafter proposes a step (default: "
        "its block_size - 1, e.g. an EAGLE-3 drafter's trained depth); with chain,tree the chain's")
       ("no-warmup", "eval: time the first prompt cold (by default it is decoded once, untimed, before the clocks run)")
@@ -166,13 +170,34 @@ std::vector<int64_t> tree_budgets(const std::string& text) {
   return budgets;
 }
 
+// --tree-temperature T or T1,T2,...: each a finite number above 0, each once.
+std::vector<double> tree_temperatures(const std::string& text) {
+  std::vector<double> temperatures;
+  for (const std::string& item : comma_items(text)) {
+    double t = 0;
+    const char* end = item.data() + item.size();
+    const auto [stop, error] = std::from_chars(item.data(), end, t);
+    if (error != std::errc() || stop != end || !(t > 0) || !std::isfinite(t))
+      throw std::invalid_argument("--tree-temperature " + text + ": '" + item + "' is not a temperature; each is a number "
+                                  "above 0 (1: DDTree's own rule, 0.7: sharper), e.g. 1,0.7");
+    if (std::find(temperatures.begin(), temperatures.end(), t) != temperatures.end())
+      throw std::invalid_argument("--tree-temperature " + text + ": " + item + " is listed twice; give each temperature once");
+    temperatures.push_back(t);
+  }
+  return temperatures;
+}
+
 // eval's arms, built once here: the chain where --verify lists it, a tree
-// per --tree-nodes budget where it lists tree, in --verify's order.
+// per --tree-temperature and --tree-nodes budget (temperatures outer) where
+// it lists tree, in --verify's order.
 std::vector<eval::Verification> eval_arms(const po::variables_map& vm) {
   const std::string verify = vm.count("verify") ? vm["verify"].as<std::string>() : "chain";
   const std::vector<std::string> kinds = verify_kinds(verify);
   const std::vector<int64_t> budgets = vm.count("tree-nodes") ? tree_budgets(vm["tree-nodes"].as<std::string>())
                                                               : std::vector<int64_t>{};
+  const std::vector<double> temperatures = vm.count("tree-temperature")
+                                                ? tree_temperatures(vm["tree-temperature"].as<std::string>())
+                                                : std::vector<double>{1.0};
   const bool chain = std::find(kinds.begin(), kinds.end(), "chain") != kinds.end();
   const bool tree = std::find(kinds.begin(), kinds.end(), "tree") != kinds.end();
   if (!chain && vm.count("draft-tokens"))
@@ -182,11 +207,15 @@ std::vector<eval::Verification> eval_arms(const po::variables_map& vm) {
                                 "sweeps 16 to 128; a comma list N1,N2,... evaluates each)");
   if (!tree && !budgets.empty())
     throw std::invalid_argument("--tree-nodes sizes a draft tree: it needs --verify tree (or chain,tree beside the chain)");
+  if (!tree && vm.count("tree-temperature"))
+    throw std::invalid_argument("--tree-temperature shapes a draft tree: it needs --verify tree (or chain,tree beside the chain)");
   std::vector<eval::Verification> arms;
   for (const std::string& kind : kinds) {
     if (kind == "chain") arms.push_back(eval::Verification{});
     else
-      for (int64_t budget : budgets) arms.push_back(eval::Verification{eval::Verification::Kind::kTree, budget});
+      for (double temperature : temperatures)
+        for (int64_t budget : budgets)
+          arms.push_back(eval::Verification{eval::Verification::Kind::kTree, budget, temperature});
   }
   return arms;
 }

@@ -40,7 +40,7 @@ struct CliOptions {
   int64_t max_new_tokens = 128, max_length = 0, prompt_tokens = 64, max_prompts = 0;
   bool baseline = true;                           // --no-baseline turns off
   bool warmup = true;                             // --no-warmup turns off
-  // eval's arms, in order, from --verify chain|tree|chain,tree and --tree-nodes
+  // eval's arms, in order, from --verify chain|tree|chain,tree, --tree-nodes and --tree-temperature
   // N[,N...]: the chain if listed, and one tree per node budget.
   std::vector<eval::Verification> verifications = {eval::Verification{}};
   int64_t draft_tokens = 0;                       // --draft-tokens N: the chain's proposals per step (0: the drafter's)

@@ -1,5 +1,6 @@
 #include "eval/draft_tree.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <queue>
@@ -77,6 +78,25 @@ DraftTree build_draft_tree(const PositionCandidates& candidates, int64_t budget)
     offer(f.parent, parent_score, f.depth, f.rank + 1);  // its next sibling
   }
   return tree;
+}
+
+PositionCandidates tempered(const PositionCandidates& candidates, double temperature) {
+  if (!(temperature > 0) || !std::isfinite(temperature))
+    throw std::invalid_argument("draft tree: the temperature is " + std::to_string(temperature) +
+                                "; it must be a finite number above 0 (1: DDTree's own rule)");
+  if (temperature == 1.0) return candidates;
+  PositionCandidates out = candidates;
+  for (std::vector<float>& lps : out.log_probs) {
+    if (lps.empty()) continue;
+    // log Σ exp(lp / T), from the largest (the first: candidates are best first).
+    const double top = static_cast<double>(lps.front()) / temperature;
+    if (!std::isfinite(top)) continue;  // nothing possible here (or not log-probabilities: build_draft_tree says which)
+    double sum = 0;
+    for (float lp : lps) sum += std::exp(static_cast<double>(lp) / temperature - top);
+    const double log_norm = top + std::log(sum);
+    for (float& lp : lps) lp = static_cast<float>(std::min(0.0, static_cast<double>(lp) / temperature - log_norm));
+  }
+  return out;
 }
 
 std::vector<int64_t> accepted_path(const DraftTree& tree, const std::vector<int64_t>& choices) {

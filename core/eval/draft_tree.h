@@ -35,6 +35,18 @@ struct DraftTree {
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
 };
 
+// The candidates at temperature T: each position's log-probabilities divided
+// by T and normalised again over the candidates listed, order kept. T < 1
+// trusts the drafter's first choices more, so the budget goes deeper along
+// them; T > 1 spreads it wider. Why it helps: a block drafter's distribution
+// at a position is a marginal over what it is unsure of before it, while a
+// node is verified only where its whole path already matched, and there the
+// first choice is right more often than its marginal says (docs/eval.md,
+// "Tree temperature"). The normaliser is the listed candidates' (the tail
+// beyond them is not known here); at T = 1 the candidates come back as they
+// are. Throws std::invalid_argument for T not > 0 and finite.
+PositionCandidates tempered(const PositionCandidates& candidates, double temperature);
+
 // The `budget` best paths (fewer when the candidates hold fewer). Throws
 // std::invalid_argument naming what is wrong: a budget < 1, positions whose
 // token and log-prob lists differ in length, a list not best first, or a

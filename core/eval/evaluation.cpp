@@ -226,6 +226,7 @@ nlohmann::json report_of(const ArmTally& tally, const GreedyTally* greedy, const
       {"warmup_prompts", s.warmup && prompts > 0 ? 1 : 0},
       {"verify", verification.kind == Verification::Kind::kTree ? "tree" : "chain"},
       {"tree_nodes", verification.kind == Verification::Kind::kTree ? verification.tree_nodes : 0},
+      {"tree_temperature", verification.kind == Verification::Kind::kTree ? verification.tree_temperature : 1.0},
       {"verification_steps", tally.steps},
       {"tau_mean", tally.steps > 0 ? double(tally.step_tokens) / double(tally.steps) : 0.0},
       {"tau_histogram", hist},
@@ -303,7 +304,11 @@ std::string format_report(const nlohmann::json& r) {
   const std::string checkpoint = r.value("drafter_checkpoint", std::string());
   if (!checkpoint.empty()) out << " (" << checkpoint << ")";
   out << ", block size " << r.at("block_size");
-  if (r.value("verify", std::string("chain")) == "tree") out << ", draft trees of " << r.at("tree_nodes") << " nodes";
+  if (r.value("verify", std::string("chain")) == "tree") {
+    out << ", draft trees of " << r.at("tree_nodes") << " nodes";
+    const double temperature = r.value("tree_temperature", 1.0);
+    if (temperature != 1.0) out << " at temperature " << temperature_text(temperature);
+  }
   out << ", " << r.at("prompts") << " prompts, up to "
       << r.at("max_new_tokens") << " new tokens each\n\n";
   out << "  mean acceptance length τ   " << std::setprecision(3) << r.at("tau_mean").get<double>()
@@ -336,7 +341,7 @@ std::string format_report(const nlohmann::json& r) {
 
 Verification verification_of(const nlohmann::json& report) {
   if (report.value("verify", std::string("chain")) == "tree")
-    return {Verification::Kind::kTree, report.at("tree_nodes").get<int64_t>()};
+    return {Verification::Kind::kTree, report.at("tree_nodes").get<int64_t>(), report.value("tree_temperature", 1.0)};
   return {};
 }
 
@@ -353,6 +358,7 @@ nlohmann::json compare_arms(const std::vector<nlohmann::json>& reports) {
     nlohmann::json entry = {{"arm", arm_label(verification)},
                             {"verify", report.at("verify")},
                             {"tree_nodes", report.at("tree_nodes")},
+                            {"tree_temperature", verification.tree_temperature},
                             {"tau_mean", tau},
                             {"tau_ratio_to_first", ratio(tau, first_tau)},
                             {"speculative_tokens_per_s", speed},

@@ -81,11 +81,11 @@ std::vector<nlohmann::json> evaluate_arms(const host::TargetModelInstance& targe
 // The report as a console table.
 std::string format_report(const nlohmann::json& report);
 
-// The arm a report ran ("verify", "tree_nodes").
+// The arm a report ran ("verify", "tree_nodes", "tree_temperature": 1 where absent).
 Verification verification_of(const nlohmann::json& report);
 
 // evaluate_arms' reports side by side, one entry per arm: "arm" (arm_label),
-// "verify", "tree_nodes", "tau_mean", "speculative_tokens_per_s", their
+// "verify", "tree_nodes", "tree_temperature", "tau_mean", "speculative_tokens_per_s", their
 // ratios to the first arm's ("tau_ratio_to_first", "speed_ratio_to_first";
 // null where the first's is 0), and where a baseline ran "speedup" and
 // "lossless".

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 namespace dflash::eval {
@@ -12,20 +13,39 @@ namespace dflash::eval {
 // the best `tree_nodes` paths through the drafter's top candidates at each
 // block position, verified with the newest token in one target pass
 // (decode_verify_tree), the accepted path kept (decode_accept_path).
+//
+// tree_temperature: the drafter's distributions are sharpened (< 1) or
+// flattened (> 1) before the tree is chosen (draft_tree.h, `tempered`); 1 is
+// DDTree's own rule. Verification stays the target's greedy choice, so any
+// temperature is lossless; it only changes which nodes the budget buys.
 struct Verification {
   enum class Kind { kChain, kTree };
   Kind kind = Kind::kChain;
-  int64_t tree_nodes = 0;  // drafted nodes per step (the newest token not counted); tree only
+  int64_t tree_nodes = 0;          // drafted nodes per step (the newest token not counted); tree only
+  double tree_temperature = 1.0;   // tree only
 };
 
-// An arm's name in eval's comparison and console: "chain" or "tree 16".
-inline std::string arm_label(const Verification& v) {
-  return v.kind == Verification::Kind::kTree ? "tree " + std::to_string(v.tree_nodes) : "chain";
+// A temperature as written in labels and tags: 0.7, 1.25.
+inline std::string temperature_text(double t) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", t);
+  return text;
 }
 
-// The same without the space, for TensorBoard tags (eval/tree16/tau_mean).
+// An arm's name in eval's comparison and console: "chain", "tree 16", or
+// "tree 16 T=0.7" for a temperature other than 1.
+inline std::string arm_label(const Verification& v) {
+  if (v.kind != Verification::Kind::kTree) return "chain";
+  return "tree " + std::to_string(v.tree_nodes) +
+         (v.tree_temperature == 1.0 ? "" : " T=" + temperature_text(v.tree_temperature));
+}
+
+// The same without spaces, for TensorBoard tags (eval/tree16/tau_mean,
+// eval/tree16_t0.7/tau_mean).
 inline std::string arm_tag(const Verification& v) {
-  return v.kind == Verification::Kind::kTree ? "tree" + std::to_string(v.tree_nodes) : "chain";
+  if (v.kind != Verification::Kind::kTree) return "chain";
+  return "tree" + std::to_string(v.tree_nodes) +
+         (v.tree_temperature == 1.0 ? "" : "_t" + temperature_text(v.tree_temperature));
 }
 
 }  // namespace dflash::eval

@@ -9,7 +9,7 @@ namespace dflash::train {
 const std::vector<std::string> kChangeableOnResume = {
     "/train/steps",         "/train/output_dir",         "/train/checkpoint_every", "/train/keep_checkpoints",
     "/train/progress",      "/train/log_every",          "/train/tensorboard",      "/train/eval_every",       "/train/eval_prompts",
-    "/train/eval_max_prompts", "/train/eval_max_new_tokens", "/train/eval_prompt_tokens", "/train/eval_tree_nodes", "/train/memory_slack",
+    "/train/eval_max_prompts", "/train/eval_max_new_tokens", "/train/eval_prompt_tokens", "/train/eval_tree_nodes", "/train/eval_tree_temperature", "/train/memory_slack",
     "/train/on_nonfinite",  "/train/max_nonfinite",      "/train/device",
     "/train/profile_phases", "/train/prefetch",        "/train/shard_optimizer", "/train/collective_timeout_s",
     "/train/mode", "/train/topology", "/train/queue_depth"};

@@ -97,6 +97,10 @@ const nlohmann::json& train_schema() {
                    "beside each periodic evaluation's chain τ, one with DDTree draft trees of this many nodes "
                    "(`dflash-host eval --verify tree`); its τ goes to metrics.jsonl as eval_tree_tau (0 = none)",
                    Bounds::between(0, kMaxEvalTokens))
+          .number("eval_tree_temperature", 1.0,
+                  "the temperature of eval_tree_nodes' trees (`dflash-host eval --tree-temperature`): below 1 "
+                  "sharpens the drafter's distributions before the tree is chosen; 1 is DDTree's own rule",
+                  Bounds::above(0).up_to(100))
           .boolean("prefetch", true,
                    "fetch the next batch on a worker thread while the step runs (the data source is still called "
                    "one call at a time, in the same order; the training is bitwise the same); false: between steps")

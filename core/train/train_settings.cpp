@@ -67,6 +67,7 @@ TrainSettings parse_train_settings(const nlohmann::json& train) {
   s.eval_max_new_tokens = read<int64_t>(train, "eval_max_new_tokens");
   s.eval_prompt_tokens = read<int64_t>(train, "eval_prompt_tokens");
   s.eval_tree_nodes = read<int64_t>(train, "eval_tree_nodes");
+  s.eval_tree_temperature = read<double>(train, "eval_tree_temperature");
   s.memory_slack = read<double>(train, "memory_slack");
   return s;
 }

@@ -59,6 +59,7 @@ struct TrainSettings {
   std::string eval_prompts;
   int64_t eval_max_prompts = 0, eval_max_new_tokens = 0, eval_prompt_tokens = 0;
   int64_t eval_tree_nodes = 0;  // > 0: a second evaluation with draft trees of this many nodes
+  double eval_tree_temperature = 1.0;  // those trees' temperature (eval::Verification::tree_temperature)
 
   // The memory planner's allowance for fragmentation.
   double memory_slack = 0;

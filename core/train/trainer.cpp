@@ -464,7 +464,8 @@ bool Trainer::record(int64_t step, StepFigures& f, const RankFigures& ranks, dou
     // The chain, and with train.eval_tree_nodes the same prompts verified as
     // DDTree draft trees: two arms of one evaluation.
     std::vector<eval::Verification> arms = {eval_settings_.verification};
-    if (s_.eval_tree_nodes > 0) arms.push_back({eval::Verification::Kind::kTree, s_.eval_tree_nodes});
+    if (s_.eval_tree_nodes > 0)
+      arms.push_back({eval::Verification::Kind::kTree, s_.eval_tree_nodes, s_.eval_tree_temperature});
     const std::vector<nlohmann::json> reports = eval::evaluate_arms(run_.target(), run_.drafter(), run_.drafter_facts(),
                                                                     eval_prompts_, eval_settings_, arms, run_.target_info());
     record["eval_tau"] = reports.front().at("tau_mean");
@@ -472,6 +473,7 @@ bool Trainer::record(int64_t step, StepFigures& f, const RankFigures& ranks, dou
     if (reports.size() > 1) {
       record["eval_tree_tau"] = reports.back().at("tau_mean");
       record["eval_tree_nodes"] = s_.eval_tree_nodes;
+      if (s_.eval_tree_temperature != 1.0) record["eval_tree_temperature"] = s_.eval_tree_temperature;
     }
     run_.drafter().set_training(true);
   }

@@ -107,33 +107,44 @@ def tree_sweep(out_dir):
 def scale_sweep(out_dir):
     """Stage 4f: the scale model's eval of every arm in one run (eval_scale.json:
     {"arms": [chain, tree, ...], "comparison": [...]}): the chain's report, the
-    trees' by node budget, and eval's own comparison of the trees with the
-    chain, the first arm (τ and speed ratios), by node budget."""
+    trees' by (tree temperature, node budget), and eval's own comparison of the
+    trees with the chain, the first arm (τ and speed ratios), keyed alike."""
     both = load(os.path.join(out_dir, "eval_scale.json")) or {}
     chain, sweep, against_chain = None, {}, {}
     for report, entry in zip(both.get("arms", []), both.get("comparison", [])):
         if report.get("verify") == "tree":
-            nodes = int(report["tree_nodes"])
-            sweep[nodes] = report
+            key = (float(report.get("tree_temperature", 1.0)), int(report["tree_nodes"]))
+            sweep[key] = report
             if entry.get("tau_ratio_to_first") is not None and entry.get("speed_ratio_to_first") is not None:
-                against_chain[nodes] = entry  # null where the chain's τ or speed was 0
+                against_chain[key] = entry  # null where the chain's τ or speed was 0
         else:
             chain = report
     return chain, dict(sorted(sweep.items())), dict(sorted(against_chain.items()))
 
 
+def tree_name(key):
+    """(temperature, nodes) as the summary names an arm: "16", "16 T=0.7"."""
+    temperature, nodes = key
+    return f"{nodes}" if temperature == 1.0 else f"{nodes} T={temperature:g}"
+
+
 def plot_trees(chain, sweep, path):
-    """τ and speed-up against the node budget, the chain's as a line across."""
+    """τ and speed-up against the node budget, one line per tree temperature
+    (sweep: {(temperature, nodes): report}), the chain's as a line across."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    budgets = list(sweep)
+    temperatures = sorted({t for t, _ in sweep}, key=lambda t: (t != 1.0, t))
+    budgets = sorted({n for _, n in sweep})
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, title in ((axes[0], "tau_mean", "acceptance length τ"), (axes[1], "speedup", "speed-up at batch 1")):
-        ax.plot(budgets, [sweep[b].get(key, 0) for b in budgets], "o-", label="tree (DDTree)")
+        for t in temperatures:
+            xs = [n for n in budgets if (t, n) in sweep]
+            ax.plot(xs, [sweep[(t, n)].get(key, 0) for n in xs], "o-",
+                    label="tree (DDTree)" if t == 1.0 else f"tree, temperature {t:g}")
         if chain and key in chain:
             ax.axhline(chain[key], color="gray", linestyle="--", label="chain")
         ax.set_xscale("log", base=2)
@@ -274,14 +285,14 @@ def main():
             lines.append(f"draft trees against the chain: " + ", ".join(
                 f"{n} nodes tau {sweep[n]['tau_mean'] / dflash['tau_mean']:.2f}x, speed-up "
                 f"{sweep[n].get('speedup', 0) / dflash['speedup']:.2f}x" for n in sweep) + f" (best budget: {best})")
-        if plot_trees(dflash, sweep, os.path.join(args.out, "trees.png")):
+        if plot_trees(dflash, {(1.0, n): r for n, r in sweep.items()}, os.path.join(args.out, "trees.png")):
             lines.append("tree curves: trees.png")
     scale = load(os.path.join(args.out, "scale_model.json"))
     scale_chain, scale_trees, scale_ratios = scale_sweep(args.out)
     if scale or scale_chain:
         factor = (scale or {}).get("factor", "?")
         results["scale_model"] = dict(scale or {}, chain=eval_summary(scale_chain),
-                                      trees={str(n): eval_summary(r) for n, r in scale_trees.items()})
+                                      trees={tree_name(k): eval_summary(r) for k, r in scale_trees.items()})
         check = (scale or {}).get("check", {})
         lines.append("")
         lines.append(f"scale model (stage 4f): target and drafter widened {factor}x, the same functions up to rounding; "
@@ -292,17 +303,18 @@ def main():
         lines.append(lines[0])
         lines.append(lines[1])
         lines.append(eval_row(f"scale model, chain", scale_chain))
-        for nodes, report in scale_trees.items():
-            lines.append(eval_row(f"scale model, draft tree of {nodes} nodes", report))
+        for (temperature, nodes), report in scale_trees.items():
+            at = "" if temperature == 1.0 else f" at temperature {temperature:g}"
+            lines.append(eval_row(f"scale model, draft tree of {nodes} nodes{at}", report))
         if scale_chain and scale_trees:
-            for n, entry in scale_ratios.items():
-                results["scale_model"]["trees"][str(n)].update(
+            for k, entry in scale_ratios.items():
+                results["scale_model"]["trees"][tree_name(k)].update(
                     tau_ratio_to_chain=entry["tau_ratio_to_first"], speed_ratio_to_chain=entry["speed_ratio_to_first"])
             if scale_ratios:
-                best = max(scale_ratios, key=lambda n: scale_ratios[n]["speed_ratio_to_first"])
+                best = max(scale_ratios, key=lambda k: scale_ratios[k]["speed_ratio_to_first"])
                 lines.append("scale model, draft trees against the chain: " + ", ".join(
-                    f"{n} nodes tau {e['tau_ratio_to_first']:.2f}x, speed {e['speed_ratio_to_first']:.2f}x"
-                    for n, e in scale_ratios.items()) + f" (best budget: {best})")
+                    f"{tree_name(k)} nodes tau {e['tau_ratio_to_first']:.2f}x, speed {e['speed_ratio_to_first']:.2f}x"
+                    for k, e in scale_ratios.items()) + f" (best budget: {tree_name(best)})")
             if plot_trees(scale_chain, scale_trees, os.path.join(args.out, "trees_scale.png")):
                 lines.append("scale model tree curves: trees_scale.png")
         lines.append("")

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -247,25 +248,30 @@ TEST(Cli, EvalComparesTheChainAndTreeBudgetsInOneRun) {
   const fs::path report = temp.path() / "sweep.json";
   HostRun r = host("eval --plugin-dir " + std::string(DFLASH_INTREE_PLUGIN_DIR) + " --config " + config.string() +
                    " --prompts " + configs + "/quickstart/data/heldout.jsonl --max-prompts 2 --max-new-tokens 16" +
-                   " --verify chain,tree --tree-nodes 4,8 --draft-tokens 3 --report " + report.string());
+                   " --verify chain,tree --tree-nodes 4,8 --tree-temperature 1,0.5 --draft-tokens 3 --report " + report.string());
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_CONTAINS(r.out, "drafter dflash, block size 4, 2 prompts");  // --draft-tokens: the chain's
   EXPECT_CONTAINS(r.out, "block size 8, draft trees of 4 nodes");
-  EXPECT_CONTAINS(r.out, "block size 8, draft trees of 8 nodes");
+  EXPECT_CONTAINS(r.out, "block size 8, draft trees of 8 nodes,");
+  EXPECT_CONTAINS(r.out, "block size 8, draft trees of 4 nodes at temperature 0.5,");
   EXPECT_CONTAINS(r.out, "arms compared (ratios to the first arm, chain)");
   std::ifstream in(report);
   const auto j = nlohmann::json::parse(in);
-  ASSERT_EQ(j.at("arms").size(), 3u);
-  ASSERT_EQ(j.at("comparison").size(), 3u);
-  const std::pair<const char*, int64_t> arms[] = {{"chain", 0}, {"tree", 4}, {"tree", 8}};
-  for (size_t i = 0; i < 3; ++i) {
+  ASSERT_EQ(j.at("arms").size(), 5u);
+  ASSERT_EQ(j.at("comparison").size(), 5u);
+  // Temperatures outer, budgets inner.
+  const std::tuple<const char*, int64_t, double> arms[] = {
+      {"chain", 0, 1.0}, {"tree", 4, 1.0}, {"tree", 8, 1.0}, {"tree", 4, 0.5}, {"tree", 8, 0.5}};
+  for (size_t i = 0; i < 5; ++i) {
     const nlohmann::json &arm = j.at("arms")[i], &entry = j.at("comparison")[i];
-    EXPECT_EQ(arm.at("verify"), arms[i].first);
-    EXPECT_EQ(arm.at("tree_nodes"), arms[i].second);
+    EXPECT_EQ(arm.at("verify"), std::get<0>(arms[i]));
+    EXPECT_EQ(arm.at("tree_nodes"), std::get<1>(arms[i]));
+    EXPECT_EQ(arm.at("tree_temperature"), std::get<2>(arms[i]));
+    EXPECT_EQ(entry.at("tree_temperature"), std::get<2>(arms[i]));
     EXPECT_EQ(arm.at("per_prompt").size(), 2u);
     EXPECT_TRUE(arm.at("lossless").get<bool>()) << arm.dump();
     EXPECT_EQ(arm.at("greedy_tokens_per_s"), j.at("arms")[0].at("greedy_tokens_per_s")) << "one baseline for every arm";
-    EXPECT_EQ(entry.at("verify"), arms[i].first);
+    EXPECT_EQ(entry.at("verify"), std::get<0>(arms[i]));
     EXPECT_EQ(entry.at("tau_mean"), arm.at("tau_mean"));
     EXPECT_EQ(entry.at("speedup"), arm.at("speedup"));
     EXPECT_TRUE(entry.at("lossless").get<bool>());
@@ -274,12 +280,13 @@ TEST(Cli, EvalComparesTheChainAndTreeBudgetsInOneRun) {
     EXPECT_CONTAINS(r.out, "\n  " + entry.at("arm").get<std::string>() + " ");
   }
   EXPECT_EQ(j.at("comparison")[1].at("arm"), "tree 4");
+  EXPECT_EQ(j.at("comparison")[3].at("arm"), "tree 4 T=0.5");
   // The TensorBoard file names each arm in its tags.
   const fs::path events = temp.path() / "events.out.tfevents.eval.sweep";
   ASSERT_TRUE(fs::exists(events)) << events;
   std::ifstream event_file(events, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(event_file)), {});
-  for (const char* tag : {"eval/chain/tau_mean", "eval/tree4/tau_mean", "eval/tree8/speedup"})
+  for (const char* tag : {"eval/chain/tau_mean", "eval/tree4/tau_mean", "eval/tree8/speedup", "eval/tree8_t0.5/tau_mean"})
     EXPECT_NE(bytes.find(tag), std::string::npos) << tag;
 }
 
@@ -390,7 +397,15 @@ TEST(Cli, EvalChecksItsNumbersAndPathsFirst) {
       {"--verify tree --tree-nodes 16,0",
        "--tree-nodes 16,0: 0 is out of range; each budget takes a number of nodes from 1 to 16777216"},
       {"--verify tree --tree-nodes 8,16777217",
-       "--tree-nodes 8,16777217: 16777217 is out of range; each budget takes a number of nodes from 1 to 16777216"}};
+       "--tree-nodes 8,16777217: 16777217 is out of range; each budget takes a number of nodes from 1 to 16777216"},
+      {"--tree-temperature 0.7", "--tree-temperature shapes a draft tree: it needs --verify tree"},
+      {"--verify tree --tree-nodes 8 --tree-temperature 0", "--tree-temperature 0: '0' is not a temperature; each is a number above 0"},
+      {"--verify tree --tree-nodes 8 --tree-temperature 1,-2", "--tree-temperature 1,-2: '-2' is not a temperature"},
+      {"--verify tree --tree-nodes 8 --tree-temperature nan", "--tree-temperature nan: 'nan' is not a temperature"},
+      {"--verify tree --tree-nodes 8 --tree-temperature inf", "--tree-temperature inf: 'inf' is not a temperature"},
+      {"--verify tree --tree-nodes 8 --tree-temperature 0.7x", "--tree-temperature 0.7x: '0.7x' is not a temperature"},
+      {"--verify tree --tree-nodes 8 --tree-temperature 0.7,0.7",
+       "--tree-temperature 0.7,0.7: 0.7 is listed twice; give each temperature once"}};
   for (const auto& [flag, message] : numbers) {
     HostRun r = host(command + " --prompts " + prompts + " " + flag);
     EXPECT_EQ(r.status, 2) << flag;

@@ -119,6 +119,69 @@ TEST(DraftTree, ImpossibleCandidatesGetNoNode) {
   EXPECT_EQ(tree_paths(t), (std::set<std::vector<int64_t>>{{5}, {6}, {5, 8}, {6, 8}}));
 }
 
+// The tempered candidates: log-probabilities divided by T and normalised
+// again over the candidates listed, best first as before; T = 1 changes
+// nothing (DDTree's own rule).
+TEST(DraftTree, TemperatureRescalesAndRenormalisesEachPosition) {
+  const PositionCandidates c = random_candidates(/*positions=*/3, /*k=*/5, 11);
+  const PositionCandidates same = tempered(c, 1.0);
+  EXPECT_EQ(same.tokens, c.tokens);
+  EXPECT_EQ(same.log_probs, c.log_probs);
+  for (double t : {0.5, 0.7, 2.0}) {
+    SCOPED_TRACE("T = " + std::to_string(t));
+    const PositionCandidates h = tempered(c, t);
+    ASSERT_EQ(h.tokens, c.tokens);
+    for (size_t d = 0; d < c.log_probs.size(); ++d) {
+      double mass = 0;
+      for (size_t r = 0; r < c.log_probs[d].size(); ++r) {
+        mass += std::exp(static_cast<double>(h.log_probs[d][r]));
+        if (r > 0) EXPECT_LE(h.log_probs[d][r], h.log_probs[d][r - 1]);
+        // Differences between candidates scale by 1 / T.
+        const double want = (static_cast<double>(c.log_probs[d][r]) - c.log_probs[d][0]) / t;
+        EXPECT_NEAR(static_cast<double>(h.log_probs[d][r]) - h.log_probs[d][0], want, 1e-5);
+      }
+      EXPECT_NEAR(mass, 1.0, 1e-5);
+    }
+  }
+  // An impossible candidate stays impossible.
+  PositionCandidates with_none;
+  with_none.tokens = {{5, 6}};
+  with_none.log_probs = {{-0.2f, -std::numeric_limits<float>::infinity()}};
+  const PositionCandidates h = tempered(with_none, 0.5);
+  EXPECT_FLOAT_EQ(h.log_probs[0][0], 0.f);
+  EXPECT_TRUE(std::isinf(h.log_probs[0][1]));
+  for (double bad : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    try {
+      tempered(c, bad);
+      ADD_FAILURE() << "temperature " << bad << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("it must be a finite number above 0"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Why a temperature below 1: a sharper drafter's tree spends the budget along
+// its first choices. Here the first choice is likely at every position but
+// the second is not far behind: at T = 1 four nodes branch at the first two
+// positions; at T = 0.25 they are the chain of first choices, four deep.
+TEST(DraftTree, ALowTemperatureBuysDepthAlongTheFirstChoices) {
+  PositionCandidates c;
+  for (int64_t d = 1; d <= 4; ++d) {
+    c.tokens.push_back({token_of(d, 0), token_of(d, 1)});
+    c.log_probs.push_back({std::log(0.6f), std::log(0.4f)});
+  }
+  const DraftTree wide = build_draft_tree(c, 4);
+  int64_t wide_depth = 0;
+  for (int64_t depth : wide.depths) wide_depth = std::max(wide_depth, depth);
+  EXPECT_EQ(wide_depth, 2);
+  const DraftTree deep = build_draft_tree(tempered(c, 0.25), 4);
+  ASSERT_EQ(deep.size(), 4);
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(deep.parents[static_cast<size_t>(i)], i - 1);
+    EXPECT_EQ(deep.tokens[static_cast<size_t>(i)], token_of(i + 1, 0));
+  }
+}
+
 TEST(DraftTree, BadInputIsRefusedByName) {
   PositionCandidates c = random_candidates(2, 2, 1);
   auto message = [](const PositionCandidates& cand, int64_t budget) {
