@@ -381,12 +381,15 @@ std::string format_comparison(const nlohmann::json& comparison) {
   const bool baseline = comparison.front().contains("speedup");
   std::ostringstream out;
   out << "arms compared (ratios to the first arm, " << comparison.front().at("arm").get<std::string>() << "):\n\n";
+  // The arm column as wide as its longest name ("tree 128 T=0.7"), 10 at least.
+  size_t width = 10;
+  for (const nlohmann::json& entry : comparison) width = std::max(width, entry.at("arm").get<std::string>().size());
   // Spelled out: τ is one column but two bytes, which printf's widths count.
-  out << "  arm" << std::string(14, ' ') << "τ  τ / first      tokens/s  speed / first"
+  out << "  arm" << std::string(width + 4, ' ') << "τ  τ / first      tokens/s  speed / first"
       << (baseline ? "  speed-up  lossless" : "") << "\n";
   char line[200];
   for (const nlohmann::json& entry : comparison) {
-    std::snprintf(line, sizeof line, "  %-10s  %6s  %9s  %12s  %13s", entry.at("arm").get<std::string>().c_str(),
+    std::snprintf(line, sizeof line, "  %-*s  %6s  %9s  %12s  %13s", static_cast<int>(width), entry.at("arm").get<std::string>().c_str(),
                   cell(entry.at("tau_mean"), "%.3f").c_str(), cell(entry.at("tau_ratio_to_first"), "%.2f").c_str(),
                   cell(entry.at("speculative_tokens_per_s"), "%.1f").c_str(),
                   cell(entry.at("speed_ratio_to_first"), "%.2f").c_str());
