@@ -509,6 +509,21 @@ TEST(TrainEndToEnd, PeriodicEvaluationLogsRealAcceptanceAndChangesNothing) {
     EXPECT_EQ(t[i].at("eval_tau"), b[i].at("eval_tau")) << "step " << i << ": the chain's τ as without trees";
     EXPECT_GE(t[i].at("eval_tree_tau").get<double>(), 1.0) << "step " << i;
     EXPECT_EQ(t[i].at("eval_tree_nodes"), 4) << "step " << i;
+    EXPECT_FALSE(t[i].contains("eval_tree_temperature")) << "step " << i << ": DDTree's own rule, not logged";
+  }
+  // train.eval_tree_temperature: those trees at another temperature, logged
+  // beside their τ; the chain's τ and the training again unchanged.
+  Result tempered = host("--config " + small_config(dir, dir + "/tempered", 6) + eval +
+                             " --set train.eval_tree_nodes=4 --set train.eval_tree_temperature=0.5", dir);
+  ASSERT_EQ(tempered.status, 0) << tempered.err;
+  const auto h = metrics_of(dir + "/tempered");
+  ASSERT_EQ(h.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(h[i].at("loss").get<double>(), a[i].at("loss").get<double>()) << "step " << i;
+    if (!b[i].contains("eval_tau")) continue;
+    EXPECT_EQ(h[i].at("eval_tau"), b[i].at("eval_tau")) << "step " << i;
+    EXPECT_GE(h[i].at("eval_tree_tau").get<double>(), 1.0) << "step " << i;
+    EXPECT_EQ(h[i].at("eval_tree_temperature"), 0.5) << "step " << i;
   }
   Result no_prompts = host("--config " + small_config(dir, dir + "/bad", 2) + " --set train.eval_every=3", dir);
   EXPECT_EQ(no_prompts.status, 2);
