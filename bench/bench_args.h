@@ -30,28 +30,10 @@ class FlagReader {
     return argv_[++at_];
   }
   int64_t integer() {
-    const std::string value = text();
-    size_t used = 0;
-    int64_t parsed = 0;
-    try {
-      parsed = std::stoll(value, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != value.size()) throw std::invalid_argument(flag_ + " takes an integer, not '" + value + "'");
-    return parsed;
+    return whole_value<int64_t>("an integer", [](const std::string& v, size_t* used) { return std::stoll(v, used); });
   }
   double number() {
-    const std::string value = text();
-    size_t used = 0;
-    double parsed = 0;
-    try {
-      parsed = std::stod(value, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != value.size()) throw std::invalid_argument(flag_ + " takes a number, not '" + value + "'");
-    return parsed;
+    return whole_value<double>("a number", [](const std::string& v, size_t* used) { return std::stod(v, used); });
   }
   // The flag's value as KEY=VALUE (--loss-set, --drafter-set), put in
   // `into`: VALUE as JSON where it parses (numbers, booleans), else as text.
@@ -66,6 +48,22 @@ class FlagReader {
   [[noreturn]] void unknown() const { throw std::invalid_argument("unknown flag " + flag_); }
 
  private:
+  // The flag's value parsed by `parse` (std::stoll, std::stod), which must
+  // use all of it; `what` names the kind of value in the error.
+  template <class T, class Parse>
+  T whole_value(const char* what, Parse parse) {
+    const std::string value = text();
+    size_t used = 0;
+    T parsed{};
+    try {
+      parsed = parse(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != value.size()) throw std::invalid_argument(flag_ + " takes " + what + ", not '" + value + "'");
+    return parsed;
+  }
+
   int argc_;
   char** argv_;
   int at_ = 0;
