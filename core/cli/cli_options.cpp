@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cmath>
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
@@ -177,7 +176,7 @@ std::vector<double> tree_temperatures(const std::string& text) {
     double t = 0;
     const char* end = item.data() + item.size();
     const auto [stop, error] = std::from_chars(item.data(), end, t);
-    if (error != std::errc() || stop != end || !(t > 0) || !std::isfinite(t))
+    if (error != std::errc() || stop != end || !eval::valid_tree_temperature(t))
       throw std::invalid_argument("--tree-temperature " + text + ": '" + item + "' is not a temperature; each is a number "
                                   "above 0 (1: DDTree's own rule, 0.7: sharper), e.g. 1,0.7");
     if (std::find(temperatures.begin(), temperatures.end(), t) != temperatures.end())

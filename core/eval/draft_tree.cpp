@@ -1,5 +1,7 @@
 #include "eval/draft_tree.h"
 
+#include "eval/verification.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -80,13 +82,12 @@ DraftTree build_draft_tree(const PositionCandidates& candidates, int64_t budget)
   return tree;
 }
 
-PositionCandidates tempered(const PositionCandidates& candidates, double temperature) {
-  if (!(temperature > 0) || !std::isfinite(temperature))
+void temper(PositionCandidates& candidates, double temperature) {
+  if (!valid_tree_temperature(temperature))
     throw std::invalid_argument("draft tree: the temperature is " + std::to_string(temperature) +
                                 "; it must be a finite number above 0 (1: DDTree's own rule)");
-  if (temperature == 1.0) return candidates;
-  PositionCandidates out = candidates;
-  for (std::vector<float>& lps : out.log_probs) {
+  if (temperature == 1.0) return;
+  for (std::vector<float>& lps : candidates.log_probs) {
     if (lps.empty()) continue;
     // log Σ exp(lp / T), from the largest (the first: candidates are best first).
     const double top = static_cast<double>(lps.front()) / temperature;
@@ -96,7 +97,6 @@ PositionCandidates tempered(const PositionCandidates& candidates, double tempera
     const double log_norm = top + std::log(sum);
     for (float& lp : lps) lp = static_cast<float>(std::min(0.0, static_cast<double>(lp) / temperature - log_norm));
   }
-  return out;
 }
 
 std::vector<int64_t> accepted_path(const DraftTree& tree, const std::vector<int64_t>& choices) {

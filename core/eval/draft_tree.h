@@ -35,7 +35,7 @@ struct DraftTree {
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
 };
 
-// The candidates at temperature T: each position's log-probabilities divided
+// The candidates put at temperature T, in place: each position's log-probabilities divided
 // by T and normalised again over the candidates listed, order kept. T < 1
 // trusts the drafter's first choices more, so the budget goes deeper along
 // them; T > 1 spreads it wider. Why it helps: a block drafter's distribution
@@ -43,9 +43,9 @@ struct DraftTree {
 // node is verified only where its whole path already matched, and there the
 // first choice is right more often than its marginal says (docs/eval.md,
 // "Tree temperature"). The normaliser is the listed candidates' (the tail
-// beyond them is not known here); at T = 1 the candidates come back as they
-// are. Throws std::invalid_argument for T not > 0 and finite.
-PositionCandidates tempered(const PositionCandidates& candidates, double temperature);
+// beyond them is not known here); at T = 1 nothing changes. Throws
+// std::invalid_argument for T not > 0 and finite (valid_tree_temperature).
+void temper(PositionCandidates& candidates, double temperature);
 
 // The `budget` best paths (fewer when the candidates hold fewer). Throws
 // std::invalid_argument naming what is wrong: a budget < 1, positions whose

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <functional>
 #include <stdexcept>
 #include <tuple>
@@ -165,7 +164,7 @@ Generation speculative_decode(const host::TargetModelInstance& target, const hos
   if (tree_mode) {
     if (verification.tree_nodes < 1)
       throw std::invalid_argument("--tree-nodes is " + std::to_string(verification.tree_nodes) + "; a draft tree needs at least 1 node");
-    if (!(verification.tree_temperature > 0) || !std::isfinite(verification.tree_temperature))
+    if (!valid_tree_temperature(verification.tree_temperature))
       throw std::invalid_argument("--tree-temperature is " + std::to_string(verification.tree_temperature) +
                                   "; it must be a finite number above 0 (1: DDTree's own rule)");
     if (!target.can_verify_tree())
@@ -251,7 +250,8 @@ Generation speculative_decode(const host::TargetModelInstance& target, const hos
         candidates.tokens.emplace_back(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
         candidates.log_probs.emplace_back(lp.data_ptr<float>(), lp.data_ptr<float>() + lp.numel());
       }
-      const DraftTree tree = build_draft_tree(tempered(candidates, verification.tree_temperature), verification.tree_nodes);
+      temper(candidates, verification.tree_temperature);
+      const DraftTree tree = build_draft_tree(candidates, verification.tree_nodes);
       std::vector<int64_t> fed = {next}, parents = {-1};
       for (int64_t i = 0; i < tree.size(); ++i) {
         fed.push_back(tree.tokens[static_cast<size_t>(i)]);

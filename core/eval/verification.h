@@ -3,6 +3,7 @@
 // pulling in the plugin host.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -15,7 +16,7 @@ namespace dflash::eval {
 // (decode_verify_tree), the accepted path kept (decode_accept_path).
 //
 // tree_temperature: the drafter's distributions are sharpened (< 1) or
-// flattened (> 1) before the tree is chosen (draft_tree.h, `tempered`); 1 is
+// flattened (> 1) before the tree is chosen (draft_tree.h, `temper`); 1 is
 // DDTree's own rule. Verification stays the target's greedy choice, so any
 // temperature is lossless; it only changes which nodes the budget buys.
 struct Verification {
@@ -24,6 +25,9 @@ struct Verification {
   int64_t tree_nodes = 0;          // drafted nodes per step (the newest token not counted); tree only
   double tree_temperature = 1.0;   // tree only
 };
+
+// A tree temperature eval takes: a finite number above 0.
+inline bool valid_tree_temperature(double t) { return t > 0 && std::isfinite(t); }
 
 // A temperature as written in labels and tags: 0.7, 1.25.
 inline std::string temperature_text(double t) {

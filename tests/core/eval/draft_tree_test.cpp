@@ -123,6 +123,11 @@ TEST(DraftTree, ImpossibleCandidatesGetNoNode) {
 // again over the candidates listed, best first as before; T = 1 changes
 // nothing (DDTree's own rule).
 TEST(DraftTree, TemperatureRescalesAndRenormalisesEachPosition) {
+  // A copy put at temperature t.
+  auto tempered = [](PositionCandidates candidates, double t) {
+    temper(candidates, t);
+    return candidates;
+  };
   const PositionCandidates c = random_candidates(/*positions=*/3, /*k=*/5, 11);
   const PositionCandidates same = tempered(c, 1.0);
   EXPECT_EQ(same.tokens, c.tokens);
@@ -152,7 +157,8 @@ TEST(DraftTree, TemperatureRescalesAndRenormalisesEachPosition) {
   EXPECT_TRUE(std::isinf(h.log_probs[0][1]));
   for (double bad : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
     try {
-      tempered(c, bad);
+      PositionCandidates copy = c;
+      temper(copy, bad);
       ADD_FAILURE() << "temperature " << bad << " accepted";
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("it must be a finite number above 0"), std::string::npos) << e.what();
@@ -174,7 +180,8 @@ TEST(DraftTree, ALowTemperatureBuysDepthAlongTheFirstChoices) {
   int64_t wide_depth = 0;
   for (int64_t depth : wide.depths) wide_depth = std::max(wide_depth, depth);
   EXPECT_EQ(wide_depth, 2);
-  const DraftTree deep = build_draft_tree(tempered(c, 0.25), 4);
+  temper(c, 0.25);
+  const DraftTree deep = build_draft_tree(c, 4);
   ASSERT_EQ(deep.size(), 4);
   for (int64_t i = 0; i < 4; ++i) {
     EXPECT_EQ(deep.parents[static_cast<size_t>(i)], i - 1);
