@@ -12,12 +12,16 @@
 //
 // Speed: a tree of up to 128 nodes (9 tiles of 16 rows with the newest token)
 // is one block's rows, so each weight is read from memory once, as for a
-// chain's 16-row block. The block's threads copy each chunk of x's rows and
-// of its 128 weight rows into shared memory with cp.async, three chunks
-// ahead; its 8 warps own 2 tiles of 8 features each and read the chunk from
-// there, so x is read from L2 once per 128 features. The runs of k give the
-// grid enough blocks to keep the memory busy on narrow projections; their
-// fp32 partial sums go through a workspace and a second kernel adds them.
+// chain's 16-row block. The block's threads copy each stage's chunks of x's
+// rows and of its weight rows into shared memory with cp.async, stages
+// ahead, each thread a fixed set of 16-byte pieces whose pointers it works
+// out once; its 8 warps own 2 or 4 tiles of 8 features each and read the
+// stage from there, so x is read from L2 once per block of features. The
+// tiling (row tiles, chunks a stage, stages, warps, feature tiles a warp)
+// changes no bit and is picked by row count (launch_products_for_rows). The
+// runs of k give the grid enough blocks to keep the memory busy on narrow
+// projections; their fp32 partial sums go through a workspace and a second
+// kernel adds them.
 #include "cuda_kernels.h"
 #include "device_math.cuh"
 
@@ -31,9 +35,10 @@
 namespace dflash::cuda_kernels {
 namespace {
 
-constexpr int kLinearWarps = 8;
-constexpr int kFeatureTiles = 2;                                // 8-feature mma tiles per warp
-constexpr int64_t kBlockFeatures = kLinearWarps * kFeatureTiles * 8;  // 128
+// The split rule's unit of features (invariant_linear_splits). A constant
+// of the rule, not a block's width: the runs, and so the bits, must not move
+// when a launch's tiling does.
+constexpr int64_t kSplitFeatures = 128;
 constexpr int kMaxRowTiles = 9;                                 // 16-row tiles per block
 // Blocks the grid should have for one row tile, so that a narrow projection
 // keeps every SM's memory pipe busy: about 4 blocks on each of 132 SMs. A
@@ -68,16 +73,46 @@ __device__ __forceinline__ void store_output(float y, const T* bias, const T* re
   out[row * out_features + j] = from_float<T>(y);
 }
 
-// Block (blockIdx.x, blockIdx.y, blockIdx.z): features [128·x, +128), run y of
-// k's chunks, rows [16·kTiles·z, +16·kTiles). Warp w owns the feature tiles
-// 128·x + 16·w + 8·f, f < 2.
+// A block's shape: kTiles 16-row tiles of x against kWarps · 16 features,
+// kChunks 32-wide chunks of k a pipeline stage, kStages stages. None of these
+// changes a bit of the result (the arithmetic is per row and feature, in
+// chunk order), so the launcher picks them by row count for speed alone.
+template <int Tiles, int Chunks, int Stages, int Warps, int FeatureTiles>
+struct Tiling {
+  static constexpr int kTiles = Tiles, kChunks = Chunks, kStages = Stages, kWarps = Warps;
+  static constexpr int kFeatureTiles = FeatureTiles;  // 8-feature mma tiles a warp
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRows = kTiles * 16;
+  static constexpr int kFeatures = kWarps * kFeatureTiles * 8;
+  static constexpr int kLineBytes = kChunks * 64;  // a line: one row's kChunks chunks (32 elements of 2 bytes each)
+  static constexpr int kPieces = kLineBytes / 16;  // 16-byte pieces a line
+  static constexpr int kLines = kRows + kFeatures;
+  static constexpr int kStageBytes = kLines * kLineBytes;
+  static constexpr int kSharedBytes = kStages * kStageBytes;
+  // Each SM holds 16 warps (at most 128 registers a thread), or 8 where the
+  // accumulators alone would take more than 80.
+  static constexpr int kMinBlocks = (kTiles * kFeatureTiles * 4 > 80 ? 8 : 16) / kWarps;
+};
+
+// A 16-byte piece's place in its line. Lines of two chunks or more are 128
+// bytes or a multiple, so rows r and r + 1 would share banks; odd lines swap
+// the halves of each 128 bytes so that the 8 lanes of a quarter-warp (two
+// lines, four pieces each) read all 32 banks once.
+template <class Tl>
+__device__ __forceinline__ int piece_offset(int line, int piece) {
+  if constexpr (Tl::kChunks >= 2) piece ^= (line & 1) << 2;
+  return line * Tl::kLineBytes + piece * 16;
+}
+
+// Block (blockIdx.x, blockIdx.y, blockIdx.z): rows [kRows·x, +kRows), features
+// [kFeatures·y, +kFeatures), run z of k's chunks. Warp w owns the feature
+// tiles kFeatures·y + 8·(kFeatureTiles·w + f), f < kFeatureTiles.
 //
-// The block's threads copy each chunk's rows of x and of the weight into
-// shared memory with cp.async, kStages − 1 chunks ahead of the one being
-// multiplied, so the weights stream with many loads in flight and no
-// register holds them on the way. A stage holds kTiles·16 rows of x, then
-// the block's 128 weight rows, each row 32 elements (64 bytes; eight lanes
-// reading 16 bytes each of two adjacent rows touch every bank once).
+// The block's threads copy each stage's kChunks chunks of its rows of x and
+// of its weight rows into shared memory with cp.async, kStages − 1 stages
+// ahead of the one being multiplied, so the weights stream with many loads
+// in flight and no register holds them on the way. A stage holds the kRows
+// lines of x, then the kFeatures lines of the weight (piece_offset).
 //
 // Lane (group = lane / 4, quad = lane % 4) reads 8 consecutive k of chunk c —
 // k = 32c + 8·quad … +7 — from x rows group and group + 8 of each row tile
@@ -86,108 +121,121 @@ __device__ __forceinline__ void store_output(float y, const T* bias, const T* re
 // (2·quad + 8, +9), pairs (4,5), (6,7) the second's. A and B see the same
 // permutation of k, so the products are the right ones; k past in_features
 // (a multiple of 8), rows past all_rows and features past out_features are
-// zeros in shared memory.
+// zeros in shared memory, and chunks past the run's end are not multiplied.
 // partial null: one run, the epilogue here; else the run's sums go to
-// partial[y][row][feature] for add_runs.
-//
-// Two blocks an SM (at most 128 registers a thread; shared memory
-// linear_shared_bytes(kTiles) each).
-constexpr int kStages = 4;
-constexpr int kChunkBytes = 64;  // 32 elements of 2 bytes
-
-template <int kTiles>
-__host__ __device__ constexpr int stage_bytes() {
-  return (kTiles * 16 + static_cast<int>(kBlockFeatures)) * kChunkBytes;
-}
-template <int kTiles>
-__host__ __device__ constexpr int linear_shared_bytes() {
-  return kStages * stage_bytes<kTiles>();
-}
-
-template <class T, int kTiles>
-__global__ void __launch_bounds__(kLinearWarps * 32, 2)
+// partial[z][row][feature] for add_runs.
+template <class T, class Tl>
+__global__ void __launch_bounds__(Tl::kThreads, Tl::kMinBlocks)
     invariant_linear_kernel(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
                             const T* residual, T* out, float* __restrict__ partial, int all_rows, int64_t out_features,
                             int64_t in_features, int64_t chunks_per_split) {
   using P = Pack<T, 8>;
   extern __shared__ __align__(16) unsigned char linear_shared[];
-  constexpr int kRows = kTiles * 16;
-  constexpr int kLines = kRows + static_cast<int>(kBlockFeatures);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad = lane % 4;
-  const int first_row = static_cast<int>(blockIdx.z) * kRows;
-  const int64_t block_feature = static_cast<int64_t>(blockIdx.x) * kBlockFeatures;
-  const int64_t first_feature = block_feature + warp * kFeatureTiles * 8;
+  const int first_row = static_cast<int>(blockIdx.x) * Tl::kRows;
+  const int64_t block_feature = static_cast<int64_t>(blockIdx.y) * Tl::kFeatures;
+  const int64_t first_feature = block_feature + warp * Tl::kFeatureTiles * 8;
   // A warp past out_features still copies and meets the block's barriers.
   const bool warp_active = first_feature < out_features;
   const int64_t chunks = (in_features + 31) / 32;
-  const int64_t c_begin = static_cast<int64_t>(blockIdx.y) * chunks_per_split;
+  const int64_t c_begin = static_cast<int64_t>(blockIdx.z) * chunks_per_split;
   const int64_t c_end = c_begin + chunks_per_split < chunks ? c_begin + chunks_per_split : chunks;
   const int64_t n = c_end - c_begin;
+  const int64_t stages = (n + Tl::kChunks - 1) / Tl::kChunks;
 
-  // Chunk c into stage `stage`: 16-byte pieces (line, quarter), x's lines first.
-  auto copy_chunk = [&](int64_t c, int stage) {
-    unsigned char* base = linear_shared + stage * stage_bytes<kTiles>();
-    for (int piece = threadIdx.x; piece < kLines * 4; piece += blockDim.x) {
-      const int line = piece / 4, quarter = piece % 4;
-      const int64_t k = c * 32 + quarter * 8;
-      unsigned char* dst = base + line * kChunkBytes + quarter * 16;
-      const T* src = nullptr;
-      if (k < in_features) {
-        if (line < kRows) {
-          if (first_row + line < all_rows) src = x + static_cast<int64_t>(first_row + line) * in_features + k;
-        } else if (block_feature + (line - kRows) < out_features) {
-          src = weight + (block_feature + (line - kRows)) * in_features + k;
-        }
-      }
-      if (src != nullptr) __pipeline_memcpy_async(dst, src, 16);
+  // This thread's share of every stage's copy: the 16-byte pieces
+  // threadIdx.x + j·kThreads of the stage's lines, j < kPasses. kThreads is a
+  // multiple of kPieces, so the piece (k's offset in the line) is the same for
+  // every j and the line steps by kLineStep; the pointers are worked out once
+  // here, so a stage's copy is a pointer add and a cp.async a piece. Lines of
+  // rows or features past the ends are zeroed in every buffer here, once.
+  constexpr int kPasses = (Tl::kLines * Tl::kPieces + Tl::kThreads - 1) / Tl::kThreads;
+  constexpr int kLineStep = Tl::kThreads / Tl::kPieces;
+  static_assert(Tl::kThreads % Tl::kPieces == 0 && kLineStep % 2 == 0, "a thread's pieces share piece_offset's swap");
+  const int piece = threadIdx.x % Tl::kPieces, first_line = threadIdx.x / Tl::kPieces;
+  const int64_t k_first = c_begin * 32 + piece * 8;
+  const T* src[kPasses];
+#pragma unroll
+  for (int j = 0; j < kPasses; ++j) {
+    const int line = first_line + j * kLineStep;
+    src[j] = nullptr;
+    if (line < Tl::kRows) {
+      if (first_row + line < all_rows) src[j] = x + static_cast<int64_t>(first_row + line) * in_features + k_first;
+    } else if (line < Tl::kLines && block_feature + (line - Tl::kRows) < out_features) {
+      src[j] = weight + (block_feature + (line - Tl::kRows)) * in_features + k_first;
+    }
+    if (src[j] == nullptr && line < Tl::kLines)
+      for (int buffer = 0; buffer < Tl::kStages; ++buffer)
+        *reinterpret_cast<uint4*>(linear_shared + buffer * Tl::kStageBytes + piece_offset<Tl>(line, piece)) =
+            make_uint4(0u, 0u, 0u, 0u);
+  }
+  const int first_offset = piece_offset<Tl>(first_line, piece);
+  const int64_t k_end = c_end * 32 < in_features ? c_end * 32 : in_features;
+
+  // Stage s (chunks c_begin + kChunks·s …) into buffer `buffer`. A piece at k
+  // past in_features (the last chunk's tail) or past the run's end is zeros.
+  auto copy_stage = [&](int64_t s, int buffer) {
+    unsigned char* base = linear_shared + buffer * Tl::kStageBytes + first_offset;
+    const int64_t step = s * Tl::kChunks * 32;
+    const bool k_in = k_first + step < k_end;
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j) {
+      if (src[j] == nullptr) continue;
+      unsigned char* dst = base + j * kLineStep * Tl::kLineBytes;
+      if (k_in) __pipeline_memcpy_async(dst, src[j] + step, 16);
       else *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
     }
   };
 
-  float d[kTiles][kFeatureTiles][4];
+  float d[Tl::kTiles][Tl::kFeatureTiles][4];
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t)
+  for (int t = 0; t < Tl::kTiles; ++t)
 #pragma unroll
-    for (int f = 0; f < kFeatureTiles; ++f) d[t][f][0] = d[t][f][1] = d[t][f][2] = d[t][f][3] = 0.f;
+    for (int f = 0; f < Tl::kFeatureTiles; ++f) d[t][f][0] = d[t][f][1] = d[t][f][2] = d[t][f][3] = 0.f;
 
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n) copy_chunk(c_begin + s, s);
+  for (int s = 0; s < Tl::kStages - 1; ++s) {
+    if (s < stages) copy_stage(s, s);
     __pipeline_commit();
   }
-  for (int64_t i = 0; i < n; ++i) {
-    // This thread's copies of chunk i are done; the barrier makes every
-    // thread's visible, and tells that chunk i − 1's stage, refilled below,
+  for (int64_t s = 0; s < stages; ++s) {
+    // This thread's copies of stage s are done; the barrier makes every
+    // thread's visible, and tells that stage s − 1's buffer, refilled below,
     // has been read by all.
-    __pipeline_wait_prior(kStages - 2);
+    __pipeline_wait_prior(Tl::kStages - 2);
     __syncthreads();
-    if (i + kStages - 1 < n) copy_chunk(c_begin + i + kStages - 1, static_cast<int>((i + kStages - 1) % kStages));
+    if (s + Tl::kStages - 1 < stages)
+      copy_stage(s + Tl::kStages - 1, static_cast<int>((s + Tl::kStages - 1) % Tl::kStages));
     __pipeline_commit();
     if (!warp_active) continue;
-    const unsigned char* base = linear_shared + static_cast<int>(i % kStages) * stage_bytes<kTiles>();
-    uint32_t b0[kFeatureTiles][2], b1[kFeatureTiles][2];
+    const unsigned char* base = linear_shared + static_cast<int>(s % Tl::kStages) * Tl::kStageBytes;
 #pragma unroll
-    for (int f = 0; f < kFeatureTiles; ++f) {
-      const int line = kRows + warp * kFeatureTiles * 8 + f * 8 + group;
-      const P w = *reinterpret_cast<const P*>(base + line * kChunkBytes + quad * 16);
-      const uint32_t* wv = reinterpret_cast<const uint32_t*>(&w);
-      b0[f][0] = wv[0];
-      b0[f][1] = wv[1];
-      b1[f][0] = wv[2];
-      b1[f][1] = wv[3];
-    }
+    for (int cc = 0; cc < Tl::kChunks; ++cc) {
+      if (s * Tl::kChunks + cc >= n) break;
+      uint32_t b0[Tl::kFeatureTiles][2], b1[Tl::kFeatureTiles][2];
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      const P lo = *reinterpret_cast<const P*>(base + (t * 16 + group) * kChunkBytes + quad * 16);
-      const P hi = *reinterpret_cast<const P*>(base + (t * 16 + group + 8) * kChunkBytes + quad * 16);
-      const uint32_t* lv = reinterpret_cast<const uint32_t*>(&lo);
-      const uint32_t* hv = reinterpret_cast<const uint32_t*>(&hi);
-      const uint32_t a0[4] = {lv[0], hv[0], lv[1], hv[1]};
-      const uint32_t a1[4] = {lv[2], hv[2], lv[3], hv[3]};
+      for (int f = 0; f < Tl::kFeatureTiles; ++f) {
+        const int line = Tl::kRows + warp * Tl::kFeatureTiles * 8 + f * 8 + group;
+        const P w = *reinterpret_cast<const P*>(base + piece_offset<Tl>(line, cc * 4 + quad));
+        const uint32_t* wv = reinterpret_cast<const uint32_t*>(&w);
+        b0[f][0] = wv[0];
+        b0[f][1] = wv[1];
+        b1[f][0] = wv[2];
+        b1[f][1] = wv[3];
+      }
 #pragma unroll
-      for (int f = 0; f < kFeatureTiles; ++f) {
-        mma_16x8x16<T>(d[t][f], a0, b0[f]);
-        mma_16x8x16<T>(d[t][f], a1, b1[f]);
+      for (int t = 0; t < Tl::kTiles; ++t) {
+        const P lo = *reinterpret_cast<const P*>(base + piece_offset<Tl>(t * 16 + group, cc * 4 + quad));
+        const P hi = *reinterpret_cast<const P*>(base + piece_offset<Tl>(t * 16 + group + 8, cc * 4 + quad));
+        const uint32_t* lv = reinterpret_cast<const uint32_t*>(&lo);
+        const uint32_t* hv = reinterpret_cast<const uint32_t*>(&hi);
+        const uint32_t a0[4] = {lv[0], hv[0], lv[1], hv[1]};
+        const uint32_t a1[4] = {lv[2], hv[2], lv[3], hv[3]};
+#pragma unroll
+        for (int f = 0; f < Tl::kFeatureTiles; ++f) {
+          mma_16x8x16<T>(d[t][f], a0, b0[f]);
+          mma_16x8x16<T>(d[t][f], a1, b1[f]);
+        }
       }
     }
   }
@@ -196,16 +244,16 @@ __global__ void __launch_bounds__(kLinearWarps * 32, 2)
   // d[t][f][e] is row first_row + 16t + group (+8 for e ≥ 2), feature
   // first_feature + 8f + 2·quad + (e & 1).
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t)
+  for (int t = 0; t < Tl::kTiles; ++t)
 #pragma unroll
-    for (int f = 0; f < kFeatureTiles; ++f)
+    for (int f = 0; f < Tl::kFeatureTiles; ++f)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t row = first_row + t * 16 + group + (e >= 2 ? 8 : 0);
         const int64_t j = first_feature + f * 8 + 2 * quad + (e & 1);
         if (row >= all_rows || j >= out_features) continue;
         if (partial == nullptr) store_output<T>(d[t][f][e], bias, residual, out, row, j, out_features);
-        else partial[(static_cast<int64_t>(blockIdx.y) * all_rows + row) * out_features + j] = d[t][f][e];
+        else partial[(static_cast<int64_t>(blockIdx.z) * all_rows + row) * out_features + j] = d[t][f][e];
       }
 }
 
@@ -221,53 +269,93 @@ __global__ void add_runs_kernel(const float* __restrict__ partial, const T* __re
   store_output<T>(y, bias, residual, out, i / out_features, i % out_features, out_features);
 }
 
-template <class T>
-void invariant_linear_typed(const void* x, const void* w, const void* bias, const void* residual, void* out,
-                            float* workspace, int64_t rows, int64_t out_features, int64_t in_features,
-                            cudaStream_t stream) {
-  if (rows == 0 || out_features == 0) return;
-  const int64_t splits = invariant_linear_splits(out_features, in_features);
-  const int64_t per_split = ((in_features + 31) / 32 + splits - 1) / splits;  // chunks a run
-  // All row tiles in one block up to 9 (a draft tree of up to 128 nodes and
-  // the newest token), so each weight is read from memory once; more rows go
-  // in blocks of 9 tiles, each reading the weights once more (a 256-node tree:
-  // twice). 7 tiles take the 8-tile kernel (one tile of zeros).
-  const int64_t tiles = (rows + 15) / 16;
-  const int per_block = tiles > kMaxRowTiles ? kMaxRowTiles : tiles == 7 ? 8 : static_cast<int>(tiles);
-  const dim3 blocks(static_cast<unsigned>((out_features + kBlockFeatures - 1) / kBlockFeatures),
-                    static_cast<unsigned>(splits), static_cast<unsigned>((tiles + per_block - 1) / per_block));
-  float* partial = splits > 1 ? workspace : nullptr;
-  auto launch = [&](auto kernel, int shared) {
-    opt_in_shared_memory(reinterpret_cast<const void*>(kernel), static_cast<size_t>(shared), "invariant_linear");
-    kernel<<<blocks, kLinearWarps * 32, shared, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias), static_cast<const T*>(residual),
-        static_cast<T*>(out), partial, static_cast<int>(rows), out_features, in_features, per_split);
-  };
-  switch (per_block) {
-    case 9: launch(invariant_linear_kernel<T, 9>, linear_shared_bytes<9>()); break;
-    case 8: launch(invariant_linear_kernel<T, 8>, linear_shared_bytes<8>()); break;
-    case 6: launch(invariant_linear_kernel<T, 6>, linear_shared_bytes<6>()); break;
-    case 5: launch(invariant_linear_kernel<T, 5>, linear_shared_bytes<5>()); break;
-    case 4: launch(invariant_linear_kernel<T, 4>, linear_shared_bytes<4>()); break;
-    case 3: launch(invariant_linear_kernel<T, 3>, linear_shared_bytes<3>()); break;
-    case 2: launch(invariant_linear_kernel<T, 2>, linear_shared_bytes<2>()); break;
-    default: launch(invariant_linear_kernel<T, 1>, linear_shared_bytes<1>()); break;
-  }
+// One call's operands, its run count and the chunks of each run.
+struct LinearCall {
+  const void* x;
+  const void* weight;
+  const void* bias;
+  const void* residual;
+  void* out;
+  float* workspace;
+  int64_t rows, out_features, in_features, splits, per_split;
+};
+
+LinearCall linear_call(const void* x, const void* weight, const void* bias, const void* residual, void* out,
+                       float* workspace, int64_t rows, int64_t out_features, int64_t in_features, int64_t splits) {
+  const int64_t per_split = ((in_features + 31) / 32 + splits - 1) / splits;
+  return {x, weight, bias, residual, out, workspace, rows, out_features, in_features, splits, per_split};
+}
+
+// The products of every row tile, kTiles tiles a block, under tiling Tl.
+template <class T, class Tl>
+void launch_products(const LinearCall& c, cudaStream_t stream) {
+  const int64_t tiles = (c.rows + 15) / 16;
+  const dim3 blocks(static_cast<unsigned>((tiles + Tl::kTiles - 1) / Tl::kTiles),
+                    static_cast<unsigned>((c.out_features + Tl::kFeatures - 1) / Tl::kFeatures),
+                    static_cast<unsigned>(c.splits));
+  auto* kernel = invariant_linear_kernel<T, Tl>;
+  opt_in_shared_memory(reinterpret_cast<const void*>(kernel), static_cast<size_t>(Tl::kSharedBytes), "invariant_linear");
+  kernel<<<blocks, Tl::kThreads, Tl::kSharedBytes, stream>>>(
+      static_cast<const T*>(c.x), static_cast<const T*>(c.weight), static_cast<const T*>(c.bias),
+      static_cast<const T*>(c.residual), static_cast<T*>(c.out), c.splits > 1 ? c.workspace : nullptr,
+      static_cast<int>(c.rows), c.out_features, c.in_features, c.per_split);
   check_launch("invariant_linear");
-  if (partial == nullptr) return;
+}
+
+// The runs' sums added in order, then the epilogue (nothing to do for one run).
+template <class T>
+void launch_add_runs(const LinearCall& c, cudaStream_t stream) {
+  if (c.splits == 1) return;
   constexpr int kThreads = 256;
-  const int64_t elements = rows * out_features;
+  const int64_t elements = c.rows * c.out_features;
   add_runs_kernel<T><<<static_cast<unsigned>((elements + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      partial, static_cast<const T*>(bias), static_cast<const T*>(residual), static_cast<T*>(out), rows, out_features,
-      static_cast<int>(splits));
+      c.workspace, static_cast<const T*>(c.bias), static_cast<const T*>(c.residual), static_cast<T*>(c.out), c.rows,
+      c.out_features, static_cast<int>(c.splits));
   check_launch("invariant_linear (adding the runs of k)");
+}
+
+// Row tiles a block, by the call's tile count: all of them up to 9 (a draft
+// tree of up to 128 nodes and the newest token), so each weight is read from
+// memory once; more rows go in blocks of 9 tiles, each reading the weights
+// once more (a 256-node tree: twice). 7 tiles take 8 (one tile of zeros).
+int tiles_a_block(int64_t rows) {
+  const int64_t tiles = (rows + 15) / 16;
+  return tiles > kMaxRowTiles ? kMaxRowTiles : tiles == 7 ? 8 : static_cast<int>(tiles);
+}
+
+// The tiling for the call's row count, from a sweep of tilings at the scale
+// model's projections on an H100 (docs/eval.md, "Fourth run"):
+// - one tile (a chain's block, or one token): 4 chunks a stage, 3 stages, so
+//   each weight row is read 256 bytes at a time, with 2 blocks an SM;
+// - 2 to 5 tiles (trees of up to 64 nodes): 2 chunks a stage, 4 stages;
+// - 6 to 9 tiles: 4 feature tiles a warp, which halves the x fragments each
+//   warp reads from shared memory, at one block of 8 warps an SM.
+template <class T>
+void launch_products_for_rows(const LinearCall& c, cudaStream_t stream) {
+  switch (tiles_a_block(c.rows)) {
+    case 9: launch_products<T, Tiling<9, 2, 4, 8, 4>>(c, stream); break;
+    case 8: launch_products<T, Tiling<8, 2, 4, 8, 4>>(c, stream); break;
+    case 6: launch_products<T, Tiling<6, 2, 4, 8, 4>>(c, stream); break;
+    case 5: launch_products<T, Tiling<5, 2, 4, 8, 2>>(c, stream); break;
+    case 4: launch_products<T, Tiling<4, 2, 4, 8, 2>>(c, stream); break;
+    case 3: launch_products<T, Tiling<3, 2, 4, 8, 2>>(c, stream); break;
+    case 2: launch_products<T, Tiling<2, 2, 4, 8, 2>>(c, stream); break;
+    default: launch_products<T, Tiling<1, 4, 3, 8, 2>>(c, stream); break;
+  }
+}
+
+template <class T>
+void invariant_linear_typed(const LinearCall& c, cudaStream_t stream) {
+  if (c.rows == 0 || c.out_features == 0) return;
+  launch_products_for_rows<T>(c, stream);
+  launch_add_runs<T>(c, stream);
 }
 
 }  // namespace
 
 int64_t invariant_linear_splits(int64_t out_features, int64_t in_features) {
   const int64_t chunks = (in_features + 31) / 32;
-  const int64_t feature_blocks = std::max<int64_t>(1, (out_features + kBlockFeatures - 1) / kBlockFeatures);
+  const int64_t feature_blocks = std::max<int64_t>(1, (out_features + kSplitFeatures - 1) / kSplitFeatures);
   const int64_t wanted = (kGridBlocks + feature_blocks - 1) / feature_blocks;
   const int64_t most = std::max<int64_t>(1, std::min(kMaxSplits, chunks / kMinChunksPerSplit));
   const int64_t splits = std::max<int64_t>(1, std::min(wanted, most));
@@ -283,11 +371,10 @@ int64_t invariant_linear_workspace_floats(int64_t rows, int64_t out_features, in
 
 void invariant_linear(Element e, const void* x, const void* weight, const void* bias, const void* residual, void* out,
                       float* workspace, int64_t rows, int64_t out_features, int64_t in_features, cudaStream_t stream) {
-  if (e == Element::kBFloat16)
-    invariant_linear_typed<__nv_bfloat16>(x, weight, bias, residual, out, workspace, rows, out_features, in_features,
-                                          stream);
-  else
-    invariant_linear_typed<__half>(x, weight, bias, residual, out, workspace, rows, out_features, in_features, stream);
+  const LinearCall c = linear_call(x, weight, bias, residual, out, workspace, rows, out_features, in_features,
+                                   invariant_linear_splits(out_features, in_features));
+  if (e == Element::kBFloat16) invariant_linear_typed<__nv_bfloat16>(c, stream);
+  else invariant_linear_typed<__half>(c, stream);
 }
 
 bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight) {
