@@ -24,6 +24,7 @@
 // kernel adds them.
 #include "cuda_kernels.h"
 #include "device_math.cuh"
+#include "wgmma.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -257,6 +258,146 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinBlocks)
       }
 }
 
+// The warpgroup-MMA products (sm_90a; not yet dispatched: see
+// bench/invariant_linear/wgmma_probe.cu, which checks and times them on a
+// GPU). A block's two warpgroups own 64 features each; one wgmma m64nNk16
+// multiplies a warpgroup's 64 weight rows by all N of the block's x rows
+// (the rows rounded up to 8) over 16 of k, both read from shared memory by
+// the tensor cores, so no register holds an operand and no warp rereads x.
+// k is summed in order, 16 at a time, each run of chunks into one fp32
+// accumulator, as in the mma.sync kernel; the bits differ from that kernel's
+// (the tensor cores' sum within 16 of k), so one process must use one kernel
+// for every row count.
+template <int RowsPadded, int Chunks, int Stages>
+struct WgTiling {
+  static constexpr int kN = RowsPadded, kChunks = Chunks, kStages = Stages;
+  static constexpr int kThreads = 256;                  // two warpgroups
+  static constexpr int kFeatures = 128;                 // 64 a warpgroup
+  static constexpr int kKGroups = kChunks * 4;          // 16-byte groups of k a line
+  static constexpr int kBandBytes = kKGroups * 128;     // 8 lines: a row of core matrices
+  static constexpr int kLines = kFeatures + kN;         // the weight's lines, then x's
+  static constexpr int kStageBytes = kLines * kKGroups * 16;
+  static constexpr int kSharedBytes = kStages * kStageBytes;
+};
+
+// Line l's k-group g in a stage: core matrix (l / 8, g), its row l % 8. The
+// descriptors' strides: 128 bytes between core matrices adjacent in k,
+// kBandBytes between bands of 8 lines.
+template <class Wg>
+__device__ __forceinline__ int core_offset(int line, int g) {
+  return (line / 8) * Wg::kBandBytes + g * 128 + (line % 8) * 16;
+}
+
+// Block (x, y, z): rows [kN·x, +kN), features [128·y, +128), run z. The copy
+// is the mma.sync kernel's (a thread's pieces and pointers fixed once), with
+// piece i at line 8·band + i % 8 and k-group (i / 8) % 4 of a block of four,
+// so a quarter-warp writes 8 lines' 16 bytes (all banks) and each line's 4
+// pieces are 64 contiguous bytes of global memory.
+template <class T, class Wg>
+__global__ void __launch_bounds__(Wg::kThreads, 1)
+    invariant_linear_wgmma_kernel(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+                                  const T* residual, T* out, float* __restrict__ partial, int all_rows,
+                                  int64_t out_features, int64_t in_features, int64_t chunks_per_split) {
+  extern __shared__ __align__(128) unsigned char wgmma_shared[];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int first_row = static_cast<int>(blockIdx.x) * Wg::kN;
+  const int64_t block_feature = static_cast<int64_t>(blockIdx.y) * Wg::kFeatures;
+  const int64_t chunks = (in_features + 31) / 32;
+  const int64_t c_begin = static_cast<int64_t>(blockIdx.z) * chunks_per_split;
+  const int64_t c_end = c_begin + chunks_per_split < chunks ? c_begin + chunks_per_split : chunks;
+  const int64_t n = c_end - c_begin;
+  const int64_t stages = (n + Wg::kChunks - 1) / Wg::kChunks;
+
+  constexpr int kPasses = (Wg::kLines * Wg::kKGroups + Wg::kThreads - 1) / Wg::kThreads;
+  constexpr int kBandsAPass = 8 / Wg::kChunks;
+  static_assert(8 % Wg::kChunks == 0, "a pass covers whole bands");
+  const int quarter = tid / 32, g = (quarter % Wg::kChunks) * 4 + (tid / 8) % 4;
+  const int first_band = quarter / Wg::kChunks, line_in_band = tid % 8;
+  const int64_t k_first = c_begin * 32 + g * 8;
+  const T* src[kPasses];
+#pragma unroll
+  for (int j = 0; j < kPasses; ++j) {
+    const int line = (first_band + j * kBandsAPass) * 8 + line_in_band;
+    src[j] = nullptr;
+    if (line < Wg::kFeatures) {
+      if (block_feature + line < out_features) src[j] = weight + (block_feature + line) * in_features + k_first;
+    } else if (line < Wg::kLines && first_row + (line - Wg::kFeatures) < all_rows) {
+      src[j] = x + static_cast<int64_t>(first_row + line - Wg::kFeatures) * in_features + k_first;
+    }
+    if (src[j] == nullptr && line < Wg::kLines)
+      for (int buffer = 0; buffer < Wg::kStages; ++buffer)
+        *reinterpret_cast<uint4*>(wgmma_shared + buffer * Wg::kStageBytes + core_offset<Wg>(line, g)) =
+            make_uint4(0u, 0u, 0u, 0u);
+  }
+  const int first_offset = core_offset<Wg>(first_band * 8 + line_in_band, g);
+  const int64_t k_end = c_end * 32 < in_features ? c_end * 32 : in_features;
+  auto copy_stage = [&](int64_t s, int buffer) {
+    unsigned char* base = wgmma_shared + buffer * Wg::kStageBytes + first_offset;
+    const int64_t step = s * Wg::kChunks * 32;
+    const bool k_in = k_first + step < k_end;
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j) {
+      if (src[j] == nullptr) continue;
+      unsigned char* dst = base + j * kBandsAPass * Wg::kBandBytes;
+      if (k_in) __pipeline_memcpy_async(dst, src[j] + step, 16);
+      else *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+
+  float d[Wg::kN / 2];
+#pragma unroll
+  for (int i = 0; i < Wg::kN / 2; ++i) d[i] = 0.f;
+  const int group = tid / 128;
+  // The descriptors' strides, as the PTX ISA defines them for K-major
+  // operands without swizzle; the probe's build can swap them
+  // (DFLASH_WGMMA_SWAPPED_STRIDES) until a GPU has confirmed the reading.
+#if defined(DFLASH_WGMMA_SWAPPED_STRIDES) && DFLASH_WGMMA_SWAPPED_STRIDES
+  constexpr uint32_t kLbo = Wg::kBandBytes, kSbo = 128;
+#else
+  constexpr uint32_t kLbo = 128, kSbo = Wg::kBandBytes;
+#endif
+
+  for (int s = 0; s < Wg::kStages - 1; ++s) {
+    if (s < stages) copy_stage(s, s);
+    __pipeline_commit();
+  }
+  for (int64_t s = 0; s < stages; ++s) {
+    // This thread's copies of stage s are done and made visible to the
+    // tensor cores' reads; the barrier makes every thread's so, and tells
+    // that stage s − 1's products (waited for below) are done with the
+    // buffer refilled here.
+    __pipeline_wait_prior(Wg::kStages - 2);
+    fence_proxy_async_shared();
+    __syncthreads();
+    if (s + Wg::kStages - 1 < stages)
+      copy_stage(s + Wg::kStages - 1, static_cast<int>((s + Wg::kStages - 1) % Wg::kStages));
+    __pipeline_commit();
+    const unsigned char* base = wgmma_shared + static_cast<int>(s % Wg::kStages) * Wg::kStageBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int h = 0; h < 2 * Wg::kChunks; ++h) {  // 16 of k each; chunks past the run's end are not multiplied
+      if (s * 2 * Wg::kChunks + h >= 2 * n) break;
+      const uint64_t a = wgmma_descriptor(base + group * 8 * Wg::kBandBytes + h * 256, kLbo, kSbo);
+      const uint64_t b = wgmma_descriptor(base + (Wg::kFeatures / 8) * Wg::kBandBytes + h * 256, kLbo, kSbo);
+      wgmma_mma<T, Wg::kN>(d, a, b);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+  }
+
+  // d[i]: feature 64·group + 16·warp + lane / 4 (+8 where i % 4 ≥ 2), row
+  // 8·(i / 4) + 2·(lane % 4) + i % 2 (the accumulators' fragment layout).
+  const int warp = (tid % 128) / 32, lane = tid % 32;
+#pragma unroll
+  for (int i = 0; i < Wg::kN / 2; ++i) {
+    const int64_t j = block_feature + group * 64 + warp * 16 + lane / 4 + (i % 4 >= 2 ? 8 : 0);
+    const int64_t row = first_row + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    if (row >= all_rows || j >= out_features) continue;
+    if (partial == nullptr) store_output<T>(d[i], bias, residual, out, row, j, out_features);
+    else partial[(static_cast<int64_t>(blockIdx.z) * all_rows + row) * out_features + j] = d[i];
+  }
+}
+
 // out[row, j] from the runs' sums partial[s][row][j], added in run order.
 template <class T>
 __global__ void add_runs_kernel(const float* __restrict__ partial, const T* __restrict__ bias, const T* residual, T* out,
@@ -312,6 +453,45 @@ void launch_add_runs(const LinearCall& c, cudaStream_t stream) {
       c.workspace, static_cast<const T*>(c.bias), static_cast<const T*>(c.residual), static_cast<T*>(c.out), c.rows,
       c.out_features, static_cast<int>(c.splits));
   check_launch("invariant_linear (adding the runs of k)");
+}
+
+template <class T, class Wg>
+void launch_products_wgmma_tiled(const LinearCall& c, cudaStream_t stream) {
+  const dim3 blocks(static_cast<unsigned>((c.rows + Wg::kN - 1) / Wg::kN),
+                    static_cast<unsigned>((c.out_features + Wg::kFeatures - 1) / Wg::kFeatures),
+                    static_cast<unsigned>(c.splits));
+  auto* kernel = invariant_linear_wgmma_kernel<T, Wg>;
+  opt_in_shared_memory(reinterpret_cast<const void*>(kernel), static_cast<size_t>(Wg::kSharedBytes),
+                       "invariant_linear (wgmma)");
+  kernel<<<blocks, Wg::kThreads, Wg::kSharedBytes, stream>>>(
+      static_cast<const T*>(c.x), static_cast<const T*>(c.weight), static_cast<const T*>(c.bias),
+      static_cast<const T*>(c.residual), static_cast<T*>(c.out), c.splits > 1 ? c.workspace : nullptr,
+      static_cast<int>(c.rows), c.out_features, c.in_features, c.per_split);
+  check_launch("invariant_linear (wgmma)");
+}
+
+// The wgmma products for the call's rows: one block's N is the rows rounded up
+// to 8 up to 80, to 16 up to 144; more rows go in blocks of 144.
+template <class T, int kChunks = 2, int kStages = 4>
+void launch_products_wgmma(const LinearCall& c, cudaStream_t stream) {
+  const int64_t eighths = (c.rows + 7) / 8;
+  const int64_t n = eighths <= 10 ? eighths * 8 : std::min<int64_t>(144, (c.rows + 15) / 16 * 16);
+  switch (n) {
+    case 8: launch_products_wgmma_tiled<T, WgTiling<8, kChunks, kStages>>(c, stream); break;
+    case 16: launch_products_wgmma_tiled<T, WgTiling<16, kChunks, kStages>>(c, stream); break;
+    case 24: launch_products_wgmma_tiled<T, WgTiling<24, kChunks, kStages>>(c, stream); break;
+    case 32: launch_products_wgmma_tiled<T, WgTiling<32, kChunks, kStages>>(c, stream); break;
+    case 40: launch_products_wgmma_tiled<T, WgTiling<40, kChunks, kStages>>(c, stream); break;
+    case 48: launch_products_wgmma_tiled<T, WgTiling<48, kChunks, kStages>>(c, stream); break;
+    case 56: launch_products_wgmma_tiled<T, WgTiling<56, kChunks, kStages>>(c, stream); break;
+    case 64: launch_products_wgmma_tiled<T, WgTiling<64, kChunks, kStages>>(c, stream); break;
+    case 72: launch_products_wgmma_tiled<T, WgTiling<72, kChunks, kStages>>(c, stream); break;
+    case 80: launch_products_wgmma_tiled<T, WgTiling<80, kChunks, kStages>>(c, stream); break;
+    case 96: launch_products_wgmma_tiled<T, WgTiling<96, kChunks, kStages>>(c, stream); break;
+    case 112: launch_products_wgmma_tiled<T, WgTiling<112, kChunks, kStages>>(c, stream); break;
+    case 128: launch_products_wgmma_tiled<T, WgTiling<128, kChunks, kStages>>(c, stream); break;
+    default: launch_products_wgmma_tiled<T, WgTiling<144, kChunks, kStages>>(c, stream); break;
+  }
 }
 
 // Row tiles a block, by the call's tile count: all of them up to 9 (a draft

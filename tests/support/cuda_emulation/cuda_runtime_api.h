@@ -92,6 +92,18 @@ inline std::unique_ptr<std::barrier<>>& block_barrier() {
 // The size of the static array an `extern __shared__` one becomes.
 constexpr size_t kDynamicSharedBytes = 256 * 1024;
 
+// The running kernel's dynamic shared array, address 0 of the shared window
+// (__cvta_generic_to_shared, wgmma.cuh's descriptors); each thread notes it
+// where the kernel declares the array (emulate_kernel_source.py).
+inline unsigned char*& shared_window() {
+  static unsigned char* window = nullptr;
+  return window;
+}
+template <class Element>
+void note_shared_window(Element* array) {
+  shared_window() = reinterpret_cast<unsigned char*>(array);
+}
+
 // kernel<<<grid, threads, shared, stream>>>(args...): blocks one after
 // another, a block's threads at once.
 template <class Kernel, class... Args>

@@ -37,13 +37,23 @@ Problem make_problem(int64_t out, int64_t in, int64_t most, uint32_t seed) {
 // Rows [first, first + rows) of the problem through the kernel; with_bias
 // picks the bias; the residual is added in place (out = residual), as
 // invariant_add_linear_ does.
-std::vector<Bf16> run(const Problem& p, int64_t first, int64_t rows, bool with_bias) {
+enum class Kernel { kMmaSync, kWgmma };
+
+std::vector<Bf16> run(const Problem& p, int64_t first, int64_t rows, bool with_bias, Kernel kernel = Kernel::kMmaSync) {
   std::vector<Bf16> x(p.x.begin() + first * p.in, p.x.begin() + (first + rows) * p.in);
   std::vector<Bf16> out(p.residual.begin() + first * p.out, p.residual.begin() + (first + rows) * p.out);
   std::vector<float> workspace(static_cast<size_t>(std::max<int64_t>(1, ck::invariant_linear_workspace_floats(rows, p.out, p.in))),
                                std::nanf(""));
-  ck::invariant_linear(ck::Element::kBFloat16, x.data(), p.weight.data(), with_bias ? p.bias.data() : nullptr, out.data(),
-                       out.data(), workspace.data(), rows, p.out, p.in, nullptr);
+  if (kernel == Kernel::kMmaSync) {
+    ck::invariant_linear(ck::Element::kBFloat16, x.data(), p.weight.data(), with_bias ? p.bias.data() : nullptr,
+                         out.data(), out.data(), workspace.data(), rows, p.out, p.in, nullptr);
+  } else {
+    const ck::LinearCall c = ck::linear_call(x.data(), p.weight.data(), with_bias ? p.bias.data() : nullptr, out.data(),
+                                             out.data(), workspace.data(), rows, p.out, p.in,
+                                             ck::invariant_linear_splits(p.out, p.in));
+    ck::launch_products_wgmma<Bf16>(c, nullptr);
+    ck::launch_add_runs<Bf16>(c, nullptr);
+  }
   return out;
 }
 
@@ -84,6 +94,40 @@ TEST(InvariantLinearEmulated, ARowGetsTheSameBitsAloneAsAmongOtherRowsAndTheProd
       EXPECT_LT(worst, 1e-2);  // one bf16 rounding is 2^-9 relative
       for (const int64_t r : {int64_t{0}, rows / 2 + 3, rows - 1}) {
         const std::vector<Bf16> alone = run(p, r, 1, with_bias);
+        int differing = 0;
+        for (int64_t j = 0; j < s.out; ++j) differing += alone[j].bits != all[r * s.out + j].bits;
+        EXPECT_EQ(differing, 0) << "row " << r << " alone";
+      }
+    }
+  }
+}
+
+// The warpgroup-MMA products (not yet dispatched; wgmma.cuh, emulated from
+// the PTX ISA's layouts): the descriptors, the core-matrix copy and the
+// accumulators' fragment layout, checked the same way. 33 rows: N = 40; 150:
+// blocks of 144 rows and of 8; a row alone: N = 8.
+TEST(InvariantLinearEmulated, TheWarpgroupKernelsRowsGetTheSameBitsAloneAndTheProductIsRight) {
+  struct Case {
+    int64_t out, in, rows;
+  };
+  // Two runs of k through the workspace at 150 rows; one run at 33.
+  const std::vector<Case> cases = {{300, 520, 150}, {1100, 64, 33}};
+  uint32_t seed = 11;
+  for (const Case& s : cases) {
+    const Problem p = make_problem(s.out, s.in, s.rows, seed++);
+    for (const int64_t rows : {s.rows}) {
+      const bool with_bias = rows % 2 == 1;
+      SCOPED_TRACE("out " + std::to_string(s.out) + ", in " + std::to_string(s.in) + ", rows " + std::to_string(rows));
+      const std::vector<Bf16> all = run(p, 0, rows, with_bias, Kernel::kWgmma);
+      double worst = 0;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < s.out; ++j) {
+          const double want = exact(p, r, j, with_bias);
+          worst = std::max(worst, std::abs(__bfloat162float(all[r * s.out + j]) - want) / (std::abs(want) + 0.05));
+        }
+      EXPECT_LT(worst, 1e-2);
+      for (const int64_t r : {int64_t{0}, rows / 2 + 3, rows - 1}) {
+        const std::vector<Bf16> alone = run(p, r, 1, with_bias, Kernel::kWgmma);
         int differing = 0;
         for (int64_t j = 0; j < s.out; ++j) differing += alone[j].bits != all[r * s.out + j].bits;
         EXPECT_EQ(differing, 0) << "row " << r << " alone";
