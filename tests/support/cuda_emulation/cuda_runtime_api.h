@@ -1,5 +1,5 @@
 // CUDA on the CPU, for tests only: enough of the runtime to run a kernel's
-// own source, each block's threads as std::threads (emulated_launch), so CI
+// own source, each block's threads as std::threads (launch), so CI
 // machines without a GPU check a kernel's indexing and its arithmetic order.
 // Blocks run one at a time, so a function-local static is the block's shared
 // memory (`__shared__`, and the dynamic `extern __shared__` array that
@@ -71,11 +71,15 @@ inline float __expf(float x) { return std::exp(x); }
 namespace cuda_emulation {
 
 // One warp's meeting point for warp-wide instructions: each lane leaves its
-// operands, all wait, each reads what it needs, all wait again.
+// operands, all wait, each reads what it needs, all wait again. The mma's
+// operands alternate between two buffers, so it meets once: a lane can only
+// write a buffer again after every lane has met at the mma in between, that
+// is, after each has read it.
 struct Warp {
   std::barrier<> meet{32};
-  uint32_t a[32][4];
-  uint32_t b[32][2];
+  uint32_t a[2][32][4];
+  uint32_t b[2][32][2];
+  int mma_buffer[32] = {};
   float value[32];
 };
 
@@ -105,28 +109,32 @@ void note_shared_window(Element* array) {
 }
 
 // kernel<<<grid, threads, shared, stream>>>(args...): blocks one after
-// another, a block's threads at once.
+// another, a block's threads at once. The threads are made once per launch
+// and run every block in turn, meeting between blocks (making them per
+// block cost most of the emulated tests' time).
 template <class Kernel, class... Args>
 void launch(Kernel kernel, dim3 grid, int threads, Args... args) {
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        auto& warps = block_warps();
-        warps.clear();
-        for (int w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<Warp>());
-        block_barrier() = std::make_unique<std::barrier<>>(threads);
-        std::vector<std::thread> pool;
-        pool.reserve(static_cast<size_t>(threads));
-        for (int t = 0; t < threads; ++t)
-          pool.emplace_back([=] {
-            threadIdx = dim3(static_cast<unsigned>(t));
+  auto& warps = block_warps();
+  warps.clear();
+  for (int w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<Warp>());
+  block_barrier() = std::make_unique<std::barrier<>>(threads);
+  std::barrier<> next_block(threads);
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      threadIdx = dim3(static_cast<unsigned>(t));
+      blockDim = dim3(static_cast<unsigned>(threads));
+      gridDim = grid;
+      for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+          for (unsigned x = 0; x < grid.x; ++x) {
             blockIdx = dim3(x, y, z);
-            blockDim = dim3(static_cast<unsigned>(threads));
-            gridDim = grid;
             kernel(args...);
-          });
-        for (std::thread& thread : pool) thread.join();
-      }
+            next_block.arrive_and_wait();
+          }
+    });
+  for (std::thread& thread : pool) thread.join();
 }
 
 }  // namespace cuda_emulation

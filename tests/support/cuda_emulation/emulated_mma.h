@@ -29,16 +29,18 @@ template <class T>
 void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   const int lane = static_cast<int>(threadIdx.x % 32), warp_index = static_cast<int>(threadIdx.x / 32);
   Warp& warp = *block_warps()[static_cast<size_t>(warp_index)];
-  for (int i = 0; i < 4; ++i) warp.a[lane][i] = a[i];
-  warp.b[lane][0] = b[0];
-  warp.b[lane][1] = b[1];
+  const int buffer = warp.mma_buffer[lane];
+  warp.mma_buffer[lane] ^= 1;
+  for (int i = 0; i < 4; ++i) warp.a[buffer][lane][i] = a[i];
+  warp.b[buffer][lane][0] = b[0];
+  warp.b[buffer][lane][1] = b[1];
   warp.meet.arrive_and_wait();
   auto a_at = [&](int row, int k) {
     const int holder = (row % 8) * 4 + (k % 8) / 2, reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
-    return element<T>(warp.a[holder][reg], k % 2);
+    return element<T>(warp.a[buffer][holder][reg], k % 2);
   };
   auto b_at = [&](int k, int column) {
-    return element<T>(warp.b[column * 4 + (k % 8) / 2][k >= 8 ? 1 : 0], k % 2);
+    return element<T>(warp.b[buffer][column * 4 + (k % 8) / 2][k >= 8 ? 1 : 0], k % 2);
   };
   const int group = lane / 4, pair = lane % 4;
   for (int e = 0; e < 4; ++e) {
@@ -47,7 +49,6 @@ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) 
     for (int k = 0; k < 16; ++k) sum += static_cast<double>(a_at(row, k)) * static_cast<double>(b_at(k, column));
     d[e] += static_cast<float>(sum);
   }
-  warp.meet.arrive_and_wait();
 }
 
 }  // namespace cuda_emulation
