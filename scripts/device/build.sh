@@ -33,7 +33,10 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DICU_ROOT="$deps/icu/usr" \
   -DCMAKE_INSTALL_RPATH="$deps/boost-po/usr/lib/x86_64-linux-gnu;$deps/icu/usr/lib/x86_64-linux-gnu" \
   -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags" \
-  -DDFLASH_BUILD_TESTS="$([ "${DFLASH_DEVICE_NO_TESTS:-0}" = "1" ] && echo OFF || echo ON)"
+  -DDFLASH_BUILD_TESTS="$([ "${DFLASH_DEVICE_NO_TESTS:-0}" = "1" ] && echo OFF || echo ON)" \
+  ${DFLASH_CUDA_ARCHITECTURES:+-DCMAKE_CUDA_ARCHITECTURES=$DFLASH_CUDA_ARCHITECTURES}
+# DFLASH_CUDA_ARCHITECTURES=90a: Hopper's own code (the invariant linear's
+# warpgroup-MMA products, which it then runs); the default is the GPU's own.
 # DFLASH_DEVICE_TARGETS="dflash-host drafter_bench drafter_tests": only these
 # targets (and what they depend on), for a short device call.
 # shellcheck disable=SC2086

@@ -258,9 +258,10 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinBlocks)
       }
 }
 
-// The warpgroup-MMA products (sm_90a; not yet dispatched: see
-// bench/invariant_linear/wgmma_probe.cu, which checks and times them on a
-// GPU). A block's two warpgroups own 64 features each; one wgmma m64nNk16
+// The warpgroup-MMA products, run only by builds for sm_90a (use_wgmma;
+// the default build, for the GPU's own architecture, runs the mma.sync
+// kernel). Not yet run on a GPU: bench/invariant_linear/wgmma_probe.cu
+// checks and times them there. A block's two warpgroups own 64 features each; one wgmma m64nNk16
 // multiplies a warpgroup's 64 weight rows by all N of the block's x rows
 // (the rows rounded up to 8) over 16 of k, both read from shared memory by
 // the tensor cores, so no register holds an operand and no warp rereads x.
@@ -524,10 +525,27 @@ void launch_products_for_rows(const LinearCall& c, cudaStream_t stream) {
   }
 }
 
+#ifndef DFLASH_WGMMA_BUILD
+#define DFLASH_WGMMA_BUILD 0
+#endif
+// Whether the products run on the warpgroup MMA: in a build for sm_90a, on a
+// compute-capability 9.0 device (the only one sm_90a code runs on), for
+// every row count, so a row's bits never depend on which kernel ran.
+bool use_wgmma() {
+  if (!DFLASH_WGMMA_BUILD) return false;
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    check_launch("invariant_linear (the device's compute capability)");
+  return major == 9 && minor == 0;
+}
+
 template <class T>
 void invariant_linear_typed(const LinearCall& c, cudaStream_t stream) {
   if (c.rows == 0 || c.out_features == 0) return;
-  launch_products_for_rows<T>(c, stream);
+  if (use_wgmma()) launch_products_wgmma<T>(c, stream);
+  else launch_products_for_rows<T>(c, stream);
   launch_add_runs<T>(c, stream);
 }
 

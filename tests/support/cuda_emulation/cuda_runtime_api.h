@@ -34,7 +34,11 @@ inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 using cudaStream_t = void*;
 enum cudaError_t { cudaSuccess = 0 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
-enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin };
+enum cudaDeviceAttr {
+  cudaDevAttrMaxSharedMemoryPerBlockOptin,
+  cudaDevAttrComputeCapabilityMajor,
+  cudaDevAttrComputeCapabilityMinor
+};
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;
@@ -45,8 +49,11 @@ cudaError_t cudaFuncSetAttribute(Function*, cudaFuncAttribute, int) {
   return cudaSuccess;
 }
 inline cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
-inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr, int) {
-  *value = 227 * 1024;  // an H100's opt-in limit
+// An H100's: 227 KiB of opt-in shared memory, compute capability 9.0.
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
+  *value = attribute == cudaDevAttrMaxSharedMemoryPerBlockOptin ? 227 * 1024
+           : attribute == cudaDevAttrComputeCapabilityMajor     ? 9
+                                                                : 0;
   return cudaSuccess;
 }
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
