@@ -375,6 +375,7 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
     __pipeline_commit();
     const unsigned char* base = wgmma_shared + static_cast<int>(s % Wg::kStages) * Wg::kStageBytes;
     wgmma_fence();
+    wgmma_hold<Wg::kN>(d);
 #pragma unroll
     for (int h = 0; h < 2 * Wg::kChunks; ++h) {  // 16 of k each; chunks past the run's end are not multiplied
       if (s * 2 * Wg::kChunks + h >= 2 * n) break;
@@ -384,6 +385,7 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
     }
     wgmma_commit();
     wgmma_wait_all();
+    wgmma_hold<Wg::kN>(d);
   }
 
   // d[i]: feature 64·group + 16·warp + lane / 4 (+8 where i % 4 ≥ 2), row

@@ -34,6 +34,8 @@ inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 inline void wgmma_wait_all() {}
 inline void fence_proxy_async_shared() {}
+template <int N>
+void wgmma_hold(float*) {}
 
 template <class T, int N>
 void wgmma_mma(float* d, uint64_t desc_a, uint64_t desc_b) {
