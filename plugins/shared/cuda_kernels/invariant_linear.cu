@@ -374,8 +374,8 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
       copy_stage(s + Wg::kStages - 1, static_cast<int>((s + Wg::kStages - 1) % Wg::kStages));
     __pipeline_commit();
     const unsigned char* base = wgmma_shared + static_cast<int>(s % Wg::kStages) * Wg::kStageBytes;
-    wgmma_fence();
     wgmma_hold<Wg::kN>(d);
+    wgmma_fence();
 #pragma unroll
     for (int h = 0; h < 2 * Wg::kChunks; ++h) {  // 16 of k each; chunks past the run's end are not multiplied
       if (s * 2 * Wg::kChunks + h >= 2 * n) break;

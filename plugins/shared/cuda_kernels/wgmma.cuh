@@ -32,9 +32,9 @@ __device__ __forceinline__ void wgmma_wait_all() { DFLASH_WGMMA_ASM("wgmma.wait_
 __device__ __forceinline__ void fence_proxy_async_shared() {
   DFLASH_WGMMA_ASM("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// The accumulators as an asm's operands: placed after wgmma_wait_all (and
-// before the first wgmma_mma), it keeps the compiler from moving their reads
-// or writes across the asynchronous products, which it cannot see.
+// The accumulators as an asm's operands: placed before wgmma_fence and after
+// wgmma_wait_all, it keeps the compiler from moving their reads or writes
+// across the asynchronous products, which it cannot see.
 template <int N>
 __device__ __forceinline__ void wgmma_hold(float* d) {
 #pragma unroll
