@@ -376,9 +376,12 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
     const unsigned char* base = wgmma_shared + static_cast<int>(s % Wg::kStages) * Wg::kStageBytes;
     wgmma_hold<Wg::kN>(d);
     wgmma_fence();
+    // 16 of k a product, every stage whole: k past the run's end is zeros in
+    // shared memory (copy_stage), which add nothing, at the same k for every
+    // row count. (A branch between the products would make the compiler
+    // fence the accumulators before each.)
 #pragma unroll
-    for (int h = 0; h < 2 * Wg::kChunks; ++h) {  // 16 of k each; chunks past the run's end are not multiplied
-      if (s * 2 * Wg::kChunks + h >= 2 * n) break;
+    for (int h = 0; h < 2 * Wg::kChunks; ++h) {
       const uint64_t a = wgmma_descriptor(base + group * 8 * Wg::kBandBytes + h * 256, kLbo, kSbo);
       const uint64_t b = wgmma_descriptor(base + (Wg::kFeatures / 8) * Wg::kBandBytes + h * 256, kLbo, kSbo);
       wgmma_mma<T, Wg::kN>(d, a, b);
