@@ -261,10 +261,11 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinBlocks)
 // The warpgroup-MMA products, run only by builds for sm_90a (use_wgmma;
 // the default build, for the GPU's own architecture, runs the mma.sync
 // kernel). Not yet run on a GPU: bench/invariant_linear/wgmma_probe.cu
-// checks and times them there. A block's two warpgroups own 64 features each; one wgmma m64nNk16
-// multiplies a warpgroup's 64 weight rows by all N of the block's x rows
-// (the rows rounded up to 8) over 16 of k, both read from shared memory by
-// the tensor cores, so no register holds an operand and no warp rereads x.
+// checks and times them there. A block's two warpgroups own 64 features
+// each; one wgmma m64nNk16 multiplies a warpgroup's 64 weight rows by all N
+// of the block's x rows (launch_products_wgmma) over 16 of k, both read
+// from shared memory by the tensor cores, so no register holds an operand
+// and no warp rereads x.
 // k is summed in order, 16 at a time, each run of chunks into one fp32
 // accumulator, as in the mma.sync kernel; the bits differ from that kernel's
 // (the tensor cores' sum within 16 of k), so one process must use one kernel
@@ -312,8 +313,8 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
   constexpr int kPasses = (Wg::kLines * Wg::kKGroups + Wg::kThreads - 1) / Wg::kThreads;
   constexpr int kBandsAPass = 8 / Wg::kChunks;
   static_assert(8 % Wg::kChunks == 0, "a pass covers whole bands");
-  const int quarter = tid / 32, g = (quarter % Wg::kChunks) * 4 + (tid / 8) % 4;
-  const int first_band = quarter / Wg::kChunks, line_in_band = tid % 8;
+  const int warp_index = tid / 32, g = (warp_index % Wg::kChunks) * 4 + (tid / 8) % 4;
+  const int first_band = warp_index / Wg::kChunks, line_in_band = tid % 8;
   const int64_t k_first = c_begin * 32 + g * 8;
   const T* src[kPasses];
 #pragma unroll
