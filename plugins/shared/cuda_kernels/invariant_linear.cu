@@ -105,6 +105,52 @@ __device__ __forceinline__ int piece_offset(int line, int piece) {
   return line * Tl::kLineBytes + piece * 16;
 }
 
+// A thread's fixed share of every pipeline stage's copy, for both kernels:
+// kPasses 16-byte pieces, pass j at shared offset (its first offset) +
+// j·kPassBytes of a stage's kStageBytes buffer, from src[j] (at the run's
+// first k; stage s reads it kStageK·s further on). The pointers are worked
+// out once, so a stage's copy is a pointer add and a cp.async a piece. A
+// pass whose line is of a row or feature past the ends has no source: its
+// piece is zeroed in each of the kStages buffers once, here. A piece at k
+// past in_features (the last chunk's tail) or past the run's end is zeros.
+template <class T, int kPasses, int kPassBytes, int kStages, int kStageBytes, int kStageK>
+struct StageCopy {
+  const T* src[kPasses];
+  unsigned char* first;  // pass 0's piece in buffer 0
+  int64_t k_first, k_end;
+
+  // line(j): pass j's line of `lines`, source(line): its first piece's
+  // global address (null past the ends), offset(line): its piece's offset in
+  // a stage (offset(line(j)) = offset(line(0)) + j·kPassBytes).
+  template <class Line, class Source, class Offset>
+  __device__ __forceinline__ StageCopy(unsigned char* shared, int lines, int64_t k_first_, int64_t k_end_, Line line,
+                                       Source source, Offset offset)
+      : first(shared + offset(line(0))), k_first(k_first_), k_end(k_end_) {
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j) {
+      const int l = line(j);
+      src[j] = l < lines ? source(l) : nullptr;
+      if (src[j] == nullptr && l < lines)
+        for (int buffer = 0; buffer < kStages; ++buffer)
+          *reinterpret_cast<uint4*>(shared + buffer * kStageBytes + offset(l)) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+
+  // Stage s into buffer `buffer`.
+  __device__ __forceinline__ void copy(int64_t s, int buffer) const {
+    unsigned char* base = first + buffer * kStageBytes;
+    const int64_t step = s * kStageK;
+    const bool k_in = k_first + step < k_end;
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j) {
+      if (src[j] == nullptr) continue;
+      unsigned char* dst = base + j * kPassBytes;
+      if (k_in) __pipeline_memcpy_async(dst, src[j] + step, 16);
+      else *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+};
+
 // Block (blockIdx.x, blockIdx.y, blockIdx.z): rows [kRows·x, +kRows), features
 // [kFeatures·y, +kFeatures), run z of k's chunks. Warp w owns the feature
 // tiles kFeatures·y + 8·(kFeatureTiles·w + f), f < kFeatureTiles.
@@ -145,49 +191,26 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinBlocks)
   const int64_t n = c_end - c_begin;
   const int64_t stages = (n + Tl::kChunks - 1) / Tl::kChunks;
 
-  // This thread's share of every stage's copy: the 16-byte pieces
-  // threadIdx.x + j·kThreads of the stage's lines, j < kPasses. kThreads is a
-  // multiple of kPieces, so the piece (k's offset in the line) is the same for
-  // every j and the line steps by kLineStep; the pointers are worked out once
-  // here, so a stage's copy is a pointer add and a cp.async a piece. Lines of
-  // rows or features past the ends are zeroed in every buffer here, once.
+  // This thread's pieces (StageCopy): threadIdx.x + j·kThreads of the
+  // stage's lines. kThreads is a multiple of kPieces, so the piece (k's
+  // offset in the line) is the same for every j and the line steps by
+  // kLineStep.
   constexpr int kPasses = (Tl::kLines * Tl::kPieces + Tl::kThreads - 1) / Tl::kThreads;
   constexpr int kLineStep = Tl::kThreads / Tl::kPieces;
   static_assert(Tl::kThreads % Tl::kPieces == 0 && kLineStep % 2 == 0, "a thread's pieces share piece_offset's swap");
   const int piece = threadIdx.x % Tl::kPieces, first_line = threadIdx.x / Tl::kPieces;
   const int64_t k_first = c_begin * 32 + piece * 8;
-  const T* src[kPasses];
-#pragma unroll
-  for (int j = 0; j < kPasses; ++j) {
-    const int line = first_line + j * kLineStep;
-    src[j] = nullptr;
-    if (line < Tl::kRows) {
-      if (first_row + line < all_rows) src[j] = x + static_cast<int64_t>(first_row + line) * in_features + k_first;
-    } else if (line < Tl::kLines && block_feature + (line - Tl::kRows) < out_features) {
-      src[j] = weight + (block_feature + (line - Tl::kRows)) * in_features + k_first;
-    }
-    if (src[j] == nullptr && line < Tl::kLines)
-      for (int buffer = 0; buffer < Tl::kStages; ++buffer)
-        *reinterpret_cast<uint4*>(linear_shared + buffer * Tl::kStageBytes + piece_offset<Tl>(line, piece)) =
-            make_uint4(0u, 0u, 0u, 0u);
-  }
-  const int first_offset = piece_offset<Tl>(first_line, piece);
-  const int64_t k_end = c_end * 32 < in_features ? c_end * 32 : in_features;
-
-  // Stage s (chunks c_begin + kChunks·s …) into buffer `buffer`. A piece at k
-  // past in_features (the last chunk's tail) or past the run's end is zeros.
-  auto copy_stage = [&](int64_t s, int buffer) {
-    unsigned char* base = linear_shared + buffer * Tl::kStageBytes + first_offset;
-    const int64_t step = s * Tl::kChunks * 32;
-    const bool k_in = k_first + step < k_end;
-#pragma unroll
-    for (int j = 0; j < kPasses; ++j) {
-      if (src[j] == nullptr) continue;
-      unsigned char* dst = base + j * kLineStep * Tl::kLineBytes;
-      if (k_in) __pipeline_memcpy_async(dst, src[j] + step, 16);
-      else *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
-    }
-  };
+  const StageCopy<T, kPasses, kLineStep * Tl::kLineBytes, Tl::kStages, Tl::kStageBytes, Tl::kChunks * 32> stage_copy(
+      linear_shared, Tl::kLines, k_first, c_end * 32 < in_features ? c_end * 32 : in_features,
+      [&](int j) { return first_line + j * kLineStep; },
+      [&](int line) -> const T* {
+        if (line < Tl::kRows)
+          return first_row + line < all_rows ? x + static_cast<int64_t>(first_row + line) * in_features + k_first
+                                             : nullptr;
+        const int64_t feature = block_feature + (line - Tl::kRows);
+        return feature < out_features ? weight + feature * in_features + k_first : nullptr;
+      },
+      [&](int line) { return piece_offset<Tl>(line, piece); });
 
   float d[Tl::kTiles][Tl::kFeatureTiles][4];
 #pragma unroll
@@ -196,7 +219,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinBlocks)
     for (int f = 0; f < Tl::kFeatureTiles; ++f) d[t][f][0] = d[t][f][1] = d[t][f][2] = d[t][f][3] = 0.f;
 
   for (int s = 0; s < Tl::kStages - 1; ++s) {
-    if (s < stages) copy_stage(s, s);
+    if (s < stages) stage_copy.copy(s, s);
     __pipeline_commit();
   }
   for (int64_t s = 0; s < stages; ++s) {
@@ -206,7 +229,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinBlocks)
     __pipeline_wait_prior(Tl::kStages - 2);
     __syncthreads();
     if (s + Tl::kStages - 1 < stages)
-      copy_stage(s + Tl::kStages - 1, static_cast<int>((s + Tl::kStages - 1) % Tl::kStages));
+      stage_copy.copy(s + Tl::kStages - 1, static_cast<int>((s + Tl::kStages - 1) % Tl::kStages));
     __pipeline_commit();
     if (!warp_active) continue;
     const unsigned char* base = linear_shared + static_cast<int>(s % Tl::kStages) * Tl::kStageBytes;
@@ -310,41 +333,26 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
   const int64_t n = c_end - c_begin;
   const int64_t stages = (n + Wg::kChunks - 1) / Wg::kChunks;
 
+  // This thread's pieces (StageCopy): lanes tid % 8 take the 8 lines of a
+  // band, (tid / 8) % 4 four k-groups of a block of four; a pass moves by
+  // kBandsAPass bands, the k-group stays.
   constexpr int kPasses = (Wg::kLines * Wg::kKGroups + Wg::kThreads - 1) / Wg::kThreads;
   constexpr int kBandsAPass = 8 / Wg::kChunks;
   static_assert(8 % Wg::kChunks == 0, "a pass covers whole bands");
   const int warp_index = tid / 32, g = (warp_index % Wg::kChunks) * 4 + (tid / 8) % 4;
   const int first_band = warp_index / Wg::kChunks, line_in_band = tid % 8;
   const int64_t k_first = c_begin * 32 + g * 8;
-  const T* src[kPasses];
-#pragma unroll
-  for (int j = 0; j < kPasses; ++j) {
-    const int line = (first_band + j * kBandsAPass) * 8 + line_in_band;
-    src[j] = nullptr;
-    if (line < Wg::kFeatures) {
-      if (block_feature + line < out_features) src[j] = weight + (block_feature + line) * in_features + k_first;
-    } else if (line < Wg::kLines && first_row + (line - Wg::kFeatures) < all_rows) {
-      src[j] = x + static_cast<int64_t>(first_row + line - Wg::kFeatures) * in_features + k_first;
-    }
-    if (src[j] == nullptr && line < Wg::kLines)
-      for (int buffer = 0; buffer < Wg::kStages; ++buffer)
-        *reinterpret_cast<uint4*>(wgmma_shared + buffer * Wg::kStageBytes + core_offset<Wg>(line, g)) =
-            make_uint4(0u, 0u, 0u, 0u);
-  }
-  const int first_offset = core_offset<Wg>(first_band * 8 + line_in_band, g);
-  const int64_t k_end = c_end * 32 < in_features ? c_end * 32 : in_features;
-  auto copy_stage = [&](int64_t s, int buffer) {
-    unsigned char* base = wgmma_shared + buffer * Wg::kStageBytes + first_offset;
-    const int64_t step = s * Wg::kChunks * 32;
-    const bool k_in = k_first + step < k_end;
-#pragma unroll
-    for (int j = 0; j < kPasses; ++j) {
-      if (src[j] == nullptr) continue;
-      unsigned char* dst = base + j * kBandsAPass * Wg::kBandBytes;
-      if (k_in) __pipeline_memcpy_async(dst, src[j] + step, 16);
-      else *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
-    }
-  };
+  const StageCopy<T, kPasses, kBandsAPass * Wg::kBandBytes, Wg::kStages, Wg::kStageBytes, Wg::kChunks * 32> stage_copy(
+      wgmma_shared, Wg::kLines, k_first, c_end * 32 < in_features ? c_end * 32 : in_features,
+      [&](int j) { return (first_band + j * kBandsAPass) * 8 + line_in_band; },
+      [&](int line) -> const T* {
+        if (line < Wg::kFeatures)
+          return block_feature + line < out_features ? weight + (block_feature + line) * in_features + k_first
+                                                     : nullptr;
+        const int row = first_row + (line - Wg::kFeatures);
+        return row < all_rows ? x + static_cast<int64_t>(row) * in_features + k_first : nullptr;
+      },
+      [&](int line) { return core_offset<Wg>(line, g); });
 
   float d[Wg::kN / 2];
 #pragma unroll
@@ -360,7 +368,7 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
 #endif
 
   for (int s = 0; s < Wg::kStages - 1; ++s) {
-    if (s < stages) copy_stage(s, s);
+    if (s < stages) stage_copy.copy(s, s);
     __pipeline_commit();
   }
   for (int64_t s = 0; s < stages; ++s) {
@@ -372,13 +380,13 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
     fence_proxy_async_shared();
     __syncthreads();
     if (s + Wg::kStages - 1 < stages)
-      copy_stage(s + Wg::kStages - 1, static_cast<int>((s + Wg::kStages - 1) % Wg::kStages));
+      stage_copy.copy(s + Wg::kStages - 1, static_cast<int>((s + Wg::kStages - 1) % Wg::kStages));
     __pipeline_commit();
     const unsigned char* base = wgmma_shared + static_cast<int>(s % Wg::kStages) * Wg::kStageBytes;
     wgmma_hold<Wg::kN>(d);
     wgmma_fence();
     // 16 of k a product, every stage whole: k past the run's end is zeros in
-    // shared memory (copy_stage), which add nothing, at the same k for every
+    // shared memory (StageCopy), which add nothing, at the same k for every
     // row count. (A branch between the products would make the compiler
     // fence the accumulators before each.)
 #pragma unroll
