@@ -31,6 +31,7 @@
 #include <cuda_pipeline.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 namespace dflash::cuda_kernels {
@@ -545,14 +546,23 @@ void launch_products_for_rows(const LinearCall& c, cudaStream_t stream) {
 // Whether the products run on the warpgroup MMA: in a build for sm_90a, on a
 // compute-capability 9.0 device (the only one sm_90a code runs on), for
 // every row count, so a row's bits never depend on which kernel ran.
+// The answer is asked of the driver once a device (every linear of every
+// decoding step comes here).
 bool use_wgmma() {
   if (!DFLASH_WGMMA_BUILD) return false;
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+  constexpr int kDevices = 64;
+  static std::atomic<int8_t> known[kDevices] = {};  // 0: not asked, 1: yes, 2: no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) check_launch("invariant_linear (the current device)");
+  if (device < kDevices && known[device].load(std::memory_order_relaxed) != 0)
+    return known[device].load(std::memory_order_relaxed) == 1;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
     check_launch("invariant_linear (the device's compute capability)");
-  return major == 9 && minor == 0;
+  const bool hopper = major == 9 && minor == 0;
+  if (device < kDevices) known[device].store(hopper ? 1 : 2, std::memory_order_relaxed);
+  return hopper;
 }
 
 template <class T>
