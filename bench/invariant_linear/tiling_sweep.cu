@@ -8,16 +8,12 @@
 //   invariant_linear_tiling_sweep [shape rows tiling]   (one case, for a profiler)
 // Includes the kernel's source: the tilings are its file's own templates.
 #include "invariant_linear.cu"
+#include "scale_harness.cuh"
 
-#include <cstdio>
-#include <functional>
-#include <random>
 #include <string>
-#include <vector>
-#include <algorithm>
-#include <cstdlib>
 
 using namespace dflash::cuda_kernels;
+using namespace scale_harness;
 template <class T, int kChunks, int kStages, int kWarps, int kFeatureTiles>
 void launch_products_tiled(const LinearCall& c, cudaStream_t stream) {
   switch (tiles_a_block(c.rows)) {
@@ -31,68 +27,44 @@ void launch_products_tiled(const LinearCall& c, cudaStream_t stream) {
     default: launch_products<T, Tiling<1, kChunks, kStages, kWarps, kFeatureTiles>>(c, stream); break;
   }
 }
-using Bf = __nv_bfloat16;
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__); exit(1);} } while (0)
-
 struct Variant { std::string name; std::function<void(const LinearCall&, cudaStream_t)> products; };
 
-__global__ void fill(Bf* p, int64_t n, uint32_t seed, float scale) {
-  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  for (; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
-    p[i] = __float2bfloat16(((h & 0xffff) / 65536.f - 0.5f) * scale);
-  }
-}
-
 int main(int argc, char** argv) {
-  struct Shape { const char* name; int64_t out, in; };
-  std::vector<Shape> shapes = {{"qkv", 4096, 8192}, {"o", 8192, 2048}, {"gate_up", 49152, 8192}, {"down", 8192, 24576}, {"lm_head", 8192, 8192}};
+  std::vector<Shape> shapes = scale_shapes();
   std::vector<int64_t> row_counts = {1, 16, 17, 33, 49, 65, 97, 129};
   std::vector<Variant> variants;
 #define V(C, S, W, F) variants.push_back({"c" #C "s" #S "w" #W "f" #F, [](const LinearCall& c, cudaStream_t st) { launch_products_tiled<Bf, C, S, W, F>(c, st); }});
   variants.push_back({"chosen", [](const LinearCall& c, cudaStream_t st) { launch_products_for_rows<Bf>(c, st); }});
   V(4, 3, 8, 2) V(2, 4, 8, 2) V(2, 3, 8, 2) V(1, 4, 8, 2) V(1, 6, 8, 2) V(2, 4, 8, 4) V(2, 4, 4, 4)
-  const int iters = 20;
   if (argc == 4) {
     shapes.erase(std::remove_if(shapes.begin(), shapes.end(), [&](const Shape& s) { return std::string(s.name) != argv[1]; }), shapes.end());
     row_counts = {std::atoll(argv[2])};
     variants.erase(std::remove_if(variants.begin() + 1, variants.end(), [&](const Variant& v) { return v.name != argv[3]; }), variants.end());
   }
   cudaStream_t st; CK(cudaStreamCreate(&st));
-  cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
   printf("%-8s %4s %-10s %9s %8s %s\n", "shape", "rows", "variant", "us", "GB/s", "bits");
   for (const Shape& sh : shapes) {
     const int64_t wbytes = sh.out * sh.in * 2;
-    const int copies = (int)std::max<int64_t>(1, (512ll << 20) / wbytes + 1);
-    std::vector<Bf*> w(copies);
-    for (int i = 0; i < copies; ++i) { CK(cudaMalloc(&w[i], wbytes)); fill<<<1024, 256>>>(w[i], sh.out * sh.in, 7, 0.1f); }
-    Bf *x, *out, *ref; float* ws;
-    CK(cudaMalloc(&x, 129 * sh.in * 2)); fill<<<256, 256>>>(x, 129 * sh.in, 3, 2.f);
+    const RotatingWeights w(sh);
+    Bf* x = filled(129 * sh.in, 3, 2.f);
+    Bf *out, *ref; float* ws;
     CK(cudaMalloc(&out, 129 * sh.out * 2)); CK(cudaMalloc(&ref, 129 * sh.out * 2));
     const int64_t splits = invariant_linear_splits(sh.out, sh.in);
     CK(cudaMalloc(&ws, std::max<int64_t>(1, 32 * 129 * sh.out) * 4));
     for (int64_t rows : row_counts) {
-      auto call = [&](int i, int64_t s) { return linear_call(x, w[i % copies], nullptr, nullptr, out, ws, rows, sh.out, sh.in, s); };
-      auto time = [&](const std::function<void(int)>& f) {
-        for (int i = 0; i < 3; ++i) f(i);
-        CK(cudaEventRecord(e0, st));
-        for (int i = 0; i < iters; ++i) f(i + 3);
-        CK(cudaEventRecord(e1, st)); CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); return ms * 1000.0 / iters;
-      };
+      auto call = [&](int i, int64_t s) { return linear_call(x, w[i], nullptr, nullptr, out, ws, rows, sh.out, sh.in, s); };
       // The chosen tiling's bits, weights copy 0.
       { LinearCall c = call(0, splits); variants[0].products(c, st); launch_add_runs<Bf>(c, st); CK(cudaMemcpyAsync(ref, out, rows * sh.out * 2, cudaMemcpyDeviceToDevice, st)); CK(cudaStreamSynchronize(st)); }
       auto same = [&]() { std::vector<uint16_t> a(rows * sh.out), b(rows * sh.out); CK(cudaMemcpy(a.data(), out, a.size() * 2, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(b.data(), ref, b.size() * 2, cudaMemcpyDeviceToHost)); return a == b; };
       auto report = [&](const std::string& name, double us, const char* bits) { printf("%-8s %4lld %-10s %9.2f %8.0f %s\n", sh.name, (long long)rows, name.c_str(), us, wbytes / us / 1e3, bits); fflush(stdout); };
       for (const Variant& v : variants) {
         try {
-          const double us = time([&](int i) { LinearCall c = call(i, splits); v.products(c, st); launch_add_runs<Bf>(c, st); });
+          const double us = time_calls(st, [&](int i) { LinearCall c = call(i, splits); v.products(c, st); launch_add_runs<Bf>(c, st); });
           LinearCall c = call(0, splits); v.products(c, st); launch_add_runs<Bf>(c, st); CK(cudaStreamSynchronize(st));
           report(v.name, us, same() ? "same" : "DIFFERENT");
         } catch (const std::exception& e) { printf("%-8s %4lld %-10s n/a (%s)\n", sh.name, (long long)rows, v.name.c_str(), e.what()); cudaGetLastError(); }
       }
     }
-    for (Bf* p : w) cudaFree(p);
     cudaFree(x); cudaFree(out); cudaFree(ref); cudaFree(ws);
   }
   return 0;

@@ -1,9 +1,9 @@
 // A probe of the invariant linear's warpgroup-MMA products (issue 41;
-// invariant_linear.cu's launch_products_wgmma, not yet dispatched): wgmma
-// m64nNk16 with both operands read from shared memory (the weights as A, 64
-// features a warpgroup; x's rows as B, N = the rows rounded up to 8), against
-// the mma.sync kernel the linear runs today. For each of the scale model's projections and each row count it
-// checks
+// invariant_linear.cu's launch_products_wgmma, which only sm_90a builds run):
+// wgmma m64nNk16 with both operands read from shared memory (the weights as
+// A, 64 features a warpgroup; x's rows as B, N = the rows rounded up to 8),
+// against the mma.sync kernel the default build runs. For each of the scale
+// model's projections (scale_harness.cuh) and each row count it checks
 //   - the result against the mma.sync kernel's (both sum in fp32; they may
 //     round differently, not by more than bf16's step),
 //   - that a row gets the same bits alone (N = 8) as among the others,
@@ -14,61 +14,38 @@
 // -DDFLASH_WGMMA_SWAPPED_STRIDES=1 it tries the descriptors' two strides the
 // other way round, should the errors say the device reads them so.)
 #include "invariant_linear.cu"
+#include "scale_harness.cuh"
 
-#include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <functional>
 #include <string>
-#include <vector>
-
 
 using namespace dflash::cuda_kernels;
-using Bf = __nv_bfloat16;
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at line %d\n", cudaGetErrorString(e_), __LINE__); exit(1); } } while (0)
-
-__global__ void fill(Bf* p, int64_t n, uint32_t seed, float scale) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
-    p[i] = __float2bfloat16(((h & 0xffff) / 65536.f - 0.5f) * scale);
-  }
-}
+using namespace scale_harness;
 
 int main() {
-  struct Shape { const char* name; int64_t out, in; };
-  const std::vector<Shape> shapes = {{"qkv", 4096, 8192}, {"o", 8192, 2048}, {"gate_up", 49152, 8192}, {"down", 8192, 24576}, {"lm_head", 8192, 8192}};
+  const std::vector<Shape> shapes = scale_shapes();
   const std::vector<int64_t> row_counts = {1, 16, 17, 33, 65, 129};
   cudaStream_t st; CK(cudaStreamCreate(&st));
-  cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
   printf("%-8s %4s %-12s %9s %8s %s\n", "shape", "rows", "kernel", "us", "GB/s", "checks");
   for (const Shape& sh : shapes) {
     const int64_t wbytes = sh.out * sh.in * 2;
-    const int copies = (int)std::max<int64_t>(1, (512ll << 20) / wbytes + 1);
-    std::vector<Bf*> w(copies);
-    for (Bf*& p : w) { CK(cudaMalloc(&p, wbytes)); fill<<<1024, 256>>>(p, sh.out * sh.in, 7, 0.1f); }
-    Bf *x, *out, *ref, *alone; float* ws;
-    CK(cudaMalloc(&x, 129 * sh.in * 2)); fill<<<256, 256>>>(x, 129 * sh.in, 3, 2.f);
+    const RotatingWeights w(sh);
+    Bf* x = filled(129 * sh.in, 3, 2.f);
+    Bf *out, *ref, *alone; float* ws;
     CK(cudaMalloc(&out, 129 * sh.out * 2)); CK(cudaMalloc(&ref, 129 * sh.out * 2)); CK(cudaMalloc(&alone, sh.out * 2));
     const int64_t splits = invariant_linear_splits(sh.out, sh.in);
     CK(cudaMalloc(&ws, splits * 129 * sh.out * 4));
     for (int64_t rows : row_counts) {
-      auto call = [&](int i, int64_t r, void* o) { return linear_call(x, w[i % copies], nullptr, nullptr, o, ws, r, sh.out, sh.in, splits); };
+      auto call = [&](int i, int64_t r, void* o) { return linear_call(x, w[i], nullptr, nullptr, o, ws, r, sh.out, sh.in, splits); };
       auto mma = [&](int i) { LinearCall c = call(i, rows, out); launch_products_for_rows<Bf>(c, st); launch_add_runs<Bf>(c, st); };
       auto wg = [&](int i, int64_t r, void* o, int chunks) {
         LinearCall c = call(i, r, o);
         if (chunks == 2) launch_products_wgmma<Bf, 2, 4>(c, st); else launch_products_wgmma<Bf, 4, 3>(c, st);
         launch_add_runs<Bf>(c, st);
       };
-      auto time = [&](const std::function<void(int)>& f) {
-        for (int i = 0; i < 3; ++i) f(i);
-        CK(cudaEventRecord(e0, st));
-        for (int i = 0; i < 20; ++i) f(i + 3);
-        CK(cudaEventRecord(e1, st)); CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); return ms * 1000.0 / 20;
-      };
       auto host = [&](Bf* p, int64_t n) { std::vector<Bf> v(n); CK(cudaMemcpy(v.data(), p, n * 2, cudaMemcpyDeviceToHost)); return v; };
       mma(0); CK(cudaMemcpyAsync(ref, out, rows * sh.out * 2, cudaMemcpyDeviceToDevice, st)); CK(cudaStreamSynchronize(st));
-      const double t_mma = time(mma);
+      const double t_mma = time_calls(st, mma);
       printf("%-8s %4lld %-12s %9.2f %8.0f\n", sh.name, (long long)rows, "mma.sync", t_mma, wbytes / t_mma / 1e3);
       for (int chunks : {2, 4}) {
         try {
@@ -95,14 +72,13 @@ int main() {
             alone_same = alone_same && std::equal(a.begin(), a.end(), b.begin(), [](Bf u, Bf v) {
               return *reinterpret_cast<const uint16_t*>(&u) == *reinterpret_cast<const uint16_t*>(&v); });
           }
-          const double t = time([&](int i) { wg(i, rows, out, chunks); });
+          const double t = time_calls(st, [&](int i) { wg(i, rows, out, chunks); });
           printf("%-8s %4lld %-12s %9.2f %8.0f error %.1e, %.1f%% bits as mma.sync, row alone %s\n", sh.name, (long long)rows,
                  chunks == 2 ? "wgmma c2s4" : "wgmma c4s3", t, wbytes / t / 1e3, err, 100 * same, alone_same ? "identical" : "DIFFERENT");
         } catch (const std::exception& e) { printf("%-8s %4lld wgmma c%d: %s\n", sh.name, (long long)rows, chunks, e.what()); cudaGetLastError(); }
         fflush(stdout);
       }
     }
-    for (Bf* p : w) cudaFree(p);
     cudaFree(x); cudaFree(out); cudaFree(ref); cudaFree(alone); cudaFree(ws);
   }
   return 0;
