@@ -38,19 +38,27 @@ int main() {
     for (int64_t rows : row_counts) {
       auto call = [&](int i, int64_t r, void* o) { return linear_call(x, w[i], nullptr, nullptr, o, ws, r, sh.out, sh.in, splits); };
       auto mma = [&](int i) { LinearCall c = call(i, rows, out); launch_products_for_rows<Bf>(c, st); launch_add_runs<Bf>(c, st); };
-      auto wg = [&](int i, int64_t r, void* o, int chunks) {
+      // The variants: 2 chunks a stage, 4 stages; the same with 6 stages and
+      // a stage's products kept running; 4 chunks, 3 stages.
+      auto products = [&](const LinearCall& c, int variant) {
+        if (variant == 0) launch_products_wgmma<Bf, 2, 4>(c, st);
+        else if (variant == 1) launch_products_wgmma<Bf, 2, 6, 1>(c, st);
+        else launch_products_wgmma<Bf, 4, 3>(c, st);
+      };
+      const char* const names[] = {"wgmma c2s4", "wgmma c2s6i1", "wgmma c4s3"};
+      auto wg = [&](int i, int64_t r, void* o, int variant) {
         LinearCall c = call(i, r, o);
-        if (chunks == 2) launch_products_wgmma<Bf, 2, 4>(c, st); else launch_products_wgmma<Bf, 4, 3>(c, st);
+        products(c, variant);
         launch_add_runs<Bf>(c, st);
       };
       auto host = [&](Bf* p, int64_t n) { std::vector<Bf> v(n); CK(cudaMemcpy(v.data(), p, n * 2, cudaMemcpyDeviceToHost)); return v; };
       mma(0); CK(cudaMemcpyAsync(ref, out, rows * sh.out * 2, cudaMemcpyDeviceToDevice, st)); CK(cudaStreamSynchronize(st));
       const double t_mma = time_calls(st, mma);
       printf("%-8s %4lld %-12s %9.2f %8.0f\n", sh.name, (long long)rows, "mma.sync", t_mma, wbytes / t_mma / 1e3);
-      for (int chunks : {2, 4}) {
+      for (int variant : {0, 1, 2}) {
         try {
           auto check = [&]() {
-            wg(0, rows, out, chunks); CK(cudaStreamSynchronize(st));
+            wg(0, rows, out, variant); CK(cudaStreamSynchronize(st));
             const std::vector<Bf> a = host(out, rows * sh.out), b = host(ref, rows * sh.out);
             double worst = 0, scale = 0; int64_t same = 0;
             for (int64_t i = 0; i < rows * sh.out; ++i) {
@@ -65,17 +73,17 @@ int main() {
           bool alone_same = true;
           for (int64_t r : {int64_t{0}, rows - 1}) {
             LinearCall c1 = linear_call(x + r * sh.in, w[0], nullptr, nullptr, alone, ws, 1, sh.out, sh.in, splits);
-            if (chunks == 2) launch_products_wgmma<Bf, 2, 4>(c1, st); else launch_products_wgmma<Bf, 4, 3>(c1, st);
+            products(c1, variant);
             launch_add_runs<Bf>(c1, st);
             CK(cudaStreamSynchronize(st));
             const std::vector<Bf> a = host(alone, sh.out), b = host(out + r * sh.out, sh.out);
             alone_same = alone_same && std::equal(a.begin(), a.end(), b.begin(), [](Bf u, Bf v) {
               return *reinterpret_cast<const uint16_t*>(&u) == *reinterpret_cast<const uint16_t*>(&v); });
           }
-          const double t = time_calls(st, [&](int i) { wg(i, rows, out, chunks); });
+          const double t = time_calls(st, [&](int i) { wg(i, rows, out, variant); });
           printf("%-8s %4lld %-12s %9.2f %8.0f error %.1e, %.1f%% bits as mma.sync, row alone %s\n", sh.name, (long long)rows,
-                 chunks == 2 ? "wgmma c2s4" : "wgmma c4s3", t, wbytes / t / 1e3, err, 100 * same, alone_same ? "identical" : "DIFFERENT");
-        } catch (const std::exception& e) { printf("%-8s %4lld wgmma c%d: %s\n", sh.name, (long long)rows, chunks, e.what()); cudaGetLastError(); }
+                 names[variant], t, wbytes / t / 1e3, err, 100 * same, alone_same ? "identical" : "DIFFERENT");
+        } catch (const std::exception& e) { printf("%-8s %4lld %s: %s\n", sh.name, (long long)rows, names[variant], e.what()); cudaGetLastError(); }
         fflush(stdout);
       }
     }

@@ -294,9 +294,14 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinBlocks)
 // accumulator, as in the mma.sync kernel; the bits differ from that kernel's
 // (the tensor cores' sum within 16 of k), so one process must use one kernel
 // for every row count.
-template <int RowsPadded, int Chunks, int Stages>
+// InFlight 1 keeps a stage's products running while the next stage's are
+// issued; the copies then run Stages − 2 stages ahead, not Stages − 1 (the
+// buffer the running products read is not refilled until they are done).
+template <int RowsPadded, int Chunks, int Stages, int InFlight = 0>
 struct WgTiling {
-  static constexpr int kN = RowsPadded, kChunks = Chunks, kStages = Stages;
+  static constexpr int kN = RowsPadded, kChunks = Chunks, kStages = Stages, kInFlight = InFlight;
+  static constexpr int kAhead = kStages - 1 - kInFlight;  // stages copied ahead of the products
+  static_assert(kAhead >= 1, "at least one stage copied ahead");
   static constexpr int kThreads = 256;                  // two warpgroups
   static constexpr int kFeatures = 128;                 // 64 a warpgroup
   static constexpr int kKGroups = kChunks * 4;          // 16-byte groups of k a line
@@ -368,20 +373,20 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
   constexpr uint32_t kLbo = 128, kSbo = Wg::kBandBytes;
 #endif
 
-  for (int s = 0; s < Wg::kStages - 1; ++s) {
+  for (int s = 0; s < Wg::kAhead; ++s) {
     if (s < stages) stage_copy.copy(s, s);
     __pipeline_commit();
   }
   for (int64_t s = 0; s < stages; ++s) {
     // This thread's copies of stage s are done and made visible to the
     // tensor cores' reads; the barrier makes every thread's so, and tells
-    // that stage s − 1's products (waited for below) are done with the
-    // buffer refilled here.
-    __pipeline_wait_prior(Wg::kStages - 2);
+    // that stage s − 1 − kInFlight's products (waited for below) are done
+    // with the buffer refilled here.
+    __pipeline_wait_prior(Wg::kAhead - 1);
     fence_proxy_async_shared();
     __syncthreads();
-    if (s + Wg::kStages - 1 < stages)
-      stage_copy.copy(s + Wg::kStages - 1, static_cast<int>((s + Wg::kStages - 1) % Wg::kStages));
+    if (s + Wg::kAhead < stages)
+      stage_copy.copy(s + Wg::kAhead, static_cast<int>((s + Wg::kAhead) % Wg::kStages));
     __pipeline_commit();
     const unsigned char* base = wgmma_shared + static_cast<int>(s % Wg::kStages) * Wg::kStageBytes;
     wgmma_hold<Wg::kN>(d);
@@ -397,9 +402,10 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
       wgmma_mma<T, Wg::kN>(d, a, b);
     }
     wgmma_commit();
-    wgmma_wait_all();
-    wgmma_hold<Wg::kN>(d);
+    wgmma_wait_prior<Wg::kInFlight>();
   }
+  wgmma_wait_all();
+  wgmma_hold<Wg::kN>(d);
 
   // d[i]: feature 64·group + 16·warp + lane / 4 (+8 where i % 4 ≥ 2), row
   // 8·(i / 4) + 2·(lane % 4) + i % 2 (the accumulators' fragment layout).
@@ -488,25 +494,25 @@ void launch_products_wgmma_tiled(const LinearCall& c, cudaStream_t stream) {
 
 // The wgmma products for the call's rows: one block's N is the rows rounded up
 // to 8 up to 80, to 16 up to 144; more rows go in blocks of 144.
-template <class T, int kChunks = 2, int kStages = 4>
+template <class T, int kChunks = 2, int kStages = 4, int kInFlight = 0>
 void launch_products_wgmma(const LinearCall& c, cudaStream_t stream) {
   const int64_t eighths = (c.rows + 7) / 8;
   const int64_t n = eighths <= 10 ? eighths * 8 : std::min<int64_t>(144, (c.rows + 15) / 16 * 16);
   switch (n) {
-    case 8: launch_products_wgmma_tiled<T, WgTiling<8, kChunks, kStages>>(c, stream); break;
-    case 16: launch_products_wgmma_tiled<T, WgTiling<16, kChunks, kStages>>(c, stream); break;
-    case 24: launch_products_wgmma_tiled<T, WgTiling<24, kChunks, kStages>>(c, stream); break;
-    case 32: launch_products_wgmma_tiled<T, WgTiling<32, kChunks, kStages>>(c, stream); break;
-    case 40: launch_products_wgmma_tiled<T, WgTiling<40, kChunks, kStages>>(c, stream); break;
-    case 48: launch_products_wgmma_tiled<T, WgTiling<48, kChunks, kStages>>(c, stream); break;
-    case 56: launch_products_wgmma_tiled<T, WgTiling<56, kChunks, kStages>>(c, stream); break;
-    case 64: launch_products_wgmma_tiled<T, WgTiling<64, kChunks, kStages>>(c, stream); break;
-    case 72: launch_products_wgmma_tiled<T, WgTiling<72, kChunks, kStages>>(c, stream); break;
-    case 80: launch_products_wgmma_tiled<T, WgTiling<80, kChunks, kStages>>(c, stream); break;
-    case 96: launch_products_wgmma_tiled<T, WgTiling<96, kChunks, kStages>>(c, stream); break;
-    case 112: launch_products_wgmma_tiled<T, WgTiling<112, kChunks, kStages>>(c, stream); break;
-    case 128: launch_products_wgmma_tiled<T, WgTiling<128, kChunks, kStages>>(c, stream); break;
-    default: launch_products_wgmma_tiled<T, WgTiling<144, kChunks, kStages>>(c, stream); break;
+    case 8: launch_products_wgmma_tiled<T, WgTiling<8, kChunks, kStages, kInFlight>>(c, stream); break;
+    case 16: launch_products_wgmma_tiled<T, WgTiling<16, kChunks, kStages, kInFlight>>(c, stream); break;
+    case 24: launch_products_wgmma_tiled<T, WgTiling<24, kChunks, kStages, kInFlight>>(c, stream); break;
+    case 32: launch_products_wgmma_tiled<T, WgTiling<32, kChunks, kStages, kInFlight>>(c, stream); break;
+    case 40: launch_products_wgmma_tiled<T, WgTiling<40, kChunks, kStages, kInFlight>>(c, stream); break;
+    case 48: launch_products_wgmma_tiled<T, WgTiling<48, kChunks, kStages, kInFlight>>(c, stream); break;
+    case 56: launch_products_wgmma_tiled<T, WgTiling<56, kChunks, kStages, kInFlight>>(c, stream); break;
+    case 64: launch_products_wgmma_tiled<T, WgTiling<64, kChunks, kStages, kInFlight>>(c, stream); break;
+    case 72: launch_products_wgmma_tiled<T, WgTiling<72, kChunks, kStages, kInFlight>>(c, stream); break;
+    case 80: launch_products_wgmma_tiled<T, WgTiling<80, kChunks, kStages, kInFlight>>(c, stream); break;
+    case 96: launch_products_wgmma_tiled<T, WgTiling<96, kChunks, kStages, kInFlight>>(c, stream); break;
+    case 112: launch_products_wgmma_tiled<T, WgTiling<112, kChunks, kStages, kInFlight>>(c, stream); break;
+    case 128: launch_products_wgmma_tiled<T, WgTiling<128, kChunks, kStages, kInFlight>>(c, stream); break;
+    default: launch_products_wgmma_tiled<T, WgTiling<144, kChunks, kStages, kInFlight>>(c, stream); break;
   }
 }
 

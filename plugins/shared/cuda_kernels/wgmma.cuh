@@ -27,6 +27,11 @@ __device__ __forceinline__ uint64_t wgmma_descriptor(const void* p, uint32_t lbo
 __device__ __forceinline__ void wgmma_fence() { DFLASH_WGMMA_ASM("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { DFLASH_WGMMA_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { DFLASH_WGMMA_ASM("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most N of this warpgroup's committed groups are still running.
+template <int N>
+__device__ __forceinline__ void wgmma_wait_prior() {
+  DFLASH_WGMMA_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // This thread's generic-proxy writes to shared memory (cp.async, stores),
 // made visible to the async proxy the tensor cores read through.
 __device__ __forceinline__ void fence_proxy_async_shared() {

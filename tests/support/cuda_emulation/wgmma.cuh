@@ -33,6 +33,8 @@ inline uint64_t wgmma_descriptor(const void* p, uint32_t lbo, uint32_t sbo) {
 inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 inline void wgmma_wait_all() {}
+template <int N>
+void wgmma_wait_prior() {}
 inline void fence_proxy_async_shared() {}
 template <int N>
 void wgmma_hold(float*) {}

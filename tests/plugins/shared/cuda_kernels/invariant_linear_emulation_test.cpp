@@ -37,9 +37,13 @@ Problem make_problem(int64_t out, int64_t in, int64_t most, uint32_t seed) {
 // Rows [first, first + rows) of the problem through the kernel; with_bias
 // picks the bias; the residual is added in place (out = residual), as
 // invariant_add_linear_ does.
-enum class Kernel { kMmaSync, kWgmma };
+// kWgmmaInFlight: a stage's products kept running past the next stage's issue.
+enum class Kernel { kMmaSync, kWgmma, kWgmmaInFlight };
 
-std::vector<Bf16> run(const Problem& p, int64_t first, int64_t rows, bool with_bias, Kernel kernel = Kernel::kMmaSync) {
+// splits: the runs of k of the wgmma kernels, the library's count where 0
+// (one run makes a run long enough for their ring of stages to wrap).
+std::vector<Bf16> run(const Problem& p, int64_t first, int64_t rows, bool with_bias, Kernel kernel = Kernel::kMmaSync,
+                      int64_t splits = 0) {
   std::vector<Bf16> x(p.x.begin() + first * p.in, p.x.begin() + (first + rows) * p.in);
   std::vector<Bf16> out(p.residual.begin() + first * p.out, p.residual.begin() + (first + rows) * p.out);
   std::vector<float> workspace(static_cast<size_t>(std::max<int64_t>(1, ck::invariant_linear_workspace_floats(rows, p.out, p.in))),
@@ -50,8 +54,9 @@ std::vector<Bf16> run(const Problem& p, int64_t first, int64_t rows, bool with_b
   } else {
     const ck::LinearCall c = ck::linear_call(x.data(), p.weight.data(), with_bias ? p.bias.data() : nullptr, out.data(),
                                              out.data(), workspace.data(), rows, p.out, p.in,
-                                             ck::invariant_linear_splits(p.out, p.in));
-    ck::launch_products_wgmma<Bf16>(c, nullptr);
+                                             splits > 0 ? splits : ck::invariant_linear_splits(p.out, p.in));
+    if (kernel == Kernel::kWgmma) ck::launch_products_wgmma<Bf16>(c, nullptr);
+    else ck::launch_products_wgmma<Bf16, 2, 6, 1>(c, nullptr);
     ck::launch_add_runs<Bf16>(c, nullptr);
   }
   return out;
@@ -102,10 +107,13 @@ TEST(InvariantLinearEmulated, ARowGetsTheSameBitsAloneAsAmongOtherRowsAndTheProd
   }
 }
 
-// The warpgroup-MMA products (not yet dispatched; wgmma.cuh, emulated from
-// the PTX ISA's layouts): the descriptors, the core-matrix copy and the
-// accumulators' fragment layout, checked the same way. 33 rows: N = 40; 150:
-// blocks of 144 rows and of 8; a row alone: N = 8.
+// The warpgroup-MMA products (wgmma.cuh, emulated from the PTX ISA's
+// layouts): the descriptors, the core-matrix copy, the ring of stages (one
+// run of k: 9 stages through 4 and 6 buffers) and the accumulators' fragment
+// layout, checked the same way. 33 rows: N = 40; 150: blocks of 144 rows and
+// of 8; a row alone: N = 8. (The emulated products run at once, so a buffer
+// refilled while the device still reads it cannot show here; the probe on
+// the GPU checks that.)
 TEST(InvariantLinearEmulated, TheWarpgroupKernelsRowsGetTheSameBitsAloneAndTheProductIsRight) {
   struct Case {
     int64_t out, in, rows;
@@ -115,10 +123,13 @@ TEST(InvariantLinearEmulated, TheWarpgroupKernelsRowsGetTheSameBitsAloneAndThePr
   uint32_t seed = 11;
   for (const Case& s : cases) {
     const Problem p = make_problem(s.out, s.in, s.rows, seed++);
-    for (const int64_t rows : {s.rows}) {
+    const int64_t rows = s.rows;
+    for (const Kernel kernel : {Kernel::kWgmma, Kernel::kWgmmaInFlight})
+    for (const int64_t splits : {int64_t{0}, int64_t{1}}) {
       const bool with_bias = rows % 2 == 1;
-      SCOPED_TRACE("out " + std::to_string(s.out) + ", in " + std::to_string(s.in) + ", rows " + std::to_string(rows));
-      const std::vector<Bf16> all = run(p, 0, rows, with_bias, Kernel::kWgmma);
+      SCOPED_TRACE("out " + std::to_string(s.out) + ", in " + std::to_string(s.in) + ", rows " + std::to_string(rows) +
+                   (kernel == Kernel::kWgmma ? "" : ", products in flight") + (splits == 1 ? ", one run" : ""));
+      const std::vector<Bf16> all = run(p, 0, rows, with_bias, kernel, splits);
       double worst = 0;
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < s.out; ++j) {
@@ -127,7 +138,7 @@ TEST(InvariantLinearEmulated, TheWarpgroupKernelsRowsGetTheSameBitsAloneAndThePr
         }
       EXPECT_LT(worst, 1e-2);
       for (const int64_t r : {int64_t{0}, rows / 2 + 3, rows - 1}) {
-        const std::vector<Bf16> alone = run(p, r, 1, with_bias, Kernel::kWgmma);
+        const std::vector<Bf16> alone = run(p, r, 1, with_bias, kernel, splits);
         int differing = 0;
         for (int64_t j = 0; j < s.out; ++j) differing += alone[j].bits != all[r * s.out + j].bits;
         EXPECT_EQ(differing, 0) << "row " << r << " alone";
