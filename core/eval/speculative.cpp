@@ -245,10 +245,12 @@ Generation speculative_decode(const host::TargetModelInstance& target, const hos
         throw std::runtime_error(drafter.record().label() + ": draft_propose_topk returned " + std::to_string(positions) +
                                  " positions, more than the " + std::to_string(room) + " asked for");
       PositionCandidates candidates;
+      const int64_t k = tokens_cpu.size(1);
+      const int64_t* tokens_at = tokens_cpu.data_ptr<int64_t>();
+      const float* log_probs_at = log_probs_cpu.data_ptr<float>();
       for (int64_t d = 0; d < positions; ++d) {
-        const at::Tensor t = tokens_cpu[d], lp = log_probs_cpu[d];
-        candidates.tokens.emplace_back(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
-        candidates.log_probs.emplace_back(lp.data_ptr<float>(), lp.data_ptr<float>() + lp.numel());
+        candidates.tokens.emplace_back(tokens_at + d * k, tokens_at + (d + 1) * k);
+        candidates.log_probs.emplace_back(log_probs_at + d * k, log_probs_at + (d + 1) * k);
       }
       temper(candidates, verification.tree_temperature);
       const DraftTree tree = build_draft_tree(candidates, verification.tree_nodes);
