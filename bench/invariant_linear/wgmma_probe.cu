@@ -16,15 +16,19 @@
 #include "invariant_linear.cu"
 #include "scale_harness.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 using namespace dflash::cuda_kernels;
 using namespace scale_harness;
 
-int main() {
-  const std::vector<Shape> shapes = scale_shapes();
-  const std::vector<int64_t> row_counts = {1, 16, 17, 33, 65, 129};
+// Optional arguments: one shape's name and one row count (for a profiler).
+int main(int argc, char** argv) {
+  std::vector<Shape> shapes = scale_shapes();
+  std::vector<int64_t> row_counts = {1, 16, 17, 33, 65, 129};
+  if (argc > 1) shapes.erase(std::remove_if(shapes.begin(), shapes.end(), [&](const Shape& s) { return std::string(s.name) != argv[1]; }), shapes.end());
+  if (argc > 2) row_counts = {std::stoll(argv[2])};
   cudaStream_t st; CK(cudaStreamCreate(&st));
   printf("%-8s %4s %-12s %9s %8s %s\n", "shape", "rows", "kernel", "us", "GB/s", "checks");
   for (const Shape& sh : shapes) {
