@@ -10,9 +10,7 @@
 // and times both. Needs sm_90a:
 //   nvcc -std=c++17 -gencode arch=compute_90a,code=sm_90a -O3 -Iplugins/shared/cuda_kernels \
 //     bench/invariant_linear/wgmma_probe.cu -o wgmma_probe && ./wgmma_probe
-// (scripts/device.sh linear_kernels runs it; built with
-// -DDFLASH_WGMMA_SWAPPED_STRIDES=1 it tries the descriptors' two strides the
-// other way round, should the errors say the device reads them so.)
+// (scripts/device.sh linear_kernels runs it.)
 #include "invariant_linear.cu"
 #include "scale_harness.cuh"
 
@@ -43,13 +41,14 @@ int main(int argc, char** argv) {
       auto call = [&](int i, int64_t r, void* o) { return linear_call(x, w[i], nullptr, nullptr, o, ws, r, sh.out, sh.in, splits); };
       auto mma = [&](int i) { LinearCall c = call(i, rows, out); launch_products_for_rows<Bf>(c, st); launch_add_runs<Bf>(c, st); };
       // The variants: 2 chunks a stage, 4 stages; the same with 6 stages and
-      // a stage's products kept running; 4 chunks, 3 stages.
+      // a stage's products kept running; both in the 128-byte swizzle.
       auto products = [&](const LinearCall& c, int variant) {
         if (variant == 0) launch_products_wgmma<Bf, 2, 4>(c, st);
         else if (variant == 1) launch_products_wgmma<Bf, 2, 6, 1>(c, st);
-        else launch_products_wgmma<Bf, 4, 3>(c, st);
+        else if (variant == 2) launch_products_wgmma<Bf, 2, 4, 0, true>(c, st);
+        else launch_products_wgmma<Bf, 2, 6, 1, true>(c, st);
       };
-      const char* const names[] = {"wgmma c2s4", "wgmma c2s6i1", "wgmma c4s3"};
+      const char* const names[] = {"wgmma c2s4", "wgmma c2s6i1", "wgmma c2s4sw", "wgmma c2s6i1sw"};
       auto wg = [&](int i, int64_t r, void* o, int variant) {
         LinearCall c = call(i, r, o);
         products(c, variant);
@@ -59,7 +58,7 @@ int main(int argc, char** argv) {
       mma(0); CK(cudaMemcpyAsync(ref, out, rows * sh.out * 2, cudaMemcpyDeviceToDevice, st)); CK(cudaStreamSynchronize(st));
       const double t_mma = time_calls(st, mma);
       printf("%-8s %4lld %-12s %9.2f %8.0f\n", sh.name, (long long)rows, "mma.sync", t_mma, wbytes / t_mma / 1e3);
-      for (int variant : {0, 1, 2}) {
+      for (int variant : {0, 1, 2, 3}) {
         try {
           auto check = [&]() {
             wg(0, rows, out, variant); CK(cudaStreamSynchronize(st));

@@ -24,6 +24,13 @@ __device__ __forceinline__ uint64_t wgmma_descriptor(const void* p, uint32_t lbo
   return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32);
 }
+// The same for the 128-byte swizzle, K-major: rows of 128 bytes (64 of k in
+// 16-bit elements) in atoms of 8 rows (1024 bytes, 1024-aligned), a row's
+// 16-byte chunk c at chunk c ^ (row % 8); sbo bytes between atoms of rows.
+// A product's 16 of k further on: the start address 32 bytes further on.
+__device__ __forceinline__ uint64_t wgmma_descriptor_swizzled_128(const void* p, uint32_t sbo) {
+  return wgmma_descriptor(p, 16, sbo) | (uint64_t{1} << 62);
+}
 __device__ __forceinline__ void wgmma_fence() { DFLASH_WGMMA_ASM("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { DFLASH_WGMMA_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { DFLASH_WGMMA_ASM("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }

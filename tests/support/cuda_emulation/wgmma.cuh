@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <type_traits>
 
 inline size_t __cvta_generic_to_shared(const void* p) {
@@ -30,6 +31,9 @@ inline uint64_t wgmma_descriptor(const void* p, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32);
 }
+inline uint64_t wgmma_descriptor_swizzled_128(const void* p, uint32_t sbo) {
+  return wgmma_descriptor(p, 16, sbo) | (uint64_t{1} << 62);
+}
 inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 inline void wgmma_wait_all() {}
@@ -42,10 +46,17 @@ void wgmma_hold(float*) {}
 template <class T, int N>
 void wgmma_mma(float* d, uint64_t desc_a, uint64_t desc_b) {
   auto element = [](uint64_t desc, int row, int k) {
-    const unsigned char* start = cuda_emulation::shared_window() + ((desc & 0x3FFF) << 4);
+    const uint64_t start = (desc & 0x3FFF) << 4;
     const uint64_t lbo = ((desc >> 16) & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
+    uint64_t address = start + (row / 8) * sbo + (k / 8) * lbo + (row % 8) * 16 + (k % 8) * 2;
+    if ((desc >> 62) == 1) {  // 128-byte swizzle: rows of 128 bytes, bits 4-6 of the address ^= bits 7-9
+      address = start + (row / 8) * sbo + (row % 8) * 128 + k * 2;
+      address ^= ((address >> 7) & 7) << 4;
+    } else if ((desc >> 62) != 0) {
+      throw std::logic_error("wgmma emulation: only no swizzle and the 128-byte swizzle are modelled");
+    }
     T value;
-    std::memcpy(&value, start + (row / 8) * sbo + (k / 8) * lbo + (row % 8) * 16 + (k % 8) * 2, 2);
+    std::memcpy(&value, cuda_emulation::shared_window() + address, 2);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(value);
     else return __half2float(value);
   };

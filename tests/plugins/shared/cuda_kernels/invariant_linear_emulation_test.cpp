@@ -37,8 +37,9 @@ Problem make_problem(int64_t out, int64_t in, int64_t most, uint32_t seed) {
 // Rows [first, first + rows) of the problem through the kernel; with_bias
 // picks the bias; the residual is added in place (out = residual), as
 // invariant_add_linear_ does.
-// kWgmmaInFlight: a stage's products kept running past the next stage's issue.
-enum class Kernel { kMmaSync, kWgmma, kWgmmaInFlight };
+// kWgmmaInFlight: a stage's products kept running past the next stage's
+// issue; kWgmmaSwizzled: so, in the 128-byte swizzle layout.
+enum class Kernel { kMmaSync, kWgmma, kWgmmaInFlight, kWgmmaSwizzled };
 
 // splits: the runs of k of the wgmma kernels, the library's count where 0
 // (one run makes a run long enough for their ring of stages to wrap).
@@ -56,7 +57,8 @@ std::vector<Bf16> run(const Problem& p, int64_t first, int64_t rows, bool with_b
                                              out.data(), workspace.data(), rows, p.out, p.in,
                                              splits > 0 ? splits : ck::invariant_linear_splits(p.out, p.in));
     if (kernel == Kernel::kWgmma) ck::launch_products_wgmma<Bf16>(c, nullptr);
-    else ck::launch_products_wgmma<Bf16, 2, 6, 1>(c, nullptr);
+    else if (kernel == Kernel::kWgmmaInFlight) ck::launch_products_wgmma<Bf16, 2, 6, 1>(c, nullptr);
+    else ck::launch_products_wgmma<Bf16, 2, 6, 1, true>(c, nullptr);
     ck::launch_add_runs<Bf16>(c, nullptr);
   }
   return out;
@@ -124,11 +126,12 @@ TEST(InvariantLinearEmulated, TheWarpgroupKernelsRowsGetTheSameBitsAloneAndThePr
   for (const Case& s : cases) {
     const Problem p = make_problem(s.out, s.in, s.rows, seed++);
     const int64_t rows = s.rows;
-    for (const Kernel kernel : {Kernel::kWgmma, Kernel::kWgmmaInFlight})
+    for (const Kernel kernel : {Kernel::kWgmma, Kernel::kWgmmaInFlight, Kernel::kWgmmaSwizzled})
     for (const int64_t splits : {int64_t{0}, int64_t{1}}) {
       const bool with_bias = rows % 2 == 1;
       SCOPED_TRACE("out " + std::to_string(s.out) + ", in " + std::to_string(s.in) + ", rows " + std::to_string(rows) +
-                   (kernel == Kernel::kWgmma ? "" : ", products in flight") + (splits == 1 ? ", one run" : ""));
+                   (kernel == Kernel::kWgmma ? "" : ", products in flight") +
+                   (kernel == Kernel::kWgmmaSwizzled ? ", swizzled" : "") + (splits == 1 ? ", one run" : ""));
       const std::vector<Bf16> all = run(p, 0, rows, with_bias, kernel, splits);
       double worst = 0;
       for (int64_t r = 0; r < rows; ++r)
