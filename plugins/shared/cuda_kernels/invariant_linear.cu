@@ -284,89 +284,69 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinBlocks)
 
 // The warpgroup-MMA products, run only by builds for sm_90a (use_wgmma;
 // the default build, for the GPU's own architecture, runs the mma.sync
-// kernel). bench/invariant_linear/wgmma_probe.cu checks and times them on
-// the GPU: on an H100 (2026-12-07) they gave bitwise the mma.sync kernel's
-// output, but took 1.6-1.9× its time (without swizzle; docs/eval.md). A block's two warpgroups own 64 features
-// each; one wgmma m64nNk16 multiplies a warpgroup's 64 weight rows by all N
-// of the block's x rows (launch_products_wgmma) over 16 of k, both read
-// from shared memory by the tensor cores, so no register holds an operand
-// and no warp rereads x.
+// kernel). A block's two warpgroups own 64 features each; one wgmma
+// m64nNk16 multiplies a warpgroup's 64 weight rows by all N of the block's x
+// rows (launch_products_wgmma) over 16 of k, both read from shared memory by
+// the tensor cores, so no register holds an operand and no warp rereads x.
 // k is summed in order, 16 at a time, each run of chunks into one fp32
-// accumulator, as in the mma.sync kernel; the bits differ from that kernel's
-// (the tensor cores' sum within 16 of k), so one process must use one kernel
-// for every row count.
+// accumulator, as in the mma.sync kernel. On an H100 the bits were the
+// mma.sync kernel's at every shape and row count tried, but nothing
+// promises that (the tensor cores' sum within 16 of k), so one process uses
+// one kernel for every row count.
+// bench/invariant_linear/wgmma_probe.cu checks and times them on the GPU:
+// on an H100 (2026-12-07, docs/eval.md) a layer's projections cost 1.12×
+// from 16 to 65 rows, against the mma.sync kernel's 1.29×.
+//
+// A stage holds 64 of k (2 chunks) of the block's 128 weight lines, then of
+// its N x lines, each line's 128 bytes in the 128-byte swizzle layout
+// (wgmma_descriptor_swizzled_128): atoms of 8 lines, a line's 16-byte group
+// g at g ^ (line % 8), so the 8 threads that copy a line's 128 contiguous
+// bytes write all 32 banks. (The layout without swizzle puts a line's groups
+// 128 bytes apart: each warp's copy then read 8 lines' 64 bytes, and the
+// kernel streamed the weights at 1.9 TB/s against 2.9 swizzled.)
 // InFlight 1 keeps a stage's products running while the next stage's are
 // issued; the copies then run Stages − 2 stages ahead, not Stages − 1 (the
 // buffer the running products read is not refilled until they are done).
-// Swizzled: a line's 2 chunks (128 bytes) in the 128-byte swizzle layout, so
-// 8 threads copy one line's 128 contiguous bytes (wgmma_descriptor_swizzled_128),
-// rather than the core matrices without swizzle, where a line's 16-byte
-// groups lie 128 bytes apart and 8 threads copy 8 lines' 16 bytes.
-template <int RowsPadded, int Chunks, int Stages, int InFlight = 0, bool Swizzled = false>
+template <int RowsPadded, int Stages, int InFlight>
 struct WgTiling {
-  static constexpr int kN = RowsPadded, kChunks = Chunks, kStages = Stages, kInFlight = InFlight;
-  static constexpr bool kSwizzled = Swizzled;
-  static_assert(!kSwizzled || kChunks == 2, "the 128-byte swizzle holds 64 of k a line: 2 chunks a stage");
+  static constexpr int kN = RowsPadded, kStages = Stages, kInFlight = InFlight;
   static constexpr int kAhead = kStages - 1 - kInFlight;  // stages copied ahead of the products
   static_assert(kAhead >= 1, "at least one stage copied ahead");
-  static constexpr int kThreads = 256;                  // two warpgroups
-  static constexpr int kFeatures = 128;                 // 64 a warpgroup
-  static constexpr int kKGroups = kChunks * 4;          // 16-byte groups of k a line
-  static constexpr int kBandBytes = kKGroups * 128;     // 8 lines: a row of core matrices
-  static constexpr int kLines = kFeatures + kN;         // the weight's lines, then x's
-  static constexpr int kStageBytes = kLines * kKGroups * 16;
-  // The swizzle's atoms must be 1024-aligned in shared memory: room to align.
-  static constexpr int kAlignBytes = kSwizzled ? 1024 : 0;
-  static constexpr int kSharedBytes = kStages * kStageBytes + kAlignBytes;
+  static constexpr int kThreads = 256;              // two warpgroups
+  static constexpr int kFeatures = 128;             // 64 a warpgroup
+  static constexpr int kStageK = 64;                // 2 chunks: a line's 128 bytes
+  static constexpr int kLines = kFeatures + kN;     // the weight's lines, then x's
+  static constexpr int kStageBytes = kLines * 128;
+  // The swizzle's atoms are 1024-aligned in shared memory: room to align.
+  static constexpr int kSharedBytes = kStages * kStageBytes + 1024;
 };
 
-// Line l's k-group g in a stage. Without swizzle: core matrix (l / 8, g),
-// its row l % 8; the descriptors' strides: 128 bytes between core matrices
-// adjacent in k, kBandBytes between bands of 8 lines. Swizzled: row l of
-// 128 bytes, group g at g ^ (l % 8).
-template <class Wg>
-__device__ __forceinline__ int core_offset(int line, int g) {
-  if constexpr (Wg::kSwizzled) return (line / 8) * 1024 + (line % 8) * 128 + ((g ^ (line % 8)) * 16);
-  return (line / 8) * Wg::kBandBytes + g * 128 + (line % 8) * 16;
-}
-
-// Block (x, y, z): rows [kN·x, +kN), features [128·y, +128), run z. The copy
-// is the mma.sync kernel's (a thread's pieces and pointers fixed once), with
-// piece i at line 8·band + i % 8 and k-group (i / 8) % 4 of a block of four,
-// so a quarter-warp writes 8 lines' 16 bytes (all banks) and each line's 4
-// pieces are 64 contiguous bytes of global memory.
+// Block (x, y, z): rows [kN·x, +kN), features [128·y, +128), run z. Each
+// thread's pieces and pointers are fixed once (StageCopy, as in the
+// mma.sync kernel): lanes tid % 8 take a line's 8 groups, tid / 8 the line; a
+// pass moves 32 lines.
 template <class T, class Wg>
 __global__ void __launch_bounds__(Wg::kThreads, 1)
     invariant_linear_wgmma_kernel(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
                                   const T* residual, T* out, float* __restrict__ partial, int all_rows,
                                   int64_t out_features, int64_t in_features, int64_t chunks_per_split) {
   extern __shared__ __align__(128) unsigned char wgmma_dynamic_shared[];
-  unsigned char* wgmma_shared = wgmma_dynamic_shared;
-  if constexpr (Wg::kAlignBytes > 0)
-    wgmma_shared += (1024 - __cvta_generic_to_shared(wgmma_dynamic_shared) % 1024) % 1024;
+  unsigned char* const wgmma_shared =
+      wgmma_dynamic_shared + (1024 - __cvta_generic_to_shared(wgmma_dynamic_shared) % 1024) % 1024;
   const int tid = static_cast<int>(threadIdx.x);
   const int first_row = static_cast<int>(blockIdx.x) * Wg::kN;
   const int64_t block_feature = static_cast<int64_t>(blockIdx.y) * Wg::kFeatures;
   const int64_t chunks = (in_features + 31) / 32;
   const int64_t c_begin = static_cast<int64_t>(blockIdx.z) * chunks_per_split;
   const int64_t c_end = c_begin + chunks_per_split < chunks ? c_begin + chunks_per_split : chunks;
-  const int64_t n = c_end - c_begin;
-  const int64_t stages = (n + Wg::kChunks - 1) / Wg::kChunks;
+  const int64_t stages = (c_end - c_begin + 1) / 2;
 
-  // This thread's pieces (StageCopy). Without swizzle: lanes tid % 8 take
-  // the 8 lines of a band, (tid / 8) % 4 four k-groups of a block of four; a
-  // pass moves by kBandsAPass bands, the k-group stays. Swizzled: lanes
-  // tid % 8 take a line's 8 groups, tid / 8 the line; a pass moves 32 lines.
-  constexpr int kPasses = (Wg::kLines * Wg::kKGroups + Wg::kThreads - 1) / Wg::kThreads;
-  constexpr int kBandsAPass = 8 / Wg::kChunks;
-  static_assert(8 % Wg::kChunks == 0, "a pass covers whole bands");
-  const int warp_index = tid / 32;
-  const int g = Wg::kSwizzled ? tid % 8 : (warp_index % Wg::kChunks) * 4 + (tid / 8) % 4;
-  const int first_band = warp_index / Wg::kChunks, line_in_band = tid % 8;
+  constexpr int kPasses = (Wg::kLines * 8 + Wg::kThreads - 1) / Wg::kThreads;
+  const int g = tid % 8;
   const int64_t k_first = c_begin * 32 + g * 8;
-  const StageCopy<T, kPasses, kBandsAPass * Wg::kBandBytes, Wg::kStages, Wg::kStageBytes, Wg::kChunks * 32> stage_copy(
+  const StageCopy<T, kPasses, 32 * 128, Wg::kStages, Wg::kStageBytes, Wg::kStageK> stage_copy(
       wgmma_shared, Wg::kLines, k_first, c_end * 32 < in_features ? c_end * 32 : in_features,
-      [&](int j) { return Wg::kSwizzled ? tid / 8 + 32 * j : (first_band + j * kBandsAPass) * 8 + line_in_band; },
+      [&](int j) { return tid / 8 + 32 * j; },
       [&](int line) -> const T* {
         if (line < Wg::kFeatures)
           return block_feature + line < out_features ? weight + (block_feature + line) * in_features + k_first
@@ -374,7 +354,7 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
         const int row = first_row + (line - Wg::kFeatures);
         return row < all_rows ? x + static_cast<int64_t>(row) * in_features + k_first : nullptr;
       },
-      [&](int line) { return core_offset<Wg>(line, g); });
+      [&](int line) { return (line / 8) * 1024 + (line % 8) * 128 + ((g ^ (line % 8)) * 16); });
 
   float d[Wg::kN / 2];
 #pragma unroll
@@ -382,10 +362,9 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
   const int group = tid / 128;
   // Product h's operands in a stage at `base`: the warpgroup's 64 weight
   // lines (A) and the x lines after the block's 128 weight lines (B), 16 of k
-  // further on a product.
+  // (32 bytes) further on a product.
   auto descriptor = [&](const unsigned char* base, int first_line, int h) {
-    if constexpr (Wg::kSwizzled) return wgmma_descriptor_swizzled_128(base + first_line * 128 + h * 32, 1024);
-    return wgmma_descriptor(base + (first_line / 8) * Wg::kBandBytes + h * 256, 128, Wg::kBandBytes);
+    return wgmma_descriptor_swizzled_128(base + first_line * 128 + h * 32, 1024);
   };
 
   for (int s = 0; s < Wg::kAhead; ++s) {
@@ -411,7 +390,7 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
     // row count. (A branch between the products would make the compiler
     // fence the accumulators before each.)
 #pragma unroll
-    for (int h = 0; h < 2 * Wg::kChunks; ++h) {
+    for (int h = 0; h < Wg::kStageK / 16; ++h) {
       wgmma_mma<T, Wg::kN>(d, descriptor(base, group * 64, h), descriptor(base, Wg::kFeatures, h));
     }
     wgmma_commit();
@@ -507,25 +486,25 @@ void launch_products_wgmma_tiled(const LinearCall& c, cudaStream_t stream) {
 
 // The wgmma products for the call's rows: one block's N is the rows rounded up
 // to 8 up to 80, to 16 up to 144; more rows go in blocks of 144.
-template <class T, int kChunks = 2, int kStages = 4, int kInFlight = 0, bool kSwizzled = false>
+template <class T, int kStages = 6, int kInFlight = 1>
 void launch_products_wgmma(const LinearCall& c, cudaStream_t stream) {
   const int64_t eighths = (c.rows + 7) / 8;
   const int64_t n = eighths <= 10 ? eighths * 8 : std::min<int64_t>(144, (c.rows + 15) / 16 * 16);
   switch (n) {
-    case 8: launch_products_wgmma_tiled<T, WgTiling<8, kChunks, kStages, kInFlight, kSwizzled>>(c, stream); break;
-    case 16: launch_products_wgmma_tiled<T, WgTiling<16, kChunks, kStages, kInFlight, kSwizzled>>(c, stream); break;
-    case 24: launch_products_wgmma_tiled<T, WgTiling<24, kChunks, kStages, kInFlight, kSwizzled>>(c, stream); break;
-    case 32: launch_products_wgmma_tiled<T, WgTiling<32, kChunks, kStages, kInFlight, kSwizzled>>(c, stream); break;
-    case 40: launch_products_wgmma_tiled<T, WgTiling<40, kChunks, kStages, kInFlight, kSwizzled>>(c, stream); break;
-    case 48: launch_products_wgmma_tiled<T, WgTiling<48, kChunks, kStages, kInFlight, kSwizzled>>(c, stream); break;
-    case 56: launch_products_wgmma_tiled<T, WgTiling<56, kChunks, kStages, kInFlight, kSwizzled>>(c, stream); break;
-    case 64: launch_products_wgmma_tiled<T, WgTiling<64, kChunks, kStages, kInFlight, kSwizzled>>(c, stream); break;
-    case 72: launch_products_wgmma_tiled<T, WgTiling<72, kChunks, kStages, kInFlight, kSwizzled>>(c, stream); break;
-    case 80: launch_products_wgmma_tiled<T, WgTiling<80, kChunks, kStages, kInFlight, kSwizzled>>(c, stream); break;
-    case 96: launch_products_wgmma_tiled<T, WgTiling<96, kChunks, kStages, kInFlight, kSwizzled>>(c, stream); break;
-    case 112: launch_products_wgmma_tiled<T, WgTiling<112, kChunks, kStages, kInFlight, kSwizzled>>(c, stream); break;
-    case 128: launch_products_wgmma_tiled<T, WgTiling<128, kChunks, kStages, kInFlight, kSwizzled>>(c, stream); break;
-    default: launch_products_wgmma_tiled<T, WgTiling<144, kChunks, kStages, kInFlight, kSwizzled>>(c, stream); break;
+    case 8: launch_products_wgmma_tiled<T, WgTiling<8, kStages, kInFlight>>(c, stream); break;
+    case 16: launch_products_wgmma_tiled<T, WgTiling<16, kStages, kInFlight>>(c, stream); break;
+    case 24: launch_products_wgmma_tiled<T, WgTiling<24, kStages, kInFlight>>(c, stream); break;
+    case 32: launch_products_wgmma_tiled<T, WgTiling<32, kStages, kInFlight>>(c, stream); break;
+    case 40: launch_products_wgmma_tiled<T, WgTiling<40, kStages, kInFlight>>(c, stream); break;
+    case 48: launch_products_wgmma_tiled<T, WgTiling<48, kStages, kInFlight>>(c, stream); break;
+    case 56: launch_products_wgmma_tiled<T, WgTiling<56, kStages, kInFlight>>(c, stream); break;
+    case 64: launch_products_wgmma_tiled<T, WgTiling<64, kStages, kInFlight>>(c, stream); break;
+    case 72: launch_products_wgmma_tiled<T, WgTiling<72, kStages, kInFlight>>(c, stream); break;
+    case 80: launch_products_wgmma_tiled<T, WgTiling<80, kStages, kInFlight>>(c, stream); break;
+    case 96: launch_products_wgmma_tiled<T, WgTiling<96, kStages, kInFlight>>(c, stream); break;
+    case 112: launch_products_wgmma_tiled<T, WgTiling<112, kStages, kInFlight>>(c, stream); break;
+    case 128: launch_products_wgmma_tiled<T, WgTiling<128, kStages, kInFlight>>(c, stream); break;
+    default: launch_products_wgmma_tiled<T, WgTiling<144, kStages, kInFlight>>(c, stream); break;
   }
 }
 

@@ -37,9 +37,9 @@ Problem make_problem(int64_t out, int64_t in, int64_t most, uint32_t seed) {
 // Rows [first, first + rows) of the problem through the kernel; with_bias
 // picks the bias; the residual is added in place (out = residual), as
 // invariant_add_linear_ does.
-// kWgmmaInFlight: a stage's products kept running past the next stage's
-// issue; kWgmmaSwizzled: so, in the 128-byte swizzle layout.
-enum class Kernel { kMmaSync, kWgmma, kWgmmaInFlight, kWgmmaSwizzled };
+// kWgmma: each stage's products waited for; kWgmmaInFlight: a stage's
+// products kept running past the next stage's issue (the default).
+enum class Kernel { kMmaSync, kWgmma, kWgmmaInFlight };
 
 // splits: the runs of k of the wgmma kernels, the library's count where 0
 // (one run makes a run long enough for their ring of stages to wrap).
@@ -56,9 +56,8 @@ std::vector<Bf16> run(const Problem& p, int64_t first, int64_t rows, bool with_b
     const ck::LinearCall c = ck::linear_call(x.data(), p.weight.data(), with_bias ? p.bias.data() : nullptr, out.data(),
                                              out.data(), workspace.data(), rows, p.out, p.in,
                                              splits > 0 ? splits : ck::invariant_linear_splits(p.out, p.in));
-    if (kernel == Kernel::kWgmma) ck::launch_products_wgmma<Bf16>(c, nullptr);
-    else if (kernel == Kernel::kWgmmaInFlight) ck::launch_products_wgmma<Bf16, 2, 6, 1>(c, nullptr);
-    else ck::launch_products_wgmma<Bf16, 2, 6, 1, true>(c, nullptr);
+    if (kernel == Kernel::kWgmma) ck::launch_products_wgmma<Bf16, 4, 0>(c, nullptr);
+    else ck::launch_products_wgmma<Bf16>(c, nullptr);
     ck::launch_add_runs<Bf16>(c, nullptr);
   }
   return out;
@@ -110,7 +109,7 @@ TEST(InvariantLinearEmulated, ARowGetsTheSameBitsAloneAsAmongOtherRowsAndTheProd
 }
 
 // The warpgroup-MMA products (wgmma.cuh, emulated from the PTX ISA's
-// layouts): the descriptors, the core-matrix copy, the ring of stages (one
+// layouts): the descriptors, the swizzled copy, the ring of stages (one
 // run of k: 9 stages through 4 and 6 buffers) and the accumulators' fragment
 // layout, checked the same way. 33 rows: N = 40; 150: blocks of 144 rows and
 // of 8; a row alone: N = 8. (The emulated products run at once, so a buffer
@@ -126,12 +125,11 @@ TEST(InvariantLinearEmulated, TheWarpgroupKernelsRowsGetTheSameBitsAloneAndThePr
   for (const Case& s : cases) {
     const Problem p = make_problem(s.out, s.in, s.rows, seed++);
     const int64_t rows = s.rows;
-    for (const Kernel kernel : {Kernel::kWgmma, Kernel::kWgmmaInFlight, Kernel::kWgmmaSwizzled})
+    for (const Kernel kernel : {Kernel::kWgmma, Kernel::kWgmmaInFlight})
     for (const int64_t splits : {int64_t{0}, int64_t{1}}) {
       const bool with_bias = rows % 2 == 1;
       SCOPED_TRACE("out " + std::to_string(s.out) + ", in " + std::to_string(s.in) + ", rows " + std::to_string(rows) +
-                   (kernel == Kernel::kWgmma ? "" : ", products in flight") +
-                   (kernel == Kernel::kWgmmaSwizzled ? ", swizzled" : "") + (splits == 1 ? ", one run" : ""));
+                   (kernel == Kernel::kWgmma ? "" : ", products in flight") + (splits == 1 ? ", one run" : ""));
       const std::vector<Bf16> all = run(p, 0, rows, with_bias, kernel, splits);
       double worst = 0;
       for (int64_t r = 0; r < rows; ++r)
