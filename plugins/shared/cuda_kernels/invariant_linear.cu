@@ -289,10 +289,9 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinBlocks)
 // rows (launch_products_wgmma) over 16 of k, both read from shared memory by
 // the tensor cores, so no register holds an operand and no warp rereads x.
 // k is summed in order, 16 at a time, each run of chunks into one fp32
-// accumulator, as in the mma.sync kernel. On an H100 the bits were the
-// mma.sync kernel's at every shape and row count tried, but nothing
-// promises that (the tensor cores' sum within 16 of k), so one process uses
-// one kernel for every row count.
+// accumulator, as in the mma.sync kernel. On an H100 nearly all bits were
+// the mma.sync kernel's, not all (the tensor cores' sum within 16 of k), so
+// one process uses one kernel for every row count.
 // bench/invariant_linear/wgmma_probe.cu checks and times them on the GPU:
 // on an H100 (2026-12-07, docs/eval.md) a layer's projections cost 1.12×
 // from 16 to 65 rows, against the mma.sync kernel's 1.29×.
