@@ -234,9 +234,11 @@ if [ "$scale_factor" -gt 1 ] && [ "$target_family" = "qwen3" ]; then
       --report "$out/eval_scale.json" 2>&1 |
       tee -a "$log" || note "the scale model's eval failed (see above)"
     # Where the scale model's steps spend their time (DFLASH_DEMO_SCALE_PROFILE=1):
-    # decode_bench's phases, chain and the largest tree at the last temperature, exact kernels.
+    # decode_bench's phases, chain and a tree (DFLASH_DEMO_SCALE_PROFILE_TREE_NODES
+    # nodes, by default the largest budget) at the last temperature, exact kernels.
     if [ "${DFLASH_DEMO_SCALE_PROFILE:-0}" = "1" ]; then
-      for verify in chain "tree --tree-nodes ${scale_tree_nodes##* } --tree-temperature ${scale_tree_temperatures##* }"; do
+      profile_nodes="${DFLASH_DEMO_SCALE_PROFILE_TREE_NODES:-${scale_tree_nodes##* }}"
+      for verify in chain "tree --tree-nodes $profile_nodes --tree-temperature ${scale_tree_temperatures##* }"; do
         "$build/bin/decode_bench" --plugin-dir "$build/lib/dflash-host/plugins" --model "$scale_dir/target" \
           --drafter-checkpoint "$scale_dir/drafter" --prompts "$work/eval_prompts.jsonl" --max-prompts "$profile_prompts" \
           --max-new-tokens "$eval_new_tokens" --arms exact --verify $verify \
