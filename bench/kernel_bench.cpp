@@ -3,7 +3,9 @@
 // draft tree's nodes and the newest token): cuBLAS's GEMMs against exact
 // decoding's row-invariant linear kernel (with the rate its weights stream
 // at), and, at 1 and 16 rows, flash
-// attention over the pool against the row-invariant decoding attention. Each
+// attention over the pool against the row-invariant decoding attention; at
+// 17 to 129 rows, that attention over a draft tree's nodes (its cost beside
+// the 16-row block's is part of what a tree step adds). Each
 // arm is captured as a CUDA graph of --iters launches and replayed, so the
 // figures are device time per launch as a decoding graph sees it, host
 // launch cost excluded. A program, not a test: docs/performance.md has the
@@ -139,7 +141,6 @@ int main(int argc, char** argv) {
                   p.name.c_str(), static_cast<long long>(rows), cublas, invariant,
                   weight_gb_per_s(p.out * p.in, invariant), error, alone ? "identical" : "DIFFERENT");
     }
-    if (rows > 16) continue;  // decoding attention: a token alone or a chain's block
     // Attention of `rows` new queries at the end of a session of `keys` keys, one pool row.
     const at::Tensor pool_k = torch::randn({a.capacity, a.kv_heads, a.head_dim}, options);
     const at::Tensor pool_v = torch::randn({a.capacity, a.kv_heads, a.head_dim}, options);
@@ -149,6 +150,36 @@ int main(int argc, char** argv) {
     const at::Tensor cu_k = torch::tensor({0, static_cast<int>(a.capacity)}, ints);
     const at::Tensor seqused = torch::tensor({static_cast<int>(a.keys)}, ints);
     const double scale = 1.0 / std::sqrt(static_cast<double>(a.head_dim));
+    if (rows > 16) {
+      // A draft tree of `rows` nodes (the newest token first) after the
+      // session's keys − rows keys: a chain of 16 (as deep as a block),
+      // the other nodes hung off its first 15 in turn, as eval passes it.
+      const int64_t before = a.keys - rows;
+      if (before < 0) continue;  // --keys below the tree's nodes: no tree to time
+      std::vector<int64_t> parent(static_cast<size_t>(rows), -1), depth(static_cast<size_t>(rows), 1);
+      for (int64_t i = 1; i < rows; ++i) {
+        parent[static_cast<size_t>(i)] = i < 16 ? i - 1 : (i - 16) % 15;
+        depth[static_cast<size_t>(i)] = depth[static_cast<size_t>(parent[static_cast<size_t>(i)])] + 1;
+      }
+      const int64_t stride = 16;
+      at::Tensor tree_rows = torch::zeros({rows, stride}, torch::kInt), lengths = torch::empty({rows}, torch::kInt);
+      for (int64_t i = 0; i < rows; ++i) {
+        int64_t d = depth[static_cast<size_t>(i)];
+        lengths.data_ptr<int32_t>()[i] = static_cast<int32_t>(d);
+        for (int64_t n = i; n >= 0; n = parent[static_cast<size_t>(n)])
+          tree_rows.data_ptr<int32_t>()[i * stride + --d] = static_cast<int32_t>(before + n);
+      }
+      tree_rows = tree_rows.to(torch::kCUDA);
+      lengths = lengths.to(torch::kCUDA);
+      const double tree = microseconds(a.iters, [&] {
+        (void)dflash::kernel_ops::invariant_decode_attention(q, pool_k, pool_v, cu_k, seqused, rows, a.capacity, tree_rows,
+                                                             lengths);
+      });
+      report["tree_attention"].push_back({{"nodes", rows}, {"invariant_us", tree}});
+      std::printf("%-8s (%3lld)                             %8.2f   a draft tree's nodes\n", "attn", static_cast<long long>(rows),
+                  tree);
+      continue;
+    }
     const double flash = microseconds(a.iters, [&] {
       (void)at::_flash_attention_forward(q, pool_k, pool_v, cu_q, cu_k, rows, a.capacity, 0.0, rows > 1, false, scale,
                                          std::nullopt, std::nullopt, seqused);
