@@ -16,6 +16,7 @@
 #include "bench_args.h"
 
 #include <kernel_ops.h>
+#include <pending_trees.h>
 
 #include <nlohmann/json.hpp>
 
@@ -156,21 +157,12 @@ int main(int argc, char** argv) {
       // the other nodes hung off its first 15 in turn, as eval passes it.
       const int64_t before = a.keys - rows;
       if (before < 0) continue;  // --keys below the tree's nodes: no tree to time
-      std::vector<int64_t> parent(static_cast<size_t>(rows), -1), depth(static_cast<size_t>(rows), 1);
-      for (int64_t i = 1; i < rows; ++i) {
-        parent[static_cast<size_t>(i)] = i < 16 ? i - 1 : (i - 16) % 15;
-        depth[static_cast<size_t>(i)] = depth[static_cast<size_t>(parent[static_cast<size_t>(i)])] + 1;
-      }
-      const int64_t stride = 16;
-      at::Tensor tree_rows = torch::zeros({rows, stride}, torch::kInt), lengths = torch::empty({rows}, torch::kInt);
-      for (int64_t i = 0; i < rows; ++i) {
-        int64_t d = depth[static_cast<size_t>(i)];
-        lengths.data_ptr<int32_t>()[i] = static_cast<int32_t>(d);
-        for (int64_t n = i; n >= 0; n = parent[static_cast<size_t>(n)])
-          tree_rows.data_ptr<int32_t>()[i * stride + --d] = static_cast<int32_t>(before + n);
-      }
-      tree_rows = tree_rows.to(torch::kCUDA);
-      lengths = lengths.to(torch::kCUDA);
+      std::vector<int64_t> parents(static_cast<size_t>(rows), -1);
+      for (int64_t i = 1; i < rows; ++i) parents[static_cast<size_t>(i)] = i < 16 ? i - 1 : (i - 16) % 15;
+      const dflash::decode_support::TreePathRows paths =
+          dflash::decode_support::tree_path_rows(parents, dflash::decode_support::tree_depths(parents), before);
+      const at::Tensor tree_rows = torch::tensor(paths.rows, torch::kInt).view({rows, paths.stride}).to(torch::kCUDA);
+      const at::Tensor lengths = torch::tensor(paths.lengths, torch::kInt).to(torch::kCUDA);
       const double tree = microseconds(a.iters, [&] {
         (void)dflash::kernel_ops::invariant_decode_attention(q, pool_k, pool_v, cu_k, seqused, rows, a.capacity, tree_rows,
                                                              lengths);

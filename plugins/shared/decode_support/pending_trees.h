@@ -50,6 +50,34 @@ inline std::vector<int64_t> checked_tree_depths(int64_t session, int64_t tokens,
   return depths;
 }
 
+// The tree arguments of the row-invariant decoding attention
+// (kernel_ops::invariant_decode_attention): node i's path from the root,
+// itself last, as session rows first_row + node, in row i of a
+// [nodes, stride] table (zeros past the path), and its length (its depth).
+// The stride is the deepest path rounded up to a power of two, so trees of
+// one node count and similar depth share a CUDA graph. `depths` as
+// tree_depths gives them for `parents`.
+struct TreePathRows {
+  std::vector<int32_t> rows, lengths;
+  int64_t stride = 1;
+};
+inline TreePathRows tree_path_rows(const std::vector<int64_t>& parents, const std::vector<int64_t>& depths,
+                                   int64_t first_row) {
+  TreePathRows out;
+  for (int64_t d : depths)
+    while (out.stride < d) out.stride *= 2;
+  const auto n = static_cast<int64_t>(parents.size());
+  out.rows.assign(static_cast<size_t>(n * out.stride), 0);
+  out.lengths.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t d = depths[static_cast<size_t>(i)];
+    out.lengths[static_cast<size_t>(i)] = static_cast<int32_t>(d);
+    for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)])
+      out.rows[static_cast<size_t>(i * out.stride + --d)] = static_cast<int32_t>(first_row + a);
+  }
+  return out;
+}
+
 class PendingTrees {
  public:
   struct Tree {

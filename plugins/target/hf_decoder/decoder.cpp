@@ -677,7 +677,6 @@ DecoderOutputs Decoder::verify_tree(DecodeSessions& pool, int64_t id, const at::
   const int64_t n = static_cast<int64_t>(parents.size());
   DecodeSessions::Session& s = pool.at(id);
   const std::vector<int64_t> depths = decode_support::checked_tree_depths(id, tokens_in.numel(), parents, s.length, s.capacity);
-  const int64_t deepest = *std::max_element(depths.begin(), depths.end());
   const at::Tensor tokens = tokens_in.reshape({n});
   if (tokens.device().is_cpu()) {
     const auto [low, high] = at::aminmax(tokens);
@@ -708,20 +707,9 @@ DecoderOutputs Decoder::verify_tree(DecodeSessions& pool, int64_t id, const at::
     throw std::invalid_argument(decode_support::exact_decoding_capacity_refusal("decode_verify_tree", pool.row_capacity()));
   const bool exact = exact_decoding_ && flash && exact_fits;
   if (exact) {
-    // Paths padded to a power of two, so trees of one node count and similar
-    // depth share a CUDA graph.
-    int64_t stride = 1;
-    while (stride < deepest) stride *= 2;
-    at::Tensor rows = at::zeros({n, stride}, at::kInt), lengths = at::empty({n}, at::kInt);
-    auto* r = rows.data_ptr<int32_t>();
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t depth = depths[static_cast<size_t>(i)];
-      lengths.data_ptr<int32_t>()[i] = static_cast<int32_t>(depth);
-      int64_t d = depth;
-      for (int64_t a = i; a >= 0; a = parents[static_cast<size_t>(a)]) r[i * stride + --d] = static_cast<int32_t>(s.length + a);
-    }
-    plan.tree_rows = decode_support::on_device(rows, device);
-    plan.tree_lengths = decode_support::on_device(lengths, device);
+    const decode_support::TreePathRows paths = decode_support::tree_path_rows(parents, depths, s.length);
+    plan.tree_rows = decode_support::on_device(at::tensor(paths.rows, at::kInt).view({n, paths.stride}), device);
+    plan.tree_lengths = decode_support::on_device(at::tensor(paths.lengths, at::kInt), device);
   } else {
     // The mask: every cached key, then node i's ancestors and itself.
     at::Tensor visible = at::zeros({n, plan.keys}, at::kBool);
