@@ -33,6 +33,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 namespace dflash::cuda_kernels {
 namespace {
@@ -483,28 +485,21 @@ void launch_products_wgmma_tiled(const LinearCall& c, cudaStream_t stream) {
   check_launch("invariant_linear (wgmma)");
 }
 
+// The wgmma tiling whose N is `n`, among kNs.
+template <class T, int kStages, int kInFlight, int... kNs>
+void launch_products_wgmma_n(int64_t n, const LinearCall& c, cudaStream_t stream) {
+  const bool launched =
+      ((n == kNs && (launch_products_wgmma_tiled<T, WgTiling<kNs, kStages, kInFlight>>(c, stream), true)) || ...);
+  if (!launched) throw std::logic_error("invariant_linear (wgmma): no tiling of " + std::to_string(n) + " rows");
+}
+
 // The wgmma products for the call's rows: one block's N is the rows rounded up
 // to 8 up to 80, to 16 up to 144; more rows go in blocks of 144.
 template <class T, int kStages = 6, int kInFlight = 1>
 void launch_products_wgmma(const LinearCall& c, cudaStream_t stream) {
   const int64_t eighths = (c.rows + 7) / 8;
   const int64_t n = eighths <= 10 ? eighths * 8 : std::min<int64_t>(144, (c.rows + 15) / 16 * 16);
-  switch (n) {
-    case 8: launch_products_wgmma_tiled<T, WgTiling<8, kStages, kInFlight>>(c, stream); break;
-    case 16: launch_products_wgmma_tiled<T, WgTiling<16, kStages, kInFlight>>(c, stream); break;
-    case 24: launch_products_wgmma_tiled<T, WgTiling<24, kStages, kInFlight>>(c, stream); break;
-    case 32: launch_products_wgmma_tiled<T, WgTiling<32, kStages, kInFlight>>(c, stream); break;
-    case 40: launch_products_wgmma_tiled<T, WgTiling<40, kStages, kInFlight>>(c, stream); break;
-    case 48: launch_products_wgmma_tiled<T, WgTiling<48, kStages, kInFlight>>(c, stream); break;
-    case 56: launch_products_wgmma_tiled<T, WgTiling<56, kStages, kInFlight>>(c, stream); break;
-    case 64: launch_products_wgmma_tiled<T, WgTiling<64, kStages, kInFlight>>(c, stream); break;
-    case 72: launch_products_wgmma_tiled<T, WgTiling<72, kStages, kInFlight>>(c, stream); break;
-    case 80: launch_products_wgmma_tiled<T, WgTiling<80, kStages, kInFlight>>(c, stream); break;
-    case 96: launch_products_wgmma_tiled<T, WgTiling<96, kStages, kInFlight>>(c, stream); break;
-    case 112: launch_products_wgmma_tiled<T, WgTiling<112, kStages, kInFlight>>(c, stream); break;
-    case 128: launch_products_wgmma_tiled<T, WgTiling<128, kStages, kInFlight>>(c, stream); break;
-    default: launch_products_wgmma_tiled<T, WgTiling<144, kStages, kInFlight>>(c, stream); break;
-  }
+  launch_products_wgmma_n<T, kStages, kInFlight, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144>(n, c, stream);
 }
 
 // Row tiles a block, by the call's tile count: all of them up to 9 (a draft
