@@ -48,12 +48,14 @@ void wgmma_mma(float* d, uint64_t desc_a, uint64_t desc_b) {
   auto element = [](uint64_t desc, int row, int k) {
     const uint64_t start = (desc & 0x3FFF) << 4;
     const uint64_t lbo = ((desc >> 16) & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
-    uint64_t address = start + (row / 8) * sbo + (k / 8) * lbo + (row % 8) * 16 + (k % 8) * 2;
-    if ((desc >> 62) == 1) {  // 128-byte swizzle: rows of 128 bytes, bits 4-6 of the address ^= bits 7-9
+    const uint64_t layout = desc >> 62;  // 0: no swizzle, 1: the 128-byte swizzle
+    if (layout > 1) throw std::logic_error("wgmma emulation: only no swizzle and the 128-byte swizzle are modelled");
+    uint64_t address;
+    if (layout == 1) {  // rows of 128 bytes; bits 4-6 of the address ^= bits 7-9
       address = start + (row / 8) * sbo + (row % 8) * 128 + k * 2;
       address ^= ((address >> 7) & 7) << 4;
-    } else if ((desc >> 62) != 0) {
-      throw std::logic_error("wgmma emulation: only no swizzle and the 128-byte swizzle are modelled");
+    } else {
+      address = start + (row / 8) * sbo + (k / 8) * lbo + (row % 8) * 16 + (k % 8) * 2;
     }
     T value;
     std::memcpy(&value, cuda_emulation::shared_window() + address, 2);
