@@ -119,6 +119,10 @@ int main(int argc, char** argv) {
                                       {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim}, {"vocab", a.vocab},
                                       {"keys", a.keys}, {"capacity", a.capacity}}},
                            {"iters", a.iters}, {"device", at::cuda::getCurrentDeviceProperties()->name}};
+  const dflash::kernel_ops::InvariantLinearProducts products =
+      dflash::kernel_ops::invariant_linear_products(torch::zeros({1}, options));
+  report["invariant_linear_products"] = products.name();
+  std::cout << "invariant linear: " << products.name() << " products\n";
   std::cout << "kernel (rows)              cuBLAS / flash us   invariant us\n";
   // Rows: a token alone, a chain's block, and draft trees of 16, 32, 64 and
   // 128 nodes with the newest token (one to nine 16-row tiles).

@@ -121,6 +121,14 @@ void invariant_linear(Element element, const void* x, const void* weight, const 
 int64_t invariant_linear_splits(int64_t out_features, int64_t in_features);
 int64_t invariant_linear_workspace_floats(int64_t rows, int64_t out_features, int64_t in_features);
 bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight);
+// The current device's compute capability, major · 10 + minor.
+int current_compute_capability();
+// Whether invariant_linear runs the warpgroup-MMA products on the current
+// device (a build for sm_90a on a compute-capability 9.0 GPU), else mma.sync.
+bool invariant_linear_runs_wgmma();
+// Whether the kernels' code on the current device was compiled with the
+// warpgroup MMA (sm_90a); runs a one-thread kernel and waits for it.
+bool invariant_linear_device_code_has_wgmma();
 
 // Decoding attention over the pooled KV caches, one query at a time: token i
 // (session i / n, its query i % n of n) attends to keys [0, seqused_k[s] − n + i % n]

@@ -548,11 +548,7 @@ bool use_wgmma() {
   if (cudaGetDevice(&device) != cudaSuccess) check_launch("invariant_linear (the current device)");
   if (device < kDevices && known[device].load(std::memory_order_relaxed) != 0)
     return known[device].load(std::memory_order_relaxed) == 1;
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-    check_launch("invariant_linear (the device's compute capability)");
-  const bool hopper = major == 9 && minor == 0;
+  const bool hopper = current_compute_capability() == 90;
   if (device < kDevices) known[device].store(hopper ? 1 : 2, std::memory_order_relaxed);
   return hopper;
 }
@@ -590,6 +586,17 @@ void invariant_linear(Element e, const void* x, const void* weight, const void* 
   if (e == Element::kBFloat16) invariant_linear_typed<__nv_bfloat16>(c, stream);
   else invariant_linear_typed<__half>(c, stream);
 }
+
+int current_compute_capability() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    check_launch("the current device's compute capability");
+  return major * 10 + minor;
+}
+
+bool invariant_linear_runs_wgmma() { return use_wgmma(); }
 
 bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight) {
   return rows <= kMaxRowTiles * 16 * int64_t{65535} && in_features % 8 == 0 && aligned16(x) && aligned16(weight);

@@ -275,6 +275,12 @@ void move_cache_rows_(const std::vector<at::Tensor>& caches, int64_t row_numel, 
   }
 }
 
+InvariantLinearProducts invariant_linear_products(const at::Tensor& on) {
+  const c10::cuda::CUDAGuard guard(on.device());
+  return {cuda_kernels::invariant_linear_runs_wgmma(), cuda_kernels::invariant_linear_device_code_has_wgmma(),
+          cuda_kernels::current_compute_capability()};
+}
+
 bool invariant_linear_fits(const at::Tensor& x, const at::Tensor& weight) {
   return runs_on(x) && x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && x.is_contiguous() &&
          weight.is_contiguous() && weight.scalar_type() == x.scalar_type() &&
@@ -454,6 +460,7 @@ NormBackward head_norm_rope_backward(const at::Tensor&, const at::Tensor&, const
 }
 at::Tensor swiglu_backward(const at::Tensor&, const at::Tensor&) { unavailable(); }
 void move_cache_rows_(const std::vector<at::Tensor>&, int64_t, const std::vector<int64_t>&, int64_t) { unavailable(); }
+InvariantLinearProducts invariant_linear_products(const at::Tensor&) { unavailable(); }
 bool invariant_linear_fits(const at::Tensor&, const at::Tensor&) { return false; }
 at::Tensor invariant_linear(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
 void invariant_add_linear_(at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }

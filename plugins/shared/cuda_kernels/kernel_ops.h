@@ -104,6 +104,18 @@ at::Tensor swiglu_backward(const at::Tensor& gate_up, const at::Tensor& d_out);
 // block); a draft tree's nodes, any number (the linear runs 16-row tiles).
 constexpr int64_t kInvariantMaxRows = 16;
 
+// Which products invariant_linear runs on `on`'s device: the warpgroup MMA
+// (a build for sm_90a on a compute-capability 9.0 GPU) or mma.sync; and
+// whether the device's code of the kernels holds the warpgroup MMA at all
+// (asked of the device: a one-thread kernel, waited for). The two agree on
+// a 9.0 GPU; a build whose flag missed its sm_90a code would run mma.sync.
+struct InvariantLinearProducts {
+  bool wgmma = false;
+  bool wgmma_in_device_code = false;
+  int compute_capability = 0;  // the device's, major · 10 + minor
+  const char* name() const { return wgmma ? "warpgroup MMA (sm_90a)" : "mma.sync"; }
+};
+InvariantLinearProducts invariant_linear_products(const at::Tensor& on);
 // Whether invariant_linear takes x [rows, in] and weight [out, in]: CUDA
 // bf16/fp16, in a multiple of 8.
 bool invariant_linear_fits(const at::Tensor& x, const at::Tensor& weight);

@@ -46,3 +46,23 @@ TEST(InvariantLinear, ARowGetsTheSameBitsAtEveryRowCountAndTheProductIsRight) {
 }
 
 }  // namespace
+
+namespace {
+
+// The build's choice of products against the device's own code: on a
+// compute-capability 9.0 GPU the warpgroup products run exactly when the
+// kernels' code there was compiled for sm_90a (a flag that missed its sm_90a
+// code ran mma.sync unseen; one set without it would trap); elsewhere
+// mma.sync runs, whatever was compiled.
+TEST(InvariantLinear, RunsTheWarpgroupProductsWhereverItsDeviceCodeHasThem) {
+  if (!usable()) GTEST_SKIP() << "no CUDA kernels or no CUDA device";
+  const at::Tensor on = torch::zeros({1}, torch::TensorOptions().device(torch::kCUDA));
+  const dflash::kernel_ops::InvariantLinearProducts products = dflash::kernel_ops::invariant_linear_products(on);
+  const bool hopper = products.compute_capability == 90;
+  std::cerr << "invariant_linear products: " << products.name() << " (device code "
+            << (products.wgmma_in_device_code ? "with" : "without") << " wgmma, compute capability "
+            << products.compute_capability << ")\n";
+  EXPECT_EQ(products.wgmma, hopper && products.wgmma_in_device_code);
+}
+
+}  // namespace
