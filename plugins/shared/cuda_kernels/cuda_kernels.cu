@@ -6,6 +6,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace dflash::cuda_kernels {
 namespace {
@@ -243,93 +244,184 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ gate_up, const T* _
 // compiler). The row-invariant linear is in invariant_linear.cu.
 
 constexpr int kAttentionThreads = 256;
+// The most queries (query heads × tokens) one block attends at once.
+constexpr int kMaxBlockQueries = 8;
 
-// One block per (query token, head). Scores of all its keys into shared
-// memory (one thread per key, the dot product in order of head_dim), the
-// exact maximum, the probabilities and their sum (thread-strided, then a
-// fixed tree), and the weighted values: thread (slice, chunk) sums keys
-// slice, slice + slices, … of one 8-wide chunk of head_dim; the slices are
-// then added in order. All of it depends on the key count, not on n.
-template <class T>
+// block_reduce (device_math.cuh) of Q values at once: each value by the same
+// butterfly and the same warp order as block_reduce alone, so each result
+// is bitwise block_reduce's of that value; two barriers for all Q, not 2·Q.
+template <int Q, class Op>
+__device__ void block_reduce_each(float (&x)[Q], float identity, Op op) {
+  __shared__ float partial[32 * Q];
+  __shared__ float total[Q];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int i = 0; i < Q; ++i) {
+    x[i] = warp_reduce(x[i], op);
+    if (lane == 0) partial[warp * Q + i] = x[i];
+  }
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int i = 0; i < Q; ++i) {
+      float y = lane < (blockDim.x + 31) / 32 ? partial[lane * Q + i] : identity;
+      y = warp_reduce(y, op);
+      if (lane == 0) total[i] = y;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < Q; ++i) x[i] = total[i];
+}
+
+// One block per G query heads that share a KV head, for TK consecutive
+// tokens: its G·TK queries read each key and value row once (the G heads
+// of a token share it; the tokens of one session share their prefix's rows,
+// which a thread's repeated loads then find in L1), where one block per
+// (token, head) read every row once per query (L2-bound: at 33 draft-tree
+// nodes of the scale model, twice a 16-token chain's time).
+// Each query's arithmetic is what it was alone, whatever G and TK: scores
+// of all its keys into shared memory (one thread per key, the dot product in
+// order of head_dim), the exact maximum, the probabilities and their sum
+// (thread-strided, then a fixed tree: block_reduce_each), and the weighted
+// values: thread (slice, chunk) sums keys slice, slice + slices, … of one
+// 8-wide chunk of head_dim; the slices are then added in order. All of it
+// depends on the query's key count, not on n, G or TK.
+template <class T, int G, int TK>
 __global__ void invariant_decode_attention_kernel(const T* __restrict__ q, const T* __restrict__ keys,
                                                   const T* __restrict__ values, const int32_t* __restrict__ cu_k,
                                                   const int32_t* __restrict__ seqused_k,
                                                   const int32_t* __restrict__ tree_rows,
                                                   const int32_t* __restrict__ tree_lengths, int tree_stride,
-                                                  T* __restrict__ out, int n, int heads, int kv_heads, int head_dim,
-                                                  float scale) {
+                                                  T* __restrict__ out, int tokens, int n, int heads, int kv_heads,
+                                                  int head_dim, int max_keys, float scale) {
   using P = Pack<T, 8>;
+  constexpr int Q = G * TK;  // query i: token i / G of the block, head i % G
   extern __shared__ float shared[];
   const int chunks = head_dim / 8, slices = kAttentionThreads / chunks;
-  float* qf = shared;                            // [head_dim]
-  float* partial = qf + head_dim;                // [slices, head_dim]
-  float* scores = partial + slices * head_dim;   // [key count]
-  const int token = blockIdx.x, head = blockIdx.y, tid = threadIdx.x;
-  const int session = token / n;
+  float* qf = shared;                                // [Q, head_dim]
+  float* partial = qf + Q * head_dim;                // [Q, slices, head_dim]
+  float* scores = partial + Q * slices * head_dim;   // [Q, max_keys]
+  const int first_token = blockIdx.x * TK, first_head = blockIdx.y * G, tid = threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(kv_heads) * head_dim;
+  const int kv = first_head / (heads / kv_heads);
   // A chain's query t sees the session's first prefix + t + 1 rows. A draft
   // tree's node sees the prefix and then its path from the root, itself
   // last (tree_rows: their rows in the session): the same keys, in the same
   // order, as the token decoded alone after that path, so the same sums.
-  const int prefix = seqused_k[session] - n;
-  const int key_count = prefix + (tree_rows != nullptr ? tree_lengths[token] : token % n + 1);
-  const int32_t* path = tree_rows != nullptr ? tree_rows + static_cast<int64_t>(token) * tree_stride - prefix : nullptr;
-  auto row_of = [&](int key) -> int64_t { return path != nullptr && key >= prefix ? path[key] : key; };
-  const int64_t stride = static_cast<int64_t>(kv_heads) * head_dim;
-  const int kv = head / (heads / kv_heads);
-  const T* k0 = keys + static_cast<int64_t>(cu_k[session]) * stride + kv * head_dim;
-  const T* v0 = values + static_cast<int64_t>(cu_k[session]) * stride + kv * head_dim;
-  const T* qrow = q + (static_cast<int64_t>(token) * heads + head) * head_dim;
-  for (int d = tid; d < head_dim; d += kAttentionThreads) qf[d] = to_float(qrow[d]);
+  int key_count[TK], prefix[TK];
+  const int32_t* path[TK];
+  const T* k0[TK];
+  const T* v0[TK];
+  int most_keys = 0;
+#pragma unroll
+  for (int t = 0; t < TK; ++t) {
+    const int token = first_token + t;
+    key_count[t] = 0;  // past the last token: no keys, no output
+    prefix[t] = 0;
+    path[t] = nullptr;
+    k0[t] = keys;
+    v0[t] = values;
+    if (token >= tokens) continue;
+    const int session = token / n;
+    prefix[t] = seqused_k[session] - n;
+    key_count[t] = prefix[t] + (tree_rows != nullptr ? tree_lengths[token] : token % n + 1);
+    if (tree_rows != nullptr) path[t] = tree_rows + static_cast<int64_t>(token) * tree_stride - prefix[t];
+    k0[t] = keys + static_cast<int64_t>(cu_k[session]) * stride + kv * head_dim;
+    v0[t] = values + static_cast<int64_t>(cu_k[session]) * stride + kv * head_dim;
+    if (key_count[t] > most_keys) most_keys = key_count[t];
+  }
+  auto row_of = [&](int t, int key) -> int64_t { return path[t] != nullptr && key >= prefix[t] ? path[t][key] : key; };
+  for (int i = tid; i < Q * head_dim; i += kAttentionThreads) {
+    const int query = i / head_dim, d = i % head_dim, token = first_token + query / G;
+    if (token < tokens) qf[i] = to_float(q[(static_cast<int64_t>(token) * heads + first_head + query % G) * head_dim + d]);
+  }
   __syncthreads();
 
-  float local_max = -INFINITY;
-  for (int key = tid; key < key_count; key += kAttentionThreads) {
-    const P* kr = reinterpret_cast<const P*>(k0 + row_of(key) * stride);
-    float dot = 0.f;
-    for (int c = 0; c < chunks; ++c) {
-      const P kv8 = kr[c];
+  float reduced[Q];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) dot = __fmaf_rn(qf[c * 8 + e], to_float(kv8.v[e]), dot);
+  for (int i = 0; i < Q; ++i) reduced[i] = -INFINITY;
+  for (int key = tid; key < most_keys; key += kAttentionThreads) {
+#pragma unroll
+    for (int t = 0; t < TK; ++t) {
+      if (key >= key_count[t]) continue;
+      const P* kr = reinterpret_cast<const P*>(k0[t] + row_of(t, key) * stride);
+      float dot[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) dot[g] = 0.f;
+      for (int c = 0; c < chunks; ++c) {
+        const P kv8 = kr[c];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float k = to_float(kv8.v[e]);
+#pragma unroll
+          for (int g = 0; g < G; ++g) dot[g] = __fmaf_rn(qf[(t * G + g) * head_dim + c * 8 + e], k, dot[g]);
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float s = __fmul_rn(dot[g], scale);
+        scores[(t * G + g) * max_keys + key] = s;
+        reduced[t * G + g] = fmaxf(reduced[t * G + g], s);
+      }
     }
-    const float s = __fmul_rn(dot, scale);
-    scores[key] = s;
-    local_max = fmaxf(local_max, s);
   }
-  const float m = block_max(local_max);
-  float local_sum = 0.f;
-  for (int key = tid; key < key_count; key += kAttentionThreads) {
-    const float p = __expf(__fsub_rn(scores[key], m));
-    scores[key] = p;
-    local_sum = __fadd_rn(local_sum, p);
+  block_reduce_each<Q>(reduced, -INFINITY, Max{});
+  float m[Q];
+#pragma unroll
+  for (int i = 0; i < Q; ++i) {
+    m[i] = reduced[i];
+    reduced[i] = 0.f;
   }
-  const float total = block_sum(local_sum);  // its barriers also publish the probabilities
+  for (int key = tid; key < most_keys; key += kAttentionThreads) {
+#pragma unroll
+    for (int i = 0; i < Q; ++i) {
+      if (key >= key_count[i / G]) continue;
+      const float p = __expf(__fsub_rn(scores[i * max_keys + key], m[i]));
+      scores[i * max_keys + key] = p;
+      reduced[i] = __fadd_rn(reduced[i], p);
+    }
+  }
+  block_reduce_each<Q>(reduced, 0.f, Add{});  // its barriers also publish the probabilities
 
   const int chunk = tid % chunks, slice = tid / chunks;
   if (slice < slices) {
-    float acc[8];
+    float acc[Q][8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-    for (int key = slice; key < key_count; key += slices) {
-      const float p = scores[key];
-      const P v8 = reinterpret_cast<const P*>(v0 + row_of(key) * stride)[chunk];
+    for (int i = 0; i < Q; ++i)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(p, to_float(v8.v[e]), acc[e]);
+      for (int e = 0; e < 8; ++e) acc[i][e] = 0.f;
+    for (int key = slice; key < most_keys; key += slices) {
+#pragma unroll
+      for (int t = 0; t < TK; ++t) {
+        if (key >= key_count[t]) continue;
+        const P v8 = reinterpret_cast<const P*>(v0[t] + row_of(t, key) * stride)[chunk];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float p = scores[(t * G + g) * max_keys + key];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[t * G + g][e] = __fmaf_rn(p, to_float(v8.v[e]), acc[t * G + g][e]);
+        }
+      }
     }
 #pragma unroll
-    for (int e = 0; e < 8; ++e) partial[slice * head_dim + chunk * 8 + e] = acc[e];
+    for (int i = 0; i < Q; ++i)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) partial[(i * slices + slice) * head_dim + chunk * 8 + e] = acc[i][e];
   }
   __syncthreads();
-  T* dst = out + (static_cast<int64_t>(token) * heads + head) * head_dim;
-  for (int d = tid; d < head_dim; d += kAttentionThreads) {
+  for (int i = tid; i < Q * head_dim; i += kAttentionThreads) {
+    const int query = i / head_dim, d = i % head_dim, token = first_token + query / G;
+    if (token >= tokens) continue;
     float sum = 0.f;
-    for (int s = 0; s < slices; ++s) sum = __fadd_rn(sum, partial[s * head_dim + d]);
-    dst[d] = from_float<T>(__fdiv_rn(sum, total));
+    for (int s = 0; s < slices; ++s) sum = __fadd_rn(sum, partial[(query * slices + s) * head_dim + d]);
+    out[(static_cast<int64_t>(token) * heads + first_head + query % G) * head_dim + d] = from_float<T>(__fdiv_rn(sum, reduced[query]));
   }
 }
 
-size_t attention_shared_bytes(int64_t head_dim, int64_t max_keys) {
+size_t attention_shared_bytes(int64_t head_dim, int64_t max_keys, int64_t queries = 1) {
   const int64_t slices = kAttentionThreads / (head_dim / 8);
-  return sizeof(float) * static_cast<size_t>(head_dim + slices * head_dim + max_keys);
+  return sizeof(float) * static_cast<size_t>(queries * (head_dim + slices * head_dim + max_keys));
 }
 
 // The most shared memory one block may opt into on the current device.
@@ -469,22 +561,66 @@ void swiglu_backward_typed(const void* gate_up, const void* d_out, void* d_gate_
 }
 
 
+// A block's G query heads (sharing a KV head) and TK tokens: G the most of
+// the group's heads, then TK the most tokens, up to kMaxBlockQueries queries
+// and the shared memory the device gives a block.
+struct AttentionTile {
+  int g = 1, tk = 1;
+};
+AttentionTile attention_tile(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys) {
+  const int64_t group = heads / kv_heads;
+  static const size_t limit = shared_memory_limit();
+  AttentionTile tile;
+  while (tile.g * 2 <= kMaxBlockQueries && group % (tile.g * 2) == 0) tile.g *= 2;
+  while (tile.g * tile.tk * 2 <= kMaxBlockQueries && tile.tk < tokens) tile.tk *= 2;
+  while (tile.g * tile.tk > 1 && attention_shared_bytes(head_dim, max_keys, tile.g * tile.tk) > limit) {
+    if (tile.tk > 1) tile.tk /= 2;
+    else tile.g /= 2;
+  }
+  return tile;
+}
+
+template <class T, int G, int TK>
+void launch_invariant_decode_attention(const void* q, const void* keys, const void* values, const int32_t* cu_k,
+                                       const int32_t* seqused_k, const DecodeTree& tree, void* out, int64_t tokens,
+                                       int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys,
+                                       cudaStream_t stream) {
+  const size_t shared = attention_shared_bytes(head_dim, max_keys, G * TK);
+  opt_in_shared_memory(reinterpret_cast<const void*>(invariant_decode_attention_kernel<T, G, TK>), shared,
+                       "invariant_decode_attention");
+  const dim3 grid(static_cast<unsigned>((tokens + TK - 1) / TK), static_cast<unsigned>(heads / G));
+  invariant_decode_attention_kernel<T, G, TK><<<grid, kAttentionThreads, shared, stream>>>(
+      static_cast<const T*>(q), static_cast<const T*>(keys), static_cast<const T*>(values), cu_k, seqused_k, tree.rows,
+      tree.lengths, static_cast<int>(tree.stride), static_cast<T*>(out), static_cast<int>(tokens), static_cast<int>(n),
+      static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim), static_cast<int>(max_keys),
+      1.f / sqrtf(static_cast<float>(head_dim)));
+  check_launch("invariant_decode_attention");
+}
+
 template <class T>
 void invariant_decode_attention_typed(const void* q, const void* keys, const void* values, const int32_t* cu_k,
                                       const int32_t* seqused_k, const DecodeTree& tree, void* out, int64_t tokens,
                                       int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys,
                                       cudaStream_t stream) {
   if (tokens == 0) return;
-  const size_t shared = attention_shared_bytes(head_dim, max_keys);
-  opt_in_shared_memory(reinterpret_cast<const void*>(invariant_decode_attention_kernel<T>), shared,
-                       "invariant_decode_attention");
-  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(heads));
-  invariant_decode_attention_kernel<T><<<grid, kAttentionThreads, shared, stream>>>(
-      static_cast<const T*>(q), static_cast<const T*>(keys), static_cast<const T*>(values), cu_k, seqused_k, tree.rows,
-      tree.lengths, static_cast<int>(tree.stride), static_cast<T*>(out), static_cast<int>(n), static_cast<int>(heads),
-      static_cast<int>(kv_heads),
-      static_cast<int>(head_dim), 1.f / sqrtf(static_cast<float>(head_dim)));
-  check_launch("invariant_decode_attention");
+  const AttentionTile tile = attention_tile(tokens, heads, kv_heads, head_dim, max_keys);
+  const auto launch = [&](auto g, auto tk) {
+    if (tile.g != decltype(g)::value || tile.tk != decltype(tk)::value) return false;
+    launch_invariant_decode_attention<T, decltype(g)::value, decltype(tk)::value>(
+        q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads, kv_heads, head_dim, max_keys, stream);
+    return true;
+  };
+  using std::integral_constant;
+  using I1 = integral_constant<int, 1>;
+  using I2 = integral_constant<int, 2>;
+  using I4 = integral_constant<int, 4>;
+  using I8 = integral_constant<int, 8>;
+  const bool launched = launch(I1{}, I1{}) || launch(I1{}, I2{}) || launch(I1{}, I4{}) || launch(I1{}, I8{}) ||
+                        launch(I2{}, I1{}) || launch(I2{}, I2{}) || launch(I2{}, I4{}) || launch(I4{}, I1{}) ||
+                        launch(I4{}, I2{}) || launch(I8{}, I1{});
+  if (!launched)
+    throw std::logic_error("invariant_decode_attention: no kernel for " + std::to_string(tile.g) + " heads × " +
+                           std::to_string(tile.tk) + " tokens a block");
 }
 }  // namespace
 
@@ -556,7 +692,7 @@ void invariant_decode_attention(Element e, const void* q, const void* keys, cons
 bool invariant_decode_attention_fits(int64_t head_dim, int64_t max_keys) {
   if (head_dim % 8 != 0 || head_dim > 256 || head_dim < 8) return false;
   static const size_t limit = shared_memory_limit();
-  return attention_shared_bytes(head_dim, max_keys) <= limit;
+  return attention_shared_bytes(head_dim, max_keys, 1) <= limit;  // a query a block, at the least
 }
 
 }  // namespace dflash::cuda_kernels

@@ -136,4 +136,36 @@ TEST(InvariantAttentionEmulated, ATreeNodeGetsTheBitsOfItsPathDecodedAloneAndACh
   }
 }
 
+// Batched generation: one token of each of 5 sessions (n = 1) in one call,
+// their rows in one pool (a block then holds several sessions' queries):
+// each gets bitwise what its session's token gets alone.
+TEST(InvariantAttentionEmulated, ASessionsTokenAmongOtherSessionsGetsItsBitsAlone) {
+  std::mt19937 rng(11);
+  const Shape s{4, 2, 16};
+  const int capacity = 48, row_size = s.kv_heads * s.head_dim, sessions = 5;
+  const std::vector<int32_t> cu_k = {0, capacity, 2 * capacity, 3 * capacity, 4 * capacity, 5 * capacity};
+  const std::vector<int32_t> seqused = {3, 40, 17, 48, 1};
+  const std::vector<Bf16> k = random_bf16(static_cast<size_t>(sessions) * capacity * row_size, rng);
+  const std::vector<Bf16> v = random_bf16(static_cast<size_t>(sessions) * capacity * row_size, rng);
+  const std::vector<Bf16> q = random_bf16(static_cast<size_t>(sessions) * s.heads * s.head_dim, rng);
+  const size_t per_token = static_cast<size_t>(s.heads) * s.head_dim;
+  std::vector<Bf16> together(sessions * per_token);
+  ck::invariant_decode_attention(ck::Element::kBFloat16, q.data(), k.data(), v.data(), cu_k.data(), seqused.data(),
+                                 ck::DecodeTree{}, together.data(), sessions, 1, s.heads, s.kv_heads, s.head_dim, capacity,
+                                 nullptr);
+  for (int session = 0; session < sessions; ++session) {
+    const size_t first_row = static_cast<size_t>(session) * capacity * row_size;
+    const std::vector<Bf16> k_own(k.begin() + first_row, k.begin() + first_row + capacity * row_size);
+    const std::vector<Bf16> v_own(v.begin() + first_row, v.begin() + first_row + capacity * row_size);
+    const std::vector<Bf16> q_own(q.begin() + session * per_token, q.begin() + (session + 1) * per_token);
+    const std::vector<Bf16> alone = attend(s, q_own, k_own, v_own, seqused[session], 1, ck::DecodeTree{}, capacity);
+    int differing = 0;
+    for (size_t e = 0; e < per_token; ++e) differing += alone[e].bits != together[session * per_token + e].bits;
+    EXPECT_EQ(differing, 0) << "session " << session;
+    std::vector<int> rows(seqused[session]);
+    for (int r = 0; r < seqused[session]; ++r) rows[r] = r;
+    EXPECT_LT(worst_error(s, q_own, 0, k_own, v_own, rows, alone), 1e-2) << "session " << session;
+  }
+}
+
 }  // namespace
