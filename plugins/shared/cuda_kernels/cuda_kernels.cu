@@ -6,7 +6,8 @@
 
 #include <stdexcept>
 #include <string>
-#include <type_traits>
+#include <mutex>
+#include <vector>
 
 namespace dflash::cuda_kernels {
 namespace {
@@ -561,33 +562,11 @@ void swiglu_backward_typed(const void* gate_up, const void* d_out, void* d_gate_
 }
 
 
-// A block's G query heads (sharing a KV head) and TK tokens: G the most of
-// the group's heads, then TK the most tokens, up to kMaxBlockQueries queries
-// and the shared memory the device gives a block.
-struct AttentionTile {
-  int g = 1, tk = 1;
-};
-AttentionTile attention_tile(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys) {
-  const int64_t group = heads / kv_heads;
-  static const size_t limit = shared_memory_limit();
-  AttentionTile tile;
-  while (tile.g * 2 <= kMaxBlockQueries && group % (tile.g * 2) == 0) tile.g *= 2;
-  while (tile.g * tile.tk * 2 <= kMaxBlockQueries && tile.tk < tokens) tile.tk *= 2;
-  while (tile.g * tile.tk > 1 && attention_shared_bytes(head_dim, max_keys, tile.g * tile.tk) > limit) {
-    if (tile.tk > 1) tile.tk /= 2;
-    else tile.g /= 2;
-  }
-  return tile;
-}
-
 template <class T, int G, int TK>
 void launch_invariant_decode_attention(const void* q, const void* keys, const void* values, const int32_t* cu_k,
                                        const int32_t* seqused_k, const DecodeTree& tree, void* out, int64_t tokens,
                                        int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys,
-                                       cudaStream_t stream) {
-  const size_t shared = attention_shared_bytes(head_dim, max_keys, G * TK);
-  opt_in_shared_memory(reinterpret_cast<const void*>(invariant_decode_attention_kernel<T, G, TK>), shared,
-                       "invariant_decode_attention");
+                                       size_t shared, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((tokens + TK - 1) / TK), static_cast<unsigned>(heads / G));
   invariant_decode_attention_kernel<T, G, TK><<<grid, kAttentionThreads, shared, stream>>>(
       static_cast<const T*>(q), static_cast<const T*>(keys), static_cast<const T*>(values), cu_k, seqused_k, tree.rows,
@@ -597,30 +576,105 @@ void launch_invariant_decode_attention(const void* q, const void* keys, const vo
   check_launch("invariant_decode_attention");
 }
 
+// One compiled tiling of the attention: G query heads × TK tokens a block.
+template <class T>
+struct AttentionTiling {
+  int g, tk;
+  const void* kernel;
+  void (*launch)(const void*, const void*, const void*, const int32_t*, const int32_t*, const DecodeTree&, void*,
+                 int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, size_t, cudaStream_t);
+};
+template <class T, int G, int TK>
+AttentionTiling<T> attention_tiling() {
+  return {G, TK, reinterpret_cast<const void*>(invariant_decode_attention_kernel<T, G, TK>),
+          &launch_invariant_decode_attention<T, G, TK>};
+}
+template <class T>
+const std::vector<AttentionTiling<T>>& attention_tilings() {
+  static const std::vector<AttentionTiling<T>> all = {
+      attention_tiling<T, 1, 1>(), attention_tiling<T, 1, 2>(), attention_tiling<T, 1, 4>(), attention_tiling<T, 1, 8>(),
+      attention_tiling<T, 2, 1>(), attention_tiling<T, 2, 2>(), attention_tiling<T, 2, 4>(), attention_tiling<T, 4, 1>(),
+      attention_tiling<T, 4, 2>(), attention_tiling<T, 8, 1>()};
+  return all;
+}
+
+// How many blocks of `kernel` with `shared` bytes one multiprocessor of the
+// current device holds at once (asked of the driver once per kernel, size
+// and device; the first ask opts the kernel in to that much shared memory,
+// so it must not be inside a graph capture: a decoding step's first run is
+// eager).
+int resident_blocks(const void* kernel, size_t shared) {
+  struct Known {
+    int device;
+    const void* kernel;
+    size_t shared;
+    int blocks;
+  };
+  static std::vector<Known> known;
+  static std::mutex guard;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) check_launch("invariant_decode_attention (the current device)");
+  const std::lock_guard<std::mutex> lock(guard);
+  for (const Known& k : known)
+    if (k.device == device && k.kernel == kernel && k.shared == shared) return k.blocks;
+  opt_in_shared_memory(kernel, shared, "invariant_decode_attention");
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kAttentionThreads, shared) != cudaSuccess)
+    check_launch("invariant_decode_attention (its occupancy)");
+  known.push_back({device, kernel, shared, blocks});
+  return blocks;
+}
+
+int multiprocessors() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    check_launch("invariant_decode_attention (the device's multiprocessors)");
+  return count;
+}
+
+// The tiling of a call: G the most of a KV head's query heads (they read
+// the same rows); then TK the fewest waves of blocks over the device's
+// multiprocessors and, at equal waves, the most tokens a block (the fewest
+// reads of each row). The choice never changes a query's bits.
+template <class T>
+const AttentionTiling<T>& attention_tiling_for(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                                 int64_t max_keys) {
+  const int64_t group = heads / kv_heads;
+  int g = 1;
+  while (g * 2 <= kMaxBlockQueries && group % (g * 2) == 0) g *= 2;
+  static const size_t limit = shared_memory_limit();
+  static const int sms = multiprocessors();
+  const AttentionTiling<T>* best = nullptr;
+  int64_t best_waves = 0;
+  for (const AttentionTiling<T>& t : attention_tilings<T>()) {
+    if (t.g != g || (t.tk > 1 && t.tk / 2 >= tokens)) continue;
+    const size_t shared = attention_shared_bytes(head_dim, max_keys, t.g * t.tk);
+    if (shared > limit) continue;
+    const int per_sm = resident_blocks(t.kernel, shared);
+    if (per_sm < 1) continue;
+    const int64_t blocks = (tokens + t.tk - 1) / t.tk * (heads / t.g);
+    const int64_t waves = (blocks + int64_t{sms} * per_sm - 1) / (int64_t{sms} * per_sm);
+    if (best == nullptr || waves <= best_waves) {
+      best = &t;
+      best_waves = waves;
+    }
+  }
+  // A query a block fits wherever invariant_decode_attention_fits said yes.
+  return best != nullptr ? *best : attention_tilings<T>().front();
+}
+
 template <class T>
 void invariant_decode_attention_typed(const void* q, const void* keys, const void* values, const int32_t* cu_k,
                                       const int32_t* seqused_k, const DecodeTree& tree, void* out, int64_t tokens,
                                       int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys,
                                       cudaStream_t stream) {
   if (tokens == 0) return;
-  const AttentionTile tile = attention_tile(tokens, heads, kv_heads, head_dim, max_keys);
-  const auto launch = [&](auto g, auto tk) {
-    if (tile.g != decltype(g)::value || tile.tk != decltype(tk)::value) return false;
-    launch_invariant_decode_attention<T, decltype(g)::value, decltype(tk)::value>(
-        q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads, kv_heads, head_dim, max_keys, stream);
-    return true;
-  };
-  using std::integral_constant;
-  using I1 = integral_constant<int, 1>;
-  using I2 = integral_constant<int, 2>;
-  using I4 = integral_constant<int, 4>;
-  using I8 = integral_constant<int, 8>;
-  const bool launched = launch(I1{}, I1{}) || launch(I1{}, I2{}) || launch(I1{}, I4{}) || launch(I1{}, I8{}) ||
-                        launch(I2{}, I1{}) || launch(I2{}, I2{}) || launch(I2{}, I4{}) || launch(I4{}, I1{}) ||
-                        launch(I4{}, I2{}) || launch(I8{}, I1{});
-  if (!launched)
-    throw std::logic_error("invariant_decode_attention: no kernel for " + std::to_string(tile.g) + " heads × " +
-                           std::to_string(tile.tk) + " tokens a block");
+  const AttentionTiling<T>& tiling = attention_tiling_for<T>(tokens, heads, kv_heads, head_dim, max_keys);
+  const size_t shared = attention_shared_bytes(head_dim, max_keys, tiling.g * tiling.tk);
+  opt_in_shared_memory(tiling.kernel, shared, "invariant_decode_attention");
+  tiling.launch(q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads, kv_heads, head_dim, max_keys, shared,
+                stream);
 }
 }  // namespace
 
