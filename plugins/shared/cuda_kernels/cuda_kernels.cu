@@ -6,8 +6,7 @@
 
 #include <stdexcept>
 #include <string>
-#include <mutex>
-#include <vector>
+
 
 namespace dflash::cuda_kernels {
 namespace {
@@ -245,184 +244,161 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ gate_up, const T* _
 // compiler). The row-invariant linear is in invariant_linear.cu.
 
 constexpr int kAttentionThreads = 256;
-// The most queries (query heads × tokens) one block attends at once.
-constexpr int kMaxBlockQueries = 8;
+// The most query heads one block attends at once (unmeasured above 4; see
+// invariant_decode_attention_kernel).
+constexpr int kMaxBlockHeads = 4;
 
-// block_reduce (device_math.cuh) of Q values at once: each value by the same
+// block_reduce (device_math.cuh) of G values at once: each value by the same
 // butterfly and the same warp order as block_reduce alone, so each result
-// is bitwise block_reduce's of that value; two barriers for all Q, not 2·Q.
-template <int Q, class Op>
-__device__ void block_reduce_each(float (&x)[Q], float identity, Op op) {
-  __shared__ float partial[32 * Q];
-  __shared__ float total[Q];
+// is bitwise block_reduce's of that value; two barriers for all G, not 2·G.
+template <int G, class Op>
+__device__ void block_reduce_each(float (&x)[G], float identity, Op op) {
+  __shared__ float partial[32 * G];
+  __shared__ float total[G];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
-  for (int i = 0; i < Q; ++i) {
+  for (int i = 0; i < G; ++i) {
     x[i] = warp_reduce(x[i], op);
-    if (lane == 0) partial[warp * Q + i] = x[i];
+    if (lane == 0) partial[warp * G + i] = x[i];
   }
   __syncthreads();
   if (warp == 0) {
 #pragma unroll
-    for (int i = 0; i < Q; ++i) {
-      float y = lane < (blockDim.x + 31) / 32 ? partial[lane * Q + i] : identity;
+    for (int i = 0; i < G; ++i) {
+      float y = lane < (blockDim.x + 31) / 32 ? partial[lane * G + i] : identity;
       y = warp_reduce(y, op);
       if (lane == 0) total[i] = y;
     }
   }
   __syncthreads();
 #pragma unroll
-  for (int i = 0; i < Q; ++i) x[i] = total[i];
+  for (int i = 0; i < G; ++i) x[i] = total[i];
 }
 
-// One block per G query heads that share a KV head, for TK consecutive
-// tokens: its G·TK queries read each key and value row once (the G heads
-// of a token share it; the tokens of one session share their prefix's rows,
-// which a thread's repeated loads then find in L1), where one block per
-// (token, head) read every row once per query (L2-bound: at 33 draft-tree
-// nodes of the scale model, twice a 16-token chain's time).
-// Each query's arithmetic is what it was alone, whatever G and TK: scores
-// of all its keys into shared memory (one thread per key, the dot product in
-// order of head_dim), the exact maximum, the probabilities and their sum
+// One block per query token and G of the query heads that share a KV head:
+// each key and value row is read once for the G heads, where one block per
+// (token, head) read it once per head. On an H100 (2026-12-07, docs/eval.md)
+// the kernel's time followed its blocks' count: its blocks wait on their
+// loads, one after another. So the G heads share a thread's loads without
+// adding any; a block of several tokens (tried: up to 8 queries a block)
+// added loads to each thread and was slower below one wave of blocks (a
+// 16-token chain: 31 µs against 17 one block per token and head).
+// Each query's arithmetic is what it was alone, whatever G: scores of all
+// its keys into shared memory (one thread per key, the dot product in order
+// of head_dim), the exact maximum, the probabilities and their sum
 // (thread-strided, then a fixed tree: block_reduce_each), and the weighted
 // values: thread (slice, chunk) sums keys slice, slice + slices, … of one
 // 8-wide chunk of head_dim; the slices are then added in order. All of it
-// depends on the query's key count, not on n, G or TK.
-template <class T, int G, int TK>
+// depends on the query's key count, not on n or G.
+template <class T, int G>
 __global__ void invariant_decode_attention_kernel(const T* __restrict__ q, const T* __restrict__ keys,
                                                   const T* __restrict__ values, const int32_t* __restrict__ cu_k,
                                                   const int32_t* __restrict__ seqused_k,
                                                   const int32_t* __restrict__ tree_rows,
                                                   const int32_t* __restrict__ tree_lengths, int tree_stride,
-                                                  T* __restrict__ out, int tokens, int n, int heads, int kv_heads,
-                                                  int head_dim, int max_keys, float scale) {
+                                                  T* __restrict__ out, int n, int heads, int kv_heads, int head_dim,
+                                                  int max_keys, float scale) {
   using P = Pack<T, 8>;
-  constexpr int Q = G * TK;  // query i: token i / G of the block, head i % G
   extern __shared__ float shared[];
   const int chunks = head_dim / 8, slices = kAttentionThreads / chunks;
-  float* qf = shared;                                // [Q, head_dim]
-  float* partial = qf + Q * head_dim;                // [Q, slices, head_dim]
-  float* scores = partial + Q * slices * head_dim;   // [Q, max_keys]
-  const int first_token = blockIdx.x * TK, first_head = blockIdx.y * G, tid = threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(kv_heads) * head_dim;
-  const int kv = first_head / (heads / kv_heads);
+  float* qf = shared;                                // [G, head_dim]
+  float* partial = qf + G * head_dim;                // [G, slices, head_dim]
+  float* scores = partial + G * slices * head_dim;   // [G, max_keys]
+  const int token = blockIdx.x, first_head = blockIdx.y * G, tid = threadIdx.x;
+  const int session = token / n;
   // A chain's query t sees the session's first prefix + t + 1 rows. A draft
   // tree's node sees the prefix and then its path from the root, itself
   // last (tree_rows: their rows in the session): the same keys, in the same
   // order, as the token decoded alone after that path, so the same sums.
-  int key_count[TK], prefix[TK];
-  const int32_t* path[TK];
-  const T* k0[TK];
-  const T* v0[TK];
-  int most_keys = 0;
-#pragma unroll
-  for (int t = 0; t < TK; ++t) {
-    const int token = first_token + t;
-    key_count[t] = 0;  // past the last token: no keys, no output
-    prefix[t] = 0;
-    path[t] = nullptr;
-    k0[t] = keys;
-    v0[t] = values;
-    if (token >= tokens) continue;
-    const int session = token / n;
-    prefix[t] = seqused_k[session] - n;
-    key_count[t] = prefix[t] + (tree_rows != nullptr ? tree_lengths[token] : token % n + 1);
-    if (tree_rows != nullptr) path[t] = tree_rows + static_cast<int64_t>(token) * tree_stride - prefix[t];
-    k0[t] = keys + static_cast<int64_t>(cu_k[session]) * stride + kv * head_dim;
-    v0[t] = values + static_cast<int64_t>(cu_k[session]) * stride + kv * head_dim;
-    if (key_count[t] > most_keys) most_keys = key_count[t];
-  }
-  auto row_of = [&](int t, int key) -> int64_t { return path[t] != nullptr && key >= prefix[t] ? path[t][key] : key; };
-  for (int i = tid; i < Q * head_dim; i += kAttentionThreads) {
-    const int query = i / head_dim, d = i % head_dim, token = first_token + query / G;
-    if (token < tokens) qf[i] = to_float(q[(static_cast<int64_t>(token) * heads + first_head + query % G) * head_dim + d]);
-  }
+  const int prefix = seqused_k[session] - n;
+  const int key_count = prefix + (tree_rows != nullptr ? tree_lengths[token] : token % n + 1);
+  const int32_t* path = tree_rows != nullptr ? tree_rows + static_cast<int64_t>(token) * tree_stride - prefix : nullptr;
+  auto row_of = [&](int key) -> int64_t { return path != nullptr && key >= prefix ? path[key] : key; };
+  const int64_t stride = static_cast<int64_t>(kv_heads) * head_dim;
+  const int kv = first_head / (heads / kv_heads);
+  const T* k0 = keys + static_cast<int64_t>(cu_k[session]) * stride + kv * head_dim;
+  const T* v0 = values + static_cast<int64_t>(cu_k[session]) * stride + kv * head_dim;
+  const T* qrow = q + (static_cast<int64_t>(token) * heads + first_head) * head_dim;  // the G heads' rows, in order
+  for (int i = tid; i < G * head_dim; i += kAttentionThreads) qf[i] = to_float(qrow[i]);
   __syncthreads();
 
-  float reduced[Q];
+  float reduced[G];
 #pragma unroll
-  for (int i = 0; i < Q; ++i) reduced[i] = -INFINITY;
-  for (int key = tid; key < most_keys; key += kAttentionThreads) {
+  for (int g = 0; g < G; ++g) reduced[g] = -INFINITY;
+  for (int key = tid; key < key_count; key += kAttentionThreads) {
+    const P* kr = reinterpret_cast<const P*>(k0 + row_of(key) * stride);
+    float dot[G];
 #pragma unroll
-    for (int t = 0; t < TK; ++t) {
-      if (key >= key_count[t]) continue;
-      const P* kr = reinterpret_cast<const P*>(k0[t] + row_of(t, key) * stride);
-      float dot[G];
+    for (int g = 0; g < G; ++g) dot[g] = 0.f;
+    for (int c = 0; c < chunks; ++c) {
+      const P kv8 = kr[c];
 #pragma unroll
-      for (int g = 0; g < G; ++g) dot[g] = 0.f;
-      for (int c = 0; c < chunks; ++c) {
-        const P kv8 = kr[c];
+      for (int e = 0; e < 8; ++e) {
+        const float k = to_float(kv8.v[e]);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float k = to_float(kv8.v[e]);
-#pragma unroll
-          for (int g = 0; g < G; ++g) dot[g] = __fmaf_rn(qf[(t * G + g) * head_dim + c * 8 + e], k, dot[g]);
-        }
-      }
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const float s = __fmul_rn(dot[g], scale);
-        scores[(t * G + g) * max_keys + key] = s;
-        reduced[t * G + g] = fmaxf(reduced[t * G + g], s);
+        for (int g = 0; g < G; ++g) dot[g] = __fmaf_rn(qf[g * head_dim + c * 8 + e], k, dot[g]);
       }
     }
-  }
-  block_reduce_each<Q>(reduced, -INFINITY, Max{});
-  float m[Q];
 #pragma unroll
-  for (int i = 0; i < Q; ++i) {
-    m[i] = reduced[i];
-    reduced[i] = 0.f;
-  }
-  for (int key = tid; key < most_keys; key += kAttentionThreads) {
-#pragma unroll
-    for (int i = 0; i < Q; ++i) {
-      if (key >= key_count[i / G]) continue;
-      const float p = __expf(__fsub_rn(scores[i * max_keys + key], m[i]));
-      scores[i * max_keys + key] = p;
-      reduced[i] = __fadd_rn(reduced[i], p);
+    for (int g = 0; g < G; ++g) {
+      const float s = __fmul_rn(dot[g], scale);
+      scores[g * max_keys + key] = s;
+      reduced[g] = fmaxf(reduced[g], s);
     }
   }
-  block_reduce_each<Q>(reduced, 0.f, Add{});  // its barriers also publish the probabilities
+  block_reduce_each<G>(reduced, -INFINITY, Max{});
+  float m[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = reduced[g];
+    reduced[g] = 0.f;
+  }
+  for (int key = tid; key < key_count; key += kAttentionThreads) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float p = __expf(__fsub_rn(scores[g * max_keys + key], m[g]));
+      scores[g * max_keys + key] = p;
+      reduced[g] = __fadd_rn(reduced[g], p);
+    }
+  }
+  block_reduce_each<G>(reduced, 0.f, Add{});  // its barriers also publish the probabilities
 
   const int chunk = tid % chunks, slice = tid / chunks;
   if (slice < slices) {
-    float acc[Q][8];
+    float acc[G][8];
 #pragma unroll
-    for (int i = 0; i < Q; ++i)
+    for (int g = 0; g < G; ++g)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[i][e] = 0.f;
-    for (int key = slice; key < most_keys; key += slices) {
+      for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+    for (int key = slice; key < key_count; key += slices) {
+      const P v8 = reinterpret_cast<const P*>(v0 + row_of(key) * stride)[chunk];
 #pragma unroll
-      for (int t = 0; t < TK; ++t) {
-        if (key >= key_count[t]) continue;
-        const P v8 = reinterpret_cast<const P*>(v0[t] + row_of(t, key) * stride)[chunk];
+      for (int g = 0; g < G; ++g) {
+        const float p = scores[g * max_keys + key];
 #pragma unroll
-        for (int g = 0; g < G; ++g) {
-          const float p = scores[(t * G + g) * max_keys + key];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[t * G + g][e] = __fmaf_rn(p, to_float(v8.v[e]), acc[t * G + g][e]);
-        }
+        for (int e = 0; e < 8; ++e) acc[g][e] = __fmaf_rn(p, to_float(v8.v[e]), acc[g][e]);
       }
     }
 #pragma unroll
-    for (int i = 0; i < Q; ++i)
+    for (int g = 0; g < G; ++g)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) partial[(i * slices + slice) * head_dim + chunk * 8 + e] = acc[i][e];
+      for (int e = 0; e < 8; ++e) partial[(g * slices + slice) * head_dim + chunk * 8 + e] = acc[g][e];
   }
   __syncthreads();
-  for (int i = tid; i < Q * head_dim; i += kAttentionThreads) {
-    const int query = i / head_dim, d = i % head_dim, token = first_token + query / G;
-    if (token >= tokens) continue;
+  T* dst = out + (static_cast<int64_t>(token) * heads + first_head) * head_dim;
+  for (int i = tid; i < G * head_dim; i += kAttentionThreads) {
+    const int g = i / head_dim, d = i % head_dim;
     float sum = 0.f;
-    for (int s = 0; s < slices; ++s) sum = __fadd_rn(sum, partial[(query * slices + s) * head_dim + d]);
-    out[(static_cast<int64_t>(token) * heads + first_head + query % G) * head_dim + d] = from_float<T>(__fdiv_rn(sum, reduced[query]));
+    for (int s = 0; s < slices; ++s) sum = __fadd_rn(sum, partial[(g * slices + s) * head_dim + d]);
+    dst[i] = from_float<T>(__fdiv_rn(sum, reduced[g]));
   }
 }
 
-size_t attention_shared_bytes(int64_t head_dim, int64_t max_keys, int64_t queries = 1) {
+// A block's shared memory for its `heads` queries: each one's query, slices'
+// partial sums and scores.
+size_t attention_shared_bytes(int64_t head_dim, int64_t max_keys, int64_t heads) {
   const int64_t slices = kAttentionThreads / (head_dim / 8);
-  return sizeof(float) * static_cast<size_t>(queries * (head_dim + slices * head_dim + max_keys));
+  return sizeof(float) * static_cast<size_t>(heads * (head_dim + slices * head_dim + max_keys));
 }
 
 // The most shared memory one block may opt into on the current device.
@@ -562,106 +538,34 @@ void swiglu_backward_typed(const void* gate_up, const void* d_out, void* d_gate_
 }
 
 
-template <class T, int G, int TK>
+template <class T, int G>
 void launch_invariant_decode_attention(const void* q, const void* keys, const void* values, const int32_t* cu_k,
                                        const int32_t* seqused_k, const DecodeTree& tree, void* out, int64_t tokens,
                                        int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys,
-                                       size_t shared, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((tokens + TK - 1) / TK), static_cast<unsigned>(heads / G));
-  invariant_decode_attention_kernel<T, G, TK><<<grid, kAttentionThreads, shared, stream>>>(
+                                       cudaStream_t stream) {
+  const size_t shared = attention_shared_bytes(head_dim, max_keys, G);
+  opt_in_shared_memory(reinterpret_cast<const void*>(invariant_decode_attention_kernel<T, G>), shared,
+                       "invariant_decode_attention");
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(heads / G));
+  invariant_decode_attention_kernel<T, G><<<grid, kAttentionThreads, shared, stream>>>(
       static_cast<const T*>(q), static_cast<const T*>(keys), static_cast<const T*>(values), cu_k, seqused_k, tree.rows,
-      tree.lengths, static_cast<int>(tree.stride), static_cast<T*>(out), static_cast<int>(tokens), static_cast<int>(n),
-      static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim), static_cast<int>(max_keys),
+      tree.lengths, static_cast<int>(tree.stride), static_cast<T*>(out), static_cast<int>(n), static_cast<int>(heads),
+      static_cast<int>(kv_heads), static_cast<int>(head_dim), static_cast<int>(max_keys),
       1.f / sqrtf(static_cast<float>(head_dim)));
   check_launch("invariant_decode_attention");
 }
 
-// One compiled tiling of the attention: G query heads × TK tokens a block.
-template <class T>
-struct AttentionTiling {
-  int g, tk;
-  const void* kernel;
-  void (*launch)(const void*, const void*, const void*, const int32_t*, const int32_t*, const DecodeTree&, void*,
-                 int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, size_t, cudaStream_t);
-};
-template <class T, int G, int TK>
-AttentionTiling<T> attention_tiling() {
-  return {G, TK, reinterpret_cast<const void*>(invariant_decode_attention_kernel<T, G, TK>),
-          &launch_invariant_decode_attention<T, G, TK>};
-}
-template <class T>
-const std::vector<AttentionTiling<T>>& attention_tilings() {
-  static const std::vector<AttentionTiling<T>> all = {
-      attention_tiling<T, 1, 1>(), attention_tiling<T, 1, 2>(), attention_tiling<T, 1, 4>(), attention_tiling<T, 1, 8>(),
-      attention_tiling<T, 2, 1>(), attention_tiling<T, 2, 2>(), attention_tiling<T, 2, 4>(), attention_tiling<T, 4, 1>(),
-      attention_tiling<T, 4, 2>(), attention_tiling<T, 8, 1>()};
-  return all;
-}
-
-// How many blocks of `kernel` with `shared` bytes one multiprocessor of the
-// current device holds at once (asked of the driver once per kernel, size
-// and device; the first ask opts the kernel in to that much shared memory,
-// so it must not be inside a graph capture: a decoding step's first run is
-// eager).
-int resident_blocks(const void* kernel, size_t shared) {
-  struct Known {
-    int device;
-    const void* kernel;
-    size_t shared;
-    int blocks;
-  };
-  static std::vector<Known> known;
-  static std::mutex guard;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) check_launch("invariant_decode_attention (the current device)");
-  const std::lock_guard<std::mutex> lock(guard);
-  for (const Known& k : known)
-    if (k.device == device && k.kernel == kernel && k.shared == shared) return k.blocks;
-  opt_in_shared_memory(kernel, shared, "invariant_decode_attention");
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kAttentionThreads, shared) != cudaSuccess)
-    check_launch("invariant_decode_attention (its occupancy)");
-  known.push_back({device, kernel, shared, blocks});
-  return blocks;
-}
-
-int multiprocessors() {
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    check_launch("invariant_decode_attention (the device's multiprocessors)");
-  return count;
-}
-
-// The tiling of a call: G the most of a KV head's query heads (they read
-// the same rows); then TK the fewest waves of blocks over the device's
-// multiprocessors and, at equal waves, the most tokens a block (the fewest
-// reads of each row). The choice never changes a query's bits.
-template <class T>
-const AttentionTiling<T>& attention_tiling_for(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                                                 int64_t max_keys) {
+// G: the most query heads of a KV head (up to kMaxBlockHeads, a power of
+// two dividing the group) whose shared memory a block gets. The choice
+// never changes a query's bits.
+int attention_heads_a_block(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys) {
+  static const size_t limit = shared_memory_limit();
   const int64_t group = heads / kv_heads;
   int g = 1;
-  while (g * 2 <= kMaxBlockQueries && group % (g * 2) == 0) g *= 2;
-  static const size_t limit = shared_memory_limit();
-  static const int sms = multiprocessors();
-  const AttentionTiling<T>* best = nullptr;
-  int64_t best_waves = 0;
-  for (const AttentionTiling<T>& t : attention_tilings<T>()) {
-    if (t.g != g || (t.tk > 1 && t.tk / 2 >= tokens)) continue;
-    const size_t shared = attention_shared_bytes(head_dim, max_keys, t.g * t.tk);
-    if (shared > limit) continue;
-    const int per_sm = resident_blocks(t.kernel, shared);
-    if (per_sm < 1) continue;
-    const int64_t blocks = (tokens + t.tk - 1) / t.tk * (heads / t.g);
-    const int64_t waves = (blocks + int64_t{sms} * per_sm - 1) / (int64_t{sms} * per_sm);
-    if (best == nullptr || waves <= best_waves) {
-      best = &t;
-      best_waves = waves;
-    }
-  }
-  // A query a block fits wherever invariant_decode_attention_fits said yes.
-  return best != nullptr ? *best : attention_tilings<T>().front();
+  while (g * 2 <= kMaxBlockHeads && group % (g * 2) == 0 &&
+         attention_shared_bytes(head_dim, max_keys, g * 2) <= limit)
+    g *= 2;
+  return g;
 }
 
 template <class T>
@@ -670,11 +574,19 @@ void invariant_decode_attention_typed(const void* q, const void* keys, const voi
                                       int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys,
                                       cudaStream_t stream) {
   if (tokens == 0) return;
-  const AttentionTiling<T>& tiling = attention_tiling_for<T>(tokens, heads, kv_heads, head_dim, max_keys);
-  const size_t shared = attention_shared_bytes(head_dim, max_keys, tiling.g * tiling.tk);
-  opt_in_shared_memory(tiling.kernel, shared, "invariant_decode_attention");
-  tiling.launch(q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads, kv_heads, head_dim, max_keys, shared,
-                stream);
+  switch (attention_heads_a_block(heads, kv_heads, head_dim, max_keys)) {
+    case 4:
+      launch_invariant_decode_attention<T, 4>(q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads, kv_heads,
+                                              head_dim, max_keys, stream);
+      break;
+    case 2:
+      launch_invariant_decode_attention<T, 2>(q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads, kv_heads,
+                                              head_dim, max_keys, stream);
+      break;
+    default:
+      launch_invariant_decode_attention<T, 1>(q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads, kv_heads,
+                                              head_dim, max_keys, stream);
+  }
 }
 }  // namespace
 

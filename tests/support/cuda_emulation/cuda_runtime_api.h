@@ -37,8 +37,7 @@ enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 enum cudaDeviceAttr {
   cudaDevAttrMaxSharedMemoryPerBlockOptin,
   cudaDevAttrComputeCapabilityMajor,
-  cudaDevAttrComputeCapabilityMinor,
-  cudaDevAttrMultiProcessorCount
+  cudaDevAttrComputeCapabilityMinor
 };
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline cudaError_t cudaGetDevice(int* device) {
@@ -50,19 +49,11 @@ cudaError_t cudaFuncSetAttribute(Function*, cudaFuncAttribute, int) {
   return cudaSuccess;
 }
 inline cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
-// An H100's: 227 KiB of opt-in shared memory, compute capability 9.0, 132
-// multiprocessors.
+// An H100's: 227 KiB of opt-in shared memory, compute capability 9.0.
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
   *value = attribute == cudaDevAttrMaxSharedMemoryPerBlockOptin ? 227 * 1024
            : attribute == cudaDevAttrComputeCapabilityMajor     ? 9
-           : attribute == cudaDevAttrMultiProcessorCount        ? 132
                                                                 : 0;
-  return cudaSuccess;
-}
-// Two blocks a multiprocessor, whatever the kernel (the emulation runs one
-// block at a time; this only steers the kernels' choice of tiling).
-inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void*, int, size_t) {
-  *blocks = 2;
   return cudaSuccess;
 }
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {

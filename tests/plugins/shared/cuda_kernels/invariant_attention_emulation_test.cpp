@@ -83,8 +83,9 @@ std::vector<Bf16> with_rows_moved(std::vector<Bf16> pool, const std::vector<int>
 
 TEST(InvariantAttentionEmulated, ATreeNodeGetsTheBitsOfItsPathDecodedAloneAndAChainQueryOfItsPrefix) {
   std::mt19937 rng(7);
-  // 2 query heads per KV head at head_dim 16 (2 chunks, 128 slices); 1 at 64.
-  for (const Shape s : {Shape{4, 2, 16}, Shape{2, 2, 64}}) {
+  // 2 and 4 query heads per KV head at head_dim 16 (2 chunks, 128 slices;
+  // a block takes 2 and 4 heads); 1 at 64.
+  for (const Shape s : {Shape{4, 2, 16}, Shape{8, 2, 16}, Shape{2, 2, 64}}) {
     SCOPED_TRACE("heads " + std::to_string(s.heads) + ", kv heads " + std::to_string(s.kv_heads) + ", head_dim " +
                  std::to_string(s.head_dim));
     const int prefix = 37, capacity = 96, row_size = s.kv_heads * s.head_dim;
