@@ -244,6 +244,11 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ gate_up, const T* _
 // compiler). The row-invariant linear is in invariant_linear.cu.
 
 constexpr int kAttentionThreads = 256;
+// A thread's loads issued together before their products: a block's time
+// is its threads' waits on their loads (below), so 4 in flight at once, not
+// one after another; each product still in its own order. (4: 72 registers
+// a thread at 1-2 heads a block, against 128 at 8 in flight; not yet timed.)
+constexpr int kAttentionLoads = 4;
 // The most query heads one block attends at once (unmeasured above 4; see
 // invariant_decode_attention_kernel).
 constexpr int kMaxBlockHeads = 4;
@@ -330,13 +335,20 @@ __global__ void invariant_decode_attention_kernel(const T* __restrict__ q, const
     float dot[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) dot[g] = 0.f;
-    for (int c = 0; c < chunks; ++c) {
-      const P kv8 = kr[c];
+    for (int c0 = 0; c0 < chunks; c0 += kAttentionLoads) {
+      P kv8[kAttentionLoads];  // the loads first, all in flight at once
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float k = to_float(kv8.v[e]);
+      for (int b = 0; b < kAttentionLoads; ++b)
+        if (c0 + b < chunks) kv8[b] = kr[c0 + b];
 #pragma unroll
-        for (int g = 0; g < G; ++g) dot[g] = __fmaf_rn(qf[g * head_dim + c * 8 + e], k, dot[g]);
+      for (int b = 0; b < kAttentionLoads; ++b) {
+        if (c0 + b >= chunks) break;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float k = to_float(kv8[b].v[e]);
+#pragma unroll
+          for (int g = 0; g < G; ++g) dot[g] = __fmaf_rn(qf[g * head_dim + (c0 + b) * 8 + e], k, dot[g]);
+        }
       }
     }
 #pragma unroll
@@ -370,13 +382,23 @@ __global__ void invariant_decode_attention_kernel(const T* __restrict__ q, const
     for (int g = 0; g < G; ++g)
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
-    for (int key = slice; key < key_count; key += slices) {
-      const P v8 = reinterpret_cast<const P*>(v0 + row_of(key) * stride)[chunk];
+    for (int key0 = slice; key0 < key_count; key0 += slices * kAttentionLoads) {
+      P v8[kAttentionLoads];  // the loads first, all in flight at once
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const float p = scores[g * max_keys + key];
+      for (int b = 0; b < kAttentionLoads; ++b) {
+        const int key = key0 + b * slices;
+        if (key < key_count) v8[b] = reinterpret_cast<const P*>(v0 + row_of(key) * stride)[chunk];
+      }
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] = __fmaf_rn(p, to_float(v8.v[e]), acc[g][e]);
+      for (int b = 0; b < kAttentionLoads; ++b) {
+        const int key = key0 + b * slices;
+        if (key >= key_count) break;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float p = scores[g * max_keys + key];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[g][e] = __fmaf_rn(p, to_float(v8[b].v[e]), acc[g][e]);
+        }
       }
     }
 #pragma unroll
