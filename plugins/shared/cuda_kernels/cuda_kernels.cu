@@ -4,8 +4,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 
 namespace dflash::cuda_kernels {
@@ -249,92 +251,112 @@ constexpr int kAttentionThreads = 256;
 // one after another; each product still in its own order. (4: 72 registers
 // a thread at 1-2 heads a block, against 128 at 8 in flight; not yet timed.)
 constexpr int kAttentionLoads = 4;
-// The most query heads one block attends at once (unmeasured above 4; see
-// invariant_decode_attention_kernel).
+// The most query heads, and queries (heads × tokens), one block attends.
 constexpr int kMaxBlockHeads = 4;
+constexpr int kMaxBlockQueries = 8;
 
-// block_reduce (device_math.cuh) of G values at once: each value by the same
+// block_reduce (device_math.cuh) of Q values at once: each value by the same
 // butterfly and the same warp order as block_reduce alone, so each result
-// is bitwise block_reduce's of that value; two barriers for all G, not 2·G.
-template <int G, class Op>
-__device__ void block_reduce_each(float (&x)[G], float identity, Op op) {
-  __shared__ float partial[32 * G];
-  __shared__ float total[G];
+// is bitwise block_reduce's of that value; two barriers for all Q, not 2·Q.
+template <int Q, class Op>
+__device__ void block_reduce_each(float (&x)[Q], float identity, Op op) {
+  __shared__ float partial[32 * Q];
+  __shared__ float total[Q];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
-  for (int i = 0; i < G; ++i) {
+  for (int i = 0; i < Q; ++i) {
     x[i] = warp_reduce(x[i], op);
-    if (lane == 0) partial[warp * G + i] = x[i];
+    if (lane == 0) partial[warp * Q + i] = x[i];
   }
   __syncthreads();
   if (warp == 0) {
 #pragma unroll
-    for (int i = 0; i < G; ++i) {
-      float y = lane < (blockDim.x + 31) / 32 ? partial[lane * G + i] : identity;
+    for (int i = 0; i < Q; ++i) {
+      float y = lane < (blockDim.x + 31) / 32 ? partial[lane * Q + i] : identity;
       y = warp_reduce(y, op);
       if (lane == 0) total[i] = y;
     }
   }
   __syncthreads();
 #pragma unroll
-  for (int i = 0; i < G; ++i) x[i] = total[i];
+  for (int i = 0; i < Q; ++i) x[i] = total[i];
 }
 
-// One block per query token and G of the query heads that share a KV head:
-// each key and value row is read once for the G heads, where one block per
-// (token, head) read it once per head. On an H100 (2026-12-07, docs/eval.md)
-// the kernel's time followed its blocks' count: its blocks wait on their
-// loads, one after another. So the G heads share a thread's loads without
-// adding any; a block of several tokens (tried: up to 8 queries a block)
-// added loads to each thread and was slower below one wave of blocks (a
-// 16-token chain: 31 µs against 17 one block per token and head).
-// Each query's arithmetic is what it was alone, whatever G: scores of all
-// its keys into shared memory (one thread per key, the dot product in order
-// of head_dim), the exact maximum, the probabilities and their sum
+// One block per G query heads that share a KV head and TK consecutive
+// queries of one session's step (a chain's block, a draft tree's nodes): a
+// key or value row all its queries see (the session's cache before the
+// step; every row of a chain) is read once for all G·TK of them; a tree
+// node's own path rows, once for its G heads. One block per query token and
+// head read each row once per query: on an H100 (2026-12-07, docs/eval.md)
+// that kernel was bound by L2 at 33 and more queries (its time followed its
+// blocks' count) and by its threads' waits on their loads, one after
+// another, below. A block of several tokens that loaded each row once per
+// token (relying on L1 for the rest) was slower for a 16-token chain (31 µs
+// against 17): hence one load a shared row, and kAttentionLoads in flight.
+// Each query's arithmetic is what it was alone, whatever G and TK: scores
+// of all its keys into shared memory (one thread per key, the dot product in
+// order of head_dim), the exact maximum, the probabilities and their sum
 // (thread-strided, then a fixed tree: block_reduce_each), and the weighted
 // values: thread (slice, chunk) sums keys slice, slice + slices, … of one
 // 8-wide chunk of head_dim; the slices are then added in order. All of it
-// depends on the query's key count, not on n or G.
-template <class T, int G>
+// depends on the query's key count, not on n, G or TK.
+template <class T, int G, int TK>
 __global__ void invariant_decode_attention_kernel(const T* __restrict__ q, const T* __restrict__ keys,
                                                   const T* __restrict__ values, const int32_t* __restrict__ cu_k,
                                                   const int32_t* __restrict__ seqused_k,
                                                   const int32_t* __restrict__ tree_rows,
                                                   const int32_t* __restrict__ tree_lengths, int tree_stride,
                                                   T* __restrict__ out, int n, int heads, int kv_heads, int head_dim,
-                                                  int max_keys, float scale) {
+                                                  int score_stride, float scale) {
   using P = Pack<T, 8>;
+  constexpr int Q = G * TK;  // query i: the block's token i / G, head i % G
   extern __shared__ float shared[];
   const int chunks = head_dim / 8, slices = kAttentionThreads / chunks;
-  float* qf = shared;                                // [G, head_dim]
-  float* partial = qf + G * head_dim;                // [G, slices, head_dim]
-  float* scores = partial + G * slices * head_dim;   // [G, max_keys]
-  const int token = blockIdx.x, first_head = blockIdx.y * G, tid = threadIdx.x;
-  const int session = token / n;
-  // A chain's query t sees the session's first prefix + t + 1 rows. A draft
+  float* qf = shared;                  // [Q, head_dim]
+  float* scores = qf + Q * head_dim;   // [Q, score_stride]; at the end the slices' sums [Q, slices, head_dim]
+  const int tiles = (n + TK - 1) / TK;
+  const int session = blockIdx.x / tiles, first = blockIdx.x % tiles * TK;  // the block's first query of the step
+  const int first_head = blockIdx.y * G, tid = threadIdx.x;
+  const int64_t first_token = static_cast<int64_t>(session) * n + first;
+  // A chain's query i sees the session's first prefix + i + 1 rows. A draft
   // tree's node sees the prefix and then its path from the root, itself
   // last (tree_rows: their rows in the session): the same keys, in the same
   // order, as the token decoded alone after that path, so the same sums.
+  // Keys below `shared_end` are the same rows for all the block's queries.
   const int prefix = seqused_k[session] - n;
-  const int key_count = prefix + (tree_rows != nullptr ? tree_lengths[token] : token % n + 1);
-  const int32_t* path = tree_rows != nullptr ? tree_rows + static_cast<int64_t>(token) * tree_stride - prefix : nullptr;
-  auto row_of = [&](int key) -> int64_t { return path != nullptr && key >= prefix ? path[key] : key; };
+  int key_count[TK];
+  const int32_t* path[TK];
+  int most_keys = 0;
+#pragma unroll
+  for (int t = 0; t < TK; ++t) {
+    key_count[t] = 0;  // past the step's last query: no keys, no output
+    path[t] = nullptr;
+    if (first + t >= n) continue;
+    key_count[t] = prefix + (tree_rows != nullptr ? tree_lengths[first_token + t] : first + t + 1);
+    if (tree_rows != nullptr) path[t] = tree_rows + (first_token + t) * tree_stride - prefix;
+    if (key_count[t] > most_keys) most_keys = key_count[t];
+  }
+  const int shared_end = tree_rows != nullptr ? prefix : most_keys;
   const int64_t stride = static_cast<int64_t>(kv_heads) * head_dim;
   const int kv = first_head / (heads / kv_heads);
   const T* k0 = keys + static_cast<int64_t>(cu_k[session]) * stride + kv * head_dim;
   const T* v0 = values + static_cast<int64_t>(cu_k[session]) * stride + kv * head_dim;
-  const T* qrow = q + (static_cast<int64_t>(token) * heads + first_head) * head_dim;  // the G heads' rows, in order
-  for (int i = tid; i < G * head_dim; i += kAttentionThreads) qf[i] = to_float(qrow[i]);
+  for (int i = tid; i < Q * head_dim; i += kAttentionThreads) {
+    const int query = i / head_dim, t = query / G;
+    if (first + t < n)
+      qf[i] = to_float(q[((first_token + t) * heads + first_head + query % G) * head_dim + i % head_dim]);
+  }
   __syncthreads();
 
-  float reduced[G];
+  float reduced[Q];
 #pragma unroll
-  for (int g = 0; g < G; ++g) reduced[g] = -INFINITY;
-  for (int key = tid; key < key_count; key += kAttentionThreads) {
-    const P* kr = reinterpret_cast<const P*>(k0 + row_of(key) * stride);
-    float dot[G];
+  for (int i = 0; i < Q; ++i) reduced[i] = -INFINITY;
+  // The dot products of key row `kr` with the queries of tokens [t_begin,
+  // t_end) that see `key`, each in order of head_dim; then their scores.
+  auto score_row = [&](const P* kr, int key, int t_begin, int t_end) {
+    float dot[Q];
 #pragma unroll
-    for (int g = 0; g < G; ++g) dot[g] = 0.f;
+    for (int i = 0; i < Q; ++i) dot[i] = 0.f;
     for (int c0 = 0; c0 < chunks; c0 += kAttentionLoads) {
       P kv8[kAttentionLoads];  // the loads first, all in flight at once
 #pragma unroll
@@ -347,80 +369,111 @@ __global__ void invariant_decode_attention_kernel(const T* __restrict__ q, const
         for (int e = 0; e < 8; ++e) {
           const float k = to_float(kv8[b].v[e]);
 #pragma unroll
-          for (int g = 0; g < G; ++g) dot[g] = __fmaf_rn(qf[g * head_dim + (c0 + b) * 8 + e], k, dot[g]);
+          for (int i = 0; i < Q; ++i)
+            if (i / G >= t_begin && i / G < t_end && key < key_count[i / G])
+              dot[i] = __fmaf_rn(qf[i * head_dim + (c0 + b) * 8 + e], k, dot[i]);
         }
       }
     }
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const float s = __fmul_rn(dot[g], scale);
-      scores[g * max_keys + key] = s;
-      reduced[g] = fmaxf(reduced[g], s);
+    for (int i = 0; i < Q; ++i)
+      if (i / G >= t_begin && i / G < t_end && key < key_count[i / G]) {
+        const float s = __fmul_rn(dot[i], scale);
+        scores[i * score_stride + key] = s;
+        reduced[i] = fmaxf(reduced[i], s);
+      }
+  };
+  for (int key = tid; key < shared_end; key += kAttentionThreads)
+    score_row(reinterpret_cast<const P*>(k0 + key * stride), key, 0, TK);
+  for (int key = shared_end + tid; key < most_keys; key += kAttentionThreads)  // a tree's paths: each node its own rows
+#pragma unroll
+    for (int t = 0; t < TK; ++t)
+      if (key < key_count[t]) score_row(reinterpret_cast<const P*>(k0 + static_cast<int64_t>(path[t][key]) * stride), key, t, t + 1);
+  block_reduce_each<Q>(reduced, -INFINITY, Max{});
+  float m[Q];
+#pragma unroll
+  for (int i = 0; i < Q; ++i) {
+    m[i] = reduced[i];
+    reduced[i] = 0.f;
+  }
+  for (int key = tid; key < most_keys; key += kAttentionThreads) {
+#pragma unroll
+    for (int i = 0; i < Q; ++i) {
+      if (key >= key_count[i / G]) continue;
+      const float p = __expf(__fsub_rn(scores[i * score_stride + key], m[i]));
+      scores[i * score_stride + key] = p;
+      reduced[i] = __fadd_rn(reduced[i], p);
     }
   }
-  block_reduce_each<G>(reduced, -INFINITY, Max{});
-  float m[G];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    m[g] = reduced[g];
-    reduced[g] = 0.f;
-  }
-  for (int key = tid; key < key_count; key += kAttentionThreads) {
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const float p = __expf(__fsub_rn(scores[g * max_keys + key], m[g]));
-      scores[g * max_keys + key] = p;
-      reduced[g] = __fadd_rn(reduced[g], p);
-    }
-  }
-  block_reduce_each<G>(reduced, 0.f, Add{});  // its barriers also publish the probabilities
+  block_reduce_each<Q>(reduced, 0.f, Add{});  // its barriers also publish the probabilities
 
+  // Thread (slice, chunk): keys slice, slice + slices, … in that order for
+  // every query (the shared rows first: they are the lower keys).
   const int chunk = tid % chunks, slice = tid / chunks;
+  float acc[Q][8];
+#pragma unroll
+  for (int i = 0; i < Q; ++i)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[i][e] = 0.f;
+  auto weigh = [&](const P& v8, int key, int t_begin, int t_end) {
+#pragma unroll
+    for (int i = 0; i < Q; ++i)
+      if (i / G >= t_begin && i / G < t_end && key < key_count[i / G]) {
+        const float p = scores[i * score_stride + key];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[i][e] = __fmaf_rn(p, to_float(v8.v[e]), acc[i][e]);
+      }
+  };
   if (slice < slices) {
-    float acc[G][8];
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
-    for (int key0 = slice; key0 < key_count; key0 += slices * kAttentionLoads) {
+    int key0 = slice;
+    for (; key0 < shared_end; key0 += slices * kAttentionLoads) {
       P v8[kAttentionLoads];  // the loads first, all in flight at once
 #pragma unroll
       for (int b = 0; b < kAttentionLoads; ++b) {
         const int key = key0 + b * slices;
-        if (key < key_count) v8[b] = reinterpret_cast<const P*>(v0 + row_of(key) * stride)[chunk];
+        if (key < shared_end) v8[b] = reinterpret_cast<const P*>(v0 + key * stride)[chunk];
       }
 #pragma unroll
       for (int b = 0; b < kAttentionLoads; ++b) {
         const int key = key0 + b * slices;
-        if (key >= key_count) break;
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-          const float p = scores[g * max_keys + key];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[g][e] = __fmaf_rn(p, to_float(v8[b].v[e]), acc[g][e]);
-        }
+        if (key >= shared_end) break;
+        weigh(v8[b], key, 0, TK);
       }
     }
+    // A tree's paths: this thread's first key at or past shared_end.
+    const int first_path_key = shared_end <= slice ? slice : slice + (shared_end - slice + slices - 1) / slices * slices;
+    for (int key = first_path_key; key < most_keys; key += slices)
 #pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) partial[(g * slices + slice) * head_dim + chunk * 8 + e] = acc[g][e];
+      for (int t = 0; t < TK; ++t)
+        if (key < key_count[t])
+          weigh(reinterpret_cast<const P*>(v0 + static_cast<int64_t>(path[t][key]) * stride)[chunk], key, t, t + 1);
   }
+  __syncthreads();  // every score read: the slices' sums go where the scores were
+  float* partial = scores;
+  if (slice < slices)
+#pragma unroll
+    for (int i = 0; i < Q; ++i)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) partial[(i * slices + slice) * head_dim + chunk * 8 + e] = acc[i][e];
   __syncthreads();
-  T* dst = out + (static_cast<int64_t>(token) * heads + first_head) * head_dim;
-  for (int i = tid; i < G * head_dim; i += kAttentionThreads) {
-    const int g = i / head_dim, d = i % head_dim;
+  for (int i = tid; i < Q * head_dim; i += kAttentionThreads) {
+    const int query = i / head_dim, t = query / G, d = i % head_dim;
+    if (first + t >= n) continue;
     float sum = 0.f;
-    for (int s = 0; s < slices; ++s) sum = __fadd_rn(sum, partial[(g * slices + s) * head_dim + d]);
-    dst[i] = from_float<T>(__fdiv_rn(sum, reduced[g]));
+    for (int s = 0; s < slices; ++s) sum = __fadd_rn(sum, partial[(query * slices + s) * head_dim + d]);
+    out[((first_token + t) * heads + first_head + query % G) * head_dim + d] = from_float<T>(__fdiv_rn(sum, reduced[query]));
   }
 }
 
-// A block's shared memory for its `heads` queries: each one's query, slices'
-// partial sums and scores.
-size_t attention_shared_bytes(int64_t head_dim, int64_t max_keys, int64_t heads) {
+// A block's scores of a query: every key a session may hold, and room for
+// the slices' sums [slices, head_dim] (2048 floats) that reuse them.
+int64_t attention_score_stride(int64_t head_dim, int64_t max_keys) {
   const int64_t slices = kAttentionThreads / (head_dim / 8);
-  return sizeof(float) * static_cast<size_t>(heads * (head_dim + slices * head_dim + max_keys));
+  return std::max(max_keys, slices * head_dim);
+}
+// A block's shared memory for its `queries`: each one's query and scores.
+size_t attention_shared_bytes(int64_t head_dim, int64_t max_keys, int64_t queries) {
+  return sizeof(float) * static_cast<size_t>(queries * (head_dim + attention_score_stride(head_dim, max_keys)));
 }
 
 // The most shared memory one block may opt into on the current device.
@@ -560,34 +613,39 @@ void swiglu_backward_typed(const void* gate_up, const void* d_out, void* d_gate_
 }
 
 
-template <class T, int G>
+template <class T, int G, int TK>
 void launch_invariant_decode_attention(const void* q, const void* keys, const void* values, const int32_t* cu_k,
                                        const int32_t* seqused_k, const DecodeTree& tree, void* out, int64_t tokens,
                                        int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys,
                                        cudaStream_t stream) {
-  const size_t shared = attention_shared_bytes(head_dim, max_keys, G);
-  opt_in_shared_memory(reinterpret_cast<const void*>(invariant_decode_attention_kernel<T, G>), shared,
+  const size_t shared = attention_shared_bytes(head_dim, max_keys, G * TK);
+  opt_in_shared_memory(reinterpret_cast<const void*>(invariant_decode_attention_kernel<T, G, TK>), shared,
                        "invariant_decode_attention");
-  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(heads / G));
-  invariant_decode_attention_kernel<T, G><<<grid, kAttentionThreads, shared, stream>>>(
+  const int64_t sessions = tokens / n, tiles = (n + TK - 1) / TK;
+  const dim3 grid(static_cast<unsigned>(sessions * tiles), static_cast<unsigned>(heads / G));
+  invariant_decode_attention_kernel<T, G, TK><<<grid, kAttentionThreads, shared, stream>>>(
       static_cast<const T*>(q), static_cast<const T*>(keys), static_cast<const T*>(values), cu_k, seqused_k, tree.rows,
       tree.lengths, static_cast<int>(tree.stride), static_cast<T*>(out), static_cast<int>(n), static_cast<int>(heads),
-      static_cast<int>(kv_heads), static_cast<int>(head_dim), static_cast<int>(max_keys),
-      1.f / sqrtf(static_cast<float>(head_dim)));
+      static_cast<int>(kv_heads), static_cast<int>(head_dim),
+      static_cast<int>(attention_score_stride(head_dim, max_keys)), 1.f / sqrtf(static_cast<float>(head_dim)));
   check_launch("invariant_decode_attention");
 }
 
-// G: the most query heads of a KV head (up to kMaxBlockHeads, a power of
-// two dividing the group) whose shared memory a block gets. The choice
-// never changes a query's bits.
-int attention_heads_a_block(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys) {
+// A block's queries: G the most query heads of a KV head (a power of two
+// dividing the group, up to kMaxBlockHeads), then TK the most of a step's
+// n queries (a power of two, up to kMaxBlockQueries in all), within the
+// shared memory a block gets. The choice never changes a query's bits.
+struct AttentionTile {
+  int g = 1, tk = 1;
+};
+AttentionTile attention_tile(int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys) {
   static const size_t limit = shared_memory_limit();
+  const auto fits = [&](int queries) { return attention_shared_bytes(head_dim, max_keys, queries) <= limit; };
   const int64_t group = heads / kv_heads;
-  int g = 1;
-  while (g * 2 <= kMaxBlockHeads && group % (g * 2) == 0 &&
-         attention_shared_bytes(head_dim, max_keys, g * 2) <= limit)
-    g *= 2;
-  return g;
+  AttentionTile tile;
+  while (tile.g * 2 <= kMaxBlockHeads && group % (tile.g * 2) == 0 && fits(tile.g * 2)) tile.g *= 2;
+  while (tile.tk < n && tile.g * tile.tk * 2 <= kMaxBlockQueries && fits(tile.g * tile.tk * 2)) tile.tk *= 2;
+  return tile;
 }
 
 template <class T>
@@ -596,19 +654,24 @@ void invariant_decode_attention_typed(const void* q, const void* keys, const voi
                                       int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys,
                                       cudaStream_t stream) {
   if (tokens == 0) return;
-  switch (attention_heads_a_block(heads, kv_heads, head_dim, max_keys)) {
-    case 4:
-      launch_invariant_decode_attention<T, 4>(q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads, kv_heads,
-                                              head_dim, max_keys, stream);
-      break;
-    case 2:
-      launch_invariant_decode_attention<T, 2>(q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads, kv_heads,
-                                              head_dim, max_keys, stream);
-      break;
-    default:
-      launch_invariant_decode_attention<T, 1>(q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads, kv_heads,
-                                              head_dim, max_keys, stream);
-  }
+  const AttentionTile tile = attention_tile(n, heads, kv_heads, head_dim, max_keys);
+  const auto launch = [&](auto g, auto tk) {
+    if (tile.g != decltype(g)::value || tile.tk != decltype(tk)::value) return false;
+    launch_invariant_decode_attention<T, decltype(g)::value, decltype(tk)::value>(
+        q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads, kv_heads, head_dim, max_keys, stream);
+    return true;
+  };
+  using I1 = std::integral_constant<int, 1>;
+  using I2 = std::integral_constant<int, 2>;
+  using I4 = std::integral_constant<int, 4>;
+  using I8 = std::integral_constant<int, 8>;
+  // Every (G, TK) attention_tile can give: G ≤ 4, G · TK ≤ 8.
+  const bool launched = launch(I1{}, I1{}) || launch(I1{}, I2{}) || launch(I1{}, I4{}) || launch(I1{}, I8{}) ||
+                        launch(I2{}, I1{}) || launch(I2{}, I2{}) || launch(I2{}, I4{}) || launch(I4{}, I1{}) ||
+                        launch(I4{}, I2{});
+  if (!launched)
+    throw std::logic_error("invariant_decode_attention: no kernel for " + std::to_string(tile.g) + " heads × " +
+                           std::to_string(tile.tk) + " tokens a block");
 }
 }  // namespace
 
