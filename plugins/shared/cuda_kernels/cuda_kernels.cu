@@ -9,7 +9,6 @@
 #include <string>
 #include <type_traits>
 
-
 namespace dflash::cuda_kernels {
 namespace {
 
@@ -248,8 +247,9 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ gate_up, const T* _
 constexpr int kAttentionThreads = 256;
 // A thread's loads issued together before their products: a block's time
 // is its threads' waits on their loads (below), so 4 in flight at once, not
-// one after another; each product still in its own order. (4: 72 registers
-// a thread at 1-2 heads a block, against 128 at 8 in flight; not yet timed.)
+// one after another; each product still in its own order. (4, not yet
+// timed: nvcc gives a thread 76 registers at one query a block and 128 at
+// eight, without spills.)
 constexpr int kAttentionLoads = 4;
 // The most query heads, and queries (heads × tokens), one block attends.
 constexpr int kMaxBlockHeads = 4;
@@ -425,8 +425,7 @@ __global__ void invariant_decode_attention_kernel(const T* __restrict__ q, const
       }
   };
   if (slice < slices) {
-    int key0 = slice;
-    for (; key0 < shared_end; key0 += slices * kAttentionLoads) {
+    for (int key0 = slice; key0 < shared_end; key0 += slices * kAttentionLoads) {
       P v8[kAttentionLoads];  // the loads first, all in flight at once
 #pragma unroll
       for (int b = 0; b < kAttentionLoads; ++b) {

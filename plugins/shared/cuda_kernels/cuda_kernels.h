@@ -130,13 +130,14 @@ bool invariant_linear_runs_wgmma();
 // warpgroup MMA (sm_90a); runs a one-thread kernel and waits for it.
 bool invariant_linear_device_code_has_wgmma();
 
-// Decoding attention over the pooled KV caches, one query at a time: token i
+// Decoding attention over the pooled KV caches, each query by itself: token i
 // (session i / n, its query i % n of n) attends to keys [0, seqused_k[s] − n + i % n]
 // of its session, which start at row cu_k[s] of keys/values [·, kv_heads, head_dim].
 // q [tokens, heads, head_dim] contiguous → out [tokens, heads·head_dim]. A
 // query's arithmetic depends only on its own key count, never on n or tokens
-// (nor on how many queries a block takes: the query heads sharing a KV head,
-// and up to 8 tokens' worth, read each row once for all of them).
+// (nor on how many queries a block takes: up to 4 query heads sharing a KV
+// head and up to 8 queries of one session's step, which read the rows they
+// all see once for all of them).
 // max_keys bounds every session's length (its pool row capacity).
 // A draft tree in one session's step (null rows: a chain): node i attends
 // to the session's keys before the step, then to rows[i·stride + j],

@@ -138,8 +138,8 @@ TEST(InvariantAttentionEmulated, ATreeNodeGetsTheBitsOfItsPathDecodedAloneAndACh
 }
 
 // Batched generation: one token of each of 5 sessions (n = 1) in one call,
-// their rows in one pool (a block then holds several sessions' queries):
-// each gets bitwise what its session's token gets alone.
+// their rows in one pool (each session's token in blocks of its own, at its
+// own base row): each gets bitwise what its session's token gets alone.
 TEST(InvariantAttentionEmulated, ASessionsTokenAmongOtherSessionsGetsItsBitsAlone) {
   std::mt19937 rng(11);
   const Shape s{4, 2, 16};

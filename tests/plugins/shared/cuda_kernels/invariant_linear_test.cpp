@@ -45,10 +45,6 @@ TEST(InvariantLinear, ARowGetsTheSameBitsAtEveryRowCountAndTheProductIsRight) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The build's choice of products against the device's own code: on a
 // compute-capability 9.0 GPU the warpgroup products run exactly when the
 // kernels' code there was compiled for sm_90a (a flag that missed its sm_90a
