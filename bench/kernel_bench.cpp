@@ -5,7 +5,8 @@
 // at), and, at 1 and 16 rows, flash
 // attention over the pool against the row-invariant decoding attention; at
 // 17 to 129 rows, that attention over a draft tree's nodes (its cost beside
-// the 16-row block's is part of what a tree step adds). Each
+// the 16-row block's is part of what a tree step adds); at every row count,
+// that attention again under other tilings of its blocks. Each
 // arm is captured as a CUDA graph of --iters launches and replayed, so the
 // figures are device time per launch as a decoding graph sees it, host
 // launch cost excluded. A program, not a test: docs/performance.md has the
@@ -35,6 +36,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -82,6 +84,28 @@ double microseconds(int64_t iters, const std::function<void()>& body) {
   end.record(stream);
   end.synchronize();
   return 1e3 * static_cast<double>(start.elapsed_time(end)) / static_cast<double>(iters);
+}
+
+// The attention's other block tilings (caps on a block's query heads and
+// queries, AttentionTiling), each timed beside the default's: the figures a
+// change of the default is chosen from. A query's bits are the same under
+// every one (InvariantAttentionEmulated.AQuerysBitsDoNotDependOnHowBlocksTileTheQueries).
+const std::vector<dflash::cuda_kernels::AttentionTiling> kOtherTilings = {{1, 1}, {1, 2}, {1, 4}, {1, 8},
+                                                                          {2, 1}, {2, 2}, {2, 4}, {4, 4}};
+
+// µs of `attend` under each of kOtherTilings, printed on one line after `label` and
+// returned as JSON records.
+nlohmann::json time_tilings(const char* label, int64_t rows, int64_t iters,
+                            const std::function<void(const dflash::cuda_kernels::AttentionTiling&)>& attend) {
+  nlohmann::json records = nlohmann::json::array();
+  std::printf("%-8s (%3lld) tilings, heads x queries a block:", label, static_cast<long long>(rows));
+  for (const dflash::cuda_kernels::AttentionTiling& t : kOtherTilings) {
+    const double us = microseconds(iters, [&] { attend(t); });
+    records.push_back({{"max_heads", t.max_heads}, {"max_queries", t.max_queries}, {"invariant_us", us}});
+    std::printf(" %dx%d %.2f", t.max_heads, t.max_queries, us);
+  }
+  std::printf("\n");
+  return records;
 }
 
 // The rate the weights (bf16) stream at, in GB/s: the memory floor's measure
@@ -171,9 +195,13 @@ int main(int argc, char** argv) {
         (void)dflash::kernel_ops::invariant_decode_attention(q, pool_k, pool_v, cu_k, seqused, rows, a.capacity, tree_rows,
                                                              lengths);
       });
-      report["tree_attention"].push_back({{"nodes", rows}, {"invariant_us", tree}});
       std::printf("%-8s (%3lld)                             %8.2f   a draft tree's nodes\n", "attn", static_cast<long long>(rows),
                   tree);
+      const nlohmann::json tilings = time_tilings("attn", rows, a.iters, [&](const dflash::cuda_kernels::AttentionTiling& t) {
+        (void)dflash::kernel_ops::invariant_decode_attention(q, pool_k, pool_v, cu_k, seqused, rows, a.capacity, tree_rows,
+                                                             lengths, t);
+      });
+      report["tree_attention"].push_back({{"nodes", rows}, {"invariant_us", tree}, {"tilings", tilings}});
       continue;
     }
     const double flash = microseconds(a.iters, [&] {
@@ -183,8 +211,11 @@ int main(int argc, char** argv) {
     const double invariant = microseconds(a.iters, [&] {
       (void)dflash::kernel_ops::invariant_decode_attention(q, pool_k, pool_v, cu_k, seqused, rows, a.capacity);
     });
-    report["attention"].push_back({{"rows", rows}, {"flash_us", flash}, {"invariant_us", invariant}});
     std::printf("%-8s (%3lld)               %8.2f      %8.2f\n", "attn", static_cast<long long>(rows), flash, invariant);
+    const nlohmann::json tilings = time_tilings("attn", rows, a.iters, [&](const dflash::cuda_kernels::AttentionTiling& t) {
+      (void)dflash::kernel_ops::invariant_decode_attention(q, pool_k, pool_v, cu_k, seqused, rows, a.capacity, {}, {}, t);
+    });
+    report["attention"].push_back({{"rows", rows}, {"flash_us", flash}, {"invariant_us", invariant}, {"tilings", tilings}});
   }
   if (!a.json.empty()) std::ofstream(a.json) << report.dump(2) << "\n";
   return 0;

@@ -251,9 +251,10 @@ constexpr int kAttentionThreads = 256;
 // timed: nvcc gives a thread 76 registers at one query a block and 128 at
 // eight, without spills.)
 constexpr int kAttentionLoads = 4;
-// The most query heads, and queries (heads × tokens), one block attends.
-constexpr int kMaxBlockHeads = 4;
-constexpr int kMaxBlockQueries = 8;
+// The most query heads, and queries (heads × tokens), one block attends:
+// the kernels compiled below (AttentionTiling's defaults).
+constexpr int kMaxBlockHeads = AttentionTiling{}.max_heads;
+constexpr int kMaxBlockQueries = AttentionTiling{}.max_queries;
 
 // block_reduce (device_math.cuh) of Q values at once: each value by the same
 // butterfly and the same warp order as block_reduce alone, so each result
@@ -631,19 +632,27 @@ void launch_invariant_decode_attention(const void* q, const void* keys, const vo
 }
 
 // A block's queries: G the most query heads of a KV head (a power of two
-// dividing the group, up to kMaxBlockHeads), then TK the most of a step's
-// n queries (a power of two, up to kMaxBlockQueries in all), within the
+// dividing the group, up to tiling.max_heads), then TK the most of a step's
+// n queries (a power of two, up to tiling.max_queries in all), within the
 // shared memory a block gets. The choice never changes a query's bits.
 struct AttentionTile {
   int g = 1, tk = 1;
 };
-AttentionTile attention_tile(int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys) {
+AttentionTile attention_tile(int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys,
+                             const AttentionTiling& tiling) {
+  const auto power_of_two_up_to = [](int x, int most) { return x >= 1 && x <= most && (x & (x - 1)) == 0; };
+  if (!power_of_two_up_to(tiling.max_heads, kMaxBlockHeads) || !power_of_two_up_to(tiling.max_queries, kMaxBlockQueries))
+    throw std::invalid_argument("invariant_decode_attention: a block's caps must be powers of two, heads up to " +
+                                std::to_string(kMaxBlockHeads) + " and queries up to " + std::to_string(kMaxBlockQueries) +
+                                " (got " + std::to_string(tiling.max_heads) + " heads, " +
+                                std::to_string(tiling.max_queries) + " queries)");
   static const size_t limit = shared_memory_limit();
   const auto fits = [&](int queries) { return attention_shared_bytes(head_dim, max_keys, queries) <= limit; };
   const int64_t group = heads / kv_heads;
   AttentionTile tile;
-  while (tile.g * 2 <= kMaxBlockHeads && group % (tile.g * 2) == 0 && fits(tile.g * 2)) tile.g *= 2;
-  while (tile.tk < n && tile.g * tile.tk * 2 <= kMaxBlockQueries && fits(tile.g * tile.tk * 2)) tile.tk *= 2;
+  while (tile.g * 2 <= std::min(tiling.max_heads, tiling.max_queries) && group % (tile.g * 2) == 0 && fits(tile.g * 2))
+    tile.g *= 2;
+  while (tile.tk < n && tile.g * tile.tk * 2 <= tiling.max_queries && fits(tile.g * tile.tk * 2)) tile.tk *= 2;
   return tile;
 }
 
@@ -651,9 +660,9 @@ template <class T>
 void invariant_decode_attention_typed(const void* q, const void* keys, const void* values, const int32_t* cu_k,
                                       const int32_t* seqused_k, const DecodeTree& tree, void* out, int64_t tokens,
                                       int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, const AttentionTiling& tiling) {
+  const AttentionTile tile = attention_tile(n, heads, kv_heads, head_dim, max_keys, tiling);
   if (tokens == 0) return;
-  const AttentionTile tile = attention_tile(n, heads, kv_heads, head_dim, max_keys);
   const auto launch = [&](auto g, auto tk) {
     if (tile.g != decltype(g)::value || tile.tk != decltype(tk)::value) return false;
     launch_invariant_decode_attention<T, decltype(g)::value, decltype(tk)::value>(
@@ -730,13 +739,14 @@ void swiglu_backward(Element e, const void* gate_up, const void* d_out, void* d_
 
 void invariant_decode_attention(Element e, const void* q, const void* keys, const void* values, const int32_t* cu_k,
                                 const int32_t* seqused_k, const DecodeTree& tree, void* out, int64_t tokens, int64_t n,
-                                int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys, cudaStream_t stream) {
+                                int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys, cudaStream_t stream,
+                                const AttentionTiling& tiling) {
   if (e == Element::kBFloat16)
     invariant_decode_attention_typed<__nv_bfloat16>(q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads,
-                                                    kv_heads, head_dim, max_keys, stream);
+                                                    kv_heads, head_dim, max_keys, stream, tiling);
   else
     invariant_decode_attention_typed<__half>(q, keys, values, cu_k, seqused_k, tree, out, tokens, n, heads, kv_heads,
-                                             head_dim, max_keys, stream);
+                                             head_dim, max_keys, stream, tiling);
 }
 
 bool invariant_decode_attention_fits(int64_t head_dim, int64_t max_keys) {

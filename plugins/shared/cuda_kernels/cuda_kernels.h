@@ -13,6 +13,8 @@
 // wrappers are kernel_ops.h.
 #pragma once
 
+#include "attention_tiling.h"
+
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -149,7 +151,8 @@ struct DecodeTree {
 };
 void invariant_decode_attention(Element element, const void* q, const void* keys, const void* values, const int32_t* cu_k,
                                 const int32_t* seqused_k, const DecodeTree& tree, void* out, int64_t tokens, int64_t n,
-                                int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys, cudaStream_t stream);
+                                int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_keys, cudaStream_t stream,
+                                const AttentionTiling& tiling = {});
 // Whether invariant_decode_attention takes this head_dim (a multiple of 8,
 // ≤ 256) and a session of max_keys keys (their scores fit in shared memory).
 bool invariant_decode_attention_fits(int64_t head_dim, int64_t max_keys);

@@ -332,7 +332,8 @@ void invariant_add_linear_(at::Tensor& residual, const at::Tensor& a, const at::
 
 at::Tensor invariant_decode_attention(const at::Tensor& q_in, const at::Tensor& keys, const at::Tensor& values,
                                       const at::Tensor& cu_k, const at::Tensor& seqused_k, int64_t n, int64_t capacity,
-                                      const at::Tensor& tree_rows, const at::Tensor& tree_lengths) {
+                                      const at::Tensor& tree_rows, const at::Tensor& tree_lengths,
+                                      const cuda_kernels::AttentionTiling& tiling) {
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = q_in.contiguous();
   const int64_t tokens = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = keys.size(1);
@@ -354,7 +355,7 @@ at::Tensor invariant_decode_attention(const at::Tensor& q_in, const at::Tensor& 
   at::Tensor out = at::empty({tokens, heads * head_dim}, q.options());
   cuda_kernels::invariant_decode_attention(element_of(q), q.data_ptr(), keys.data_ptr(), values.data_ptr(),
                                            cu_k.data_ptr<int32_t>(), seqused_k.data_ptr<int32_t>(), tree, out.data_ptr(),
-                                           tokens, n, heads, kv_heads, head_dim, capacity, stream_of(q));
+                                           tokens, n, heads, kv_heads, head_dim, capacity, stream_of(q), tiling);
   return out;
 }
 
@@ -465,7 +466,8 @@ bool invariant_linear_fits(const at::Tensor&, const at::Tensor&) { return false;
 at::Tensor invariant_linear(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
 void invariant_add_linear_(at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
 at::Tensor invariant_decode_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                      const at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::Tensor&) {
+                                      const at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::Tensor&,
+                                      const cuda_kernels::AttentionTiling&) {
   unavailable();
 }
 bool invariant_decode_attention_fits(int64_t, int64_t) { return false; }

@@ -8,6 +8,8 @@
 // also what the kernels are tested against.
 #pragma once
 
+#include "attention_tiling.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -136,9 +138,11 @@ void invariant_add_linear_(at::Tensor& residual, const at::Tensor& a, const at::
 // session, n nodes): tree_rows int32 [n, depth] holds each node's path from
 // the root, itself last, as rows of the session, tree_lengths int32 [n] its
 // length; the node sees the session's keys before the step, then its path.
+// `tiling` caps how many queries a block takes (never a query's bits).
 at::Tensor invariant_decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                                       const at::Tensor& cu_k, const at::Tensor& seqused_k, int64_t n, int64_t capacity,
-                                      const at::Tensor& tree_rows = {}, const at::Tensor& tree_lengths = {});
+                                      const at::Tensor& tree_rows = {}, const at::Tensor& tree_lengths = {},
+                                      const cuda_kernels::AttentionTiling& tiling = {});
 // Whether it takes this head_dim and sessions of up to `capacity` tokens.
 bool invariant_decode_attention_fits(int64_t head_dim, int64_t capacity);
 

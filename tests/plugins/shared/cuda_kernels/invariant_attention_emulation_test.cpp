@@ -34,12 +34,19 @@ std::vector<Bf16> random_bf16(size_t n, std::mt19937& rng) {
 // queries q [tokens, heads, head_dim]; a chain of n = tokens queries, or a
 // tree (rows/lengths/stride) of its nodes.
 std::vector<Bf16> attend(const Shape& s, const std::vector<Bf16>& q, const std::vector<Bf16>& k,
-                         const std::vector<Bf16>& v, int keys, int tokens, const ck::DecodeTree& tree, int capacity) {
+                         const std::vector<Bf16>& v, int keys, int tokens, const ck::DecodeTree& tree, int capacity,
+                         const ck::AttentionTiling& tiling = {}) {
   std::vector<Bf16> out(static_cast<size_t>(tokens) * s.heads * s.head_dim);
   const int32_t cu_k[2] = {0, capacity}, seqused[1] = {keys};
   ck::invariant_decode_attention(ck::Element::kBFloat16, q.data(), k.data(), v.data(), cu_k, seqused, tree, out.data(),
-                                 tokens, tokens, s.heads, s.kv_heads, s.head_dim, capacity, nullptr);
+                                 tokens, tokens, s.heads, s.kv_heads, s.head_dim, capacity, nullptr, tiling);
   return out;
+}
+
+int differing_bits(const std::vector<Bf16>& a, const std::vector<Bf16>& b) {
+  int differing = 0;
+  for (size_t e = 0; e < a.size(); ++e) differing += a[e].bits != b[e].bits;
+  return differing;
 }
 
 // Exact attention of query (token, head) over the given session rows.
@@ -133,6 +140,58 @@ TEST(InvariantAttentionEmulated, ATreeNodeGetsTheBitsOfItsPathDecodedAloneAndACh
       int differing = 0;
       for (size_t e = 0; e < per_token; ++e) differing += alone[e].bits != chain_out[t * per_token + e].bits;
       EXPECT_EQ(differing, 0) << "chain query " << t << " against itself alone";
+    }
+  }
+}
+
+// How a block tiles queries (its heads of a KV head, its tokens of the
+// step) decides which rows it loads once for several of them, never a
+// query's arithmetic: a chain's and a tree's outputs are bitwise the same
+// under every cap, down to one query a block; a cap that is not a power of
+// two, or beyond what is compiled, is refused by name.
+TEST(InvariantAttentionEmulated, AQuerysBitsDoNotDependOnHowBlocksTileTheQueries) {
+  std::mt19937 rng(23);
+  // Against the default (4 heads, 8 queries): one query a block, whole
+  // heads or whole tokens only, and a mix. (Each emulated block runs 256
+  // threads; few calls keep the test short.)
+  const std::vector<ck::AttentionTiling> tilings = {{1, 1}, {4, 4}, {1, 4}, {2, 4}};
+  for (const Shape s : {Shape{8, 2, 16}}) {
+    SCOPED_TRACE("heads " + std::to_string(s.heads) + ", kv heads " + std::to_string(s.kv_heads) + ", head_dim " +
+                 std::to_string(s.head_dim));
+    const int prefix = 29, capacity = 64, row_size = s.kv_heads * s.head_dim, n = 6;
+    const std::vector<int> parent = {-1, 0, 0, 1, 2, 2};  // a tree of n nodes after the prefix
+    std::vector<std::vector<int>> path(n);
+    for (int i = 0; i < n; ++i) {
+      if (parent[i] >= 0) path[i] = path[parent[i]];
+      path[i].push_back(prefix + i);
+    }
+    const int depth = 4;
+    std::vector<int32_t> rows(static_cast<size_t>(n) * depth, 0), lengths(n);
+    for (int i = 0; i < n; ++i) {
+      lengths[i] = static_cast<int32_t>(path[i].size());
+      std::copy(path[i].begin(), path[i].end(), rows.begin() + static_cast<size_t>(i) * depth);
+    }
+    const ck::DecodeTree tree{rows.data(), lengths.data(), depth};
+    const std::vector<Bf16> k = random_bf16(static_cast<size_t>(capacity) * row_size, rng);
+    const std::vector<Bf16> v = random_bf16(static_cast<size_t>(capacity) * row_size, rng);
+    const std::vector<Bf16> q = random_bf16(static_cast<size_t>(n) * s.heads * s.head_dim, rng);
+    const std::vector<Bf16> chain = attend(s, q, k, v, prefix + n, n, ck::DecodeTree{}, capacity);
+    const std::vector<Bf16> tree_out = attend(s, q, k, v, prefix + n, n, tree, capacity);
+    EXPECT_GT(differing_bits(chain, tree_out), 0) << "a tree's nodes see other keys than a chain's queries";
+    for (const ck::AttentionTiling& t : tilings) {
+      const std::string name = std::to_string(t.max_heads) + " heads, " + std::to_string(t.max_queries) + " queries a block";
+      EXPECT_EQ(differing_bits(attend(s, q, k, v, prefix + n, n, ck::DecodeTree{}, capacity, t), chain), 0) << "chain, " << name;
+      EXPECT_EQ(differing_bits(attend(s, q, k, v, prefix + n, n, tree, capacity, t), tree_out), 0) << "tree, " << name;
+    }
+  }
+  const Shape s{4, 2, 16};
+  const std::vector<Bf16> k(16 * 2 * 16), v(16 * 2 * 16), q(4 * 16);
+  for (const ck::AttentionTiling& bad : {ck::AttentionTiling{3, 8}, ck::AttentionTiling{4, 16}, ck::AttentionTiling{0, 8}}) {
+    try {
+      (void)attend(s, q, k, v, 1, 1, ck::DecodeTree{}, 16, bad);
+      ADD_FAILURE() << "a cap of " << bad.max_heads << " heads, " << bad.max_queries << " queries was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("powers of two"), std::string::npos) << e.what();
     }
   }
 }
