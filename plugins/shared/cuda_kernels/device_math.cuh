@@ -23,6 +23,12 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 template <>
 __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+// fp32 elements: no kernel is launched on them, but the CPU emulation's tests
+// instantiate a kernel at fp32 to compare its sums bit for bit, before the
+// rounding to 16 bits that would hide a change in their order.
+__device__ __forceinline__ float to_float(float x) { return x; }
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
 // x rounded to T and back: where transformers stores an intermediate in the
 // activation dtype, so do we.
 template <class T>

@@ -10,6 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -192,6 +195,75 @@ TEST(InvariantAttentionEmulated, AQuerysBitsDoNotDependOnHowBlocksTileTheQueries
       ADD_FAILURE() << "a cap of " << bad.max_heads << " heads, " << bad.max_queries << " queries was taken";
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("powers of two"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The same checks on fp32 elements (the kernel instantiated at float, which
+// only this test does): a bf16 output rounds away most changes to the order
+// of its fp32 sums, an fp32 output shows them. A tree node gets bitwise its
+// path alone, a chain query itself alone, under the default tiling and under
+// one query a block. (Reversing the order the slices' sums are added in, for
+// one-head blocks only, fails this test and passes the bf16 ones.)
+template <class T>
+using AlignedRows = std::unique_ptr<T[], decltype(&std::free)>;
+
+// 64-byte aligned, as the kernel's 8-wide packs of floats need.
+AlignedRows<float> aligned_floats(size_t n) {
+  return AlignedRows<float>(static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64)), &std::free);
+}
+
+AlignedRows<float> random_floats(size_t n, std::mt19937& rng) {
+  AlignedRows<float> rows = aligned_floats(n);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (size_t i = 0; i < n; ++i) rows[i] = normal(rng);
+  return rows;
+}
+
+TEST(InvariantAttentionEmulated, InFp32ANodeAndAChainQueryGetTheirBitsAloneUnderEveryTiling) {
+  std::mt19937 rng(31);
+  const Shape s{8, 2, 16};
+  const int prefix = 29, capacity = 64, row_size = s.kv_heads * s.head_dim, n = 5, depth = 3;
+  const std::vector<int> parent = {-1, 0, 0, 1, 2};
+  std::vector<std::vector<int>> path(n);
+  std::vector<int32_t> rows(static_cast<size_t>(n) * depth, 0), lengths(n);
+  for (int i = 0; i < n; ++i) {
+    if (parent[i] >= 0) path[i] = path[parent[i]];
+    path[i].push_back(prefix + i);
+    lengths[i] = static_cast<int32_t>(path[i].size());
+    std::copy(path[i].begin(), path[i].end(), rows.begin() + static_cast<size_t>(i) * depth);
+  }
+  const size_t pool = static_cast<size_t>(capacity) * row_size, per_token = static_cast<size_t>(s.heads) * s.head_dim;
+  const AlignedRows<float> k = random_floats(pool, rng), v = random_floats(pool, rng), q = random_floats(n * per_token, rng);
+  const auto attend_fp32 = [&](const float* qs, const float* ks, const float* vs, int keys, int tokens,
+                               const ck::DecodeTree& tree, const ck::AttentionTiling& tiling) {
+    std::vector<float> out(static_cast<size_t>(tokens) * per_token);
+    const int32_t cu_k[2] = {0, capacity}, seqused[1] = {keys};
+    ck::invariant_decode_attention_typed<float>(qs, ks, vs, cu_k, seqused, tree, out.data(), tokens, tokens, s.heads,
+                                                s.kv_heads, s.head_dim, capacity, nullptr, tiling);
+    return out;
+  };
+  const auto same_bits = [](const float* a, const float* b, size_t count) { return std::memcmp(a, b, count * sizeof(float)) == 0; };
+  for (const ck::AttentionTiling& tiling : {ck::AttentionTiling{}, ck::AttentionTiling{1, 1}}) {
+    SCOPED_TRACE(std::to_string(tiling.max_heads) + " heads, " + std::to_string(tiling.max_queries) + " queries a block");
+    const std::vector<float> tree_out =
+        attend_fp32(q.get(), k.get(), v.get(), prefix + n, n, ck::DecodeTree{rows.data(), lengths.data(), depth}, tiling);
+    const std::vector<float> chain_out = attend_fp32(q.get(), k.get(), v.get(), prefix + n, n, ck::DecodeTree{}, tiling);
+    for (int i = 0; i < n; ++i) {
+      const AlignedRows<float> k_alone = aligned_floats(pool), v_alone = aligned_floats(pool);
+      std::memcpy(k_alone.get(), k.get(), pool * sizeof(float));
+      std::memcpy(v_alone.get(), v.get(), pool * sizeof(float));
+      for (size_t j = 0; j < path[i].size(); ++j) {  // the path's rows right after the prefix
+        std::memcpy(k_alone.get() + (prefix + j) * row_size, k.get() + static_cast<size_t>(path[i][j]) * row_size, row_size * sizeof(float));
+        std::memcpy(v_alone.get() + (prefix + j) * row_size, v.get() + static_cast<size_t>(path[i][j]) * row_size, row_size * sizeof(float));
+      }
+      const float* q_i = q.get() + i * per_token;
+      const std::vector<float> node_alone =
+          attend_fp32(q_i, k_alone.get(), v_alone.get(), prefix + lengths[i], 1, ck::DecodeTree{}, ck::AttentionTiling{});
+      EXPECT_TRUE(same_bits(node_alone.data(), tree_out.data() + i * per_token, per_token)) << "node " << i;
+      const std::vector<float> query_alone =
+          attend_fp32(q_i, k.get(), v.get(), prefix + i + 1, 1, ck::DecodeTree{}, ck::AttentionTiling{});
+      EXPECT_TRUE(same_bits(query_alone.data(), chain_out.data() + i * per_token, per_token)) << "chain query " << i;
     }
   }
 }
