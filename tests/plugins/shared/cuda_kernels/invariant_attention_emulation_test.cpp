@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -82,13 +83,48 @@ double worst_error(const Shape& s, const std::vector<Bf16>& q, int token, const 
   return worst;
 }
 
-// The rows of `from` (session rows) copied to rows first, first + 1, … of a copy of the pool.
-std::vector<Bf16> with_rows_moved(std::vector<Bf16> pool, const std::vector<int>& from, int first, int row_size) {
-  const std::vector<Bf16> source = pool;
+// Rows `from` (session rows) of `source` copied to rows first, first + 1, … of `pool`.
+template <class T>
+void move_rows(T* pool, const T* source, const std::vector<int>& from, int first, int row_size) {
   for (size_t j = 0; j < from.size(); ++j)
-    std::copy(source.begin() + static_cast<size_t>(from[j]) * row_size, source.begin() + static_cast<size_t>(from[j] + 1) * row_size,
-              pool.begin() + static_cast<size_t>(first + static_cast<int>(j)) * row_size);
+    std::copy(source + static_cast<size_t>(from[j]) * row_size, source + static_cast<size_t>(from[j] + 1) * row_size,
+              pool + static_cast<size_t>(first + static_cast<int>(j)) * row_size);
+}
+
+// The rows of `from` copied to rows first, first + 1, … of a copy of the pool.
+std::vector<Bf16> with_rows_moved(const std::vector<Bf16>& source, const std::vector<int>& from, int first, int row_size) {
+  std::vector<Bf16> pool = source;
+  move_rows(pool.data(), source.data(), from, first, row_size);
   return pool;
+}
+
+// A draft tree of parent.size() nodes after `prefix` session rows, parents
+// first (node 0 the root): each node's path (session rows, root first, the
+// node last), and the kernel's view of them: rows [nodes, depth] (depth the
+// longest path, or `stride` when that is more) and each path's length.
+struct TestTree {
+  std::vector<std::vector<int>> path;
+  std::vector<int32_t> rows, lengths;
+  int depth = 0;
+  ck::DecodeTree view() const { return ck::DecodeTree{rows.data(), lengths.data(), depth}; }
+};
+
+TestTree test_tree(const std::vector<int>& parent, int prefix, int stride = 0) {
+  const int nodes = static_cast<int>(parent.size());
+  TestTree t;
+  t.depth = stride;
+  t.path.resize(nodes);
+  for (int i = 0; i < nodes; ++i) {
+    if (parent[i] >= 0) t.path[i] = t.path[parent[i]];
+    t.path[i].push_back(prefix + i);
+    t.depth = std::max(t.depth, static_cast<int>(t.path[i].size()));
+  }
+  t.rows.assign(static_cast<size_t>(nodes) * t.depth, 0);
+  for (int i = 0; i < nodes; ++i) {
+    t.lengths.push_back(static_cast<int32_t>(t.path[i].size()));
+    std::copy(t.path[i].begin(), t.path[i].end(), t.rows.begin() + static_cast<size_t>(i) * t.depth);
+  }
+  return t;
 }
 
 TEST(InvariantAttentionEmulated, ATreeNodeGetsTheBitsOfItsPathDecodedAloneAndAChainQueryOfItsPrefix) {
@@ -99,25 +135,14 @@ TEST(InvariantAttentionEmulated, ATreeNodeGetsTheBitsOfItsPathDecodedAloneAndACh
     SCOPED_TRACE("heads " + std::to_string(s.heads) + ", kv heads " + std::to_string(s.kv_heads) + ", head_dim " +
                  std::to_string(s.head_dim));
     const int prefix = 37, capacity = 96, row_size = s.kv_heads * s.head_dim;
-    // A tree of 9 nodes after the prefix, parents first: 0 is the root.
-    const std::vector<int> parent = {-1, 0, 0, 1, 1, 2, 3, 3, 6};
-    const int nodes = static_cast<int>(parent.size());
-    std::vector<std::vector<int>> path(nodes);  // session rows, root first, the node last
-    for (int i = 0; i < nodes; ++i) {
-      if (parent[i] >= 0) path[i] = path[parent[i]];
-      path[i].push_back(prefix + i);
-    }
-    const int depth = 5;
-    std::vector<int32_t> rows(static_cast<size_t>(nodes) * depth, 0), lengths(nodes);
-    for (int i = 0; i < nodes; ++i) {
-      lengths[i] = static_cast<int32_t>(path[i].size());
-      std::copy(path[i].begin(), path[i].end(), rows.begin() + static_cast<size_t>(i) * depth);
-    }
+    const TestTree tree = test_tree({-1, 0, 0, 1, 1, 2, 3, 3, 6}, prefix);  // 9 nodes, paths up to 5 long
+    const int nodes = static_cast<int>(tree.path.size());
+    const std::vector<std::vector<int>>& path = tree.path;
     const std::vector<Bf16> k = random_bf16(static_cast<size_t>(capacity) * row_size, rng);
     const std::vector<Bf16> v = random_bf16(static_cast<size_t>(capacity) * row_size, rng);
     const std::vector<Bf16> q = random_bf16(static_cast<size_t>(nodes) * s.heads * s.head_dim, rng);
     const std::vector<Bf16> tree_out =
-        attend(s, q, k, v, prefix + nodes, nodes, ck::DecodeTree{rows.data(), lengths.data(), depth}, capacity);
+        attend(s, q, k, v, prefix + nodes, nodes, tree.view(), capacity);
     const size_t per_token = static_cast<size_t>(s.heads) * s.head_dim;
     for (int i = 0; i < nodes; ++i) {
       std::vector<int> seen(prefix);
@@ -129,7 +154,7 @@ TEST(InvariantAttentionEmulated, ATreeNodeGetsTheBitsOfItsPathDecodedAloneAndACh
       const std::vector<Bf16> v_alone = with_rows_moved(v, path[i], prefix, row_size);
       const std::vector<Bf16> q_alone(q.begin() + static_cast<size_t>(i) * per_token, q.begin() + static_cast<size_t>(i + 1) * per_token);
       const std::vector<Bf16> alone =
-          attend(s, q_alone, k_alone, v_alone, prefix + lengths[i], 1, ck::DecodeTree{}, capacity);
+          attend(s, q_alone, k_alone, v_alone, prefix + tree.lengths[i], 1, ck::DecodeTree{}, capacity);
       int differing = 0;
       for (size_t e = 0; e < per_token; ++e) differing += alone[e].bits != tree_out[i * per_token + e].bits;
       EXPECT_EQ(differing, 0) << "node " << i << " against its path decoded alone";
@@ -158,40 +183,28 @@ TEST(InvariantAttentionEmulated, AQuerysBitsDoNotDependOnHowBlocksTileTheQueries
   // heads or whole tokens only, and a mix. (Each emulated block runs 256
   // threads; few calls keep the test short.)
   const std::vector<ck::AttentionTiling> tilings = {{1, 1}, {4, 4}, {1, 4}, {2, 4}};
-  for (const Shape s : {Shape{8, 2, 16}}) {
-    SCOPED_TRACE("heads " + std::to_string(s.heads) + ", kv heads " + std::to_string(s.kv_heads) + ", head_dim " +
-                 std::to_string(s.head_dim));
+  {
+    const Shape s{8, 2, 16};  // 4 query heads a KV head
     const int prefix = 29, capacity = 64, row_size = s.kv_heads * s.head_dim, n = 6;
-    const std::vector<int> parent = {-1, 0, 0, 1, 2, 2};  // a tree of n nodes after the prefix
-    std::vector<std::vector<int>> path(n);
-    for (int i = 0; i < n; ++i) {
-      if (parent[i] >= 0) path[i] = path[parent[i]];
-      path[i].push_back(prefix + i);
-    }
-    const int depth = 4;
-    std::vector<int32_t> rows(static_cast<size_t>(n) * depth, 0), lengths(n);
-    for (int i = 0; i < n; ++i) {
-      lengths[i] = static_cast<int32_t>(path[i].size());
-      std::copy(path[i].begin(), path[i].end(), rows.begin() + static_cast<size_t>(i) * depth);
-    }
-    const ck::DecodeTree tree{rows.data(), lengths.data(), depth};
+    // n nodes after the prefix, rows 4 wide (beyond the longest path, 3).
+    const TestTree tree = test_tree({-1, 0, 0, 1, 2, 2}, prefix, /*stride=*/4);
     const std::vector<Bf16> k = random_bf16(static_cast<size_t>(capacity) * row_size, rng);
     const std::vector<Bf16> v = random_bf16(static_cast<size_t>(capacity) * row_size, rng);
     const std::vector<Bf16> q = random_bf16(static_cast<size_t>(n) * s.heads * s.head_dim, rng);
     const std::vector<Bf16> chain = attend(s, q, k, v, prefix + n, n, ck::DecodeTree{}, capacity);
-    const std::vector<Bf16> tree_out = attend(s, q, k, v, prefix + n, n, tree, capacity);
+    const std::vector<Bf16> tree_out = attend(s, q, k, v, prefix + n, n, tree.view(), capacity);
     EXPECT_GT(differing_bits(chain, tree_out), 0) << "a tree's nodes see other keys than a chain's queries";
     for (const ck::AttentionTiling& t : tilings) {
       const std::string name = std::to_string(t.max_heads) + " heads, " + std::to_string(t.max_queries) + " queries a block";
       EXPECT_EQ(differing_bits(attend(s, q, k, v, prefix + n, n, ck::DecodeTree{}, capacity, t), chain), 0) << "chain, " << name;
-      EXPECT_EQ(differing_bits(attend(s, q, k, v, prefix + n, n, tree, capacity, t), tree_out), 0) << "tree, " << name;
+      EXPECT_EQ(differing_bits(attend(s, q, k, v, prefix + n, n, tree.view(), capacity, t), tree_out), 0) << "tree, " << name;
     }
   }
-  const Shape s{4, 2, 16};
+  const Shape small{4, 2, 16};
   const std::vector<Bf16> k(16 * 2 * 16), v(16 * 2 * 16), q(4 * 16);
   for (const ck::AttentionTiling& bad : {ck::AttentionTiling{3, 8}, ck::AttentionTiling{4, 16}, ck::AttentionTiling{0, 8}}) {
     try {
-      (void)attend(s, q, k, v, 1, 1, ck::DecodeTree{}, 16, bad);
+      (void)attend(small, q, k, v, 1, 1, ck::DecodeTree{}, 16, bad);
       ADD_FAILURE() << "a cap of " << bad.max_heads << " heads, " << bad.max_queries << " queries was taken";
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("powers of two"), std::string::npos) << e.what();
@@ -223,16 +236,8 @@ AlignedRows<float> random_floats(size_t n, std::mt19937& rng) {
 TEST(InvariantAttentionEmulated, InFp32ANodeAndAChainQueryGetTheirBitsAloneUnderEveryTiling) {
   std::mt19937 rng(31);
   const Shape s{8, 2, 16};
-  const int prefix = 29, capacity = 64, row_size = s.kv_heads * s.head_dim, n = 5, depth = 3;
-  const std::vector<int> parent = {-1, 0, 0, 1, 2};
-  std::vector<std::vector<int>> path(n);
-  std::vector<int32_t> rows(static_cast<size_t>(n) * depth, 0), lengths(n);
-  for (int i = 0; i < n; ++i) {
-    if (parent[i] >= 0) path[i] = path[parent[i]];
-    path[i].push_back(prefix + i);
-    lengths[i] = static_cast<int32_t>(path[i].size());
-    std::copy(path[i].begin(), path[i].end(), rows.begin() + static_cast<size_t>(i) * depth);
-  }
+  const int prefix = 29, capacity = 64, row_size = s.kv_heads * s.head_dim, n = 5;
+  const TestTree tree = test_tree({-1, 0, 0, 1, 2}, prefix);
   const size_t pool = static_cast<size_t>(capacity) * row_size, per_token = static_cast<size_t>(s.heads) * s.head_dim;
   const AlignedRows<float> k = random_floats(pool, rng), v = random_floats(pool, rng), q = random_floats(n * per_token, rng);
   const auto attend_fp32 = [&](const float* qs, const float* ks, const float* vs, int keys, int tokens,
@@ -247,19 +252,17 @@ TEST(InvariantAttentionEmulated, InFp32ANodeAndAChainQueryGetTheirBitsAloneUnder
   for (const ck::AttentionTiling& tiling : {ck::AttentionTiling{}, ck::AttentionTiling{1, 1}}) {
     SCOPED_TRACE(std::to_string(tiling.max_heads) + " heads, " + std::to_string(tiling.max_queries) + " queries a block");
     const std::vector<float> tree_out =
-        attend_fp32(q.get(), k.get(), v.get(), prefix + n, n, ck::DecodeTree{rows.data(), lengths.data(), depth}, tiling);
+        attend_fp32(q.get(), k.get(), v.get(), prefix + n, n, tree.view(), tiling);
     const std::vector<float> chain_out = attend_fp32(q.get(), k.get(), v.get(), prefix + n, n, ck::DecodeTree{}, tiling);
     for (int i = 0; i < n; ++i) {
       const AlignedRows<float> k_alone = aligned_floats(pool), v_alone = aligned_floats(pool);
       std::memcpy(k_alone.get(), k.get(), pool * sizeof(float));
       std::memcpy(v_alone.get(), v.get(), pool * sizeof(float));
-      for (size_t j = 0; j < path[i].size(); ++j) {  // the path's rows right after the prefix
-        std::memcpy(k_alone.get() + (prefix + j) * row_size, k.get() + static_cast<size_t>(path[i][j]) * row_size, row_size * sizeof(float));
-        std::memcpy(v_alone.get() + (prefix + j) * row_size, v.get() + static_cast<size_t>(path[i][j]) * row_size, row_size * sizeof(float));
-      }
+      move_rows(k_alone.get(), k.get(), tree.path[i], prefix, row_size);  // the path's rows right after the prefix
+      move_rows(v_alone.get(), v.get(), tree.path[i], prefix, row_size);
       const float* q_i = q.get() + i * per_token;
       const std::vector<float> node_alone =
-          attend_fp32(q_i, k_alone.get(), v_alone.get(), prefix + lengths[i], 1, ck::DecodeTree{}, ck::AttentionTiling{});
+          attend_fp32(q_i, k_alone.get(), v_alone.get(), prefix + tree.lengths[i], 1, ck::DecodeTree{}, ck::AttentionTiling{});
       EXPECT_TRUE(same_bits(node_alone.data(), tree_out.data() + i * per_token, per_token)) << "node " << i;
       const std::vector<float> query_alone =
           attend_fp32(q_i, k.get(), v.get(), prefix + i + 1, 1, ck::DecodeTree{}, ck::AttentionTiling{});
