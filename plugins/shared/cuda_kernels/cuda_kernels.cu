@@ -634,7 +634,8 @@ void launch_invariant_decode_attention(const void* q, const void* keys, const vo
 // A block's queries: G the most query heads of a KV head (a power of two
 // dividing the group, up to tiling.max_heads), then TK the most of a step's
 // n queries (a power of two, up to tiling.max_queries in all), within the
-// shared memory a block gets. The choice never changes a query's bits.
+// shared memory a block gets; then TK halved while one session's grid has
+// fewer than tiling.min_blocks blocks. The choice never changes a query's bits.
 struct AttentionTile {
   int g = 1, tk = 1;
 };
@@ -653,6 +654,8 @@ AttentionTile attention_tile(int64_t n, int64_t heads, int64_t kv_heads, int64_t
   while (tile.g * 2 <= std::min(tiling.max_heads, tiling.max_queries) && group % (tile.g * 2) == 0 && fits(tile.g * 2))
     tile.g *= 2;
   while (tile.tk < n && tile.g * tile.tk * 2 <= tiling.max_queries && fits(tile.g * tile.tk * 2)) tile.tk *= 2;
+  const auto blocks = [&] { return ((n + tile.tk - 1) / tile.tk) * (heads / tile.g); };
+  while (tile.tk > 1 && blocks() < tiling.min_blocks) tile.tk /= 2;
   return tile;
 }
 

@@ -179,10 +179,11 @@ TEST(InvariantAttentionEmulated, ATreeNodeGetsTheBitsOfItsPathDecodedAloneAndACh
 // two, or beyond what is compiled, is refused by name.
 TEST(InvariantAttentionEmulated, AQuerysBitsDoNotDependOnHowBlocksTileTheQueries) {
   std::mt19937 rng(23);
-  // Against the default (4 heads, 8 queries): one query a block, whole
-  // heads or whole tokens only, and a mix. (Each emulated block runs 256
-  // threads; few calls keep the test short.)
-  const std::vector<ck::AttentionTiling> tilings = {{1, 1}, {4, 4}, {1, 4}, {2, 4}};
+  // Against the default (here 4 heads and one token a block: so few queries
+  // fill no grid), the caps alone: one query a block, the compiled maxima
+  // (4 heads × 2 tokens here), whole tokens only, and a mix. (Each emulated
+  // block runs 256 threads; few calls keep the test short.)
+  const std::vector<ck::AttentionTiling> tilings = {{1, 1, 0}, {4, 8, 0}, {1, 4, 0}, {2, 4, 0}};
   {
     const Shape s{8, 2, 16};  // 4 query heads a KV head
     const int prefix = 29, capacity = 64, row_size = s.kv_heads * s.head_dim, n = 6;
@@ -215,7 +216,7 @@ TEST(InvariantAttentionEmulated, AQuerysBitsDoNotDependOnHowBlocksTileTheQueries
 // The same checks on fp32 elements (the kernel instantiated at float, which
 // only this test does): a bf16 output rounds away most changes to the order
 // of its fp32 sums, an fp32 output shows them. A tree node gets bitwise its
-// path alone, a chain query itself alone, under the default tiling and under
+// path alone, a chain query itself alone, under the compiled maxima and under
 // one query a block. (Reversing the order the slices' sums are added in, for
 // one-head blocks only, fails this test and passes the bf16 ones.)
 template <class T>
@@ -249,7 +250,7 @@ TEST(InvariantAttentionEmulated, InFp32ANodeAndAChainQueryGetTheirBitsAloneUnder
     return out;
   };
   const auto same_bits = [](const float* a, const float* b, size_t count) { return std::memcmp(a, b, count * sizeof(float)) == 0; };
-  for (const ck::AttentionTiling& tiling : {ck::AttentionTiling{}, ck::AttentionTiling{1, 1}}) {
+  for (const ck::AttentionTiling& tiling : {ck::AttentionTiling{4, 8, 0}, ck::AttentionTiling{1, 1, 0}}) {
     SCOPED_TRACE(std::to_string(tiling.max_heads) + " heads, " + std::to_string(tiling.max_queries) + " queries a block");
     const std::vector<float> tree_out =
         attend_fp32(q.get(), k.get(), v.get(), prefix + n, n, tree.view(), tiling);
@@ -301,6 +302,27 @@ TEST(InvariantAttentionEmulated, ASessionsTokenAmongOtherSessionsGetsItsBitsAlon
     for (int r = 0; r < seqused[session]; ++r) rows[r] = r;
     EXPECT_LT(worst_error(s, q_own, 0, k_own, v_own, rows, alone), 1e-2) << "session " << session;
   }
+}
+
+// The default tiling halves a block's tokens until one session's grid has
+// min_blocks blocks (or one token a block), at the scale model's shapes (32
+// query heads over 16 KV heads, head_dim 64, 512 keys): a chain's 16 tokens
+// one a block, a 65-node tree's two, a 129-node tree's four; the caps alone
+// keep the compiled maxima's blocks.
+TEST(InvariantAttentionEmulated, TheDefaultTilingFillsTheGridBeforeItSharesRowsAmongTokens) {
+  const auto tokens_a_block = [](int64_t n, const ck::AttentionTiling& tiling) {
+    const ck::AttentionTile tile = ck::attention_tile(n, 32, 16, 64, 512, tiling);
+    EXPECT_EQ(tile.g, 2) << n << " queries: both query heads of a KV head in one block";
+    return tile.tk;
+  };
+  const ck::AttentionTiling fill{}, caps_alone{4, 8, 0};
+  EXPECT_EQ(tokens_a_block(1, fill), 1);
+  EXPECT_EQ(tokens_a_block(16, fill), 1);   // 256 blocks
+  EXPECT_EQ(tokens_a_block(33, fill), 1);   // 528
+  EXPECT_EQ(tokens_a_block(65, fill), 2);   // 528
+  EXPECT_EQ(tokens_a_block(129, fill), 4);  // 528
+  for (int64_t n : {16, 65, 129}) EXPECT_EQ(tokens_a_block(n, caps_alone), 4) << n << " queries";
+  EXPECT_EQ(tokens_a_block(129, ck::AttentionTiling{4, 8, 1024}), 2);
 }
 
 }  // namespace
