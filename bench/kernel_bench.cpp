@@ -163,13 +163,27 @@ int main(int argc, char** argv) {
       const double error = ((ours - theirs).abs().max() / theirs.abs().max()).item<double>();
       const bool alone = at::equal(dflash::kernel_ops::invariant_linear(x.narrow(0, rows - 1, 1).contiguous(), w),
                                    ours.narrow(0, rows - 1, 1));
+      // The runs of k added in clusters of at most 8 blocks, and through the
+      // workspace (the default adds up to 16 in a cluster): the same bits.
+      const bool in_cluster = dflash::kernel_ops::invariant_linear_adds_runs_in_cluster(x, w);
+      dflash::kernel_ops::set_invariant_linear_most_cluster_runs(8);
+      const double cluster_8 = microseconds(a.iters, [&] { (void)dflash::kernel_ops::invariant_linear(x, w); });
+      dflash::kernel_ops::set_invariant_linear_most_cluster_runs(1);
+      const double workspace = microseconds(a.iters, [&] { (void)dflash::kernel_ops::invariant_linear(x, w); });
+      const bool same_both_ways = at::equal(dflash::kernel_ops::invariant_linear(x, w), ours);
+      dflash::kernel_ops::set_invariant_linear_most_cluster_runs(16);
       report["linear"].push_back({{"name", p.name}, {"rows", rows}, {"out", p.out}, {"in", p.in},
                                   {"cublas_us", cublas}, {"invariant_us", invariant},
                                   {"invariant_weight_gb_per_s", weight_gb_per_s(p.out * p.in, invariant)},
-                                  {"relative_error_to_cublas", error}, {"last_row_alone_identical", alone}});
-      std::printf("%-8s (%3lld)               %8.2f      %8.2f   %6.0f GB/s of weights, error %.1e, row alone %s\n",
+                                  {"relative_error_to_cublas", error}, {"last_row_alone_identical", alone},
+                                  {"runs_added_in_cluster", in_cluster}, {"clusters_of_8_us", cluster_8},
+                                  {"workspace_us", workspace}, {"workspace_bits_identical", same_both_ways}});
+      std::printf("%-8s (%3lld)               %8.2f      %8.2f   %6.0f GB/s of weights, error %.1e, row alone %s; "
+                  "runs added %s; clusters of 8 %.2f, workspace %.2f (%s)\n",
                   p.name.c_str(), static_cast<long long>(rows), cublas, invariant,
-                  weight_gb_per_s(p.out * p.in, invariant), error, alone ? "identical" : "DIFFERENT");
+                  weight_gb_per_s(p.out * p.in, invariant), error, alone ? "identical" : "DIFFERENT",
+                  in_cluster ? "in a cluster" : "not in a cluster", cluster_8, workspace,
+                  same_both_ways ? "same bits" : "DIFFERENT bits");
     }
     // Attention of `rows` new queries at the end of a session of `keys` keys, one pool row.
     const at::Tensor pool_k = torch::randn({a.capacity, a.kv_heads, a.head_dim}, options);

@@ -21,7 +21,10 @@
 // changes no bit and is picked by row count (launch_products_for_rows). The
 // runs of k give the grid enough blocks to keep the memory busy on narrow
 // projections; their fp32 partial sums go through a workspace and a second
-// kernel adds them.
+// kernel adds them, or, with the warpgroup products on a device that holds a
+// cluster of a call's runs, they are added in the cluster's shared memory
+// (sum_runs_in_cluster), in the same order.
+#include "cluster.cuh"
 #include "cuda_kernels.h"
 #include "device_math.cuh"
 #include "wgmma.cuh"
@@ -35,6 +38,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace dflash::cuda_kernels {
 namespace {
@@ -320,17 +324,32 @@ struct WgTiling {
   static constexpr int kStageBytes = kLines * 128;
   // The swizzle's atoms are 1024-aligned in shared memory: room to align.
   static constexpr int kSharedBytes = kStages * kStageBytes + 1024;
+  // A run's sums for the cluster's adding (sum_runs_in_cluster): kN rows of
+  // the block's 128 features, 4 floats apart more than a row's, so that the
+  // 4 rows a warp's store covers fall in different banks; in the stages'
+  // buffers, which the products no longer read.
+  static constexpr int kSumStride = kFeatures + 4;
+  static_assert(kN * kSumStride * 4 <= kStages * kStageBytes, "a run's sums fit in the stages' shared memory");
 };
 
 // Block (x, y, z): rows [kN·x, +kN), features [128·y, +128), run z. Each
 // thread's pieces and pointers are fixed once (StageCopy, as in the
 // mma.sync kernel): lanes tid % 8 take a line's 8 groups, tid / 8 the line; a
 // pass moves 32 lines.
+//
+// sum_in_cluster: the grid's runs are one cluster (launch_products_wgmma_tiled)
+// and add their sums there (sum_runs_in_cluster); partial is then null.
+template <class T, class Wg>
+__device__ __forceinline__ void sum_runs_in_cluster(const float (&d)[Wg::kN / 2], float* sums, const T* bias,
+                                                    const T* residual, T* out, int first_row, int all_rows,
+                                                    int64_t block_feature, int64_t out_features);
+
 template <class T, class Wg>
 __global__ void __launch_bounds__(Wg::kThreads, 1)
     invariant_linear_wgmma_kernel(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
                                   const T* residual, T* out, float* __restrict__ partial, int all_rows,
-                                  int64_t out_features, int64_t in_features, int64_t chunks_per_split) {
+                                  int64_t out_features, int64_t in_features, int64_t chunks_per_split,
+                                  bool sum_in_cluster) {
   extern __shared__ __align__(128) unsigned char wgmma_dynamic_shared[];
   unsigned char* const wgmma_shared =
       wgmma_dynamic_shared + (1024 - __cvta_generic_to_shared(wgmma_dynamic_shared) % 1024) % 1024;
@@ -399,6 +418,14 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
   }
   wgmma_wait_all();
   wgmma_hold<Wg::kN>(d);
+  if (sum_in_cluster) {
+    // Both warpgroups' products are done with the stages before their
+    // buffers take the sums.
+    __syncthreads();
+    sum_runs_in_cluster<T, Wg>(d, reinterpret_cast<float*>(wgmma_shared), bias, residual, out, first_row, all_rows,
+                               block_feature, out_features);
+    return;
+  }
 
   // d[i]: feature 64·group + 16·warp + lane / 4 (+8 where i % 4 ≥ 2), row
   // 8·(i / 4) + 2·(lane % 4) + i % 2 (the accumulators' fragment layout).
@@ -411,6 +438,48 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
     if (partial == nullptr) store_output<T>(d[i], bias, residual, out, row, j, out_features);
     else partial[(static_cast<int64_t>(blockIdx.z) * all_rows + row) * out_features + j] = d[i];
   }
+}
+
+// The runs' sums added in the cluster's shared memory, with the arithmetic of
+// add_runs_kernel: each block (run z = its rank) stores its sums, the
+// cluster meets, then block z adds, for its share of the block's elements
+// (every gridDim.z-th 256 of them), run 0's sum and each later run's in run
+// order, and writes the epilogue; the cluster meets again before any block
+// leaves, so no block's shared memory goes while another reads it. No
+// workspace goes through global memory: at 65 rows the four projections of
+// a scale-model layer wrote and read about 77 MB of it.
+template <class T, class Wg>
+__device__ __forceinline__ void sum_runs_in_cluster(const float (&d)[Wg::kN / 2], float* sums, const T* bias,
+                                                    const T* residual, T* out, int first_row, int all_rows,
+                                                    int64_t block_feature, int64_t out_features) {
+  constexpr int kMaxRuns = 16;  // cluster_launch_possible's most blocks
+  const int tid = static_cast<int>(threadIdx.x);
+  const int group = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+#pragma unroll
+  for (int i = 0; i < Wg::kN / 2; ++i) {
+    const int feature = group * 64 + warp * 16 + lane / 4 + (i % 4 >= 2 ? 8 : 0);
+    const int row = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    sums[row * Wg::kSumStride + feature] = d[i];
+  }
+  cluster_barrier();
+  const int runs = static_cast<int>(gridDim.z), rank = static_cast<int>(blockIdx.z);
+  const int rows = all_rows - first_row < Wg::kN ? all_rows - first_row : Wg::kN;
+  for (int e = rank * Wg::kThreads + tid; e < rows * Wg::kFeatures; e += runs * Wg::kThreads) {
+    const int row = e / Wg::kFeatures, feature = e % Wg::kFeatures;
+    const int64_t j = block_feature + feature;
+    if (j >= out_features) continue;
+    const float* own = sums + row * Wg::kSumStride + feature;
+    float run_sums[kMaxRuns];  // all loads issued before the adds, which go in run order
+#pragma unroll
+    for (int r = 0; r < kMaxRuns; ++r)
+      if (r < runs) run_sums[r] = *cluster_peer_shared(own, static_cast<unsigned>(r));
+    float y = run_sums[0];
+#pragma unroll
+    for (int r = 1; r < kMaxRuns; ++r)
+      if (r < runs) y = __fadd_rn(y, run_sums[r]);
+    store_output<T>(y, bias, residual, out, first_row + row, j, out_features);
+  }
+  cluster_barrier();
 }
 
 // out[row, j] from the runs' sums partial[s][row][j], added in run order.
@@ -470,36 +539,72 @@ void launch_add_runs(const LinearCall& c, cudaStream_t stream) {
   check_launch("invariant_linear (adding the runs of k)");
 }
 
+// Whether the call's runs of k are added in a cluster of their blocks: more
+// than one run, and the device holds such a cluster of this tiling's blocks.
+// Either way a row's bits are the same (the same sums, added in run order),
+// so a row count whose tiling cannot is no different from one that can.
+// The most runs added in a cluster (set_invariant_linear_most_cluster_runs).
+std::atomic<int> most_cluster_runs{16};
+
 template <class T, class Wg>
-void launch_products_wgmma_tiled(const LinearCall& c, cudaStream_t stream) {
+bool adds_runs_in_cluster(const LinearCall& c) {
+  auto* kernel = invariant_linear_wgmma_kernel<T, Wg>;
+  opt_in_shared_memory(reinterpret_cast<const void*>(kernel), static_cast<size_t>(Wg::kSharedBytes),
+                       "invariant_linear (wgmma)");
+  return c.splits > 1 && c.splits <= most_cluster_runs.load(std::memory_order_relaxed) && cluster_launch_possible(reinterpret_cast<const void*>(kernel), static_cast<int>(c.splits),
+                                                 Wg::kThreads, static_cast<size_t>(Wg::kSharedBytes));
+}
+
+// The products; with several runs of k, their sums added in a cluster of the
+// runs' blocks where the device can hold one (true: nothing left for
+// launch_add_runs), else written to the workspace.
+template <class T, class Wg>
+bool launch_products_wgmma_tiled(const LinearCall& c, cudaStream_t stream) {
   const dim3 blocks(static_cast<unsigned>((c.rows + Wg::kN - 1) / Wg::kN),
                     static_cast<unsigned>((c.out_features + Wg::kFeatures - 1) / Wg::kFeatures),
                     static_cast<unsigned>(c.splits));
   auto* kernel = invariant_linear_wgmma_kernel<T, Wg>;
-  opt_in_shared_memory(reinterpret_cast<const void*>(kernel), static_cast<size_t>(Wg::kSharedBytes),
-                       "invariant_linear (wgmma)");
+  if (adds_runs_in_cluster<T, Wg>(c)) {
+    launch_in_clusters_along_z("invariant_linear (wgmma, runs added in a cluster)", kernel, blocks, Wg::kThreads,
+                               static_cast<size_t>(Wg::kSharedBytes), stream, static_cast<const T*>(c.x),
+                               static_cast<const T*>(c.weight), static_cast<const T*>(c.bias),
+                               static_cast<const T*>(c.residual), static_cast<T*>(c.out), static_cast<float*>(nullptr),
+                               static_cast<int>(c.rows), c.out_features, c.in_features, c.per_split, true);
+    return true;
+  }
   kernel<<<blocks, Wg::kThreads, Wg::kSharedBytes, stream>>>(
       static_cast<const T*>(c.x), static_cast<const T*>(c.weight), static_cast<const T*>(c.bias),
       static_cast<const T*>(c.residual), static_cast<T*>(c.out), c.splits > 1 ? c.workspace : nullptr,
-      static_cast<int>(c.rows), c.out_features, c.in_features, c.per_split);
+      static_cast<int>(c.rows), c.out_features, c.in_features, c.per_split, false);
   check_launch("invariant_linear (wgmma)");
+  return c.splits == 1;
 }
 
-// The wgmma tiling whose N is `n`, among kNs.
-template <class T, int kStages, int kInFlight, int... kNs>
-void launch_products_wgmma_n(int64_t n, const LinearCall& c, cudaStream_t stream) {
-  const bool launched =
-      ((n == kNs && (launch_products_wgmma_tiled<T, WgTiling<kNs, kStages, kInFlight>>(c, stream), true)) || ...);
-  if (!launched) throw std::logic_error("invariant_linear (wgmma): no tiling of " + std::to_string(n) + " rows");
+// f(WgTiling<n, kStages, kInFlight>{}) for the tiling whose N is `n`, among kNs.
+template <int kStages, int kInFlight, int... kNs, class F>
+bool with_wgmma_tiling_n(int64_t n, F&& f) {
+  bool result = false;
+  const bool found = ((n == kNs && (result = f(WgTiling<kNs, kStages, kInFlight>{}), true)) || ...);
+  if (!found) throw std::logic_error("invariant_linear (wgmma): no tiling of " + std::to_string(n) + " rows");
+  return result;
 }
 
-// The wgmma products for the call's rows: one block's N is the rows rounded up
-// to 8 up to 80, to 16 up to 144; more rows go in blocks of 144.
+// f(tiling) for the wgmma tiling of `rows`: one block's N is the rows
+// rounded up to 8 up to 80, to 16 up to 144; more rows go in blocks of 144.
+template <int kStages, int kInFlight, class F>
+bool with_wgmma_tiling(int64_t rows, F&& f) {
+  const int64_t eighths = (rows + 7) / 8;
+  const int64_t n = eighths <= 10 ? eighths * 8 : std::min<int64_t>(144, (rows + 15) / 16 * 16);
+  return with_wgmma_tiling_n<kStages, kInFlight, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144>(
+      n, std::forward<F>(f));
+}
+
+// The wgmma products for the call's rows. True when the runs' sums are added
+// too (one run, or a cluster's adding).
 template <class T, int kStages = 6, int kInFlight = 1>
-void launch_products_wgmma(const LinearCall& c, cudaStream_t stream) {
-  const int64_t eighths = (c.rows + 7) / 8;
-  const int64_t n = eighths <= 10 ? eighths * 8 : std::min<int64_t>(144, (c.rows + 15) / 16 * 16);
-  launch_products_wgmma_n<T, kStages, kInFlight, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144>(n, c, stream);
+bool launch_products_wgmma(const LinearCall& c, cudaStream_t stream) {
+  return with_wgmma_tiling<kStages, kInFlight>(
+      c.rows, [&](auto tiling) { return launch_products_wgmma_tiled<T, decltype(tiling)>(c, stream); });
 }
 
 // Row tiles a block, by the call's tile count: all of them up to 9 (a draft
@@ -556,8 +661,11 @@ bool use_wgmma() {
 template <class T>
 void invariant_linear_typed(const LinearCall& c, cudaStream_t stream) {
   if (c.rows == 0 || c.out_features == 0) return;
-  if (use_wgmma()) launch_products_wgmma<T>(c, stream);
-  else launch_products_for_rows<T>(c, stream);
+  if (use_wgmma()) {
+    if (!launch_products_wgmma<T>(c, stream)) launch_add_runs<T>(c, stream);
+    return;
+  }
+  launch_products_for_rows<T>(c, stream);
   launch_add_runs<T>(c, stream);
 }
 
@@ -597,6 +705,23 @@ int current_compute_capability() {
 }
 
 bool invariant_linear_runs_wgmma() { return use_wgmma(); }
+
+void set_invariant_linear_most_cluster_runs(int most) {
+  if (most < 1 || most > 16)
+    throw std::invalid_argument("invariant_linear: the most runs a cluster adds must be 1 to 16 (got " +
+                                std::to_string(most) + ")");
+  most_cluster_runs.store(most, std::memory_order_relaxed);
+}
+
+bool invariant_linear_adds_runs_in_cluster(Element e, int64_t rows, int64_t out_features, int64_t in_features) {
+  if (!use_wgmma() || rows < 1) return false;
+  const LinearCall c = linear_call(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, rows, out_features, in_features,
+                                   invariant_linear_splits(out_features, in_features));
+  return with_wgmma_tiling<6, 1>(rows, [&](auto tiling) {
+    return e == Element::kBFloat16 ? adds_runs_in_cluster<__nv_bfloat16, decltype(tiling)>(c)
+                                   : adds_runs_in_cluster<__half, decltype(tiling)>(c);
+  });
+}
 
 bool invariant_linear_fits(int64_t rows, int64_t in_features, const void* x, const void* weight) {
   return rows <= kMaxRowTiles * 16 * int64_t{65535} && in_features % 8 == 0 && aligned16(x) && aligned16(weight);

@@ -296,14 +296,25 @@ void check_invariant_linear(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 // The fp32 partial sums of k's runs invariant_linear needs for x · weightᵀ
-// (undefined where the weight's shape is summed in one run).
+// (undefined where the weight's shape is summed in one run, or its runs are
+// added in a cluster).
 at::Tensor linear_workspace(const at::Tensor& x, const at::Tensor& weight) {
+  if (cuda_kernels::invariant_linear_adds_runs_in_cluster(element_of(x), x.size(0), weight.size(0), weight.size(1)))
+    return at::Tensor();
   const int64_t floats = cuda_kernels::invariant_linear_workspace_floats(x.size(0), weight.size(0), weight.size(1));
   return floats == 0 ? at::Tensor() : at::empty({floats}, x.options().dtype(at::kFloat));
 }
 
 float* float_data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 }  // namespace
+
+bool invariant_linear_adds_runs_in_cluster(const at::Tensor& x, const at::Tensor& weight) {
+  check_invariant_linear(x, weight);
+  const c10::cuda::CUDAGuard guard(x.device());
+  return cuda_kernels::invariant_linear_adds_runs_in_cluster(element_of(x), x.size(0), weight.size(0), weight.size(1));
+}
+
+void set_invariant_linear_most_cluster_runs(int most) { cuda_kernels::set_invariant_linear_most_cluster_runs(most); }
 
 at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                             const at::Tensor& residual) {
@@ -463,6 +474,8 @@ at::Tensor swiglu_backward(const at::Tensor&, const at::Tensor&) { unavailable()
 void move_cache_rows_(const std::vector<at::Tensor>&, int64_t, const std::vector<int64_t>&, int64_t) { unavailable(); }
 InvariantLinearProducts invariant_linear_products(const at::Tensor&) { unavailable(); }
 bool invariant_linear_fits(const at::Tensor&, const at::Tensor&) { return false; }
+bool invariant_linear_adds_runs_in_cluster(const at::Tensor&, const at::Tensor&) { return false; }
+void set_invariant_linear_most_cluster_runs(int) { unavailable(); }
 at::Tensor invariant_linear(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
 void invariant_add_linear_(at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
 at::Tensor invariant_decode_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,

@@ -121,6 +121,11 @@ InvariantLinearProducts invariant_linear_products(const at::Tensor& on);
 // Whether invariant_linear takes x [rows, in] and weight [out, in]: CUDA
 // bf16/fp16, in a multiple of 8.
 bool invariant_linear_fits(const at::Tensor& x, const at::Tensor& weight);
+// Whether invariant_linear of x and weight adds its runs of k in a cluster of
+// its blocks (no workspace), on x's device; never a row's bits.
+bool invariant_linear_adds_runs_in_cluster(const at::Tensor& x, const at::Tensor& weight);
+// The most runs of k a cluster adds, for the process (cuda_kernels.h).
+void set_invariant_linear_most_cluster_runs(int most);
 // x [rows, in] · weightᵀ (+ bias [out]) (+ residual [rows, out]) → [rows, out],
 // summed in fp32 and rounded once (as cuBLAS's epilogue rounds).
 at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},

@@ -1,7 +1,8 @@
 // kernel_ops::invariant_linear on the GPU: the product within bf16 rounding
 // of fp32's, and every row bitwise what it gets alone or among other row
-// counts, for shapes summed in one run of k and in several (the workspace
-// and its second kernel), row counts of one to ten 16-row tiles.
+// counts, for shapes summed in one run of k and in several (added in a
+// cluster of the runs' blocks, or through the workspace and a second
+// kernel), row counts of one to ten 16-row tiles.
 #include <kernel_ops.h>
 
 #include <ATen/ATen.h>
@@ -59,6 +60,50 @@ TEST(InvariantLinear, RunsTheWarpgroupProductsWhereverItsDeviceCodeHasThem) {
             << (products.wgmma_in_device_code ? "with" : "without") << " wgmma, compute capability "
             << products.compute_capability << ")\n";
   EXPECT_EQ(products.wgmma, hopper && products.wgmma_in_device_code);
+}
+
+// With the warpgroup products on an H100 or H200, an 8B model's narrow
+// projections (16 and 8 runs of k) add their runs in a cluster of their
+// blocks, from one row to a 128-node tree's 129 (the first test checks the
+// bits at these row counts against 150 rows); a weight summed in one run
+// needs no adding. Elsewhere the workspace adds them.
+TEST(InvariantLinear, AddsTheRunsOfKInAClusterWhereTheWarpgroupProductsRun) {
+  if (!usable()) GTEST_SKIP() << "no CUDA kernels or no CUDA device";
+  const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const bool wgmma = dflash::kernel_ops::invariant_linear_products(torch::zeros({1}, bf16)).wgmma;
+  for (const Shape s : {Shape{4096, 8192}, Shape{8192, 2048}, Shape{1100, 64}}) {
+    const at::Tensor w = torch::zeros({s.out, s.in}, bf16);
+    for (const int64_t rows : {int64_t{1}, int64_t{16}, int64_t{65}, int64_t{129}}) {
+      const bool in_cluster = dflash::kernel_ops::invariant_linear_adds_runs_in_cluster(torch::zeros({rows, s.in}, bf16), w);
+      std::cerr << "out " << s.out << ", in " << s.in << ", " << rows << " rows: runs added "
+                << (in_cluster ? "in a cluster" : "through the workspace or not at all") << "\n";
+      EXPECT_EQ(in_cluster, wgmma && s.in > 64) << "out " << s.out << ", in " << s.in << ", " << rows << " rows";
+    }
+  }
+}
+
+// The cluster's adding and the workspace's are the same arithmetic (run 0's
+// sum, then each later run's in run order, then bias and residual): every
+// output bitwise the same both ways, at each row count, for 16, 8 and 2 runs.
+TEST(InvariantLinear, ARunsSumsAddedInAClusterGiveTheWorkspacesBits) {
+  if (!usable()) GTEST_SKIP() << "no CUDA kernels or no CUDA device";
+  torch::manual_seed(5);
+  const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  for (const Shape s : {Shape{4096, 8192}, Shape{8192, 2048}, Shape{300, 520}}) {
+    const at::Tensor w = torch::randn({s.out, s.in}, bf16) * 0.05, bias = torch::randn({s.out}, bf16);
+    for (const int64_t rows : {int64_t{1}, int64_t{16}, int64_t{65}, int64_t{150}}) {
+      const at::Tensor x = torch::randn({rows, s.in}, bf16), residual = torch::randn({rows, s.out}, bf16);
+      dflash::kernel_ops::set_invariant_linear_most_cluster_runs(16);
+      const at::Tensor clustered = dflash::kernel_ops::invariant_linear(x, w, bias, residual);
+      dflash::kernel_ops::set_invariant_linear_most_cluster_runs(1);
+      EXPECT_FALSE(dflash::kernel_ops::invariant_linear_adds_runs_in_cluster(x, w));
+      const at::Tensor through_workspace = dflash::kernel_ops::invariant_linear(x, w, bias, residual);
+      dflash::kernel_ops::set_invariant_linear_most_cluster_runs(16);
+      EXPECT_TRUE(at::equal(clustered, through_workspace)) << "out " << s.out << ", in " << s.in << ", " << rows << " rows";
+    }
+  }
+  EXPECT_THROW(dflash::kernel_ops::set_invariant_linear_most_cluster_runs(0), std::invalid_argument);
+  EXPECT_THROW(dflash::kernel_ops::set_invariant_linear_most_cluster_runs(17), std::invalid_argument);
 }
 
 }  // namespace
