@@ -19,10 +19,11 @@ namespace dflash::cuda_kernels {
 
 // Every block of the cluster arrives, then waits for all: shared-memory
 // writes before it are seen by every block's reads after it (release /
-// acquire). Traps below sm_90, where no cluster is launched.
+// acquire). Not .aligned: a warp may come from a loop its lanes left at
+// different turns. Traps below sm_90, where no cluster is launched.
 __device__ __forceinline__ void cluster_barrier() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 #else
   __trap();
 #endif
