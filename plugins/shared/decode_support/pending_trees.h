@@ -54,12 +54,19 @@ inline std::vector<int64_t> checked_tree_depths(int64_t session, int64_t tokens,
 // (kernel_ops::invariant_decode_attention): node i's path from the root,
 // itself last, as session rows first_row + node, in row i of a
 // [nodes, stride] table (zeros past the path), and its length (its depth).
-// The stride is the deepest path rounded up to a power of two, so trees of
-// one node count and similar depth share a CUDA graph. `depths` as
+// The stride is at least kMinTreePathStride, doubled while the deepest path
+// is longer, so the trees of one node count share one CUDA graph whatever
+// their depth. (Rounding each tree's depth up to a power of two gave a
+// budget up to five graph shapes, 1 to 16 wide, each run eagerly on its
+// first use and captured on its second, inside the timed decoding: on the
+// eighth GPU run, docs/eval.md, the scale model's 32-node trees captured 5
+// graphs more than its chain.) The padding costs a few bytes a node: the
+// attention reads a path's rows only up to its length. `depths` as
 // tree_depths gives them for `parents`.
+constexpr int64_t kMinTreePathStride = 16;  // a DFlash block's depth
 struct TreePathRows {
   std::vector<int32_t> rows, lengths;
-  int64_t stride = 1;
+  int64_t stride = kMinTreePathStride;
 };
 inline TreePathRows tree_path_rows(const std::vector<int64_t>& parents, const std::vector<int64_t>& depths,
                                    int64_t first_row) {
