@@ -62,11 +62,13 @@ TEST(InvariantLinear, RunsTheWarpgroupProductsWhereverItsDeviceCodeHasThem) {
   EXPECT_EQ(products.wgmma, hopper && products.wgmma_in_device_code);
 }
 
-// With the warpgroup products on an H100 or H200, an 8B model's narrow
-// projections (16 and 8 runs of k) add their runs in a cluster of their
-// blocks, from one row to a 128-node tree's 129 (the first test checks the
-// bits at these row counts against 150 rows); a weight summed in one run
-// needs no adding. Elsewhere the workspace adds them.
+// With the warpgroup products on an H100 or H200, an 8B model's o
+// projection (8 runs of k: a portable cluster) adds its runs in a cluster of
+// their blocks, from one row to a 128-node tree's 129 (the first test checks
+// the bits at these row counts against 150 rows); a weight summed in one run
+// needs no adding. Elsewhere the workspace adds them. Whether 16 blocks of
+// up to 209 KiB of shared memory each fit one cluster is the device's
+// answer (cudaOccupancyMaxActiveClusters), printed for qkv's 16 runs.
 TEST(InvariantLinear, AddsTheRunsOfKInAClusterWhereTheWarpgroupProductsRun) {
   if (!usable()) GTEST_SKIP() << "no CUDA kernels or no CUDA device";
   const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
@@ -77,6 +79,7 @@ TEST(InvariantLinear, AddsTheRunsOfKInAClusterWhereTheWarpgroupProductsRun) {
       const bool in_cluster = dflash::kernel_ops::invariant_linear_adds_runs_in_cluster(torch::zeros({rows, s.in}, bf16), w);
       std::cerr << "out " << s.out << ", in " << s.in << ", " << rows << " rows: runs added "
                 << (in_cluster ? "in a cluster" : "through the workspace or not at all") << "\n";
+      if (s.in == 8192) continue;  // 16 runs: the device's answer, printed above
       EXPECT_EQ(in_cluster, wgmma && s.in > 64) << "out " << s.out << ", in " << s.in << ", " << rows << " rows";
     }
   }
