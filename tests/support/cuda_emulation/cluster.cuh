@@ -1,9 +1,8 @@
 // Thread-block clusters (plugins/shared/cuda_kernels/cluster.cuh) for the CPU
-// emulation (cuda_runtime_api.h): none is launched. The emulator runs a
-// grid's blocks one at a time, so no block could meet another at a
-// cluster's barrier; kernels fall back to their path without clusters
-// (invariant_linear's workspace), and the cluster's adding is checked on the
-// device (invariant_linear_test.cpp).
+// emulation (cuda_runtime_api.h): a cluster's blocks run at once, each with
+// its own threads, barrier and shared memory (launch_clusters); the
+// cluster's barrier is a barrier of all their threads, and another block's
+// shared memory is the same offset in that block's array.
 #pragma once
 
 #include "cuda_runtime_api.h"
@@ -14,15 +13,18 @@
 
 namespace dflash::cuda_kernels {
 
-inline void cluster_barrier() { throw std::logic_error("cluster_barrier: the CPU emulation launches no cluster"); }
+inline void cluster_barrier() { cuda_emulation::current_cluster->meet->arrive_and_wait(); }
 template <class T>
-const T* cluster_peer_shared(const T*, unsigned) {
-  throw std::logic_error("cluster_peer_shared: the CPU emulation launches no cluster");
+const T* cluster_peer_shared(const T* local, unsigned rank) {
+  const auto offset = reinterpret_cast<const unsigned char*>(local) - cuda_emulation::shared_window();
+  return reinterpret_cast<const T*>(cuda_emulation::current_cluster->shared.at(rank) + offset);
 }
-inline bool cluster_launch_possible(const void*, int, int, size_t) { return false; }
+// As the device's answer for a cluster that fits: 2 to 16 blocks.
+inline bool cluster_launch_possible(const void*, int cluster_z, int, size_t) { return cluster_z >= 2 && cluster_z <= 16; }
 template <class... Params, class... Args>
-void launch_in_clusters_along_z(const char* what, void (*)(Params...), dim3, int, size_t, cudaStream_t, Args...) {
-  throw std::logic_error(std::string(what) + ": the CPU emulation launches no cluster");
+void launch_in_clusters_along_z(const char*, void (*kernel)(Params...), dim3 grid, int threads, size_t, cudaStream_t,
+                                Args... args) {
+  cuda_emulation::launch_clusters(kernel, grid, threads, grid.z, static_cast<Params>(args)...);
 }
 
 }  // namespace dflash::cuda_kernels

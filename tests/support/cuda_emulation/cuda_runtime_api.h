@@ -1,10 +1,11 @@
 // CUDA on the CPU, for tests only: enough of the runtime to run a kernel's
 // own source, each block's threads as std::threads (launch), so CI
 // machines without a GPU check a kernel's indexing and its arithmetic order.
-// Blocks run one at a time, so a function-local static is the block's shared
-// memory (`__shared__`, and the dynamic `extern __shared__` array that
-// emulate_kernel_source.py turns into one); __syncthreads is a barrier of the
-// block's threads, and cp.async (cuda_pipeline.h) copies at once. What it
+// Blocks run one at a time (a cluster's at once: launch_clusters), so a
+// function-local static is the block's shared memory (`__shared__`); the
+// dynamic `extern __shared__` array is each block's own (dynamic_shared);
+// __syncthreads is a barrier of the block's threads, and cp.async
+// (cuda_pipeline.h) copies at once. What it
 // does not model: timing, memory ordering between blocks, and warp-wide
 // instructions other than emulated_mma (emulated_mma.h).
 #pragma once
@@ -12,6 +13,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -90,29 +92,38 @@ struct Warp {
   float value[32];
 };
 
-// The running block's warps and its barrier (one block runs at a time).
-inline std::vector<std::unique_ptr<Warp>>& block_warps() {
-  static std::vector<std::unique_ptr<Warp>> warps;
-  return warps;
-}
-inline std::unique_ptr<std::barrier<>>& block_barrier() {
-  static std::unique_ptr<std::barrier<>> barrier;
-  return barrier;
-}
-
-// The size of the static array an `extern __shared__` one becomes.
+// A running block's own state: its warps, its barrier (__syncthreads) and
+// its dynamic shared memory (the `extern __shared__` array, which
+// emulate_kernel_source.py turns into dynamic_shared()). Each thread points
+// at its block's through thread_locals, so the blocks of a cluster can run
+// at once (launch_clusters); a plain launch runs one block at a time.
 constexpr size_t kDynamicSharedBytes = 256 * 1024;
+struct Block {
+  std::vector<std::unique_ptr<Warp>> warps;
+  std::unique_ptr<std::barrier<>> barrier;
+  std::unique_ptr<unsigned char, decltype(&std::free)> shared{nullptr, &std::free};
+  explicit Block(int threads) : barrier(std::make_unique<std::barrier<>>(threads)) {
+    for (int w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<Warp>());
+    // 1024-aligned, as the swizzled wgmma layouts need their atoms.
+    shared.reset(static_cast<unsigned char*>(std::aligned_alloc(1024, kDynamicSharedBytes)));
+  }
+};
+// A running cluster: each block's shared memory by rank, and the barrier all
+// its blocks' threads meet at.
+struct Cluster {
+  std::vector<unsigned char*> shared;
+  std::unique_ptr<std::barrier<>> meet;
+};
+inline thread_local Block* current_block = nullptr;
+inline thread_local Cluster* current_cluster = nullptr;
+inline std::vector<std::unique_ptr<Warp>>& block_warps() { return current_block->warps; }
 
-// The running kernel's dynamic shared array, address 0 of the shared window
-// (__cvta_generic_to_shared, wgmma.cuh's descriptors); each thread notes it
-// where the kernel declares the array (emulate_kernel_source.py).
-inline unsigned char*& shared_window() {
-  static unsigned char* window = nullptr;
-  return window;
-}
+// The running block's dynamic shared array, address 0 of the shared window
+// (__cvta_generic_to_shared, wgmma.cuh's descriptors).
+inline unsigned char* shared_window() { return current_block->shared.get(); }
 template <class Element>
-void note_shared_window(Element* array) {
-  shared_window() = reinterpret_cast<unsigned char*>(array);
+Element* dynamic_shared() {
+  return reinterpret_cast<Element*>(current_block->shared.get());
 }
 
 // kernel<<<grid, threads, shared, stream>>>(args...): blocks one after
@@ -121,10 +132,7 @@ void note_shared_window(Element* array) {
 // block cost most of the emulated tests' time).
 template <class Kernel, class... Args>
 void launch(Kernel kernel, dim3 grid, int threads, Args... args) {
-  auto& warps = block_warps();
-  warps.clear();
-  for (int w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<Warp>());
-  block_barrier() = std::make_unique<std::barrier<>>(threads);
+  Block block(threads);
   std::barrier<> next_block(threads);
   std::vector<std::thread> pool;
   pool.reserve(static_cast<size_t>(threads));
@@ -133,6 +141,7 @@ void launch(Kernel kernel, dim3 grid, int threads, Args... args) {
       threadIdx = dim3(static_cast<unsigned>(t));
       blockDim = dim3(static_cast<unsigned>(threads));
       gridDim = grid;
+      current_block = &block;
       for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
           for (unsigned x = 0; x < grid.x; ++x) {
@@ -144,9 +153,45 @@ void launch(Kernel kernel, dim3 grid, int threads, Args... args) {
   for (std::thread& thread : pool) thread.join();
 }
 
+// The same with the blocks along z in clusters of cluster_z (a divisor of
+// grid.z): a cluster's blocks run at once, each its own threads and state,
+// and the clusters one after another. A kernel launched so keeps its shared
+// memory in the dynamic array (a function-local `__shared__` static would be
+// every block's at once).
+template <class Kernel, class... Args>
+void launch_clusters(Kernel kernel, dim3 grid, int threads, unsigned cluster_z, Args... args) {
+  std::vector<std::unique_ptr<Block>> blocks;
+  Cluster cluster;
+  for (unsigned r = 0; r < cluster_z; ++r) {
+    blocks.push_back(std::make_unique<Block>(threads));
+    cluster.shared.push_back(blocks.back()->shared.get());
+  }
+  const int all = threads * static_cast<int>(cluster_z);
+  cluster.meet = std::make_unique<std::barrier<>>(all);
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(all));
+  for (int t = 0; t < all; ++t)
+    pool.emplace_back([&, t] {
+      const unsigned rank = static_cast<unsigned>(t / threads);
+      threadIdx = dim3(static_cast<unsigned>(t % threads));
+      blockDim = dim3(static_cast<unsigned>(threads));
+      gridDim = grid;
+      current_block = blocks[rank].get();
+      current_cluster = &cluster;
+      for (unsigned z = 0; z < grid.z; z += cluster_z)
+        for (unsigned y = 0; y < grid.y; ++y)
+          for (unsigned x = 0; x < grid.x; ++x) {
+            blockIdx = dim3(x, y, z + rank);
+            kernel(args...);
+            cluster.meet->arrive_and_wait();
+          }
+    });
+  for (std::thread& thread : pool) thread.join();
+}
+
 }  // namespace cuda_emulation
 
-inline void __syncthreads() { cuda_emulation::block_barrier()->arrive_and_wait(); }
+inline void __syncthreads() { cuda_emulation::current_block->barrier->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) {
   cuda_emulation::block_warps()[threadIdx.x / 32]->meet.arrive_and_wait();
 }

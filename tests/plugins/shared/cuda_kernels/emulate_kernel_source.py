@@ -4,8 +4,9 @@ each mma.m16n8k16 inline-assembly statement becomes cuda_emulation::mma_16x8x16
 of its element type, each kernel<<<grid, threads, shared, stream>>>(args)
 launch becomes cuda_emulation::launch(kernel, dim3(grid), threads, args), and
 each `extern __shared__ [__align__(N)] type name[];` (dynamic shared memory)
-a static array of cuda_emulation::kDynamicSharedBytes bytes, noted as the
-shared window (address 0 of the descriptors wgmma.cuh reads). Everything else
+a pointer to the running block's own cuda_emulation::kDynamicSharedBytes
+bytes (1024-aligned; the shared window, address 0 of the descriptors
+wgmma.cuh reads). Everything else
 is the source as it is. Fails, naming the file, where a statement it does not
 know is left (other inline assembly, another launch form).
 
@@ -28,9 +29,7 @@ text, mmas = re.subn(r'asm volatile\("mma\.sync\.aligned\.m16n8k16\.row\.col\.f3
 text, launches = re.subn(r"([\w:]+(?:<[\w, ]+>)?)<<<(.+?), ([^,<>]+), [^,<>]+, stream>>>\(",
                          r"cuda_emulation::launch(\1, dim3(\2), \3, ", text, flags=re.S)
 text = re.sub(r"extern __shared__ (?:__align__\((\d+)\) )?(\w+(?: \w+)?) (\w+)\[\];",
-              lambda m: f"alignas({m.group(1) or 16}) static {m.group(2)} {m.group(3)}"
-                        f"[cuda_emulation::kDynamicSharedBytes / sizeof({m.group(2)})];"
-                        f" cuda_emulation::note_shared_window({m.group(3)});", text)
+              lambda m: f"{m.group(2)}* const {m.group(3)} = cuda_emulation::dynamic_shared<{m.group(2)}>();", text)
 problems = []
 if launches == 0:
     problems.append("found no launch of the form kernel<<<grid, threads, shared, stream>>>(")

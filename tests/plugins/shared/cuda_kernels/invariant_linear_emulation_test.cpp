@@ -47,8 +47,8 @@ std::vector<Bf16> run(const Problem& p, int64_t first, int64_t rows, bool with_b
                       int64_t splits = 0) {
   std::vector<Bf16> x(p.x.begin() + first * p.in, p.x.begin() + (first + rows) * p.in);
   std::vector<Bf16> out(p.residual.begin() + first * p.out, p.residual.begin() + (first + rows) * p.out);
-  std::vector<float> workspace(static_cast<size_t>(std::max<int64_t>(1, ck::invariant_linear_workspace_floats(rows, p.out, p.in))),
-                               std::nanf(""));
+  const int64_t floats = std::max(ck::invariant_linear_workspace_floats(rows, p.out, p.in), splits * rows * p.out);
+  std::vector<float> workspace(static_cast<size_t>(std::max<int64_t>(1, floats)), std::nanf(""));
   if (kernel == Kernel::kMmaSync) {
     ck::invariant_linear(ck::Element::kBFloat16, x.data(), p.weight.data(), with_bias ? p.bias.data() : nullptr,
                          out.data(), out.data(), workspace.data(), rows, p.out, p.in, nullptr);
@@ -56,9 +56,9 @@ std::vector<Bf16> run(const Problem& p, int64_t first, int64_t rows, bool with_b
     const ck::LinearCall c = ck::linear_call(x.data(), p.weight.data(), with_bias ? p.bias.data() : nullptr, out.data(),
                                              out.data(), workspace.data(), rows, p.out, p.in,
                                              splits > 0 ? splits : ck::invariant_linear_splits(p.out, p.in));
-    if (kernel == Kernel::kWgmma) ck::launch_products_wgmma<Bf16, 4, 0>(c, nullptr);
-    else ck::launch_products_wgmma<Bf16>(c, nullptr);
-    ck::launch_add_runs<Bf16>(c, nullptr);
+    const bool added = kernel == Kernel::kWgmma ? ck::launch_products_wgmma<Bf16, 4, 0>(c, nullptr)
+                                                : ck::launch_products_wgmma<Bf16>(c, nullptr);
+    if (!added) ck::launch_add_runs<Bf16>(c, nullptr);
   }
   return out;
 }
@@ -144,6 +144,47 @@ TEST(InvariantLinearEmulated, TheWarpgroupKernelsRowsGetTheSameBitsAloneAndThePr
         for (int64_t j = 0; j < s.out; ++j) differing += alone[j].bits != all[r * s.out + j].bits;
         EXPECT_EQ(differing, 0) << "row " << r << " alone";
       }
+    }
+  }
+}
+
+// The runs of k added in a cluster of their blocks' shared memory
+// (sum_runs_in_cluster: each block's sums, the cluster's barrier, each
+// block's share of the adding from every block's memory) against the
+// workspace and its second kernel: bitwise the same outputs, with bias and
+// residual, for 3 runs and for 9 (a cluster past the portable 8), at 150
+// rows (a block of 144 and one of 8) and at one row. The weights make the
+// order of the adding show through bf16: run 0 sums to +B, run 1 to −B, the
+// others to small values s, so run order gives (B − B) + s = s, while any
+// other order rounds s to B's ulp (adding in reverse fails this test).
+TEST(InvariantLinearEmulated, ARunsSumsAddedInAClusterGiveTheWorkspacesBits) {
+  const int64_t out = 136, in = 1032, most = 150;
+  Problem p = make_problem(out, in, most, 21);
+  std::fill(p.x.begin(), p.x.end(), __float2bfloat16(1.f));
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.f, 0.02f);
+  for (const int64_t splits : {int64_t{3}, int64_t{9}}) {
+    const int64_t run_k = 32 * (((in + 31) / 32 + splits - 1) / splits);  // k a run (linear_call's per_split chunks)
+    for (int64_t j = 0; j < out; ++j)
+      for (int64_t k = 0; k < in; ++k)
+        p.weight[j * in + k] = __float2bfloat16(k < run_k ? 1024.f : k < 2 * run_k ? -1024.f : normal(rng));
+    for (const int64_t rows : {int64_t{150}, int64_t{1}}) {
+      SCOPED_TRACE(std::to_string(splits) + " runs, " + std::to_string(rows) + " rows");
+      ck::set_invariant_linear_most_cluster_runs(16);
+      const std::vector<Bf16> clustered = run(p, 0, rows, /*with_bias=*/true, Kernel::kWgmmaInFlight, splits);
+      ck::set_invariant_linear_most_cluster_runs(1);
+      const std::vector<Bf16> through_workspace = run(p, 0, rows, /*with_bias=*/true, Kernel::kWgmmaInFlight, splits);
+      ck::set_invariant_linear_most_cluster_runs(16);
+      int differing = 0;
+      for (size_t e = 0; e < clustered.size(); ++e) differing += clustered[e].bits != through_workspace[e].bits;
+      EXPECT_EQ(differing, 0);
+      double worst = 0;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < out; ++j) {
+          const double want = exact(p, r, j, true);
+          worst = std::max(worst, std::abs(__bfloat162float(clustered[r * out + j]) - want) / (std::abs(want) + 0.05));
+        }
+      EXPECT_LT(worst, 1e-2);
     }
   }
 }
