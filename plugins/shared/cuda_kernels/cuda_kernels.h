@@ -129,12 +129,14 @@ int current_compute_capability();
 // device (a build for sm_90a on a compute-capability 9.0 GPU), else mma.sync.
 bool invariant_linear_runs_wgmma();
 // Whether a call of this shape adds its runs of k in a cluster of their
-// blocks' shared memory (the warpgroup products, several runs, a device that
-// holds such a cluster), else through the workspace and a second kernel.
+// blocks' shared memory (the warpgroup products, several runs, no more than
+// set_invariant_linear_most_cluster_runs allows, a device that holds such a
+// cluster), else through the workspace and a second kernel.
 bool invariant_linear_adds_runs_in_cluster(Element element, int64_t rows, int64_t out_features, int64_t in_features);
-// The most runs of k a cluster adds (16 by default; 1: the workspace adds
-// every call's), for the process: benchmarks time the two ways, tests check
-// that they give the same bits. Throws outside 1 to 16.
+// The most runs of k a cluster adds, for the process: 1 (the default) lets
+// the workspace add every call's runs, which was faster on an H100; up to
+// 16. Benchmarks time the two ways, tests check that they give the same
+// bits. Throws outside 1 to 16.
 void set_invariant_linear_most_cluster_runs(int most);
 // Whether the kernels' code on the current device was compiled with the
 // warpgroup MMA (sm_90a); runs a one-thread kernel and waits for it.

@@ -21,9 +21,9 @@
 // changes no bit and is picked by row count (launch_products_for_rows). The
 // runs of k give the grid enough blocks to keep the memory busy on narrow
 // projections; their fp32 partial sums go through a workspace and a second
-// kernel adds them, or, with the warpgroup products on a device that holds a
-// cluster of a call's runs, they are added in the cluster's shared memory
-// (sum_runs_in_cluster), in the same order.
+// kernel adds them (or, where set_invariant_linear_most_cluster_runs allows,
+// with the warpgroup products, the cluster of a call's runs adds them in its
+// shared memory, in the same order: sum_runs_in_cluster; off by default).
 #include "cluster.cuh"
 #include "cuda_kernels.h"
 #include "device_math.cuh"
@@ -544,7 +544,12 @@ void launch_add_runs(const LinearCall& c, cudaStream_t stream) {
 // Either way a row's bits are the same (the same sums, added in run order),
 // so a row count whose tiling cannot is no different from one that can.
 // The most runs added in a cluster (set_invariant_linear_most_cluster_runs).
-std::atomic<int> most_cluster_runs{16};
+// 1 by default: on an H100 (docs/eval.md, "Ninth run") the clusters were
+// slower than the workspace at every row count of the scale model's layer,
+// e.g. down at 65 rows 176 µs against 158, o at one row 16.4 against 11.8:
+// a cluster's blocks start and wait together, and the workspace's traffic
+// stays in L2. Kept for devices where that differs; kernel_bench times both.
+std::atomic<int> most_cluster_runs{1};
 
 template <class T, class Wg>
 bool adds_runs_in_cluster(const LinearCall& c) {

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -98,15 +99,43 @@ struct Warp {
 // at its block's through thread_locals, so the blocks of a cluster can run
 // at once (launch_clusters); a plain launch runs one block at a time.
 constexpr size_t kDynamicSharedBytes = 256 * 1024;
+// Blocks' shared arrays, kept for the next launch: a fresh 256 KiB each
+// launch is mapped anew, and faulting its pages in made the emulated tests
+// several times slower. 1024-aligned, as the swizzled wgmma layouts need.
+class SharedArrays {
+ public:
+  static unsigned char* take() {
+    const std::lock_guard<std::mutex> lock(mutex());
+    if (free().empty()) return static_cast<unsigned char*>(std::aligned_alloc(1024, kDynamicSharedBytes));
+    unsigned char* array = free().back();
+    free().pop_back();
+    return array;
+  }
+  static void give_back(unsigned char* array) {
+    const std::lock_guard<std::mutex> lock(mutex());
+    free().push_back(array);
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::vector<unsigned char*>& free() {
+    static std::vector<unsigned char*> arrays;
+    return arrays;
+  }
+};
 struct Block {
   std::vector<std::unique_ptr<Warp>> warps;
   std::unique_ptr<std::barrier<>> barrier;
-  std::unique_ptr<unsigned char, decltype(&std::free)> shared{nullptr, &std::free};
+  unsigned char* shared = SharedArrays::take();
   explicit Block(int threads) : barrier(std::make_unique<std::barrier<>>(threads)) {
     for (int w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<Warp>());
-    // 1024-aligned, as the swizzled wgmma layouts need their atoms.
-    shared.reset(static_cast<unsigned char*>(std::aligned_alloc(1024, kDynamicSharedBytes)));
   }
+  ~Block() { SharedArrays::give_back(shared); }
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
 };
 // A running cluster: each block's shared memory by rank, and the barrier all
 // its blocks' threads meet at.
@@ -120,10 +149,10 @@ inline std::vector<std::unique_ptr<Warp>>& block_warps() { return current_block-
 
 // The running block's dynamic shared array, address 0 of the shared window
 // (__cvta_generic_to_shared, wgmma.cuh's descriptors).
-inline unsigned char* shared_window() { return current_block->shared.get(); }
+inline unsigned char* shared_window() { return current_block->shared; }
 template <class Element>
 Element* dynamic_shared() {
-  return reinterpret_cast<Element*>(current_block->shared.get());
+  return reinterpret_cast<Element*>(current_block->shared);
 }
 
 // kernel<<<grid, threads, shared, stream>>>(args...): blocks one after
@@ -164,7 +193,7 @@ void launch_clusters(Kernel kernel, dim3 grid, int threads, unsigned cluster_z, 
   Cluster cluster;
   for (unsigned r = 0; r < cluster_z; ++r) {
     blocks.push_back(std::make_unique<Block>(threads));
-    cluster.shared.push_back(blocks.back()->shared.get());
+    cluster.shared.push_back(blocks.back()->shared);
   }
   const int all = threads * static_cast<int>(cluster_z);
   cluster.meet = std::make_unique<std::barrier<>>(all);

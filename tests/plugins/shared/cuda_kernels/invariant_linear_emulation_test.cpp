@@ -172,9 +172,8 @@ TEST(InvariantLinearEmulated, ARunsSumsAddedInAClusterGiveTheWorkspacesBits) {
       SCOPED_TRACE(std::to_string(splits) + " runs, " + std::to_string(rows) + " rows");
       ck::set_invariant_linear_most_cluster_runs(16);
       const std::vector<Bf16> clustered = run(p, 0, rows, /*with_bias=*/true, Kernel::kWgmmaInFlight, splits);
-      ck::set_invariant_linear_most_cluster_runs(1);
+      ck::set_invariant_linear_most_cluster_runs(1);  // the default
       const std::vector<Bf16> through_workspace = run(p, 0, rows, /*with_bias=*/true, Kernel::kWgmmaInFlight, splits);
-      ck::set_invariant_linear_most_cluster_runs(16);
       int differing = 0;
       for (size_t e = 0; e < clustered.size(); ++e) differing += clustered[e].bits != through_workspace[e].bits;
       EXPECT_EQ(differing, 0);

@@ -1,8 +1,8 @@
 // kernel_ops::invariant_linear on the GPU: the product within bf16 rounding
 // of fp32's, and every row bitwise what it gets alone or among other row
-// counts, for shapes summed in one run of k and in several (added in a
-// cluster of the runs' blocks, or through the workspace and a second
-// kernel), row counts of one to ten 16-row tiles.
+// counts, for shapes summed in one run of k and in several (through the
+// workspace and a second kernel, or, where allowed, in a cluster of the runs'
+// blocks), row counts of one to ten 16-row tiles.
 #include <kernel_ops.h>
 
 #include <ATen/ATen.h>
@@ -62,17 +62,21 @@ TEST(InvariantLinear, RunsTheWarpgroupProductsWhereverItsDeviceCodeHasThem) {
   EXPECT_EQ(products.wgmma, hopper && products.wgmma_in_device_code);
 }
 
-// With the warpgroup products on an H100 or H200, an 8B model's o
-// projection (8 runs of k: a portable cluster) adds its runs in a cluster of
-// their blocks, from one row to a 128-node tree's 129 (the first test checks
-// the bits at these row counts against 150 rows); a weight summed in one run
-// needs no adding. Elsewhere the workspace adds them. Whether 16 blocks of
-// up to 209 KiB of shared memory each fit one cluster is the device's
-// answer (cudaOccupancyMaxActiveClusters), printed for qkv's 16 runs.
-TEST(InvariantLinear, AddsTheRunsOfKInAClusterWhereTheWarpgroupProductsRun) {
+// Allowed clusters of 16 (the default allows none), with the warpgroup
+// products on an H100 or H200, an 8B model's o projection (8 runs of k: a
+// portable cluster) adds its runs in a cluster of their blocks, from one row
+// to a 128-node tree's 129; a weight summed in one run needs no adding;
+// elsewhere the workspace adds them. Whether 16 blocks of up to 209 KiB of
+// shared memory each fit one cluster is the device's answer
+// (cudaOccupancyMaxActiveClusters), printed for qkv's 16 runs. By default
+// none adds in a cluster.
+TEST(InvariantLinear, AddsTheRunsOfKInAClusterWhereAllowedAndTheWarpgroupProductsRun) {
   if (!usable()) GTEST_SKIP() << "no CUDA kernels or no CUDA device";
   const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
   const bool wgmma = dflash::kernel_ops::invariant_linear_products(torch::zeros({1}, bf16)).wgmma;
+  EXPECT_FALSE(dflash::kernel_ops::invariant_linear_adds_runs_in_cluster(torch::zeros({16, 2048}, bf16),
+                                                                          torch::zeros({8192, 2048}, bf16)));
+  dflash::kernel_ops::set_invariant_linear_most_cluster_runs(16);
   for (const Shape s : {Shape{4096, 8192}, Shape{8192, 2048}, Shape{1100, 64}}) {
     const at::Tensor w = torch::zeros({s.out, s.in}, bf16);
     for (const int64_t rows : {int64_t{1}, int64_t{16}, int64_t{65}, int64_t{129}}) {
@@ -83,6 +87,7 @@ TEST(InvariantLinear, AddsTheRunsOfKInAClusterWhereTheWarpgroupProductsRun) {
       EXPECT_EQ(in_cluster, wgmma && s.in > 64) << "out " << s.out << ", in " << s.in << ", " << rows << " rows";
     }
   }
+  dflash::kernel_ops::set_invariant_linear_most_cluster_runs(1);
 }
 
 // The cluster's adding and the workspace's are the same arithmetic (run 0's
@@ -101,7 +106,6 @@ TEST(InvariantLinear, ARunsSumsAddedInAClusterGiveTheWorkspacesBits) {
       dflash::kernel_ops::set_invariant_linear_most_cluster_runs(1);
       EXPECT_FALSE(dflash::kernel_ops::invariant_linear_adds_runs_in_cluster(x, w));
       const at::Tensor through_workspace = dflash::kernel_ops::invariant_linear(x, w, bias, residual);
-      dflash::kernel_ops::set_invariant_linear_most_cluster_runs(16);
       EXPECT_TRUE(at::equal(clustered, through_workspace)) << "out " << s.out << ", in " << s.in << ", " << rows << " rows";
     }
   }
