@@ -172,17 +172,29 @@ int main(int argc, char** argv) {
       dflash::kernel_ops::set_invariant_linear_most_cluster_runs(8);
       const double cluster_8 = microseconds(a.iters, [&] { (void)dflash::kernel_ops::invariant_linear(x, w); });
       dflash::kernel_ops::set_invariant_linear_most_cluster_runs(1);
+      // Blocks of four warpgroups (256 features; up to 80 rows a block), the
+      // same bits as two (the default) — where the warpgroup products run.
+      double four_warpgroups = 0;
+      bool same_in_four = true;
+      if (products.wgmma) {
+        dflash::kernel_ops::set_invariant_linear_warpgroups(4);
+        four_warpgroups = microseconds(a.iters, [&] { (void)dflash::kernel_ops::invariant_linear(x, w); });
+        same_in_four = at::equal(dflash::kernel_ops::invariant_linear(x, w), ours);
+        dflash::kernel_ops::set_invariant_linear_warpgroups(2);
+      }
       report["linear"].push_back({{"name", p.name}, {"rows", rows}, {"out", p.out}, {"in", p.in},
                                   {"cublas_us", cublas}, {"invariant_us", invariant},
                                   {"invariant_weight_gb_per_s", weight_gb_per_s(p.out * p.in, invariant)},
                                   {"relative_error_to_cublas", error}, {"last_row_alone_identical", alone},
                                   {"runs_can_add_in_cluster", in_cluster}, {"clusters_of_16_us", cluster_16},
-                                  {"clusters_of_8_us", cluster_8}, {"cluster_bits_identical", same_in_cluster}});
+                                  {"clusters_of_8_us", cluster_8}, {"cluster_bits_identical", same_in_cluster},
+                                  {"four_warpgroups_us", four_warpgroups}, {"four_warpgroups_bits_identical", same_in_four}});
       std::printf("%-8s (%3lld)               %8.2f      %8.2f   %6.0f GB/s of weights, error %.1e, row alone %s; "
-                  "runs added in clusters of up to 16 %.2f%s, of up to 8 %.2f\n",
+                  "runs added in clusters of up to 16 %.2f%s, of up to 8 %.2f; four warpgroups %.2f (%s)\n",
                   p.name.c_str(), static_cast<long long>(rows), cublas, invariant,
                   weight_gb_per_s(p.out * p.in, invariant), error, alone ? "identical" : "DIFFERENT", cluster_16,
-                  in_cluster ? (same_in_cluster ? " (same bits)" : " (DIFFERENT bits)") : " (no cluster)", cluster_8);
+                  in_cluster ? (same_in_cluster ? " (same bits)" : " (DIFFERENT bits)") : " (no cluster)", cluster_8,
+                  four_warpgroups, same_in_four ? "same bits" : "DIFFERENT bits");
     }
     // Attention of `rows` new queries at the end of a session of `keys` keys, one pool row.
     const at::Tensor pool_k = torch::randn({a.capacity, a.kv_heads, a.head_dim}, options);

@@ -138,6 +138,11 @@ bool invariant_linear_adds_runs_in_cluster(Element element, int64_t rows, int64_
 // 16. Benchmarks time the two ways, tests check that they give the same
 // bits. Throws outside 1 to 16.
 void set_invariant_linear_most_cluster_runs(int most);
+// Warpgroups a block of the warpgroup products has, for the process: 2 (the
+// default; 128 features a block) or 4 (256 features, for blocks of up to 80
+// rows; more rows keep 2), which reads each row of x half as often. Never a
+// row's bits; benchmarks time both. Throws for other counts.
+void set_invariant_linear_warpgroups(int warpgroups);
 // Whether the kernels' code on the current device was compiled with the
 // warpgroup MMA (sm_90a); runs a one-thread kernel and waits for it.
 bool invariant_linear_device_code_has_wgmma();

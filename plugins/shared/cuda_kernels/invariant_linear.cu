@@ -312,14 +312,19 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinBlocks)
 // InFlight 1 keeps a stage's products running while the next stage's are
 // issued; the copies then run Stages − 2 stages ahead, not Stages − 1 (the
 // buffer the running products read is not refilled until they are done).
-template <int RowsPadded, int Stages, int InFlight>
+// Warpgroups 2 (128 features a block) or 4 (256): every block reads all its
+// rows of x, so wider blocks read x half as often (at 65 rows a gate/up call
+// read about 410 MB of x from L2 beside 805 MB of weights: docs/eval.md,
+// "Ninth run"), at the cost of half as many blocks and fewer stages.
+template <int RowsPadded, int Stages, int InFlight, int Warpgroups = 2>
 struct WgTiling {
   static constexpr int kN = RowsPadded, kStages = Stages, kInFlight = InFlight;
   static constexpr int kAhead = kStages - 1 - kInFlight;  // stages copied ahead of the products
   static_assert(kAhead >= 1, "at least one stage copied ahead");
-  static constexpr int kThreads = 256;              // two warpgroups
-  static constexpr int kFeatures = 128;             // 64 a warpgroup
-  static constexpr int kStageK = 64;                // 2 chunks: a line's 128 bytes
+  static constexpr int kThreads = 128 * Warpgroups;
+  static constexpr int kFeatures = 64 * Warpgroups;  // 64 a warpgroup
+  static constexpr int kLinesAPass = kThreads / 8;   // lines one pass of the block's copy moves
+  static constexpr int kStageK = 64;                 // 2 chunks: a line's 128 bytes
   static constexpr int kLines = kFeatures + kN;     // the weight's lines, then x's
   static constexpr int kStageBytes = kLines * 128;
   // The swizzle's atoms are 1024-aligned in shared memory: room to align.
@@ -330,12 +335,13 @@ struct WgTiling {
   // buffers, which the products no longer read.
   static constexpr int kSumStride = kFeatures + 4;
   static_assert(kN * kSumStride * 4 <= kStages * kStageBytes, "a run's sums fit in the stages' shared memory");
+  static_assert(kSharedBytes <= 227 * 1024, "a block's stages fit in an SM's shared memory");
 };
 
-// Block (x, y, z): rows [kN·x, +kN), features [128·y, +128), run z. Each
-// thread's pieces and pointers are fixed once (StageCopy, as in the
-// mma.sync kernel): lanes tid % 8 take a line's 8 groups, tid / 8 the line; a
-// pass moves 32 lines.
+// Block (x, y, z): rows [kN·x, +kN), features [kFeatures·y, +kFeatures),
+// run z. Each thread's pieces and pointers are fixed once (StageCopy, as in
+// the mma.sync kernel): lanes tid % 8 take a line's 8 groups, tid / 8 the
+// line; a pass moves kLinesAPass lines.
 //
 // sum_in_cluster: the grid's runs are one cluster (launch_products_wgmma_tiled)
 // and add their sums there (sum_runs_in_cluster); partial is then null.
@@ -364,9 +370,9 @@ __global__ void __launch_bounds__(Wg::kThreads, 1)
   constexpr int kPasses = (Wg::kLines * 8 + Wg::kThreads - 1) / Wg::kThreads;
   const int g = tid % 8;
   const int64_t k_first = c_begin * 32 + g * 8;
-  const StageCopy<T, kPasses, 32 * 128, Wg::kStages, Wg::kStageBytes, Wg::kStageK> stage_copy(
+  const StageCopy<T, kPasses, Wg::kLinesAPass * 128, Wg::kStages, Wg::kStageBytes, Wg::kStageK> stage_copy(
       wgmma_shared, Wg::kLines, k_first, c_end * 32 < in_features ? c_end * 32 : in_features,
-      [&](int j) { return tid / 8 + 32 * j; },
+      [&](int j) { return tid / 8 + Wg::kLinesAPass * j; },
       [&](int line) -> const T* {
         if (line < Wg::kFeatures)
           return block_feature + line < out_features ? weight + (block_feature + line) * in_features + k_first
@@ -594,21 +600,59 @@ bool with_wgmma_tiling_n(int64_t n, F&& f) {
   return result;
 }
 
-// f(tiling) for the wgmma tiling of `rows`: one block's N is the rows
-// rounded up to 8 up to 80, to 16 up to 144; more rows go in blocks of 144.
-template <int kStages, int kInFlight, class F>
-bool with_wgmma_tiling(int64_t rows, F&& f) {
+// One block's N for `rows`: the rows rounded up to 8 up to 80, to 16 up to
+// 144; more rows go in blocks of 144.
+int64_t wgmma_block_rows(int64_t rows) {
   const int64_t eighths = (rows + 7) / 8;
-  const int64_t n = eighths <= 10 ? eighths * 8 : std::min<int64_t>(144, (rows + 15) / 16 * 16);
-  return with_wgmma_tiling_n<kStages, kInFlight, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144>(
-      n, std::forward<F>(f));
+  return eighths <= 10 ? eighths * 8 : std::min<int64_t>(144, (rows + 15) / 16 * 16);
 }
 
-// The wgmma products for the call's rows. True when the runs' sums are added
-// too (one run, or a cluster's adding).
-template <class T, int kStages = 6, int kInFlight = 1>
+// f(tiling) for the two-warpgroup wgmma tiling of `rows`.
+template <int kStages, int kInFlight, class F>
+bool with_wgmma_tiling(int64_t rows, F&& f) {
+  return with_wgmma_tiling_n<kStages, kInFlight, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144>(
+      wgmma_block_rows(rows), std::forward<F>(f));
+}
+
+// f(tiling) for the four-warpgroup tiling of `rows` (up to 80 a block: 5
+// stages of 256 weight lines and 80 x lines fill 211 KiB), else the two's.
+template <class F>
+bool with_wide_wgmma_tiling(int64_t rows, F&& f) {
+  const int64_t n = wgmma_block_rows(rows);
+  if (n > 80) return with_wgmma_tiling<6, 1>(rows, std::forward<F>(f));
+  bool result = false;
+  const auto wide = [&](auto... tilings) {
+    return ((n == decltype(tilings)::kN && (result = f(tilings), true)) || ...);
+  };
+  wide(WgTiling<8, 5, 1, 4>{}, WgTiling<16, 5, 1, 4>{}, WgTiling<24, 5, 1, 4>{}, WgTiling<32, 5, 1, 4>{},
+       WgTiling<40, 5, 1, 4>{}, WgTiling<48, 5, 1, 4>{}, WgTiling<56, 5, 1, 4>{}, WgTiling<64, 5, 1, 4>{},
+       WgTiling<72, 5, 1, 4>{}, WgTiling<80, 5, 1, 4>{});
+  return result;
+}
+
+// Warpgroups a block of the wgmma products (set_invariant_linear_warpgroups).
+std::atomic<int> wgmma_warpgroups{2};
+
+// f(tiling) for the tiling the process's calls of `rows` run.
+template <class F>
+bool with_chosen_wgmma_tiling(int64_t rows, F&& f) {
+  if (wgmma_warpgroups.load(std::memory_order_relaxed) == 4) return with_wide_wgmma_tiling(rows, std::forward<F>(f));
+  return with_wgmma_tiling<6, 1>(rows, std::forward<F>(f));
+}
+
+// The wgmma products for the call's rows, in the tiling of kStages stages,
+// kInFlight products in flight and two warpgroups (the emulated tests' pick).
+// True when the runs' sums are added too (one run, or a cluster's adding).
+template <class T, int kStages, int kInFlight>
 bool launch_products_wgmma(const LinearCall& c, cudaStream_t stream) {
   return with_wgmma_tiling<kStages, kInFlight>(
+      c.rows, [&](auto tiling) { return launch_products_wgmma_tiled<T, decltype(tiling)>(c, stream); });
+}
+
+// The same in the tiling the process's calls run (with_chosen_wgmma_tiling).
+template <class T>
+bool launch_products_wgmma(const LinearCall& c, cudaStream_t stream) {
+  return with_chosen_wgmma_tiling(
       c.rows, [&](auto tiling) { return launch_products_wgmma_tiled<T, decltype(tiling)>(c, stream); });
 }
 
@@ -718,11 +762,18 @@ void set_invariant_linear_most_cluster_runs(int most) {
   most_cluster_runs.store(most, std::memory_order_relaxed);
 }
 
+void set_invariant_linear_warpgroups(int warpgroups) {
+  if (warpgroups != 2 && warpgroups != 4)
+    throw std::invalid_argument("invariant_linear: a block of the warpgroup products has 2 or 4 warpgroups (got " +
+                                std::to_string(warpgroups) + ")");
+  wgmma_warpgroups.store(warpgroups, std::memory_order_relaxed);
+}
+
 bool invariant_linear_adds_runs_in_cluster(Element e, int64_t rows, int64_t out_features, int64_t in_features) {
   if (!use_wgmma() || rows < 1) return false;
   const LinearCall c = linear_call(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, rows, out_features, in_features,
                                    invariant_linear_splits(out_features, in_features));
-  return with_wgmma_tiling<6, 1>(rows, [&](auto tiling) {
+  return with_chosen_wgmma_tiling(rows, [&](auto tiling) {
     return e == Element::kBFloat16 ? adds_runs_in_cluster<__nv_bfloat16, decltype(tiling)>(c)
                                    : adds_runs_in_cluster<__half, decltype(tiling)>(c);
   });

@@ -315,6 +315,7 @@ bool invariant_linear_adds_runs_in_cluster(const at::Tensor& x, const at::Tensor
 }
 
 void set_invariant_linear_most_cluster_runs(int most) { cuda_kernels::set_invariant_linear_most_cluster_runs(most); }
+void set_invariant_linear_warpgroups(int warpgroups) { cuda_kernels::set_invariant_linear_warpgroups(warpgroups); }
 
 at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                             const at::Tensor& residual) {
@@ -476,6 +477,7 @@ InvariantLinearProducts invariant_linear_products(const at::Tensor&) { unavailab
 bool invariant_linear_fits(const at::Tensor&, const at::Tensor&) { return false; }
 bool invariant_linear_adds_runs_in_cluster(const at::Tensor&, const at::Tensor&) { return false; }
 void set_invariant_linear_most_cluster_runs(int) { unavailable(); }
+void set_invariant_linear_warpgroups(int) { unavailable(); }
 at::Tensor invariant_linear(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
 void invariant_add_linear_(at::Tensor&, const at::Tensor&, const at::Tensor&) { unavailable(); }
 at::Tensor invariant_decode_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,

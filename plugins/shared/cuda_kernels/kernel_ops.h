@@ -126,6 +126,8 @@ bool invariant_linear_fits(const at::Tensor& x, const at::Tensor& weight);
 bool invariant_linear_adds_runs_in_cluster(const at::Tensor& x, const at::Tensor& weight);
 // The most runs of k a cluster adds, for the process (cuda_kernels.h).
 void set_invariant_linear_most_cluster_runs(int most);
+// Warpgroups a block of the warpgroup products has, for the process (cuda_kernels.h).
+void set_invariant_linear_warpgroups(int warpgroups);
 // x [rows, in] · weightᵀ (+ bias [out]) (+ residual [rows, out]) → [rows, out],
 // summed in fp32 and rounded once (as cuBLAS's epilogue rounds).
 at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},

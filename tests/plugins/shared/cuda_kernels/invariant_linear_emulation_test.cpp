@@ -188,4 +188,31 @@ TEST(InvariantLinearEmulated, ARunsSumsAddedInAClusterGiveTheWorkspacesBits) {
   }
 }
 
+// Blocks of four warpgroups (256 features, set_invariant_linear_warpgroups)
+// against the default two: bitwise the same outputs at one row, at 33 (N =
+// 40) and at 65 (N = 72, a 64-node tree), with a partial block of features
+// (300 of 512) and two runs of k through the workspace; 150 rows (N = 144)
+// keep two warpgroups. The product within bf16 rounding of the exact sum.
+TEST(InvariantLinearEmulated, BlocksOfFourWarpgroupsGiveTheTwosBits) {
+  const Problem p = make_problem(300, 520, 150, 31);
+  for (const int64_t rows : {int64_t{1}, int64_t{33}, int64_t{65}}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows");
+    const std::vector<Bf16> two = run(p, 0, rows, /*with_bias=*/true, Kernel::kWgmmaInFlight);
+    ck::set_invariant_linear_warpgroups(4);
+    const std::vector<Bf16> four = run(p, 0, rows, /*with_bias=*/true, Kernel::kWgmmaInFlight);
+    ck::set_invariant_linear_warpgroups(2);  // the default
+    int differing = 0;
+    for (size_t e = 0; e < two.size(); ++e) differing += two[e].bits != four[e].bits;
+    EXPECT_EQ(differing, 0);
+    double worst = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < p.out; ++j) {
+        const double want = exact(p, r, j, true);
+        worst = std::max(worst, std::abs(__bfloat162float(four[r * p.out + j]) - want) / (std::abs(want) + 0.05));
+      }
+    EXPECT_LT(worst, 1e-2);
+  }
+  EXPECT_THROW(ck::set_invariant_linear_warpgroups(3), std::invalid_argument);
+}
+
 }  // namespace

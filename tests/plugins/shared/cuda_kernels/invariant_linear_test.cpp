@@ -113,4 +113,27 @@ TEST(InvariantLinear, ARunsSumsAddedInAClusterGiveTheWorkspacesBits) {
   EXPECT_THROW(dflash::kernel_ops::set_invariant_linear_most_cluster_runs(17), std::invalid_argument);
 }
 
+// Blocks of four warpgroups (256 features) against two: the same bits at
+// every row count up to a 64-node tree's 65 (more rows keep two), where the
+// warpgroup products run.
+TEST(InvariantLinear, BlocksOfFourWarpgroupsGiveTheTwosBits) {
+  if (!usable()) GTEST_SKIP() << "no CUDA kernels or no CUDA device";
+  torch::manual_seed(7);
+  const auto bf16 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  if (!dflash::kernel_ops::invariant_linear_products(torch::zeros({1}, bf16)).wgmma)
+    GTEST_SKIP() << "the warpgroup products do not run here";
+  for (const Shape s : {Shape{4096, 8192}, Shape{8192, 2048}, Shape{300, 520}}) {
+    const at::Tensor w = torch::randn({s.out, s.in}, bf16) * 0.05, bias = torch::randn({s.out}, bf16);
+    for (const int64_t rows : {int64_t{1}, int64_t{16}, int64_t{33}, int64_t{65}}) {
+      const at::Tensor x = torch::randn({rows, s.in}, bf16), residual = torch::randn({rows, s.out}, bf16);
+      const at::Tensor two = dflash::kernel_ops::invariant_linear(x, w, bias, residual);
+      dflash::kernel_ops::set_invariant_linear_warpgroups(4);
+      const at::Tensor four = dflash::kernel_ops::invariant_linear(x, w, bias, residual);
+      dflash::kernel_ops::set_invariant_linear_warpgroups(2);
+      EXPECT_TRUE(at::equal(two, four)) << "out " << s.out << ", in " << s.in << ", " << rows << " rows";
+    }
+  }
+  EXPECT_THROW(dflash::kernel_ops::set_invariant_linear_warpgroups(3), std::invalid_argument);
+}
+
 }  // namespace
