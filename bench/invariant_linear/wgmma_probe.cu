@@ -41,12 +41,19 @@ int main(int argc, char** argv) {
       auto call = [&](int i, int64_t r, void* o) { return linear_call(x, w[i], nullptr, nullptr, o, ws, r, sh.out, sh.in, splits); };
       auto mma = [&](int i) { LinearCall c = call(i, rows, out); launch_products_for_rows<Bf>(c, st); launch_add_runs<Bf>(c, st); };
       // The variants: 4 stages, each stage's products waited for; 6 stages
-      // with one stage's products kept running (what the sm_90a build runs).
+      // with one stage's products kept running (what the sm_90a build runs);
+      // blocks of four warpgroups (256 features, 5 stages, up to 80 rows a
+      // block; set_invariant_linear_warpgroups).
       auto products = [&](const LinearCall& c, int variant) {
         if (variant == 0) launch_products_wgmma<Bf, 4, 0>(c, st);
-        else launch_products_wgmma<Bf, 6, 1>(c, st);
+        else if (variant == 1) launch_products_wgmma<Bf, 6, 1>(c, st);
+        else {
+          set_invariant_linear_warpgroups(4);
+          launch_products_wgmma<Bf>(c, st);
+          set_invariant_linear_warpgroups(2);
+        }
       };
-      const char* const names[] = {"wgmma s4", "wgmma s6i1"};
+      const char* const names[] = {"wgmma s4", "wgmma s6i1", "wgmma 4wg"};
       auto wg = [&](int i, int64_t r, void* o, int variant) {
         LinearCall c = call(i, r, o);
         products(c, variant);
@@ -56,7 +63,7 @@ int main(int argc, char** argv) {
       mma(0); CK(cudaMemcpyAsync(ref, out, rows * sh.out * 2, cudaMemcpyDeviceToDevice, st)); CK(cudaStreamSynchronize(st));
       const double t_mma = time_calls(st, mma);
       printf("%-8s %4lld %-12s %9.2f %8.0f\n", sh.name, (long long)rows, "mma.sync", t_mma, wbytes / t_mma / 1e3);
-      for (int variant : {0, 1}) {
+      for (int variant : {0, 1, 2}) {
         try {
           auto check = [&]() {
             wg(0, rows, out, variant); CK(cudaStreamSynchronize(st));
