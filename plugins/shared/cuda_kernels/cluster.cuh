@@ -1,9 +1,9 @@
 // Thread-block clusters (sm_90): a launch whose blocks along z form one
 // cluster, the barrier of a cluster's blocks, and the address of another
 // block's shared memory. Used by invariant_linear.cu to add its runs of k in
-// the blocks' shared memory instead of a workspace in global memory. The CPU
-// emulation's version (tests/support/cuda_emulation/cluster.cuh) launches
-// none: its blocks run one at a time, so a cluster's barrier cannot be met.
+// the blocks' shared memory instead of a workspace in global memory, where
+// allowed. The CPU emulation's version: tests/support/cuda_emulation/cluster.cuh
+// (a cluster's blocks at once, each its own threads).
 #pragma once
 
 #include "device_math.cuh"
@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 
 namespace dflash::cuda_kernels {
@@ -43,6 +45,25 @@ __device__ __forceinline__ const T* cluster_peer_shared(const T* local, unsigned
 #endif
 }
 
+// A launch of `grid` in clusters of grid.z blocks along z; `attribute` (the
+// cluster's shape) must outlive the returned config.
+inline cudaLaunchConfig_t cluster_launch_config(dim3 grid, int threads, size_t shared, cudaStream_t stream,
+                                                cudaLaunchAttribute& attribute) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  attribute = {};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = 1;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = grid.z;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
 // Whether `kernel` can run with clusters of `cluster_z` blocks along z, each
 // `threads` threads and `shared` bytes of dynamic shared memory, on the
 // current device: sm_90 or later, at most 16 blocks (above 8 the non-portable
@@ -66,17 +87,9 @@ inline bool cluster_launch_possible(const void* kernel, int cluster_z, int threa
   bool possible = cluster_z <= 8 ||
                   cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
   if (possible) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(1, 1, static_cast<unsigned>(cluster_z));
-    config.blockDim = dim3(static_cast<unsigned>(threads));
-    config.dynamicSmemBytes = shared;
-    cudaLaunchAttribute attribute = {};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = 1;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = static_cast<unsigned>(cluster_z);
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config =
+        cluster_launch_config(dim3(1, 1, static_cast<unsigned>(cluster_z)), threads, shared, nullptr, attribute);
     int clusters = 0;
     possible = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
   }
@@ -89,21 +102,15 @@ inline bool cluster_launch_possible(const void* kernel, int cluster_z, int threa
 // in clusters of grid.z (cluster_launch_possible first); throws naming `what`
 // if the launch is refused.
 template <class... Params, class... Args>
-void launch_in_clusters_along_z(const char* what, void (*kernel)(Params...), dim3 grid, int threads, size_t shared, cudaStream_t stream,
-                                Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = shared;
-  config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = 1;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = grid.z;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...) != cudaSuccess) check_launch(what);
+void launch_in_clusters_along_z(const char* what, void (*kernel)(Params...), dim3 grid, int threads, size_t shared,
+                                cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = cluster_launch_config(grid, threads, shared, stream, attribute);
+  const cudaError_t error = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw std::runtime_error(std::string("dflash CUDA kernel ") + what + ": " + cudaGetErrorString(error));
+  }
   check_launch(what);
 }
 

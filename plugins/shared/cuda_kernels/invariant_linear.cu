@@ -545,10 +545,6 @@ void launch_add_runs(const LinearCall& c, cudaStream_t stream) {
   check_launch("invariant_linear (adding the runs of k)");
 }
 
-// Whether the call's runs of k are added in a cluster of their blocks: more
-// than one run, and the device holds such a cluster of this tiling's blocks.
-// Either way a row's bits are the same (the same sums, added in run order),
-// so a row count whose tiling cannot is no different from one that can.
 // The most runs added in a cluster (set_invariant_linear_most_cluster_runs).
 // 1 by default: on an H100 (docs/eval.md, "Ninth run") the clusters were
 // slower than the workspace at every row count of the scale model's layer,
@@ -557,13 +553,26 @@ void launch_add_runs(const LinearCall& c, cudaStream_t stream) {
 // stays in L2. Kept for devices where that differs; kernel_bench times both.
 std::atomic<int> most_cluster_runs{1};
 
+// The wgmma kernel of tiling Wg, opted in to the shared memory its stages take.
 template <class T, class Wg>
-bool adds_runs_in_cluster(const LinearCall& c) {
+auto* opted_in_wgmma_kernel() {
   auto* kernel = invariant_linear_wgmma_kernel<T, Wg>;
   opt_in_shared_memory(reinterpret_cast<const void*>(kernel), static_cast<size_t>(Wg::kSharedBytes),
                        "invariant_linear (wgmma)");
-  return c.splits > 1 && c.splits <= most_cluster_runs.load(std::memory_order_relaxed) && cluster_launch_possible(reinterpret_cast<const void*>(kernel), static_cast<int>(c.splits),
-                                                 Wg::kThreads, static_cast<size_t>(Wg::kSharedBytes));
+  return kernel;
+}
+
+// Whether the call's runs of k are added in a cluster of their blocks: more
+// than one run, no more than most_cluster_runs, and the device holds such a
+// cluster of this tiling's blocks (asked only then: every decoding linear
+// comes here). Either way a row's bits are the same (the same sums, added in
+// run order), so a row count whose tiling cannot is no different from one
+// that can.
+template <class T, class Wg>
+bool adds_runs_in_cluster(const LinearCall& c) {
+  if (c.splits < 2 || c.splits > most_cluster_runs.load(std::memory_order_relaxed)) return false;
+  return cluster_launch_possible(reinterpret_cast<const void*>(opted_in_wgmma_kernel<T, Wg>()),
+                                 static_cast<int>(c.splits), Wg::kThreads, static_cast<size_t>(Wg::kSharedBytes));
 }
 
 // The products; with several runs of k, their sums added in a cluster of the
@@ -574,7 +583,7 @@ bool launch_products_wgmma_tiled(const LinearCall& c, cudaStream_t stream) {
   const dim3 blocks(static_cast<unsigned>((c.rows + Wg::kN - 1) / Wg::kN),
                     static_cast<unsigned>((c.out_features + Wg::kFeatures - 1) / Wg::kFeatures),
                     static_cast<unsigned>(c.splits));
-  auto* kernel = invariant_linear_wgmma_kernel<T, Wg>;
+  auto* kernel = opted_in_wgmma_kernel<T, Wg>();
   if (adds_runs_in_cluster<T, Wg>(c)) {
     launch_in_clusters_along_z("invariant_linear (wgmma, runs added in a cluster)", kernel, blocks, Wg::kThreads,
                                static_cast<size_t>(Wg::kSharedBytes), stream, static_cast<const T*>(c.x),
@@ -591,11 +600,12 @@ bool launch_products_wgmma_tiled(const LinearCall& c, cudaStream_t stream) {
   return c.splits == 1;
 }
 
-// f(WgTiling<n, kStages, kInFlight>{}) for the tiling whose N is `n`, among kNs.
-template <int kStages, int kInFlight, int... kNs, class F>
+// f(WgTiling<n, kStages, kInFlight, kWarpgroups>{}) for the tiling whose N is
+// `n`, among kNs.
+template <int kStages, int kInFlight, int kWarpgroups, int... kNs, class F>
 bool with_wgmma_tiling_n(int64_t n, F&& f) {
   bool result = false;
-  const bool found = ((n == kNs && (result = f(WgTiling<kNs, kStages, kInFlight>{}), true)) || ...);
+  const bool found = ((n == kNs && (result = f(WgTiling<kNs, kStages, kInFlight, kWarpgroups>{}), true)) || ...);
   if (!found) throw std::logic_error("invariant_linear (wgmma): no tiling of " + std::to_string(n) + " rows");
   return result;
 }
@@ -610,7 +620,7 @@ int64_t wgmma_block_rows(int64_t rows) {
 // f(tiling) for the two-warpgroup wgmma tiling of `rows`.
 template <int kStages, int kInFlight, class F>
 bool with_wgmma_tiling(int64_t rows, F&& f) {
-  return with_wgmma_tiling_n<kStages, kInFlight, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144>(
+  return with_wgmma_tiling_n<kStages, kInFlight, 2, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144>(
       wgmma_block_rows(rows), std::forward<F>(f));
 }
 
@@ -620,14 +630,7 @@ template <class F>
 bool with_wide_wgmma_tiling(int64_t rows, F&& f) {
   const int64_t n = wgmma_block_rows(rows);
   if (n > 80) return with_wgmma_tiling<6, 1>(rows, std::forward<F>(f));
-  bool result = false;
-  const auto wide = [&](auto... tilings) {
-    return ((n == decltype(tilings)::kN && (result = f(tilings), true)) || ...);
-  };
-  wide(WgTiling<8, 5, 1, 4>{}, WgTiling<16, 5, 1, 4>{}, WgTiling<24, 5, 1, 4>{}, WgTiling<32, 5, 1, 4>{},
-       WgTiling<40, 5, 1, 4>{}, WgTiling<48, 5, 1, 4>{}, WgTiling<56, 5, 1, 4>{}, WgTiling<64, 5, 1, 4>{},
-       WgTiling<72, 5, 1, 4>{}, WgTiling<80, 5, 1, 4>{});
-  return result;
+  return with_wgmma_tiling_n<5, 1, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80>(n, std::forward<F>(f));
 }
 
 // Warpgroups a block of the wgmma products (set_invariant_linear_warpgroups).

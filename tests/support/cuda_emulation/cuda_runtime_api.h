@@ -93,15 +93,11 @@ struct Warp {
   float value[32];
 };
 
-// A running block's own state: its warps, its barrier (__syncthreads) and
-// its dynamic shared memory (the `extern __shared__` array, which
-// emulate_kernel_source.py turns into dynamic_shared()). Each thread points
-// at its block's through thread_locals, so the blocks of a cluster can run
-// at once (launch_clusters); a plain launch runs one block at a time.
+// The size of a block's dynamic shared array.
 constexpr size_t kDynamicSharedBytes = 256 * 1024;
-// Blocks' shared arrays, kept for the next launch: a fresh 256 KiB each
-// launch is mapped anew, and faulting its pages in made the emulated tests
-// several times slower. 1024-aligned, as the swizzled wgmma layouts need.
+// Blocks' dynamic shared arrays, kept for the next launch rather than
+// allocated (and their pages faulted in) anew for each. 1024-aligned, as the
+// swizzled wgmma layouts need.
 class SharedArrays {
  public:
   static unsigned char* take() {
@@ -126,6 +122,11 @@ class SharedArrays {
     return arrays;
   }
 };
+// A running block's own state: its warps, its barrier (__syncthreads) and
+// its dynamic shared memory (the `extern __shared__` array, which
+// emulate_kernel_source.py turns into dynamic_shared()). Each thread points
+// at its block's through thread_locals, so the blocks of a cluster can run
+// at once (launch_clusters).
 struct Block {
   std::vector<std::unique_ptr<Warp>> warps;
   std::unique_ptr<std::barrier<>> barrier;
@@ -155,38 +156,14 @@ Element* dynamic_shared() {
   return reinterpret_cast<Element*>(current_block->shared);
 }
 
-// kernel<<<grid, threads, shared, stream>>>(args...): blocks one after
-// another, a block's threads at once. The threads are made once per launch
-// and run every block in turn, meeting between blocks (making them per
-// block cost most of the emulated tests' time).
-template <class Kernel, class... Args>
-void launch(Kernel kernel, dim3 grid, int threads, Args... args) {
-  Block block(threads);
-  std::barrier<> next_block(threads);
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(threads));
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      threadIdx = dim3(static_cast<unsigned>(t));
-      blockDim = dim3(static_cast<unsigned>(threads));
-      gridDim = grid;
-      current_block = &block;
-      for (unsigned z = 0; z < grid.z; ++z)
-        for (unsigned y = 0; y < grid.y; ++y)
-          for (unsigned x = 0; x < grid.x; ++x) {
-            blockIdx = dim3(x, y, z);
-            kernel(args...);
-            next_block.arrive_and_wait();
-          }
-    });
-  for (std::thread& thread : pool) thread.join();
-}
-
-// The same with the blocks along z in clusters of cluster_z (a divisor of
-// grid.z): a cluster's blocks run at once, each its own threads and state,
-// and the clusters one after another. A kernel launched so keeps its shared
-// memory in the dynamic array (a function-local `__shared__` static would be
-// every block's at once).
+// kernel<<<grid, threads, shared, stream>>>(args...) with the blocks along z
+// in clusters of cluster_z (a divisor of grid.z): a cluster's blocks run at
+// once, each its own threads and state, and the clusters one after another.
+// The threads are made once per launch and run every cluster in turn,
+// meeting between clusters (making them per block cost most of the emulated
+// tests' time). A kernel launched in clusters of more than one keeps its
+// shared memory in the dynamic array (a function-local `__shared__` static
+// would be every block's at once).
 template <class Kernel, class... Args>
 void launch_clusters(Kernel kernel, dim3 grid, int threads, unsigned cluster_z, Args... args) {
   std::vector<std::unique_ptr<Block>> blocks;
@@ -216,6 +193,13 @@ void launch_clusters(Kernel kernel, dim3 grid, int threads, unsigned cluster_z, 
           }
     });
   for (std::thread& thread : pool) thread.join();
+}
+
+// kernel<<<grid, threads, shared, stream>>>(args...): blocks one after
+// another (clusters of one).
+template <class Kernel, class... Args>
+void launch(Kernel kernel, dim3 grid, int threads, Args... args) {
+  launch_clusters(kernel, grid, threads, 1, args...);
 }
 
 }  // namespace cuda_emulation

@@ -6,8 +6,7 @@ launch becomes cuda_emulation::launch(kernel, dim3(grid), threads, args), and
 each `extern __shared__ [__align__(N)] type name[];` (dynamic shared memory)
 a pointer to the running block's own cuda_emulation::kDynamicSharedBytes
 bytes (1024-aligned; the shared window, address 0 of the descriptors
-wgmma.cuh reads). Everything else
-is the source as it is. Fails, naming the file, where a statement it does not
+wgmma.cuh reads). Everything else is the source as it is. Fails, naming the file, where a statement it does not
 know is left (other inline assembly, another launch form).
 
   emulate_kernel_source.py <kernel.cu> <out.cpp>

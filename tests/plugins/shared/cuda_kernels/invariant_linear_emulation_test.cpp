@@ -70,6 +70,25 @@ double exact(const Problem& p, int64_t row, int64_t j, bool with_bias) {
   return sum + (with_bias ? __bfloat162float(p.bias[j]) : 0.f) + __bfloat162float(p.residual[row * p.out + j]);
 }
 
+// The largest error of out's first `rows` rows against the exact sums,
+// relative to each sum's size (+0.05, so sums near zero are judged by 0.05).
+double worst_error(const Problem& p, const std::vector<Bf16>& out, int64_t rows, bool with_bias) {
+  double worst = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < p.out; ++j) {
+      const double want = exact(p, r, j, with_bias);
+      worst = std::max(worst, std::abs(__bfloat162float(out[r * p.out + j]) - want) / (std::abs(want) + 0.05));
+    }
+  return worst;
+}
+
+// How many of `count` outputs differ in their bits, a[i] against b[i].
+int differing_bits(const Bf16* a, const Bf16* b, size_t count) {
+  int differing = 0;
+  for (size_t i = 0; i < count; ++i) differing += a[i].bits != b[i].bits;
+  return differing;
+}
+
 TEST(InvariantLinearEmulated, ARowGetsTheSameBitsAloneAsAmongOtherRowsAndTheProductIsRight) {
   struct Shape {
     int64_t out, in;
@@ -91,18 +110,10 @@ TEST(InvariantLinearEmulated, ARowGetsTheSameBitsAloneAsAmongOtherRowsAndTheProd
       const bool with_bias = rows % 2 == 1;
       SCOPED_TRACE("out " + std::to_string(s.out) + ", in " + std::to_string(s.in) + ", rows " + std::to_string(rows));
       const std::vector<Bf16> all = run(p, 0, rows, with_bias);
-      double worst = 0;
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < s.out; ++j) {
-          const double want = exact(p, r, j, with_bias);
-          worst = std::max(worst, std::abs(__bfloat162float(all[r * s.out + j]) - want) / (std::abs(want) + 0.05));
-        }
-      EXPECT_LT(worst, 1e-2);  // one bf16 rounding is 2^-9 relative
+      EXPECT_LT(worst_error(p, all, rows, with_bias), 1e-2);  // one bf16 rounding is 2^-9 relative
       for (const int64_t r : {int64_t{0}, rows / 2 + 3, rows - 1}) {
         const std::vector<Bf16> alone = run(p, r, 1, with_bias);
-        int differing = 0;
-        for (int64_t j = 0; j < s.out; ++j) differing += alone[j].bits != all[r * s.out + j].bits;
-        EXPECT_EQ(differing, 0) << "row " << r << " alone";
+        EXPECT_EQ(differing_bits(alone.data(), all.data() + r * s.out, static_cast<size_t>(s.out)), 0) << "row " << r << " alone";
       }
     }
   }
@@ -131,18 +142,10 @@ TEST(InvariantLinearEmulated, TheWarpgroupKernelsRowsGetTheSameBitsAloneAndThePr
       SCOPED_TRACE("out " + std::to_string(s.out) + ", in " + std::to_string(s.in) + ", rows " + std::to_string(rows) +
                    (kernel == Kernel::kWgmma ? "" : ", products in flight") + (splits == 1 ? ", one run" : ""));
       const std::vector<Bf16> all = run(p, 0, rows, with_bias, kernel, splits);
-      double worst = 0;
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < s.out; ++j) {
-          const double want = exact(p, r, j, with_bias);
-          worst = std::max(worst, std::abs(__bfloat162float(all[r * s.out + j]) - want) / (std::abs(want) + 0.05));
-        }
-      EXPECT_LT(worst, 1e-2);
+      EXPECT_LT(worst_error(p, all, rows, with_bias), 1e-2);
       for (const int64_t r : {int64_t{0}, rows / 2 + 3, rows - 1}) {
         const std::vector<Bf16> alone = run(p, r, 1, with_bias, kernel, splits);
-        int differing = 0;
-        for (int64_t j = 0; j < s.out; ++j) differing += alone[j].bits != all[r * s.out + j].bits;
-        EXPECT_EQ(differing, 0) << "row " << r << " alone";
+        EXPECT_EQ(differing_bits(alone.data(), all.data() + r * s.out, static_cast<size_t>(s.out)), 0) << "row " << r << " alone";
       }
     }
   }
@@ -174,16 +177,9 @@ TEST(InvariantLinearEmulated, ARunsSumsAddedInAClusterGiveTheWorkspacesBits) {
       const std::vector<Bf16> clustered = run(p, 0, rows, /*with_bias=*/true, Kernel::kWgmmaInFlight, splits);
       ck::set_invariant_linear_most_cluster_runs(1);  // the default
       const std::vector<Bf16> through_workspace = run(p, 0, rows, /*with_bias=*/true, Kernel::kWgmmaInFlight, splits);
-      int differing = 0;
-      for (size_t e = 0; e < clustered.size(); ++e) differing += clustered[e].bits != through_workspace[e].bits;
-      EXPECT_EQ(differing, 0);
-      double worst = 0;
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < out; ++j) {
-          const double want = exact(p, r, j, true);
-          worst = std::max(worst, std::abs(__bfloat162float(clustered[r * out + j]) - want) / (std::abs(want) + 0.05));
-        }
-      EXPECT_LT(worst, 1e-2);
+      ASSERT_EQ(clustered.size(), through_workspace.size());
+      EXPECT_EQ(differing_bits(clustered.data(), through_workspace.data(), clustered.size()), 0);
+      EXPECT_LT(worst_error(p, clustered, rows, true), 1e-2);
     }
   }
 }
@@ -201,16 +197,9 @@ TEST(InvariantLinearEmulated, BlocksOfFourWarpgroupsGiveTheTwosBits) {
     ck::set_invariant_linear_warpgroups(4);
     const std::vector<Bf16> four = run(p, 0, rows, /*with_bias=*/true, Kernel::kWgmmaInFlight);
     ck::set_invariant_linear_warpgroups(2);  // the default
-    int differing = 0;
-    for (size_t e = 0; e < two.size(); ++e) differing += two[e].bits != four[e].bits;
-    EXPECT_EQ(differing, 0);
-    double worst = 0;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < p.out; ++j) {
-        const double want = exact(p, r, j, true);
-        worst = std::max(worst, std::abs(__bfloat162float(four[r * p.out + j]) - want) / (std::abs(want) + 0.05));
-      }
-    EXPECT_LT(worst, 1e-2);
+    ASSERT_EQ(two.size(), four.size());
+    EXPECT_EQ(differing_bits(two.data(), four.data(), two.size()), 0);
+    EXPECT_LT(worst_error(p, four, rows, true), 1e-2);
   }
   EXPECT_THROW(ck::set_invariant_linear_warpgroups(3), std::invalid_argument);
 }
